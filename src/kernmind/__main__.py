@@ -1,0 +1,3 @@
+from kernmind.cli import main
+
+raise SystemExit(main())

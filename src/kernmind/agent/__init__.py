@@ -1,0 +1,1 @@
+"""The bundled agent loop (see agent/loop.py)."""

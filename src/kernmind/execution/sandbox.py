@@ -1,0 +1,332 @@
+"""The sandbox layer: every kernel and subprocess command line is wrapped here.
+
+Backends
+- ``bwrap`` (bubblewrap): new pid, ipc, uts, network (unless ``--allow-network``) and
+  mount namespaces. The root filesystem is an empty tmpfs with only system directories
+  (``/usr``, ``/etc``, …) and the runtime's own prefix bound read-only, a private
+  size-limited ``/tmp``, and the session's workspace bound read-write at ``/workspace``.
+  Nothing of ``$HOME``, the memory database, kernmind's data directory, other sessions or
+  the server's environment is visible. ``--die-with-parent`` ties the sandbox to the server.
+- ``none``: no isolation; rlimits and the clean environment only (a loud warning is logged).
+
+Limits are rlimits set by ``prlimit`` on the sandbox's first process and inherited:
+RLIMIT_DATA for memory (it counts what a program writes, not the address space that V8
+and the JVM reserve, so those runtimes keep working), RLIMIT_CPU, RLIMIT_NPROC, RLIMIT_FSIZE,
+RLIMIT_NOFILE, and no core dumps.
+
+RLIMIT_NPROC is not enforced for root. When the server runs as root, bwrap runs
+privileged (no user namespace) and the command inside is started through
+``setpriv`` as a dedicated unprivileged uid, one per sandbox, with no capabilities and
+``no_new_privs``; so the process limit holds and a fork bomb is contained. A normal user's
+bwrap uses an unprivileged user namespace, and the process limit is counted on top of
+that user's current processes (the kernel counts per real uid).
+
+Error policy: ``Sandbox.detect`` decides once at start-up; ``required`` raises
+``SandboxUnavailable`` when isolation cannot be had, ``auto`` falls back with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+log = logging.getLogger(__name__)
+
+WORKSPACE_MOUNT = "/workspace"
+SYSTEM_DIRS = ("/usr", "/etc", "/opt")
+USR_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+Backend = Literal["bwrap", "none"]
+
+
+class SandboxUnavailable(RuntimeError):
+    """Isolation was required but cannot be provided on this machine."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_mb: int = 2048
+    cpu_seconds: int = 3600
+    max_processes: int = 256
+    max_file_mb: int = 1024
+    max_open_files: int = 1024
+    tmp_mb: int = 512
+
+    def rlimits(self, nproc: int) -> dict[str, int]:
+        """prlimit option name -> value (soft = hard)."""
+        return {
+            "data": self.memory_mb * 1024 * 1024,
+            "cpu": self.cpu_seconds,
+            "nproc": nproc,
+            "fsize": self.max_file_mb * 1024 * 1024,
+            "nofile": self.max_open_files,
+            "core": 0,
+        }
+
+
+@dataclass
+class SandboxedCommand:
+    """What to hand to ``subprocess``/``jupyter_client``: argv, environment and cwd."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+
+
+@dataclass
+class Sandbox:
+    backend: Backend
+    reason: str
+    allow_network: bool = False
+    limits: Limits = field(default_factory=Limits)
+    as_root: bool = field(default_factory=lambda: os.geteuid() == 0)
+    bwrap: str | None = None
+    prlimit: str | None = field(default_factory=lambda: shutil.which("prlimit"))
+    setpriv: str | None = field(default_factory=lambda: shutil.which("setpriv"))
+    _next_uid: int = field(default_factory=lambda: random.randrange(200_000, 900_000))
+
+    # --- construction -------------------------------------------------------
+    @classmethod
+    def detect(cls, mode: str, *, allow_network: bool = False, limits: Limits | None = None) -> Sandbox:
+        """Pick the backend for ``mode`` (auto|bwrap|none|required), probing bwrap for real."""
+        limits = limits or Limits()
+        if mode == "none":
+            return cls("none", "disabled with --sandbox none", allow_network=True, limits=limits)
+        bwrap = shutil.which("bwrap")
+        problem = None
+        if sys.platform != "linux":
+            problem = f"bubblewrap needs Linux (this is {sys.platform})"
+        elif bwrap is None:
+            problem = "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+        else:
+            candidate = cls("bwrap", "bubblewrap works", allow_network=allow_network, limits=limits, bwrap=bwrap)
+            problem = candidate.probe()
+            if problem is None:
+                return candidate
+        if mode in ("bwrap", "required"):
+            raise SandboxUnavailable(f"--sandbox {mode}: no isolation available: {problem}")
+        log.warning(
+            "SANDBOX DISABLED: %s. Code will run as this user with resource limits only; "
+            "install bubblewrap or pass --sandbox required to refuse to start.",
+            problem,
+        )
+        return cls("none", f"fallback: {problem}", allow_network=True, limits=limits)
+
+    def probe(self) -> str | None:
+        """Run ``true`` inside the sandbox; return None when it works, else why not."""
+        with tempfile.TemporaryDirectory(prefix="kernmind-probe-") as tmp:
+            ws = Path(tmp) / "ws"
+            ws.mkdir()
+            uid = self.allocate_uid()
+            if uid is not None:
+                os.chown(ws, uid, uid)
+            cmd = self.wrap(["/bin/sh", "-c", "echo ok > probe && cat probe"], workspace=ws, uid=uid)
+            try:
+                proc = subprocess.run(cmd.argv, env=cmd.env, capture_output=True, timeout=20, check=False)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                return f"bwrap failed to run: {exc}"
+            if proc.returncode != 0 or proc.stdout.strip() != b"ok":
+                err = proc.stderr.decode(errors="replace").strip().splitlines()
+                return f"bwrap failed (exit {proc.returncode}): {err[-1] if err else 'no output'}"
+        return None
+
+    # --- per-process pieces ---------------------------------------------------
+    @property
+    def isolated(self) -> bool:
+        return self.backend == "bwrap"
+
+    @property
+    def drops_privileges(self) -> bool:
+        return self.isolated and self.as_root and self.setpriv is not None
+
+    def allocate_uid(self) -> int | None:
+        """A fresh unprivileged uid for one sandbox (only when the server is root)."""
+        if not self.drops_privileges:
+            return None
+        self._next_uid += 1
+        return self._next_uid
+
+    def workspace_path(self, host_path: Path) -> str:
+        """The path code sees for its workspace."""
+        return WORKSPACE_MOUNT if self.isolated else str(host_path)
+
+    def environment(self, workspace: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The allow-listed environment code sees; never the server's own variables."""
+        env = {
+            "PATH": DEFAULT_PATH,
+            "HOME": workspace,
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "TERM": "dumb",
+            "TMPDIR": "/tmp" if self.isolated else tempfile.gettempdir(),
+            "USER": "sandbox",
+        }
+        env.update(extra or {})
+        return env
+
+    def wrap(
+        self,
+        argv: Sequence[str],
+        *,
+        workspace: Path,
+        env: Mapping[str, str] | None = None,
+        ro_paths: Sequence[Path | str] = (),
+        rw_paths: Sequence[Path | str] = (),
+        uid: int | None = None,
+        limits: Limits | None = None,
+    ) -> SandboxedCommand:
+        """Wrap ``argv`` so it runs confined to ``workspace`` under the limits.
+
+        ``ro_paths`` are runtime directories (an interpreter's prefix) exposed read-only at
+        the same path; ``rw_paths`` (e.g. a kernel's socket directory) read-write at the same
+        path. ``env`` is added to the allow-listed environment.
+        """
+        limits = limits or self.limits
+        inner_ws = self.workspace_path(workspace)
+        environment = self.environment(inner_ws, env)
+        if self.isolated:
+            full = self._bwrap_args(argv, workspace, environment, ro_paths, rw_paths, uid, limits)
+            return SandboxedCommand(self._with_rlimits(full, limits, uid), dict(environment), "/")
+        return SandboxedCommand(self._with_rlimits(list(argv), limits, None), environment, str(workspace))
+
+    def _nproc(self, limits: Limits, uid: int | None) -> int:
+        if uid is not None or self.as_root:
+            return limits.max_processes
+        return limits.max_processes + _threads_of_uid(os.getuid())
+
+    def _with_rlimits(self, argv: list[str], limits: Limits, uid: int | None) -> list[str]:
+        values = limits.rlimits(self._nproc(limits, uid))
+        if self.prlimit:
+            return [self.prlimit, *(f"--{k}={v}" for k, v in values.items()), "--", *argv]
+        # No util-linux prlimit (e.g. macOS): a tiny Python shim sets the limits and execs.
+        return [sys.executable, "-m", "kernmind.execution.rlimit_exec", repr(values), "--", *argv]
+
+    def _bwrap_args(
+        self,
+        argv: Sequence[str],
+        workspace: Path,
+        env: Mapping[str, str],
+        ro_paths: Sequence[Path | str],
+        rw_paths: Sequence[Path | str],
+        uid: int | None,
+        limits: Limits,
+    ) -> list[str]:
+        assert self.bwrap is not None
+        args: list[str] = [self.bwrap]
+        if self.as_root:
+            # Privileged bwrap: no user namespace, so the uid switch below is a real one.
+            args += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+        else:
+            args += ["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+        if not self.allow_network:
+            args.append("--unshare-net")
+        args += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+
+        made: set[str] = {"/"}
+        for d in SYSTEM_DIRS:
+            if os.path.isdir(d):
+                args += ["--ro-bind", d, d]
+                made.add(d)
+        for link in USR_LINKS:
+            if os.path.islink(link):
+                args += ["--symlink", os.readlink(link), link]
+            elif os.path.isdir(link):
+                args += ["--ro-bind", link, link]
+            made.add(link)
+
+        def covered(path: str) -> bool:
+            return any(path == m or path.startswith(m.rstrip("/") + "/") for m in made if m != "/")
+
+        def ensure_parents(path: str) -> None:
+            parents = []
+            parent = os.path.dirname(path)
+            while parent not in made and not covered(parent) and parent != "/":
+                parents.append(parent)
+                parent = os.path.dirname(parent)
+            for p in reversed(parents):
+                args.extend(["--perms", "0755", "--dir", p])
+                made.add(p)
+
+        for raw in _dedupe(ro_paths):
+            path = os.path.abspath(raw)
+            if covered(path) or not os.path.exists(path):
+                continue
+            ensure_parents(path)
+            args += ["--ro-bind", path, path]
+            made.add(path)
+
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--perms", "1777", "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        made.add("/tmp")
+        for raw in _dedupe(rw_paths):  # after /tmp, or the tmpfs would hide binds beneath it
+            path = os.path.abspath(raw)
+            ensure_parents(path)
+            args += ["--bind", path, path]
+            made.add(path)
+        args += ["--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
+        args.append("--clearenv")
+        for key, value in env.items():
+            args += ["--setenv", key, value]
+        args.append("--")
+        if uid is not None and self.setpriv:
+            args += [
+                self.setpriv,
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                "--bounding-set=-all",
+                "--inh-caps=-all",
+                "--no-new-privs",
+            ]
+        args += list(argv)
+        return args
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "backend": self.backend,
+            "reason": self.reason,
+            "network": "allowed" if self.allow_network else "blocked",
+            "runs_as": "a dedicated uid per sandbox" if self.drops_privileges else "the server's user",
+            "limits": {
+                "memory_mb": self.limits.memory_mb,
+                "cpu_seconds": self.limits.cpu_seconds,
+                "max_processes": self.limits.max_processes,
+                "max_file_mb": self.limits.max_file_mb,
+                "max_open_files": self.limits.max_open_files,
+            },
+        }
+
+
+def _dedupe(paths: Sequence[Path | str]) -> list[str]:
+    """Absolute, existing-or-not paths in order, dropping ones nested in an earlier one."""
+    out: list[str] = []
+    for p in sorted({os.path.abspath(str(p)) for p in paths}, key=len):
+        if not any(p == o or p.startswith(o.rstrip("/") + "/") for o in out):
+            out.append(p)
+    return out
+
+
+def _threads_of_uid(uid: int) -> int:
+    """How many threads ``uid`` runs now (RLIMIT_NPROC counts threads per real uid)."""
+    total = 0
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0
+    for pid in pids:
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                total += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue
+    return total

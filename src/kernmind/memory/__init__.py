@@ -1,0 +1,1 @@
+"""Memory: Letta-style blocks and archival passages in SQLite (see memory/tools.py)."""
