@@ -12,8 +12,6 @@ Components are created here and started/stopped by the server's lifespan, so tes
 drive a complete server in-process with ``mcp.Client(create_server(settings))``.
 """
 
-from __future__ import annotations
-
 import base64
 import contextlib
 import logging
@@ -104,7 +102,9 @@ def _content_blocks(result: RunResult) -> list[TextContent | ImageContent]:
         lines.append(result.error.traceback or f"{result.error.name}: {result.error.value}")
     if result.files:
         lines.append("[files] " + ", ".join(f"{f.path} ({f.size} B)" for f in result.files))
-    blocks: list[TextContent | ImageContent] = [TextContent(type="text", text="\n".join(lines) or "(no output)")]
+    blocks: list[TextContent | ImageContent] = [
+        TextContent(type="text", text="\n".join(lines) or "(no output)")
+    ]
     for r in result.results:
         if r.png:
             blocks.append(ImageContent(type="image", data=r.png, mime_type="image/png"))
@@ -158,7 +158,9 @@ def create_server(settings: Settings | None = None) -> MCPServer:
                 max_length=64,
             ),
         ] = None,
-        reset: Annotated[bool, Field(description="Start this session from a fresh interpreter first.")] = False,
+        reset: Annotated[
+            bool, Field(description="Start this session from a fresh interpreter first.")
+        ] = False,
         timeout: Annotated[
             float | None,
             Field(description="Time limit in seconds (capped by the server's maximum)."),
@@ -202,7 +204,9 @@ def create_server(settings: Settings | None = None) -> MCPServer:
         if not closed:
             known = ", ".join(s["session_id"] for s in executor.list_sessions()) or "none"
             raise ToolError(f"No live session named {session_id!r}. Live sessions: {known}.")
-        return CloseResult(session_id=session_id, closed=True, message="Session closed; its files are deleted.")
+        return CloseResult(
+            session_id=session_id, closed=True, message="Session closed; its files are deleted."
+        )
 
     @server.tool(description="Write a file into a session's working directory (text or base64).")
     async def upload_file(
@@ -235,7 +239,9 @@ def create_server(settings: Settings | None = None) -> MCPServer:
         except (WorkspaceError, ValueError) as exc:
             raise ToolError(str(exc)) from exc
         try:
-            return DownloadResult(path=rel, size=len(data), mime=mime, encoding="utf-8", content=data.decode())
+            return DownloadResult(
+                path=rel, size=len(data), mime=mime, encoding="utf-8", content=data.decode()
+            )
         except UnicodeDecodeError:
             b64 = base64.b64encode(data).decode()
             return DownloadResult(path=rel, size=len(data), mime=mime, encoding="base64", content=b64)

@@ -109,7 +109,9 @@ class Sandbox:
         elif bwrap is None:
             problem = "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
         else:
-            candidate = cls("bwrap", "bubblewrap works", allow_network=allow_network, limits=limits, bwrap=bwrap)
+            candidate = cls(
+                "bwrap", "bubblewrap works", allow_network=allow_network, limits=limits, bwrap=bwrap
+            )
             problem = candidate.probe()
             if problem is None:
                 return candidate
@@ -171,6 +173,8 @@ class Sandbox:
             "TMPDIR": "/tmp" if self.isolated else tempfile.gettempdir(),
             "USER": "sandbox",
         }
+        if self.isolated:  # caches (fontconfig, pip…) go to the private /tmp, not the workspace
+            env["XDG_CACHE_HOME"] = "/tmp/.cache"
         env.update(extra or {})
         return env
 
@@ -227,7 +231,13 @@ class Sandbox:
             # Privileged bwrap: no user namespace, so the uid switch below is a real one.
             args += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
         else:
-            args += ["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+            args += [
+                "--unshare-user",
+                "--unshare-ipc",
+                "--unshare-pid",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+            ]
         if not self.allow_network:
             args.append("--unshare-net")
         args += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]

@@ -81,7 +81,9 @@ class Workspace:
         root_real = self.root.resolve()
         parent_real = full.parent.resolve()
         if parent_real != root_real and root_real not in parent_real.parents:
-            raise WorkspaceError(f"{path!r} resolves outside the session's working directory (via a symlink).")
+            raise WorkspaceError(
+                f"{path!r} resolves outside the session's working directory (via a symlink)."
+            )
         return rel, full
 
     # --- file operations --------------------------------------------------
@@ -94,7 +96,9 @@ class Workspace:
         try:
             fd = os.open(full, flags, 0o644)
         except OSError as exc:
-            raise WorkspaceError(f"cannot write {rel!r}: {exc.strerror} (is it a symlink or a directory?)") from exc
+            raise WorkspaceError(
+                f"cannot write {rel!r}: {exc.strerror} (is it a symlink or a directory?)"
+            ) from exc
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         if self.owner_uid is not None:
@@ -109,7 +113,9 @@ class Workspace:
         try:
             fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError as exc:
-            raise WorkspaceError(f"no file {rel!r} in the working directory; list_files shows what is there.") from exc
+            raise WorkspaceError(
+                f"no file {rel!r} in the working directory; list_files shows what is there."
+            ) from exc
         except OSError as exc:
             raise WorkspaceError(f"cannot read {rel!r}: {exc.strerror} (symlinks are not followed).") from exc
         with os.fdopen(fd, "rb") as fh:
@@ -176,4 +182,3 @@ class Workspace:
                 for name in dirnames + filenames:
                     with contextlib.suppress(OSError):
                         os.lchown(os.path.join(dirpath, name), self.owner_uid, self.owner_uid)
-

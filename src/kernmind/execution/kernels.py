@@ -1,0 +1,397 @@
+"""One sandboxed Jupyter kernel: launch, execute, interrupt, shut down.
+
+Kernels are started by ``jupyter_client``'s ``AsyncKernelManager`` from the kernelspec
+kernmind ships (``kernels/kernmind-python``), never from whatever the user has installed,
+and always on the **IPC transport**: the connection file and unix sockets live in a
+private 0700 directory, so no other local user can reach a kernel and the kernel works
+inside a network namespace. Interrupts are sent as messages on the control channel
+(signals can't cross the sandbox's pid namespace).
+
+``Kernel.execute`` is the hot path: one ``execute_request``, then iopub messages for that
+request are folded into an ``OutputCollector`` until the kernel reports idle. While it
+waits it ticks about twice a second to notice a dead kernel, to send progress, and to let
+the caller enforce the workspace quota. Time limits and cancellation are handled by the
+caller (sessions.py), which interrupts and, when that does not work, replaces the kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from queue import Empty
+from typing import Any, Literal
+
+import anyio
+from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.kernelspec import KernelSpec
+from jupyter_client.manager import AsyncKernelManager
+
+from kernmind.execution.results import OutputCollector
+from kernmind.execution.sandbox import Limits, Sandbox
+from kernmind.execution.workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+KERNEL_NAME = "kernmind-python"
+START_TIMEOUT = 60.0
+
+# Runs once in every kernel before it joins the pool: no colours (smaller tracebacks),
+# inline plots, and a first execution so the next one is warm.
+SETUP_CODE = """\
+get_ipython().run_line_magic('colors', 'nocolor')
+get_ipython().run_line_magic('xmode', 'Plain')
+get_ipython().run_line_magic('config', "InlineBackend.figure_formats = ['png']")
+"""
+
+OutcomeKind = Literal["ok", "error", "died", "deadline"]
+
+
+def kernelspec_dir() -> Path:
+    """The shipped kernelspec: inside the installed package, or the source tree's ``kernels/``."""
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[1] / "kernels" / KERNEL_NAME, here.parents[3] / "kernels" / KERNEL_NAME):
+        if (candidate / "kernel.json").is_file():
+            return candidate
+    raise FileNotFoundError(f"kernmind's kernelspec {KERNEL_NAME!r} is missing from the installation")
+
+
+@dataclass(frozen=True)
+class PythonRuntime:
+    """What we learnt about the interpreter that runs kernels (probed once at start)."""
+
+    executable: str
+    version: str
+    ipykernel: str | None
+    paths: tuple[str, ...]  # directories the sandbox must expose read-only
+    error: str | None = None
+
+    @classmethod
+    def probe(cls, python: str | None) -> PythonRuntime:
+        exe = python or sys.executable
+        script = (
+            "import sys, json, os, site\n"
+            "try:\n import ipykernel; v = ipykernel.__version__\n"
+            "except Exception: v = None\n"
+            "paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}\n"
+            "paths.update(p for p in sys.path if p and ('site-packages' in p or 'dist-packages' in p))\n"
+            "print(json.dumps({'version': sys.version.split()[0], 'ipykernel': v, 'paths': sorted(paths),"
+            " 'exe': sys.executable}))\n"
+        )
+        try:
+            out = subprocess.run([exe, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+            info = json.loads(out.stdout)
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            return cls(exe, "?", None, (), error=f"cannot run {exe}: {exc}")
+        paths = tuple(p for p in info["paths"] if os.path.isdir(p) and p != "/")
+        error = None if info["ipykernel"] else f"{exe} has no ipykernel (pip install ipykernel)"
+        return cls(info["exe"], info["version"], info["ipykernel"], paths, error)
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """An AsyncKernelManager whose launch command goes through the sandbox layer."""
+
+    def __init__(
+        self,
+        *,
+        wrap: Callable[[list[str]], list[str]],
+        python: str,
+        spec: KernelSpec,
+        owner_uid: int | None,
+        **kw: Any,
+    ):
+        super().__init__(**kw)
+        self._wrap = wrap
+        self._python = python
+        self._kernel_spec = spec
+        self._owner_uid = owner_uid
+
+    def write_connection_file(self, **kwargs: Any) -> None:  # type: ignore[override]
+        super().write_connection_file(**kwargs)
+        if self._owner_uid is not None:
+            # The kernel runs as the sandbox uid and must be able to read it.
+            os.chown(self.connection_file, self._owner_uid, self._owner_uid)
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        cmd = super().format_kernel_cmd(extra_arguments)
+        cmd = [self._python if part == "{python}" else part for part in cmd]
+        return self._wrap(cmd)
+
+
+@dataclass
+class ExecOutcome:
+    kind: OutcomeKind
+    execution_count: int | None = None
+    exit_code: int | None = None
+
+
+Tick = Callable[[float, OutputCollector], Awaitable[None]]
+
+
+@dataclass
+class Kernel:
+    """A running kernel, its private socket directory and its workspace."""
+
+    id: str
+    workspace: Workspace
+    runtime_dir: Path
+    km: SandboxedKernelManager
+    uid: int | None
+    kc: AsyncKernelClient | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    execution_count: int = 0
+    needs_replacement: bool = False  # set when an interrupt did not bring it back
+
+    async def is_alive(self) -> bool:
+        try:
+            return bool(await self.km.is_alive())
+        except Exception:
+            return False
+
+    async def exit_code(self) -> int | None:
+        prov = self.km.provisioner
+        if prov is None:
+            return None
+        try:
+            return await prov.poll()
+        except Exception:
+            return None
+
+    async def execute(
+        self,
+        code: str,
+        collector: OutputCollector,
+        *,
+        deadline: float,
+        on_tick: Tick | None = None,
+        silent: bool = False,
+    ) -> ExecOutcome:
+        """Run ``code`` and fold its output into ``collector``.
+
+        Returns ``deadline`` (with output so far) when ``deadline`` (a monotonic time)
+        passes first, ``died`` when the kernel process goes away.
+        """
+        assert self.kc is not None
+        kc = self.kc
+        msg_id = kc.execute(code, silent=silent, store_history=not silent, allow_stdin=False)
+        start = time.monotonic()
+        next_tick = start + 0.5
+        count: int | None = None
+        had_error = False
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                return ExecOutcome("deadline", count)
+            wait = max(0.0, min(deadline, next_tick) - now)
+            try:
+                msg = await kc.get_iopub_msg(timeout=wait)
+            except Empty:
+                now = time.monotonic()
+                if now >= next_tick:
+                    next_tick = now + 0.5
+                    if not await self.is_alive():
+                        return ExecOutcome("died", count, await self.exit_code())
+                    if on_tick is not None:
+                        await on_tick(now - start, collector)
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind = msg["msg_type"]
+            content = msg["content"]
+            if kind == "status":
+                if content.get("execution_state") == "idle":
+                    break
+            elif kind == "stream":
+                collector.stream(content.get("name", "stdout"), content.get("text", ""))
+            elif kind == "execute_result":
+                collector.display(content.get("data", {}), main=True)
+                count = content.get("execution_count", count)
+            elif kind in ("display_data", "update_display_data"):
+                collector.display(content.get("data", {}))
+            elif kind == "error":
+                had_error = True
+                collector.set_error(
+                    content.get("ename", "Error"),
+                    content.get("evalue", ""),
+                    "\n".join(content.get("traceback", [])),
+                )
+            elif kind == "execute_input":
+                count = content.get("execution_count", count)
+            elif kind == "clear_output":
+                collector.results.clear()
+        reply_count = await self._reply_count(msg_id)
+        if reply_count is not None:
+            count = reply_count
+        if count is not None:
+            self.execution_count = count
+        return ExecOutcome("error" if had_error else "ok", count)
+
+    async def _reply_count(self, msg_id: str) -> int | None:
+        """Drain the shell reply for ``msg_id`` (it arrives right around 'idle')."""
+        assert self.kc is not None
+        with anyio.move_on_after(2):
+            while True:
+                reply = await self.kc.get_shell_msg()
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    return reply["content"].get("execution_count")
+        return None
+
+    async def interrupt(self, collector: OutputCollector | None = None, grace: float = 3.0) -> bool:
+        """Interrupt the running code; True when the kernel went idle within ``grace`` seconds."""
+        assert self.kc is not None
+        try:
+            await self.km.interrupt_kernel()
+        except Exception as exc:
+            log.warning("interrupt of kernel %s failed: %s", self.id, exc)
+            return False
+        deadline = time.monotonic() + grace
+        sink = collector or OutputCollector(1000)
+        # The interrupted request's remaining output and its idle status arrive on iopub.
+        while time.monotonic() < deadline:
+            try:
+                msg = await self.kc.get_iopub_msg(timeout=max(0.0, deadline - time.monotonic()))
+            except Empty:
+                break
+            kind = msg["msg_type"]
+            if kind == "stream":
+                sink.stream(msg["content"].get("name", "stdout"), msg["content"].get("text", ""))
+            elif kind == "status" and msg["content"].get("execution_state") == "idle":
+                return await self.is_alive()
+        return False
+
+    async def shutdown(self) -> None:
+        try:
+            if self.kc is not None:
+                self.kc.stop_channels()
+            with anyio.move_on_after(5):
+                await self.km.shutdown_kernel(now=True)
+        except Exception as exc:  # already dead, or never fully started
+            log.debug("shutdown of kernel %s: %s", self.id, exc)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._cleanup_dirs)
+
+    def _cleanup_dirs(self) -> None:
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+
+class KernelFactory:
+    """Starts kernels: sandbox-wrapped, IPC transport, set up and warm."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        runtime: PythonRuntime,
+        workspaces_dir: Path,
+        *,
+        limits: Limits | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.sandbox = sandbox
+        self.runtime = runtime
+        self.workspaces_dir = workspaces_dir
+        self.limits = limits
+        self.extra_env = extra_env or {}
+        self.spec = KernelSpec.from_resource_dir(str(kernelspec_dir()))
+
+    def new_workspace(self, uid: int | None) -> Workspace:
+        ws = Workspace(self.workspaces_dir / uuid.uuid4().hex[:12], owner_uid=uid)
+        ws.create()
+        return ws
+
+    async def start(self, workspace: Workspace | None = None) -> Kernel:
+        """Launch, connect, wait for ready, run the setup cell. Raises RuntimeError on failure."""
+        if self.runtime.error:
+            raise RuntimeError(self.runtime.error)
+        uid = self.sandbox.allocate_uid()
+        ws = workspace or self.new_workspace(uid)
+        if workspace is not None and uid is not None:
+            ws.owner_uid = uid
+            ws.create()
+        # Short path: unix socket paths are limited to ~107 bytes.
+        runtime_dir = Path(tempfile.mkdtemp(prefix="km-"))
+        if uid is not None:
+            os.chown(runtime_dir, uid, uid)
+        inner_ws = self.sandbox.workspace_path(ws.root)
+        env = {
+            "PATH": f"{os.path.dirname(self.runtime.executable)}:/usr/local/bin:/usr/bin:/bin",
+            "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+            "IPYTHONDIR": str(runtime_dir / "ipython"),
+            "MPLCONFIGDIR": str(runtime_dir / "mpl"),
+            "XDG_CACHE_HOME": str(runtime_dir / "cache"),
+            "JUPYTER_RUNTIME_DIR": str(runtime_dir / "jupyter"),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+            **self.extra_env,
+        }
+
+        def wrap(cmd: list[str]) -> list[str]:
+            wrapped = self.sandbox.wrap(
+                cmd,
+                workspace=ws.root,
+                env=env,
+                ro_paths=self.runtime.paths,
+                rw_paths=[runtime_dir],
+                uid=uid,
+                limits=self.limits,
+            )
+            launch_env.clear()
+            launch_env.update(wrapped.env)
+            return wrapped.argv
+
+        launch_env: dict[str, str] = {}
+        km = SandboxedKernelManager(
+            wrap=wrap,
+            python=self.runtime.executable,
+            spec=self.spec,
+            transport="ipc",
+            ip=str(runtime_dir / "k"),
+            connection_file=str(runtime_dir / "connection.json"),
+            owner_uid=uid,
+        )
+        kernel = Kernel(id=uuid.uuid4().hex[:8], workspace=ws, runtime_dir=runtime_dir, km=km, uid=uid)
+        try:
+            # env/cwd as the sandbox wants them; in bwrap mode the env is rebuilt inside anyway.
+            clean_env = self.sandbox.environment(inner_ws, env)
+            # stdout/stderr to /dev/null: on stdio our stdout is the MCP channel, and ipykernel
+            # already forwards fd-level output (C extensions, os.system) over iopub.
+            await km.start_kernel(
+                env=clean_env,
+                cwd=str(ws.root),
+                extra_arguments=_KERNEL_ARGS,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
+            )
+            kc = km.client()
+            kc.start_channels()
+            kernel.kc = kc
+            await kc.wait_for_ready(timeout=START_TIMEOUT)
+            outcome = await kernel.execute(
+                SETUP_CODE, OutputCollector(10_000), deadline=time.monotonic() + 30, silent=True
+            )
+            if outcome.kind != "ok":
+                raise RuntimeError(f"kernel setup failed ({outcome.kind})")
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await kernel.shutdown()
+                if workspace is None:
+                    ws.remove()
+            if isinstance(exc, Exception) and not isinstance(exc, RuntimeError):
+                raise RuntimeError(f"kernel failed to start: {exc}") from exc
+            raise
+        return kernel
+
+
+# Keep IPython's history in memory: it would otherwise write a sqlite file into $HOME,
+# which is the workspace.
+_KERNEL_ARGS = ["--HistoryManager.hist_file=:memory:", "--IPKernelApp.log_level=ERROR"]
