@@ -63,6 +63,15 @@ class Settings(BaseSettings):
     embedding_model: str | None = None
     embedding_base_url: str | None = None
     embedding_api_key: str | None = None
+    memory_block_limit: int = Field(default=5000, ge=1, description="Default character limit of a new block.")
+    memory_default_blocks: dict[str, str] = Field(
+        default_factory=lambda: {
+            "persona": "Who you are: your role, personality and how you should behave. Keep it up to date.",
+            "human": "What you know about the person you are talking with: name, preferences, context.",
+        },
+        description="Blocks (label -> description) a fresh memory namespace starts with.",
+    )
+    archival_max_chars: int = Field(default=10_000, ge=100, description="Longest archival passage (chars).")
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

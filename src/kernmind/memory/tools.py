@@ -1,22 +1,494 @@
-"""Memory tools (placeholder until the memory issue lands)."""
+"""The MCP surface of memory: block tools, archival tools, block resources and the ``memory`` prompt.
+
+``server.py`` does exactly::
+
+    memory = MemoryTools(settings)
+    memory.register(server)          # tools, resources, prompt
+    async with memory.running():     # inside the server's lifespan: opens the store
+        ...
+
+Design
+------
+* Tools are thin: validate, call the store/archive (store.py, archival.py), shape a
+  pydantic result (so clients get ``outputSchema`` + ``structuredContent``), then notify.
+* Every block write publishes ``resource updated`` for ``memory://blocks/{label}`` (and the
+  listing ``memory://blocks`` when blocks appear or disappear) through the SDK's
+  subscription bus, which serves ``subscriptions/listen`` streams (2026-07-28 clients). For
+  handshake-era clients (2025-11-25) the legacy ``resources/subscribe``/``unsubscribe``
+  requests are served too and subscribed sessions get ``notifications/resources/updated``.
+  Notifications are best effort: a failure to notify never fails the write.
+* The store is opened in :meth:`MemoryTools.running` (the server's lifespan); tools called
+  before that get a clear error.
+
+Error policy
+------------
+Anything the model can fix raises ``ToolError`` (an ``isError`` result with our text) saying
+what to do instead; the store guarantees a refused write changed nothing. Unexpected
+exceptions propagate to the SDK, which logs them and reports a generic tool error.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import json
+import logging
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any, Literal, TypeVar
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+from mcp_types import EmptyResult, SubscribeRequestParams, ToolAnnotations, UnsubscribeRequestParams
+from pydantic import BaseModel, Field
 
 from kernmind.config import Settings
+from kernmind.memory.archival import Archive
+from kernmind.memory.blocks import (
+    Block,
+    BlockDeleted,
+    BlockHistory,
+    BlockInfo,
+    BlockList,
+    BlockWrite,
+    HistoryEntry,
+    UndoResult,
+    render_blocks,
+)
+from kernmind.memory.embeddings import Embedder, OpenAIEmbedder
+from kernmind.memory.store import MemoryRefusal, MemoryStore, iso
+
+log = logging.getLogger(__name__)
+
+BLOCKS_URI = "memory://blocks"
+T = TypeVar("T")
+
+Label = Annotated[str, Field(description="The block's label, e.g. 'human' or 'persona'.", max_length=64)]
+ExpectedVersion = Annotated[
+    int | None,
+    Field(description="Refuse the write unless the block is at this version (from memory_read/memory_list)."),
+]
+
+
+class Passage(BaseModel):
+    id: int
+    content: str
+    tags: list[str]
+    created_at: str
+    score: float | None = Field(description="higher is better (bm25, or fused rank score in hybrid mode)")
+
+
+class ArchivalInsertResult(BaseModel):
+    id: int
+    created_at: str
+    embedded: bool = Field(description="whether the passage got an embedding (meaning search)")
+    note: str | None = None
+
+
+class ArchivalSearchResult(BaseModel):
+    results: list[Passage] = Field(description="best first")
+    mode: Literal["bm25", "hybrid", "recent"] = Field(
+        description="bm25: full text; hybrid: full text fused with embeddings; recent: empty query, newest first"
+    )
+    note: str | None = Field(default=None, description="e.g. why search fell back to full text")
+    page: int
+    top_k: int
+
+
+class ArchivalDeleteResult(BaseModel):
+    id: int
+    deleted: bool
+    content: str
+
+
+def block_uri(label: str) -> str:
+    return f"{BLOCKS_URI}/{label}"
+
+
+def make_embedder(settings: Settings) -> Embedder | None:
+    if not settings.embedding_model:
+        return None
+    return OpenAIEmbedder(settings.embedding_model, settings.embedding_base_url, settings.embedding_api_key)
 
 
 class MemoryTools:
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    """Owns the memory store for one server and registers the memory surface on it."""
 
-    def register(self, server: MCPServer) -> None:
-        pass
+    def __init__(self, settings: Settings, *, embedder: Embedder | None = None) -> None:
+        self.settings = settings
+        self._embedder = embedder
+        self._store: MemoryStore | None = None
+        self._archive: Archive | None = None
+        # legacy resources/subscribe: uri -> sessions (weakly held: a closed session drops out)
+        self._legacy_subs: dict[str, weakref.WeakSet[Any]] = {}
+
+    # ------------------------------------------------------------ lifecycle
+
+    def new_store(self) -> MemoryStore:
+        s = self.settings
+        return MemoryStore(
+            s.db_path,
+            s.agent,
+            default_blocks=s.memory_default_blocks,
+            block_limit=s.memory_block_limit,
+            archival_max_chars=s.archival_max_chars,
+        )
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        yield
+        store = await self.new_store().open()
+        embedder = self._embedder if self._embedder is not None else make_embedder(self.settings)
+        self._store, self._archive = store, Archive(store, embedder)
+        log.info("memory: %s (agent %r)", store.path, store.agent)
+        try:
+            yield
+        finally:
+            self._store = self._archive = None
+            if isinstance(embedder, OpenAIEmbedder) and embedder is not self._embedder:
+                with contextlib.suppress(Exception):
+                    await embedder.aclose()
+            await store.close()
+
+    @property
+    def store(self) -> MemoryStore:
+        if self._store is None:
+            raise ToolError("Memory is not open yet (the server is starting or stopping); try again shortly.")
+        return self._store
+
+    @property
+    def archive(self) -> Archive:
+        if self._archive is None:
+            raise ToolError("Memory is not open yet (the server is starting or stopping); try again shortly.")
+        return self._archive
+
+    # ------------------------------------------------------------ helpers
+
+    @staticmethod
+    async def _call(coro: Awaitable[T]) -> T:
+        try:
+            return await coro
+        except MemoryRefusal as exc:
+            raise ToolError(str(exc)) from exc
+
+    async def _notify(self, ctx: Context | None, label: str, *, listing: bool = False) -> None:
+        uris = [block_uri(label), BLOCKS_URI] if listing else [block_uri(label)]
+        for uri in uris:
+            if ctx is not None:
+                try:
+                    await ctx.notify_resource_updated(uri)
+                except Exception as exc:  # best effort
+                    log.debug("notify_resource_updated(%s) failed: %s", uri, exc)
+            for session in list(self._legacy_subs.get(uri, ())):
+                try:
+                    await session.send_resource_updated(uri)
+                except Exception as exc:  # a closed session: forget it
+                    log.debug("legacy resource notification to a session failed: %s", exc)
+                    self._legacy_subs[uri].discard(session)
+
+    def _register_legacy_subscriptions(self, server: MCPServer) -> None:
+        """Serve ``resources/subscribe``/``unsubscribe`` for handshake-era clients."""
+        lowlevel = getattr(server, "_lowlevel_server", None)
+        if lowlevel is None or not hasattr(lowlevel, "add_request_handler"):
+            return
+        previous_sub = getattr(lowlevel, "_request_handlers", {}).get("resources/subscribe")
+        if previous_sub is not None:  # someone else serves it; leave it alone
+            return
+
+        async def subscribe(ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
+            self._legacy_subs.setdefault(str(params.uri), weakref.WeakSet()).add(ctx.session)
+            return EmptyResult()
+
+        async def unsubscribe(ctx: Any, params: UnsubscribeRequestParams) -> EmptyResult:
+            subs = self._legacy_subs.get(str(params.uri))
+            if subs is not None:
+                subs.discard(ctx.session)
+            return EmptyResult()
+
+        lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
+        lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
+
+    # ------------------------------------------------------------ registration
+
+    def register(self, server: MCPServer) -> None:
+        self._register_block_tools(server)
+        self._register_archival_tools(server)
+        self._register_resources(server)
+        self._register_legacy_subscriptions(server)
+
+    def _register_block_tools(self, server: MCPServer) -> None:
+        ro = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+        edit = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+        destructive = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
+        call = self._call
+
+        async def write(
+            ctx: Context, label: str, op: Callable[[], Awaitable[Any]], message: str
+        ) -> BlockWrite:
+            row = await call(op())
+            await self._notify(ctx, label)
+            return BlockWrite.after(row, message)
+
+        @server.tool(
+            description="List every memory block: label, description, chars, limit, read_only and version.",
+            annotations=ro,
+        )
+        async def memory_list() -> BlockList:
+            return BlockList(blocks=[BlockInfo.of(r) for r in await self.store.list_blocks()])
+
+        @server.tool(description="Read one memory block: its full value and metadata.", annotations=ro)
+        async def memory_read(label: Label) -> Block:
+            return Block.of(await call(self.store.get_block(label)))
+
+        @server.tool(
+            description="Create a new memory block. An existing label is an error (edit it instead).",
+            annotations=edit,
+        )
+        async def memory_create(
+            label: Label,
+            ctx: Context,
+            value: Annotated[str, Field(description="Initial value.")] = "",
+            description: Annotated[
+                str, Field(description="What this block is for (shown to the agent).")
+            ] = "",
+            limit: Annotated[
+                int | None, Field(description="Character limit (default: the server's block limit).", ge=1)
+            ] = None,
+            read_only: Annotated[bool, Field(description="Refuse all later edits by the agent.")] = False,
+        ) -> BlockWrite:
+            row = await call(self.store.create_block(label, value, description, limit, read_only))
+            await self._notify(ctx, label, listing=True)
+            return BlockWrite.after(row, f"Created block {label!r}.")
+
+        @server.tool(description="Append text to a memory block, on a new line.", annotations=edit)
+        async def memory_append(
+            label: Label,
+            content: Annotated[str, Field(description="Text to append (added on a new line).")],
+            ctx: Context,
+            expected_version: ExpectedVersion = None,
+        ) -> BlockWrite:
+            return await write(
+                ctx,
+                label,
+                lambda: self.store.append(label, content, expected_version),
+                f"Appended to {label!r}.",
+            )
+
+        @server.tool(
+            description=(
+                "Replace text in a memory block. old_str must occur exactly once in the block "
+                "(copy it exactly, without line numbers); new_str may be empty to delete it."
+            ),
+            annotations=edit,
+        )
+        async def memory_replace(
+            label: Label,
+            old_str: Annotated[str, Field(description="Exact text to replace; must occur exactly once.")],
+            new_str: Annotated[str, Field(description="Replacement text (may be empty).")],
+            ctx: Context,
+            expected_version: ExpectedVersion = None,
+        ) -> BlockWrite:
+            return await write(
+                ctx,
+                label,
+                lambda: self.store.replace(label, old_str, new_str, expected_version),
+                f"Replaced text in {label!r}.",
+            )
+
+        @server.tool(
+            description="Insert text into a memory block after a line (0 = at the top, -1 = at the end).",
+            annotations=edit,
+        )
+        async def memory_insert(
+            label: Label,
+            new_str: Annotated[str, Field(description="Text to insert (may span several lines).")],
+            ctx: Context,
+            insert_line: Annotated[
+                int, Field(description="Insert after this line number (1-based); 0 = top, -1 = end.", ge=-1)
+            ] = -1,
+            expected_version: ExpectedVersion = None,
+        ) -> BlockWrite:
+            return await write(
+                ctx,
+                label,
+                lambda: self.store.insert(label, new_str, insert_line, expected_version),
+                f"Inserted into {label!r}.",
+            )
+
+        @server.tool(
+            description="Rewrite a memory block completely: its whole value becomes new_memory.",
+            annotations=edit,
+        )
+        async def memory_rethink(
+            label: Label,
+            new_memory: Annotated[str, Field(description="The block's complete new value.")],
+            ctx: Context,
+            expected_version: ExpectedVersion = None,
+        ) -> BlockWrite:
+            return await write(
+                ctx,
+                label,
+                lambda: self.store.rethink(label, new_memory, expected_version),
+                f"Rewrote {label!r}.",
+            )
+
+        @server.tool(
+            description="Delete a memory block (memory_undo brings it back).", annotations=destructive
+        )
+        async def memory_delete(
+            label: Label, ctx: Context, expected_version: ExpectedVersion = None
+        ) -> BlockDeleted:
+            row = await call(self.store.delete_block(label, expected_version))
+            await self._notify(ctx, label, listing=True)
+            return BlockDeleted(
+                label=label,
+                deleted=True,
+                last_version=row.version,
+                message=f"Deleted block {label!r}; memory_undo(label={label!r}) restores it.",
+            )
+
+        @server.tool(
+            description="A memory block's change history, newest first: when, operation, old and new value.",
+            annotations=ro,
+        )
+        async def memory_history(
+            label: Label,
+            limit: Annotated[int, Field(description="Most recent entries to return.", ge=1, le=500)] = 20,
+        ) -> BlockHistory:
+            rows = await call(self.store.history(label, limit))
+            return BlockHistory(label=label, entries=[HistoryEntry.of(h) for h in rows])
+
+        @server.tool(
+            description=(
+                "Undo the most recent change to a memory block (call again to go further back). "
+                "The undo is itself recorded as a new version."
+            ),
+            annotations=edit,
+        )
+        async def memory_undo(
+            label: Label, ctx: Context, expected_version: ExpectedVersion = None
+        ) -> UndoResult:
+            row, entry = await call(self.store.undo(label, expected_version))
+            await self._notify(ctx, label, listing=row is None or entry.op in ("create", "delete"))
+            what = f"Undid {entry.op} (version {entry.version}) of {label!r}."
+            return UndoResult(
+                label=label,
+                reverted=HistoryEntry.of(entry),
+                block=Block.of(row) if row is not None else None,
+                message=what if row is not None else what + " The block no longer exists.",
+            )
+
+    def _register_archival_tools(self, server: MCPServer) -> None:
+        call = self._call
+
+        @server.tool(
+            description=(
+                "Store a passage in long-term archival memory (searchable later by words, and by meaning "
+                "when embeddings are configured). Tag it for filtering."
+            ),
+            annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False),
+        )
+        async def archival_memory_insert(
+            content: Annotated[str, Field(description="The text to remember.")],
+            tags: Annotated[list[str], Field(description="Tags for filtering searches.")] = [],  # noqa: B006
+        ) -> ArchivalInsertResult:
+            out = await call(self.archive.insert(content, tags))
+            return ArchivalInsertResult(
+                id=out.id, created_at=iso(out.created_at), embedded=out.embedded, note=out.note
+            )
+
+        @server.tool(
+            description=(
+                "Search archival memory, best match first. Full-text ranking matches word forms and "
+                "passages with only some of the words; with embeddings configured it also ranks by meaning. "
+                "Filters (tags, dates) apply before top_k and paging. An empty query lists the newest passages."
+            ),
+            annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
+        )
+        async def archival_memory_search(
+            query: Annotated[str, Field(description="What to look for.")],
+            tags: Annotated[list[str] | None, Field(description="Only passages with these tags.")] = None,
+            tag_match_mode: Annotated[
+                Literal["any", "all"], Field(description="'any': at least one tag; 'all': every tag.")
+            ] = "any",
+            top_k: Annotated[int, Field(description="Results per page.", ge=1, le=100)] = 10,
+            start_datetime: Annotated[
+                str | None,
+                Field(description="Only passages created at or after this ISO date/datetime (UTC)."),
+            ] = None,
+            end_datetime: Annotated[
+                str | None,
+                Field(
+                    description="Only passages created before this ISO datetime (a date alone includes that day)."
+                ),
+            ] = None,
+            page: Annotated[int, Field(description="Page of results, from 0.", ge=0)] = 0,
+        ) -> ArchivalSearchResult:
+            out = await call(
+                self.archive.search(
+                    query,
+                    tags=tags,
+                    tag_match_mode=tag_match_mode,
+                    top_k=top_k,
+                    start_datetime=start_datetime,
+                    end_datetime=end_datetime,
+                    page=page,
+                )
+            )
+            return ArchivalSearchResult(
+                results=[
+                    Passage(
+                        id=r.id, content=r.content, tags=r.tags, created_at=iso(r.created_at), score=r.score
+                    )
+                    for r in out.results
+                ],
+                mode=out.mode,
+                note=out.note,
+                page=page,
+                top_k=top_k,
+            )
+
+        @server.tool(
+            description="Delete a passage from archival memory by id (from archival_memory_search).",
+            annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False),
+        )
+        async def archival_memory_delete(
+            id: Annotated[int, Field(description="The passage id.")],
+        ) -> ArchivalDeleteResult:
+            row = await call(self.archive.delete(id))
+            return ArchivalDeleteResult(id=row.id, deleted=True, content=row.content)
+
+    def _register_resources(self, server: MCPServer) -> None:
+        @server.resource(
+            BLOCKS_URI,
+            name="memory-blocks",
+            title="Memory blocks",
+            description="Every memory block of this agent (label, description, chars, limit, version) as JSON.",
+            mime_type="application/json",
+        )
+        async def blocks_listing() -> str:
+            rows = await self.store.list_blocks()
+            return json.dumps(
+                {"blocks": [{**BlockInfo.of(r).model_dump(), "uri": block_uri(r.label)} for r in rows]},
+                indent=2,
+            )
+
+        @server.resource(
+            BLOCKS_URI + "/{label}",
+            name="memory-block",
+            title="Memory block",
+            description="The value of one memory block.",
+            mime_type="text/plain",
+        )
+        async def block_resource(label: str) -> str:
+            try:
+                row = await self.store.get_block(label)
+            except MemoryRefusal as exc:
+                raise ResourceNotFoundError(str(exc)) from exc
+            return row.value
+
+        @server.prompt(
+            name="memory",
+            title="Memory blocks",
+            description="All memory blocks rendered the way an agent's system prompt shows them (<memory_blocks>).",
+        )
+        async def memory_prompt() -> str:
+            return render_blocks(await self.store.list_blocks())
