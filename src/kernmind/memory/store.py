@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import re
 import sqlite3
 import time
@@ -969,8 +968,9 @@ class MemoryStore:
     async def import_(self, doc: dict[str, Any], *, replace: bool = False) -> dict[str, int]:
         """Load an export into this namespace in one transaction (all or nothing).
 
-        A block whose label exists is refused unless ``replace`` (then its value, description,
-        limit and read-only flag are overwritten as a new version, recorded as op ``import``).
+        A block whose label exists is refused unless ``replace`` or the block is an untouched
+        default (empty, version 1); then its value, description, limit and read-only flag are
+        overwritten as a new version, recorded as op ``import``.
         Passages identical to one already stored (same content, tags and time) are skipped.
         """
         if doc.get("format") != "kernmind-memory":
@@ -993,7 +993,7 @@ class MemoryStore:
                 if row is None:
                     await self._insert_block(db, label, value, description, limit, read_only, "import")
                     stats["blocks_created"] += 1
-                elif not replace:
+                elif not replace and not (row.value == "" and row.version == 1):  # untouched default block
                     raise MemoryRefusal(
                         f"block {label!r} already exists in namespace {self.agent!r}; "
                         f"pass --replace to overwrite existing blocks."
@@ -1080,7 +1080,6 @@ __all__ = [
     "PassageIn",
     "PassageRow",
     "iso",
-    "math",
     "parse_when",
     "rrf",
 ]
