@@ -1,0 +1,152 @@
+"""What the agent is configured with: the model endpoint, the loop's limits, the MCP servers.
+
+Design: plain dataclasses, no I/O except :func:`load_mcp_config` (reading the user's file)
+so the Python API and the CLI build the very same objects. A server is a ``ServerSpec``:
+a name plus anything ``mcp.Client`` accepts (``StdioServerParameters``, a URL, a
+``Transport``, or an in-process ``MCPServer`` for tests).
+
+Error policy: a malformed ``mcp.json`` raises :class:`ConfigError` with a sentence naming
+the file and the offending entry; the CLI prints it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from mcp.client.stdio import StdioServerParameters
+
+from kernmind.config import Settings
+
+ImageMode = Literal["auto", "on", "off"]
+
+DEFAULT_SYSTEM_PROMPT = """\
+You are a capable assistant that solves tasks by calling tools. Use run_code to compute,
+inspect data and check your work instead of guessing; read the results before answering.
+Your memory blocks (below) persist across conversations: keep them accurate with the
+memory_* tools when you learn something worth remembering. Answer concisely once done."""
+
+
+class ConfigError(ValueError):
+    """A configuration the agent cannot use (bad mcp.json, missing model …)."""
+
+
+@dataclass
+class ServerSpec:
+    """One MCP server to connect to. ``target`` is anything ``mcp.Client`` accepts."""
+
+    name: str
+    target: Any
+
+
+@dataclass
+class AgentConfig:
+    """Everything that shapes one agent: model endpoint, loop limits, servers."""
+
+    model: str
+    base_url: str | None = None
+    api_key: str | None = None
+    servers: list[ServerSpec] = field(default_factory=list)
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    max_steps: int = 20
+    stream: bool = False
+    images: ImageMode = "auto"
+    temperature: float | None = None
+    max_retries: int = 4
+    retry_base_delay: float = 0.5
+    retry_max_delay: float = 20.0
+    request_timeout: float = 600.0
+    max_tool_result_chars: int = 30_000
+    tool_timeout: float | None = None
+    include_server_instructions: bool = True
+
+
+_SETTING_FLAGS: dict[str, str] = {
+    "data_dir": "--data-dir",
+    "agent": "--agent",
+    "sandbox": "--sandbox",
+    "timeout": "--timeout",
+    "max_timeout": "--max-timeout",
+    "memory_mb": "--memory-mb",
+    "pool_size": "--pool-size",
+    "max_sessions": "--max-sessions",
+    "idle_timeout": "--idle-timeout",
+    "max_output_chars": "--max-output-chars",
+    "kernel_python": "--kernel-python",
+    "embedding_model": "--embedding-model",
+    "embedding_base_url": "--embedding-base-url",
+    "log_level": "--log-level",
+}
+
+
+def kernmind_server_spec(
+    settings: Settings, *, log_level: str | None = None, name: str = "kernmind"
+) -> ServerSpec:
+    """``python -m kernmind serve`` with this process's settings passed through as flags.
+
+    The stdio transport only inherits a few safe variables (HOME, PATH …), so settings are
+    passed as flags, and ``KERNMIND_*`` variables (for settings that have no flag) are
+    forwarded explicitly.
+    """
+    args = ["-m", "kernmind", "serve", "--db", str(settings.db_path)]
+    values = settings.model_dump()
+    if log_level is not None:
+        values["log_level"] = log_level
+    for key, flag in _SETTING_FLAGS.items():
+        value = values.get(key)
+        if value is not None:
+            args += [flag, str(value)]
+    if settings.stateless:
+        args.append("--stateless")
+    if settings.allow_network:
+        args.append("--allow-network")
+    env = {k: v for k, v in os.environ.items() if k.startswith("KERNMIND_")}
+    return ServerSpec(name=name, target=StdioServerParameters(command=sys.executable, args=args, env=env))
+
+
+def load_mcp_config(path: Path) -> list[ServerSpec]:
+    """Read an ``mcp.json``-style file: ``{"mcpServers": {name: {command, args, env, cwd} | {url}}}``."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read MCP config {path}: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"MCP config {path} is not valid JSON: {exc}") from exc
+    servers = data.get("mcpServers") if isinstance(data, dict) else None
+    if not isinstance(servers, dict):
+        raise ConfigError(f'MCP config {path} needs a top-level "mcpServers" object')
+    specs: list[ServerSpec] = []
+    for name, entry in servers.items():
+        if not isinstance(entry, dict):
+            raise ConfigError(f"MCP config {path}: server {name!r} must be an object")
+        if entry.get("disabled"):
+            continue
+        if "command" in entry:
+            args = entry.get("args", [])
+            env = entry.get("env")
+            if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+                raise ConfigError(f"MCP config {path}: server {name!r}: args must be a list of strings")
+            if env is not None and not (
+                isinstance(env, dict) and all(isinstance(v, str) for v in env.values())
+            ):
+                raise ConfigError(f"MCP config {path}: server {name!r}: env must map names to strings")
+            params = StdioServerParameters(command=entry["command"], args=args, env=env, cwd=entry.get("cwd"))
+            specs.append(ServerSpec(name=name, target=params))
+        elif "url" in entry:
+            specs.append(ServerSpec(name=name, target=_http_target(entry["url"], entry.get("headers"))))
+        else:
+            raise ConfigError(f'MCP config {path}: server {name!r} needs "command" (stdio) or "url" (HTTP)')
+    return specs
+
+
+def _http_target(url: str, headers: dict[str, str] | None) -> Any:
+    if not headers:
+        return url
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    return streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers))

@@ -1,0 +1,81 @@
+"""Compile the servers' memory blocks into text for the system prompt.
+
+Design: memory is read fresh before every model step, so an edit made by a tool call in
+step N is visible in the system prompt of step N+1. Per server, the preferred source is
+the ``memory`` prompt (the server renders the blocks the way an agent should see them);
+failing that, the ``memory://blocks/{label}`` resources are read and rendered here.
+Servers with neither simply contribute nothing.
+
+Error policy: memory is best effort. Any failure to list or read is logged at debug level
+and that server is skipped; the loop never stops because memory could not be read.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import mcp_types as types
+
+from kernmind.agent.connections import Connection
+
+log = logging.getLogger(__name__)
+
+BLOCK_PREFIX = "memory://blocks/"
+
+
+async def compile_memory(connections: list[Connection]) -> str:
+    """All memory text from all servers, joined; empty when no server has memory."""
+    parts: list[str] = []
+    for conn in connections:
+        try:
+            text = await _server_memory(conn)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            log.debug("memory from %s unavailable: %s", conn.name, exc)
+            continue
+        if text.strip():
+            parts.append(text.strip())
+    return "\n\n".join(parts)
+
+
+async def _server_memory(conn: Connection) -> str:
+    caps = conn.client.server_capabilities
+    if caps.prompts is not None:
+        listing = await conn.client.list_prompts()
+        if any(p.name == "memory" for p in listing.prompts):
+            prompt = await conn.client.get_prompt("memory")
+            return "\n".join(_content_text(m.content) for m in prompt.messages)
+    if caps.resources is not None:
+        return await _memory_from_resources(conn)
+    return ""
+
+
+async def _memory_from_resources(conn: Connection) -> str:
+    listing = await conn.client.list_resources()
+    blocks: list[str] = []
+    for res in listing.resources:
+        uri = str(res.uri)
+        if not uri.startswith(BLOCK_PREFIX):
+            continue
+        label = uri.removeprefix(BLOCK_PREFIX)
+        read = await conn.client.read_resource(uri, cache_mode="bypass")
+        value = "\n".join(c.text for c in read.contents if isinstance(c, types.TextResourceContents))
+        desc = f' description="{res.description}"' if res.description else ""
+        blocks.append(f"<{label}{desc}>\n{value}\n</{label}>")
+    if not blocks:
+        return ""
+    return "<memory_blocks>\n" + "\n".join(blocks) + "\n</memory_blocks>"
+
+
+def _content_text(content: object) -> str:
+    if isinstance(content, types.TextContent):
+        return content.text
+    if isinstance(content, types.EmbeddedResource) and isinstance(
+        content.resource, types.TextResourceContents
+    ):
+        return content.resource.text
+    if isinstance(content, list):
+        return "\n".join(_content_text(c) for c in content)
+    return ""

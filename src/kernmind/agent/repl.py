@@ -1,0 +1,87 @@
+"""The interactive REPL: read a line, run a turn, show the answer; slash commands.
+
+Design: a loop over :class:`LineReader` lines (prompts go to stderr so stdout carries only
+answers). Commands: ``/reset`` forgets the conversation, ``/memory`` shows the memory
+blocks as the model sees them, ``/tools`` lists the tools, ``/help``, ``/exit`` (also
+``/quit`` and end of input). Answers stream token by token when streaming is on.
+
+Error policy: a model failure (after retries) is printed and the REPL goes on — the
+conversation is kept, so the user can simply try again. Ctrl-C during a turn is handled by
+the CLI's signal handler (it calls ``Agent.interrupt``); the turn ends and the REPL goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TextIO
+
+from kernmind.agent.console import ConsoleEvents, LineReader
+from kernmind.agent.loop import Agent
+from kernmind.agent.model import ModelError
+
+HELP = """commands:
+  /reset   forget the conversation (memory blocks are kept)
+  /memory  show the memory blocks as the model sees them
+  /tools   list the tools the model can call
+  /exit    leave (also /quit or Ctrl-D)
+Ctrl-C while the model or a tool is working cancels it; the conversation goes on."""
+
+
+async def repl(
+    agent: Agent,
+    events: ConsoleEvents,
+    reader: LineReader,
+    *,
+    json_out: bool = False,
+    out: TextIO | None = None,
+) -> int:
+    out = out or sys.stdout
+    tools = ", ".join(sorted(agent.hub.tools)) or "none"
+    servers = ", ".join(c.name for c in agent.hub.connections) or "none"
+    events.note(f"kernmind agent · model {agent.config.model} · servers: {servers}")
+    events.note(f"tools: {tools}")
+    events.note("type /help for commands, /exit to leave")
+    while True:
+        line = await reader.readline("\nyou> ")
+        if line is None:
+            events.note("")
+            break
+        text = line.strip()
+        if not text:
+            continue
+        if text.startswith("/"):
+            command = text.split()[0].lower()
+            if command in ("/exit", "/quit"):
+                break
+            if command == "/reset":
+                agent.reset()
+                events.note("(conversation cleared; memory blocks kept)")
+            elif command == "/memory":
+                memory = await agent.memory()
+                events.note(memory or "(no memory blocks: the servers offer none, or they are empty)")
+            elif command == "/tools":
+                for name, routed in sorted(agent.hub.tools.items()):
+                    desc = (routed.tool.description or "").strip().splitlines()
+                    events.note(f"  {name} [{routed.server}] {desc[0] if desc else ''}")
+            elif command == "/help":
+                events.note(HELP)
+            else:
+                events.note(f"unknown command {command}; /help lists them")
+            continue
+        try:
+            result = await agent.run(text)
+        except ModelError as exc:
+            events.note(f"error: {exc}")
+            continue
+        if result.stopped == "interrupted":
+            events.note("(interrupted — the conversation goes on)")
+        elif result.stopped == "max_steps":
+            out.write(result.answer + "\n")
+        elif not (events.stream_tokens and result.answer):
+            out.write(result.answer + "\n")
+        out.flush()
+    if json_out:
+        out.write(json.dumps(agent.transcript(), ensure_ascii=False, indent=2) + "\n")
+        out.flush()
+    return 0

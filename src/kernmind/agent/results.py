@@ -1,0 +1,74 @@
+"""Turn an MCP ``CallToolResult`` into what a chat-completions model can read.
+
+Design: a ``tool`` message may only carry text, so a result becomes (a) one text for the
+tool message — the text blocks, or the ``structuredContent`` as JSON when there are none,
+with non-text blocks described in brackets — and (b) the images it returned, as
+``data:`` URLs. The loop sends the images right after the step's tool messages in one
+``user`` message of image parts, or as a text note when the model takes no images.
+Overlong text is cut in the middle (head and tail kept) so one chatty tool cannot flood
+the context window.
+
+Error policy: pure functions, no I/O, nothing raised for odd content — an unknown block
+type is described as such.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import mcp_types as types
+
+
+@dataclass
+class ToolOutput:
+    text: str
+    is_error: bool
+    images: list[str] = field(default_factory=list)  # data: URLs
+
+
+def convert_result(result: types.CallToolResult, *, max_chars: int) -> ToolOutput:
+    lines: list[str] = []
+    images: list[str] = []
+    for block in result.content:
+        if isinstance(block, types.TextContent):
+            lines.append(block.text)
+        elif isinstance(block, types.ImageContent):
+            images.append(f"data:{block.mime_type};base64,{block.data}")
+            lines.append(f"[image {len(images)}: {block.mime_type}, shown below]")
+        elif isinstance(block, types.AudioContent):
+            lines.append(f"[audio: {block.mime_type}, not shown]")
+        elif isinstance(block, types.ResourceLink):
+            lines.append(
+                f"[resource link: {block.uri}{' — ' + block.description if block.description else ''}]"
+            )
+        elif isinstance(block, types.EmbeddedResource):
+            res = block.resource
+            if isinstance(res, types.TextResourceContents):
+                lines.append(f"[resource {res.uri}]\n{res.text}")
+            else:
+                lines.append(f"[binary resource {res.uri} ({res.mime_type or 'unknown type'})]")
+        else:
+            lines.append(f"[{getattr(block, 'type', 'unknown')} content]")
+    has_text = any(isinstance(b, types.TextContent) for b in result.content)
+    if not has_text and result.structured_content is not None:
+        lines.insert(0, json.dumps(result.structured_content, ensure_ascii=False))
+    text = "\n".join(lines) if lines else "(no output)"
+    if result.is_error and not text.lower().startswith("error"):
+        text = "Error: " + text
+    return ToolOutput(text=truncate(text, max_chars), is_error=bool(result.is_error), images=images)
+
+
+def truncate(text: str, max_chars: int) -> str:
+    if len(text) <= max_chars:
+        return text
+    head = max_chars * 2 // 3
+    tail = max_chars - head
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n[… {cut} characters cut …]\n{text[-tail:]}"
+
+
+def image_note(count: int, tool: str) -> str:
+    """What a model without image input reads instead of the images."""
+    noun = "image" if count == 1 else "images"
+    return f"[{tool} returned {count} {noun}; this model cannot view images, so they are not shown]"

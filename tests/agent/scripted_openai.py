@@ -1,0 +1,172 @@
+"""A scripted OpenAI-compatible chat-completions server for the agent tests.
+
+It is a real HTTP server on 127.0.0.1 (``http.server`` on a thread, so it serves a
+subprocess as well as the test's own event loop). Each ``POST /v1/chat/completions``
+takes the next item of the script: an assistant message (rendered as one JSON response,
+or as server-sent events when the request asked for ``stream``) or an HTTP error. Every
+request body is recorded, so tests can check what the agent sent — the system prompt, the
+tool messages, the tool schemas. An exhausted script answers 500 with "script exhausted".
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Item:
+    kind: str  # "message" | "error"
+    content: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+
+
+def reply(content: str, *, delay: float = 0.0) -> Item:
+    return Item("message", content=content, delay=delay)
+
+
+def call(name: str, arguments: Any = None, *, id: str | None = None) -> dict[str, Any]:
+    """One tool call; ``arguments`` may be a dict (sent as JSON) or a raw string (sent as is)."""
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+    return {"id": id, "name": name, "arguments": raw}
+
+
+def tools(*calls: dict[str, Any], content: str = "") -> Item:
+    numbered = [{**c, "id": c["id"] or f"call_{i}_{c['name']}"} for i, c in enumerate(calls)]
+    return Item("message", content=content, tool_calls=numbered)
+
+
+def error(status: int, message: str = "scripted error", headers: dict[str, str] | None = None) -> Item:
+    return Item("error", status=status, content=message, headers=headers or {})
+
+
+class ScriptedOpenAI:
+    def __init__(self) -> None:
+        self.script: deque[Item] = deque()
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", 0))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with server._lock:
+                    server.requests.append(body)
+                    item = server.script.popleft() if server.script else error(500, "script exhausted")
+                if item.delay:
+                    time.sleep(item.delay)
+                if not self.path.endswith("/chat/completions"):
+                    item = error(404, f"no route {self.path}")
+                if item.kind == "error":
+                    self._send_json(
+                        item.status, {"error": {"message": item.content, "type": "scripted"}}, item
+                    )
+                elif body.get("stream"):
+                    self._send_stream(body, item)
+                else:
+                    self._send_json(200, _completion(body, item), item)
+
+            def _send_json(self, status: int, payload: dict[str, Any], item: Item) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                for k, v in item.headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _send_stream(self, body: dict[str, Any], item: Item) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("cache-control", "no-cache")
+                self.end_headers()
+                for chunk in _chunks(body, item):
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def add(self, *items: Item) -> None:
+        with self._lock:
+            self.script.extend(items)
+
+    def system_prompts(self) -> list[str]:
+        return [r["messages"][0]["content"] for r in self.requests if r["messages"][0]["role"] == "system"]
+
+    def start(self) -> ScriptedOpenAI:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def _completion(body: dict[str, Any], item: Item) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": item.content or None}
+    if item.tool_calls:
+        message["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in item.tool_calls
+        ]
+    return {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "created": 0,
+        "model": body.get("model", "scripted"),
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": "tool_calls" if item.tool_calls else "stop"}
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+
+
+def _chunks(body: dict[str, Any], item: Item) -> list[dict[str, Any]]:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": "chatcmpl-scripted",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": body.get("model", "scripted"),
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    text = item.content
+    for i in range(0, len(text), 4):  # a few characters per delta, like real servers
+        out.append(chunk({"content": text[i : i + 4]}))
+    for index, c in enumerate(item.tool_calls):
+        head = {
+            "index": index,
+            "id": c["id"],
+            "type": "function",
+            "function": {"name": c["name"], "arguments": ""},
+        }
+        out.append(chunk({"tool_calls": [head]}))
+        args = c["arguments"]
+        for i in range(0, len(args), 5):
+            out.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": args[i : i + 5]}}]}))
+    out.append(chunk({}, "tool_calls" if item.tool_calls else "stop"))
+    return out

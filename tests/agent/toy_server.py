@@ -1,0 +1,100 @@
+"""A tiny MCP server for testing the agent's client side (loop mechanics, not kernmind).
+
+Tools: ``add``, ``echo``, ``fail`` (a tool error), ``picture`` (an image), ``slow``
+(sleeps, and records whether it was cancelled), ``remember`` (appends to a memory block
+that the ``memory`` prompt renders). Used in-process through ``build()`` or over stdio as
+``python toy_server.py [name]``; with ``TOY_MARKER`` set, ``slow`` writes "started" and
+"cancelled" lines to that file so a test in another process can see them.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, ImageContent, TextContent
+
+# A 1x1 PNG.
+PNG = base64.b64encode(
+    bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082"
+    )
+).decode()
+
+
+def build(name: str = "toy", *, with_memory: bool = True) -> tuple[MCPServer, dict[str, Any]]:
+    state: dict[str, Any] = {
+        "memory": {"human": "Name: unknown"},
+        "started": anyio.Event(),
+        "cancelled": False,
+        "calls": [],
+    }
+    server = MCPServer(name, instructions=f"{name} is a toy server for tests.")
+    marker = os.environ.get("TOY_MARKER")
+
+    def mark(text: str) -> None:
+        if marker:
+            with open(marker, "a") as f:
+                f.write(text + "\n")
+
+    @server.tool(description="Add two integers.")
+    async def add(a: int, b: int) -> int:
+        state["calls"].append(("add", a, b))
+        return a + b
+
+    @server.tool(description="Echo the text back.")
+    async def echo(text: str) -> str:
+        state["calls"].append(("echo", text))
+        return text
+
+    @server.tool(description="Always fails.")
+    async def fail(reason: str = "broken") -> str:
+        raise ToolError(f"fail was asked to fail: {reason}")
+
+    @server.tool(description="Return a tiny picture.")
+    async def picture() -> CallToolResult:
+        return CallToolResult(
+            content=[
+                TextContent(type="text", text="a 1x1 picture"),
+                ImageContent(type="image", data=PNG, mime_type="image/png"),
+            ]
+        )
+
+    @server.tool(description="Sleep for a while.")
+    async def slow(seconds: float = 30) -> str:
+        state["started"].set()
+        mark("started")
+        try:
+            await anyio.sleep(seconds)
+        except anyio.get_cancelled_exc_class():
+            state["cancelled"] = True
+            mark("cancelled")
+            raise
+        return "slept"
+
+    if with_memory:
+
+        @server.tool(description="Append a line to a memory block.")
+        async def remember(label: str, content: str) -> str:
+            if label not in state["memory"]:
+                raise ToolError(f"No block {label!r}; blocks: {', '.join(state['memory'])}")
+            state["memory"][label] += "\n" + content
+            return f"appended to {label}"
+
+        @server.prompt(name="memory", description="The memory blocks.")
+        def memory_prompt() -> str:
+            blocks = "\n".join(f"<{k}>\n{v}\n</{k}>" for k, v in state["memory"].items())
+            return f"<memory_blocks>\n{blocks}\n</memory_blocks>"
+
+    return server, state
+
+
+if __name__ == "__main__":
+    srv, _ = build(sys.argv[1] if len(sys.argv) > 1 else "toy")
+    anyio.run(srv.run_stdio_async)
