@@ -1,0 +1,98 @@
+"""The loop driving the real ``kernmind serve`` (launched over stdio, as the CLI does):
+it runs code, edits memory blocks, sees the edit in the next system prompt, and Ctrl-C
+(``Agent.interrupt``) cancels a running cell through MCP cancellation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+from scripted_openai import ScriptedOpenAI, call, reply, tools
+
+from kernmind.agent import Agent, AgentConfig, AgentEvents, ToolCallRecord, kernmind_server_spec
+from kernmind.config import Settings
+
+pytestmark = pytest.mark.anyio
+
+
+class Started(AgentEvents):
+    def __init__(self) -> None:
+        self.started = anyio.Event()
+
+    async def on_tool_start(self, call: ToolCallRecord) -> None:
+        self.started.set()
+
+
+def kernmind_config(llm: ScriptedOpenAI, tmp_path: Path) -> AgentConfig:
+    settings = Settings(sandbox="none", pool_size=0, data_dir=tmp_path / "data", db=tmp_path / "km.db")
+    return AgentConfig(
+        model="scripted",
+        base_url=llm.url,
+        api_key="test-key",
+        servers=[kernmind_server_spec(settings, log_level="WARNING")],
+        retry_base_delay=0.01,
+    )
+
+
+def tool_messages(request: dict) -> list[str]:
+    return [m["content"] for m in request["messages"] if m["role"] == "tool"]
+
+
+async def test_runs_code_and_edits_memory_seen_in_next_system_prompt(llm: ScriptedOpenAI, tmp_path: Path) -> None:
+    llm.add(
+        tools(
+            call("run_code", {"code": "x = 6 * 7\nprint('x is', x)"}),
+            call("memory_append", {"label": "human", "content": "Favourite number: 42"}),
+        ),
+        tools(call("run_code", {"code": "x + 1"})),
+        reply("x is 42 and I will remember it."),
+    )
+    async with Agent(kernmind_config(llm, tmp_path)) as agent:
+        assert {"run_code", "memory_append", "memory_replace"} <= set(agent.hub.tools)
+        result = await agent.run("compute and remember")
+    assert result.answer == "x is 42 and I will remember it."
+    assert [c.status for c in result.tool_calls] == ["ok", "ok", "ok"]
+    code_out, memory_out = tool_messages(llm.requests[1])
+    assert "x is 42" in code_out
+    assert "Favourite number" in memory_out or "human" in memory_out
+    assert "43" in tool_messages(llm.requests[2])[-1]  # state kept between calls
+    first, second, third = llm.system_prompts()
+    assert "<memory_blocks>" in first and "<human>" in first
+    assert "Favourite number: 42" not in first
+    assert "Favourite number: 42" in second and "Favourite number: 42" in third
+    assert "run_code" in first  # server instructions are included
+
+
+async def test_interrupt_cancels_the_running_cell(llm: ScriptedOpenAI, tmp_path: Path) -> None:
+    llm.add(
+        tools(call("run_code", {"code": "x = 1"})),
+        reply("set"),
+        tools(call("run_code", {"code": "import time\nfor _ in range(600):\n    time.sleep(0.1)"})),
+        tools(call("run_code", {"code": "print('alive', x)"})),
+        reply("still alive"),
+    )
+    events = Started()
+    async with Agent(kernmind_config(llm, tmp_path), events) as agent:
+        assert (await agent.run("set x")).answer == "set"
+        events.started = anyio.Event()
+        results = []
+
+        async def turn() -> None:
+            results.append(await agent.run("loop for a minute"))
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(turn)
+                await events.started.wait()
+                await anyio.sleep(0.5)
+                agent.interrupt()
+        assert results[0].stopped == "interrupted"
+        assert results[0].tool_calls[0].status == "cancelled"
+        started = anyio.current_time()
+        with anyio.fail_after(20):
+            follow = await agent.run("are you there?")
+        elapsed = anyio.current_time() - started
+    assert follow.answer == "still alive"
+    assert "alive 1" in tool_messages(llm.requests[-1])[-1]
+    assert elapsed < 15, "the cancelled cell kept the kernel busy"
