@@ -51,7 +51,7 @@ def concept_vector(text: str) -> list[float]:
 class EmbeddingServer:
     """OpenAI-compatible ``POST /v1/embeddings`` on 127.0.0.1; ``requests`` counts calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.requests = 0
         outer = self
 
@@ -84,7 +84,7 @@ class EmbeddingServer:
                 self.end_headers()
                 self.wfile.write(out)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)

@@ -75,7 +75,9 @@ async def test_deleted_default_block_is_not_reseeded(tmp_path: Path) -> None:
 
 
 async def test_create_read_and_list(client: Client) -> None:
-    w = await ok(client, "memory_create", label="project", value="uses Python", description="the project", limit=100)
+    w = await ok(
+        client, "memory_create", label="project", value="uses Python", description="the project", limit=100
+    )
     assert (w["version"], w["chars"], w["room_left"], w["value"]) == (1, 11, 89, "uses Python")
     r = await snapshot(client, "project")
     assert r["value"] == "uses Python" and r["description"] == "the project" and r["limit"] == 100
@@ -173,7 +175,9 @@ async def test_replace_refusals(client: Client) -> None:
     assert "empty" in text
     text = await refused(client, "memory_replace", label="human", old_str="2→ likes coffee", new_str="x")
     assert "line-number prefix" in text
-    text = await refused(client, "memory_replace", label="human", old_str="likes coffee", new_str="12→ likes milk")
+    text = await refused(
+        client, "memory_replace", label="human", old_str="likes coffee", new_str="12→ likes milk"
+    )
     assert "line-number prefix" in text
     assert await snapshot(client, "human") == before
 

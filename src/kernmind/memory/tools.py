@@ -118,7 +118,7 @@ class MemoryTools:
         self._embedder = embedder
         self._store: MemoryStore | None = None
         self._archive: Archive | None = None
-        # legacy resources/subscribe: uri -> sessions (weakly held: a closed session drops out)
+        # legacy resources/subscribe: uri -> client connections (weakly held: a closed one drops out)
         self._legacy_subs: dict[str, weakref.WeakSet[Any]] = {}
 
     # ------------------------------------------------------------ lifecycle
@@ -193,14 +193,18 @@ class MemoryTools:
         if previous_sub is not None:  # someone else serves it; leave it alone
             return
 
+        def peer(ctx: Any) -> Any:
+            # ctx.session is a per-request proxy; the connection behind it lives as long as the client.
+            return getattr(ctx.session, "_connection", None) or ctx.session
+
         async def subscribe(ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
-            self._legacy_subs.setdefault(str(params.uri), weakref.WeakSet()).add(ctx.session)
+            self._legacy_subs.setdefault(str(params.uri), weakref.WeakSet()).add(peer(ctx))
             return EmptyResult()
 
         async def unsubscribe(ctx: Any, params: UnsubscribeRequestParams) -> EmptyResult:
             subs = self._legacy_subs.get(str(params.uri))
             if subs is not None:
-                subs.discard(ctx.session)
+                subs.discard(peer(ctx))
             return EmptyResult()
 
         lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
