@@ -60,12 +60,14 @@ async def test_memory_prompt_letta_layout(client: Client) -> None:
 async def test_listen_notifications_modern(client: Client) -> None:
     assert client.protocol_version >= "2026"
     events: list[Any] = []
+    three = anyio.Event()
     async with client.listen(resource_subscriptions=["memory://blocks/human", "memory://blocks"]) as sub:
 
         async def collect() -> None:
             async for event in sub:
                 events.append(event)
                 if len(events) >= 3:
+                    three.set()
                     return
 
         async with anyio.create_task_group() as tg:
@@ -75,8 +77,7 @@ async def test_listen_notifications_modern(client: Client) -> None:
             await ok(client, "memory_create", label="extra")  # listing
             await ok(client, "memory_rethink", label="human", new_memory="z")  # human
             with anyio.fail_after(5):
-                while len(events) < 3:
-                    await anyio.sleep(0.01)
+                await three.wait()
             tg.cancel_scope.cancel()
     uris = [e.uri for e in events if isinstance(e, ResourceUpdated)]
     assert uris == ["memory://blocks/human", "memory://blocks", "memory://blocks/human"]
@@ -85,11 +86,13 @@ async def test_listen_notifications_modern(client: Client) -> None:
 @pytest.mark.filterwarnings("ignore:resources/subscribe is removed")
 async def test_subscribe_notifications_legacy(tmp_path: Path) -> None:
     received: list[str] = []
+    arrived = anyio.Event()
 
     async def handler(message: Any) -> None:
         root = getattr(message, "root", message)
         if getattr(root, "method", None) == "notifications/resources/updated":
             received.append(str(root.params.uri))
+            arrived.set()
 
     server = create_server(make_settings(tmp_path))
     async with Client(server, mode="legacy", message_handler=handler) as client:
@@ -100,8 +103,7 @@ async def test_subscribe_notifications_legacy(tmp_path: Path) -> None:
         await ok(client, "memory_append", label="human", content="x")
         await ok(client, "memory_append", label="persona", content="y")
         with anyio.fail_after(5):
-            while not received:
-                await anyio.sleep(0.01)
+            await arrived.wait()
         await client.unsubscribe_resource("memory://blocks/human")
         await ok(client, "memory_append", label="human", content="again")
         await anyio.sleep(0.1)
