@@ -1,20 +1,395 @@
-"""Running the server on a transport: stdio (what desktop clients launch) or HTTP."""
+"""Running the server on a transport: stdio (what desktop clients launch) or Streamable HTTP.
+
+``serve(settings) -> int`` is what ``kernmind serve`` calls; its return value is the exit code.
+
+Design
+- One process, one :class:`~mcp.server.mcpserver.MCPServer`. Its lifespan (server.py)
+  owns the executor and the memory store: every kernel, sandbox and subprocess is stopped
+  and the database is closed when the lifespan exits. Everything here exists to make sure
+  that the lifespan *does* exit, whatever ends the server:
+  - stdio: stdin closing (the normal way a client says goodbye), SIGTERM or SIGINT.
+    The SDK's ``run_stdio_async`` reads stdin on a worker thread that cannot be cancelled,
+    so a signal could never finish a shutdown while the client keeps stdin open. We hand
+    ``stdio_server`` our own line reader instead: a daemon thread reads a private duplicate
+    of fd 0 (fd 0 itself then points at /dev/null, as the SDK does) and the async side is
+    cancellable. A signal cancels the serving scope; the lifespan's shielded cleanup runs.
+  - HTTP: uvicorn, with its own signal handlers (so the SSE streams sse-starlette keeps open
+    are drained), a bounded graceful-shutdown wait, and the Starlette lifespan that enters
+    the server lifespan once through the SDK's session manager. Unlike stock uvicorn we do
+    not re-raise the signal after a graceful shutdown: the exit code is 0.
+  - A second SIGINT/SIGTERM while shutting down exits at once (exit code 130/143); bubblewrap's
+    ``--die-with-parent`` still takes every sandbox down with the server.
+- HTTP: Streamable HTTP at ``/mcp``; the SDK serves both protocol eras on it (the
+  2025-11-25 initialize handshake with ``Mcp-Session-Id`` and 2026-07-28 sessionless
+  requests). Kernel sessions are named by ``session_id`` in tool arguments, never derived
+  from a connection, so any client reaches any session. With a token, a small ASGI
+  middleware requires ``Authorization: Bearer <token>`` on every request and compares it in
+  constant time (``hmac.compare_digest`` over SHA-256 digests, so not even the length
+  leaks); anything else gets a 401. A non-loopback bind address without a token is refused
+  before anything starts. On loopback the SDK's DNS-rebinding protection (Host/Origin
+  allow-lists) stays on.
+
+Error policy: configuration problems (non-loopback host without a token, a port that is in
+use, a required sandbox that is missing) print one clear line to stderr and return a
+non-zero exit code (2 for refused configuration, 1 for failure to start) instead of a
+traceback. Anything unexpected propagates.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import hmac
+import ipaddress
+import json
 import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from kernmind.config import Settings
-from kernmind.server import create_server
 
 log = logging.getLogger(__name__)
 
+MCP_PATH = "/mcp"
+GRACEFUL_SHUTDOWN_SECONDS = 3
+EXIT_REFUSED = 2
+EXIT_FAILED = 1
 
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+# --- configuration checks -----------------------------------------------------------
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ::1)."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def check_http_settings(settings: Settings) -> str | None:
+    """Why these HTTP settings must be refused, or None when they are fine."""
+    if not is_loopback(settings.host) and not settings.token:
+        return (
+            f"refusing to listen on {settings.host!r} without a token: anyone who can reach that "
+            "address could run code on this machine. Pass --token (or set KERNMIND_TOKEN), or "
+            "bind to 127.0.0.1."
+        )
+    return None
+
+
+# --- bearer-token middleware --------------------------------------------------------
+def _digest(value: bytes) -> bytes:
+    return hashlib.sha256(value).digest()
+
+
+class BearerTokenMiddleware:
+    """ASGI middleware: every HTTP request needs ``Authorization: Bearer <token>``.
+
+    The comparison is constant-time over SHA-256 digests. Lifespan events pass through.
+    """
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        if not token:
+            raise ValueError("an empty token would let every request in")
+        self.app = app
+        self._expected = _digest(token.encode())
+
+    def authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        given = b""
+        for key, value in headers:
+            if key.lower() == b"authorization":
+                given = value
+                break
+        scheme, _, credential = given.strip().partition(b" ")
+        ok_scheme = scheme.lower() == b"bearer"
+        # Always run the digest comparison, so timing does not depend on the scheme either.
+        ok_token = hmac.compare_digest(_digest(credential.strip()), self._expected)
+        return ok_scheme and ok_token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or self.authorized(scope.get("headers", [])):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = json.dumps(
+            {
+                "error": "unauthorized",
+                "error_description": "missing or wrong bearer token; send 'Authorization: Bearer <token>'",
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b'Bearer realm="kernmind"'),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+# --- stdio ----------------------------------------------------------------------------
+class StdinLines:
+    """Cancellable async iterator over the lines of stdin.
+
+    A daemon thread reads a private duplicate of fd 0 and hands lines to the event loop;
+    fd 0 itself is pointed at /dev/null so that nothing else (a child, stray ``input()``)
+    can steal protocol bytes. A blocked read never delays shutdown: the thread is a daemon
+    and the async side simply stops listening.
+    """
+
+    def __init__(self) -> None:
+        self._fd = _dup_private(0)
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.close(devnull)
+        self._file = os.fdopen(self._fd, "r", encoding="utf-8", errors="replace", closefd=False)
+        self._receive: MemoryObjectReceiveStream[str] | None = None
+
+    def release(self) -> None:
+        """Point fd 0 back at the original stdin (the reader thread keeps its duplicate)."""
+        with contextlib.suppress(OSError):
+            os.dup2(self._fd, 0)
+
+    def _start(self) -> MemoryObjectReceiveStream[str]:
+        send: MemoryObjectSendStream[str]
+        send, receive = anyio.create_memory_object_stream[str](16)
+        token = anyio.lowlevel.current_token()
+
+        def pump() -> None:
+            try:
+                while True:
+                    try:
+                        line = self._file.readline()
+                    except (OSError, ValueError):
+                        line = ""
+                    if not line:
+                        break
+                    anyio.from_thread.run(send.send, line, token=token)
+            except Exception:  # the event loop is gone or the reader stopped listening
+                return
+            with contextlib.suppress(Exception):
+                anyio.from_thread.run_sync(send.close, token=token)
+
+        threading.Thread(target=pump, name="kernmind-stdin", daemon=True).start()
+        return receive
+
+    def __aiter__(self) -> StdinLines:
+        return self
+
+    async def __anext__(self) -> str:
+        if self._receive is None:
+            self._receive = self._start()
+        try:
+            return await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        if self._receive is not None:
+            await self._receive.aclose()
+
+
+def _dup_private(fd: int) -> int:
+    try:
+        import fcntl
+
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    except (ImportError, OSError):
+        return os.dup(fd)
+
+
+class _Shutdown:
+    """Signal bookkeeping shared by both transports."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def force_exit(self, signum: int) -> None:
+        log.warning("second %s while shutting down: exiting now", signal.Signals(signum).name)
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+
+async def _watch_signals(scope: anyio.CancelScope, state: _Shutdown) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if state.signal is None:
+                state.signal = signum
+                log.info("%s: stopping kernels and closing the database", signal.Signals(signum).name)
+                scope.cancel()
+            else:
+                state.force_exit(signum)
+
+
+async def serve_stdio(server: Any) -> int:
+    """Serve MCP on stdin/stdout until stdin closes or SIGTERM/SIGINT arrives."""
+    from mcp.server.stdio import stdio_server
+
+    lowlevel = server._lowlevel_server  # MCPServer.run_stdio_async has no stdin hook
+    state = _Shutdown()
+    stdin = StdinLines()
+    try:
+        async with anyio.create_task_group() as outer:
+            serving = anyio.CancelScope()
+            outer.start_soon(_watch_signals, serving, state)
+            with serving:
+                async with stdio_server(stdin=stdin) as (read_stream, write_stream):  # type: ignore[arg-type]
+                    await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+            if state.signal is None:
+                log.info("stdin closed: kernels stopped, database closed")
+            outer.cancel_scope.cancel()
+    finally:
+        stdin.release()
+    return 0
+
+
+# --- HTTP -------------------------------------------------------------------------------
+def _uvicorn_server_class() -> type[Any]:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn without the re-raise of the stop signal after a graceful shutdown.
+
+        Handlers stay bound methods of the server, which is how sse-starlette finds
+        ``should_exit`` and closes its open event streams promptly.
+        """
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            originals = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in originals.items():
+                    signal.signal(sig, handler)
+
+        on_started: Callable[[], None] | None = None
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and self.on_started is not None:
+                self.on_started()
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit:
+                _Shutdown().force_exit(sig)
+            log.info("%s: stopping kernels and closing the database", signal.Signals(sig).name)
+            self.should_exit = True
+
+    return Server
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the listening socket ourselves: a busy port fails before any kernel starts."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+def build_http_app(server: Any, settings: Settings) -> ASGIApp:
+    """The SDK's Streamable HTTP app at /mcp, wrapped in the token check when one is set."""
+    app: ASGIApp = server.streamable_http_app(streamable_http_path=MCP_PATH, host=settings.host)
+    if settings.token:
+        app = BearerTokenMiddleware(app, settings.token)
+    return app
+
+
+async def serve_http(server: Any, settings: Settings, sock: socket.socket) -> int:
+    import uvicorn
+
+    config = uvicorn.Config(
+        build_http_app(server, settings),
+        lifespan="on",
+        log_config=None,  # keep kernmind's stderr logging
+        access_log=settings.log_level == "DEBUG",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        server_header=False,
+    )
+    uv = _uvicorn_server_class()(config)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+
+    def announce() -> None:
+        auth = "bearer token required" if settings.token else "no token"
+        # Tests and scripts wait for this line (it carries the real port when --port 0).
+        print(f"kernmind: serving MCP on http://{shown}:{port}{MCP_PATH} ({auth})", file=sys.stderr)
+        sys.stderr.flush()
+
+    uv.on_started = announce
+    try:
+        await uv.serve(sockets=[sock])
+    except SystemExit:  # uvicorn's startup failure (the lifespan did not start)
+        log.error("the server failed to start (see the errors above)")
+        return EXIT_FAILED
+    finally:
+        sock.close()
+    if not uv.started:
+        return EXIT_FAILED
+    log.info("HTTP server stopped: kernels stopped, database closed")
+    return 0
+
+
+# --- entry point --------------------------------------------------------------------------
 def serve(settings: Settings) -> int:
-    server = create_server(settings)
-    if settings.transport == "stdio":
-        anyio.run(server.run_stdio_async)
-        return 0
-    raise SystemExit("kernmind: --transport http is not implemented yet")
+    """Run ``kernmind serve``; returns the process exit code."""
+    from kernmind.execution.sandbox import SandboxUnavailable
+    from kernmind.server import create_server
+
+    sock: socket.socket | None = None
+    if settings.transport == "http":
+        problem = check_http_settings(settings)
+        if problem:
+            print(f"kernmind: {problem}", file=sys.stderr)
+            return EXIT_REFUSED
+        try:
+            sock = bind_socket(settings.host, settings.port)
+        except OSError as exc:
+            print(f"kernmind: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+    try:
+        server = create_server(settings)
+    except SandboxUnavailable as exc:
+        if sock is not None:
+            sock.close()
+        print(f"kernmind: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if sock is not None:
+        return anyio.run(serve_http, server, settings, sock)
+    return anyio.run(serve_stdio, server)
