@@ -1,10 +1,45 @@
-"""Shared fixtures: an anyio backend, per-test data directories, and a ready server client."""
+"""Shared fixtures: the anyio backend and helpers to run a real kernmind server in-process.
+
+``anyio_backend`` is session-scoped so module-scoped async fixtures (one server shared
+by a module's tests) work with anyio's pytest plugin.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
+from mcp_types import CallToolResult
+
+from kernmind.config import Settings
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def make_settings(data_dir: Path, **overrides: Any) -> Settings:
+    """Settings for a test server: its own data dir and database, small pool, short limits."""
+    base: dict[str, Any] = {
+        "data_dir": data_dir,
+        "db": data_dir / "kernmind.db",
+        "pool_size": 1,
+        "timeout": 30,
+    }
+    base.update(overrides)
+    return Settings(**base)
+
+
+def structured(result: CallToolResult) -> dict[str, Any]:
+    """The structured content of a successful tool call (fails the test with the error text otherwise)."""
+    assert not result.is_error, f"tool error: {result.content[0].text if result.content else result}"
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+def error_text(result: CallToolResult) -> str:
+    assert result.is_error, f"expected a tool error, got {json.dumps(result.structured_content)[:500]}"
+    return " ".join(getattr(c, "text", "") for c in result.content)

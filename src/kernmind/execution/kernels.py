@@ -150,6 +150,7 @@ class Kernel:
     started_at: float = field(default_factory=time.monotonic)
     execution_count: int = 0
     needs_replacement: bool = False  # set when an interrupt did not bring it back
+    running_msg_id: str | None = None  # the execute_request an interrupt is aimed at
 
     async def is_alive(self) -> bool:
         try:
@@ -183,6 +184,7 @@ class Kernel:
         assert self.kc is not None
         kc = self.kc
         msg_id = kc.execute(code, silent=silent, store_history=not silent, allow_stdin=False)
+        self.running_msg_id = msg_id
         start = time.monotonic()
         next_tick = start + 0.5
         count: int | None = None
@@ -255,12 +257,15 @@ class Kernel:
             return False
         deadline = time.monotonic() + grace
         sink = collector or OutputCollector(1000)
-        # The interrupted request's remaining output and its idle status arrive on iopub.
+        # The interrupted request's remaining output and its idle status arrive on iopub
+        # (the interrupt_request has busy/idle statuses of its own: ignore those).
         while time.monotonic() < deadline:
             try:
                 msg = await self.kc.get_iopub_msg(timeout=max(0.0, deadline - time.monotonic()))
             except Empty:
                 break
+            if msg["parent_header"].get("msg_id") != self.running_msg_id:
+                continue
             kind = msg["msg_type"]
             if kind == "stream":
                 sink.stream(msg["content"].get("name", "stdout"), msg["content"].get("text", ""))

@@ -310,7 +310,9 @@ class SessionManager:
                     f"time limit of {timeout:g}s reached and the code did not stop when interrupted; "
                     "the interpreter was restarted (variables lost, files kept)."
                 )
-            collector.set_error("TimeoutError", f"execution exceeded the {timeout:g}s time limit", "")
+            # Keep the KeyboardInterrupt traceback: it shows where the code was when time ran out.
+            where = collector.error.traceback if collector.error else ""
+            collector.set_error("TimeoutError", f"execution exceeded the {timeout:g}s time limit", where)
         elif outcome.kind == "died":
             status = "error"
             state_preserved = False

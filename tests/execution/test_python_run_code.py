@@ -1,0 +1,376 @@
+"""run_code for Python, driven through a real in-process server (mcp.Client).
+
+One server is shared by the module; each test uses its own session ids so they don't
+interfere. What each test proves is in its name and docstring.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+
+from kernmind.server import create_server
+from tests.conftest import error_text, make_settings, structured
+
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python")]
+
+
+@pytest.fixture(scope="module")
+async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
+    data = tmp_path_factory.mktemp("py")
+    async with Client(create_server(make_settings(data, pool_size=2, max_sessions=64))) as c:
+        yield c
+
+
+async def run(client: Client, code: str, **kw: object) -> dict:
+    return structured(await client.call_tool("run_code", {"code": code, **kw}))
+
+
+# --- sessions and state -------------------------------------------------------
+
+
+async def test_state_persists_within_a_session(client: Client) -> None:
+    await run(client, "import math\nvalue = 41", session_id="persist")
+    out = await run(client, "value + 1, math.pi > 3", session_id="persist")
+    assert out["status"] == "ok"
+    assert out["results"][0]["text"] == "(42, True)"
+    assert out["session_id"] == "persist"
+
+
+async def test_sessions_are_independent(client: Client) -> None:
+    await run(client, "secret = 'a'", session_id="iso-a")
+    out = await run(client, "secret", session_id="iso-b")
+    assert out["status"] == "error"
+    assert out["error"]["name"] == "NameError"
+
+
+async def test_calls_without_session_share_the_default_session(client: Client) -> None:
+    await run(client, "shared_default = 7")
+    out = await run(client, "shared_default * 6")
+    assert out["results"][0]["text"] == "42"
+    assert out["session_id"] == "default"
+
+
+async def test_reset_gives_a_fresh_interpreter_but_keeps_files(client: Client) -> None:
+    await run(client, "import json\nx = 1\nopen('keep.txt', 'w').write('kept')", session_id="reset-me")
+    out = await run(
+        client,
+        "'x' in globals(), 'json' in globals(), open('keep.txt').read()",
+        session_id="reset-me",
+        reset=True,
+    )
+    assert out["status"] == "ok"
+    assert out["results"][0]["text"] == "(False, False, 'kept')"
+
+
+async def test_working_directory_persists_and_result_lists_new_files(client: Client) -> None:
+    out = await run(
+        client,
+        "import os\nos.makedirs('sub', exist_ok=True)\nopen('sub/a.csv','w').write('1,2\\n')",
+        session_id="files",
+    )
+    assert [f["path"] for f in out["files"]] == ["sub/a.csv"]
+    assert out["files"][0]["mime"] == "text/csv"
+    out = await run(client, "open('sub/a.csv').read()", session_id="files")
+    assert out["files"] == []  # nothing changed in this call
+    assert out["results"][0]["text"] == "'1,2\\n'"
+
+
+async def test_execution_count_increases(client: Client) -> None:
+    first = await run(client, "1", session_id="counter")
+    second = await run(client, "2", session_id="counter")
+    assert second["execution_count"] == first["execution_count"] + 1
+
+
+async def test_calls_to_one_session_run_in_order(client: Client) -> None:
+    """A second call queued behind a slow one sees its effect."""
+    results: dict[str, dict] = {}
+
+    async def slow() -> None:
+        results["slow"] = await run(
+            client, "import time\ntime.sleep(1.0)\norder = ['slow']", session_id="ordered"
+        )
+
+    async def fast() -> None:
+        await anyio.sleep(0.3)
+        results["fast"] = await run(client, "order.append('fast'); order", session_id="ordered")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(slow)
+        tg.start_soon(fast)
+    assert results["fast"]["results"][0]["text"] == "['slow', 'fast']"
+
+
+async def test_different_sessions_run_in_parallel(client: Client) -> None:
+    """A quick call in session B finishes while a slow call in session A is still running."""
+    finished: list[str] = []
+    await run(client, "1", session_id="par-a")
+    await run(client, "1", session_id="par-b")
+
+    async def slow() -> None:
+        await run(client, "import time; time.sleep(3)", session_id="par-a")
+        finished.append("a")
+
+    async def fast() -> None:
+        await anyio.sleep(0.3)
+        await run(client, "2 + 2", session_id="par-b")
+        finished.append("b")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(slow)
+        tg.start_soon(fast)
+    assert finished == ["b", "a"]
+
+
+async def test_list_and_close_sessions(client: Client) -> None:
+    await run(client, "1", session_id="to-close")
+    listed = structured(await client.call_tool("list_sessions", {}))
+    assert "to-close" in [s["session_id"] for s in listed["sessions"]]
+    closed = structured(await client.call_tool("close_session", {"session_id": "to-close"}))
+    assert closed["closed"] is True
+    listed = structured(await client.call_tool("list_sessions", {}))
+    assert "to-close" not in [s["session_id"] for s in listed["sessions"]]
+    msg = error_text(await client.call_tool("close_session", {"session_id": "to-close"}))
+    assert "No live session" in msg
+
+
+# --- results ----------------------------------------------------------------------
+
+
+async def test_stdout_stderr_and_last_expression(client: Client) -> None:
+    out = await run(
+        client, "import sys\nprint('hello')\nprint('warn', file=sys.stderr)\n6 * 7", session_id="streams"
+    )
+    assert "".join(out["logs"]["stdout"]) == "hello\n"
+    assert "".join(out["logs"]["stderr"]) == "warn\n"
+    assert out["results"][0]["text"] == "42"
+    assert out["results"][0]["is_main_result"] is True
+    assert out["duration_ms"] > 0
+
+
+async def test_error_shape_has_name_value_and_plain_traceback(client: Client) -> None:
+    out = await run(client, "def f():\n    return 1/0\nf()", session_id="errors")
+    assert out["status"] == "error"
+    err = out["error"]
+    assert err["name"] == "ZeroDivisionError"
+    assert err["value"] == "division by zero"
+    assert "return 1/0" in err["traceback"]
+    assert "\x1b[" not in err["traceback"]
+
+
+async def test_matplotlib_plot_returns_png_image_content_without_show(client: Client) -> None:
+    result = await client.call_tool(
+        "run_code", {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])", "session_id": "plot"}
+    )
+    out = structured(result)
+    pngs = [r["png"] for r in out["results"] if r["png"]]
+    assert len(pngs) == 1
+    assert base64.b64decode(pngs[0]).startswith(b"\x89PNG\r\n\x1a\n")
+    images = [b for b in result.content if b.type == "image"]
+    assert len(images) == 1 and images[0].mime_type == "image/png"
+
+
+async def test_rich_mime_types_are_passed_through(client: Client) -> None:
+    code = (
+        "from IPython.display import display, HTML, Markdown, Latex, JSON, SVG\n"
+        "display(HTML('<b>bold</b>'))\n"
+        "display(Markdown('# title'))\n"
+        "display(Latex(r'$x^2$'))\n"
+        "display(JSON({'a': 1}))\n"
+        'display(SVG(\'<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"></svg>\'))\n'
+    )
+    out = await run(client, code, session_id="rich")
+    by_kind = {k: r[k] for r in out["results"] for k in ("html", "markdown", "latex", "json", "svg") if r[k]}
+    assert by_kind["html"] == "<b>bold</b>"
+    assert by_kind["markdown"] == "# title"
+    assert by_kind["latex"] == "$x^2$"
+    assert by_kind["json"] == {"a": 1}
+    assert by_kind["svg"].startswith("<svg")
+    assert all(r["text"] for r in out["results"])  # text/plain is always there
+
+
+async def test_huge_output_is_truncated_head_and_tail(client: Client) -> None:
+    out = await run(client, "for i in range(200_000): print(i)", session_id="huge")
+    assert out["truncated"] is True
+    stdout = "".join(out["logs"]["stdout"])
+    assert stdout.startswith("0\n1\n2\n")
+    assert stdout.rstrip().endswith("199999")
+    assert "output truncated" in stdout
+    assert len(stdout) < 60_000
+
+
+async def test_hundred_megabytes_of_output_does_not_break_the_server(client: Client) -> None:
+    out = await run(
+        client, "import sys\nfor _ in range(100): sys.stdout.write('y' * 1_000_000)", session_id="flood"
+    )
+    assert out["truncated"] is True
+    assert len("".join(out["logs"]["stdout"])) < 60_000
+    again = await run(client, "'still here'", session_id="flood")
+    assert again["results"][0]["text"] == "'still here'"
+
+
+async def test_input_fails_fast_with_a_clear_error(client: Client) -> None:
+    started = time.monotonic()
+    out = await run(client, "input('name? ')", session_id="stdin")
+    assert time.monotonic() - started < 10
+    assert out["status"] == "error"
+    assert out["error"]["name"] == "StdinNotImplementedError"
+
+
+# --- time limits, cancellation, crashes -------------------------------------------
+
+
+async def test_busy_loop_times_out_and_session_keeps_working(client: Client) -> None:
+    await run(client, "before = 'kept'", session_id="spin")
+    started = time.monotonic()
+    out = await run(client, "while True: pass", session_id="spin", timeout=2)
+    assert time.monotonic() - started < 15
+    assert out["status"] == "timeout"
+    assert out["state_preserved"] is True
+    after = await run(client, "before", session_id="spin")
+    assert after["results"][0]["text"] == "'kept'"
+
+
+async def test_sleeping_loop_is_interrupted_with_state_preserved(client: Client) -> None:
+    out = await run(
+        client,
+        "import time\ncount = 0\nwhile True:\n    count += 1\n    time.sleep(0.05)",
+        session_id="sleepy",
+        timeout=1.5,
+    )
+    assert out["status"] == "timeout"
+    assert out["state_preserved"] is True
+    after = await run(client, "count > 0", session_id="sleepy")
+    assert after["results"][0]["text"] == "True"
+
+
+async def test_code_that_ignores_interrupts_gets_a_fresh_interpreter(client: Client) -> None:
+    code = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: time.sleep(0.1)"
+    await run(client, "open('survivor.txt','w').write('yes')\nlost = 1", session_id="stubborn")
+    out = await run(client, code, session_id="stubborn", timeout=1)
+    assert out["status"] == "timeout"
+    assert out["state_preserved"] is False
+    after = await run(client, "open('survivor.txt').read(), 'lost' in globals()", session_id="stubborn")
+    assert after["results"][0]["text"] == "('yes', False)"
+    assert any("restarted" in n for n in after["notes"])
+
+
+async def test_kernel_death_gives_an_error_and_the_next_call_recovers(client: Client) -> None:
+    await run(client, "x = 5", session_id="dies")
+    out = await run(client, "import os\nos._exit(1)", session_id="dies")
+    assert out["status"] == "error"
+    assert out["error"]["name"] == "KernelDied"
+    assert out["state_preserved"] is False
+    after = await run(client, "'x' in globals()", session_id="dies")
+    assert after["status"] == "ok"
+    assert after["results"][0]["text"] == "False"
+    assert any("variables" in n for n in after["notes"])
+
+
+async def test_segfault_is_reported_as_kernel_death(client: Client) -> None:
+    out = await run(client, "import ctypes\nctypes.string_at(0)", session_id="segv")
+    assert out["error"]["name"] == "KernelDied"
+    after = await run(client, "1 + 1", session_id="segv")
+    assert after["results"][0]["text"] == "2"
+
+
+async def test_client_cancellation_interrupts_the_kernel(client: Client) -> None:
+    await run(client, "progress_marker = 'untouched'", session_id="cancel")
+    with anyio.move_on_after(1.5):
+        await client.call_tool(
+            "run_code", {"code": "import time\nwhile True: time.sleep(0.05)", "session_id": "cancel"}
+        )
+    started = time.monotonic()
+    after = await run(client, "progress_marker", session_id="cancel")
+    assert time.monotonic() - started < 10
+    assert after["results"][0]["text"] == "'untouched'"
+
+
+async def test_progress_notifications_carry_the_latest_output_line(client: Client) -> None:
+    messages: list[str | None] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        messages.append(message)
+
+    code = "import time\nfor i in range(5):\n    print(f'step {i}', flush=True)\n    time.sleep(0.6)"
+    result = await client.call_tool(
+        "run_code", {"code": code, "session_id": "progress"}, progress_callback=on_progress
+    )
+    assert structured(result)["status"] == "ok"
+    assert messages, "no progress notification for a 3 s call"
+    assert any(m and m.startswith("step ") for m in messages)
+
+
+# --- bad arguments ----------------------------------------------------------------
+
+
+async def test_unknown_language_is_a_tool_error(client: Client) -> None:
+    msg = error_text(await client.call_tool("run_code", {"code": "1", "language": "cobol"}))
+    assert "cobol" in msg and "python" in msg
+
+
+async def test_negative_timeout_is_a_tool_error(client: Client) -> None:
+    msg = error_text(await client.call_tool("run_code", {"code": "1", "timeout": -3}))
+    assert "timeout" in msg
+
+
+async def test_missing_code_is_a_tool_error(client: Client) -> None:
+    msg = error_text(await client.call_tool("run_code", {"language": "python"}))
+    assert "code" in msg
+
+
+async def test_invalid_session_id_is_a_tool_error(client: Client) -> None:
+    msg = error_text(await client.call_tool("run_code", {"code": "1", "session_id": "../etc"}))
+    assert "session_id" in msg
+
+
+async def test_output_schema_is_published(client: Client) -> None:
+    tools = {t.name: t for t in (await client.list_tools()).tools}
+    schema = tools["run_code"].output_schema
+    assert schema is not None
+    assert {"status", "results", "logs", "error", "files", "truncated"} <= set(schema["properties"])
+    assert tools["run_code"].input_schema["properties"]["language"]["enum"][0] == "python"
+
+
+# --- server-level options (own servers) --------------------------------------------
+
+
+async def test_stateless_mode_shares_nothing_between_calls(tmp_path: Path) -> None:
+    async with Client(create_server(make_settings(tmp_path, stateless=True, pool_size=1))) as c:
+        first = await run(c, "y = 3\nopen('f.txt','w').write('x')\ny")
+        assert first["results"][0]["text"] == "3"
+        second = await run(c, "import os\n'y' in globals(), os.listdir('.')")
+        assert second["results"][0]["text"] == "(False, [])"
+
+
+async def test_session_cap_gives_a_clear_error(tmp_path: Path) -> None:
+    async with Client(create_server(make_settings(tmp_path, max_sessions=2, pool_size=0))) as c:
+        await run(c, "1", session_id="one")
+        await run(c, "1", session_id="two")
+        msg = error_text(await c.call_tool("run_code", {"code": "1", "session_id": "three"}))
+        assert "too many live sessions" in msg and "close_session" in msg
+
+
+async def test_idle_sessions_are_reaped_and_the_next_call_says_so(tmp_path: Path) -> None:
+    async with Client(create_server(make_settings(tmp_path, idle_timeout=1.0, pool_size=0))) as c:
+        await run(c, "z = 1", session_id="idle")
+        await anyio.sleep(2.5)
+        listed = structured(await c.call_tool("list_sessions", {}))
+        assert listed["sessions"] == []
+        out = await run(c, "'z' in globals()", session_id="idle")
+        assert out["results"][0]["text"] == "False"
+        assert any("idle" in n for n in out["notes"])
+
+
+async def test_timeout_is_capped_by_the_server_maximum(tmp_path: Path) -> None:
+    async with Client(create_server(make_settings(tmp_path, max_timeout=1.0, pool_size=0))) as c:
+        started = time.monotonic()
+        out = await run(c, "import time; time.sleep(30)", timeout=600)
+        assert out["status"] == "timeout"
+        assert time.monotonic() - started < 15
