@@ -169,7 +169,7 @@ MIGRATIONS: list[str] = [
         agent TEXT NOT NULL,
         tag TEXT NOT NULL,
         PRIMARY KEY (passage_id, tag)
-    ) WITHOUT ROWID;
+    );
     CREATE INDEX passage_tags_by_tag ON passage_tags (agent, tag, passage_id);
     CREATE VIRTUAL TABLE passages_fts USING fts5(
         content, content='passages', content_rowid='id', tokenize='porter unicode61'

@@ -1,0 +1,170 @@
+"""Concurrency and crash safety on one SQLite file shared by several servers and processes.
+
+* 8 writers append 100 lines each to one block with ``expected_version`` and retry: six are
+  tasks on two in-process servers (two connections), two are separate ``kernmind serve``
+  processes over stdio. Every line must arrive exactly once and in each writer's order, and no
+  "database is locked" may ever reach a client.
+* A server process is killed with SIGKILL in the middle of a write burst (block appends and
+  archival inserts in flight); after reopening, every acknowledged write is there and
+  ``PRAGMA integrity_check`` passes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import sqlite3
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from kernmind.memory.store import MemoryStore
+from kernmind.server import create_server
+
+from .conftest import make_settings, ok
+
+pytestmark = pytest.mark.anyio
+
+WRITES = 100
+
+
+def stdio_server(db: Path, data_dir: Path) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "kernmind", "serve", "--db", str(db), "--data-dir", str(data_dir)]
+        + ["--sandbox", "none", "--pool-size", "0", "--log-level", "WARNING"],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+async def append_with_retry(client: Client, label: str, name: str, stats: dict[str, int]) -> None:
+    version = (await ok(client, "memory_read", label=label))["version"]
+    done = 0
+    while done < WRITES:
+        r = await client.call_tool(
+            "memory_append", {"label": label, "content": f"{name}-{done:03d}", "expected_version": version}
+        )
+        if r.is_error:
+            text = r.content[0].text
+            assert "locked" not in text.lower() and "busy" not in text.lower(), text
+            m = re.search(r"is at version (\d+), not expected_version", text)
+            assert m, text
+            version = int(m.group(1))
+            stats["conflicts"] += 1
+            await anyio.sleep(random.random() * 0.003)
+            continue
+        version = r.structured_content["version"]
+        done += 1
+
+
+async def test_eight_writers_two_processes_no_lost_update(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    stats = {"conflicts": 0}
+    async with Client(create_server(settings)) as c1, Client(create_server(settings)) as c2:
+        await ok(c1, "memory_create", label="log", limit=100_000)
+        async with (
+            Client(stdio_server(settings.db_path, tmp_path)) as p1,
+            Client(stdio_server(settings.db_path, tmp_path)) as p2,
+        ):
+            with anyio.fail_after(90):
+                async with anyio.create_task_group() as tg:
+                    for i in range(3):
+                        tg.start_soon(append_with_retry, c1, "log", f"a{i}", stats)
+                        tg.start_soon(append_with_retry, c2, "log", f"b{i}", stats)
+                    tg.start_soon(append_with_retry, p1, "log", "p1", stats)
+                    tg.start_soon(append_with_retry, p2, "log", "p2", stats)
+            # the other processes see the final state too
+            final = await ok(p1, "memory_read", label="log")
+        lines = final["value"].split("\n")
+        assert len(lines) == 8 * WRITES
+        assert len(set(lines)) == 8 * WRITES
+        for name in ["a0", "a1", "a2", "b0", "b1", "b2", "p1", "p2"]:
+            mine = [x for x in lines if x.startswith(name + "-")]
+            assert mine == [f"{name}-{i:03d}" for i in range(WRITES)], name
+        assert final["version"] == 1 + 8 * WRITES
+        history = await ok(c2, "memory_history", label="log", limit=500)
+        assert len(history["entries"]) == 500
+    print(f"conflicts retried: {stats['conflicts']}")
+
+
+def child_pids_running(marker: str) -> list[int]:
+    """Our own child processes whose command line contains ``marker`` (read from /proc)."""
+    me = os.getpid()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me and marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+async def test_kill_9_mid_burst_keeps_every_acknowledged_write(tmp_path: Path) -> None:
+    db = tmp_path / "crash.db"
+    acked_lines: list[str] = []
+    acked_passages: dict[int, str] = {}
+    killed = anyio.Event()
+
+    async def block_burst(client: Client) -> None:
+        for i in range(10_000):
+            try:
+                r = await client.call_tool("memory_append", {"label": "burst", "content": f"line-{i:05d}"})
+            except Exception:
+                return
+            if killed.is_set():
+                return  # an answer racing the kill is not counted either way
+            assert not r.is_error, r.content[0].text
+            acked_lines.append(f"line-{i:05d}")
+
+    async def archival_burst(client: Client) -> None:
+        for i in range(10_000):
+            content = f"passage number {i} about crash safety"
+            try:
+                r = await client.call_tool("archival_memory_insert", {"content": content, "tags": ["crash"]})
+            except Exception:
+                return
+            if killed.is_set():
+                return
+            assert not r.is_error, r.content[0].text
+            acked_passages[r.structured_content["id"]] = content
+
+    with pytest.raises(BaseException):  # noqa: B017, PT011 - the transport dies with the server
+        async with Client(stdio_server(db, tmp_path), read_timeout_seconds=10) as client:
+            await ok(client, "memory_create", label="burst", limit=1_000_000)
+            [pid] = child_pids_running(str(db))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(block_burst, client)
+                tg.start_soon(archival_burst, client)
+                with anyio.fail_after(30):
+                    while len(acked_lines) < 150 or len(acked_passages) < 150:
+                        await anyio.sleep(0.005)
+                os.kill(pid, signal.SIGKILL)
+                killed.set()
+            raise RuntimeError("server killed")  # in case the client closed without error
+
+    assert len(acked_lines) >= 150 and len(acked_passages) >= 150
+    with sqlite3.connect(db) as con:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    async with MemoryStore(db) as store:  # reopen: recovers the WAL, migrations are idempotent
+        value = (await store.get_block("burst")).value
+        lines = value.split("\n")
+        assert lines[: len(acked_lines)] == acked_lines  # every acknowledged append, in order
+        assert len(lines) <= len(acked_lines) + 1  # at most the one in flight when killed
+        found = await store.get_passages(list(acked_passages))
+        assert {pid: p.content for pid, p in found.items()} == acked_passages
+        hits = await store.search_fts("crash safety", limit=100_000)
+        assert set(acked_passages) <= {h.id for h in hits}  # the FTS index survived too
+    with sqlite3.connect(db) as con:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        con.execute("INSERT INTO passages_fts(passages_fts) VALUES ('integrity-check')")  # raises if corrupt
