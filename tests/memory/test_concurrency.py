@@ -36,8 +36,10 @@ WRITES = 100
 def stdio_server(db: Path, data_dir: Path) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
-        args=["-m", "kernmind", "serve", "--db", str(db), "--data-dir", str(data_dir)]
-        + ["--sandbox", "none", "--pool-size", "0", "--log-level", "WARNING"],
+        args=[
+            *("-m", "kernmind", "serve", "--db", str(db), "--data-dir", str(data_dir)),
+            *("--sandbox", "none", "--pool-size", "0", "--log-level", "WARNING"),
+        ],
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
 
@@ -115,6 +117,11 @@ async def test_kill_9_mid_burst_keeps_every_acknowledged_write(tmp_path: Path) -
     acked_lines: list[str] = []
     acked_passages: dict[int, str] = {}
     killed = anyio.Event()
+    enough = anyio.Event()  # both bursts have 150 acknowledged writes
+
+    def check_enough() -> None:
+        if len(acked_lines) >= 150 and len(acked_passages) >= 150:
+            enough.set()
 
     async def block_burst(client: Client) -> None:
         for i in range(10_000):
@@ -126,6 +133,7 @@ async def test_kill_9_mid_burst_keeps_every_acknowledged_write(tmp_path: Path) -
                 return  # an answer racing the kill is not counted either way
             assert not r.is_error, r.content[0].text
             acked_lines.append(f"line-{i:05d}")
+            check_enough()
 
     async def archival_burst(client: Client) -> None:
         for i in range(10_000):
@@ -138,8 +146,9 @@ async def test_kill_9_mid_burst_keeps_every_acknowledged_write(tmp_path: Path) -
                 return
             assert not r.is_error, r.content[0].text
             acked_passages[r.structured_content["id"]] = content
+            check_enough()
 
-    with pytest.raises(BaseException):  # noqa: B017, PT011 - the transport dies with the server
+    with pytest.raises(BaseException):  # noqa: B017 - the transport dies with the server
         async with Client(stdio_server(db, tmp_path), read_timeout_seconds=10) as client:
             await ok(client, "memory_create", label="burst", limit=1_000_000)
             [pid] = child_pids_running(str(db))
@@ -147,8 +156,7 @@ async def test_kill_9_mid_burst_keeps_every_acknowledged_write(tmp_path: Path) -
                 tg.start_soon(block_burst, client)
                 tg.start_soon(archival_burst, client)
                 with anyio.fail_after(30):
-                    while len(acked_lines) < 150 or len(acked_passages) < 150:
-                        await anyio.sleep(0.005)
+                    await enough.wait()
                 os.kill(pid, signal.SIGKILL)
                 killed.set()
             raise RuntimeError("server killed")  # in case the client closed without error
