@@ -39,7 +39,9 @@ def tool_messages(request: dict) -> list[str]:
     return [m["content"] for m in request["messages"] if m["role"] == "tool"]
 
 
-async def test_runs_code_and_edits_memory_seen_in_next_system_prompt(llm: ScriptedOpenAI, tmp_path: Path) -> None:
+async def test_runs_code_and_edits_memory_seen_in_next_system_prompt(
+    llm: ScriptedOpenAI, tmp_path: Path
+) -> None:
     llm.add(
         tools(
             call("run_code", {"code": "x = 6 * 7\nprint('x is', x)"}),

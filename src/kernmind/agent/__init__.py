@@ -16,10 +16,46 @@ results into model input), ``memory`` (memory blocks into the system prompt), ``
 (the :class:`Agent`), and the command line in ``cli``, ``console`` and ``repl``.
 """
 
-from kernmind.agent.config import AgentConfig, ConfigError, ServerSpec, kernmind_server_spec, load_mcp_config
-from kernmind.agent.connections import ServerStartError
-from kernmind.agent.loop import Agent, AgentEvents, RunResult, ToolCallRecord
-from kernmind.agent.model import ModelError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kernmind.agent.config import (
+        AgentConfig,
+        ConfigError,
+        ServerSpec,
+        kernmind_server_spec,
+        load_mcp_config,
+    )
+    from kernmind.agent.connections import ServerStartError
+    from kernmind.agent.loop import Agent, AgentEvents, RunResult, ToolCallRecord
+    from kernmind.agent.model import ModelError
+
+# Imported on first use: ``kernmind serve`` and ``kernmind --help`` load this package to
+# build the CLI and should not pay for the openai client.
+_LAZY = {
+    "Agent": "loop",
+    "AgentEvents": "loop",
+    "RunResult": "loop",
+    "ToolCallRecord": "loop",
+    "AgentConfig": "config",
+    "ConfigError": "config",
+    "ServerSpec": "config",
+    "kernmind_server_spec": "config",
+    "load_mcp_config": "config",
+    "ServerStartError": "connections",
+    "ModelError": "model",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernmind.agent' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"kernmind.agent.{module}"), name)
+
 
 __all__ = [
     "Agent",

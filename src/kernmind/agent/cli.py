@@ -23,24 +23,13 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anyio
-
-from kernmind.agent.config import (
-    DEFAULT_SYSTEM_PROMPT,
-    AgentConfig,
-    ConfigError,
-    ServerSpec,
-    kernmind_server_spec,
-    load_mcp_config,
-)
-from kernmind.agent.connections import ServerStartError
-from kernmind.agent.console import ConsoleEvents, LineReader
-from kernmind.agent.loop import Agent
-from kernmind.agent.model import ModelError
-from kernmind.agent.repl import repl
 from kernmind.config import Settings
+
+if TYPE_CHECKING:
+    from kernmind.agent.config import AgentConfig
+    from kernmind.agent.loop import Agent
 
 DEFAULT_MODEL = "gpt-4.1-mini"
 
@@ -97,6 +86,15 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace, settings: Settings) -> AgentConfig:
+    from kernmind.agent.config import (
+        DEFAULT_SYSTEM_PROMPT,
+        AgentConfig,
+        ConfigError,
+        ServerSpec,
+        kernmind_server_spec,
+        load_mcp_config,
+    )
+
     servers: list[ServerSpec] = []
     extra = load_mcp_config(args.mcp_config) if args.mcp_config else []
     if not args.no_kernmind and not any(s.name == "kernmind" for s in extra):
@@ -133,6 +131,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             logging.getLogger(name).setLevel(logging.WARNING)
     if not _log_level_given(args):
         logging.getLogger("kernmind").setLevel(logging.WARNING)
+    import anyio
+
+    from kernmind.agent.config import ConfigError
+
     try:
         config = build_config(args, settings)
     except ConfigError as exc:
@@ -148,6 +150,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _main(config: AgentConfig, args: argparse.Namespace, prompt: str | None) -> int:
+    import anyio
+
+    from kernmind.agent.connections import ServerStartError
+    from kernmind.agent.console import ConsoleEvents, LineReader
+    from kernmind.agent.loop import Agent
+    from kernmind.agent.model import ModelError
+    from kernmind.agent.repl import repl
+
     reader = LineReader()
     events = ConsoleEvents(
         stream_tokens=config.stream and not args.json,
