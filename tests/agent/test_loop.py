@@ -181,6 +181,16 @@ async def test_memory_edit_shows_in_next_system_prompt(llm: ScriptedOpenAI) -> N
     assert "toy is a toy server for tests." in first  # server instructions
 
 
+async def test_memory_from_resources_when_there_is_no_prompt(llm: ScriptedOpenAI) -> None:
+    server, _ = build(memory_as="resources")
+    llm.add(tools(call("remember", {"label": "human", "content": "Likes tea"})), reply("Noted."))
+    async with Agent(config(llm, [ServerSpec("toy", server)])) as agent:
+        await agent.run("I like tea")
+    first, second = llm.system_prompts()
+    assert "<human>\n<description>the human block</description>\nName: unknown\n</human>" in first
+    assert "Likes tea" not in first and "Likes tea" in second
+
+
 async def test_server_without_memory_is_tolerated(llm: ScriptedOpenAI) -> None:
     server, _ = build(with_memory=False)
     llm.add(reply("hello"))

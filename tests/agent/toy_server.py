@@ -10,6 +10,7 @@ that the ``memory`` prompt renders). Used in-process through ``build()`` or over
 from __future__ import annotations
 
 import base64
+import json
 import os
 import sys
 from typing import Any
@@ -28,7 +29,9 @@ PNG = base64.b64encode(
 ).decode()
 
 
-def build(name: str = "toy", *, with_memory: bool = True) -> tuple[MCPServer, dict[str, Any]]:
+def build(
+    name: str = "toy", *, with_memory: bool = True, memory_as: str = "prompt"
+) -> tuple[MCPServer, dict[str, Any]]:
     state: dict[str, Any] = {
         "memory": {"human": "Name: unknown"},
         "started": anyio.Event(),
@@ -87,10 +90,24 @@ def build(name: str = "toy", *, with_memory: bool = True) -> tuple[MCPServer, di
             state["memory"][label] += "\n" + content
             return f"appended to {label}"
 
-        @server.prompt(name="memory", description="The memory blocks.")
-        def memory_prompt() -> str:
-            blocks = "\n".join(f"<{k}>\n{v}\n</{k}>" for k, v in state["memory"].items())
-            return f"<memory_blocks>\n{blocks}\n</memory_blocks>"
+        if memory_as == "prompt":
+
+            @server.prompt(name="memory", description="The memory blocks.")
+            def memory_prompt() -> str:
+                blocks = "\n".join(f"<{k}>\n{v}\n</{k}>" for k, v in state["memory"].items())
+                return f"<memory_blocks>\n{blocks}\n</memory_blocks>"
+
+        else:  # like kernmind's resources: a JSON index plus one resource per block
+
+            @server.resource("memory://blocks", mime_type="application/json")
+            def index() -> str:
+                return json.dumps(
+                    {"blocks": [{"label": k, "description": f"the {k} block"} for k in state["memory"]]}
+                )
+
+            @server.resource("memory://blocks/{label}", mime_type="text/plain")
+            def block(label: str) -> str:
+                return state["memory"][label]
 
     return server, state
 

@@ -166,20 +166,22 @@ async def _main(config: AgentConfig, args: argparse.Namespace, prompt: str | Non
         quiet=args.quiet,
     )
     agent = Agent(config, events)
-    at_prompt = prompt is None
+    ready = False  # servers started: in the REPL, Ctrl-C at the prompt only prints a hint
     with anyio.CancelScope() as main_scope:
 
         def on_sigint() -> None:
-            if agent.interrupt():
-                events.note("^C — cancelling")
-            elif at_prompt and agent.model is not None:
+            if agent.busy and not agent.interrupting:
+                agent.interrupt()
+                events.note("^C — cancelling (press again to quit)")
+            elif ready and prompt is None and not agent.busy:
                 events.note("^C (type /exit or press Ctrl-D to leave)")
-            else:
+            else:  # start-up, one-shot idle, or a second Ctrl-C while cancelling
                 main_scope.cancel()
 
         with _sigint_handler(on_sigint):
             try:
                 async with agent:
+                    ready = True
                     if prompt is None:
                         return await repl(agent, events, reader, json_out=args.json)
                     return await _one_shot(agent, prompt, json_out=args.json)

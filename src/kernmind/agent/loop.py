@@ -160,6 +160,11 @@ class Agent:
         """Forget the conversation (memory blocks live on the server and are kept)."""
         self.messages.clear()
 
+    @property
+    def interrupting(self) -> bool:
+        """True between :meth:`interrupt` and the end of the turn it interrupted."""
+        return self.busy and self._interrupted
+
     def interrupt(self) -> bool:
         """Cancel the model request or tool calls in flight; ``False`` when idle."""
         if not self.busy:

@@ -3,7 +3,8 @@
 Design: memory is read fresh before every model step, so an edit made by a tool call in
 step N is visible in the system prompt of step N+1. Per server, the preferred source is
 the ``memory`` prompt (the server renders the blocks the way an agent should see them);
-failing that, the ``memory://blocks/{label}`` resources are read and rendered here.
+failing that, the ``memory://blocks/{label}`` resources (listed directly, or named by the
+``memory://blocks`` JSON index) are read and rendered here.
 Servers with neither simply contribute nothing.
 
 Error policy: memory is best effort. Any failure to list or read is logged at debug level
@@ -12,6 +13,7 @@ and that server is skipped; the loop never stops because memory could not be rea
 
 from __future__ import annotations
 
+import json
 import logging
 
 import anyio
@@ -53,20 +55,37 @@ async def _server_memory(conn: Connection) -> str:
 
 
 async def _memory_from_resources(conn: Connection) -> str:
+    """Blocks listed as ``memory://blocks/{label}`` resources, or named by the ``memory://blocks`` index."""
     listing = await conn.client.list_resources()
-    blocks: list[str] = []
+    wanted: dict[str, str] = {}  # uri -> description
     for res in listing.resources:
         uri = str(res.uri)
-        if not uri.startswith(BLOCK_PREFIX):
-            continue
+        if uri.startswith(BLOCK_PREFIX):
+            wanted[uri] = res.description or ""
+        elif uri == BLOCK_PREFIX.rstrip("/"):
+            wanted.update(await _index_entries(conn, uri))
+    blocks: list[str] = []
+    for uri, description in wanted.items():
         label = uri.removeprefix(BLOCK_PREFIX)
         read = await conn.client.read_resource(uri, cache_mode="bypass")
         value = "\n".join(c.text for c in read.contents if isinstance(c, types.TextResourceContents))
-        desc = f' description="{res.description}"' if res.description else ""
-        blocks.append(f"<{label}{desc}>\n{value}\n</{label}>")
+        desc = f"<description>{description}</description>\n" if description else ""
+        blocks.append(f"<{label}>\n{desc}{value}\n</{label}>")
     if not blocks:
         return ""
     return "<memory_blocks>\n" + "\n".join(blocks) + "\n</memory_blocks>"
+
+
+async def _index_entries(conn: Connection, uri: str) -> dict[str, str]:
+    """``{"blocks": [{"label", "description", "uri"?}, …]}`` → block URIs and descriptions."""
+    read = await conn.client.read_resource(uri, cache_mode="bypass")
+    text = "".join(c.text for c in read.contents if isinstance(c, types.TextResourceContents))
+    data = json.loads(text)
+    entries: dict[str, str] = {}
+    for block in data.get("blocks", []) if isinstance(data, dict) else []:
+        if isinstance(block, dict) and isinstance(block.get("label"), str):
+            entries[block.get("uri") or BLOCK_PREFIX + block["label"]] = str(block.get("description") or "")
+    return entries
 
 
 def _content_text(content: object) -> str:
