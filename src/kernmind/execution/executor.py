@@ -74,6 +74,7 @@ class Executor:
                 with anyio.CancelScope(shield=True):
                     await self.sessions.close_all()
                     await self.pool.close()
+                    await runners_mod.aclose(self.runners)
                 tg.cancel_scope.cancel()
 
     # --- queries ----------------------------------------------------------------

@@ -1,0 +1,300 @@
+"""The shared subprocess core of the non-Python runners.
+
+One call = one sandboxed process tree. ``run_process`` starts the command built by
+``Sandbox.wrap`` in a new session (so it leads its own process group), streams stdout and
+stderr into an ``OutputCollector`` (the per-call output budget, same as Python), reports
+progress about once a second, and enforces the time limit.
+
+Killing: on timeout or cancellation the whole tree is killed with SIGKILL: the process
+group, plus every descendant found in ``/proc`` (a child that called ``setsid`` leaves the
+group). Under bubblewrap the tree lives in its own pid namespace and bwrap runs with
+``--die-with-parent``, so killing it takes background children down with it too.
+
+Helper files (a wrapper script, the snippet, a result file) live in the workspace under
+unpredictable hidden names (``.km-<random>…``), are created with ``O_EXCL|O_NOFOLLOW``
+and read back with ``O_NOFOLLOW`` and a size cap: sandboxed code can write the workspace
+and must not be able to make the server follow a symlink. They are removed after the call
+and never appear in ``files``.
+
+Error policy: a runtime that cannot be started (binary gone, exec error) raises
+``RuntimeError``; everything the code itself does — non-zero exit, crash, timeout — is a
+normal ``RunResult`` (``status`` "error"/"timeout"; the exit code is in ``error``).
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import secrets
+import signal
+import stat
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from anyio.abc import ByteReceiveStream
+
+from kernmind.config import Settings
+from kernmind.execution.results import OutputCollector, RunResult
+from kernmind.execution.sandbox import Sandbox, SandboxedCommand
+from kernmind.execution.workspace import Snapshot, Workspace
+
+Progress = Callable[[str, float], Awaitable[None]]
+
+HELPER_PREFIX = ".km-"
+MAX_HELPER_READ = 4 * 1024 * 1024
+KILL_GRACE = 5.0
+
+
+# --- helper files in the workspace ------------------------------------------------------
+@dataclass
+class HelperFiles:
+    """Hidden per-call files in a workspace; ``inner(name)`` is the path the code sees."""
+
+    workspace: Workspace
+    inner_root: str
+    token: str = field(default_factory=lambda: secrets.token_hex(6))
+    created: list[Path] = field(default_factory=list)
+
+    def name(self, suffix: str) -> str:
+        return f"{HELPER_PREFIX}{self.token}{suffix}"
+
+    def host(self, suffix: str) -> Path:
+        return self.workspace.root / self.name(suffix)
+
+    def inner(self, suffix: str) -> str:
+        return f"{self.inner_root.rstrip('/')}/{self.name(suffix)}"
+
+    def write(self, suffix: str, text: str) -> str:
+        path = self.host(suffix)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags, 0o644)
+        self.created.append(path)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        if self.workspace.owner_uid is not None:
+            with contextlib.suppress(OSError):
+                os.lchown(path, self.workspace.owner_uid, self.workspace.owner_uid)
+        return self.inner(suffix)
+
+    def expect(self, suffix: str) -> str:
+        """A path the code will write (read back with ``read``)."""
+        self.created.append(self.host(suffix))
+        return self.inner(suffix)
+
+    def read(self, suffix: str) -> str | None:
+        try:
+            fd = os.open(self.host(suffix), os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
+            data = fh.read(MAX_HELPER_READ)
+        return data.decode("utf-8", errors="replace")
+
+    def cleanup(self) -> None:
+        for path in self.created:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def changed_files(workspace: Workspace, before: Snapshot) -> list:
+    """``files`` for the result, without our helper files."""
+    return [
+        f
+        for f in workspace.changes(before)
+        if not f.path.rsplit("/", 1)[-1].startswith(HELPER_PREFIX) or "/" in f.path
+    ]
+
+
+# --- killing process trees ---------------------------------------------------------------
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return children
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                line = fh.read().decode(errors="replace")
+        except OSError:
+            continue
+        # Field 4 (ppid) comes after the command name in parentheses, which may contain spaces.
+        rest = line.rsplit(")", 1)[-1].split()
+        if len(rest) > 2:
+            children.setdefault(int(rest[1]), []).append(pid)
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    tree = _children_map()
+    out: list[int] = []
+    stack = [pid]
+    while stack:
+        for child in tree.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s process group and every descendant (even ones that left the group)."""
+    victims = descendants(pid)
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+    for p in [pid, *victims]:
+        with contextlib.suppress(OSError):
+            os.kill(p, signal.SIGKILL)
+
+
+# --- running one process -------------------------------------------------------------------
+@dataclass
+class ProcessOutcome:
+    exit_code: int | None
+    timed_out: bool
+    duration: float
+
+
+async def _pump(stream: ByteReceiveStream | None, name: str, collector: OutputCollector) -> None:
+    if stream is None:
+        return
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+        async for chunk in stream:
+            collector.stream(name, decoder.decode(chunk))
+    collector.stream(name, decoder.decode(b"", final=True))
+
+
+async def ticker(label: str, progress: Progress | None, started: float) -> None:
+    if progress is None:
+        return
+    while True:
+        await anyio.sleep(1.0)
+        elapsed = time.monotonic() - started
+        with contextlib.suppress(Exception):
+            await progress(f"{label} running ({elapsed:.0f}s)", elapsed)
+
+
+async def run_process(
+    cmd: SandboxedCommand,
+    collector: OutputCollector,
+    *,
+    timeout: float,
+    progress: Progress | None,
+    label: str,
+) -> ProcessOutcome:
+    """Run ``cmd`` to completion or until ``timeout``; output goes to ``collector``."""
+    started = time.monotonic()
+    try:
+        proc = await anyio.open_process(
+            cmd.argv,
+            env=cmd.env,
+            cwd=cmd.cwd,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise RuntimeError(f"cannot start {label}: {exc}") from exc
+    timed_out = False
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker, label, progress, started)
+            with anyio.move_on_after(timeout) as scope:
+                async with anyio.create_task_group() as io:
+                    io.start_soon(_pump, proc.stdout, "stdout", collector)
+                    io.start_soon(_pump, proc.stderr, "stderr", collector)
+                    await proc.wait()
+            if scope.cancelled_caught:
+                timed_out = True
+                kill_tree(proc.pid)
+            tg.cancel_scope.cancel()
+    finally:
+        if proc.returncode is None:
+            kill_tree(proc.pid)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_GRACE):
+            await proc.wait()
+        with contextlib.suppress(Exception):
+            await proc.aclose()
+    return ProcessOutcome(proc.returncode, timed_out, time.monotonic() - started)
+
+
+def exit_error(collector: OutputCollector, exit_code: int | None, detail: str = "") -> None:
+    """The ``error`` of a process that exited non-zero (or died from a signal)."""
+    if exit_code is not None and exit_code < 0:
+        sig = -exit_code
+        try:
+            signame = signal.Signals(sig).name
+        except ValueError:
+            signame = f"signal {sig}"
+        value = f"process was killed by {signame} (exit code {128 + sig})"
+    elif exit_code is not None and exit_code > 128 and exit_code - 128 in (6, 9, 11, 15):
+        value = f"process was killed by {signal.Signals(exit_code - 128).name} (exit code {exit_code})"
+    else:
+        value = f"process exited with code {exit_code}"
+    collector.set_error("NonZeroExit", value, detail or value)
+
+
+def finish(
+    collector: OutputCollector,
+    *,
+    language: str,
+    workspace: Workspace,
+    before: Snapshot,
+    outcome: ProcessOutcome | None,
+    timeout: float,
+    status: str | None = None,
+    notes: Sequence[str] = (),
+) -> RunResult:
+    """Assemble the RunResult: same shape and truncation as Python's."""
+    all_notes = list(notes)
+    if outcome is not None and outcome.timed_out:
+        status = "timeout"
+        collector.set_error("TimeoutError", f"execution exceeded the {timeout:g}s time limit", "")
+        all_notes.append(f"time limit of {timeout:g}s reached; the process and its children were killed.")
+    if status is None:
+        status = "error" if collector.error is not None else "ok"
+    return RunResult(
+        status=status,  # type: ignore[arg-type]
+        language=language,
+        session_id=None,
+        results=collector.results,
+        logs=collector.logs(),
+        error=collector.error,
+        files=changed_files(workspace, before),
+        duration_ms=collector.elapsed_ms(),
+        truncated=collector.truncated,
+        state_preserved=False if status == "timeout" else None,
+        notes=all_notes,
+    )
+
+
+@dataclass
+class Context:
+    """What every runner gets from ``discover``: the sandbox and the server settings."""
+
+    sandbox: Sandbox
+    settings: Settings
+
+    def collector(self) -> OutputCollector:
+        return OutputCollector(self.settings.max_output_chars)
+
+    def wrap(
+        self, argv: Sequence[str], workspace: Workspace, *, env: dict[str, str], ro_paths: Sequence[str] = ()
+    ) -> SandboxedCommand:
+        return self.sandbox.wrap(
+            argv, workspace=workspace.root, env=env, ro_paths=ro_paths, uid=workspace.owner_uid
+        )
+
+
+def runtime_prefix(binary: str) -> list[str]:
+    """Directories to expose read-only so ``binary`` (and its install) work in the sandbox."""
+    real = os.path.realpath(binary)
+    if real.startswith(("/usr/", "/etc/", "/opt/")):
+        return []
+    return [real]

@@ -1,0 +1,340 @@
+"""``java`` with JShell semantics, on warm sandboxed JVMs.
+
+Design
+- A cold ``jshell`` costs seconds, so snippets run in a *host* JVM (``JShellHost.java``,
+  compiled once with ``javac`` into the user cache directory) that uses the JShell API with
+  local execution. The host starts inside the sandbox like any other process — bound to
+  one workspace (at ``/workspace``), as that workspace's uid, with the rlimits — warms up
+  the compiler, and then serves snippets over stdin/stdout frames.
+- No state leaks between calls: every call gets a brand-new ``JShell`` instance (a fresh
+  class loader: variables, methods and classes are gone) and the host restores
+  ``System.out/err/in``, system properties, default locale and time zone. A call that
+  leaves threads running makes the host report itself dirty, and it is retired. Hosts are
+  retired after ``MAX_CALLS`` calls too.
+- A host is bound to one workspace, so hosts are kept per workspace (the session's
+  directory): the first Java call in a session is cold, later ones are warm. At most
+  ``MAX_HOSTS`` live at once (least recently used is stopped first); a host idle for
+  ``IDLE_SECONDS``, or whose workspace is gone or changed owner, is stopped on the next
+  call. With ``--stateless`` every call has a fresh directory, so the host is one-shot.
+  ``aclose()`` stops every host (the executor calls it when the server stops); hosts run
+  with bwrap's ``--die-with-parent`` as well.
+- Memory: the sandbox limits RLIMIT_DATA, and the JVM gets explicit heap/metaspace/code
+  cache sizes derived from ``memory_mb`` so it fits under it (``-Xmx`` = half of it).
+
+Error policy: compile errors are ``CompilationError`` (``SyntaxError`` when the source
+does not parse), exceptions keep their Java class name, message and stack; a timeout
+kills the host (the whole sandbox) and the next call starts a fresh one. A host that dies
+or breaks the protocol gives ``status: "error"`` with ``JavaHostError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import platformdirs
+from anyio.abc import Process
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from kernmind.execution.results import OutputCollector, RunResult
+from kernmind.execution.runners.core import (
+    Context,
+    Progress,
+    ProcessOutcome,
+    finish,
+    kill_tree,
+    ticker,
+)
+from kernmind.execution.workspace import Workspace
+
+INSTALL_HINT = "a JDK 11+ with jshell and javac (Debian/Ubuntu: apt-get install openjdk-17-jdk-headless)"
+HOST_SOURCE = Path(__file__).with_name("JShellHost.java")
+MAGIC = b"\x00KMF"
+START_TIMEOUT = 60.0
+MAX_HOSTS = 4
+MAX_CALLS = 200
+IDLE_SECONDS = 600.0
+
+
+def jvm_flags(memory_mb: int) -> list[str]:
+    """Heap and native-area sizes that fit the JVM under RLIMIT_DATA = ``memory_mb``."""
+    heap = max(32, memory_mb // 2)
+    meta = max(64, min(256, memory_mb // 4))
+    return [
+        f"-Xmx{heap}m",
+        "-Xms16m",
+        f"-XX:MaxMetaspaceSize={meta}m",
+        "-XX:CompressedClassSpaceSize=64m",
+        "-XX:ReservedCodeCacheSize=48m",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",
+        "-XX:-UsePerfData",
+        "-Xss2m",
+        "-Xshare:auto",
+        "-Dfile.encoding=UTF-8",
+        "-Dstdout.encoding=UTF-8",
+    ]
+
+
+@dataclass
+class Host:
+    process: Process
+    reader: BufferedByteReceiveStream
+    key: tuple[str, int | None]
+    workspace: Workspace
+    stderr_file: Path
+    calls: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    broken: bool = False
+
+    async def read_frame(self, collector: OutputCollector | None) -> tuple[str, bytes]:
+        """The next frame; bytes outside frames are passed to ``collector`` as stdout."""
+        while True:
+            junk = await self.reader.receive_until(MAGIC, 1 << 20)
+            if junk and collector is not None:
+                collector.stream("stdout", junk.decode("utf-8", errors="replace"))
+            header = await self.reader.receive_exactly(5)
+            kind = chr(header[0])
+            (length,) = struct.unpack(">I", header[1:])
+            payload = await self.reader.receive_exactly(length) if length else b""
+            return kind, payload
+
+    async def send(self, code: str) -> None:
+        data = code.encode("utf-8")
+        assert self.process.stdin is not None
+        await self.process.stdin.send(f"{len(data)}\n".encode() + data)
+
+    def stderr_tail(self) -> str:
+        try:
+            return self.stderr_file.read_text(errors="replace")[-2000:]
+        except OSError:
+            return ""
+
+    async def stop(self) -> None:
+        self.broken = True
+        kill_tree(self.process.pid)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            await self.process.wait()
+        with contextlib.suppress(Exception):
+            await self.process.aclose()
+        with contextlib.suppress(OSError):
+            self.stderr_file.unlink()
+
+
+class JavaRunner:
+    language = "java"
+
+    def __init__(self, ctx: Context, java: str, javac: str, version: str) -> None:
+        self.ctx = ctx
+        self.java = java
+        self.javac = javac
+        self.version = version
+        self.java_home = str(Path(os.path.realpath(java)).parents[1])
+        self._hosts: dict[tuple[str, int | None], Host] = {}
+        self._compile_lock = anyio.Lock()
+        self._classes: Path | None = None
+
+    @classmethod
+    def probe(cls, ctx: Context) -> JavaRunner | str:
+        java, javac = shutil.which("java"), shutil.which("javac")
+        if java is None or javac is None or shutil.which("jshell") is None:
+            return INSTALL_HINT
+        try:
+            proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"{INSTALL_HINT} ({java} does not run: {exc})"
+        text = (proc.stderr or proc.stdout).strip().splitlines()
+        first = text[0] if text else "java"
+        # 'openjdk version "17.0.15" 2025-04-15' -> 'OpenJDK 17.0.15'
+        parts = first.split('"')
+        vendor = "OpenJDK" if first.startswith("openjdk") else first.split()[0]
+        version = f"{vendor} {parts[1]} (JShell)" if len(parts) > 1 else first
+        return cls(ctx, java, javac, version)
+
+    # --- the compiled host ----------------------------------------------------------------
+    async def _host_classes(self) -> Path:
+        async with self._compile_lock:
+            if self._classes is not None:
+                return self._classes
+            source = HOST_SOURCE.read_bytes()
+            digest = hashlib.sha256(source + self.java_home.encode()).hexdigest()[:16]
+            cache = Path(platformdirs.user_cache_dir("kernmind", appauthor=False)) / f"jshell-host-{digest}"
+            if not (cache / "JShellHost.class").is_file():
+                await anyio.to_thread.run_sync(self._compile, cache)
+            self._classes = cache
+            return cache
+
+    def _compile(self, target: Path) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".jshell-host-", dir=target.parent))
+        try:
+            proc = subprocess.run(
+                [self.javac, "-nowarn", "-d", str(tmp), str(HOST_SOURCE)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            if proc.returncode != 0:
+                raise RuntimeError(f"cannot compile the JShell host: {proc.stderr.strip()[-1000:]}")
+            tmp.chmod(0o755)
+            for f in tmp.iterdir():
+                f.chmod(0o644)
+            try:
+                tmp.rename(target)
+            except OSError:  # another process won the race
+                shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            if tmp.exists() and not target.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    # --- host lifecycle -----------------------------------------------------------------
+    async def _start_host(self, workspace: Workspace) -> Host:
+        classes = await self._host_classes()
+        argv = [self.java, *jvm_flags(self.ctx.settings.memory_mb), "-cp", str(classes), "JShellHost"]
+        cmd = self.ctx.wrap(argv, workspace, env={"JAVA_TOOL_OPTIONS": ""}, ro_paths=[str(classes), self.java_home])
+        cmd.env.pop("JAVA_TOOL_OPTIONS", None)
+        fd, err_name = tempfile.mkstemp(prefix="kernmind-jshell-", suffix=".log")
+        try:
+            process = await anyio.open_process(
+                cmd.argv,
+                env=cmd.env,
+                cwd=cmd.cwd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=fd,
+                start_new_session=True,
+            )
+        finally:
+            os.close(fd)
+        assert process.stdout is not None
+        host = Host(
+            process,
+            BufferedByteReceiveStream(process.stdout),
+            (str(workspace.root), workspace.owner_uid),
+            workspace,
+            Path(err_name),
+        )
+        try:
+            with anyio.fail_after(START_TIMEOUT):
+                kind, _ = await host.read_frame(None)
+            if kind != "H":
+                raise RuntimeError(f"unexpected frame {kind!r}")
+        except BaseException as exc:
+            tail = host.stderr_tail()
+            with anyio.CancelScope(shield=True):
+                await host.stop()
+            if isinstance(exc, Exception):
+                raise RuntimeError(f"the JShell host did not start: {tail.strip() or exc!r}") from exc
+            raise
+        return host
+
+    async def _reap(self, keep: tuple[str, int | None] | None = None) -> None:
+        now = time.monotonic()
+        for key, host in list(self._hosts.items()):
+            root = Path(key[0])
+            gone = not root.is_dir() or (key[1] is not None and _owner(root) != key[1])
+            stale_owner = keep is not None and key[0] == keep[0] and key != keep
+            if host.broken or gone or stale_owner or now - host.last_used > IDLE_SECONDS:
+                del self._hosts[key]
+                await host.stop()
+        while len(self._hosts) >= MAX_HOSTS:
+            key = min(self._hosts, key=lambda k: self._hosts[k].last_used)
+            await self._hosts.pop(key).stop()
+
+    async def aclose(self) -> None:
+        hosts, self._hosts = list(self._hosts.values()), {}
+        for host in hosts:
+            await host.stop()
+
+    # --- running a snippet --------------------------------------------------------------------
+    async def run(
+        self, code: str, *, workspace: Workspace, timeout: float, progress: Progress | None
+    ) -> RunResult:
+        before = workspace.snapshot()
+        collector = self.ctx.collector()
+        started = time.monotonic()
+        key = (str(workspace.root), workspace.owner_uid)
+        notes: list[str] = []
+        host = self._hosts.pop(key, None)
+        if host is not None and (host.broken or host.process.returncode is not None):
+            await host.stop()
+            host = None
+        await self._reap(keep=key)
+        timed_out = False
+        reply: dict[str, object] | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ticker, "java", progress, started)
+                with anyio.move_on_after(timeout) as scope:
+                    if host is None:
+                        host = await self._start_host(workspace)
+                    await host.send(code)
+                    while True:
+                        kind, payload = await host.read_frame(collector)
+                        if kind == "O":
+                            collector.stream("stdout", payload.decode("utf-8", errors="replace"))
+                        elif kind == "E":
+                            collector.stream("stderr", payload.decode("utf-8", errors="replace"))
+                        elif kind == "R":
+                            reply = json.loads(payload.decode("utf-8", errors="replace"))
+                            break
+                timed_out = scope.cancelled_caught
+                tg.cancel_scope.cancel()
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, ValueError) as exc:
+            detail = host.stderr_tail() if host is not None else ""
+            collector.set_error(
+                "JavaHostError",
+                "the Java process ended unexpectedly (out of memory, System.exit or a crash)",
+                detail or repr(exc),
+            )
+        except BaseException:
+            if host is not None:
+                with anyio.CancelScope(shield=True):
+                    await host.stop()
+            raise
+        if host is not None:
+            host.calls += 1
+            host.last_used = time.monotonic()
+            dirty = bool(reply and reply.get("dirty"))
+            if dirty:
+                notes.append("the code left threads running; they were stopped with its JVM.")
+            one_shot = self.ctx.settings.stateless
+            if reply is None or dirty or one_shot or host.calls >= MAX_CALLS:
+                await host.stop()
+            else:
+                self._hosts[key] = host
+        if reply is not None:
+            if reply.get("status") == "ok" and reply.get("value") is not None:
+                collector.display({"text/plain": str(reply["value"])}, main=True)
+            if reply.get("status") == "error":
+                name = str(reply.get("name") or "Error")
+                value = str(reply.get("value") or "")
+                tb = str(reply.get("traceback") or f"{name}: {value}")
+                collector.set_error(name, value, tb)
+        outcome = ProcessOutcome(None, timed_out, time.monotonic() - started)
+        return finish(
+            collector,
+            language="java",
+            workspace=workspace,
+            before=before,
+            outcome=outcome,
+            timeout=timeout,
+            notes=notes,
+        )
+
+
+def _owner(path: Path) -> int | None:
+    try:
+        return path.stat().st_uid
+    except OSError:
+        return None

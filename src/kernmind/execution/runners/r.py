@@ -1,0 +1,147 @@
+"""``r`` through ``Rscript`` (base R; Debian's ``r-base-core``).
+
+Design: the snippet is written to a hidden file in the workspace and a small wrapper
+(another hidden file) ``parse()``s it, then evaluates the top-level expressions one by one
+in the global environment with ``withVisible``. Visible values of earlier expressions are
+printed to stdout as Rscript would; the visible value of the *last* expression is
+``print``ed into a result file instead and becomes ``results`` (like Python's last
+expression). ``options(warn = 1)`` prints warnings as they happen, on stderr.
+
+Error policy: a parse failure is ``SyntaxError`` with R's message; an R error condition
+maps to name = its class (``simpleError`` shown as ``Error``), value = the condition
+message, traceback = the call stack of the snippet's own frames (wrapper frames removed).
+A ``quit(status = n)`` with n ≠ 0 is ``NonZeroExit``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from kernmind.execution.results import RunResult
+from kernmind.execution.runners.core import (
+    Context,
+    HelperFiles,
+    Progress,
+    exit_error,
+    finish,
+    run_process,
+    runtime_prefix,
+)
+from kernmind.execution.workspace import Workspace
+
+INSTALL_HINT = "R's Rscript (Debian/Ubuntu: apt-get install r-base-core)"
+SEP = "\x1e"
+
+WRAPPER = r"""
+local({
+  options(warn = 1)
+  code_file <- %(code)s; value_file <- %(value)s; error_file <- %(error)s
+  fail <- function(name, message, tb) {
+    writeLines(enc2utf8(paste(name, message, tb, sep = "\x1e")), error_file, useBytes = TRUE)
+    quit(save = "no", status = 1)
+  }
+  exprs <- tryCatch(parse(file = code_file, keep.source = FALSE, encoding = "UTF-8"),
+                    error = function(e) e)
+  if (inherits(exprs, "error")) {
+    msg <- sub("^[^:]*\\.km-[0-9a-f]+\\.code\\.R:", "line ", conditionMessage(exprs))
+    fail("SyntaxError", msg, msg)
+  }
+  n <- length(exprs)
+  for (i in seq_len(n)) {
+    calls <- NULL
+    res <- tryCatch(
+      withCallingHandlers(withVisible(eval(exprs[[i]], envir = globalenv())),
+                          error = function(e) calls <<- sys.calls()),
+      error = function(e) structure(list(e = e), class = "km_error")
+    )
+    if (inherits(res, "km_error")) {
+      e <- res$e
+      name <- class(e)[1]
+      if (name == "simpleError") name <- "Error"
+      frames <- vapply(calls, function(cl) paste(deparse(cl, nlines = 3L), collapse = "\n"), "")
+      start <- which(startsWith(frames, "eval(exprs[[i]]"))
+      if (length(start)) frames <- frames[-seq_len(start[length(start)])]
+      frames <- frames[!grepl("^(\\.handleSimpleError|h\\(simpleError|stop\\(|withCallingHandlers|tryCatch)", frames)]
+      cl <- conditionCall(e)
+      if (!is.null(cl) && startsWith(paste(deparse(cl), collapse = ""), "eval(exprs[[i]]")) cl <- NULL
+      where <- if (!is.null(cl)) paste0("Error in ", paste(deparse(cl, nlines = 2L), collapse = "\n"), " : ") else "Error: "
+      tb <- paste0(where, conditionMessage(e))
+      if (length(frames)) tb <- paste0(paste(rev(paste0(seq_along(frames), ": ", frames)), collapse = "\n"), "\n", tb)
+      fail(name, conditionMessage(e), tb)
+    }
+    if (isTRUE(res$visible)) {
+      if (i == n) {
+        out <- utils::capture.output(print(res$value))
+        writeLines(enc2utf8(out), value_file, useBytes = TRUE)
+      } else {
+        print(res$value)
+      }
+    }
+  }
+})
+"""
+
+
+def _r_string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class RRunner:
+    language = "r"
+
+    def __init__(self, ctx: Context, binary: str, version: str) -> None:
+        self.ctx = ctx
+        self.binary = binary
+        self.version = version
+
+    @classmethod
+    def probe(cls, ctx: Context) -> RRunner | str:
+        binary = shutil.which("Rscript")
+        if binary is None:
+            return INSTALL_HINT
+        try:
+            proc = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"{INSTALL_HINT} ({binary} does not run: {exc})"
+        text = (proc.stdout + proc.stderr).strip()
+        # "Rscript (R) version 4.2.2 (2022-10-31)"
+        version = "R " + text.split("version", 1)[1].split()[0] if "version" in text else "R"
+        return cls(ctx, binary, version)
+
+    async def run(
+        self, code: str, *, workspace: Workspace, timeout: float, progress: Progress | None
+    ) -> RunResult:
+        before = workspace.snapshot()
+        helpers = HelperFiles(workspace, self.ctx.sandbox.workspace_path(workspace.root))
+        try:
+            code_path = helpers.write(".code.R", code)
+            wrapper = WRAPPER % {
+                "code": _r_string(code_path),
+                "value": _r_string(helpers.expect(".value")),
+                "error": _r_string(helpers.expect(".error")),
+            }
+            script = helpers.write(".R", wrapper)
+            cmd = self.ctx.wrap(
+                [self.binary, "--vanilla", script],
+                workspace,
+                env={"R_HISTFILE": "/dev/null"},
+                ro_paths=runtime_prefix(self.binary),
+            )
+            collector = self.ctx.collector()
+            outcome = await run_process(cmd, collector, timeout=timeout, progress=progress, label="R")
+            value = helpers.read(".value")
+            error = helpers.read(".error")
+        finally:
+            helpers.cleanup()
+        if value is not None:
+            collector.display({"text/plain": value.rstrip("\n")}, main=True)
+        if not outcome.timed_out and outcome.exit_code != 0:
+            if error:
+                name, message, tb = ([*error.rstrip("\n").split(SEP, 2), "", ""])[:3]
+                collector.set_error(name, message, tb)
+            else:
+                exit_error(collector, outcome.exit_code, "".join(collector.stderr)[-2000:])
+        return finish(
+            collector, language="r", workspace=workspace, before=before, outcome=outcome, timeout=timeout
+        )
