@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="HTTP port (default 8765)")
     serve.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on HTTP")
 
-    sub.add_parser("doctor", parents=[common], help="check what this machine can run")
+    doctor = sub.add_parser("doctor", parents=[common], help="check what this machine can run")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
 
     from kernmind.agent import cli as agent_cli
     from kernmind.memory import cli as memory_cli
@@ -109,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "doctor":
         from kernmind.doctor import doctor
 
-        return doctor(settings)
+        return doctor(settings, as_json=args.json)
     if command == "agent":
         from kernmind.agent import cli as agent_cli
 

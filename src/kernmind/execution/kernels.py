@@ -77,7 +77,9 @@ class PythonRuntime:
 
     @classmethod
     def probe(cls, python: str | None) -> PythonRuntime:
-        exe = python or sys.executable
+        if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
+            return cls._this_interpreter()
+        exe = python
         script = (
             "import sys, json, os, site\n"
             "try:\n import ipykernel; v = ipykernel.__version__\n"
@@ -95,6 +97,26 @@ class PythonRuntime:
         paths = tuple(p for p in info["paths"] if os.path.isdir(p) and p != "/")
         error = None if info["ipykernel"] else f"{exe} has no ipykernel (pip install ipykernel)"
         return cls(info["exe"], info["version"], info["ipykernel"], paths, error)
+
+    @classmethod
+    def _this_interpreter(cls) -> PythonRuntime:
+        """The server's own Python: no subprocess needed (saves ~0.2 s of start-up)."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            ipk: str | None = version("ipykernel")
+        except PackageNotFoundError:
+            ipk = None
+        paths = {
+            sys.prefix,
+            sys.base_prefix,
+            sys.exec_prefix,
+            os.path.dirname(os.path.realpath(sys.executable)),
+        }
+        paths.update(p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p))
+        dirs = tuple(sorted(p for p in paths if os.path.isdir(p) and p != "/"))
+        error = None if ipk else f"{sys.executable} has no ipykernel (pip install ipykernel)"
+        return cls(sys.executable, sys.version.split()[0], ipk, dirs, error)
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -175,6 +197,7 @@ class Kernel:
         deadline: float,
         on_tick: Tick | None = None,
         silent: bool = False,
+        store_history: bool = True,
     ) -> ExecOutcome:
         """Run ``code`` and fold its output into ``collector``.
 
@@ -183,7 +206,9 @@ class Kernel:
         """
         assert self.kc is not None
         kc = self.kc
-        msg_id = kc.execute(code, silent=silent, store_history=not silent, allow_stdin=False)
+        msg_id = kc.execute(
+            code, silent=silent, store_history=store_history and not silent, allow_stdin=False
+        )
         self.running_msg_id = msg_id
         start = time.monotonic()
         next_tick = start + 0.5
@@ -386,6 +411,11 @@ class KernelFactory:
             )
             if outcome.kind != "ok":
                 raise RuntimeError(f"kernel setup failed ({outcome.kind})")
+            # A visible result off the record warms the display path, so the first real call is fast.
+            for _ in range(2):
+                await kernel.execute(
+                    "0", OutputCollector(100), deadline=time.monotonic() + 30, store_history=False
+                )
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await kernel.shutdown()
