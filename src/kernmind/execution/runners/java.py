@@ -49,8 +49,9 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.runners.core import (
     Context,
-    Progress,
     ProcessOutcome,
+    Progress,
+    exit_error,
     finish,
     kill_tree,
     ticker,
@@ -201,8 +202,7 @@ class JavaRunner:
     async def _start_host(self, workspace: Workspace) -> Host:
         classes = await self._host_classes()
         argv = [self.java, *jvm_flags(self.ctx.settings.memory_mb), "-cp", str(classes), "JShellHost"]
-        cmd = self.ctx.wrap(argv, workspace, env={"JAVA_TOOL_OPTIONS": ""}, ro_paths=[str(classes), self.java_home])
-        cmd.env.pop("JAVA_TOOL_OPTIONS", None)
+        cmd = self.ctx.wrap(argv, workspace, env={}, ro_paths=[str(classes), self.java_home])
         fd, err_name = tempfile.mkstemp(prefix="kernmind-jshell-", suffix=".log")
         try:
             process = await anyio.open_process(
@@ -242,7 +242,7 @@ class JavaRunner:
         now = time.monotonic()
         for key, host in list(self._hosts.items()):
             root = Path(key[0])
-            gone = not root.is_dir() or (key[1] is not None and _owner(root) != key[1])
+            gone = not _exists(root) or (key[1] is not None and _owner(root) != key[1])
             stale_owner = keep is not None and key[0] == keep[0] and key != keep
             if host.broken or gone or stale_owner or now - host.last_used > IDLE_SECONDS:
                 del self._hosts[key]
@@ -272,36 +272,52 @@ class JavaRunner:
         await self._reap(keep=key)
         timed_out = False
         reply: dict[str, object] | None = None
+        failure: Exception | None = None
+        exit_code: int | None = None
+
+        async def converse() -> None:
+            nonlocal host, reply, failure
+            try:
+                if host is None:
+                    host = await self._start_host(workspace)
+                await host.send(code)
+                while True:
+                    kind, payload = await host.read_frame(collector)
+                    if kind == "O":
+                        collector.stream("stdout", payload.decode("utf-8", errors="replace"))
+                    elif kind == "E":
+                        collector.stream("stderr", payload.decode("utf-8", errors="replace"))
+                    elif kind == "R":
+                        reply = json.loads(payload.decode("utf-8", errors="replace"))
+                        return
+            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, ValueError) as exc:
+                failure = exc
+
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ticker, "java", progress, started)
                 with anyio.move_on_after(timeout) as scope:
-                    if host is None:
-                        host = await self._start_host(workspace)
-                    await host.send(code)
-                    while True:
-                        kind, payload = await host.read_frame(collector)
-                        if kind == "O":
-                            collector.stream("stdout", payload.decode("utf-8", errors="replace"))
-                        elif kind == "E":
-                            collector.stream("stderr", payload.decode("utf-8", errors="replace"))
-                        elif kind == "R":
-                            reply = json.loads(payload.decode("utf-8", errors="replace"))
-                            break
+                    await converse()
                 timed_out = scope.cancelled_caught
                 tg.cancel_scope.cancel()
-        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, ValueError) as exc:
-            detail = host.stderr_tail() if host is not None else ""
-            collector.set_error(
-                "JavaHostError",
-                "the Java process ended unexpectedly (out of memory, System.exit or a crash)",
-                detail or repr(exc),
-            )
         except BaseException:
             if host is not None:
                 with anyio.CancelScope(shield=True):
                     await host.stop()
             raise
+        if failure is not None and host is not None:
+            with anyio.move_on_after(2):
+                exit_code = await host.process.wait()
+            if exit_code is not None and exit_code != 0:
+                exit_error(collector, exit_code, host.stderr_tail())
+            elif exit_code is None:
+                collector.set_error(
+                    "JavaHostError",
+                    "the Java process stopped answering (out of memory or a crash)",
+                    host.stderr_tail() or repr(failure),
+                )
+            else:
+                notes.append("the code called System.exit(0); its JVM ended.")
         if host is not None:
             host.calls += 1
             host.last_used = time.monotonic()
@@ -331,6 +347,10 @@ class JavaRunner:
             timeout=timeout,
             notes=notes,
         )
+
+
+def _exists(path: Path) -> bool:
+    return _owner(path) is not None
 
 
 def _owner(path: Path) -> int | None:

@@ -98,7 +98,22 @@ _STATEMENT_KEYWORDS = re.compile(
 )
 _CONTINUES_BEFORE = set("+-*/%=<>&|^!~?:,.([{")
 _CONTINUES_AFTER = set(".,+-*/%=<>&|^?:)]}([`")
-_REGEX_AFTER_WORDS = {"return", "typeof", "instanceof", "in", "of", "new", "delete", "void", "throw", "case", "do", "else", "yield", "await"}
+_REGEX_AFTER_WORDS = {
+    "return",
+    "typeof",
+    "instanceof",
+    "in",
+    "of",
+    "new",
+    "delete",
+    "void",
+    "throw",
+    "case",
+    "do",
+    "else",
+    "yield",
+    "await",
+}
 
 
 def last_statement(code: str) -> tuple[int, int] | None:
@@ -161,7 +176,9 @@ def last_statement(code: str) -> tuple[int, int] | None:
             depth.append("`")
             i += 1
             continue
-        if ch == "/" and (last_sig == "" or last_sig in "(,=:[!&|?{};+-*%<>~^" or last_word in _REGEX_AFTER_WORDS):
+        if ch == "/" and (
+            last_sig == "" or last_sig in "(,=:[!&|?{};+-*%<>~^" or last_word in _REGEX_AFTER_WORDS
+        ):
             j, in_class = i + 1, False
             while j < n and code[j] != "\n":
                 c = code[j]
@@ -212,7 +229,7 @@ def last_statement(code: str) -> tuple[int, int] | None:
             continue
         last_sig, last_word = ch, ""
         i += 1
-    if start < 0 or boundary and end == n and start < 0:
+    if start < 0:
         return None
     if depth:
         return None  # unbalanced: let the runtime report the syntax error
@@ -346,7 +363,11 @@ class DenoRunner:
         cmd = self.ctx.wrap(
             self._argv(inner_ws, script),
             workspace,
-            env={"NO_COLOR": "1", "DENO_DIR": "/tmp/.deno" if self.ctx.sandbox.isolated else f"{inner_ws}/.km-deno", "DENO_NO_UPDATE_CHECK": "1"},
+            env={
+                "NO_COLOR": "1",
+                "DENO_DIR": "/tmp/.deno" if self.ctx.sandbox.isolated else f"{inner_ws}/.km-deno",
+                "DENO_NO_UPDATE_CHECK": "1",
+            },
             ro_paths=runtime_prefix(self.binary),
         )
         collector = self.ctx.collector()
@@ -358,7 +379,9 @@ class DenoRunner:
         if outcome.timed_out or outcome.exit_code == 0 or collector.stdout:
             return False
         err = "".join(collector.stderr)
-        return err.startswith("error: ") and ("could not be parsed" in err or "SyntaxError" in err.split("\n")[0])
+        return err.startswith("error: ") and (
+            "could not be parsed" in err or "SyntaxError" in err.split("\n")[0]
+        )
 
     def _clean(self, text: str, script_url: str) -> str:
         text = text.replace(script_url, self.display_name)
@@ -374,9 +397,8 @@ class DenoRunner:
 
     def _from_stderr(self, collector, exit_code, helpers, script_url) -> None:  # type: ignore[no-untyped-def]
         err = "".join(collector.stderr)
-        match = None
-        for match in _ERROR_LINE.finditer(err):
-            pass
+        matches = list(_ERROR_LINE.finditer(err))
+        match = matches[-1] if matches else None
         if match is None:
             exit_error(collector, exit_code)
             return
@@ -386,7 +408,10 @@ class DenoRunner:
             name, value = "SyntaxError", first.removeprefix("SyntaxError: ")
             if "could not be parsed:" in value:
                 value = value.split("could not be parsed:", 1)[1].strip()
-        elif any(s in text for s in ("not a dependency", "npm package not found", "Failed loading", "npm specifiers")):
+        elif any(
+            s in text
+            for s in ("not a dependency", "npm package not found", "Failed loading", "npm specifiers")
+        ):
             name, value = "ModuleNotFoundError", f"{first} — {NOT_INSTALLED}"
         else:
             m = re.match(r"([A-Za-z_$][\w$.]*): (.*)", first, re.S)
