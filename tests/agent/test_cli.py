@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripted_openai import ScriptedOpenAI, call, error, reply, tools
+from .scripted_openai import ScriptedOpenAI, call, error, reply, tools
 
 TOY = Path(__file__).parent / "toy_server.py"
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import anyio
 import pytest
-from scripted_openai import ScriptedOpenAI, call, reply, tools
 
 from kernmind.agent import Agent, AgentConfig, AgentEvents, ToolCallRecord, kernmind_server_spec
 from kernmind.config import Settings
+
+from .scripted_openai import ScriptedOpenAI, call, reply, tools
 
 pytestmark = pytest.mark.anyio
 

@@ -7,10 +7,11 @@ from typing import Any
 
 import anyio
 import pytest
-from scripted_openai import ScriptedOpenAI, call, error, reply, tools
-from toy_server import build
 
 from kernmind.agent import Agent, AgentConfig, AgentEvents, ModelError, ServerSpec, ToolCallRecord
+
+from .scripted_openai import ScriptedOpenAI, call, error, reply, tools
+from .toy_server import build
 
 pytestmark = pytest.mark.anyio
 

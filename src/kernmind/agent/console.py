@@ -8,7 +8,9 @@ progress message is redrawn on stderr when it is a terminal; otherwise progress 
 are printed as lines when they change.
 
 :class:`LineReader` reads stdin on one daemon thread that serves requests in order, so a
-prompt abandoned by Ctrl-C never races a later one for the same line of input.
+prompt abandoned by Ctrl-C never races a later one for the same line of input. On a
+terminal it uses ``input()`` (readline editing and history); otherwise plain lines, with
+prompts on stderr so piped stdout carries only answers.
 
 Error policy: output is best effort (a closed stderr is ignored); end of input at an
 approval prompt counts as "no".
@@ -17,6 +19,7 @@ approval prompt counts as "no".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import sys
@@ -43,17 +46,22 @@ class LineReader:
         self._pending: list[str | None] = []  # lines that arrived for abandoned requests
         self._thread: threading.Thread | None = None
         self._eof = False
+        self._interactive = self._stream is sys.stdin and _isatty(sys.stdin) and _isatty(sys.stdout)
 
     def _worker(self) -> None:
         while True:
             prompt, loop, fut = self._requests.get()
+            value: str | None
             try:
-                if prompt:
-                    self._prompt_stream.write(prompt)
-                    self._prompt_stream.flush()
-                line = self._stream.readline()
-                value: str | None = line.rstrip("\r\n") if line else None
-            except (OSError, ValueError):
+                if self._interactive:
+                    value = input(prompt)  # line editing and history through readline
+                else:
+                    if prompt:
+                        self._prompt_stream.write(prompt)
+                        self._prompt_stream.flush()
+                    line = self._stream.readline()
+                    value = line.rstrip("\r\n") if line else None
+            except (OSError, ValueError, EOFError):
                 value = None
             loop.call_soon_threadsafe(self._deliver, fut, value)
             if value is None:
@@ -71,6 +79,9 @@ class LineReader:
         if self._eof:
             return None
         if self._thread is None:
+            if self._interactive:
+                with contextlib.suppress(ImportError):
+                    import readline  # noqa: F401  (enables editing for input())
             self._thread = threading.Thread(target=self._worker, name="kernmind-stdin", daemon=True)
             self._thread.start()
         loop = asyncio.get_running_loop()
@@ -80,6 +91,13 @@ class LineReader:
         if value is None:
             self._eof = True
         return value
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def summarize_args(args: dict[str, Any] | None, raw: str, limit: int = 160) -> str:
