@@ -1,0 +1,152 @@
+"""Clean shutdown: stdin EOF, SIGTERM and SIGINT stop every kernel and leave the DB clean.
+
+Each case starts a real ``kernmind serve`` (stdio or HTTP), gives it two kernel sessions
+(one of them busy in a long call when the server is told to stop), writes memory, then
+ends it and checks, by listing processes in /proc, that nothing it started survives:
+no bwrap, no setpriv, no ``ipykernel_launcher`` (by pid + start time, and by any process
+whose command line names the test's data directory). The database must be checkpointed
+(no WAL left behind), pass ``integrity_check`` and hold what was written; workspaces and
+the kernels' runtime directories must be gone.
+
+Note for whoever runs the server as root with a nested TMPDIR: kernels keep their runtime
+directory in ``$TMPDIR/km-*``; bwrap creates the missing parents of a bind under its /tmp
+tmpfs as root-only directories, so ``TMPDIR=/tmp/x`` makes every kernel fail to start.
+These tests leave TMPDIR alone for that reason.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from tests.transport.procs import ProcInfo, StdioServer, descendants, mentioning, start_http, wait_until
+
+pytestmark = [pytest.mark.xdist_group("transport")]
+
+STOP_WITHIN = 15.0  # seconds from the stop request to process exit (graceful wait is 3 s)
+CONNECTION_FILE = re.compile(r"-f (\S+)/connection\.json")
+MARK = "kept-through-shutdown-7f3a"
+
+
+def _kernel_tree(pid: int, kernels: int) -> tuple[list[ProcInfo], set[Path]]:
+    """Every process below the server, and the kernels' runtime directories."""
+    procs = descendants(pid)
+    interpreters = [
+        p for p in procs if "ipykernel_launcher" in p.cmdline and "bwrap" not in p.cmdline.split()[0]
+    ]
+    runtime_dirs = {Path(m.group(1)) for p in procs if (m := CONNECTION_FILE.search(p.cmdline))}
+    assert len(interpreters) >= kernels, [p.cmdline[:200] for p in procs]
+    assert len(runtime_dirs) >= kernels, runtime_dirs
+    return procs, runtime_dirs
+
+
+def _assert_clean(data_dir: Path, before: list[ProcInfo], runtime_dirs: set[Path], log: str) -> None:
+    assert "Traceback" not in log, log
+    # No process the server started is still alive (checked right away: the server waits for them).
+    assert wait_until(lambda: not [p for p in before if p.alive()], 3.0), [
+        (p.pid, p.cmdline[:120]) for p in before if p.alive()
+    ]
+    assert not mentioning(str(data_dir)), mentioning(str(data_dir))
+    for d in runtime_dirs:
+        assert not d.exists(), f"kernel runtime directory left behind: {d}"
+    workspaces = data_dir / "workspaces"
+    assert not workspaces.exists() or not any(workspaces.iterdir()), list(workspaces.iterdir())
+    db = data_dir / "kernmind.db"
+    assert db.exists()
+    wal = db.with_name(db.name + "-wal")
+    assert not wal.exists() or wal.stat().st_size == 0, "WAL not checkpointed: the database was not closed"
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert any(MARK in line for line in con.iterdump()), "memory written before the stop is missing"
+    finally:
+        con.close()
+
+
+# --- stdio ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["stdin-eof", "SIGTERM", "SIGINT"])
+def test_stdio_shutdown_leaves_nothing_behind(tmp_path: Path, how: str) -> None:
+    server = StdioServer.start(tmp_path)
+    try:
+        out = server.call_tool("run_code", {"code": "a = 1; a"})
+        assert out["structuredContent"]["results"][0]["text"] == "1"
+        server.call_tool("run_code", {"code": "import time", "session_id": "busy"})
+        server.call_tool("memory_create", {"label": "shutdown", "value": MARK})
+        # A call still running when the stop arrives must not hold the shutdown up.
+        server._send(
+            {
+                "jsonrpc": "2.0",
+                "id": 999,
+                "method": "tools/call",
+                "params": {"name": "run_code", "arguments": {"code": "time.sleep(60)", "session_id": "busy"}},
+            }
+        )
+        time.sleep(0.5)
+        before, runtime_dirs = _kernel_tree(server.proc.pid, kernels=2)
+
+        t0 = time.monotonic()
+        if how == "stdin-eof":
+            server.close_stdin()
+        else:
+            server.proc.send_signal(getattr(signal, how))
+        rc = server.wait(STOP_WITHIN)
+        took = time.monotonic() - t0
+    finally:
+        server.kill()
+    log = server.log.read_text(errors="replace")
+    assert rc == 0, log
+    assert took < STOP_WITHIN
+    _assert_clean(server.data_dir, before, runtime_dirs, log)
+
+
+# --- HTTP -------------------------------------------------------------------------------------
+@pytest.mark.anyio
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
+async def test_http_shutdown_leaves_nothing_behind(tmp_path: Path, how: str) -> None:
+    server = start_http(tmp_path, token="shutdown-token")
+    try:
+        with anyio.fail_after(90):
+            async with server.client("legacy") as legacy, server.client("auto") as modern:
+                await legacy.call_tool("run_code", {"code": "import time", "session_id": "busy"})
+                await modern.call_tool("run_code", {"code": "b = 2"})
+                r = await modern.call_tool("memory_create", {"label": "shutdown", "value": MARK})
+                assert not r.is_error, r
+                before, runtime_dirs = _kernel_tree(server.proc.pid, kernels=2)
+
+                outcome: dict[str, object] = {}
+
+                async def long_call() -> None:
+                    try:
+                        outcome["result"] = await legacy.call_tool(
+                            "run_code", {"code": "time.sleep(60)", "session_id": "busy"}
+                        )
+                    except Exception as exc:  # the server went away mid-call: expected
+                        outcome["error"] = exc
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(long_call)
+                    await anyio.sleep(0.5)
+                    t0 = time.monotonic()
+                    server.proc.send_signal(getattr(signal, how))
+                    rc = await anyio.to_thread.run_sync(server.proc.wait, STOP_WITHIN)
+                    took = time.monotonic() - t0
+                    tg.cancel_scope.cancel()
+    except BaseException:
+        if server.proc.poll() is None:
+            server.proc.kill()
+        raise
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+    log = server.log_text()
+    assert rc == 0, log
+    assert took < STOP_WITHIN, took
+    _assert_clean(server.data_dir, before, runtime_dirs, log)
