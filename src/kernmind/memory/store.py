@@ -61,6 +61,11 @@ LABEL_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 LINE_PREFIX_RE = re.compile(r"(?m)^\s*\d+→ ?|^Line \d+: ")
 WORD_RE = re.compile(r"\w+", re.UNICODE)
 MAX_QUERY_TERMS = 32
+# A query word matching more than this share of all passages (and at least COMMON_MIN_DOCS) is
+# "common": its bm25 weight (IDF) is small, but scoring every passage it matches is what makes an
+# OR query slow. Such words are left out of the match while the rarer words fill the page.
+COMMON_FRACTION = 0.05
+COMMON_MIN_DOCS = 1000
 BUSY_RETRY_SECONDS = 60.0
 
 
@@ -97,15 +102,22 @@ def parse_when(text: str, *, end: bool = False) -> float:
     return dt.timestamp()
 
 
-def fts_query(text: str) -> str | None:
-    """The user's words as an FTS5 OR query (each word quoted, so no FTS syntax leaks in)."""
-    words = [w for w in WORD_RE.findall(text)][:MAX_QUERY_TERMS]
-    if not words:
-        return None
+def query_terms(text: str) -> list[str]:
+    """The distinct words of a query, lower-cased, in order (at most MAX_QUERY_TERMS)."""
     seen: dict[str, None] = {}
-    for w in words:
+    for w in WORD_RE.findall(text):
         seen.setdefault(w.lower(), None)
-    return " OR ".join('"' + w.replace('"', '""') + '"' for w in seen)
+    return list(seen)[:MAX_QUERY_TERMS]
+
+
+def fts_match(terms: Sequence[str]) -> str:
+    """Words as an FTS5 OR query (each quoted, so no FTS syntax leaks in)."""
+    return " OR ".join('"' + w.replace('"', '""') + '"' for w in terms)
+
+
+def fts_query(text: str) -> str | None:
+    terms = query_terms(text)
+    return fts_match(terms) if terms else None
 
 
 def line_numbers_of(value: str, needle: str) -> list[int]:
@@ -797,7 +809,15 @@ class MemoryStore:
         tag_match_mode: Literal["any", "all"],
         start: float | None,
         end: float | None,
+        *,
+        drive_from_tags: bool = False,
     ) -> tuple[str, list[Any]]:
+        """SQL conditions on passages ``p`` for the filters.
+
+        Tag conditions are correlated primary-key probes by default (cheap per candidate row
+        when the candidates come from a full-text match); ``drive_from_tags`` phrases them as
+        ``p.id IN (…)`` so SQLite can start from the tag index when listing every match.
+        """
         sql = " AND p.agent = ?"
         params: list[Any] = [self.agent]
         if start is not None:
@@ -808,17 +828,23 @@ class MemoryStore:
             params.append(end)
         wanted = normalize_tags(tags)
         if wanted:
+            # Correlated probes of passage_tags' primary key (passage_id, tag): cheap per candidate
+            # row, and nothing is materialised, whatever the share of passages carrying the tag.
             marks = ", ".join("?" * len(wanted))
+            if drive_from_tags:
+                having = (
+                    f" GROUP BY passage_id HAVING count(*) = {len(wanted)}" if tag_match_mode == "all" else ""
+                )
+                sql += f" AND p.id IN (SELECT passage_id FROM passage_tags WHERE agent = ? AND tag IN ({marks}){having})"
+                return sql, [*params, self.agent, *wanted]
             if tag_match_mode == "all" and len(wanted) > 1:
                 sql += (
-                    f" AND p.id IN (SELECT passage_id FROM passage_tags WHERE agent = ? AND tag IN ({marks})"
-                    f" GROUP BY passage_id HAVING count(*) = {len(wanted)})"
+                    f" AND (SELECT count(*) FROM passage_tags t WHERE t.passage_id = p.id AND t.tag IN ({marks}))"
+                    f" = {len(wanted)}"
                 )
             else:
-                sql += (
-                    f" AND p.id IN (SELECT passage_id FROM passage_tags WHERE agent = ? AND tag IN ({marks}))"
-                )
-            params += [self.agent, *wanted]
+                sql += f" AND EXISTS (SELECT 1 FROM passage_tags t WHERE t.passage_id = p.id AND t.tag IN ({marks}))"
+            params += wanted
         return sql, params
 
     async def search_fts(
@@ -832,29 +858,79 @@ class MemoryStore:
         limit: int = 10,
         offset: int = 0,
     ) -> list[PassageRow]:
-        """bm25-ranked passages (best first); a query without words lists the newest passages."""
+        """bm25-ranked passages (best first); a query without words lists the newest passages.
+
+        Ranking is bm25 over the query's words OR-ed together, with one speed-up: words that
+        match a large share of all passages (see COMMON_FRACTION) carry almost no IDF weight yet
+        dominate the cost of scoring, so when the query also has rarer words, passages matching
+        any rarer word are ranked by bm25 over those words, and passages matching only common
+        words follow them, newest first (found without scoring every one of them).
+        """
         where, params = self._filters(tags, tag_match_mode, start, end)
-        match = fts_query(query)
-        if match is None:
-            sql = (
-                "SELECT p.id, p.content, p.tags, p.created_at, NULL FROM passages p WHERE 1"
-                f"{where} ORDER BY p.created_at DESC, p.id DESC LIMIT ? OFFSET ?"
-            )
-            args = [*params, limit, offset]
-        else:
-            sql = (
-                "SELECT p.id, p.content, p.tags, p.created_at, bm25(passages_fts) AS score "
-                "FROM passages_fts JOIN passages p ON p.id = passages_fts.rowid "
-                f"WHERE passages_fts MATCH ?{where} ORDER BY score, p.id DESC LIMIT ? OFFSET ?"
-            )
-            args = [match, *params, limit, offset]
+        terms = query_terms(query)
+        ranked = (
+            "SELECT p.id, p.content, p.tags, p.created_at, bm25(passages_fts) AS score "
+            "FROM passages_fts JOIN passages p ON p.id = passages_fts.rowid "
+            f"WHERE passages_fts MATCH ?{where} ORDER BY score, p.id DESC LIMIT ? OFFSET ?"
+        )
         async with self.read() as db:
-            async with db.execute(sql, args) as cur:
-                rows = await cur.fetchall()
+            if not terms:
+                sql = (
+                    "SELECT p.id, p.content, p.tags, p.created_at, NULL FROM passages p WHERE 1"
+                    f"{where} ORDER BY p.created_at DESC, p.id DESC LIMIT ? OFFSET ?"
+                )
+                async with db.execute(sql, [*params, limit, offset]) as cur:
+                    rows = list(await cur.fetchall())
+            elif (split := await self._split_terms(db, terms)) is None:
+                async with db.execute(ranked, [fts_match(terms), *params, limit, offset]) as cur:
+                    rows = list(await cur.fetchall())
+            else:
+                selective, common = split
+                async with db.execute(ranked, [fts_match(selective), *params, offset + limit, 0]) as cur:
+                    head = list(await cur.fetchall())
+                rows = head[offset:]
+                if len(rows) < limit:
+                    tail_sql = (
+                        "SELECT p.id, p.content, p.tags, p.created_at, bm25(passages_fts) "
+                        "FROM passages_fts JOIN passages p ON p.id = passages_fts.rowid "
+                        f"WHERE passages_fts MATCH ?{where} ORDER BY passages_fts.rowid DESC LIMIT ? OFFSET ?"
+                    )
+                    match = f"({fts_match(common)}) NOT ({fts_match(selective)})"
+                    tail_args = [match, *params, limit - len(rows), max(0, offset - len(head))]
+                    async with db.execute(tail_sql, tail_args) as cur:
+                        rows += list(await cur.fetchall())
         return [
             PassageRow(r[0], r[1], json.loads(r[2]), r[3], None if r[4] is None else -float(r[4]))
             for r in rows
         ]
+
+    async def _split_terms(
+        self, db: aiosqlite.Connection, terms: list[str]
+    ) -> tuple[list[str], list[str]] | None:
+        """(rarer words, common words) when the query has both; None when there is nothing to split."""
+        if len(terms) < 2:
+            return None
+        async with db.execute("SELECT max(id) FROM passages") as cur:
+            row = await cur.fetchone()
+        total = int(row[0] or 0) if row else 0
+        threshold = max(COMMON_MIN_DOCS, int(total * COMMON_FRACTION))
+        if total <= threshold:
+            return None
+        counts = ", ".join(
+            "(SELECT count(*) FROM (SELECT 1 FROM passages_fts WHERE passages_fts MATCH ? LIMIT ?))"
+            for _ in terms
+        )
+        args: list[Any] = []
+        for t in terms:
+            args += [fts_match([t]), threshold + 1]
+        async with db.execute(f"SELECT {counts}", args) as cur:
+            dfs = await cur.fetchone()
+        assert dfs is not None
+        selective = [t for t, df in zip(terms, dfs, strict=True) if df <= threshold]
+        common = [t for t, df in zip(terms, dfs, strict=True) if df > threshold]
+        if not selective or not common:
+            return None
+        return selective, common
 
     async def filtered_ids(
         self,
@@ -864,7 +940,7 @@ class MemoryStore:
         start: float | None = None,
         end: float | None = None,
     ) -> list[int]:
-        where, params = self._filters(tags, tag_match_mode, start, end)
+        where, params = self._filters(tags, tag_match_mode, start, end, drive_from_tags=True)
         async with self.read() as db:
             async with db.execute(f"SELECT p.id FROM passages p WHERE 1{where}", params) as cur:
                 return [r[0] for r in await cur.fetchall()]

@@ -1,0 +1,183 @@
+"""Archival memory benchmark: bulk insert, bm25 and hybrid search latency at 10k and 100k passages.
+
+Run: ``python benchmarks/bench_memory.py [--n 100000] [--queries 200] [--db PATH]``
+
+Passages are synthetic (a Zipf-distributed 5,000-word vocabulary, 12-40 words each, 1-3 of
+20 tags) and deterministic (fixed seed). Vectors are 384-dimensional and come from a local
+deterministic function (a fixed random vector per word, summed and normalised), standing in
+for an embedding model, so the benchmark needs no network. Searches go through the same
+``Archive``/``MemoryStore`` code the MCP tools call (aiosqlite round trips included).
+
+Targets (issue 5): bm25 p50 <= 5 ms at 100k; hybrid p50 <= 50 ms at 100k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import numpy as np
+
+from kernmind.memory.archival import Archive
+from kernmind.memory.embeddings import to_blob
+from kernmind.memory.store import MemoryStore, PassageIn
+
+DIM = 384
+VOCAB = 5000
+TAGS = [f"tag{i:02d}" for i in range(20)]
+
+
+class LocalEmbedder:
+    """Deterministic bag-of-words embeddings: one fixed random vector per word."""
+
+    model = "local-384"
+
+    def __init__(self, words: Sequence[str]) -> None:
+        rng = np.random.default_rng(7)
+        self.index = {w: i for i, w in enumerate(words)}
+        self.table = rng.standard_normal((len(words), DIM)).astype(np.float32)
+
+    def vector(self, text: str) -> np.ndarray:
+        ids = [self.index[w] for w in text.split() if w in self.index]
+        v = self.table[ids].sum(axis=0) if ids else np.zeros(DIM, dtype=np.float32)
+        return v
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return [self.vector(t).tolist() for t in texts]
+
+
+def make_words() -> list[str]:
+    rng = np.random.default_rng(1)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    words: set[str] = set()
+    while len(words) < VOCAB:
+        words.add("".join(rng.choice(letters, size=int(rng.integers(3, 10)))))
+    return sorted(words)
+
+
+def make_passages(words: list[str], n: int, seed: int) -> list[tuple[str, list[str]]]:
+    rng = np.random.default_rng(seed)
+    ranks = np.arange(1, len(words) + 1)
+    p = (1 / ranks**1.1) / (1 / ranks**1.1).sum()
+    out = []
+    lengths = rng.integers(12, 41, size=n)
+    picks = rng.choice(len(words), size=int(lengths.sum()), p=p)
+    pos = 0
+    for length in lengths:
+        text = " ".join(words[i] for i in picks[pos : pos + length])
+        pos += length
+        tags = list(rng.choice(TAGS, size=int(rng.integers(1, 4)), replace=False))
+        out.append((text, tags))
+    return out
+
+
+def make_queries(words: list[str], n: int) -> list[str]:
+    rng = np.random.default_rng(99)
+    # mostly mid-frequency words (what a model asks about), some common, some rare
+    qs = []
+    for _ in range(n):
+        k = int(rng.integers(2, 5))
+        idx = np.concatenate([rng.integers(0, 50, size=1), rng.integers(50, 2000, size=k - 1)])
+        qs.append(" ".join(words[i] for i in idx))
+    return qs
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+async def insert(store: MemoryStore, emb: LocalEmbedder, rows: list[tuple[str, list[str]]]) -> float:
+    t0 = time.perf_counter()
+    batch = 5000
+    for i in range(0, len(rows), batch):
+        items = [
+            PassageIn(text, tags, None, to_blob(emb.vector(text)), emb.model) for text, tags in rows[i : i + batch]
+        ]
+        await store.insert_passages(items)
+    return time.perf_counter() - t0
+
+
+async def timed(fn, queries: list[str]) -> tuple[float, float, float]:  # type: ignore[no-untyped-def]
+    for q in queries[:10]:  # warm-up
+        await fn(q)
+    times = []
+    hits = 0
+    for q in queries:
+        t0 = time.perf_counter()
+        res = await fn(q)
+        times.append((time.perf_counter() - t0) * 1000)
+        hits += len(res.results)
+    return statistics.median(times), pct(times, 0.99), hits / len(queries)
+
+
+async def run(n: int, nq: int, db: Path) -> list[tuple[str, str]]:
+    words = make_words()
+    emb = LocalEmbedder(words)
+    queries = make_queries(words, nq)
+    rows: list[tuple[str, str]] = []
+    async with MemoryStore(db, "bench", archival_max_chars=100_000) as store:
+        text_only = Archive(store)
+        hybrid = Archive(store, emb)
+        done = 0
+        total_insert = 0.0
+        for size in sorted({min(10_000, n), n}):
+            passages = make_passages(words, size - done, seed=size)
+            secs = await insert(store, emb, passages)
+            total_insert += secs
+            rows.append(
+                (f"bulk insert {done:,} -> {size:,} (with 384-d vectors)", f"{secs:.1f} s ({(size - done) / secs:,.0f}/s)")
+            )
+            done = size
+
+            def bm25(q: str, tags: list[str] | None = None):  # type: ignore[no-untyped-def]
+                return text_only.search(q, tags=tags, top_k=10)
+
+            p50, p99, avg = await timed(bm25, queries)
+            rows.append((f"bm25 top-10 @ {size:,}", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms  ({avg:.1f} hits)"))
+            p50, p99, avg = await timed(lambda q: bm25(q, ["tag03"]), queries)
+            rows.append((f"bm25 top-10 + tag filter @ {size:,}", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms  ({avg:.1f} hits)"))
+            p50, p99, avg = await timed(
+                lambda q: text_only.search(q, tags=["tag03", "tag07"], tag_match_mode="all", top_k=10), queries
+            )
+            rows.append(
+                (f"bm25 top-10 + 2 tags (all) @ {size:,}", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms  ({avg:.1f} hits)")
+            )
+            if size == n:
+                t0 = time.perf_counter()
+                await hybrid.index.refresh()  # type: ignore[union-attr]
+                rows.append((f"vector index load @ {size:,}", f"{(time.perf_counter() - t0) * 1000:.0f} ms (once)"))
+                p50, p99, avg = await timed(lambda q: hybrid.search(q, top_k=10), queries)
+                rows.append((f"hybrid (bm25 + vectors, RRF) @ {size:,}", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms"))
+                p50, p99, avg = await timed(lambda q: hybrid.search(q, tags=["tag03"], top_k=10), queries)
+                rows.append((f"hybrid + tag filter @ {size:,}", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms"))
+        rows.append(("database size", f"{db.stat().st_size / 1e6:.0f} MB"))
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=100_000, help="passages (default 100000)")
+    ap.add_argument("--queries", type=int, default=200, help="queries per measurement (default 200)")
+    ap.add_argument("--db", type=Path, help="database file (default: a temporary file)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = args.db or Path(tmp) / "bench.db"
+        print(f"benchmarking archival memory: {args.n:,} passages, {args.queries} queries, {db}", file=sys.stderr)
+        rows = anyio.run(run, args.n, args.queries, db)
+    width = max(len(a) for a, _ in rows)
+    print(f"{'measurement':<{width}}  result")
+    print(f"{'-' * width}  {'-' * 40}")
+    for a, b in rows:
+        print(f"{a:<{width}}  {b}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
