@@ -4,15 +4,27 @@ it runs code, edits memory blocks, sees the edit in the next system prompt, and 
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
 import pytest
 
-from kernmind.agent import Agent, AgentConfig, AgentEvents, ToolCallRecord, kernmind_server_spec
+from kernmind.agent import (
+    Agent,
+    AgentConfig,
+    AgentEvents,
+    ToolCallRecord,
+    kernmind_server_spec,
+    load_mcp_config,
+)
 from kernmind.config import Settings
 
 from .scripted_openai import ScriptedOpenAI, call, reply, tools
+from .toy_server import PNG
 
 pytestmark = pytest.mark.anyio
 
@@ -23,6 +35,12 @@ class Started(AgentEvents):
 
     async def on_tool_start(self, call: ToolCallRecord) -> None:
         self.started.set()
+
+
+PICTURE = f"""x = 1
+import base64
+from IPython.display import Image, display
+display(Image(data=base64.b64decode({PNG!r})))"""
 
 
 def kernmind_config(llm: ScriptedOpenAI, tmp_path: Path) -> AgentConfig:
@@ -69,7 +87,7 @@ async def test_runs_code_and_edits_memory_seen_in_next_system_prompt(
 
 async def test_interrupt_cancels_the_running_cell(llm: ScriptedOpenAI, tmp_path: Path) -> None:
     llm.add(
-        tools(call("run_code", {"code": "x = 1"})),
+        tools(call("run_code", {"code": PICTURE})),
         reply("set"),
         tools(call("run_code", {"code": "import time\nfor _ in range(600):\n    time.sleep(0.1)"})),
         tools(call("run_code", {"code": "print('alive', x)"})),
@@ -78,6 +96,9 @@ async def test_interrupt_cancels_the_running_cell(llm: ScriptedOpenAI, tmp_path:
     events = Started()
     async with Agent(kernmind_config(llm, tmp_path), events) as agent:
         assert (await agent.run("set x")).answer == "set"
+        image_msg = agent.messages[-2]  # the step's images follow its tool messages
+        assert image_msg["role"] == "user"
+        assert image_msg["content"][1]["image_url"]["url"].startswith("data:image/png;base64,iVBOR")
         events.started = anyio.Event()
         results = []
 
@@ -99,3 +120,57 @@ async def test_interrupt_cancels_the_running_cell(llm: ScriptedOpenAI, tmp_path:
     assert follow.answer == "still alive"
     assert "alive 1" in tool_messages(llm.requests[-1])[-1]
     assert elapsed < 15, "the cancelled cell kept the kernel busy"
+
+
+async def test_http_server_from_mcp_config(llm: ScriptedOpenAI, tmp_path: Path) -> None:
+    """An ``mcp.json`` ``url`` entry with headers: kernmind serving Streamable HTTP with a token."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kernmind",
+        "serve",
+        "--transport",
+        "http",
+        "--port",
+        str(port),
+        "--token",
+        "s3cret",
+    ]
+    cmd += [
+        "--sandbox",
+        "none",
+        "--pool-size",
+        "0",
+        "--db",
+        str(tmp_path / "h.db"),
+        "--data-dir",
+        str(tmp_path),
+    ]
+    proc = await anyio.open_process(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with anyio.fail_after(30):
+            while True:
+                try:
+                    stream = await anyio.connect_tcp("127.0.0.1", port)
+                except OSError:
+                    await anyio.sleep(0.1)
+                    continue
+                await stream.aclose()
+                break
+        cfg = tmp_path / "mcp.json"
+        entry = {"url": f"http://127.0.0.1:{port}/mcp", "headers": {"Authorization": "Bearer s3cret"}}
+        cfg.write_text(json.dumps({"mcpServers": {"remote": entry}}))
+        llm.add(tools(call("run_code", {"code": "21 * 2"})), reply("42"))
+        config = AgentConfig(model="scripted", base_url=llm.url, api_key="k", servers=load_mcp_config(cfg))
+        async with Agent(config) as agent:
+            result = await agent.run("twice 21")
+        assert result.answer == "42"
+        assert "42" in tool_messages(llm.requests[1])[0]
+        assert "<memory_blocks>" in llm.system_prompts()[0]
+    finally:
+        proc.terminate()
+        with anyio.fail_after(10):
+            await proc.wait()
