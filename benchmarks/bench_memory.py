@@ -98,7 +98,8 @@ async def insert(store: MemoryStore, emb: LocalEmbedder, rows: list[tuple[str, l
     batch = 5000
     for i in range(0, len(rows), batch):
         items = [
-            PassageIn(text, tags, None, to_blob(emb.vector(text)), emb.model) for text, tags in rows[i : i + batch]
+            PassageIn(text, tags, None, to_blob(emb.vector(text)), emb.model)
+            for text, tags in rows[i : i + batch]
         ]
         await store.insert_passages(items)
     return time.perf_counter() - t0
@@ -132,7 +133,10 @@ async def run(n: int, nq: int, db: Path) -> list[tuple[str, str]]:
             secs = await insert(store, emb, passages)
             total_insert += secs
             rows.append(
-                (f"bulk insert {done:,} -> {size:,} (with 384-d vectors)", f"{secs:.1f} s ({(size - done) / secs:,.0f}/s)")
+                (
+                    f"bulk insert {done:,} -> {size:,} (with 384-d vectors)",
+                    f"{secs:.1f} s ({(size - done) / secs:,.0f}/s)",
+                )
             )
             done = size
 
@@ -142,22 +146,36 @@ async def run(n: int, nq: int, db: Path) -> list[tuple[str, str]]:
             p50, p99, avg = await timed(bm25, queries)
             rows.append((f"bm25 top-10 @ {size:,}", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms  ({avg:.1f} hits)"))
             p50, p99, avg = await timed(lambda q: bm25(q, ["tag03"]), queries)
-            rows.append((f"bm25 top-10 + tag filter @ {size:,}", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms  ({avg:.1f} hits)"))
+            rows.append(
+                (
+                    f"bm25 top-10 + tag filter @ {size:,}",
+                    f"p50 {p50:.2f} ms  p99 {p99:.2f} ms  ({avg:.1f} hits)",
+                )
+            )
             p50, p99, avg = await timed(
-                lambda q: text_only.search(q, tags=["tag03", "tag07"], tag_match_mode="all", top_k=10), queries
+                lambda q: text_only.search(q, tags=["tag03", "tag07"], tag_match_mode="all", top_k=10),
+                queries,
             )
             rows.append(
-                (f"bm25 top-10 + 2 tags (all) @ {size:,}", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms  ({avg:.1f} hits)")
+                (
+                    f"bm25 top-10 + 2 tags (all) @ {size:,}",
+                    f"p50 {p50:.2f} ms  p99 {p99:.2f} ms  ({avg:.1f} hits)",
+                )
             )
             if size == n:
                 t0 = time.perf_counter()
                 await hybrid.index.refresh()  # type: ignore[union-attr]
-                rows.append((f"vector index load @ {size:,}", f"{(time.perf_counter() - t0) * 1000:.0f} ms (once)"))
+                rows.append(
+                    (f"vector index load @ {size:,}", f"{(time.perf_counter() - t0) * 1000:.0f} ms (once)")
+                )
                 p50, p99, avg = await timed(lambda q: hybrid.search(q, top_k=10), queries)
-                rows.append((f"hybrid (bm25 + vectors, RRF) @ {size:,}", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms"))
+                rows.append(
+                    (f"hybrid (bm25 + vectors, RRF) @ {size:,}", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms")
+                )
                 p50, p99, avg = await timed(lambda q: hybrid.search(q, tags=["tag03"], top_k=10), queries)
                 rows.append((f"hybrid + tag filter @ {size:,}", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms"))
-        rows.append(("database size", f"{db.stat().st_size / 1e6:.0f} MB"))
+        size_mb = await anyio.Path(db).stat()
+        rows.append(("database size", f"{size_mb.st_size / 1e6:.0f} MB"))
     return rows
 
 
@@ -169,7 +187,10 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         db = args.db or Path(tmp) / "bench.db"
-        print(f"benchmarking archival memory: {args.n:,} passages, {args.queries} queries, {db}", file=sys.stderr)
+        print(
+            f"benchmarking archival memory: {args.n:,} passages, {args.queries} queries, {db}",
+            file=sys.stderr,
+        )
         rows = anyio.run(run, args.n, args.queries, db)
     width = max(len(a) for a, _ in rows)
     print(f"{'measurement':<{width}}  result")
