@@ -196,6 +196,8 @@ class Agent:
         """One user turn: steps until the model answers without tools, or the step limit."""
         if self.model is None:
             raise RuntimeError("use the Agent inside 'async with'")
+        if self.busy:
+            raise RuntimeError("this agent is already running a turn; await it (or interrupt it) first")
         self.busy = True
         self._interrupted = False
         result = RunResult(answer="", stopped="answer", steps=0)

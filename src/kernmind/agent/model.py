@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -94,6 +95,11 @@ class ChatModel:
         self.temperature = temperature
         # Local servers (Ollama, vLLM, LM Studio) take any key; the client insists on one.
         key = api_key or ("not-needed" if base_url else None)
+        if key is None and not os.environ.get("OPENAI_API_KEY"):
+            raise ModelError(
+                "no API key: set OPENAI_API_KEY, or point --base-url at a local OpenAI-compatible "
+                "server (Ollama, vLLM, LM Studio) that needs none"
+            )
         try:
             self._client = AsyncOpenAI(api_key=key, base_url=base_url, max_retries=0, timeout=timeout)
         except openai.OpenAIError as exc:

@@ -74,6 +74,9 @@ async def repl(
         except ModelError as exc:
             events.note(f"error: {exc}")
             continue
+        if events.tokens_written:  # a streamed answer cut short
+            out.write("\n")
+            events.tokens_written = False
         if result.stopped == "interrupted":
             events.note("(interrupted — the conversation goes on)")
         elif result.stopped == "max_steps":
