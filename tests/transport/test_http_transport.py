@@ -95,8 +95,8 @@ def test_middleware_accepts_only_the_exact_bearer_token() -> None:
 
 
 # --- start-up refusals ------------------------------------------------------------------------
-@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1"])
-def test_non_loopback_host_without_token_is_refused(tmp_path: Path, host: str) -> None:
+def test_non_loopback_host_without_token_is_refused(tmp_path: Path) -> None:
+    host = "0.0.0.0"
     data = tmp_path / "data"
     t0 = time.monotonic()
     proc = run_cli(

@@ -1,0 +1,65 @@
+"""stdio: the SDK's own client launches ``kernmind serve`` the way desktop clients do.
+
+Both protocol eras (``mode="legacy"`` = 2025-11-25 handshake, ``"auto"`` = 2026-07-28
+discovery) list the tools, keep a named session's state across calls, and end the server
+cleanly by closing its stdin (what ``mcp.Client`` does on exit).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from tests.transport.procs import mentioning, serve_argv, server_env
+
+pytestmark = [pytest.mark.xdist_group("transport")]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("mode", "version"), [("legacy", "2025-11-25"), ("auto", "2026-07-28")])
+async def test_stdio_client_both_eras(tmp_path: Path, mode: str, version: str) -> None:
+    argv = serve_argv(tmp_path / "data")
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=server_env(tmp_path))
+    assert params.command == sys.executable
+    t0 = time.monotonic()
+    with anyio.fail_after(90):
+        async with Client(params, mode=mode) as client:
+            assert client.protocol_version == version
+            tools = await client.list_tools()
+            first_list = time.monotonic() - t0
+            names = {t.name for t in tools.tools}
+            assert {
+                "run_code",
+                "list_sessions",
+                "close_session",
+                "upload_file",
+                "download_file",
+                "list_files",
+            } <= names
+            assert {
+                "memory_list",
+                "memory_create",
+                "archival_memory_insert",
+                "archival_memory_search",
+            } <= names
+
+            await client.call_tool("run_code", {"code": "counter = 1", "session_id": "s"})
+            again = await client.call_tool("run_code", {"code": "counter += 1; counter", "session_id": "s"})
+            assert again.structured_content is not None
+            assert again.structured_content["results"][0]["text"] == "2"
+            assert again.structured_content["session_id"] == "s"
+
+            up = await client.call_tool(
+                "upload_file", {"path": "in.txt", "content": "abc", "session_id": "s"}
+            )
+            assert not up.is_error, up
+            read = await client.call_tool("run_code", {"code": "open('in.txt').read()", "session_id": "s"})
+            assert read.structured_content["results"][0]["text"] == "'abc'"  # type: ignore[index]
+    # Closing stdin ends the server; the client waited for it, so nothing of it may remain.
+    assert not mentioning(str(tmp_path / "data"))
+    assert first_list < 60, f"first tools/list took {first_list:.1f}s"
