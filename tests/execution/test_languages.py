@@ -329,3 +329,26 @@ async def test_warm_java_host_stops_with_the_server(tmp_path: Path) -> None:
         assert value(res) == "3"
         assert processes_matching(str(tmp_path)) != []  # the warm host is alive between calls
     assert await wait_gone(str(tmp_path)) == []
+
+
+async def test_small_memory_limit_still_runs_deno_and_java(tmp_path: Path) -> None:
+    """V8 needs --jitless and the JVM explicit sizes under a 512 MiB RLIMIT_DATA."""
+    from kernmind.execution.executor import limits_from
+    from kernmind.execution.sandbox import Sandbox
+    from kernmind.execution.workspace import Workspace
+
+    settings = Settings(data_dir=tmp_path, pool_size=0, memory_mb=512)
+    sandbox = Sandbox.detect("auto", limits=limits_from(settings))
+    runners = runners_mod.discover(sandbox, settings)
+    ws = Workspace(tmp_path / "ws", owner_uid=sandbox.allocate_uid())
+    ws.create()
+    try:
+        res = await runners["javascript"].run("[1, 2, 3].length", workspace=ws, timeout=30, progress=None)
+        assert res.status == "ok" and res.results[0].text == "3", res
+        res = await runners["java"].run(
+            "long[] big = new long[400_000_000];", workspace=ws, timeout=60, progress=None
+        )
+        assert res.status == "error" and res.error is not None
+        assert res.error.name == "java.lang.OutOfMemoryError", res.error
+    finally:
+        await runners_mod.aclose(runners)

@@ -19,6 +19,8 @@ Design
   tmpfs). ``--cached-only`` means no package download ever; ``require("axios")`` or
   ``import "npm:axios"`` fail with a message saying only built-in modules are available.
   ``--allow-net`` only with ``allow_network``. ``NO_COLOR=1``; ``DENO_DIR`` in ``/tmp``.
+- Memory: ``--max-old-space-size`` below the sandbox's RLIMIT_DATA, and ``--jitless`` when
+  the limit is too small for V8's JIT to start (see ``v8_flags``).
 
 Error policy: uncaught errors become ``error`` {name, message, stack with the snippet
 shown as ``snippet.js``/``snippet.ts``}; parse errors are ``SyntaxError``; a non-zero
@@ -252,6 +254,23 @@ def with_value_capture(code: str) -> str | None:
     return f"{code[:start]}await __km_report(({expr}\n)){code[stop:]}"
 
 
+def v8_flags(memory_mb: int) -> list[str]:
+    """V8 sizes under RLIMIT_DATA = ``memory_mb``.
+
+    The heap is capped below the limit so a runaway allocation is a clean JS out-of-memory
+    error. Measured: V8's JIT needs more than 512 MiB of RLIMIT_DATA just to start (its
+    code space is counted), so below ``JIT_MIN_MB`` Deno runs ``--jitless`` (slower, and no
+    WebAssembly) instead of dying with SIGTRAP.
+    """
+    flags = [f"--max-old-space-size={max(32, memory_mb * 3 // 4)}"]
+    if memory_mb < JIT_MIN_MB:
+        flags.append("--jitless")
+    return flags
+
+
+JIT_MIN_MB = 768
+
+
 # --- the runner ----------------------------------------------------------------------------
 _ERROR_LINE = re.compile(r"^error: (?:Uncaught (?:\(in promise\) )?)?(.*)$", re.M)
 
@@ -305,6 +324,7 @@ class DenoRunner:
             f"--allow-read={allowed}",
             f"--allow-write={allowed}",
         ]
+        argv.append("--v8-flags=" + ",".join(v8_flags(self.ctx.settings.memory_mb)))
         if self.ctx.settings.allow_network:
             argv.append("--allow-net")
         else:
