@@ -260,7 +260,7 @@ class SessionManager:
         state = {"last_progress": 0.0, "quota_hit": False, "last_quota_check": 0.0}
 
         async def on_tick(elapsed: float, col: OutputCollector) -> None:
-            if elapsed - state["last_quota_check"] >= 1.0:
+            if elapsed - state["last_quota_check"] >= 0.5:
                 state["last_quota_check"] = elapsed
                 used = await anyio.to_thread.run_sync(ws.usage_bytes)
                 if used > quota:
