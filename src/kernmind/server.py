@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
@@ -255,6 +255,37 @@ def create_server(settings: Settings | None = None) -> MCPServer:
         except (WorkspaceError, ValueError) as exc:
             raise ToolError(str(exc)) from exc
         return FileList(session_id=session_id or executor.default_session_id, files=ws.list())
+
+    @server.resource(
+        "workspace://{session_id}/{+path}",
+        name="workspace_file",
+        description="A file in a code session's working directory (text, or binary as a blob).",
+    )
+    async def workspace_file(session_id: str, path: str) -> str | bytes:
+        try:
+            ws = await executor.workspace_for(session_id, create=False)
+            _, data, mime = ws.read(path)
+        except (WorkspaceError, ValueError) as exc:
+            raise ResourceError(str(exc)) from exc
+        if mime.startswith("text/") or mime in ("application/json", "application/xml"):
+            try:
+                return data.decode()
+            except UnicodeDecodeError:
+                return data
+        return data
+
+    @server.resource(
+        "workspace://{session_id}",
+        name="workspace_listing",
+        description="The files in a code session's working directory, as JSON.",
+        mime_type="application/json",
+    )
+    async def workspace_listing(session_id: str) -> str:
+        try:
+            ws = await executor.workspace_for(session_id, create=False)
+        except (WorkspaceError, ValueError) as exc:
+            raise ResourceError(str(exc)) from exc
+        return FileList(session_id=session_id, files=ws.list()).model_dump_json()
 
     memory.register(server)
     return server

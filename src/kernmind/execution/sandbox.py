@@ -255,7 +255,10 @@ class Sandbox:
             made.add(link)
 
         def covered(path: str) -> bool:
-            return any(path == m or path.startswith(m.rstrip("/") + "/") for m in made if m != "/")
+            # The root and the /tmp tmpfs are empty places, not binds that would cover a path.
+            return any(
+                path == m or path.startswith(m.rstrip("/") + "/") for m in made if m not in ("/", "/tmp")
+            )
 
         def ensure_parents(path: str) -> None:
             parents = []
@@ -267,18 +270,25 @@ class Sandbox:
                 args.extend(["--perms", "0755", "--dir", p])
                 made.add(p)
 
-        for raw in _dedupe(ro_paths):
-            path = os.path.abspath(raw)
-            if covered(path) or not os.path.exists(path):
-                continue
-            ensure_parents(path)
-            args += ["--ro-bind", path, path]
-            made.add(path)
+        def under_tmp(path: str) -> bool:
+            return path == "/tmp" or path.startswith("/tmp/")
 
+        def bind_ro(paths: list[str]) -> None:
+            for path in paths:
+                if covered(path) or not os.path.exists(path):
+                    continue
+                ensure_parents(path)
+                args.extend(["--ro-bind", path, path])
+                made.add(path)
+
+        ro = [os.path.abspath(p) for p in _dedupe(ro_paths)]
+        bind_ro([p for p in ro if not under_tmp(p)])
         args += ["--proc", "/proc", "--dev", "/dev"]
         args += ["--perms", "1777", "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
         made.add("/tmp")
-        for raw in _dedupe(rw_paths):  # after /tmp, or the tmpfs would hide binds beneath it
+        # Binds under /tmp must come after the tmpfs, or it would hide them.
+        bind_ro([p for p in ro if under_tmp(p)])
+        for raw in _dedupe(rw_paths):
             path = os.path.abspath(raw)
             ensure_parents(path)
             args += ["--bind", path, path]
