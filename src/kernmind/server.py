@@ -183,6 +183,11 @@ def create_server(settings: Settings | None = None) -> MCPServer:
             )
         except ValueError as exc:  # bad language, session id, caps reached: the model can fix these
             raise ToolError(str(exc)) from exc
+        except RuntimeError as exc:  # no interpreter could be started: say why instead of a bare failure
+            raise ToolError(
+                f"could not start the {language} interpreter: {exc}. Try again; if it persists, "
+                "the server's operator should run `kernmind doctor`."
+            ) from exc
         return CallToolResult(
             content=list(_content_blocks(result)),
             structured_content=result.model_dump(mode="json", by_alias=True),

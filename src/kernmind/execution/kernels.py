@@ -74,6 +74,7 @@ class PythonRuntime:
     ipykernel: str | None
     paths: tuple[str, ...]  # directories the sandbox must expose read-only
     error: str | None = None
+    pythonpath: tuple[str, ...] = ()  # the server's PYTHONPATH, which kernels on its Python need too
 
     @classmethod
     def probe(cls, python: str | None) -> PythonRuntime:
@@ -114,9 +115,11 @@ class PythonRuntime:
             os.path.dirname(os.path.realpath(sys.executable)),
         }
         paths.update(p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p))
+        extra = tuple(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isdir(p))
+        paths.update(extra)
         dirs = tuple(sorted(p for p in paths if os.path.isdir(p) and p != "/"))
         error = None if ipk else f"{sys.executable} has no ipykernel (pip install ipykernel)"
-        return cls(sys.executable, sys.version.split()[0], ipk, dirs, error)
+        return cls(sys.executable, sys.version.split()[0], ipk, dirs, error, extra)
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -361,6 +364,7 @@ class KernelFactory:
             "JUPYTER_RUNTIME_DIR": str(runtime_dir / "jupyter"),
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+            **({"PYTHONPATH": os.pathsep.join(self.runtime.pythonpath)} if self.runtime.pythonpath else {}),
             **self.extra_env,
         }
 
