@@ -1,7 +1,7 @@
 """Helpers for the transport tests: real ``kernmind serve`` processes and a /proc scanner.
 
 Every server runs as a separate process exactly as a user or an MCP client would start it
-(``python -m kernmind serve …``), with its own data directory and without any
+(``python -m kernmind serve …``), with its own data directory and TMPDIR and without any
 ``KERNMIND_*`` variable from the outer environment. HTTP servers listen on ``--port 0``
 and print the URL they got; :func:`start_http` waits for that line.
 
@@ -34,13 +34,15 @@ START_TIMEOUT = 60.0
 
 
 def server_env(tmp: Path, **extra: str) -> dict[str, str]:
-    """The environment of a test server: no outer KERNMIND_* settings.
+    """The environment of a test server: no outer KERNMIND_* settings, a private TMPDIR.
 
-    ``tmp`` is accepted for symmetry; TMPDIR is left alone on purpose: kernels keep their
-    runtime directory in ``$TMPDIR/km-*`` and, as root, bwrap cannot reach one nested
-    below a directory of /tmp (see the report in tests/transport/test_shutdown.py).
+    Kernels keep their runtime directories in ``$TMPDIR/km-*``; a private TMPDIR lets the
+    shutdown tests check that nothing is left there.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNMIND_")}
+    tmpdir = tmp / "tmp"
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    env["TMPDIR"] = str(tmpdir)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env

@@ -6,12 +6,7 @@ ends it and checks, by listing processes in /proc, that nothing it started survi
 no bwrap, no setpriv, no ``ipykernel_launcher`` (by pid + start time, and by any process
 whose command line names the test's data directory). The database must be checkpointed
 (no WAL left behind), pass ``integrity_check`` and hold what was written; workspaces and
-the kernels' runtime directories must be gone.
-
-Note for whoever runs the server as root with a nested TMPDIR: kernels keep their runtime
-directory in ``$TMPDIR/km-*``; bwrap creates the missing parents of a bind under its /tmp
-tmpfs as root-only directories, so ``TMPDIR=/tmp/x`` makes every kernel fail to start.
-These tests leave TMPDIR alone for that reason.
+the kernels' runtime directories (in the server's private TMPDIR) must be gone.
 """
 
 from __future__ import annotations
@@ -56,6 +51,9 @@ def _assert_clean(data_dir: Path, before: list[ProcInfo], runtime_dirs: set[Path
     assert not mentioning(str(data_dir)), mentioning(str(data_dir))
     for d in runtime_dirs:
         assert not d.exists(), f"kernel runtime directory left behind: {d}"
+    tmpdir = data_dir.parent / "tmp"
+    assert all(d.parent == tmpdir for d in runtime_dirs), runtime_dirs  # kernels used the private TMPDIR
+    assert not list(tmpdir.iterdir()), f"left in the server's TMPDIR: {list(tmpdir.iterdir())}"
     workspaces = data_dir / "workspaces"
     assert not workspaces.exists() or not any(workspaces.iterdir()), list(workspaces.iterdir())
     db = data_dir / "kernmind.db"
