@@ -52,6 +52,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import anyio
+import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -235,8 +236,11 @@ class _Shutdown:
         os._exit(128 + signum)
 
 
-async def _watch_signals(scope: anyio.CancelScope, state: _Shutdown) -> None:
+async def _watch_signals(
+    scope: anyio.CancelScope, state: _Shutdown, *, task_status: anyio.abc.TaskStatus[None]
+) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()  # handlers are installed before anything (a kernel) is started
         async for signum in signals:
             if state.signal is None:
                 state.signal = signum
@@ -256,7 +260,7 @@ async def serve_stdio(server: Any) -> int:
     try:
         async with anyio.create_task_group() as outer:
             serving = anyio.CancelScope()
-            outer.start_soon(_watch_signals, serving, state)
+            await outer.start(_watch_signals, serving, state)
             with serving:
                 async with stdio_server(stdin=stdin) as (read_stream, write_stream):  # type: ignore[arg-type]
                     await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
@@ -390,6 +394,9 @@ def serve(settings: Settings) -> int:
             sock.close()
         print(f"kernmind: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    if sock is not None:
-        return anyio.run(serve_http, server, settings, sock)
-    return anyio.run(serve_stdio, server)
+    try:
+        if sock is not None:
+            return anyio.run(serve_http, server, settings, sock)
+        return anyio.run(serve_stdio, server)
+    except KeyboardInterrupt:  # Ctrl-C before the handlers were installed: nothing was started yet
+        return 130
