@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -44,7 +44,7 @@ class DisplayResult(BaseModel):
     jpeg: str | None = Field(default=None, description="base64 JPEG")
     svg: str | None = None
     html: str | None = None
-    json_: object | None = Field(default=None, alias="json", serialization_alias="json")
+    json_: dict[str, Any] | list[Any] | None = Field(default=None, alias="json", serialization_alias="json")
     markdown: str | None = None
     latex: str | None = None
     is_main_result: bool = Field(default=False, description="true for the value of the last expression")
@@ -172,6 +172,8 @@ class OutputCollector:
                 elif isinstance(value, str) and len(value) > 20 * self.budget:
                     self.dropped += len(value)
                     continue
+                if field == "json" and not isinstance(value, dict | list):
+                    value = {"value": value}  # the schema promises an object or array
                 setattr(result, field if field != "json" else "json_", value)
         if not text and "text/plain" not in data:
             result.text = self._describe(data)
