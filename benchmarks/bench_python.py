@@ -94,6 +94,15 @@ def subprocess_per_call(n: int) -> list[float]:
     return times
 
 
+async def wait_for_warm_pool(client: Client, size: int = 2) -> None:
+    while True:
+        listed = await client.call_tool("list_sessions", {})
+        if listed.structured_content and listed.structured_content["warm_kernels"] >= size:
+            break
+        await anyio.sleep(0.1)
+    await anyio.sleep(0.5)
+
+
 async def kernmind(sandbox: str, n: int, resets: int) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
         params = StdioServerParameters(
@@ -107,6 +116,7 @@ async def kernmind(sandbox: str, n: int, resets: int) -> dict[str, list[float]]:
             startup = time.perf_counter() - t
             for _ in range(10):
                 await client.call_tool("run_code", {"code": SNIPPET})
+            await wait_for_warm_pool(client)  # steady state: no kernel is booting while we time
             stateful = []
             for _ in range(n):
                 t = time.perf_counter()
@@ -115,12 +125,7 @@ async def kernmind(sandbox: str, n: int, resets: int) -> dict[str, list[float]]:
                 assert r.structured_content and r.structured_content["results"][0]["text"] == "2"
             reset = []
             for _ in range(resets):
-                while True:  # let the pool refill and the old kernel die before timing
-                    listed = await client.call_tool("list_sessions", {})
-                    if listed.structured_content and listed.structured_content["warm_kernels"] >= 2:
-                        break
-                    await anyio.sleep(0.1)
-                await anyio.sleep(0.3)
+                await wait_for_warm_pool(client)  # let the pool refill and the old kernel die
                 t = time.perf_counter()
                 r = await client.call_tool("run_code", {"code": SNIPPET, "reset": True})
                 reset.append(time.perf_counter() - t)

@@ -22,6 +22,8 @@ from kernmind.execution.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
+BACKGROUND_DELAY = 0.25  # seconds background kernel work waits, so it doesn't slow the call at hand
+
 
 class KernelPool:
     def __init__(self, factory: KernelFactory, size: int) -> None:
@@ -47,6 +49,9 @@ class KernelPool:
         failures = 0
         while not self._closing:
             if len(self._ready) < self.size:
+                # Let the call that just took a kernel finish first: starting one forks the
+                # server and costs CPU that would otherwise land on that call's latency.
+                await anyio.sleep(BACKGROUND_DELAY)
                 try:
                     kernel = await self.factory.start()
                 except Exception as exc:
@@ -89,7 +94,8 @@ class KernelPool:
         """Shut ``kernel`` down in the background (and delete its workspace unless kept)."""
 
         async def _stop() -> None:
-            with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):  # even when the server is stopping
+                await anyio.sleep(BACKGROUND_DELAY)
                 await kernel.shutdown()
                 if not keep_workspace:
                     await anyio.to_thread.run_sync(kernel.workspace.remove)
