@@ -91,7 +91,11 @@ class PythonRuntime:
             " 'exe': sys.executable}))\n"
         )
         try:
-            out = subprocess.run([exe, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+            # Without our PYTHONPATH: kernels on another interpreter don't get it either.
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            out = subprocess.run(
+                [exe, "-c", script], capture_output=True, text=True, timeout=60, check=True, env=env
+            )
             info = json.loads(out.stdout)
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             return cls(exe, "?", None, (), error=f"cannot run {exe}: {exc}")
