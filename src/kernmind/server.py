@@ -55,6 +55,9 @@ class SessionList(BaseModel):
     sessions: list[SessionSummary]
     max_sessions: int
     warm_kernels: int = Field(description="pre-started kernels ready for new sessions")
+    pool_error: str | None = Field(
+        default=None, description="why warm kernels are failing to start, if they are"
+    )
 
 
 class CloseResult(BaseModel):
@@ -199,6 +202,7 @@ def create_server(settings: Settings | None = None) -> MCPServer:
             sessions=[SessionSummary(**s) for s in executor.list_sessions()],
             max_sessions=settings.max_sessions,
             warm_kernels=executor.warm_kernels(),
+            pool_error=executor.pool.last_error,
         )
 
     @server.tool(description="Close a code session: stop its kernel and delete its working directory.")

@@ -26,7 +26,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty
 from typing import Any, Literal
@@ -176,7 +176,6 @@ class Kernel:
     km: SandboxedKernelManager
     uid: int | None
     kc: AsyncKernelClient | None = None
-    started_at: float = field(default_factory=time.monotonic)
     execution_count: int = 0
     needs_replacement: bool = False  # set when an interrupt did not bring it back
     running_msg_id: str | None = None  # the execute_request an interrupt is aimed at

@@ -34,7 +34,6 @@ class KernelPool:
         self._tg: TaskGroup | None = None
         self._closing = False
         self.last_error: str | None = None
-        self.started_total = 0
 
     @property
     def ready_count(self) -> int:
@@ -63,7 +62,6 @@ class KernelPool:
                     continue
                 failures = 0
                 self.last_error = None
-                self.started_total += 1
                 if self._closing:
                     await kernel.shutdown()
                     kernel.workspace.remove()
@@ -85,7 +83,6 @@ class KernelPool:
         self._wake.set()
         if kernel is None:
             kernel = await self.factory.start()
-            self.started_total += 1
         if workspace is not None:
             await anyio.to_thread.run_sync(kernel.workspace.adopt_files_from, workspace)
         return kernel
