@@ -49,6 +49,7 @@ class SessionSummary(BaseModel):
     age_seconds: float
     busy: bool
     workspace_files: int
+    kernel_running: bool = Field(description="false until the session's first Python call (or after close)")
 
 
 class SessionList(BaseModel):

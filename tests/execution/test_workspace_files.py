@@ -67,3 +67,23 @@ async def test_workspace_files_are_mcp_resources(client: Client) -> None:
     assert contents[0].text == "# hi"
     listing = (await client.read_resource("workspace://f4")).contents[0].text
     assert '"notes/r.md"' in listing
+
+
+async def test_files_need_no_kernel_until_python_runs(client: Client) -> None:
+    """Uploading to a new session starts no interpreter; the first Python call finds the files."""
+    await client.call_tool(
+        "upload_file", {"path": "early.txt", "content": "before python", "session_id": "lazy"}
+    )
+    sessions = {
+        s["session_id"]: s for s in structured(await client.call_tool("list_sessions", {}))["sessions"]
+    }
+    assert sessions["lazy"]["kernel_running"] is False
+    assert sessions["lazy"]["workspace_files"] == 1
+    out = structured(
+        await client.call_tool("run_code", {"code": "open('early.txt').read()", "session_id": "lazy"})
+    )
+    assert out["results"][0]["text"] == "'before python'"
+    sessions = {
+        s["session_id"]: s for s in structured(await client.call_tool("list_sessions", {}))["sessions"]
+    }
+    assert sessions["lazy"]["kernel_running"] is True

@@ -63,8 +63,10 @@ class Session:
     busy: bool = False
     pending_notes: list[str] = field(default_factory=list)
     closed: bool = False
-    # Files of a kernel that died, waiting for the next kernel when starting one failed.
-    stale_workspace: Workspace | None = None
+    # The session's directory while it has no kernel: before its first Python call (file
+    # tools and other languages don't need one), or after its kernel died and no new one
+    # could start. The next kernel adopts these files.
+    files: Workspace | None = None
 
 
 class SessionManager:
@@ -93,7 +95,10 @@ class SessionManager:
 
     async def close_all(self) -> None:
         kernels = [s.kernel for s in self.sessions.values() if s.kernel is not None]
+        detached = [s.files for s in self.sessions.values() if s.files is not None]
         self.sessions.clear()
+        for ws in detached:
+            ws.remove()
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
                 for k in kernels:
@@ -110,7 +115,8 @@ class SessionManager:
                 "idle_seconds": round(now - s.last_used, 1),
                 "age_seconds": round(now - s.created, 1),
                 "busy": s.busy,
-                "workspace_files": len(s.kernel.workspace.snapshot()) if s.kernel else 0,
+                "workspace_files": len(ws.snapshot()) if (ws := self._current_files(s)) else 0,
+                "kernel_running": s.kernel is not None,
             }
             for s in self.sessions.values()
         ]
@@ -123,10 +129,20 @@ class SessionManager:
                 raise ValueError(f"no live session named {sid!r}; run code in it (or upload a file) first.")
             session = self._new_session(sid)
         async with session.lock:
-            if session.kernel is None:
-                session.kernel = await self.pool.acquire()
             session.last_used = time.monotonic()
-            return session.kernel.workspace
+            return self._files_of(session)
+
+    @staticmethod
+    def _current_files(session: Session) -> Workspace | None:
+        return session.kernel.workspace if session.kernel is not None else session.files
+
+    def _files_of(self, session: Session) -> Workspace:
+        """The session's directory, created (without a kernel) if it has none yet."""
+        current = self._current_files(session)
+        if current is None:
+            factory = self.pool.factory
+            current = session.files = factory.new_workspace(factory.sandbox.allocate_uid())
+        return current
 
     async def close(self, session_id: str) -> bool:
         session = self.sessions.pop(session_id, None)
@@ -136,8 +152,8 @@ class SessionManager:
         if session.kernel is not None:
             self.pool.release(session.kernel)
             session.kernel = None
-        if session.stale_workspace is not None:
-            session.stale_workspace.remove()
+        if session.files is not None:
+            session.files.remove()
         return True
 
     @contextlib.asynccontextmanager
@@ -146,11 +162,9 @@ class SessionManager:
         sid = check_session_id(session_id or DEFAULT_SESSION)
         session = self.sessions.get(sid) or self._new_session(sid)
         async with session.lock:
-            if session.kernel is None:
-                session.kernel = await self.pool.acquire()
             session.busy = True
             try:
-                yield session.kernel.workspace
+                yield self._files_of(session)
             finally:
                 session.busy = False
                 session.last_used = time.monotonic()
@@ -202,9 +216,9 @@ class SessionManager:
         session.pending_notes = []
         kernel = session.kernel
         if kernel is None:
-            stale = session.stale_workspace
+            stale = session.files
             kernel = session.kernel = await self.pool.acquire(workspace=stale)
-            session.stale_workspace = None
+            session.files = None
             if stale is not None:
                 await anyio.to_thread.run_sync(stale.remove)
         elif reset:
@@ -236,9 +250,9 @@ class SessionManager:
         if old is None:
             return
         await old.shutdown()
-        session.stale_workspace = old.workspace
+        session.files = old.workspace
         session.kernel = await self.pool.acquire(workspace=old.workspace)
-        session.stale_workspace = None
+        session.files = None
         await anyio.to_thread.run_sync(old.workspace.remove)
 
     async def _run_stateless(
