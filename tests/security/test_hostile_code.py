@@ -132,8 +132,24 @@ async def test_filling_the_disk_is_stopped_by_the_workspace_quota(h: Harness) ->
     assert out["error"]["name"] == "WorkspaceQuotaExceeded"
     files = structured(await h.client.call_tool("list_files", {"session_id": "disk"}))["files"]
     assert sum(f["size"] for f in files) < 2 * 1024 * 1024 * 1024
+    # Over the quota, code that doesn't grow the directory still runs (so it can clean up).
+    slow = await h.run("import time, os\ntime.sleep(1.2)\nlen(os.listdir('.')) > 0", "disk")
+    assert slow["status"] == "ok" and slow["results"][0]["text"] == "True"
     await h.run("import glob, os\nfor f in glob.glob('fill*'): os.remove(f)", "disk")
     await h.healthy("disk")
+
+
+async def test_filling_the_disk_from_another_language_is_stopped_too(h: Harness) -> None:
+    """The workspace quota also stops subprocess languages (here bash), not only Python."""
+    code = "i=0; while true; do head -c 4000000 /dev/zero > fill$i; i=$((i+1)); done"
+    result = await h.client.call_tool(
+        "run_code", {"code": code, "language": "bash", "session_id": "disk-sh", "timeout": 15}
+    )
+    out = structured(result)
+    assert out["status"] == "error"
+    assert out["error"]["name"] == "WorkspaceQuotaExceeded"
+    await h.run("import glob, os\nfor f in glob.glob('fill*'): os.remove(f)", "disk-sh")
+    await h.healthy("disk-sh")
 
 
 async def test_one_huge_file_is_cut_at_the_file_size_limit(h: Harness) -> None:

@@ -33,7 +33,7 @@ from kernmind.config import Settings
 from kernmind.execution.kernels import Kernel
 from kernmind.execution.pool import KernelPool
 from kernmind.execution.results import OutputCollector, RunResult
-from kernmind.execution.workspace import Workspace
+from kernmind.execution.workspace import QUOTA_PERIOD, QuotaExceeded, Workspace, quota_threshold
 
 log = logging.getLogger(__name__)
 
@@ -271,15 +271,15 @@ class SessionManager:
         ws = kernel.workspace
         before = ws.snapshot()
         quota = self.settings.workspace_mb * 1024 * 1024
-        state = {"last_progress": 0.0, "quota_hit": False, "last_quota_check": 0.0}
+        threshold = quota_threshold(quota, sum(size for size, _ in before.values()))
+        state = {"last_progress": 0.0, "last_quota_check": 0.0}
 
         async def on_tick(elapsed: float, col: OutputCollector) -> None:
-            if elapsed - state["last_quota_check"] >= 0.5:
+            if elapsed - state["last_quota_check"] >= QUOTA_PERIOD:
                 state["last_quota_check"] = elapsed
                 used = await anyio.to_thread.run_sync(ws.usage_bytes)
-                if used > quota:
-                    state["quota_hit"] = True
-                    raise _QuotaExceeded(used)
+                if used > threshold:
+                    raise QuotaExceeded(used, quota)
             if progress is not None and elapsed >= 1.0 and elapsed - state["last_progress"] >= 1.0:
                 state["last_progress"] = elapsed
                 try:
@@ -293,16 +293,10 @@ class SessionManager:
         deadline = time.monotonic() + timeout
         try:
             outcome = await kernel.execute(code, collector, deadline=deadline, on_tick=on_tick)
-        except _QuotaExceeded as exc:
+        except QuotaExceeded as exc:
             survived = await kernel.interrupt(collector, INTERRUPT_GRACE)
             kernel.needs_replacement = not survived
-            ws_mb = self.settings.workspace_mb
-            collector.set_error(
-                "WorkspaceQuotaExceeded",
-                f"the working directory holds {exc.used // (1024 * 1024)} MiB, over the {ws_mb} MiB limit; "
-                "the code was stopped. Delete files you no longer need.",
-                "",
-            )
+            collector.set_error("WorkspaceQuotaExceeded", exc.message(), "")
             return self._result(kernel, session_id, collector, ws, before, "error", survived, notes, None)
         except BaseException:
             # Cancelled by the client (or the server is stopping): stop the code, keep serving.
@@ -375,11 +369,6 @@ class SessionManager:
             state_preserved=state_preserved,
             notes=notes,
         )
-
-
-class _QuotaExceeded(Exception):
-    def __init__(self, used: int) -> None:
-        self.used = used
 
 
 async def _stop_and_remove(kernel: Kernel) -> None:

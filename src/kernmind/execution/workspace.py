@@ -20,6 +20,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+import anyio
 from pydantic import BaseModel
 
 from kernmind.execution.results import FileInfo
@@ -32,6 +33,45 @@ Snapshot = dict[str, tuple[int, int]]
 
 class WorkspaceError(ValueError):
     """A path or file request the client can correct."""
+
+
+class QuotaExceeded(Exception):
+    """Code filled its working directory past the workspace limit."""
+
+    def __init__(self, used: int, limit: int) -> None:
+        super().__init__(used, limit)
+        self.used = used
+        self.limit = limit
+
+    def message(self) -> str:
+        mib = 1024 * 1024
+        return (
+            f"the working directory holds {self.used // mib} MiB, over the {self.limit // mib} MiB limit; "
+            "the code was stopped. Delete files you no longer need."
+        )
+
+
+QUOTA_PERIOD = 0.5  # seconds between workspace size checks while code runs
+
+
+def quota_threshold(limit: int, baseline: int) -> int:
+    """Stop code that grows the directory past the limit, not code that merely runs while it
+    is over (so a call that deletes files, or only reads them, still works)."""
+    return max(limit, baseline)
+
+
+async def watch_quota(workspace: Workspace, limit: int) -> None:
+    """Return never; raise ``QuotaExceeded`` once this call has grown ``workspace`` past ``limit``.
+
+    A check every half second bounds how far a fast writer can overshoot (what it writes
+    in that time); ``RLIMIT_FSIZE`` separately caps any single file.
+    """
+    threshold = quota_threshold(limit, await anyio.to_thread.run_sync(workspace.usage_bytes))
+    while True:
+        await anyio.sleep(QUOTA_PERIOD)
+        used = await anyio.to_thread.run_sync(workspace.usage_bytes)
+        if used > threshold:
+            raise QuotaExceeded(used, limit)
 
 
 class FileEntry(BaseModel):

@@ -67,7 +67,15 @@ class BashRunner:
                 env={},
                 ro_paths=runtime_prefix(self.binary),
             )
-            outcome = await run_process(cmd, collector, timeout=timeout, progress=progress, label="bash")
+            outcome = await run_process(
+                cmd,
+                collector,
+                timeout=timeout,
+                progress=progress,
+                label="bash",
+                workspace=workspace,
+                quota_bytes=self.ctx.quota_bytes,
+            )
         finally:
             helpers.cleanup()
         if not outcome.timed_out and outcome.exit_code != 0:

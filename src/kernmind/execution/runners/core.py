@@ -41,7 +41,7 @@ from anyio.abc import ByteReceiveStream
 from kernmind.config import Settings
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.sandbox import Sandbox, SandboxedCommand
-from kernmind.execution.workspace import Snapshot, Workspace
+from kernmind.execution.workspace import QuotaExceeded, Snapshot, Workspace, watch_quota
 
 Progress = Callable[[str, float], Awaitable[None]]
 
@@ -159,6 +159,7 @@ class ProcessOutcome:
     exit_code: int | None
     timed_out: bool
     duration: float
+    quota: QuotaExceeded | None = None  # set when the code overfilled its working directory
 
 
 async def _pump(stream: ByteReceiveStream | None, name: str, collector: OutputCollector) -> None:
@@ -188,8 +189,11 @@ async def run_process(
     timeout: float,
     progress: Progress | None,
     label: str,
+    workspace: Workspace | None = None,
+    quota_bytes: int = 0,
 ) -> ProcessOutcome:
-    """Run ``cmd`` to completion or until ``timeout``; output goes to ``collector``."""
+    """Run ``cmd`` to completion, until ``timeout``, or until ``workspace`` exceeds
+    ``quota_bytes``; output goes to ``collector``."""
     started = time.monotonic()
     try:
         proc = await anyio.open_process(
@@ -202,9 +206,22 @@ async def run_process(
     except OSError as exc:
         raise RuntimeError(f"cannot start {label}: {exc}") from exc
     timed_out = False
+    over_quota: QuotaExceeded | None = None
     try:
+
+        async def guard() -> None:
+            nonlocal over_quota
+            if workspace is None or quota_bytes <= 0:
+                return
+            try:
+                await watch_quota(workspace, quota_bytes)
+            except QuotaExceeded as exc:
+                over_quota = exc
+                kill_tree(proc.pid)  # the pumps then reach EOF and the run ends
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(ticker, label, progress, started)
+            tg.start_soon(guard)
             with anyio.move_on_after(timeout) as scope:
                 async with anyio.create_task_group() as io:
                     io.start_soon(_pump, proc.stdout, "stdout", collector)
@@ -221,7 +238,7 @@ async def run_process(
             await proc.wait()
         with contextlib.suppress(Exception):
             await proc.aclose()
-    return ProcessOutcome(proc.returncode, timed_out, time.monotonic() - started)
+    return ProcessOutcome(proc.returncode, timed_out, time.monotonic() - started, over_quota)
 
 
 def exit_error(collector: OutputCollector, exit_code: int | None, detail: str = "") -> None:
@@ -253,7 +270,10 @@ def finish(
 ) -> RunResult:
     """Assemble the RunResult: same shape and truncation as Python's."""
     all_notes = list(notes)
-    if outcome is not None and outcome.timed_out:
+    if outcome is not None and outcome.quota is not None:
+        status = "error"
+        collector.set_error("WorkspaceQuotaExceeded", outcome.quota.message(), "")
+    elif outcome is not None and outcome.timed_out:
         status = "timeout"
         collector.set_error("TimeoutError", f"execution exceeded the {timeout:g}s time limit", "")
         all_notes.append(f"time limit of {timeout:g}s reached; the process and its children were killed.")
@@ -283,6 +303,10 @@ class Context:
 
     def collector(self) -> OutputCollector:
         return OutputCollector(self.settings.max_output_chars)
+
+    @property
+    def quota_bytes(self) -> int:
+        return self.settings.workspace_mb * 1024 * 1024
 
     def wrap(
         self, argv: Sequence[str], workspace: Workspace, *, env: dict[str, str], ro_paths: Sequence[str] = ()

@@ -56,7 +56,7 @@ from kernmind.execution.runners.core import (
     kill_tree,
     ticker,
 )
-from kernmind.execution.workspace import Workspace
+from kernmind.execution.workspace import QuotaExceeded, Workspace, watch_quota
 
 INSTALL_HINT = "a JDK 11+ with jshell and javac (Debian/Ubuntu: apt-get install openjdk-17-jdk-headless)"
 HOST_SOURCE = Path(__file__).with_name("JShellHost.java")
@@ -293,12 +293,23 @@ class JavaRunner:
             except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, ValueError) as exc:
                 failure = exc
 
+        over_quota: QuotaExceeded | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ticker, "java", progress, started)
                 with anyio.move_on_after(timeout) as scope:
+
+                    async def guard() -> None:
+                        nonlocal over_quota
+                        try:
+                            await watch_quota(workspace, self.ctx.quota_bytes)
+                        except QuotaExceeded as exc:
+                            over_quota = exc
+                            scope.cancel()  # no reply: the host is stopped below
+
+                    tg.start_soon(guard)
                     await converse()
-                timed_out = scope.cancelled_caught
+                timed_out = scope.cancelled_caught and over_quota is None
                 tg.cancel_scope.cancel()
         except BaseException:
             if host is not None:
@@ -337,7 +348,7 @@ class JavaRunner:
                 value = str(reply.get("value") or "")
                 tb = str(reply.get("traceback") or f"{name}: {value}")
                 collector.set_error(name, value, tb)
-        outcome = ProcessOutcome(None, timed_out, time.monotonic() - started)
+        outcome = ProcessOutcome(None, timed_out, time.monotonic() - started, over_quota)
         return finish(
             collector,
             language="java",

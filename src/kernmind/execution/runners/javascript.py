@@ -391,7 +391,15 @@ class DenoRunner:
             ro_paths=runtime_prefix(self.binary),
         )
         collector = self.ctx.collector()
-        outcome = await run_process(cmd, collector, timeout=timeout, progress=progress, label=self.language)
+        outcome = await run_process(
+            cmd,
+            collector,
+            timeout=timeout,
+            progress=progress,
+            label=self.language,
+            workspace=workspace,
+            quota_bytes=self.ctx.quota_bytes,
+        )
         return collector, outcome
 
     @staticmethod

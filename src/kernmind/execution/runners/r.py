@@ -129,7 +129,15 @@ class RRunner:
                 ro_paths=runtime_prefix(self.binary),
             )
             collector = self.ctx.collector()
-            outcome = await run_process(cmd, collector, timeout=timeout, progress=progress, label="R")
+            outcome = await run_process(
+                cmd,
+                collector,
+                timeout=timeout,
+                progress=progress,
+                label="R",
+                workspace=workspace,
+                quota_bytes=self.ctx.quota_bytes,
+            )
             value = helpers.read(".value")
             error = helpers.read(".error")
         finally:
