@@ -374,3 +374,29 @@ async def test_timeout_is_capped_by_the_server_maximum(tmp_path: Path) -> None:
         out = await run(c, "import time; time.sleep(30)", timeout=600)
         assert out["status"] == "timeout"
         assert time.monotonic() - started < 15
+
+
+async def test_closing_a_session_under_a_queued_call_gives_that_call_a_fresh_session(client: Client) -> None:
+    """A call waiting for a session that gets closed runs on a new session instead of a dead one."""
+    await run(client, "doomed = True", session_id="closing")
+    results: dict[str, dict] = {}
+
+    async def slow() -> None:
+        results["slow"] = await run(client, "import time\ntime.sleep(1.5)", session_id="closing")
+
+    async def queued() -> None:
+        await anyio.sleep(0.3)
+        results["queued"] = await run(client, "'doomed' in globals()", session_id="closing")
+
+    async def closer() -> None:
+        await anyio.sleep(0.6)
+        structured(await client.call_tool("close_session", {"session_id": "closing"}))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(slow)
+        tg.start_soon(queued)
+        tg.start_soon(closer)
+    assert results["slow"]["status"] == "error"
+    assert results["slow"]["error"]["name"] == "SessionClosed"
+    assert results["queued"]["status"] == "ok"
+    assert results["queued"]["results"][0]["text"] == "False"

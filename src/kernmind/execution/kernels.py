@@ -16,6 +16,7 @@ caller (sessions.py), which interrupts and, when that does not work, replaces th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -53,7 +54,7 @@ get_ipython().run_line_magic('xmode', 'Plain')
 get_ipython().run_line_magic('config', "InlineBackend.figure_formats = ['png']")
 """
 
-OutcomeKind = Literal["ok", "error", "died", "deadline"]
+OutcomeKind = Literal["ok", "error", "died", "deadline", "closed"]
 
 
 def kernelspec_dir() -> Path:
@@ -179,6 +180,7 @@ class Kernel:
     execution_count: int = 0
     needs_replacement: bool = False  # set when an interrupt did not bring it back
     running_msg_id: str | None = None  # the execute_request an interrupt is aimed at
+    closed: bool = False  # shut down (e.g. its session was closed), possibly mid-call
 
     async def is_alive(self) -> bool:
         try:
@@ -225,9 +227,15 @@ class Kernel:
             if now >= deadline:
                 return ExecOutcome("deadline", count)
             wait = max(0.0, min(deadline, next_tick) - now)
+            if self.closed:
+                return ExecOutcome("closed", count)
             try:
                 msg = await kc.get_iopub_msg(timeout=wait)
-            except Empty:
+            except BaseException as exc:
+                if self._stopped_under_us(exc):
+                    return ExecOutcome("closed", count)
+                if not isinstance(exc, Empty):
+                    raise
                 now = time.monotonic()
                 if now >= next_tick:
                     next_tick = now + 0.5
@@ -268,19 +276,36 @@ class Kernel:
             self.execution_count = count
         return ExecOutcome("error" if had_error else "ok", count)
 
+    def _stopped_under_us(self, exc: BaseException) -> bool:
+        """True when ``exc`` comes from a concurrent shutdown closing our sockets, rather than
+        from the caller (a closed socket cancels the pending zmq future: a CancelledError
+        although nobody cancelled this task)."""
+        if not self.closed:
+            return False
+        if isinstance(exc, asyncio.CancelledError):
+            task = asyncio.current_task()
+            return task is not None and task.cancelling() == 0
+        return isinstance(exc, Exception)
+
     async def _reply_count(self, msg_id: str) -> int | None:
         """Drain the shell reply for ``msg_id`` (it arrives right around 'idle')."""
         assert self.kc is not None
         with anyio.move_on_after(2):
             while True:
-                reply = await self.kc.get_shell_msg()
+                try:
+                    reply = await self.kc.get_shell_msg()
+                except BaseException as exc:
+                    if self._stopped_under_us(exc):
+                        return None
+                    raise
                 if reply["parent_header"].get("msg_id") == msg_id:
                     return reply["content"].get("execution_count")
         return None
 
     async def interrupt(self, collector: OutputCollector | None = None, grace: float = 3.0) -> bool:
         """Interrupt the running code; True when the kernel went idle within ``grace`` seconds."""
-        assert self.kc is not None
+        if self.closed or self.kc is None:
+            return False
         try:
             await self.km.interrupt_kernel()
         except Exception as exc:
@@ -293,8 +318,10 @@ class Kernel:
         while time.monotonic() < deadline:
             try:
                 msg = await self.kc.get_iopub_msg(timeout=max(0.0, deadline - time.monotonic()))
-            except Empty:
-                break
+            except BaseException as exc:  # Empty, or channels stopped by a concurrent shutdown
+                if isinstance(exc, Exception) or self._stopped_under_us(exc):
+                    break
+                raise
             if msg["parent_header"].get("msg_id") != self.running_msg_id:
                 continue
             kind = msg["msg_type"]
@@ -305,6 +332,7 @@ class Kernel:
         return False
 
     async def shutdown(self) -> None:
+        self.closed = True
         try:
             if self.kc is not None:
                 self.kc.stop_channels()

@@ -123,14 +123,23 @@ class SessionManager:
 
     async def workspace(self, session_id: str | None, *, create: bool = True) -> Workspace:
         sid = check_session_id(session_id or DEFAULT_SESSION)
-        session = self.sessions.get(sid)
-        if session is None:
-            if not create:
-                raise ValueError(f"no live session named {sid!r}; run code in it (or upload a file) first.")
-            session = self._new_session(sid)
-        async with session.lock:
+        if not create and sid not in self.sessions:
+            raise ValueError(f"no live session named {sid!r}; run code in it (or upload a file) first.")
+        async with self._locked(sid) as session:
             session.last_used = time.monotonic()
             return self._files_of(session)
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, sid: str) -> AsyncIterator[Session]:
+        """Hold the live session ``sid`` (created if needed); if it was closed while we waited
+        for its lock, take the session that replaced it instead."""
+        while True:
+            session = self.sessions.get(sid) or self._new_session(sid)
+            async with session.lock:
+                if session.closed:
+                    continue
+                yield session
+                return
 
     @staticmethod
     def _current_files(session: Session) -> Workspace | None:
@@ -160,8 +169,7 @@ class SessionManager:
     async def locked_workspace(self, session_id: str | None) -> AsyncIterator[Workspace]:
         """The session's workspace, with the session held for the duration (for other languages)."""
         sid = check_session_id(session_id or DEFAULT_SESSION)
-        session = self.sessions.get(sid) or self._new_session(sid)
-        async with session.lock:
+        async with self._locked(sid) as session:
             session.busy = True
             try:
                 yield self._files_of(session)
@@ -198,10 +206,7 @@ class SessionManager:
         if self.settings.stateless:
             return await self._run_stateless(code, session_id, timeout, progress)
         sid = check_session_id(session_id or DEFAULT_SESSION)
-        session = self.sessions.get(sid) or self._new_session(sid)
-        async with session.lock:
-            if session.closed:  # closed while we waited for the lock
-                session = self.sessions.get(sid) or self._new_session(sid)
+        async with self._locked(sid) as session:
             session.busy = True
             try:
                 return await self._run_in_session(session, code, reset, timeout, progress)
@@ -233,6 +238,8 @@ class SessionManager:
         assert session.kernel is not None
         result = await self._execute(session.kernel, session.id, code, timeout, progress)
         result.notes[:0] = notes
+        if session.closed or session.kernel is None:
+            return result
         if session.kernel.needs_replacement:
             # Stuck or dead: swap it now so it stops using CPU, and tell the next call.
             with anyio.CancelScope(shield=True):
@@ -335,6 +342,14 @@ class SessionManager:
                 "KernelDied",
                 f"the Python interpreter died while running this code{code_txt}{hint}. Its state is lost; "
                 "the next call starts a fresh interpreter with the same files.",
+                "",
+            )
+        elif outcome.kind == "closed":
+            status = "error"
+            state_preserved = False
+            collector.set_error(
+                "SessionClosed",
+                "the session was closed (close_session, idle reaping or shutdown) while this code ran.",
                 "",
             )
         elif outcome.kind == "error":
