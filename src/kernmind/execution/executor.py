@@ -64,7 +64,8 @@ class Executor:
     # --- lifecycle --------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Executor]:
-        self.settings.workspaces_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.settings.workspaces_dir.mkdir(exist_ok=True, mode=0o700)
         async with anyio.create_task_group() as tg:
             await self.pool.run(tg)
             await self.sessions.run_reaper(tg)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import sqlite3
 import time
@@ -305,7 +306,10 @@ class MemoryStore:
 
     async def open(self) -> MemoryStore:
         if str(self.path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Memory is private: a new directory is 0700 and a new database 0600 (SQLite gives
+            # its -wal/-shm files the database's permissions). Existing files are left as they are.
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
         db = await aiosqlite.connect(str(self.path), isolation_level=None)
         self._db = db
         try:
