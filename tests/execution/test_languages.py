@@ -9,6 +9,7 @@ behind. Letta's documented examples are checked as documented.
 
 from __future__ import annotations
 
+import base64
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -300,6 +301,21 @@ async def test_javascript_network_is_off(client: mcp.Client) -> None:
 async def test_promise_values_are_awaited(client: mcp.Client) -> None:
     res = await run(client, "async function f() { return { answer: 42 } }\nf()", "javascript")
     assert value(res) == "{ answer: 42 }"
+
+
+async def test_r_plots_come_back_as_images(client: mcp.Client) -> None:
+    """Base R graphics become PNG results and MCP image content, not an Rplots.pdf file."""
+    result = await client.call_tool(
+        "run_code", {"code": "plot(1:10)\nhist(c(1, 2, 2, 3))\nmean(c(1, 2, 3))", "language": "r"}
+    )
+    res = result.structured_content
+    assert res is not None and res["status"] == "ok"
+    pngs = [r["png"] for r in res["results"] if r["png"]]
+    assert len(pngs) == 2
+    assert all(base64.b64decode(p).startswith(b"\x89PNG") for p in pngs)
+    assert res["results"][-1]["text"] == "[1] 2"
+    assert [b.type for b in result.content].count("image") == 2
+    assert not any(f["path"].endswith(".pdf") or ".km-" in f["path"] for f in res["files"])
 
 
 async def test_no_value_for_statements(client: mcp.Client) -> None:

@@ -87,6 +87,11 @@ class HelperFiles:
         return self.inner(suffix)
 
     def read(self, suffix: str) -> str | None:
+        data = self.read_bytes(suffix)
+        return None if data is None else data.decode("utf-8", errors="replace")
+
+    def read_bytes(self, suffix: str) -> bytes | None:
+        """A helper file's bytes: regular files only, never through a symlink, size-capped."""
         try:
             fd = os.open(self.host(suffix), os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         except OSError:
@@ -94,8 +99,15 @@ class HelperFiles:
         with os.fdopen(fd, "rb") as fh:
             if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
                 return None
-            data = fh.read(MAX_HELPER_READ)
-        return data.decode("utf-8", errors="replace")
+            return fh.read(MAX_HELPER_READ)
+
+    def matching(self, prefix: str) -> list[str]:
+        """Suffixes of the helper files the code created whose suffix starts with ``prefix``."""
+        start = self.name(prefix)
+        found = sorted(p.name for p in self.workspace.root.glob(start + "*"))
+        for name in found:
+            self.created.append(self.workspace.root / name)
+        return [name[len(self.name("")) :] for name in found]
 
     def cleanup(self) -> None:
         for path in self.created:

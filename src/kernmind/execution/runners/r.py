@@ -5,7 +5,9 @@ Design: the snippet is written to a hidden file in the workspace and a small wra
 in the global environment with ``withVisible``. Visible values of earlier expressions are
 printed to stdout as Rscript would; the visible value of the *last* expression is
 ``print``ed into a result file instead and becomes ``results`` (like Python's last
-expression). ``options(warn = 1)`` prints warnings as they happen, on stderr.
+expression). ``options(warn = 1)`` prints warnings as they happen, on stderr. Base
+graphics draw on a PNG device whose pages come back as image results (and MCP image
+content), before the last value, the way a notebook shows them.
 
 Error policy: a parse failure is ``SyntaxError`` with R's message; an R error condition
 maps to name = its class (``simpleError`` shown as ``Error``), value = the condition
@@ -15,6 +17,7 @@ A ``quit(status = n)`` with n ≠ 0 is ``NonZeroExit``.
 
 from __future__ import annotations
 
+import base64
 import shutil
 import subprocess
 
@@ -37,8 +40,16 @@ WRAPPER = r"""
 local({
   options(warn = 1)
   code_file <- %(code)s; value_file <- %(value)s; error_file <- %(error)s
+  # Plots go to PNG files (one per page) that become image results, as in a notebook.
+  if (isTRUE(capabilities("cairo"))) {
+    grDevices::png(filename = %(plots)s, type = "cairo", width = 720, height = 480)
+  } else if (isTRUE(capabilities("png"))) {
+    grDevices::png(filename = %(plots)s, width = 720, height = 480)
+  }
+  close_devices <- function() while (grDevices::dev.cur() > 1L) grDevices::dev.off()
   fail <- function(name, message, tb) {
     writeLines(enc2utf8(paste(name, message, tb, sep = "\x1e")), error_file, useBytes = TRUE)
+    close_devices()
     quit(save = "no", status = 1)
   }
   exprs <- tryCatch(parse(file = code_file, keep.source = FALSE, encoding = "UTF-8"),
@@ -79,8 +90,13 @@ local({
       }
     }
   }
+  close_devices()
 })
 """
+
+
+PLOT_SUFFIX = ".plot-"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _r_string(value: str) -> str:
@@ -120,6 +136,7 @@ class RRunner:
                 "code": _r_string(code_path),
                 "value": _r_string(helpers.expect(".value")),
                 "error": _r_string(helpers.expect(".error")),
+                "plots": _r_string(helpers.inner(PLOT_SUFFIX + "%03d.png")),
             }
             script = helpers.write(".R", wrapper)
             cmd = self.ctx.wrap(
@@ -140,8 +157,13 @@ class RRunner:
             )
             value = helpers.read(".value")
             error = helpers.read(".error")
+            plots = [helpers.read_bytes(suffix) for suffix in helpers.matching(PLOT_SUFFIX)]
         finally:
             helpers.cleanup()
+        for number, png in enumerate((p for p in plots if p and p.startswith(PNG_MAGIC)), start=1):
+            collector.display(
+                {"text/plain": f"<R plot {number}>", "image/png": base64.b64encode(png).decode()}
+            )
         if value is not None:
             collector.display({"text/plain": value.rstrip("\n")}, main=True)
         if not outcome.timed_out and outcome.exit_code != 0:
