@@ -79,7 +79,9 @@ class PythonRuntime:
 
     @classmethod
     def probe(cls, python: str | None) -> PythonRuntime:
-        if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
+        # Compare paths as given, not resolved: a venv's bin/python is a symlink to its base
+        # interpreter but has its own site-packages.
+        if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
             return cls._this_interpreter()
         exe = python
         script = (

@@ -1,0 +1,43 @@
+"""--kernel-python: kernels run on another Python environment that has ipykernel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mcp import Client
+
+from kernmind.server import create_server
+from tests.conftest import error_text, make_settings, structured
+
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python")]
+
+
+async def test_kernels_run_on_the_given_environment(tmp_path: Path) -> None:
+    venv = tmp_path / "env"
+    # A venv that sees our packages (ipykernel) but is its own environment, with a marker module.
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True
+    )
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "only_in_this_env.py").write_text("MARKER = 'from the other environment'\n")
+    settings = make_settings(tmp_path / "data", pool_size=0, kernel_python=venv / "bin" / "python")
+    async with Client(create_server(settings)) as client:
+        out = structured(
+            await client.call_tool(
+                "run_code", {"code": "import sys, only_in_this_env\nsys.prefix, only_in_this_env.MARKER"}
+            )
+        )
+    assert out["status"] == "ok", out["error"]
+    assert out["results"][0]["text"] == f"({str(venv)!r}, 'from the other environment')"
+
+
+async def test_a_python_without_ipykernel_is_a_clear_error(tmp_path: Path) -> None:
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    settings = make_settings(tmp_path / "data", pool_size=0, kernel_python=venv / "bin" / "python")
+    async with Client(create_server(settings)) as client:
+        msg = error_text(await client.call_tool("run_code", {"code": "1"}))
+    assert "ipykernel" in msg
