@@ -27,11 +27,14 @@ async def test_kernels_run_on_the_given_environment(tmp_path: Path) -> None:
     async with Client(create_server(settings)) as client:
         out = structured(
             await client.call_tool(
-                "run_code", {"code": "import sys, only_in_this_env\nsys.prefix, only_in_this_env.MARKER"}
+                "run_code",
+                {
+                    "code": f"import sys, only_in_this_env\nsys.prefix == {str(venv)!r}, only_in_this_env.MARKER"
+                },
             )
         )
     assert out["status"] == "ok", out["error"]
-    assert out["results"][0]["text"] == f"({str(venv)!r}, 'from the other environment')"
+    assert out["results"][0]["text"] == "(True, 'from the other environment')"
 
 
 async def test_a_python_without_ipykernel_is_a_clear_error(tmp_path: Path) -> None:
