@@ -400,3 +400,20 @@ async def test_closing_a_session_under_a_queued_call_gives_that_call_a_fresh_ses
     assert results["slow"]["error"]["name"] == "SessionClosed"
     assert results["queued"]["status"] == "ok"
     assert results["queued"]["results"][0]["text"] == "False"
+
+
+async def test_progress_keeps_coming_while_output_streams_continuously(client: Client) -> None:
+    """Progress is on a clock, not on quiet moments: a chatty loop still reports its latest line."""
+    messages: list[str | None] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        messages.append(message)
+
+    # Flushed prints with no pause: messages queue up faster than they are read.
+    code = "import time\nend = time.time() + 2.5\ni = 0\nwhile time.time() < end:\n    print(f'line {i}', flush=True)\n    i += 1"
+    result = await client.call_tool(
+        "run_code", {"code": code, "session_id": "chatty"}, progress_callback=on_progress
+    )
+    assert structured(result)["status"] == "ok"
+    assert len(messages) >= 1
+    assert all(m and m.startswith("line ") for m in messages)

@@ -228,9 +228,16 @@ class Kernel:
             now = time.monotonic()
             if now >= deadline:
                 return ExecOutcome("deadline", count)
-            wait = max(0.0, min(deadline, next_tick) - now)
             if self.closed:
                 return ExecOutcome("closed", count)
+            # The tick runs on schedule even while output keeps arriving.
+            if now >= next_tick:
+                next_tick = now + 0.5
+                if not await self.is_alive():
+                    return ExecOutcome("died", count, await self.exit_code())
+                if on_tick is not None:
+                    await on_tick(now - start, collector)
+            wait = max(0.0, min(deadline, next_tick) - time.monotonic())
             try:
                 msg = await kc.get_iopub_msg(timeout=wait)
             except BaseException as exc:
@@ -238,13 +245,6 @@ class Kernel:
                     return ExecOutcome("closed", count)
                 if not isinstance(exc, Empty):
                     raise
-                now = time.monotonic()
-                if now >= next_tick:
-                    next_tick = now + 0.5
-                    if not await self.is_alive():
-                        return ExecOutcome("died", count, await self.exit_code())
-                    if on_tick is not None:
-                        await on_tick(now - start, collector)
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
