@@ -56,7 +56,9 @@ class Executor:
         self.runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)
         if self.runtime.error:
             log.error("Python kernels unavailable: %s", self.runtime.error)
-        self.factory = KernelFactory(self.sandbox, self.runtime, settings.workspaces_dir)
+        self.factory = KernelFactory(
+            self.sandbox, self.runtime, settings.workspaces_dir, output_limit=settings.max_output_chars
+        )
         self.pool = KernelPool(self.factory, settings.pool_size)
         self.sessions = SessionManager(settings, self.pool)
         self.runners = runners_mod.discover(self.sandbox, settings)

@@ -37,6 +37,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
+from kernmind.execution.kernel_setup import setup_code
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import Limits, Sandbox
 from kernmind.execution.workspace import Workspace
@@ -46,13 +47,6 @@ log = logging.getLogger(__name__)
 KERNEL_NAME = "kernmind-python"
 START_TIMEOUT = 60.0
 
-# Runs once in every kernel before it joins the pool: no colours (smaller tracebacks),
-# inline plots, and a first execution so the next one is warm.
-SETUP_CODE = """\
-get_ipython().run_line_magic('colors', 'nocolor')
-get_ipython().run_line_magic('xmode', 'Plain')
-get_ipython().run_line_magic('config', "InlineBackend.figure_formats = ['png']")
-"""
 
 OutcomeKind = Literal["ok", "error", "died", "deadline", "closed"]
 
@@ -361,7 +355,9 @@ class KernelFactory:
         *,
         limits: Limits | None = None,
         extra_env: dict[str, str] | None = None,
+        output_limit: int = 50_000,
     ) -> None:
+        self.setup = setup_code(output_limit)
         self.sandbox = sandbox
         self.runtime = runtime
         self.workspaces_dir = workspaces_dir
@@ -444,7 +440,7 @@ class KernelFactory:
             kernel.kc = kc
             await kc.wait_for_ready(timeout=START_TIMEOUT)
             outcome = await kernel.execute(
-                SETUP_CODE, OutputCollector(10_000), deadline=time.monotonic() + 30, silent=True
+                self.setup, OutputCollector(10_000), deadline=time.monotonic() + 30, silent=True
             )
             if outcome.kind != "ok":
                 raise RuntimeError(f"kernel setup failed ({outcome.kind})")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections import deque
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -30,6 +29,10 @@ MIME_FIELDS: dict[str, str] = {
     "text/markdown": "markdown",
     "text/latex": "latex",
 }
+
+
+# Written by the kernel's output cap (kernel_setup.py) where it dropped output.
+KERNEL_DROP_RE = re.compile(r"\n… \[kernel dropped (\d+) characters of output\] …\n")
 
 
 def strip_ansi(text: str) -> str:
@@ -103,8 +106,7 @@ class OutputCollector:
         self.stderr: list[str] = []
         self.results: list[DisplayResult] = []
         self.error: ErrorInfo | None = None
-        self._tail: deque[tuple[str, str]] = deque()
-        self._tail_chars = 0
+        self._tails: dict[str, str] = {}
         self.last_line = ""
         self.started = time.perf_counter()
 
@@ -122,24 +124,17 @@ class OutputCollector:
         return part
 
     def _to_tail(self, stream: str, text: str) -> None:
-        if len(text) > self.tail_budget:
-            self.dropped += len(text) - self.tail_budget
-            text = text[-self.tail_budget :]
-        self._tail.append((stream, text))
-        self._tail_chars += len(text)
-        while self._tail_chars > self.tail_budget and self._tail:
-            old_stream, old = self._tail[0]
-            excess = self._tail_chars - self.tail_budget
-            if len(old) <= excess:
-                self._tail.popleft()
-                self._tail_chars -= len(old)
-                self.dropped += len(old)
-            else:
-                self._tail[0] = (old_stream, old[excess:])
-                self._tail_chars -= excess
-                self.dropped += excess
+        # One tail per stream: stdout and stderr flush independently, so a shared tail in
+        # arrival order could lose one stream's ending entirely.
+        kept = self._tails.get(stream, "") + text
+        if len(kept) > self.tail_budget:
+            self.dropped += len(kept) - self.tail_budget
+            kept = kept[-self.tail_budget :]
+        self._tails[stream] = kept
 
     def stream(self, name: str, text: str) -> None:
+        if "kernel dropped" in text:  # fold the kernel's count into ours: one accurate marker
+            text = KERNEL_DROP_RE.sub(self._count_kernel_drop, text)
         if not text:
             return
         stripped = text.rstrip("\n")
@@ -150,6 +145,10 @@ class OutputCollector:
             self._append(name, kept)
         if len(kept) < len(text):
             self._to_tail(name, text[len(kept) :])
+
+    def _count_kernel_drop(self, match: re.Match[str]) -> str:
+        self.dropped += int(match.group(1))
+        return ""
 
     def _append(self, name: str, text: str) -> None:
         target = self.stdout if name == "stdout" else self.stderr
@@ -200,14 +199,17 @@ class OutputCollector:
         self.error = ErrorInfo(name=name, value=strip_ansi(value)[:2000], traceback=tb)
 
     def logs(self) -> Logs:
-        """The logs, with the kept tail appended after a marker saying what was dropped."""
+        """The logs: each stream's head, then (if anything was cut) a marker and its tail."""
         stdout, stderr = list(self.stdout), list(self.stderr)
         if self.dropped:
-            marker = f"\n… [output truncated: {self.dropped} characters dropped] …\n"
-            tail_streams = {s for s, _ in self._tail} or {"stdout"}
-            for name in tail_streams:
+            # The tail budget is shared by the streams that have a tail.
+            share = self.tail_budget // max(1, len(self._tails))
+            tails = {name: text[-share:] for name, text in self._tails.items()}
+            dropped = self.dropped + sum(len(self._tails[n]) - len(t) for n, t in tails.items())
+            marker = f"\n… [output truncated: {dropped} characters dropped] …\n"
+            for name in tails or {"stdout": ""}:
                 (stdout if name == "stdout" else stderr).append(marker)
-            for name, text in self._tail:
+            for name, text in tails.items():
                 (stdout if name == "stdout" else stderr).append(text)
         return Logs(stdout=stdout, stderr=stderr)
 

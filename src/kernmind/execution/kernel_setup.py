@@ -1,0 +1,85 @@
+"""The code every kernel runs once, before it joins the warm pool.
+
+It cannot import kernmind (the kernel may run on another Python), so it is plain source.
+
+- No colours and plain tracebacks: smaller output and no ANSI codes (and IPython's verbose
+  traceback formatting costs ~100 ms per error).
+- Inline PNG figures.
+- **An output cap inside the kernel.** The server keeps a head and a tail of every call's
+  output within its budget, but without a cap in the kernel, every byte printed would
+  still cross the zmq socket and be parsed, and ipykernel buffers it in memory: a loop
+  printing as fast as it can, or a gigabyte of output, would keep the call busy long
+  after the code finished, or exhaust the kernel's memory limit. So ``OutStream.write`` keeps
+  a head of ``head`` characters per cell, then only a bounded tail; when the cell ends,
+  a marker with the number of dropped characters and the tail are written. This covers
+  stdout, stderr, fd-level output (ipykernel's fd watcher calls ``write``) and forked
+  children. The server then applies its own exact budget to what arrives.
+"""
+
+from __future__ import annotations
+
+_TEMPLATE = """\
+get_ipython().run_line_magic('colors', 'nocolor')
+get_ipython().run_line_magic('xmode', 'Plain')
+get_ipython().run_line_magic('config', "InlineBackend.figure_formats = ['png']")
+
+
+def _kernmind_cap_output(head, tail_size):
+    import collections
+    from ipykernel.iostream import OutStream
+
+    original = OutStream.write
+    state = {{"used": 0, "dropped": 0, "tail_len": 0}}
+    tail = collections.deque()
+
+    def write(self, string):
+        if not isinstance(string, str):
+            return original(self, string)
+        n = len(string)
+        room = head - state["used"]
+        if room > 0:
+            part = string[:room]
+            state["used"] += len(part)
+            original(self, part)
+            string = string[len(part):]
+        if string:
+            state["dropped"] += len(string)
+            tail.append([self, string])
+            state["tail_len"] += len(string)
+            while state["tail_len"] > tail_size:
+                excess = state["tail_len"] - tail_size
+                if len(tail[0][1]) <= excess:
+                    state["tail_len"] -= len(tail.popleft()[1])
+                else:
+                    tail[0][1] = tail[0][1][excess:]
+                    state["tail_len"] -= excess
+        return n
+
+    def reset(*_):
+        state.update(used=0, dropped=0, tail_len=0)
+        tail.clear()
+
+    def finish(*_):
+        if state["dropped"]:
+            kept = state["tail_len"]
+            stream = tail[0][0] if tail else None
+            if stream is not None:
+                original(stream, "\\n… [kernel dropped %d characters of output] …\\n" % (state["dropped"] - kept))
+            for target, text in tail:
+                original(target, text)
+        reset()
+
+    OutStream.write = write
+    events = get_ipython().events
+    events.register("pre_run_cell", reset)
+    events.register("post_run_cell", finish)
+
+
+_kernmind_cap_output({head}, {tail})
+del _kernmind_cap_output
+"""
+
+
+def setup_code(output_limit: int) -> str:
+    """The setup cell for a server whose per-call output budget is ``output_limit`` characters."""
+    return _TEMPLATE.format(head=2 * output_limit, tail=max(1000, output_limit // 4))
