@@ -19,7 +19,6 @@ from kernmind.execution.runners.core import (
     Progress,
     exit_error,
     finish,
-    run_process,
     runtime_prefix,
 )
 from kernmind.execution.workspace import Workspace
@@ -67,14 +66,8 @@ class BashRunner:
                 env={},
                 ro_paths=runtime_prefix(self.binary),
             )
-            outcome = await run_process(
-                cmd,
-                collector,
-                timeout=timeout,
-                progress=progress,
-                label="bash",
-                workspace=workspace,
-                quota_bytes=self.ctx.quota_bytes,
+            outcome = await self.ctx.run(
+                cmd, collector, workspace, timeout=timeout, progress=progress, label="bash"
             )
         finally:
             helpers.cleanup()

@@ -320,6 +320,27 @@ class Context:
     def quota_bytes(self) -> int:
         return self.settings.workspace_mb * 1024 * 1024
 
+    async def run(
+        self,
+        cmd: SandboxedCommand,
+        collector: OutputCollector,
+        workspace: Workspace,
+        *,
+        timeout: float,
+        progress: Progress | None,
+        label: str,
+    ) -> ProcessOutcome:
+        """``run_process`` under this server's workspace quota."""
+        return await run_process(
+            cmd,
+            collector,
+            timeout=timeout,
+            progress=progress,
+            label=label,
+            workspace=workspace,
+            quota_bytes=self.quota_bytes,
+        )
+
     def wrap(
         self, argv: Sequence[str], workspace: Workspace, *, env: dict[str, str], ro_paths: Sequence[str] = ()
     ) -> SandboxedCommand:

@@ -41,7 +41,6 @@ from kernmind.execution.runners.core import (
     Progress,
     exit_error,
     finish,
-    run_process,
     runtime_prefix,
 )
 from kernmind.execution.workspace import Workspace
@@ -391,14 +390,8 @@ class DenoRunner:
             ro_paths=runtime_prefix(self.binary),
         )
         collector = self.ctx.collector()
-        outcome = await run_process(
-            cmd,
-            collector,
-            timeout=timeout,
-            progress=progress,
-            label=self.language,
-            workspace=workspace,
-            quota_bytes=self.ctx.quota_bytes,
+        outcome = await self.ctx.run(
+            cmd, collector, workspace, timeout=timeout, progress=progress, label=self.language
         )
         return collector, outcome
 
