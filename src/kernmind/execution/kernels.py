@@ -76,51 +76,48 @@ class PythonRuntime:
         # Compare paths as given, not resolved: a venv's bin/python is a symlink to its base
         # interpreter but has its own site-packages.
         if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
-            return cls._this_interpreter()
-        exe = python
-        script = (
-            "import sys, json, os, site\n"
-            "try:\n import ipykernel; v = ipykernel.__version__\n"
-            "except Exception: v = None\n"
-            "paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}\n"
-            "paths.update(p for p in sys.path if p and ('site-packages' in p or 'dist-packages' in p))\n"
-            "print(json.dumps({'version': sys.version.split()[0], 'ipykernel': v, 'paths': sorted(paths),"
-            " 'exe': sys.executable}))\n"
-        )
+            # The server's own Python: no subprocess needed (saves ~0.2 s of start-up).
+            namespace: dict[str, Any] = {}
+            exec(_FACTS_SOURCE, namespace)
+            extra = tuple(
+                p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isdir(p)
+            )
+            return cls._from_facts(namespace["facts"](), extra)
+        script = _FACTS_SOURCE + "import json\nprint(json.dumps(facts()))\n"
         try:
             # Without our PYTHONPATH: kernels on another interpreter don't get it either.
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
             out = subprocess.run(
-                [exe, "-c", script], capture_output=True, text=True, timeout=60, check=True, env=env
+                [python, "-c", script], capture_output=True, text=True, timeout=60, check=True, env=env
             )
             info = json.loads(out.stdout)
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
-            return cls(exe, "?", None, (), error=f"cannot run {exe}: {exc}")
-        paths = tuple(p for p in info["paths"] if os.path.isdir(p) and p != "/")
-        error = None if info["ipykernel"] else f"{exe} has no ipykernel (pip install ipykernel)"
-        return cls(info["exe"], info["version"], info["ipykernel"], paths, error)
+            return cls(python, "?", None, (), error=f"cannot run {python}: {exc}")
+        return cls._from_facts(info, ())
 
     @classmethod
-    def _this_interpreter(cls) -> PythonRuntime:
-        """The server's own Python: no subprocess needed (saves ~0.2 s of start-up)."""
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            ipk: str | None = version("ipykernel")
-        except PackageNotFoundError:
-            ipk = None
-        paths = {
-            sys.prefix,
-            sys.base_prefix,
-            sys.exec_prefix,
-            os.path.dirname(os.path.realpath(sys.executable)),
-        }
-        paths.update(p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p))
-        extra = tuple(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isdir(p))
-        paths.update(extra)
+    def _from_facts(cls, info: dict[str, Any], pythonpath: tuple[str, ...]) -> PythonRuntime:
+        paths = {*info["paths"], *pythonpath}
         dirs = tuple(sorted(p for p in paths if os.path.isdir(p) and p != "/"))
-        error = None if ipk else f"{sys.executable} has no ipykernel (pip install ipykernel)"
-        return cls(sys.executable, sys.version.split()[0], ipk, dirs, error, extra)
+        exe = info["exe"]
+        error = None if info["ipykernel"] else f"{exe} has no ipykernel (pip install ipykernel)"
+        return cls(exe, info["version"], info["ipykernel"], dirs, error, pythonpath)
+
+
+# Runs in the interpreter being probed (in-process for the server's own Python, else via
+# ``python -c``): its version, its ipykernel, and the directories the sandbox must expose.
+_FACTS_SOURCE = """\
+def facts():
+    import os, sys
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        ipykernel = version("ipykernel")
+    except PackageNotFoundError:
+        ipykernel = None
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    paths.update(p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p))
+    return {"exe": sys.executable, "version": sys.version.split()[0], "ipykernel": ipykernel, "paths": sorted(paths)}
+"""
 
 
 class SandboxedKernelManager(AsyncKernelManager):
