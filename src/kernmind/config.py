@@ -17,6 +17,7 @@ import platformdirs
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+MIN_MEMORY_MB = 256  # measured: ipykernel + numpy + pandas + matplotlib map ≈ 185 MiB of RLIMIT_DATA
 SandboxMode = Literal["auto", "bwrap", "none", "required"]
 Transport = Literal["stdio", "http"]
 
@@ -42,11 +43,27 @@ class Settings(BaseSettings):
     timeout: float = Field(default=60.0, gt=0, description="Default per-call time limit (seconds).")
     max_timeout: float = Field(default=900.0, gt=0, description="Largest timeout a call may ask for.")
     max_output_chars: int = Field(default=50_000, ge=1000, description="Output budget per call.")
+    max_result_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=10_000,
+        description="Budget per tool result for images, HTML, JSON and file content (bytes).",
+    )
+    max_download_mb: int = Field(
+        default=20, ge=1, description="Largest file a workspace resource read returns (MiB)."
+    )
 
     # --- sandbox and limits ---
     sandbox: SandboxMode = "auto"
     allow_network: bool = False
-    memory_mb: int = Field(default=2048, ge=64, description="Memory limit per session/process (MiB).")
+    memory_mb: int = Field(
+        default=2048,
+        ge=MIN_MEMORY_MB,
+        description=(
+            "Memory limit per session/process (MiB): RLIMIT_DATA, the private writable memory a "
+            f"process maps (heap, thread stacks, BLAS buffers). At least {MIN_MEMORY_MB}: a kernel "
+            "with numpy, pandas and matplotlib imported maps about 185 MiB."
+        ),
+    )
     cpu_seconds: int = Field(default=3600, ge=1, description="CPU-time limit per kernel process.")
     max_processes: int = Field(default=256, ge=16, description="Processes/threads per sandbox.")
     max_file_mb: int = Field(default=1024, ge=1, description="Largest file code may write (MiB).")
