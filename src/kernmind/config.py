@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     embedding_base_url: str | None = None
     embedding_api_key: str | None = None
     memory_block_limit: int = Field(default=5000, ge=1, description="Default character limit of a new block.")
+    memory_block_max_limit: int = Field(
+        default=100_000, ge=1, le=10_000_000, description="Largest character limit a block may be given."
+    )
     memory_default_blocks: dict[str, str] = Field(
         default_factory=lambda: {
             "persona": "Who you are: your role, personality and how you should behave. Keep it up to date.",
