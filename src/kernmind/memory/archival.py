@@ -31,6 +31,7 @@ import anyio
 import anyio.to_thread
 
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, VectorIndex, to_blob
+from kernmind.memory.fulltext import NO_TERMS_NOTE, query_terms
 from kernmind.memory.store import MemoryRefusal, MemoryStore, PassageIn, PassageRow, parse_when, rrf
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,8 @@ class Archive:
         filters = {"tags": tags, "tag_match_mode": tag_match_mode, "start": start, "end": end}
         offset = page * top_k
 
+        if query.strip() and not query_terms(query):
+            return SearchOutcome([], "bm25", NO_TERMS_NOTE)
         if not query.strip() or self.embedder is None or self.index is None:
             rows = await self.store.search_fts(query, limit=top_k, offset=offset, **filters)  # type: ignore[arg-type]
             return SearchOutcome(rows, "bm25" if query.strip() else "recent")

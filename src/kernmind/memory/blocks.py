@@ -3,22 +3,67 @@
 Design
 ------
 * Result models are pydantic, so every tool publishes an ``outputSchema`` and returns
-  ``structuredContent``. A write answers with the block after the edit (value, new version,
-  room left) so the agent does not need a second ``memory_read`` before its next edit.
+  ``structuredContent``. A write answers with the block after the edit (new version, room
+  left, and the value itself when it is at most ``WRITE_ECHO_CHARS``) so the agent does not
+  need a second ``memory_read`` before its next edit. A larger block is not echoed whole on
+  every edit: the answer carries an excerpt (the changed lines with a little context, with
+  line numbers) and says how to read the rest.
+* Reads respect a budget too: ``memory_read`` returns whole lines up to the server's output
+  budget and says which ``view_range`` shows the rest.
 * :func:`render_blocks` produces the ``<memory_blocks>`` layout agents know from Letta's
   system prompt: one element per label with ``<description>``, ``<metadata>``
   (``chars_current``/``chars_limit``, plus ``read_only`` when set) and ``<value>``.
 
 Error policy
 ------------
-Nothing here refuses anything; validation lives in store.py (``MemoryRefusal``).
+Only a ``view_range`` that does not fit the block is refused here (``MemoryRefusal``);
+every other rule lives in store.py.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from kernmind.memory.store import BlockRow, HistoryRow, iso
+from kernmind.memory.store import BlockRow, HistoryRow, MemoryRefusal, iso
+
+WRITE_ECHO_CHARS = 5000  # a write echoes the whole value up to this size (Letta's default block limit)
+EXCERPT_CHARS = 2000  # otherwise it shows at most this much around the change
+EXCERPT_CONTEXT_LINES = 2
+HISTORY_CLIP_CHARS = 2000  # old/new values in memory_history are clipped to this
+
+
+def numbered(lines: list[str], first: int) -> str:
+    """Lines as a numbered view (``12→ text``); the line-number prefix edits refuse to accept."""
+    return "\n".join(f"{first + i}→ {line}" for i, line in enumerate(lines))
+
+
+def changed_excerpt(before: str, after: str) -> tuple[str, int, int]:
+    """The lines of ``after`` that differ from ``before``, with context: (view, first line, last line)."""
+    head = 0
+    limit = min(len(before), len(after))
+    while head < limit and before[head] == after[head]:
+        head += 1
+    tail = 0
+    while tail < limit - head and before[-1 - tail] == after[-1 - tail]:
+        tail += 1
+    lines = after.split("\n")
+    first = after.count("\n", 0, head)  # 0-based
+    last = after.count("\n", 0, max(head, len(after) - tail))
+    first, last = max(first - EXCERPT_CONTEXT_LINES, 0), min(last + EXCERPT_CONTEXT_LINES, len(lines) - 1)
+    shown: list[str] = []
+    size = 0
+    for i in range(first, last + 1):
+        size += len(lines[i]) + 8
+        if shown and size > EXCERPT_CHARS:
+            break
+        shown.append(lines[i][:EXCERPT_CHARS])
+    return numbered(shown, first + 1), first + 1, first + len(shown)
+
+
+def clip(text: str | None, limit: int = HISTORY_CLIP_CHARS) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return text[:limit] + f"… [{len(text) - limit} more characters not shown]"
 
 
 class BlockInfo(BaseModel):
@@ -44,24 +89,102 @@ class BlockInfo(BaseModel):
 
 
 class Block(BlockInfo):
-    value: str
+    value: str = Field(description="the value, or the lines of it that were asked for (see view_range)")
+    lines: int = Field(description="lines in the whole value")
+    view_range: list[int] | None = Field(
+        default=None, description="[first, last] line (1-based) that value holds, when not the whole value"
+    )
+    truncated: bool = Field(default=False, description="true when value stops early to respect the budget")
+    note: str | None = None
 
     @classmethod
     def of(cls, row: BlockRow) -> Block:
-        return cls(**BlockInfo.of(row).model_dump(), value=row.value)
+        return cls(**BlockInfo.of(row).model_dump(), value=row.value, lines=line_count(row.value))
+
+    @classmethod
+    def view(cls, row: BlockRow, view_range: list[int] | None, budget: int) -> Block:
+        """The block with the requested lines (all by default), cut at a line boundary to ``budget``."""
+        lines = row.value.split("\n")
+        total = line_count(row.value)
+        first, last = resolve_range(view_range, total, row.label)
+        chosen = lines[first - 1 : last] if total else []
+        kept: list[str] = []
+        size = 0
+        for line in chosen:
+            if size + len(line) + 1 > budget:
+                break
+            kept.append(line)
+            size += len(line) + 1
+        truncated = len(kept) < len(chosen)
+        if truncated and not kept:  # one line longer than the budget: cut inside it
+            kept = [chosen[0][:budget]]
+        shown_last = first + len(kept) - 1
+        note = None
+        if truncated:
+            note = (
+                f"Showing lines {first}-{shown_last} of {total} ({len(row.value)} characters) to stay within "
+                f"the output budget. Read on with memory_read(label={row.label!r}, view_range=[{shown_last + 1}, -1])."
+            )
+        whole = first == 1 and shown_last >= total and not truncated
+        return cls(
+            **BlockInfo.of(row).model_dump(),
+            value="\n".join(kept) if not whole else row.value,
+            lines=total,
+            view_range=None if whole else [first, shown_last],
+            truncated=truncated,
+            note=note,
+        )
+
+
+def line_count(value: str) -> int:
+    return value.count("\n") + 1 if value else 0
+
+
+def resolve_range(view_range: list[int] | None, total: int, label: str) -> tuple[int, int]:
+    """``[start, end]`` (1-based, inclusive, end -1 = last line) -> (first, last); refuses nonsense."""
+    if view_range is None:
+        return 1, total
+    if len(view_range) != 2:
+        raise MemoryRefusal(
+            f"view_range must be two line numbers [start, end] (end -1 = to the last line), got {view_range}."
+        )
+    start, end = view_range
+    end = total if end == -1 else end
+    if not 1 <= start <= max(total, 1) or end < start:
+        raise MemoryRefusal(
+            f"view_range {view_range} does not fit block {label!r}, which has {total} lines: use "
+            f"[start, end] with 1 <= start <= {max(total, 1)} and end >= start, or end -1 for the last line."
+        )
+    return start, min(end, total)
 
 
 class BlockList(BaseModel):
     blocks: list[BlockInfo]
 
 
-class BlockWrite(Block):
+class BlockWrite(BlockInfo):
+    value: str | None = Field(
+        description=f"the whole value after the edit when it is at most {WRITE_ECHO_CHARS} characters, else null"
+    )
+    excerpt: str | None = Field(
+        default=None,
+        description="for a larger block: the changed lines with some context, numbered (N→ text)",
+    )
     room_left: int = Field(description="characters that can still be added before the limit")
     message: str
 
     @classmethod
-    def after(cls, row: BlockRow, message: str) -> BlockWrite:
-        return cls(**Block.of(row).model_dump(), room_left=max(row.limit - row.chars, 0), message=message)
+    def after(cls, row: BlockRow, message: str, before: str | None = None) -> BlockWrite:
+        info = BlockInfo.of(row).model_dump()
+        room = max(row.limit - row.chars, 0)
+        if row.chars <= WRITE_ECHO_CHARS:
+            return cls(**info, value=row.value, room_left=room, message=message)
+        view, first, last = changed_excerpt(before or "", row.value)
+        message += (
+            f" The block has {row.chars} characters, so only lines {first}-{last} around the change are shown; "
+            f"memory_read(label={row.label!r}) shows the value (view_range=[start, end] for some lines)."
+        )
+        return cls(**info, value=None, excerpt=view, room_left=room, message=message)
 
 
 class BlockDeleted(BaseModel):
@@ -75,14 +198,23 @@ class HistoryEntry(BaseModel):
     version: int = Field(description="the block's version after this change")
     op: str
     at: str
-    old: str | None = Field(description="value before the change (null when the block was created)")
-    new: str | None = Field(description="value after the change (null when the block was deleted)")
+    old: str | None = Field(
+        description=f"value before the change (null when the block was created), clipped to {HISTORY_CLIP_CHARS} chars"
+    )
+    new: str | None = Field(
+        description=f"value after the change (null when the block was deleted), clipped to {HISTORY_CLIP_CHARS} chars"
+    )
     undone: bool
 
     @classmethod
     def of(cls, h: HistoryRow) -> HistoryEntry:
         return cls(
-            version=h.version, op=h.op, at=iso(h.at), old=h.old_value, new=h.new_value, undone=h.undone
+            version=h.version,
+            op=h.op,
+            at=iso(h.at),
+            old=clip(h.old_value),
+            new=clip(h.new_value),
+            undone=h.undone,
         )
 
 

@@ -55,6 +55,7 @@ def _store(settings: Settings) -> MemoryStore:
         settings.agent,
         default_blocks=settings.memory_default_blocks,
         block_limit=settings.memory_block_limit,
+        max_block_limit=settings.memory_block_max_limit,
         archival_max_chars=settings.archival_max_chars,
     )
 

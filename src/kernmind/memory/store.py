@@ -55,19 +55,20 @@ from typing import Any, Literal
 import aiosqlite
 import anyio
 
+from kernmind.memory.fulltext import fts_match, index_text, query_terms
+
 log = logging.getLogger(__name__)
 
 LABEL_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 # A line-number prefix as a rendered view shows it ("12→ value") or Letta's "Line 12: ".
 LINE_PREFIX_RE = re.compile(r"(?m)^\s*\d+→ ?|^Line \d+: ")
-WORD_RE = re.compile(r"\w+", re.UNICODE)
-MAX_QUERY_TERMS = 32
 # A query word matching more than this share of all passages (and at least COMMON_MIN_DOCS) is
 # "common": its bm25 weight (IDF) is small, but scoring every passage it matches is what makes an
 # OR query slow. Such words are left out of the match while the rarer words fill the page.
 COMMON_FRACTION = 0.05
 COMMON_MIN_DOCS = 1000
 BUSY_RETRY_SECONDS = 60.0
+MAX_ROW_ID = 2**63 - 1  # SQLite's (and PostgreSQL's bigint) largest integer
 
 
 class MemoryRefusal(Exception):
@@ -101,24 +102,6 @@ def parse_when(text: str, *, end: bool = False) -> float:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
-
-
-def query_terms(text: str) -> list[str]:
-    """The distinct words of a query, lower-cased, in order (at most MAX_QUERY_TERMS)."""
-    seen: dict[str, None] = {}
-    for w in WORD_RE.findall(text):
-        seen.setdefault(w.lower(), None)
-    return list(seen)[:MAX_QUERY_TERMS]
-
-
-def fts_match(terms: Sequence[str]) -> str:
-    """Words as an FTS5 OR query (each quoted, so no FTS syntax leaks in)."""
-    return " OR ".join('"' + w.replace('"', '""') + '"' for w in terms)
-
-
-def fts_query(text: str) -> str | None:
-    terms = query_terms(text)
-    return fts_match(terms) if terms else None
 
 
 def line_numbers_of(value: str, needle: str) -> list[int]:
@@ -195,8 +178,40 @@ MIGRATIONS: list[str] = [
         DELETE FROM passage_tags WHERE passage_id = old.id;
     END;
     """,
+    # 2: the index reads coalesce(search_text, content): search_text adds CJK/Thai uni- and bigrams
+    """
+    ALTER TABLE passages ADD COLUMN search_text TEXT;
+    DROP TRIGGER passages_ai;
+    DROP TRIGGER passages_ad;
+    DROP TABLE passages_fts;
+    CREATE VIEW passages_search AS SELECT id, coalesce(search_text, content) AS body FROM passages;
+    CREATE VIRTUAL TABLE passages_fts USING fts5(
+        body, content='passages_search', content_rowid='id', tokenize='porter unicode61'
+    );
+    CREATE TRIGGER passages_ai AFTER INSERT ON passages BEGIN
+        INSERT INTO passages_fts(rowid, body) VALUES (new.id, coalesce(new.search_text, new.content));
+    END;
+    CREATE TRIGGER passages_ad AFTER DELETE ON passages BEGIN
+        INSERT INTO passages_fts(passages_fts, rowid, body)
+            VALUES ('delete', old.id, coalesce(old.search_text, old.content));
+        DELETE FROM passage_tags WHERE passage_id = old.id;
+    END;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+async def _fill_search_text(db: aiosqlite.Connection) -> None:
+    """After migration 2: compute search_text for stored passages, then rebuild the index."""
+    async with db.execute("SELECT id, content FROM passages") as cur:
+        rows = await cur.fetchall()
+    updates = [(text, pid) for pid, content in rows if (text := index_text(content)) is not None]
+    await db.executemany("UPDATE passages SET search_text = ? WHERE id = ?", updates)
+    await db.execute("INSERT INTO passages_fts(passages_fts) VALUES ('rebuild')")
+
+
+# Python steps that run after a migration's SQL, by the version the migration produces.
+AFTER_MIGRATION = {2: _fill_search_text}
 
 
 # ---------------------------------------------------------------- row types
@@ -212,6 +227,7 @@ class BlockRow:
     version: int
     created_at: float
     updated_at: float
+    previous: str | None = None  # the value before the write that produced this row, if any
 
     @property
     def chars(self) -> int:
@@ -290,13 +306,15 @@ class MemoryStore:
         *,
         default_blocks: dict[str, str] | None = None,
         block_limit: int = 5000,
+        max_block_limit: int = 100_000,
         archival_max_chars: int = 10_000,
         busy_timeout_ms: int = 5000,
     ) -> None:
         self.path = Path(path)
         self.agent = agent
         self.default_blocks = dict(default_blocks if default_blocks is not None else {})
-        self.block_limit = block_limit
+        self.block_limit = min(block_limit, max_block_limit)
+        self.max_block_limit = max_block_limit
         self.archival_max_chars = archival_max_chars
         self.busy_timeout_ms = busy_timeout_ms
         self._db: aiosqlite.Connection | None = None
@@ -401,6 +419,8 @@ class MemoryStore:
             for version in range(current, SCHEMA_VERSION):
                 for stmt in _split_sql(MIGRATIONS[version]):
                     await db.execute(stmt)
+                if (step := AFTER_MIGRATION.get(version + 1)) is not None:
+                    await step(db)
                 log.info("memory schema migrated to version %d (%s)", version + 1, self.path)
             await db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -523,8 +543,7 @@ class MemoryStore:
                 "(starting with a letter, digit or '_'), e.g. 'project_notes'."
             )
         limit = self.block_limit if limit is None else limit
-        if limit < 1:
-            raise MemoryRefusal(f"limit must be at least 1 character, got {limit}.")
+        self.check_limit_value(limit)
         if len(value) > limit:
             raise MemoryRefusal(
                 f"The initial value is {len(value)} characters, {len(value) - limit} over the limit of {limit}. "
@@ -573,6 +592,16 @@ class MemoryStore:
                 f"then retry with expected_version={row.version}."
             )
 
+    def check_limit_value(self, limit: int) -> None:
+        if limit < 1:
+            raise MemoryRefusal(f"limit must be at least 1 character, got {limit}.")
+        if limit > self.max_block_limit:
+            raise MemoryRefusal(
+                f"limit {limit} is above this server's ceiling of {self.max_block_limit} characters per block "
+                f"(KERNMIND_MEMORY_BLOCK_MAX_LIMIT). Pass a limit of at most {self.max_block_limit}, or keep "
+                f"long material in archival memory (archival_memory_insert) and a short summary in the block."
+            )
+
     @staticmethod
     def _check_limit(row: BlockRow, new_value: str, op: str) -> None:
         if len(new_value) > row.limit:
@@ -595,7 +624,15 @@ class MemoryStore:
         )
         await self._record(db, row.label, version, op, row.value, new_value, None, ts)
         return BlockRow(
-            row.label, new_value, row.description, row.limit, row.read_only, version, row.created_at, ts
+            row.label,
+            new_value,
+            row.description,
+            row.limit,
+            row.read_only,
+            version,
+            row.created_at,
+            ts,
+            row.value,
         )
 
     async def append(self, label: str, content: str, expected_version: int | None = None) -> BlockRow:
@@ -762,10 +799,13 @@ class MemoryStore:
                 tags = normalize_tags(item.tags)
                 ts = item.created_at if item.created_at is not None else now_ts()
                 cur = await db.execute(
-                    "INSERT INTO passages (agent, content, tags, created_at, embedding, embedding_model) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    (self.agent, item.content, json.dumps(tags), ts, item.embedding, item.embedding_model),
-                )
+                    "INSERT INTO passages (agent, content, search_text, tags, created_at, embedding, "
+                    "embedding_model) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        self.agent, item.content, index_text(item.content), json.dumps(tags), ts,
+                        item.embedding, item.embedding_model,
+                    ),
+                )  # fmt: skip
                 pid = cur.lastrowid
                 assert pid is not None
                 if tags:
@@ -780,6 +820,12 @@ class MemoryStore:
         return out
 
     async def delete_passage(self, passage_id: int) -> PassageRow:
+        if not 1 <= passage_id <= MAX_ROW_ID:
+            raise MemoryRefusal(
+                f"archival_memory_delete refused: {passage_id} is not a passage id (ids are whole numbers "
+                f"from 1 to {MAX_ROW_ID}, as archival_memory_insert and archival_memory_search return them). "
+                f"Find the id with archival_memory_search."
+            )
         async with self.write() as db:
             async with db.execute(
                 "SELECT id, content, tags, created_at FROM passages WHERE id = ? AND agent = ?",
@@ -1067,7 +1113,13 @@ class MemoryStore:
                     raise MemoryRefusal(f"export holds an invalid block label {label!r}.")
                 value = str(b.get("value", ""))
                 description = str(b.get("description", ""))
-                limit = max(int(b.get("limit", self.block_limit)), len(value), 1)
+                if len(value) > self.max_block_limit:
+                    raise MemoryRefusal(
+                        f"block {label!r} in the export holds {len(value)} characters, more than this "
+                        f"server's ceiling of {self.max_block_limit} per block; raise "
+                        f"KERNMIND_MEMORY_BLOCK_MAX_LIMIT to import it."
+                    )
+                limit = min(max(int(b.get("limit", self.block_limit)), len(value), 1), self.max_block_limit)
                 read_only = bool(b.get("read_only", False))
                 row = await self._fetch_block(db, label)
                 if row is None:
@@ -1100,8 +1152,8 @@ class MemoryStore:
                         stats["passages_skipped"] += 1
                         continue
                 cur2 = await db.execute(
-                    "INSERT INTO passages (agent, content, tags, created_at) VALUES (?, ?, ?, ?)",
-                    (self.agent, content, json.dumps(tags), ts),
+                    "INSERT INTO passages (agent, content, search_text, tags, created_at) VALUES (?, ?, ?, ?, ?)",
+                    (self.agent, content, index_text(content), json.dumps(tags), ts),
                 )
                 if tags:
                     await db.executemany(

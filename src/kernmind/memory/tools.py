@@ -33,7 +33,7 @@ import contextlib
 import json
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Annotated, Any, Literal, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -130,6 +130,7 @@ class MemoryTools:
             s.agent,
             default_blocks=s.memory_default_blocks,
             block_limit=s.memory_block_limit,
+            max_block_limit=s.memory_block_max_limit,
             archival_max_chars=s.archival_max_chars,
         )
 
@@ -163,11 +164,18 @@ class MemoryTools:
     # ------------------------------------------------------------ helpers
 
     @staticmethod
-    async def _call(coro: Awaitable[T]) -> T:
+    @contextlib.contextmanager
+    def _refusals() -> Iterator[None]:
+        """The one place a domain refusal becomes a tool error (the model reads its text)."""
         try:
-            return await coro
+            yield
         except MemoryRefusal as exc:
             raise ToolError(str(exc)) from exc
+
+    @classmethod
+    async def _call(cls, coro: Awaitable[T]) -> T:
+        with cls._refusals():
+            return await coro
 
     async def _notify(self, ctx: Context | None, label: str, *, listing: bool = False) -> None:
         uris = [block_uri(label), BLOCKS_URI] if listing else [block_uri(label)]
@@ -229,7 +237,7 @@ class MemoryTools:
         ) -> BlockWrite:
             row = await call(op())
             await self._notify(ctx, label)
-            return BlockWrite.after(row, message)
+            return BlockWrite.after(row, message, row.previous)
 
         @server.tool(
             description="List every memory block: label, description, chars, limit, read_only and version.",
@@ -238,9 +246,25 @@ class MemoryTools:
         async def memory_list() -> BlockList:
             return BlockList(blocks=[BlockInfo.of(r) for r in await self.store.list_blocks()])
 
-        @server.tool(description="Read one memory block: its full value and metadata.", annotations=ro)
-        async def memory_read(label: Label) -> Block:
-            return Block.of(await call(self.store.get_block(label)))
+        @server.tool(
+            description=(
+                "Read one memory block: its value and metadata. A very large value comes back in parts "
+                "(whole lines up to the output budget); view_range=[start, end] reads given lines."
+            ),
+            annotations=ro,
+        )
+        async def memory_read(
+            label: Label,
+            view_range: Annotated[
+                list[int] | None,
+                Field(
+                    description="[start, end] lines to read, 1-based and inclusive; end -1 = the last line."
+                ),
+            ] = None,
+        ) -> Block:
+            row = await call(self.store.get_block(label))
+            with self._refusals():
+                return Block.view(row, view_range, self.settings.max_output_chars)
 
         @server.tool(
             description="Create a new memory block. An existing label is an error (edit it instead).",
@@ -254,7 +278,7 @@ class MemoryTools:
                 str, Field(description="What this block is for (shown to the agent).")
             ] = "",
             limit: Annotated[
-                int | None, Field(description="Character limit (default: the server's block limit).", ge=1)
+                int | None, Field(description="Character limit (default: the server's block limit).")
             ] = None,
             read_only: Annotated[bool, Field(description="Refuse all later edits by the agent.")] = False,
         ) -> BlockWrite:
