@@ -58,6 +58,7 @@ from kernmind.memory.embeddings import Embedder, OpenAIEmbedder
 from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.records import iso
 from kernmind.memory.store import MemoryStore
+from kernmind.sdk_compat import lowlevel_server, session_connection
 
 log = logging.getLogger(__name__)
 
@@ -185,16 +186,13 @@ class MemoryTools:
 
     def _register_legacy_subscriptions(self, server: MCPServer) -> None:
         """Serve ``resources/subscribe``/``unsubscribe`` for handshake-era clients."""
-        lowlevel = getattr(server, "_lowlevel_server", None)
-        if lowlevel is None or not hasattr(lowlevel, "add_request_handler"):
-            return
-        previous_sub = getattr(lowlevel, "_request_handlers", {}).get("resources/subscribe")
-        if previous_sub is not None:  # someone else serves it; leave it alone
+        lowlevel = lowlevel_server(server)
+        if lowlevel.get_request_handler("resources/subscribe") is not None:  # someone else serves it
             return
 
         def peer(ctx: Any) -> Any:
             # ctx.session is a per-request proxy; the connection behind it lives as long as the client.
-            return getattr(ctx.session, "_connection", None) or ctx.session
+            return session_connection(ctx.session)
 
         async def subscribe(ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
             self._legacy_subs.setdefault(str(params.uri), weakref.WeakSet()).add(peer(ctx))
