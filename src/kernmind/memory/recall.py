@@ -8,8 +8,9 @@ Design
   made it. :class:`Recall` adds meaning on top, for any corpus.
 * Search draws two best-first lists — full-text (bm25) and exact cosine similarity over the
   current model's vectors, filtered by the same conditions and cut at the model's
-  ``min_similarity`` (so unrelated texts are not offered as matches) — deep enough to fill the page,
-  and fuses them by weighted reciprocal-rank fusion: ``score = Σ w / (k + rank)`` with
+  ``min_similarity`` (so unrelated texts are not offered as matches) — deep enough to fill the page
+  (at least 50, the same for every page within them, so pages do not overlap) and fuses them
+  by weighted reciprocal-rank fusion: ``score = Σ w / (k + rank)`` with
   ``k = 10`` and weight 2 for meaning, 1 for full text. Measured on the paraphrase benchmark
   (benchmarks/bench_recall.py), the classic ``k = 60``, 1:1 fusion let full-text hits on
   incidental words push the answer out of the top 5 (recall@5 42 % vs 67 % for vectors
@@ -47,7 +48,7 @@ RRF_K = 10
 TEXT_WEIGHT = 1.0
 MEANING_WEIGHT = 2.0
 BACKFILL_BATCH = 256
-MIN_DEPTH = 50
+MIN_DEPTH = 50  # pages within the first 50 results are slices of one ranking
 
 
 class Hit(Protocol):

@@ -303,4 +303,6 @@ class SQLiteDatabase:
                     await step(conn)
             await conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             if current:
-                log.info("memory schema migrated from version %d to %d (%s)", current, SCHEMA_VERSION, self.path)
+                log.info(
+                    "memory schema migrated from version %d to %d (%s)", current, SCHEMA_VERSION, self.path
+                )
