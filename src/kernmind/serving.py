@@ -254,7 +254,9 @@ async def serve_stdio(server: Any) -> int:
     """Serve MCP on stdin/stdout until stdin closes or SIGTERM/SIGINT arrives."""
     from mcp.server.stdio import stdio_server
 
-    lowlevel = server._lowlevel_server  # MCPServer.run_stdio_async has no stdin hook
+    from kernmind.sdk_compat import lowlevel_server
+
+    lowlevel = lowlevel_server(server)  # MCPServer.run_stdio_async has no stdin hook
     state = _Shutdown()
     stdin = StdinLines()
     try:

@@ -9,7 +9,7 @@
 
 Design
 ------
-* Tools are thin: validate, call the store/archive (store.py, archival.py), shape a
+* Tools are thin: validate, call the store/archive (block_store.py, archival.py), shape a
   pydantic result (so clients get ``outputSchema`` + ``structuredContent``), then notify.
 * Every block write publishes ``resource updated`` for ``memory://blocks/{label}`` (and the
   listing ``memory://blocks`` when blocks appear or disappear) through the SDK's
@@ -33,7 +33,7 @@ import contextlib
 import json
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Annotated, Any, Literal, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -43,7 +43,7 @@ from pydantic import BaseModel, Field
 
 from kernmind.config import Settings
 from kernmind.memory.archival import Archive
-from kernmind.memory.blocks import (
+from kernmind.memory.block_results import (
     Block,
     BlockDeleted,
     BlockHistory,
@@ -55,7 +55,10 @@ from kernmind.memory.blocks import (
     render_blocks,
 )
 from kernmind.memory.embeddings import Embedder, OpenAIEmbedder
-from kernmind.memory.store import MemoryRefusal, MemoryStore, iso
+from kernmind.memory.errors import MemoryRefusal
+from kernmind.memory.records import iso
+from kernmind.memory.store import MemoryStore
+from kernmind.sdk_compat import lowlevel_server, session_connection
 
 log = logging.getLogger(__name__)
 
@@ -123,22 +126,12 @@ class MemoryTools:
 
     # ------------------------------------------------------------ lifecycle
 
-    def new_store(self) -> MemoryStore:
-        s = self.settings
-        return MemoryStore(
-            s.db_path,
-            s.agent,
-            default_blocks=s.memory_default_blocks,
-            block_limit=s.memory_block_limit,
-            archival_max_chars=s.archival_max_chars,
-        )
-
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        store = await self.new_store().open()
+        store = await MemoryStore.from_settings(self.settings).open()
         embedder = self._embedder if self._embedder is not None else make_embedder(self.settings)
-        self._store, self._archive = store, Archive(store, embedder)
-        log.info("memory: %s (agent %r)", store.path, store.agent)
+        self._store, self._archive = store, Archive(store.passages, embedder)
+        log.info("memory: %s (namespace %r)", store.location, store.namespace)
         try:
             yield
         finally:
@@ -163,11 +156,18 @@ class MemoryTools:
     # ------------------------------------------------------------ helpers
 
     @staticmethod
-    async def _call(coro: Awaitable[T]) -> T:
+    @contextlib.contextmanager
+    def _refusals() -> Iterator[None]:
+        """The one place a domain refusal becomes a tool error (the model reads its text)."""
         try:
-            return await coro
+            yield
         except MemoryRefusal as exc:
-            raise ToolError(str(exc)) from exc
+            raise ToolError(exc.render()) from exc
+
+    @classmethod
+    async def _call(cls, coro: Awaitable[T]) -> T:
+        with cls._refusals():
+            return await coro
 
     async def _notify(self, ctx: Context | None, label: str, *, listing: bool = False) -> None:
         uris = [block_uri(label), BLOCKS_URI] if listing else [block_uri(label)]
@@ -186,16 +186,13 @@ class MemoryTools:
 
     def _register_legacy_subscriptions(self, server: MCPServer) -> None:
         """Serve ``resources/subscribe``/``unsubscribe`` for handshake-era clients."""
-        lowlevel = getattr(server, "_lowlevel_server", None)
-        if lowlevel is None or not hasattr(lowlevel, "add_request_handler"):
-            return
-        previous_sub = getattr(lowlevel, "_request_handlers", {}).get("resources/subscribe")
-        if previous_sub is not None:  # someone else serves it; leave it alone
+        lowlevel = lowlevel_server(server)
+        if lowlevel.get_request_handler("resources/subscribe") is not None:  # someone else serves it
             return
 
         def peer(ctx: Any) -> Any:
             # ctx.session is a per-request proxy; the connection behind it lives as long as the client.
-            return getattr(ctx.session, "_connection", None) or ctx.session
+            return session_connection(ctx.session)
 
         async def subscribe(ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
             self._legacy_subs.setdefault(str(params.uri), weakref.WeakSet()).add(peer(ctx))
@@ -229,18 +226,34 @@ class MemoryTools:
         ) -> BlockWrite:
             row = await call(op())
             await self._notify(ctx, label)
-            return BlockWrite.after(row, message)
+            return BlockWrite.after(row, message, row.previous)
 
         @server.tool(
             description="List every memory block: label, description, chars, limit, read_only and version.",
             annotations=ro,
         )
         async def memory_list() -> BlockList:
-            return BlockList(blocks=[BlockInfo.of(r) for r in await self.store.list_blocks()])
+            return BlockList(blocks=[BlockInfo.of(r) for r in await self.store.blocks.list()])
 
-        @server.tool(description="Read one memory block: its full value and metadata.", annotations=ro)
-        async def memory_read(label: Label) -> Block:
-            return Block.of(await call(self.store.get_block(label)))
+        @server.tool(
+            description=(
+                "Read one memory block: its value and metadata. A very large value comes back in parts "
+                "(whole lines up to the output budget); view_range=[start, end] reads given lines."
+            ),
+            annotations=ro,
+        )
+        async def memory_read(
+            label: Label,
+            view_range: Annotated[
+                list[int] | None,
+                Field(
+                    description="[start, end] lines to read, 1-based and inclusive; end -1 = the last line."
+                ),
+            ] = None,
+        ) -> Block:
+            row = await call(self.store.blocks.get(label))
+            with self._refusals():
+                return Block.view(row, view_range, self.settings.max_output_chars)
 
         @server.tool(
             description="Create a new memory block. An existing label is an error (edit it instead).",
@@ -254,11 +267,11 @@ class MemoryTools:
                 str, Field(description="What this block is for (shown to the agent).")
             ] = "",
             limit: Annotated[
-                int | None, Field(description="Character limit (default: the server's block limit).", ge=1)
+                int | None, Field(description="Character limit (default: the server's block limit).")
             ] = None,
             read_only: Annotated[bool, Field(description="Refuse all later edits by the agent.")] = False,
         ) -> BlockWrite:
-            row = await call(self.store.create_block(label, value, description, limit, read_only))
+            row = await call(self.store.blocks.create(label, value, description, limit, read_only))
             await self._notify(ctx, label, listing=True)
             return BlockWrite.after(row, f"Created block {label!r}.")
 
@@ -272,7 +285,7 @@ class MemoryTools:
             return await write(
                 ctx,
                 label,
-                lambda: self.store.append(label, content, expected_version),
+                lambda: self.store.blocks.append(label, content, expected_version),
                 f"Appended to {label!r}.",
             )
 
@@ -293,7 +306,7 @@ class MemoryTools:
             return await write(
                 ctx,
                 label,
-                lambda: self.store.replace(label, old_str, new_str, expected_version),
+                lambda: self.store.blocks.replace(label, old_str, new_str, expected_version),
                 f"Replaced text in {label!r}.",
             )
 
@@ -313,7 +326,7 @@ class MemoryTools:
             return await write(
                 ctx,
                 label,
-                lambda: self.store.insert(label, new_str, insert_line, expected_version),
+                lambda: self.store.blocks.insert(label, new_str, insert_line, expected_version),
                 f"Inserted into {label!r}.",
             )
 
@@ -330,7 +343,7 @@ class MemoryTools:
             return await write(
                 ctx,
                 label,
-                lambda: self.store.rethink(label, new_memory, expected_version),
+                lambda: self.store.blocks.rethink(label, new_memory, expected_version),
                 f"Rewrote {label!r}.",
             )
 
@@ -340,7 +353,7 @@ class MemoryTools:
         async def memory_delete(
             label: Label, ctx: Context, expected_version: ExpectedVersion = None
         ) -> BlockDeleted:
-            row = await call(self.store.delete_block(label, expected_version))
+            row = await call(self.store.blocks.delete(label, expected_version))
             await self._notify(ctx, label, listing=True)
             return BlockDeleted(
                 label=label,
@@ -357,7 +370,7 @@ class MemoryTools:
             label: Label,
             limit: Annotated[int, Field(description="Most recent entries to return.", ge=1, le=500)] = 20,
         ) -> BlockHistory:
-            rows = await call(self.store.history(label, limit))
+            rows = await call(self.store.blocks.history(label, limit))
             return BlockHistory(label=label, entries=[HistoryEntry.of(h) for h in rows])
 
         @server.tool(
@@ -370,7 +383,7 @@ class MemoryTools:
         async def memory_undo(
             label: Label, ctx: Context, expected_version: ExpectedVersion = None
         ) -> UndoResult:
-            row, entry = await call(self.store.undo(label, expected_version))
+            row, entry = await call(self.store.blocks.undo(label, expected_version))
             await self._notify(ctx, label, listing=row is None or entry.op in ("create", "delete"))
             what = f"Undid {entry.op} (version {entry.version}) of {label!r}."
             return UndoResult(
@@ -469,7 +482,7 @@ class MemoryTools:
             mime_type="application/json",
         )
         async def blocks_listing() -> str:
-            rows = await self.store.list_blocks()
+            rows = await self.store.blocks.list()
             return json.dumps(
                 {"blocks": [{**BlockInfo.of(r).model_dump(), "uri": block_uri(r.label)} for r in rows]},
                 indent=2,
@@ -484,9 +497,9 @@ class MemoryTools:
         )
         async def block_resource(label: str) -> str:
             try:
-                row = await self.store.get_block(label)
+                row = await self.store.blocks.get(label)
             except MemoryRefusal as exc:
-                raise ResourceNotFoundError(str(exc)) from exc
+                raise ResourceNotFoundError(exc.render()) from exc
             return row.value
 
         @server.prompt(
@@ -495,4 +508,4 @@ class MemoryTools:
             description="All memory blocks rendered the way an agent's system prompt shows them (<memory_blocks>).",
         )
         async def memory_prompt() -> str:
-            return render_blocks(await self.store.list_blocks())
+            return render_blocks(await self.store.blocks.list())
