@@ -26,7 +26,8 @@ import numpy as np
 
 from kernmind.memory.archival import Archive
 from kernmind.memory.embeddings import to_blob
-from kernmind.memory.store import MemoryStore, PassageIn
+from kernmind.memory.records import PassageIn
+from kernmind.memory.store import MemoryStore
 
 DIM = 384
 VOCAB = 5000
@@ -101,7 +102,7 @@ async def insert(store: MemoryStore, emb: LocalEmbedder, rows: list[tuple[str, l
             PassageIn(text, tags, None, to_blob(emb.vector(text)), emb.model)
             for text, tags in rows[i : i + batch]
         ]
-        await store.insert_passages(items)
+        await store.passages.add(items)
     return time.perf_counter() - t0
 
 
@@ -124,8 +125,8 @@ async def run(n: int, nq: int, db: Path) -> list[tuple[str, str]]:
     queries = make_queries(words, nq)
     rows: list[tuple[str, str]] = []
     async with MemoryStore(db, "bench", archival_max_chars=100_000) as store:
-        text_only = Archive(store)
-        hybrid = Archive(store, emb)
+        text_only = Archive(store.passages)
+        hybrid = Archive(store.passages, emb)
         done = 0
         total_insert = 0.0
         for size in sorted({min(10_000, n), n}):

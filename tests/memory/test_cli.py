@@ -11,15 +11,17 @@ import anyio
 import pytest
 
 from kernmind.cli import main
-from kernmind.memory.store import MemoryStore, PassageIn
+from kernmind.memory.database import PassageFilter
+from kernmind.memory.records import PassageIn
+from kernmind.memory.store import MemoryStore
 
 
 def seed(db: Path, agent: str) -> None:
     async def go() -> None:
         async with MemoryStore(db, agent, default_blocks={"persona": "p", "human": "h"}) as store:
-            await store.append("human", "Name: Ada")
-            await store.create_block("rules", "be brief", "house rules", 100, read_only=True)
-            await store.insert_passages(
+            await store.blocks.append("human", "Name: Ada")
+            await store.blocks.create("rules", "be brief", "house rules", 100, read_only=True)
+            await store.passages.add(
                 [PassageIn("met Ada in Paris", ["travel"], 1710072000.0), PassageIn("Ada likes tea", [])]
             )
 
@@ -30,9 +32,9 @@ def dump(db: Path, agent: str) -> tuple[dict[str, tuple[str, str, int, bool]], l
     async def go() -> tuple[dict[str, tuple[str, str, int, bool]], list[tuple[str, list[str]]]]:
         async with MemoryStore(db, agent) as store:
             blocks = {
-                b.label: (b.value, b.description, b.limit, b.read_only) for b in await store.list_blocks()
+                b.label: (b.value, b.description, b.limit, b.read_only) for b in await store.blocks.list()
             }
-            passages = await store.search_fts("", limit=100)
+            passages = await store.passages.search_text("", PassageFilter(), 100, 0)
             return blocks, sorted((p.content, p.tags) for p in passages)
 
     return anyio.run(go)
@@ -44,7 +46,7 @@ def test_export_import_roundtrip_into_another_namespace(tmp_path: Path) -> None:
     out = tmp_path / "alice.json"
     assert main(["memory", "export", "--db", str(db), "--agent", "alice", "-o", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["format"] == "kernmind-memory" and doc["agent"] == "alice"
+    assert doc["format"] == "kernmind-memory" and doc["namespace"] == "alice"
     assert {b["label"] for b in doc["blocks"]} == {"persona", "human", "rules"}
     assert {p["content"] for p in doc["passages"]} == {"met Ada in Paris", "Ada likes tea"}
 
@@ -56,7 +58,10 @@ def test_export_import_roundtrip_into_another_namespace(tmp_path: Path) -> None:
     # dates survive: the Paris passage is still from 2024-03-10
     async def dated() -> list[str]:
         async with MemoryStore(db2, "bob") as store:
-            return [p.content for p in await store.search_fts("", end=1710115200.0)]
+            return [
+                p.content
+                for p in await store.passages.search_text("", PassageFilter(end=1710115200.0), 10, 0)
+            ]
 
     assert anyio.run(dated) == ["met Ada in Paris"]
 
@@ -78,7 +83,7 @@ def test_import_over_untouched_default_blocks(tmp_path: Path) -> None:
     # a server already ran on the new machine and seeded empty persona/human blocks
     async def fresh_server_namespace() -> None:
         async with MemoryStore(tmp_path / "new.db", default_blocks={"persona": "p", "human": "h"}) as store:
-            assert [b.label for b in await store.list_blocks()] == ["persona", "human"]
+            assert [b.label for b in await store.blocks.list()] == ["persona", "human"]
 
     anyio.run(fresh_server_namespace)
     assert main(["memory", "import", str(out), "--db", str(tmp_path / "new.db")]) == 0
@@ -96,7 +101,7 @@ def test_export_to_stdout_with_history(tmp_path: Path) -> None:
         check=True,
     )
     doc = json.loads(proc.stdout)
-    assert [h["op"] for h in doc["history"] if h["label"] == "human"] == ["seed", "memory_append"]
+    assert [h["op"] for h in doc["history"] if h["label"] == "human"] == ["seed", "append"]
 
 
 @pytest.mark.parametrize("content", ["not json", '{"format": "other"}', "[1, 2]"])

@@ -8,14 +8,12 @@ written at the start still reads back unchanged and the stored passage is still 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from mcp import Client
 
-from kernmind.memory.store import MIGRATIONS, MemoryStore
 from kernmind.server import create_server
 
 from .conftest import make_settings, ok, refused
@@ -148,19 +146,3 @@ async def test_a_query_without_words_says_so(m: Memory, query: str) -> None:
     out = await ok(m.client, "archival_memory_search", query=query)
     assert out["results"] == [] and "no searchable words" in out["note"]
     await m.intact()
-
-
-async def test_an_older_database_gets_the_cjk_index(tmp_path: Path) -> None:
-    """A database made before the CJK index is migrated on open and its passages become findable."""
-    db = tmp_path / "old.db"
-    with sqlite3.connect(db) as con:
-        con.executescript(MIGRATIONS[0])
-        con.execute("INSERT INTO namespaces (agent, created_at) VALUES ('default', 0)")
-        con.execute(
-            "INSERT INTO passages (agent, content, tags, created_at) VALUES ('default', '東京の天気は晴れです', '[]', 0)"
-        )
-        con.execute("PRAGMA user_version = 1")
-    async with MemoryStore(db) as store:
-        assert [r.content for r in await store.search_fts("東京")] == ["東京の天気は晴れです"]
-    with sqlite3.connect(db) as con:
-        con.execute("INSERT INTO passages_fts(passages_fts) VALUES ('integrity-check')")

@@ -4,7 +4,7 @@ Design
 ------
 * Full text is always there: FTS5 bm25 over a porter-stemmed index, the query's words
   OR-ed together, filters (tags any/all, date range) inside the same SQL statement, so
-  ``top_k`` and ``page`` count only passages that pass the filters (see store.py).
+  ``top_k`` and ``page`` count only passages that pass the filters (see fts5.py).
 * With an embedder configured, passages are embedded on insert, and a search fuses two
   best-first lists by reciprocal-rank fusion (k=60): bm25's and exact cosine similarity's
   (vectors filtered by the same SQL conditions). Each list is drawn deep enough to fill the
@@ -30,9 +30,12 @@ from typing import Literal
 import anyio
 import anyio.to_thread
 
+from kernmind.memory.database import PassageFilter
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, VectorIndex, to_blob
+from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.fulltext import NO_TERMS_NOTE, query_terms
-from kernmind.memory.store import MemoryRefusal, MemoryStore, PassageIn, PassageRow, parse_when, rrf
+from kernmind.memory.passages import Passages, normalize_tags
+from kernmind.memory.records import PassageIn, PassageRow, parse_when
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +59,25 @@ class InsertOutcome:
     tags: list[str] = field(default_factory=list)
 
 
+def rrf(rankings: Sequence[Sequence[int]], k: int = RRF_K) -> list[tuple[int, float]]:
+    """Reciprocal-rank fusion of several best-first id lists -> (id, score) best first."""
+    scores: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, pid in enumerate(ranking):
+            scores[pid] = scores.get(pid, 0.0) + 1.0 / (k + rank + 1)
+    return sorted(scores.items(), key=lambda kv: (-kv[1], -kv[0]))
+
+
 class Archive:
-    def __init__(self, store: MemoryStore, embedder: Embedder | None = None) -> None:
-        self.store = store
+    def __init__(self, passages: Passages, embedder: Embedder | None = None) -> None:
+        self.passages = passages
         self.embedder = embedder
-        self.index = VectorIndex(store, embedder.model) if embedder is not None else None
+        self.index = VectorIndex(passages, embedder.model) if embedder is not None else None
         # whether passages without a vector may exist (checked once, then after failed embeds)
         self._maybe_backlog = True
 
     async def insert(self, content: str, tags: Sequence[str] = ()) -> InsertOutcome:
-        self.store.check_passage(content)
+        self.passages.check(content)
         blob: bytes | None = None
         note: str | None = None
         if self.embedder is not None:
@@ -76,7 +88,7 @@ class Archive:
                 self._maybe_backlog = True
                 note = f"stored without an embedding (endpoint unavailable: {exc}); full-text search finds it"
         model = self.embedder.model if blob is not None and self.embedder is not None else None
-        [(pid, ts)] = await self.store.insert_passages([PassageIn(content, list(tags), None, blob, model)])
+        [(pid, ts)] = await self.passages.add([PassageIn(content, list(tags), None, blob, model)])
         if blob is not None:
             await self._backfill()
         return InsertOutcome(pid, ts, blob is not None, note)
@@ -85,7 +97,7 @@ class Archive:
         """Embed a batch of passages that were stored while the endpoint was down."""
         if self.embedder is None or not self._maybe_backlog:
             return
-        missing = await self.store.missing_embeddings(self.embedder.model, BACKFILL_BATCH)
+        missing = await self.passages.missing_vectors(self.embedder.model, BACKFILL_BATCH)
         if not missing:
             self._maybe_backlog = False
             return
@@ -93,11 +105,11 @@ class Archive:
             vectors = await self.embedder.embed([c for _, c in missing])
         except EmbeddingUnavailable:
             return
-        await self.store.set_embeddings([(pid, to_blob(v)) for (pid, _), v in zip(missing, vectors, strict=True)],
-                                        self.embedder.model)  # fmt: skip
+        blobs = [(pid, to_blob(v)) for (pid, _), v in zip(missing, vectors, strict=True)]
+        await self.passages.set_vectors(blobs, self.embedder.model)
 
     async def delete(self, passage_id: int) -> PassageRow:
-        return await self.store.delete_passage(passage_id)
+        return await self.passages.delete(passage_id)
 
     async def search(
         self,
@@ -111,44 +123,42 @@ class Archive:
         page: int = 0,
     ) -> SearchOutcome:
         if tag_match_mode not in ("any", "all"):
-            raise MemoryRefusal(f"tag_match_mode must be 'any' or 'all', got {tag_match_mode!r}.")
+            raise MemoryRefusal("tag_match_mode must be 'any' or 'all', got {mode!r}.", mode=tag_match_mode)
         if top_k < 1:
-            raise MemoryRefusal(f"top_k must be at least 1, got {top_k}.")
+            raise MemoryRefusal("top_k must be at least 1, got {top_k}.", top_k=top_k)
         if page < 0:
-            raise MemoryRefusal(f"page must be 0 or more, got {page}.")
+            raise MemoryRefusal("page must be 0 or more, got {page}.", page=page)
         start = parse_when(start_datetime) if start_datetime else None
         end = parse_when(end_datetime, end=True) if end_datetime else None
         if start is not None and end is not None and start >= end:
             raise MemoryRefusal("start_datetime must be before end_datetime.")
-        filters = {"tags": tags, "tag_match_mode": tag_match_mode, "start": start, "end": end}
+        where = PassageFilter(tuple(normalize_tags(tags)), tag_match_mode, start, end)
         offset = page * top_k
 
         if query.strip() and not query_terms(query):
             return SearchOutcome([], "bm25", NO_TERMS_NOTE)
         if not query.strip() or self.embedder is None or self.index is None:
-            rows = await self.store.search_fts(query, limit=top_k, offset=offset, **filters)  # type: ignore[arg-type]
+            rows = await self.passages.search_text(query, where, top_k, offset)
             return SearchOutcome(rows, "bm25" if query.strip() else "recent")
 
         try:
             [qvec] = await self.embedder.embed([query])
         except EmbeddingUnavailable as exc:
-            rows = await self.store.search_fts(query, limit=top_k, offset=offset, **filters)  # type: ignore[arg-type]
+            rows = await self.passages.search_text(query, where, top_k, offset)
             return SearchOutcome(
                 rows, "bm25", f"embedding endpoint unavailable ({exc}); ranked by full text only"
             )
 
         depth = max(offset + top_k, 50)
-        text_rows = await self.store.search_fts(query, limit=depth, **filters)  # type: ignore[arg-type]
+        text_rows = await self.passages.search_text(query, where, depth)
         await self.index.refresh()
-        allowed = None
-        if tags or start is not None or end is not None:
-            allowed = await self.store.filtered_ids(**filters)  # type: ignore[arg-type]
+        allowed = await self.passages.filtered_ids(where) if where.narrows else None
         # ≈ 10 ms of numpy at 100k passages: off the event loop, so other requests keep flowing
         vec_ids = await anyio.to_thread.run_sync(self.index.search, qvec, depth, allowed)
         fused = rrf([[r.id for r in text_rows], vec_ids], k=RRF_K)[offset : offset + top_k]
         known = {r.id: r for r in text_rows}
         need = [pid for pid, _ in fused if pid not in known]
-        fetched = await self.store.get_passages(need)
+        fetched = await self.passages.get(need)
         results: list[PassageRow] = []
         for pid, score in fused:
             row = known.get(pid) or fetched.get(pid)

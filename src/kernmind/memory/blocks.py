@@ -1,251 +1,239 @@
-"""Memory blocks as the model sees them: result models of the block tools and the prompt layout.
+"""The rules of memory blocks: valid labels, limits, read-only blocks, versions, and the edits.
 
 Design
 ------
-* Result models are pydantic, so every tool publishes an ``outputSchema`` and returns
-  ``structuredContent``. A write answers with the block after the edit (new version, room
-  left, and the value itself when it is at most ``WRITE_ECHO_CHARS``) so the agent does not
-  need a second ``memory_read`` before its next edit. A larger block is not echoed whole on
-  every edit: the answer carries an excerpt (the changed lines with a little context, with
-  line numbers) and says how to read the rest.
-* Reads respect a budget too: ``memory_read`` returns whole lines up to the server's output
-  budget and says which ``view_range`` shows the rest.
-* :func:`render_blocks` produces the ``<memory_blocks>`` layout agents know from Letta's
-  system prompt: one element per label with ``<description>``, ``<metadata>``
-  (``chars_current``/``chars_limit``, plus ``read_only`` when set) and ``<value>``.
+Pure functions over :class:`BlockRow`: each edit (append, replace, insert, rethink) takes
+the current row and returns the new value or refuses; the checks every write shares
+(read-only, ``expected_version``, the limit) are here too, with the sentences they refuse
+with. The transactional store (block_store.py) runs them inside its write transaction,
+so a refusal always leaves the block as it was; the surfaces (tools, the memory-tool
+dialect, the CLI) render the refusals in their own words (errors.py).
 
 Error policy
 ------------
-Only a ``view_range`` that does not fit the block is refused here (``MemoryRefusal``);
-every other rule lives in store.py.
+Every rule that fails raises :class:`MemoryRefusal` naming what was wrong, by how much,
+and what to do instead.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+import re
+from collections.abc import Sequence
 
-from kernmind.memory.store import BlockRow, HistoryRow, MemoryRefusal, iso
+from kernmind.memory.errors import MemoryRefusal, Verb
+from kernmind.memory.records import BlockRow
 
-WRITE_ECHO_CHARS = 5000  # a write echoes the whole value up to this size (Letta's default block limit)
-EXCERPT_CHARS = 2000  # otherwise it shows at most this much around the change
-EXCERPT_CONTEXT_LINES = 2
-HISTORY_CLIP_CHARS = 2000  # old/new values in memory_history are clipped to this
-
-
-def numbered(lines: list[str], first: int) -> str:
-    """Lines as a numbered view (``12→ text``); the line-number prefix edits refuse to accept."""
-    return "\n".join(f"{first + i}→ {line}" for i, line in enumerate(lines))
+LABEL_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+# A line-number prefix as a rendered view shows it ("12→ value") or Letta's "Line 12: ".
+LINE_PREFIX_RE = re.compile(r"(?m)^\s*\d+→ ?|^Line \d+: ")
 
 
-def changed_excerpt(before: str, after: str) -> tuple[str, int, int]:
-    """The lines of ``after`` that differ from ``before``, with context: (view, first line, last line)."""
-    head = 0
-    limit = min(len(before), len(after))
-    while head < limit and before[head] == after[head]:
-        head += 1
-    tail = 0
-    while tail < limit - head and before[-1 - tail] == after[-1 - tail]:
-        tail += 1
-    lines = after.split("\n")
-    first = after.count("\n", 0, head)  # 0-based
-    last = after.count("\n", 0, max(head, len(after) - tail))
-    first, last = max(first - EXCERPT_CONTEXT_LINES, 0), min(last + EXCERPT_CONTEXT_LINES, len(lines) - 1)
-    shown: list[str] = []
-    size = 0
-    for i in range(first, last + 1):
-        size += len(lines[i]) + 8
-        if shown and size > EXCERPT_CHARS:
-            break
-        shown.append(lines[i][:EXCERPT_CHARS])
-    return numbered(shown, first + 1), first + 1, first + len(shown)
-
-
-def clip(text: str | None, limit: int = HISTORY_CLIP_CHARS) -> str | None:
-    if text is None or len(text) <= limit:
-        return text
-    return text[:limit] + f"… [{len(text) - limit} more characters not shown]"
-
-
-class BlockInfo(BaseModel):
-    label: str
-    description: str
-    chars: int = Field(description="characters in the value now")
-    limit: int = Field(description="largest number of characters the value may hold")
-    read_only: bool
-    version: int = Field(description="incremented on every write; pass it as expected_version to guard edits")
-    updated_at: str
-
-    @classmethod
-    def of(cls, row: BlockRow) -> BlockInfo:
-        return cls(
-            label=row.label,
-            description=row.description,
-            chars=row.chars,
-            limit=row.limit,
-            read_only=row.read_only,
-            version=row.version,
-            updated_at=iso(row.updated_at),
+def check_label(label: str) -> None:
+    if not LABEL_RE.match(label):
+        raise MemoryRefusal(
+            "{label!r} is not a valid label: use 1-64 letters, digits, '_', '.' or '-' "
+            "(starting with a letter, digit or '_'), e.g. 'project_notes'.",
+            label=label,
         )
 
 
-class Block(BlockInfo):
-    value: str = Field(description="the value, or the lines of it that were asked for (see view_range)")
-    lines: int = Field(description="lines in the whole value")
-    view_range: list[int] | None = Field(
-        default=None, description="[first, last] line (1-based) that value holds, when not the whole value"
+def check_limit_value(limit: int, ceiling: int) -> None:
+    if limit < 1:
+        raise MemoryRefusal("limit must be at least 1 character, got {limit}.", limit=limit)
+    if limit > ceiling:
+        raise MemoryRefusal(
+            "limit {limit} is above this server's ceiling of {ceiling} characters per block "
+            "(KERNMIND_MEMORY_BLOCK_MAX_LIMIT). Pass a limit of at most {ceiling}, or keep long material "
+            "in archival memory ({remember}) and a short summary in the block.",
+            limit=limit,
+            ceiling=ceiling,
+        )
+
+
+def check_initial_value(value: str, limit: int) -> None:
+    if len(value) > limit:
+        raise MemoryRefusal(
+            "The initial value is {chars} characters, {over} over the limit of {limit}. "
+            "Pass a larger limit or a shorter value.",
+            chars=len(value),
+            over=len(value) - limit,
+            limit=limit,
+        )
+
+
+def already_exists(row: BlockRow) -> MemoryRefusal:
+    return MemoryRefusal(
+        "A block labelled {label!r} already exists (version {version}, {chars}/{limit} chars). "
+        "Edit it with {append}/{replace}/{rethink}, or choose another label.",
+        label=row.label,
+        version=row.version,
+        chars=row.chars,
+        limit=row.limit,
     )
-    truncated: bool = Field(default=False, description="true when value stops early to respect the budget")
-    note: str | None = None
 
-    @classmethod
-    def of(cls, row: BlockRow) -> Block:
-        return cls(**BlockInfo.of(row).model_dump(), value=row.value, lines=line_count(row.value))
 
-    @classmethod
-    def view(cls, row: BlockRow, view_range: list[int] | None, budget: int) -> Block:
-        """The block with the requested lines (all by default), cut at a line boundary to ``budget``."""
-        lines = row.value.split("\n")
-        total = line_count(row.value)
-        first, last = resolve_range(view_range, total, row.label)
-        chosen = lines[first - 1 : last] if total else []
-        kept: list[str] = []
-        size = 0
-        for line in chosen:
-            if size + len(line) + 1 > budget:
-                break
-            kept.append(line)
-            size += len(line) + 1
-        truncated = len(kept) < len(chosen)
-        if truncated and not kept:  # one line longer than the budget: cut inside it
-            kept = [chosen[0][:budget]]
-        shown_last = first + len(kept) - 1
-        note = None
-        if truncated:
-            note = (
-                f"Showing lines {first}-{shown_last} of {total} ({len(row.value)} characters) to stay within "
-                f"the output budget. Read on with memory_read(label={row.label!r}, view_range=[{shown_last + 1}, -1])."
-            )
-        whole = first == 1 and shown_last >= total and not truncated
-        return cls(
-            **BlockInfo.of(row).model_dump(),
-            value="\n".join(kept) if not whole else row.value,
-            lines=total,
-            view_range=None if whole else [first, shown_last],
-            truncated=truncated,
-            note=note,
+def unknown_label(label: str, existing: Sequence[str]) -> MemoryRefusal:
+    return MemoryRefusal(
+        "There is no memory block labelled {label!r}. Existing blocks: {known}. "
+        "Use one of those labels, or create the block with {create}.",
+        label=label,
+        known=", ".join(repr(x) for x in existing) or "none",
+    )
+
+
+def check_writable(row: BlockRow, op: Verb, expected_version: int | None) -> None:
+    if row.read_only:
+        raise MemoryRefusal(
+            "{op} refused: block {label!r} is read-only and cannot be changed by the agent. "
+            "Keep the information elsewhere (another block or archival memory), or ask the user to change it.",
+            op=op,
+            label=row.label,
         )
+    if expected_version is not None and expected_version != row.version:
+        raise MemoryRefusal(
+            "{op} refused: block {label!r} is at version {version}, not expected_version {expected}; it was "
+            "changed in the meantime. Read it again with {read}, then retry with expected_version={version}.",
+            op=op,
+            label=row.label,
+            version=row.version,
+            expected=expected_version,
+        )
+
+
+def check_fits(row: BlockRow, new_value: str, op: Verb) -> None:
+    if len(new_value) > row.limit:
+        over = len(new_value) - row.limit
+        raise MemoryRefusal(
+            "{op} refused: block {label!r} would hold {chars} characters, {over} over its limit of {limit} "
+            "(room left now: {room} characters). Shorten the text by at least {over} characters, or first "
+            "make room with {replace} / {rethink}.",
+            op=op,
+            label=row.label,
+            chars=len(new_value),
+            over=over,
+            limit=row.limit,
+            room=max(row.limit - row.chars, 0),
+        )
+
+
+def refuse_line_prefixes(op: Verb, **texts: str) -> None:
+    """Refuse text that carries line-number prefixes copied from a numbered view of a block."""
+    for name, text in texts.items():
+        m = LINE_PREFIX_RE.search(text)
+        if m:
+            raise MemoryRefusal(
+                "{op} refused: {name} contains a line-number prefix ({prefix!r}), which looks copied from a "
+                "numbered view of the block. Line numbers are not part of the value: send the text without them.",
+                op=op,
+                name=name,
+                prefix=m.group(0).strip(),
+            )
+
+
+def line_numbers_of(value: str, needle: str) -> list[int]:
+    """1-based line numbers where each occurrence of ``needle`` starts."""
+    lines: list[int] = []
+    start = 0
+    while (idx := value.find(needle, start)) != -1:
+        lines.append(value.count("\n", 0, idx) + 1)
+        start = idx + 1
+    return lines
+
+
+# ---------------------------------------------------------------- the edits
+
+
+def appended(row: BlockRow, content: str) -> str:
+    return content if row.value == "" else row.value + "\n" + content
+
+
+def check_replace_args(old_str: str, new_str: str, op: Verb = Verb.REPLACE) -> None:
+    if old_str == "":
+        raise MemoryRefusal(
+            "{op} refused: old_str is empty. Give the exact text to replace; to add text use {append} or "
+            "{insert}, to rewrite everything use {rethink}.",
+            op=op,
+        )
+    refuse_line_prefixes(op, old_str=old_str, new_str=new_str)
+
+
+def replaced(row: BlockRow, old_str: str, new_str: str, op: Verb = Verb.REPLACE) -> str:
+    lines = line_numbers_of(row.value, old_str)
+    if not lines:
+        raise MemoryRefusal(
+            "{op} refused: old_str was not found in block {label!r} (version {version}). It must match the "
+            "current value exactly, including whitespace; read the block with {read} and copy the text from there.",
+            op=op,
+            label=row.label,
+            version=row.version,
+        )
+    if len(lines) > 1:
+        raise MemoryRefusal(
+            "{op} refused: old_str occurs {count} times in block {label!r} (starting on lines {where}). "
+            "Include more surrounding text so it occurs exactly once.",
+            op=op,
+            count=len(lines),
+            label=row.label,
+            where=", ".join(str(n) for n in lines),
+        )
+    return row.value.replace(old_str, new_str, 1)
+
+
+def inserted(row: BlockRow, new_str: str, insert_line: int, op: Verb = Verb.INSERT) -> str:
+    """``new_str`` after line ``insert_line`` (0 = the top, -1 = the end)."""
+    lines = row.value.split("\n") if row.value else []
+    n = len(lines)
+    if insert_line == -1:
+        at = n
+    elif 0 <= insert_line <= n:
+        at = insert_line
+    else:
+        raise MemoryRefusal(
+            "{op} refused: insert_line {insert_line} is out of range; block {label!r} has {n} lines. "
+            "Use 0 for the top, 1..{n} to insert after that line, or -1 for the end.",
+            op=op,
+            insert_line=insert_line,
+            label=row.label,
+            n=n,
+        )
+    return "\n".join([*lines[:at], *new_str.split("\n"), *lines[at:]])
+
+
+def nothing_to_undo(label: str) -> MemoryRefusal:
+    return MemoryRefusal(
+        "{undo} refused: block {label!r} has no change left to undo (see {history}).", label=label
+    )
+
+
+def recreated_since_delete(label: str) -> MemoryRefusal:
+    return MemoryRefusal(
+        "{undo} refused: block {label!r} was deleted and then created again; edit the new block instead.",
+        label=label,
+    )
 
 
 def line_count(value: str) -> int:
     return value.count("\n") + 1 if value else 0
 
 
-def resolve_range(view_range: list[int] | None, total: int, label: str) -> tuple[int, int]:
+def resolve_range(view_range: Sequence[int] | None, total: int, label: str) -> tuple[int, int]:
     """``[start, end]`` (1-based, inclusive, end -1 = last line) -> (first, last); refuses nonsense."""
     if view_range is None:
         return 1, total
     if len(view_range) != 2:
         raise MemoryRefusal(
-            f"view_range must be two line numbers [start, end] (end -1 = to the last line), got {view_range}."
+            "view_range must be two line numbers [start, end] (end -1 = to the last line), got {got}.",
+            got=list(view_range),
         )
     start, end = view_range
     end = total if end == -1 else end
     if not 1 <= start <= max(total, 1) or end < start:
         raise MemoryRefusal(
-            f"view_range {view_range} does not fit block {label!r}, which has {total} lines: use "
-            f"[start, end] with 1 <= start <= {max(total, 1)} and end >= start, or end -1 for the last line."
+            "view_range {got} does not fit block {label!r}, which has {total} lines: use [start, end] with "
+            "1 <= start <= {top} and end >= start, or end -1 for the last line.",
+            got=list(view_range),
+            label=label,
+            total=total,
+            top=max(total, 1),
         )
     return start, min(end, total)
-
-
-class BlockList(BaseModel):
-    blocks: list[BlockInfo]
-
-
-class BlockWrite(BlockInfo):
-    value: str | None = Field(
-        description=f"the whole value after the edit when it is at most {WRITE_ECHO_CHARS} characters, else null"
-    )
-    excerpt: str | None = Field(
-        default=None,
-        description="for a larger block: the changed lines with some context, numbered (N→ text)",
-    )
-    room_left: int = Field(description="characters that can still be added before the limit")
-    message: str
-
-    @classmethod
-    def after(cls, row: BlockRow, message: str, before: str | None = None) -> BlockWrite:
-        info = BlockInfo.of(row).model_dump()
-        room = max(row.limit - row.chars, 0)
-        if row.chars <= WRITE_ECHO_CHARS:
-            return cls(**info, value=row.value, room_left=room, message=message)
-        view, first, last = changed_excerpt(before or "", row.value)
-        message += (
-            f" The block has {row.chars} characters, so only lines {first}-{last} around the change are shown; "
-            f"memory_read(label={row.label!r}) shows the value (view_range=[start, end] for some lines)."
-        )
-        return cls(**info, value=None, excerpt=view, room_left=room, message=message)
-
-
-class BlockDeleted(BaseModel):
-    label: str
-    deleted: bool
-    last_version: int
-    message: str
-
-
-class HistoryEntry(BaseModel):
-    version: int = Field(description="the block's version after this change")
-    op: str
-    at: str
-    old: str | None = Field(
-        description=f"value before the change (null when the block was created), clipped to {HISTORY_CLIP_CHARS} chars"
-    )
-    new: str | None = Field(
-        description=f"value after the change (null when the block was deleted), clipped to {HISTORY_CLIP_CHARS} chars"
-    )
-    undone: bool
-
-    @classmethod
-    def of(cls, h: HistoryRow) -> HistoryEntry:
-        return cls(
-            version=h.version,
-            op=h.op,
-            at=iso(h.at),
-            old=clip(h.old_value),
-            new=clip(h.new_value),
-            undone=h.undone,
-        )
-
-
-class BlockHistory(BaseModel):
-    label: str
-    entries: list[HistoryEntry] = Field(description="newest first")
-
-
-class UndoResult(BaseModel):
-    label: str
-    reverted: HistoryEntry = Field(description="the change that was undone")
-    block: Block | None = Field(description="the block after the undo (null if the undo removed it)")
-    message: str
-
-
-def render_block(row: BlockRow) -> str:
-    meta = [f"- chars_current={row.chars}", f"- chars_limit={row.limit}"]
-    if row.read_only:
-        meta.append("- read_only=true")
-    return (
-        f"<{row.label}>\n<description>\n{row.description}\n</description>\n"
-        f"<metadata>\n" + "\n".join(meta) + "\n</metadata>\n"
-        f"<value>\n{row.value}\n</value>\n</{row.label}>"
-    )
-
-
-def render_blocks(rows: list[BlockRow]) -> str:
-    body = "\n\n".join(render_block(r) for r in rows)
-    return (
-        "<memory_blocks>\nThe following memory blocks are currently engaged in your core memory unit:\n\n"
-        + body
-        + ("\n\n" if body else "")
-        + "</memory_blocks>"
-    )

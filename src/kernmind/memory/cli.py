@@ -32,7 +32,11 @@ from typing import Any
 import anyio
 
 from kernmind.config import Settings
-from kernmind.memory.store import MemoryRefusal, MemoryStore
+from kernmind.memory.errors import MemoryRefusal, Verb
+from kernmind.memory.store import MemoryStore
+from kernmind.memory.transfer import export_namespace, import_namespace
+
+CLI_WORDS = {Verb.OVERWRITE: "--replace"}
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -49,29 +53,16 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--replace", action="store_true", help="import: overwrite blocks whose label exists")
 
 
-def _store(settings: Settings) -> MemoryStore:
-    return MemoryStore(
-        settings.db_path,
-        settings.agent,
-        default_blocks=settings.memory_default_blocks,
-        block_limit=settings.memory_block_limit,
-        max_block_limit=settings.memory_block_max_limit,
-        archival_max_chars=settings.archival_max_chars,
-    )
-
-
 async def _export(settings: Settings, with_history: bool) -> dict[str, Any]:
-    async with _store(settings) as store:
-        return await store.export(with_history=with_history)
+    async with MemoryStore.from_settings(settings) as store:
+        return await export_namespace(store, with_history=with_history)
 
 
 async def _import(settings: Settings, doc: dict[str, Any], replace: bool) -> dict[str, int]:
     # A fresh namespace would be seeded with the default blocks, which an import then collides
     # with; seed nothing and let the export decide what blocks exist.
-    store = _store(settings)
-    store.default_blocks = {}
-    async with store:
-        return await store.import_(doc, replace=replace)
+    async with MemoryStore.from_settings(settings, seed=False) as store:
+        return await import_namespace(store, doc, overwrite=replace)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -109,7 +100,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         )
         return 0
     except MemoryRefusal as exc:
-        print(f"kernmind memory {args.action}: {exc}", file=sys.stderr)
+        print(f"kernmind memory {args.action}: {exc.render(CLI_WORDS)}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"kernmind memory {args.action}: {exc}", file=sys.stderr)

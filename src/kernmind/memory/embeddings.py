@@ -31,7 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from kernmind.memory.store import MemoryStore
+from kernmind.memory.passages import Passages
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +110,8 @@ def from_blob(blob: bytes) -> np.ndarray:
 class VectorIndex:
     """One agent's vectors for one model, as a normalised float32 matrix."""
 
-    def __init__(self, store: MemoryStore, model: str) -> None:
-        self.store = store
+    def __init__(self, passages: Passages, model: str) -> None:
+        self.passages = passages
         self.model = model
         self._gen = -1
         self._ids = np.zeros(0, dtype=np.int64)
@@ -121,14 +121,14 @@ class VectorIndex:
         return len(self._ids)
 
     async def refresh(self) -> None:
-        gen = await self.store.archive_generation()
+        gen = await self.passages.generation()
         if gen == self._gen:
             return
         last = int(self._ids[-1]) if len(self._ids) else 0
-        new = await self.store.embeddings_after(self.model, last)
-        total = await self.store.count_embedded(self.model)
+        new = await self.passages.vectors_after(self.model, last)
+        total = await self.passages.count_vectors(self.model)
         if total != len(self._ids) + len(new):  # something was deleted or re-embedded: reload
-            new = await self.store.embeddings_after(self.model, 0)
+            new = await self.passages.vectors_after(self.model, 0)
             self._ids = np.zeros(0, dtype=np.int64)
             self._mat = np.zeros((0, 0), dtype=np.float32)
         if new:

@@ -9,7 +9,7 @@
 
 Design
 ------
-* Tools are thin: validate, call the store/archive (store.py, archival.py), shape a
+* Tools are thin: validate, call the store/archive (block_store.py, archival.py), shape a
   pydantic result (so clients get ``outputSchema`` + ``structuredContent``), then notify.
 * Every block write publishes ``resource updated`` for ``memory://blocks/{label}`` (and the
   listing ``memory://blocks`` when blocks appear or disappear) through the SDK's
@@ -43,7 +43,7 @@ from pydantic import BaseModel, Field
 
 from kernmind.config import Settings
 from kernmind.memory.archival import Archive
-from kernmind.memory.blocks import (
+from kernmind.memory.block_results import (
     Block,
     BlockDeleted,
     BlockHistory,
@@ -55,7 +55,9 @@ from kernmind.memory.blocks import (
     render_blocks,
 )
 from kernmind.memory.embeddings import Embedder, OpenAIEmbedder
-from kernmind.memory.store import MemoryRefusal, MemoryStore, iso
+from kernmind.memory.errors import MemoryRefusal
+from kernmind.memory.records import iso
+from kernmind.memory.store import MemoryStore
 from kernmind.sdk_compat import lowlevel_server, session_connection
 
 log = logging.getLogger(__name__)
@@ -124,23 +126,12 @@ class MemoryTools:
 
     # ------------------------------------------------------------ lifecycle
 
-    def new_store(self) -> MemoryStore:
-        s = self.settings
-        return MemoryStore(
-            s.db_path,
-            s.agent,
-            default_blocks=s.memory_default_blocks,
-            block_limit=s.memory_block_limit,
-            max_block_limit=s.memory_block_max_limit,
-            archival_max_chars=s.archival_max_chars,
-        )
-
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        store = await self.new_store().open()
+        store = await MemoryStore.from_settings(self.settings).open()
         embedder = self._embedder if self._embedder is not None else make_embedder(self.settings)
-        self._store, self._archive = store, Archive(store, embedder)
-        log.info("memory: %s (agent %r)", store.path, store.agent)
+        self._store, self._archive = store, Archive(store.passages, embedder)
+        log.info("memory: %s (namespace %r)", store.location, store.namespace)
         try:
             yield
         finally:
@@ -171,7 +162,7 @@ class MemoryTools:
         try:
             yield
         except MemoryRefusal as exc:
-            raise ToolError(str(exc)) from exc
+            raise ToolError(exc.render()) from exc
 
     @classmethod
     async def _call(cls, coro: Awaitable[T]) -> T:
@@ -242,7 +233,7 @@ class MemoryTools:
             annotations=ro,
         )
         async def memory_list() -> BlockList:
-            return BlockList(blocks=[BlockInfo.of(r) for r in await self.store.list_blocks()])
+            return BlockList(blocks=[BlockInfo.of(r) for r in await self.store.blocks.list()])
 
         @server.tool(
             description=(
@@ -260,7 +251,7 @@ class MemoryTools:
                 ),
             ] = None,
         ) -> Block:
-            row = await call(self.store.get_block(label))
+            row = await call(self.store.blocks.get(label))
             with self._refusals():
                 return Block.view(row, view_range, self.settings.max_output_chars)
 
@@ -280,7 +271,7 @@ class MemoryTools:
             ] = None,
             read_only: Annotated[bool, Field(description="Refuse all later edits by the agent.")] = False,
         ) -> BlockWrite:
-            row = await call(self.store.create_block(label, value, description, limit, read_only))
+            row = await call(self.store.blocks.create(label, value, description, limit, read_only))
             await self._notify(ctx, label, listing=True)
             return BlockWrite.after(row, f"Created block {label!r}.")
 
@@ -294,7 +285,7 @@ class MemoryTools:
             return await write(
                 ctx,
                 label,
-                lambda: self.store.append(label, content, expected_version),
+                lambda: self.store.blocks.append(label, content, expected_version),
                 f"Appended to {label!r}.",
             )
 
@@ -315,7 +306,7 @@ class MemoryTools:
             return await write(
                 ctx,
                 label,
-                lambda: self.store.replace(label, old_str, new_str, expected_version),
+                lambda: self.store.blocks.replace(label, old_str, new_str, expected_version),
                 f"Replaced text in {label!r}.",
             )
 
@@ -335,7 +326,7 @@ class MemoryTools:
             return await write(
                 ctx,
                 label,
-                lambda: self.store.insert(label, new_str, insert_line, expected_version),
+                lambda: self.store.blocks.insert(label, new_str, insert_line, expected_version),
                 f"Inserted into {label!r}.",
             )
 
@@ -352,7 +343,7 @@ class MemoryTools:
             return await write(
                 ctx,
                 label,
-                lambda: self.store.rethink(label, new_memory, expected_version),
+                lambda: self.store.blocks.rethink(label, new_memory, expected_version),
                 f"Rewrote {label!r}.",
             )
 
@@ -362,7 +353,7 @@ class MemoryTools:
         async def memory_delete(
             label: Label, ctx: Context, expected_version: ExpectedVersion = None
         ) -> BlockDeleted:
-            row = await call(self.store.delete_block(label, expected_version))
+            row = await call(self.store.blocks.delete(label, expected_version))
             await self._notify(ctx, label, listing=True)
             return BlockDeleted(
                 label=label,
@@ -379,7 +370,7 @@ class MemoryTools:
             label: Label,
             limit: Annotated[int, Field(description="Most recent entries to return.", ge=1, le=500)] = 20,
         ) -> BlockHistory:
-            rows = await call(self.store.history(label, limit))
+            rows = await call(self.store.blocks.history(label, limit))
             return BlockHistory(label=label, entries=[HistoryEntry.of(h) for h in rows])
 
         @server.tool(
@@ -392,7 +383,7 @@ class MemoryTools:
         async def memory_undo(
             label: Label, ctx: Context, expected_version: ExpectedVersion = None
         ) -> UndoResult:
-            row, entry = await call(self.store.undo(label, expected_version))
+            row, entry = await call(self.store.blocks.undo(label, expected_version))
             await self._notify(ctx, label, listing=row is None or entry.op in ("create", "delete"))
             what = f"Undid {entry.op} (version {entry.version}) of {label!r}."
             return UndoResult(
@@ -491,7 +482,7 @@ class MemoryTools:
             mime_type="application/json",
         )
         async def blocks_listing() -> str:
-            rows = await self.store.list_blocks()
+            rows = await self.store.blocks.list()
             return json.dumps(
                 {"blocks": [{**BlockInfo.of(r).model_dump(), "uri": block_uri(r.label)} for r in rows]},
                 indent=2,
@@ -506,9 +497,9 @@ class MemoryTools:
         )
         async def block_resource(label: str) -> str:
             try:
-                row = await self.store.get_block(label)
+                row = await self.store.blocks.get(label)
             except MemoryRefusal as exc:
-                raise ResourceNotFoundError(str(exc)) from exc
+                raise ResourceNotFoundError(exc.render()) from exc
             return row.value
 
         @server.prompt(
@@ -517,4 +508,4 @@ class MemoryTools:
             description="All memory blocks rendered the way an agent's system prompt shows them (<memory_blocks>).",
         )
         async def memory_prompt() -> str:
-            return render_blocks(await self.store.list_blocks())
+            return render_blocks(await self.store.blocks.list())
