@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from kernmind.config import Cli, Group, Settings
+from kernmind.validation_text import problem
 
 ALL_GROUPS: tuple[Group, ...] = tuple(Group)
 COMMAND_GROUPS: dict[str, tuple[Group, ...]] = {
@@ -233,7 +234,7 @@ def describe_settings_error(exc: ValidationError) -> str:
         name = str(err["loc"][0]) if err["loc"] else ""
         spec = by_name.get(name)
         where = f"{spec.flag} / {spec.env}" if spec else name
-        lines.append(f"  {where}: {err['msg'][0].lower()}{err['msg'][1:]} (got {err['input']!r})")
+        lines.append(f"  {where}: {problem(err)}")
     return "invalid settings:\n" + "\n".join(lines)
 
 
