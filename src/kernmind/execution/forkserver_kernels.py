@@ -138,7 +138,9 @@ class ForkKernelFactory:
         runtime_dir = Path(tempfile.mkdtemp(prefix="km-"))  # short: unix socket paths are limited
         if uid is not None:
             os.chown(runtime_dir, uid, uid)
-        env = base.sandbox.environment(base.sandbox.workspace_path(ws.root), kernel_environment(base, runtime_dir))
+        env = base.sandbox.environment(
+            base.sandbox.workspace_path(ws.root), kernel_environment(base, runtime_dir)
+        )
         kernel_argv: list[str] = []
 
         def wrap(cmd: list[str]) -> list[str]:
@@ -178,7 +180,8 @@ class ForkKernelFactory:
                 process = km.provisioner.process  # type: ignore[union-attr]
                 await _read_ready(process.stdout)
                 placeholder = _placeholder_pid(process.pid)
-                reply = await _spawn(template, placeholder, exit_write, kernel_argv, env, ws, uid, base)
+                cwd = base.sandbox.workspace_path(ws.root)
+                reply = await _spawn(template, placeholder, exit_write, kernel_argv, cwd, uid)
                 if not reply.get("ok"):
                     raise ForkFailed(f"fork failed: {reply.get('error')}")
                 kc = km.client()
@@ -225,36 +228,38 @@ def kernel_environment(base: KernelFactory, runtime_dir: Path | None) -> dict[st
 
 
 async def _spawn(
-    template: TemplateProcess,
-    placeholder: int,
-    exit_write: int,
-    argv: list[str],
-    env: dict[str, str],
-    ws: Workspace,
-    uid: int | None,
-    base: KernelFactory,
+    template: TemplateProcess, placeholder: int, exit_write: int, argv: list[str], cwd: str, uid: int | None
 ) -> dict[str, Any]:
     """Ask the template for a kernel inside ``placeholder``'s sandbox."""
-    names = [n for n in NAMESPACES if os.path.exists(f"/proc/{placeholder}/ns/{n}")]
-    fds: list[int] = []
+    names, fds = _namespace_fds(placeholder)
     try:
-        fds.append(os.pidfd_open(placeholder))
-        fds.extend(os.open(f"/proc/{placeholder}/ns/{n}", os.O_RDONLY) for n in names)
         request = {
             "op": "spawn",
             "argv": argv,
-            "env": env,
-            "cwd": base.sandbox.workspace_path(ws.root),
+            "cwd": cwd,
             "uid": uid,
             "placeholder_pid": placeholder,
             "namespaces": names,
         }
         return await template.request(request, [exit_write, *fds])
-    except OSError as exc:  # the placeholder vanished under us
-        raise ForkFailed(f"the sandbox ended before the fork: {exc}") from exc
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _namespace_fds(pid: int) -> tuple[list[str], list[int]]:
+    """A pidfd for ``pid`` (so the template can check it is still the same process), then
+    descriptors for its namespaces, with their names."""
+    fds: list[int] = []
+    try:
+        fds.append(os.pidfd_open(pid))
+        names = [n for n in NAMESPACES if os.path.exists(f"/proc/{pid}/ns/{n}")]
+        fds.extend(os.open(f"/proc/{pid}/ns/{n}", os.O_RDONLY) for n in names)
+    except OSError as exc:  # the placeholder vanished under us
+        for fd in fds:
+            os.close(fd)
+        raise ForkFailed(f"the sandbox ended before the fork: {exc}") from exc
+    return names, fds
 
 
 async def _read_ready(stream: Any) -> None:

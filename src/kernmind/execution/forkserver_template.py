@@ -20,7 +20,7 @@ Design
   (user namespaces outermost first, each other namespace right after the user namespace
   that owns it) and forks the *kernel* (C2), which lands inside the sandbox's pid
   namespace. C2 starts a new session, closes every inherited descriptor, takes the
-  placeholder's rlimits, drops to the sandbox uid (when the server is root) with no capabilities,
+  placeholder's rlimits and environment, drops to the sandbox uid (when the server is root) with no capabilities,
   ``no_new_privs`` and a clean environment, reseeds random generators, starts the
   ipykernel app on its connection file, runs the setup cell, reports ``ready`` and serves.
   C1 waits for C2 and writes its exit status to the placeholder, which exits with it, so
@@ -33,7 +33,7 @@ Design
 Protocol (SOCK_SEQPACKET, one JSON object per packet, descriptors as SCM_RIGHTS):
 - template → server, once: ``{"op": "hello", "pid", "threads", "preloaded", "failed", "seconds"}``
 - server → template, first: ``{"server_pid", "preload": [modules], "setup", "kernel_args"}``
-- ``{"op": "spawn", "id", "argv", "env", "cwd", "uid", "placeholder_pid", "namespaces": [names]}``
+- ``{"op": "spawn", "id", "argv", "cwd", "uid", "placeholder_pid", "namespaces": [names]}``
   with descriptors ``[exit_pipe, placeholder_pidfd, *namespace_fds]`` → ``{"id", "ok": true,
   "pid"}`` once the kernel is ready, or ``{"id", "ok": false, "error"}``.
 - ``{"op": "ping", "id"}`` → ``{"id", "ok": true, "threads"}``.
@@ -200,11 +200,13 @@ def become_kernel(request: dict, limits: dict[str, tuple[int, int]], status: int
     template_mpl = os.environ.get("MPLCONFIGDIR")
     os.environ.clear()
     os.environ.update(request["env"])
+    os.environ.update(request["import_env"])  # what preloaded modules set, as they would have here
     if template_mpl and "matplotlib" in sys.modules:
         # matplotlib cached the template's config directory at import: make it, privately.
         os.makedirs(template_mpl, exist_ok=True)
     sys.argv = ["ipykernel_launcher", *request["argv"]]
-    sys.path.insert(0, request["cwd"])  # as for ``python -m ipykernel_launcher`` started there
+    # Import paths of the host that the sandbox does not have (site skips those at start-up).
+    sys.path[:] = [p for p in sys.path if p not in request["host_paths"] or os.path.exists(p)]
     reseed()
     app = start_app(request["argv"], request.get("setup", ""))
     os.write(status, b"ready\n")
@@ -252,8 +254,13 @@ def run_waiter(request: dict, fds: list[int], status: int) -> None:
     """In C1: enter the sandbox, fork the kernel into it, report, wait, pass on its exit status."""
     exit_pipe, placeholder, ns_fds = fds[0], fds[1], fds[2:]
     try:
-        # The kernel gets exactly the placeholder's rlimits (set by the sandbox layer).
-        limits = {name: resource.prlimit(request["placeholder_pid"], which) for name, which in RLIMITS.items()}
+        # The kernel gets exactly the placeholder's rlimits and environment (as the sandbox set them).
+        pid = request["placeholder_pid"]
+        limits = {name: resource.prlimit(pid, which) for name, which in RLIMITS.items()}
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            pairs = [item.partition(b"=") for item in fh.read().split(b"\0") if item]
+        request["env"] = {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+        request["host_paths"] = [p for p in sys.path if p and os.path.exists(p)]
         enter_namespaces(request["namespaces"], ns_fds)
         signal.pidfd_send_signal(placeholder, 0)  # still alive: the pid was not reused meanwhile
         for fd in ns_fds:
@@ -299,9 +306,10 @@ def wait_for(kernel: int, placeholder: int) -> int:
 
 
 class Template:
-    def __init__(self, control: socket.socket, setup: str) -> None:
+    def __init__(self, control: socket.socket, setup: str, import_env: dict[str, str]) -> None:
         self.control = control
         self.setup = setup
+        self.import_env = import_env
         self.pending: dict[int, dict] = {}  # status pipe -> {"id", "pid", "buffer"}
 
     def send(self, message: dict, fds: list[int] | None = None) -> None:
@@ -316,6 +324,7 @@ class Template:
         if len(fds) != expected:
             raise ValueError(f"expected {expected} descriptors, got {len(fds)}")
         request["setup"] = self.setup
+        request["import_env"] = self.import_env
         read_end, write_end = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -406,14 +415,18 @@ def main() -> None:
     if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
         del sys.path[0]  # this script's directory is not a place kernels import from
     started = time.monotonic()
+    environment = dict(os.environ)
     loaded, failed = preload(["ipykernel.kernelapp", *config["preload"]])
     if "ipykernel.kernelapp" in failed:
-        control.send(json.dumps({"op": "hello", "ok": False, "error": "ipykernel cannot be imported"}).encode())
+        control.send(
+            json.dumps({"op": "hello", "ok": False, "error": "ipykernel cannot be imported"}).encode()
+        )
         return
     preload(discover_kernel_modules(config["setup"], config["kernel_args"]))
     gc.collect()
     gc.freeze()
-    template = Template(control, config["setup"])
+    import_env = {k: v for k, v in os.environ.items() if environment.get(k) != v}
+    template = Template(control, config["setup"], import_env)
     template.send(
         {
             "op": "hello",
