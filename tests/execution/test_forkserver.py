@@ -332,3 +332,121 @@ def children_of(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
         return []
+
+
+# --- as a normal user ----------------------------------------------------------------------------
+
+USER = "kernmind-ci"
+
+AS_USER_DRIVER = r"""
+import anyio, json, os, sys, tempfile, time
+from pathlib import Path
+from kernmind.execution.forkserver_kernels import ForkKernelFactory
+from kernmind.execution.kernels import KernelFactory, PythonRuntime
+from kernmind.execution.results import OutputCollector
+from kernmind.execution.sandbox import Sandbox
+
+CODE = '''
+import json, os, socket, subprocess
+status = dict(l.split(":", 1) for l in open("/proc/self/status"))
+subprocess.Popen(["sh", "-c", "sleep 300", "as-user-bg-marker"], start_new_session=True)
+print(json.dumps({
+    "uid": os.getuid(), "cwd": os.getcwd(),
+    "caps": [status[k].strip() for k in ("CapPrm", "CapEff", "CapBnd", "CapAmb")],
+    "no_new_privs": status["NoNewPrivs"].strip(),
+    "interfaces": sorted(n for _, n in socket.if_nameindex()),
+    "host_dir_visible": os.path.exists(HOST_DIR),
+}))
+'''
+
+async def main():
+    sandbox = Sandbox.detect("required")
+    base = KernelFactory(sandbox, PythonRuntime.probe(None), Path(sys.argv[1]))
+    forks = ForkKernelFactory(base)
+    async with forks.running():
+        template = await forks.server.template(wait=120)
+        if template is None:
+            print(json.dumps({"error": forks.status()}))
+            return
+        kernel = await forks.fork(template)
+        collector = OutputCollector(10_000)
+        code = CODE.replace("HOST_DIR", repr(os.environ["HOME"]))  # the driver's home on the host
+        await kernel.execute(code, collector, deadline=time.monotonic() + 60)
+        report = json.loads("".join(collector.logs().stdout))
+        report["as_root"] = sandbox.as_root
+        report["kernel_uid"] = kernel.uid
+        await kernel.shutdown()
+    print(json.dumps(report))
+
+anyio.run(main)
+"""
+
+
+def readable_prefix_mounts(paths: list[str]) -> str:
+    """Shell that, in a private mount namespace, makes ``paths`` reachable for another user:
+    each 0700 ancestor (such as /root, where pyenv lives) is covered by a 0755 tmpfs holding
+    binds of just the children on the way to the paths."""
+    script = ["set -e", "stash=$(mktemp -d)"]
+    done: set[str] = set()
+    for path in paths:
+        parts = Path(path).parts
+        for depth in range(1, len(parts)):
+            ancestor = str(Path(*parts[:depth]))
+            if os.stat(ancestor).st_mode & 0o005 == 0o005 or ancestor in done:
+                continue
+            done.add(ancestor)
+            children = sorted({Path(p).parts[depth] for p in paths if Path(p).parts[:depth] == parts[:depth]})
+            script.append(f"mkdir -p $stash{ancestor} && mount --bind {ancestor} $stash{ancestor}")
+            script.append(f"mount -t tmpfs -o mode=755 tmpfs {ancestor}")
+            for child in children:
+                script.append(f"mkdir -p {ancestor}/{child} && mount --bind $stash{ancestor}/{child} {ancestor}/{child}")
+    return "; ".join(script)
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="needs root to create and switch to a test user")
+def test_fork_server_as_a_normal_user() -> None:
+    """Unprivileged: the template forks into a user-namespace sandbox; the kernel has no
+    capabilities, no network, the user's own uid (one uid: no per-kernel uid without root)."""
+    import pwd
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    try:
+        user = pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER], check=True)
+        user = pwd.getpwnam(USER)
+    shared = Path(tempfile.mkdtemp(prefix="kernmind-fork-user-"))
+    try:
+        shared.chmod(0o755)
+        (shared / "driver.py").write_text(AS_USER_DRIVER)
+        (shared / "driver.py").chmod(0o644)
+        workspaces = shared / "ws"
+        workspaces.mkdir()
+        os.chown(workspaces, user.pw_uid, user.pw_gid)
+        runtime = PythonRuntime.probe(None)
+        prepare = readable_prefix_mounts([*runtime.paths, sys.executable])
+        inner = (
+            f"setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups "
+            f"env -i PATH=/usr/bin:/bin HOME={shared} {sys.executable} {shared}/driver.py {workspaces}"
+        )
+        proc = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", f"{prepare}; {inner}"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert "error" not in report, report
+        if report["as_root"]:
+            pytest.skip("the driver did not run unprivileged")
+        assert report["uid"] == user.pw_uid and report["kernel_uid"] is None
+        assert report["caps"] == ["0000000000000000"] * 4 and report["no_new_privs"] == "1"
+        assert report["cwd"] == "/workspace" and report["host_dir_visible"] is False
+        assert report["interfaces"] == ["lo"]
+        assert not processes_matching("as-user-bg-marker")  # it ended with its sandbox
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
