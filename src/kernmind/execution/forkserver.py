@@ -45,7 +45,7 @@ TEMPLATE_SCRIPT = Path(__file__).with_name("forkserver_template.py")
 MAX_PACKET = 1 << 20
 HELLO_TIMEOUT = 120.0  # importing pandas & co. on a busy 2-core machine can take a while
 RESTART_BACKOFF = 5.0
-DEFAULT_PRELOAD = ("numpy", "pandas", "matplotlib.pyplot", "matplotlib_inline.backend_inline")
+DEFAULT_PRELOAD = ("numpy", "pandas", "matplotlib.pyplot")
 
 
 def template_dirs(home: Path) -> dict[str, str]:

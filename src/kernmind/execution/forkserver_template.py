@@ -422,6 +422,9 @@ def main() -> None:
             json.dumps({"op": "hello", "ok": False, "error": "ipykernel cannot be imported"}).encode()
         )
         return
+    backend = os.environ.get("MPLBACKEND", "")
+    if "matplotlib" in sys.modules and backend.startswith("module://"):
+        preload([backend.removeprefix("module://")])  # the backend pyplot loads on the first plot
     preload(discover_kernel_modules(config["setup"], config["kernel_args"]))
     gc.collect()
     gc.freeze()
