@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -399,7 +404,9 @@ def readable_prefix_mounts(paths: list[str]) -> str:
             script.append(f"mkdir -p $stash{ancestor} && mount --bind {ancestor} $stash{ancestor}")
             script.append(f"mount -t tmpfs -o mode=755 tmpfs {ancestor}")
             for child in children:
-                script.append(f"mkdir -p {ancestor}/{child} && mount --bind $stash{ancestor}/{child} {ancestor}/{child}")
+                script.append(
+                    f"mkdir -p {ancestor}/{child} && mount --bind $stash{ancestor}/{child} {ancestor}/{child}"
+                )
     return "; ".join(script)
 
 
@@ -407,16 +414,12 @@ def readable_prefix_mounts(paths: list[str]) -> str:
 def test_fork_server_as_a_normal_user() -> None:
     """Unprivileged: the template forks into a user-namespace sandbox; the kernel has no
     capabilities, no network, the user's own uid (one uid: no per-kernel uid without root)."""
-    import pwd
-    import shutil
-    import subprocess
-    import sys
-    import tempfile
-
     try:
         user = pwd.getpwnam(USER)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER], check=True)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER], check=True
+        )
         user = pwd.getpwnam(USER)
     shared = Path(tempfile.mkdtemp(prefix="kernmind-fork-user-"))
     try:
