@@ -153,6 +153,12 @@ class Settings(BaseSettings):
         description="require `Authorization: Bearer <token>` on every HTTP request "
         "(prefer the variable: flags show in `ps`)",
     )
+    max_request_mb: Annotated[int, Cli(Group.TRANSPORT, metavar="MB")] = Field(
+        default=32,
+        ge=1,
+        le=1024,
+        description="largest HTTP request body (MiB); a larger one gets a 413 that says so",
+    )
 
     # --- memory ---
     embedding_model: Annotated[str, Cli(Group.MEMORY, metavar="MODEL")] = Field(

@@ -226,15 +226,19 @@ def settings_as_args(settings: Settings, groups: Iterable[Group]) -> tuple[list[
     return args, env
 
 
+def where_set(name: str) -> str:
+    """How a user sets this setting: ``--pool-size / KERNMIND_POOL_SIZE``."""
+    spec = next((s for s in specs() if s.name == name), None)
+    if spec is None:
+        return name
+    return spec.env if spec.cli.env_only else f"{spec.flag} / {spec.env}"
+
+
 def describe_settings_error(exc: ValidationError) -> str:
     """One line per refused setting, naming its flag and variable."""
-    by_name = {s.name: s for s in specs()}
     lines = []
     for err in exc.errors(include_url=False):
-        name = str(err["loc"][0]) if err["loc"] else ""
-        spec = by_name.get(name)
-        where = f"{spec.flag} / {spec.env}" if spec else name
-        lines.append(f"  {where}: {problem(err)}")
+        lines.append(f"  {where_set(str(err['loc'][0]) if err['loc'] else '')}: {problem(err)}")
     return "invalid settings:\n" + "\n".join(lines)
 
 
