@@ -161,8 +161,11 @@ class Settings(BaseSettings):
     )
 
     # --- memory ---
-    embedding_model: Annotated[str | None, Cli(Group.MEMORY, metavar="MODEL")] = Field(
-        default=None, description="embedding model for archival search"
+    embedding_model: Annotated[str, Cli(Group.MEMORY, metavar="MODEL")] = Field(
+        default="local",
+        min_length=1,
+        description="meaning search: `local` (the bundled offline model), `none` (full text only), "
+        "or a model name at the OpenAI-compatible endpoint",
     )
     embedding_base_url: Annotated[str | None, Cli(Group.MEMORY, metavar="URL", shown_default="OpenAI")] = (
         Field(default=None, description="OpenAI-compatible embeddings endpoint")

@@ -36,6 +36,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Annotated, Any, Literal, TypeVar
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from mcp_types import EmptyResult, SubscribeRequestParams, ToolAnnotations, UnsubscribeRequestParams
@@ -54,7 +55,7 @@ from kernmind.memory.block_results import (
     UndoResult,
     render_blocks,
 )
-from kernmind.memory.embeddings import Embedder, OpenAIEmbedder
+from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, make_embedder
 from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.records import iso
 from kernmind.memory.store import MemoryStore
@@ -107,18 +108,11 @@ def block_uri(label: str) -> str:
     return f"{BLOCKS_URI}/{label}"
 
 
-def make_embedder(settings: Settings) -> Embedder | None:
-    if not settings.embedding_model:
-        return None
-    return OpenAIEmbedder(settings.embedding_model, settings.embedding_base_url, settings.embedding_api_key)
-
-
 class MemoryTools:
     """Owns the memory store for one server and registers the memory surface on it."""
 
-    def __init__(self, settings: Settings, *, embedder: Embedder | None = None) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._embedder = embedder
         self._store: MemoryStore | None = None
         self._archive: Archive | None = None
         # legacy resources/subscribe: uri -> client connections (weakly held: a closed one drops out)
@@ -129,17 +123,39 @@ class MemoryTools:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         store = await MemoryStore.from_settings(self.settings).open()
-        embedder = self._embedder if self._embedder is not None else make_embedder(self.settings)
-        self._store, self._archive = store, Archive(store.passages, embedder)
-        log.info("memory: %s (namespace %r)", store.location, store.namespace)
+        embedder = make_embedder(self.settings)
+        archive = Archive(store.passages, embedder)
+        self._store, self._archive = store, archive
+        log.info(
+            "memory: %s (namespace %r, meaning search: %s)",
+            store.location,
+            store.namespace,
+            embedder.model if embedder is not None else "off",
+        )
         try:
-            yield
+            async with anyio.create_task_group() as background:
+                background.start_soon(self._warm_up, embedder)
+                background.start_soon(archive.recall.backfill)
+                try:
+                    yield
+                finally:
+                    background.cancel_scope.cancel()
         finally:
             self._store = self._archive = None
-            if isinstance(embedder, OpenAIEmbedder) and embedder is not self._embedder:
+            if embedder is not None:
                 with contextlib.suppress(Exception):
                     await embedder.aclose()
             await store.close()
+
+    @staticmethod
+    async def _warm_up(embedder: Embedder | None) -> None:
+        """Load the embedding model now, off the request path (the first search would wait)."""
+        if embedder is None:
+            return
+        try:
+            await embedder.ready()
+        except EmbeddingUnavailable as exc:
+            log.warning("meaning search unavailable, full text only: %s", exc)
 
     @property
     def store(self) -> MemoryStore:
