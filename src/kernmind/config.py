@@ -1,17 +1,32 @@
-"""One settings model for the whole server.
+"""One settings model for the whole server, declared once.
+
+Every setting is a field of :class:`Settings` with its type, bounds, default and a
+description. Everything else is derived from that declaration (see ``settings_cli.py``):
+the command-line flag and its ``--help`` line, the ``KERNMIND_*`` environment variable,
+the flags the agent passes to the server it launches, and README's configuration table
+(``python -m kernmind.settings_cli`` prints it; a test checks README against it).
+
+To add a setting, add a field here with a ``description``; annotate it with
+``Cli(...)`` only to choose its group (which subcommands take it), its flag's name or
+metavar, how README shows its default, or to keep it out of the command line (secrets:
+flags are visible in ``ps``). A field without ``Cli`` is a server setting in the
+``execution`` group, taken by ``serve``, ``agent`` and ``doctor``.
 
 Precedence: command-line flags > ``KERNMIND_*`` environment variables > defaults.
-The CLI passes only the flags a user actually gave (``None`` means "not given"), so
-pydantic-settings' own rule (init kwargs beat the environment) gives exactly that order.
+The CLI passes only the flags a user actually gave, so pydantic-settings' own rule
+(init kwargs beat the environment) gives exactly that order. Non-finite numbers
+(``nan``, ``inf``) are refused for every numeric setting.
 
-Derived paths (database, workspaces) are resolved once by :meth:`Settings.resolved`
-so that every component sees the same absolute locations.
+Derived paths (database, workspaces) are resolved once by :attr:`Settings.db_path` and
+:attr:`Settings.workspaces_dir` so that every component sees the same absolute locations.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import platformdirs
 from pydantic import Field, field_validator
@@ -20,77 +35,175 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 MIN_MEMORY_MB = 256  # measured: ipykernel + numpy + pandas + matplotlib map ≈ 185 MiB of RLIMIT_DATA
 SandboxMode = Literal["auto", "bwrap", "none", "required"]
 Transport = Literal["stdio", "http"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+class Group(StrEnum):
+    """Which part of kernmind a setting shapes; each subcommand takes some groups."""
+
+    STORAGE = "storage"
+    EXECUTION = "execution"
+    SANDBOX = "sandbox"
+    TRANSPORT = "transport"
+    MEMORY = "memory"
+    LOGGING = "logging"
+
+
+@dataclass(frozen=True)
+class Cli:
+    """How a setting appears outside Python (see the module docstring)."""
+
+    group: Group = Group.EXECUTION
+    flag: str | None = None  # default: --field-name
+    metavar: str | None = None
+    shown_default: str | None = None  # Markdown: how README and --help show a computed default
+    env_only: bool = False  # no flag (secrets); the KERNMIND_* variable still works
 
 
 def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("kernmind", appauthor=False))
 
 
+def _default_blocks() -> dict[str, str]:
+    return {
+        "persona": "Who you are: your role, personality and how you should behave. Keep it up to date.",
+        "human": "What you know about the person you are talking with: name, preferences, context.",
+    }
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KERNMIND_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="KERNMIND_", extra="ignore", allow_inf_nan=False)
 
     # --- storage and identity ---
-    data_dir: Path = Field(default_factory=default_data_dir, description="Where workspaces and the DB live.")
-    db: Path | None = Field(default=None, description="SQLite database (default: <data_dir>/kernmind.db).")
-    agent: str = Field(default="default", min_length=1, max_length=128, description="Memory namespace.")
+    data_dir: Annotated[
+        Path, Cli(Group.STORAGE, metavar="DIR", shown_default="`~/.local/share/kernmind`")
+    ] = Field(default_factory=default_data_dir, description="workspaces and the database")
+    db: Annotated[
+        Path | None, Cli(Group.STORAGE, metavar="PATH", shown_default="`<data dir>/kernmind.db`")
+    ] = Field(default=None, description="SQLite database file")
+    agent: Annotated[str, Cli(Group.STORAGE, metavar="NAME")] = Field(
+        default="default", min_length=1, max_length=128, description="memory namespace"
+    )
 
     # --- code execution ---
-    stateless: bool = Field(default=False, description="Every run_code call gets a fresh interpreter.")
-    kernel_python: Path | None = Field(default=None, description="Python with ipykernel that runs kernels.")
-    pool_size: int = Field(default=2, ge=0, le=32, description="Pre-started kernels kept warm.")
-    max_sessions: int = Field(default=16, ge=1, le=256, description="Cap on live kernel sessions.")
-    idle_timeout: float = Field(default=3600.0, gt=0, description="Seconds before an idle session is reaped.")
-    timeout: float = Field(default=60.0, gt=0, description="Default per-call time limit (seconds).")
-    max_timeout: float = Field(default=900.0, gt=0, description="Largest timeout a call may ask for.")
-    max_output_chars: int = Field(default=50_000, ge=1000, description="Output budget per call.")
-    max_result_bytes: int = Field(
+    stateless: bool = Field(
+        default=False, description="every `run_code` call gets a fresh interpreter and an empty directory"
+    )
+    kernel_python: Annotated[Path | None, Cli(metavar="PYTHON", shown_default="the server's Python")] = Field(
+        default=None, description="interpreter (with ipykernel) that runs kernels"
+    )
+    pool_size: Annotated[int, Cli(metavar="N")] = Field(
+        default=2, ge=0, le=32, description="pre-started kernels kept warm (0–32)"
+    )
+    max_sessions: Annotated[int, Cli(metavar="N")] = Field(
+        default=16, ge=1, le=256, description="cap on live sessions"
+    )
+    idle_timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
+        default=3600.0, gt=0, description="seconds before an idle session is closed"
+    )
+    timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
+        default=60.0, gt=0, description="default per-call time limit (s)"
+    )
+    max_timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
+        default=900.0, gt=0, description="largest `timeout` a call may ask for (s)"
+    )
+    max_output_chars: Annotated[int, Cli(metavar="N")] = Field(
+        default=50_000, ge=1000, description="output budget per call (head and tail kept)"
+    )
+    max_result_bytes: Annotated[int, Cli(metavar="BYTES")] = Field(
         default=4 * 1024 * 1024,
         ge=10_000,
-        description="Budget per tool result for images, HTML, JSON and file content (bytes).",
+        description="budget per result for images, HTML, JSON and other rich output; what does not "
+        "fit is left out with a note",
     )
-    max_download_mb: int = Field(
-        default=20, ge=1, description="Largest file a workspace resource read returns (MiB)."
+    max_download_mb: Annotated[int, Cli(metavar="MIB")] = Field(
+        default=20, ge=1, description="largest file a `workspace://` resource read returns (MiB)"
     )
 
     # --- sandbox and limits ---
-    sandbox: SandboxMode = "auto"
-    allow_network: bool = False
-    memory_mb: int = Field(
+    sandbox: Annotated[SandboxMode, Cli(Group.SANDBOX)] = Field(
+        default="auto",
+        description="`auto`: bubblewrap if it works, else none with a warning; "
+        "`required`/`bwrap`: refuse to start without it",
+    )
+    allow_network: Annotated[bool, Cli(Group.SANDBOX)] = Field(
+        default=False, description="let sandboxed code use the network"
+    )
+    memory_mb: Annotated[int, Cli(Group.SANDBOX, metavar="MIB")] = Field(
         default=2048,
         ge=MIN_MEMORY_MB,
-        description=(
-            "Memory limit per session/process (MiB): RLIMIT_DATA, the private writable memory a "
-            f"process maps (heap, thread stacks, BLAS buffers). At least {MIN_MEMORY_MB}: a kernel "
-            "with numpy, pandas and matplotlib imported maps about 185 MiB."
-        ),
+        description=f"memory limit per session/process (MiB): RLIMIT_DATA, the private memory a process "
+        f"maps (heap, thread stacks, BLAS buffers); at least {MIN_MEMORY_MB}, since a kernel with numpy, "
+        "pandas and matplotlib maps ≈ 185 MiB",
     )
-    cpu_seconds: int = Field(default=3600, ge=1, description="CPU-time limit per kernel process.")
-    max_processes: int = Field(default=256, ge=16, description="Processes/threads per sandbox.")
-    max_file_mb: int = Field(default=1024, ge=1, description="Largest file code may write (MiB).")
-    workspace_mb: int = Field(default=2048, ge=1, description="Total size of a session's workspace (MiB).")
-    max_open_files: int = Field(default=1024, ge=64)
+    cpu_seconds: Annotated[int, Cli(Group.SANDBOX, metavar="SECONDS")] = Field(
+        default=3600, ge=1, description="CPU-time limit per kernel/process"
+    )
+    max_processes: Annotated[int, Cli(Group.SANDBOX, metavar="N")] = Field(
+        default=256, ge=16, description="processes/threads per sandbox"
+    )
+    max_file_mb: Annotated[int, Cli(Group.SANDBOX, metavar="MIB")] = Field(
+        default=1024, ge=1, description="largest file code may write (MiB)"
+    )
+    workspace_mb: Annotated[int, Cli(Group.SANDBOX, metavar="MIB")] = Field(
+        default=2048, ge=1, description="total size of a session's working directory (MiB)"
+    )
+    max_open_files: Annotated[int, Cli(Group.SANDBOX, metavar="N")] = Field(
+        default=1024, ge=64, description="open files per process"
+    )
 
-    # --- transport ---
-    transport: Transport = "stdio"
-    host: str = "127.0.0.1"
-    port: int = Field(default=8765, ge=0, le=65535)
-    token: str | None = None
+    # --- transport (kernmind serve only) ---
+    transport: Annotated[Transport, Cli(Group.TRANSPORT)] = Field(
+        default="stdio", description="how `kernmind serve` talks to clients"
+    )
+    host: Annotated[str, Cli(Group.TRANSPORT)] = Field(
+        default="127.0.0.1", description="HTTP bind address; a non-loopback address needs a token"
+    )
+    port: Annotated[int, Cli(Group.TRANSPORT)] = Field(
+        default=8765, ge=0, le=65535, description="HTTP port (`0` picks a free one and prints it)"
+    )
+    token: Annotated[str | None, Cli(Group.TRANSPORT)] = Field(
+        default=None,
+        description="require `Authorization: Bearer <token>` on every HTTP request "
+        "(prefer the variable: flags show in `ps`)",
+    )
+    max_request_mb: Annotated[int, Cli(Group.TRANSPORT, metavar="MB")] = Field(
+        default=32,
+        ge=1,
+        le=1024,
+        description="largest HTTP request body (MiB); a larger one gets a 413 that says so",
+    )
 
     # --- memory ---
-    embedding_model: str | None = None
-    embedding_base_url: str | None = None
-    embedding_api_key: str | None = None
-    memory_block_limit: int = Field(default=5000, ge=1, description="Default character limit of a new block.")
-    memory_default_blocks: dict[str, str] = Field(
-        default_factory=lambda: {
-            "persona": "Who you are: your role, personality and how you should behave. Keep it up to date.",
-            "human": "What you know about the person you are talking with: name, preferences, context.",
-        },
-        description="Blocks (label -> description) a fresh memory namespace starts with.",
+    embedding_model: Annotated[str, Cli(Group.MEMORY, metavar="MODEL")] = Field(
+        default="local",
+        min_length=1,
+        description="meaning search: `local` (the bundled offline model), `none` (full text only), "
+        "or a model name at the OpenAI-compatible endpoint",
     )
-    archival_max_chars: int = Field(default=10_000, ge=100, description="Longest archival passage (chars).")
+    embedding_base_url: Annotated[str | None, Cli(Group.MEMORY, metavar="URL", shown_default="OpenAI")] = (
+        Field(default=None, description="OpenAI-compatible embeddings endpoint")
+    )
+    embedding_api_key: Annotated[
+        str | None, Cli(Group.MEMORY, env_only=True, shown_default="`$OPENAI_API_KEY`")
+    ] = Field(default=None, description="key for the embeddings endpoint")
+    memory_block_limit: Annotated[int, Cli(Group.MEMORY, metavar="CHARS")] = Field(
+        default=5000, ge=1, description="default character limit of a new block"
+    )
+    memory_block_max_limit: Annotated[int, Cli(Group.MEMORY, metavar="CHARS")] = Field(
+        default=100_000, ge=1, le=10_000_000, description="the largest `limit` a block may be given"
+    )
+    memory_default_blocks: Annotated[
+        dict[str, str], Cli(Group.MEMORY, metavar="JSON", shown_default="`persona`, `human`")
+    ] = Field(
+        default_factory=_default_blocks,
+        description="JSON `{label: description}` a new namespace starts with",
+    )
+    archival_max_chars: Annotated[int, Cli(Group.MEMORY, metavar="CHARS")] = Field(
+        default=10_000, ge=100, description="longest archival passage"
+    )
 
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Annotated[LogLevel, Cli(Group.LOGGING)] = Field(default="INFO", description="stderr log level")
 
     @field_validator("data_dir", "db", "kernel_python", mode="after")
     @classmethod
@@ -104,7 +217,3 @@ class Settings(BaseSettings):
     @property
     def workspaces_dir(self) -> Path:
         return (self.data_dir / "workspaces").absolute()
-
-    def effective_timeout(self, requested: float | None) -> float:
-        """The time limit for one call: the request (or the default), capped by the maximum."""
-        return min(requested if requested is not None else self.timeout, self.max_timeout)

@@ -19,6 +19,7 @@ from kernmind.config import Settings
 from kernmind.execution.executor import Executor
 from kernmind.execution.tools import ExecutionTools
 from kernmind.memory.tools import MemoryTools
+from kernmind.tool_arguments import strict_tool_arguments
 
 INSTRUCTIONS = """\
 kernmind gives you a sandboxed place to run code and a memory that lasts.
@@ -42,4 +43,5 @@ def create_server(settings: Settings | None = None) -> MCPServer:
     server = MCPServer("kernmind", version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan)
     ExecutionTools(executor, settings).register(server)
     memory.register(server)
+    strict_tool_arguments(server)  # last: every tool refuses unknown arguments and NaN, in words
     return server

@@ -259,9 +259,9 @@ async def test_history_and_undo(client: Client) -> None:
     await ok(client, "memory_replace", label="human", old_str="v3", new_str="v4")
     h = (await ok(client, "memory_history", label="human"))["entries"]
     assert [(e["op"], e["version"]) for e in h] == [
-        ("memory_replace", 4),
-        ("memory_append", 3),
-        ("memory_append", 2),
+        ("replace", 4),
+        ("append", 3),
+        ("append", 2),
         ("seed", 1),
     ]
     assert h[0]["old"] == "v2\nv3" and h[0]["new"] == "v2\nv4" and h[0]["at"].endswith("Z")

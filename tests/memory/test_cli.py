@@ -11,15 +11,17 @@ import anyio
 import pytest
 
 from kernmind.cli import main
-from kernmind.memory.store import MemoryStore, PassageIn
+from kernmind.memory.database import PassageFilter
+from kernmind.memory.records import PassageIn
+from kernmind.memory.store import MemoryStore
 
 
 def seed(db: Path, agent: str) -> None:
     async def go() -> None:
         async with MemoryStore(db, agent, default_blocks={"persona": "p", "human": "h"}) as store:
-            await store.append("human", "Name: Ada")
-            await store.create_block("rules", "be brief", "house rules", 100, read_only=True)
-            await store.insert_passages(
+            await store.blocks.append("human", "Name: Ada")
+            await store.blocks.create("rules", "be brief", "house rules", 100, read_only=True)
+            await store.passages.add(
                 [PassageIn("met Ada in Paris", ["travel"], 1710072000.0), PassageIn("Ada likes tea", [])]
             )
 
@@ -30,9 +32,9 @@ def dump(db: Path, agent: str) -> tuple[dict[str, tuple[str, str, int, bool]], l
     async def go() -> tuple[dict[str, tuple[str, str, int, bool]], list[tuple[str, list[str]]]]:
         async with MemoryStore(db, agent) as store:
             blocks = {
-                b.label: (b.value, b.description, b.limit, b.read_only) for b in await store.list_blocks()
+                b.label: (b.value, b.description, b.limit, b.read_only) for b in await store.blocks.list()
             }
-            passages = await store.search_fts("", limit=100)
+            passages = await store.passages.search_text("", PassageFilter(), 100, 0)
             return blocks, sorted((p.content, p.tags) for p in passages)
 
     return anyio.run(go)
@@ -44,7 +46,7 @@ def test_export_import_roundtrip_into_another_namespace(tmp_path: Path) -> None:
     out = tmp_path / "alice.json"
     assert main(["memory", "export", "--db", str(db), "--agent", "alice", "-o", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["format"] == "kernmind-memory" and doc["agent"] == "alice"
+    assert doc["format"] == "kernmind-memory" and doc["namespace"] == "alice"
     assert {b["label"] for b in doc["blocks"]} == {"persona", "human", "rules"}
     assert {p["content"] for p in doc["passages"]} == {"met Ada in Paris", "Ada likes tea"}
 
@@ -56,7 +58,10 @@ def test_export_import_roundtrip_into_another_namespace(tmp_path: Path) -> None:
     # dates survive: the Paris passage is still from 2024-03-10
     async def dated() -> list[str]:
         async with MemoryStore(db2, "bob") as store:
-            return [p.content for p in await store.search_fts("", end=1710115200.0)]
+            return [
+                p.content
+                for p in await store.passages.search_text("", PassageFilter(end=1710115200.0), 10, 0)
+            ]
 
     assert anyio.run(dated) == ["met Ada in Paris"]
 
@@ -78,7 +83,7 @@ def test_import_over_untouched_default_blocks(tmp_path: Path) -> None:
     # a server already ran on the new machine and seeded empty persona/human blocks
     async def fresh_server_namespace() -> None:
         async with MemoryStore(tmp_path / "new.db", default_blocks={"persona": "p", "human": "h"}) as store:
-            assert [b.label for b in await store.list_blocks()] == ["persona", "human"]
+            assert [b.label for b in await store.blocks.list()] == ["persona", "human"]
 
     anyio.run(fresh_server_namespace)
     assert main(["memory", "import", str(out), "--db", str(tmp_path / "new.db")]) == 0
@@ -96,7 +101,7 @@ def test_export_to_stdout_with_history(tmp_path: Path) -> None:
         check=True,
     )
     doc = json.loads(proc.stdout)
-    assert [h["op"] for h in doc["history"] if h["label"] == "human"] == ["seed", "memory_append"]
+    assert [h["op"] for h in doc["history"] if h["label"] == "human"] == ["seed", "append"]
 
 
 @pytest.mark.parametrize("content", ["not json", '{"format": "other"}', "[1, 2]"])
@@ -106,3 +111,64 @@ def test_import_rejects_bad_files(tmp_path: Path, content: str, capsys: pytest.C
     assert main(["memory", "import", str(bad), "--db", str(tmp_path / "m.db")]) == 1
     assert "kernmind memory import" in capsys.readouterr().err
     assert main(["memory", "import", "--db", str(tmp_path / "m.db")]) == 2
+
+
+def test_flags_may_come_anywhere(tmp_path: Path) -> None:
+    """import --data-dir DIR FILE, FILE --data-dir DIR, and --data-dir before the action all work."""
+    db = tmp_path / "src.db"
+    seed(db, "alice")
+    out = tmp_path / "a.json"
+    assert main(["memory", "export", "--db", str(db), "--agent", "alice", "-o", str(out)]) == 0
+    for i, order in enumerate(
+        [
+            ["memory", "import", "--data-dir", "{d}", str(out)],
+            ["memory", "import", str(out), "--data-dir", "{d}"],
+            ["memory", "--data-dir", "{d}", "import", str(out)],
+            ["memory", "--data-dir", "{d}", "import", "--replace", str(out), "--agent", "default"],
+        ]
+    ):
+        d = tmp_path / f"dir{i}"
+        assert main([a.replace("{d}", str(d)) for a in order]) == 0, order
+        assert dump(d / "kernmind.db", "default") == dump(db, "alice"), order
+
+
+def test_memory_help_lists_only_memory_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    """kernmind memory --help shows storage and memory flags, not the server's."""
+    with pytest.raises(SystemExit):
+        main(["memory", "--help"])
+    text = capsys.readouterr().out
+    for flag in ("--db", "--agent", "--embedding-model", "show", "search", "export", "import"):
+        assert flag in text
+    for flag in ("--sandbox", "--pool-size", "--transport", "--port", "--token", "--timeout", "--memory-mb"):
+        assert flag not in text
+
+
+def test_show_lists_blocks_and_prints_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """memory show: a table of the blocks; memory show LABEL: that block as the agent sees it."""
+    db = tmp_path / "m.db"
+    seed(db, "default")
+    capsys.readouterr()
+    assert main(["memory", "show", "--db", str(db)]) == 0
+    table = capsys.readouterr().out
+    assert "human" in table and "9/5000" in table and "rules" in table and "(read-only)" in table
+    assert main(["memory", "show", "human", "--db", str(db)]) == 0
+    assert "<value>\nName: Ada\n</value>" in capsys.readouterr().out
+    assert main(["memory", "show", "nope", "--db", str(db)]) == 1
+    err = capsys.readouterr().err
+    assert "no memory block labelled 'nope'" in err and "'human'" in err
+
+
+def test_search_from_the_shell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """memory search QUERY ranks archival passages like the tool (word forms, tags, meaning)."""
+    db = tmp_path / "m.db"
+    seed(db, "default")
+    capsys.readouterr()
+    assert main(["memory", "search", "meeting Ada in France", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert out.index("met Ada in Paris") < out.index("Ada likes tea") and "ranked by hybrid" in out
+    assert (
+        main(["memory", "search", "Ada", "--tag", "travel", "--db", str(db), "--embedding-model", "none"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "ranked by bm25" in out and "met Ada in Paris" in out and "tea" not in out

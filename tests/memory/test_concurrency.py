@@ -23,6 +23,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
+from kernmind.memory.database import PassageFilter
 from kernmind.memory.store import MemoryStore
 from kernmind.server import create_server
 
@@ -150,7 +151,7 @@ async def test_kill_9_mid_burst_keeps_every_acknowledged_write(tmp_path: Path) -
 
     with pytest.raises(BaseException):  # noqa: B017 - the transport dies with the server
         async with Client(stdio_server(db, tmp_path), read_timeout_seconds=10) as client:
-            await ok(client, "memory_create", label="burst", limit=1_000_000)
+            await ok(client, "memory_create", label="burst", limit=100_000)
             [pid] = child_pids_running(str(db))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(block_burst, client)
@@ -165,13 +166,13 @@ async def test_kill_9_mid_burst_keeps_every_acknowledged_write(tmp_path: Path) -
     with sqlite3.connect(db) as con:
         assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     async with MemoryStore(db) as store:  # reopen: recovers the WAL, migrations are idempotent
-        value = (await store.get_block("burst")).value
+        value = (await store.blocks.get("burst")).value
         lines = value.split("\n")
         assert lines[: len(acked_lines)] == acked_lines  # every acknowledged append, in order
         assert len(lines) <= len(acked_lines) + 1  # at most the one in flight when killed
-        found = await store.get_passages(list(acked_passages))
+        found = await store.passages.get(list(acked_passages))
         assert {pid: p.content for pid, p in found.items()} == acked_passages
-        hits = await store.search_fts("crash safety", limit=100_000)
+        hits = await store.passages.search_text("crash safety", PassageFilter(), 100_000, 0)
         assert set(acked_passages) <= {h.id for h in hits}  # the FTS index survived too
     with sqlite3.connect(db) as con:
         assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

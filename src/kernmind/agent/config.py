@@ -65,46 +65,22 @@ class AgentConfig:
     include_server_instructions: bool = True
 
 
-_SETTING_FLAGS: dict[str, str] = {
-    "data_dir": "--data-dir",
-    "agent": "--agent",
-    "sandbox": "--sandbox",
-    "timeout": "--timeout",
-    "max_timeout": "--max-timeout",
-    "memory_mb": "--memory-mb",
-    "pool_size": "--pool-size",
-    "max_sessions": "--max-sessions",
-    "idle_timeout": "--idle-timeout",
-    "max_output_chars": "--max-output-chars",
-    "kernel_python": "--kernel-python",
-    "embedding_model": "--embedding-model",
-    "embedding_base_url": "--embedding-base-url",
-    "log_level": "--log-level",
-}
-
-
 def kernmind_server_spec(
     settings: Settings, *, log_level: str | None = None, name: str = "kernmind"
 ) -> ServerSpec:
     """``python -m kernmind serve`` with this process's settings passed through as flags.
 
     The stdio transport only inherits a few safe variables (HOME, PATH …), so settings are
-    passed as flags, and ``KERNMIND_*`` variables (for settings that have no flag) are
-    forwarded explicitly.
+    passed as flags (those of ``kernmind agent``'s groups that differ from the defaults),
+    and ``KERNMIND_*`` variables are forwarded explicitly.
     """
-    args = ["-m", "kernmind", "serve", "--db", str(settings.db_path)]
-    values = settings.model_dump()
+    from kernmind.settings_cli import COMMAND_GROUPS, settings_as_args
+
     if log_level is not None:
-        values["log_level"] = log_level
-    for key, flag in _SETTING_FLAGS.items():
-        value = values.get(key)
-        if value is not None:
-            args += [flag, str(value)]
-    if settings.stateless:
-        args.append("--stateless")
-    if settings.allow_network:
-        args.append("--allow-network")
-    env = {k: v for k, v in os.environ.items() if k.startswith("KERNMIND_")}
+        settings = settings.model_copy(update={"log_level": log_level})
+    flags, env_only = settings_as_args(settings, COMMAND_GROUPS["agent"])
+    args = ["-m", "kernmind", "serve", "--db", str(settings.db_path), *flags]
+    env = {k: v for k, v in os.environ.items() if k.startswith("KERNMIND_")} | env_only
     return ServerSpec(name=name, target=StdioServerParameters(command=sys.executable, args=args, env=env))
 
 

@@ -4,7 +4,7 @@ Backends
 - ``bwrap`` (bubblewrap): new pid, ipc, uts, network (unless ``--allow-network``) and
   mount namespaces. The root filesystem is an empty tmpfs with only system directories
   (``/usr``, ``/etc``, …) and the runtime's own prefix bound read-only, a private
-  size-limited ``/tmp``, and the session's workspace bound read-write at ``/workspace``.
+  size-limited ``/tmp`` and ``/dev/shm``, and the session's workspace bound read-write at ``/workspace``.
   Nothing of ``$HOME``, the memory database, kernmind's data directory, other sessions or
   the server's environment is visible. ``--die-with-parent`` ties the sandbox to the server.
 - ``none``: no isolation; rlimits and the clean environment only (a loud warning is logged).
@@ -289,7 +289,10 @@ class Sandbox:
         ro = [os.path.abspath(p) for p in _dedupe(ro_paths)]
         bind_ro([p for p in ro if not under_tmp(p)])
         args += ["--proc", "/proc", "--dev", "/dev"]
-        args += ["--perms", "1777", "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        tmpfs_size = str(limits.tmp_mb * 1024 * 1024)
+        # --dev makes /dev/shm root-owned 0755: a private writable one (POSIX semaphores, joblib).
+        args += ["--perms", "1777", "--size", tmpfs_size, "--tmpfs", "/dev/shm"]
+        args += ["--perms", "1777", "--size", tmpfs_size, "--tmpfs", "/tmp"]
         made.add("/tmp")
         # Binds under /tmp must come after the tmpfs, or it would hide them.
         bind_ro([p for p in ro if under_tmp(p)])

@@ -9,7 +9,7 @@
 
 Design
 ------
-* Tools are thin: validate, call the store/archive (store.py, archival.py), shape a
+* Tools are thin: validate, call the store/archive (block_store.py, archival.py), shape a
   pydantic result (so clients get ``outputSchema`` + ``structuredContent``), then notify.
 * Every block write publishes ``resource updated`` for ``memory://blocks/{label}`` (and the
   listing ``memory://blocks`` when blocks appear or disappear) through the SDK's
@@ -33,9 +33,10 @@ import contextlib
 import json
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Annotated, Any, Literal, TypeVar
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from mcp_types import EmptyResult, SubscribeRequestParams, ToolAnnotations, UnsubscribeRequestParams
@@ -43,7 +44,7 @@ from pydantic import BaseModel, Field
 
 from kernmind.config import Settings
 from kernmind.memory.archival import Archive
-from kernmind.memory.blocks import (
+from kernmind.memory.block_results import (
     Block,
     BlockDeleted,
     BlockHistory,
@@ -54,15 +55,21 @@ from kernmind.memory.blocks import (
     UndoResult,
     render_blocks,
 )
-from kernmind.memory.embeddings import Embedder, OpenAIEmbedder
-from kernmind.memory.store import MemoryRefusal, MemoryStore, iso
+from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, make_embedder
+from kernmind.memory.errors import BLOCK_TOOL_WORDS, MemoryRefusal, Words
+from kernmind.memory.memory_tool import DIALECT_WORDS, MemoryDirectory, label_of
+from kernmind.memory.records import iso
+from kernmind.memory.store import MemoryStore
+from kernmind.sdk_compat import lowlevel_server, session_connection
 
 log = logging.getLogger(__name__)
 
 BLOCKS_URI = "memory://blocks"
 T = TypeVar("T")
 
-Label = Annotated[str, Field(description="The block's label, e.g. 'human' or 'persona'.", max_length=64)]
+Label = Annotated[
+    str, Field(description="The block's label, e.g. 'human' or 'persona' ('/' for folders).", max_length=200)
+]
 ExpectedVersion = Annotated[
     int | None,
     Field(description="Refuse the write unless the block is at this version (from memory_read/memory_list)."),
@@ -104,18 +111,11 @@ def block_uri(label: str) -> str:
     return f"{BLOCKS_URI}/{label}"
 
 
-def make_embedder(settings: Settings) -> Embedder | None:
-    if not settings.embedding_model:
-        return None
-    return OpenAIEmbedder(settings.embedding_model, settings.embedding_base_url, settings.embedding_api_key)
-
-
 class MemoryTools:
     """Owns the memory store for one server and registers the memory surface on it."""
 
-    def __init__(self, settings: Settings, *, embedder: Embedder | None = None) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._embedder = embedder
         self._store: MemoryStore | None = None
         self._archive: Archive | None = None
         # legacy resources/subscribe: uri -> client connections (weakly held: a closed one drops out)
@@ -123,30 +123,42 @@ class MemoryTools:
 
     # ------------------------------------------------------------ lifecycle
 
-    def new_store(self) -> MemoryStore:
-        s = self.settings
-        return MemoryStore(
-            s.db_path,
-            s.agent,
-            default_blocks=s.memory_default_blocks,
-            block_limit=s.memory_block_limit,
-            archival_max_chars=s.archival_max_chars,
-        )
-
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        store = await self.new_store().open()
-        embedder = self._embedder if self._embedder is not None else make_embedder(self.settings)
-        self._store, self._archive = store, Archive(store, embedder)
-        log.info("memory: %s (agent %r)", store.path, store.agent)
+        store = await MemoryStore.from_settings(self.settings).open()
+        embedder = make_embedder(self.settings)
+        archive = Archive(store.passages, embedder)
+        self._store, self._archive = store, archive
+        log.info(
+            "memory: %s (namespace %r, meaning search: %s)",
+            store.location,
+            store.namespace,
+            embedder.model if embedder is not None else "off",
+        )
         try:
-            yield
+            async with anyio.create_task_group() as background:
+                background.start_soon(self._warm_up, embedder)
+                background.start_soon(archive.recall.backfill)
+                try:
+                    yield
+                finally:
+                    background.cancel_scope.cancel()
         finally:
             self._store = self._archive = None
-            if isinstance(embedder, OpenAIEmbedder) and embedder is not self._embedder:
+            if embedder is not None:
                 with contextlib.suppress(Exception):
                     await embedder.aclose()
             await store.close()
+
+    @staticmethod
+    async def _warm_up(embedder: Embedder | None) -> None:
+        """Load the embedding model now, off the request path (the first search would wait)."""
+        if embedder is None:
+            return
+        try:
+            await embedder.ready()
+        except EmbeddingUnavailable as exc:
+            log.warning("meaning search unavailable, full text only: %s", exc)
 
     @property
     def store(self) -> MemoryStore:
@@ -163,11 +175,18 @@ class MemoryTools:
     # ------------------------------------------------------------ helpers
 
     @staticmethod
-    async def _call(coro: Awaitable[T]) -> T:
+    @contextlib.contextmanager
+    def _refusals(words: Words = BLOCK_TOOL_WORDS) -> Iterator[None]:
+        """The one place a domain refusal becomes a tool error (the model reads its text)."""
         try:
-            return await coro
+            yield
         except MemoryRefusal as exc:
-            raise ToolError(str(exc)) from exc
+            raise ToolError(exc.render(words)) from exc
+
+    @classmethod
+    async def _call(cls, coro: Awaitable[T], words: Words = BLOCK_TOOL_WORDS) -> T:
+        with cls._refusals(words):
+            return await coro
 
     async def _notify(self, ctx: Context | None, label: str, *, listing: bool = False) -> None:
         uris = [block_uri(label), BLOCKS_URI] if listing else [block_uri(label)]
@@ -186,16 +205,13 @@ class MemoryTools:
 
     def _register_legacy_subscriptions(self, server: MCPServer) -> None:
         """Serve ``resources/subscribe``/``unsubscribe`` for handshake-era clients."""
-        lowlevel = getattr(server, "_lowlevel_server", None)
-        if lowlevel is None or not hasattr(lowlevel, "add_request_handler"):
-            return
-        previous_sub = getattr(lowlevel, "_request_handlers", {}).get("resources/subscribe")
-        if previous_sub is not None:  # someone else serves it; leave it alone
+        lowlevel = lowlevel_server(server)
+        if lowlevel.get_request_handler("resources/subscribe") is not None:  # someone else serves it
             return
 
         def peer(ctx: Any) -> Any:
             # ctx.session is a per-request proxy; the connection behind it lives as long as the client.
-            return getattr(ctx.session, "_connection", None) or ctx.session
+            return session_connection(ctx.session)
 
         async def subscribe(ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
             self._legacy_subs.setdefault(str(params.uri), weakref.WeakSet()).add(peer(ctx))
@@ -215,6 +231,7 @@ class MemoryTools:
     def register(self, server: MCPServer) -> None:
         self._register_block_tools(server)
         self._register_archival_tools(server)
+        self._register_memory_tool(server)
         self._register_resources(server)
         self._register_legacy_subscriptions(server)
 
@@ -229,18 +246,34 @@ class MemoryTools:
         ) -> BlockWrite:
             row = await call(op())
             await self._notify(ctx, label)
-            return BlockWrite.after(row, message)
+            return BlockWrite.after(row, message, row.previous)
 
         @server.tool(
             description="List every memory block: label, description, chars, limit, read_only and version.",
             annotations=ro,
         )
         async def memory_list() -> BlockList:
-            return BlockList(blocks=[BlockInfo.of(r) for r in await self.store.list_blocks()])
+            return BlockList(blocks=[BlockInfo.of(r) for r in await self.store.blocks.list()])
 
-        @server.tool(description="Read one memory block: its full value and metadata.", annotations=ro)
-        async def memory_read(label: Label) -> Block:
-            return Block.of(await call(self.store.get_block(label)))
+        @server.tool(
+            description=(
+                "Read one memory block: its value and metadata. A very large value comes back in parts "
+                "(whole lines up to the output budget); view_range=[start, end] reads given lines."
+            ),
+            annotations=ro,
+        )
+        async def memory_read(
+            label: Label,
+            view_range: Annotated[
+                list[int] | None,
+                Field(
+                    description="[start, end] lines to read, 1-based and inclusive; end -1 = the last line."
+                ),
+            ] = None,
+        ) -> Block:
+            row = await call(self.store.blocks.get(label))
+            with self._refusals():
+                return Block.view(row, view_range, self.settings.max_output_chars)
 
         @server.tool(
             description="Create a new memory block. An existing label is an error (edit it instead).",
@@ -254,11 +287,11 @@ class MemoryTools:
                 str, Field(description="What this block is for (shown to the agent).")
             ] = "",
             limit: Annotated[
-                int | None, Field(description="Character limit (default: the server's block limit).", ge=1)
+                int | None, Field(description="Character limit (default: the server's block limit).")
             ] = None,
             read_only: Annotated[bool, Field(description="Refuse all later edits by the agent.")] = False,
         ) -> BlockWrite:
-            row = await call(self.store.create_block(label, value, description, limit, read_only))
+            row = await call(self.store.blocks.create(label, value, description, limit, read_only))
             await self._notify(ctx, label, listing=True)
             return BlockWrite.after(row, f"Created block {label!r}.")
 
@@ -272,7 +305,7 @@ class MemoryTools:
             return await write(
                 ctx,
                 label,
-                lambda: self.store.append(label, content, expected_version),
+                lambda: self.store.blocks.append(label, content, expected_version),
                 f"Appended to {label!r}.",
             )
 
@@ -293,7 +326,7 @@ class MemoryTools:
             return await write(
                 ctx,
                 label,
-                lambda: self.store.replace(label, old_str, new_str, expected_version),
+                lambda: self.store.blocks.replace(label, old_str, new_str, expected_version),
                 f"Replaced text in {label!r}.",
             )
 
@@ -313,7 +346,7 @@ class MemoryTools:
             return await write(
                 ctx,
                 label,
-                lambda: self.store.insert(label, new_str, insert_line, expected_version),
+                lambda: self.store.blocks.insert(label, new_str, insert_line, expected_version),
                 f"Inserted into {label!r}.",
             )
 
@@ -330,7 +363,7 @@ class MemoryTools:
             return await write(
                 ctx,
                 label,
-                lambda: self.store.rethink(label, new_memory, expected_version),
+                lambda: self.store.blocks.rethink(label, new_memory, expected_version),
                 f"Rewrote {label!r}.",
             )
 
@@ -340,7 +373,7 @@ class MemoryTools:
         async def memory_delete(
             label: Label, ctx: Context, expected_version: ExpectedVersion = None
         ) -> BlockDeleted:
-            row = await call(self.store.delete_block(label, expected_version))
+            row = await call(self.store.blocks.delete(label, expected_version))
             await self._notify(ctx, label, listing=True)
             return BlockDeleted(
                 label=label,
@@ -357,7 +390,7 @@ class MemoryTools:
             label: Label,
             limit: Annotated[int, Field(description="Most recent entries to return.", ge=1, le=500)] = 20,
         ) -> BlockHistory:
-            rows = await call(self.store.history(label, limit))
+            rows = await call(self.store.blocks.history(label, limit))
             return BlockHistory(label=label, entries=[HistoryEntry.of(h) for h in rows])
 
         @server.tool(
@@ -370,7 +403,7 @@ class MemoryTools:
         async def memory_undo(
             label: Label, ctx: Context, expected_version: ExpectedVersion = None
         ) -> UndoResult:
-            row, entry = await call(self.store.undo(label, expected_version))
+            row, entry = await call(self.store.blocks.undo(label, expected_version))
             await self._notify(ctx, label, listing=row is None or entry.op in ("create", "delete"))
             what = f"Undid {entry.op} (version {entry.version}) of {label!r}."
             return UndoResult(
@@ -460,6 +493,83 @@ class MemoryTools:
             row = await call(self.archive.delete(id))
             return ArchivalDeleteResult(id=row.id, deleted=True, content=row.content)
 
+    def _register_memory_tool(self, server: MCPServer) -> None:
+        commands: dict[str, tuple[str, ...]] = {
+            "view": ("path",),
+            "create": ("path", "file_text"),
+            "str_replace": ("path", "old_str", "new_str"),
+            "insert": ("path", "insert_line", "insert_text"),
+            "delete": ("path",),
+            "rename": ("old_path", "new_path"),
+        }
+
+        @server.tool(
+            description=(
+                "Your memory directory, /memories: view it, then create, edit, rename and delete memory files. "
+                "Commands: view (path, optional view_range [start, end]), create (path, file_text), "
+                "str_replace (path, old_str, new_str), insert (path, insert_line, insert_text), "
+                "delete (path), rename (old_path, new_path). Each file /memories/<label> is a memory block "
+                "(the memory_* tools see the same ones); every edit is versioned (memory_history, memory_undo), "
+                "and expected_version guards an edit against concurrent changes."
+            ),
+            annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False),
+            structured_output=False,
+        )
+        async def memory(
+            command: Annotated[
+                Literal["view", "create", "str_replace", "insert", "delete", "rename"],
+                Field(description="What to do."),
+            ],
+            ctx: Context,
+            path: Annotated[str | None, Field(description="A path under /memories.")] = None,
+            file_text: Annotated[str | None, Field(description="create: the file's whole text.")] = None,
+            old_str: Annotated[
+                str | None, Field(description="str_replace: text that occurs exactly once.")
+            ] = None,
+            new_str: Annotated[str | None, Field(description="str_replace: its replacement.")] = None,
+            insert_line: Annotated[
+                int | None, Field(description="insert: after this line (0 = at the top).", ge=-1)
+            ] = None,
+            insert_text: Annotated[str | None, Field(description="insert: the text to insert.")] = None,
+            view_range: Annotated[
+                list[int] | None, Field(description="view: [start, end] lines, 1-based; end -1 = to the end.")
+            ] = None,
+            old_path: Annotated[str | None, Field(description="rename: the current path.")] = None,
+            new_path: Annotated[str | None, Field(description="rename: the new path.")] = None,
+            expected_version: ExpectedVersion = None,
+        ) -> str:
+            given = {
+                "path": path, "file_text": file_text, "old_str": old_str, "new_str": new_str,
+                "insert_line": insert_line, "insert_text": insert_text, "old_path": old_path, "new_path": new_path,
+            }  # fmt: skip
+            missing = [name for name in commands[command] if given[name] is None]
+            if missing:
+                raise ToolError(
+                    f"{command} needs {', '.join(commands[command])}; missing: {', '.join(missing)}."
+                )
+            files = MemoryDirectory(self.store.blocks, self.settings.max_output_chars)
+            call = self._call
+            if command == "view":
+                return await call(files.view(str(path), view_range), DIALECT_WORDS)
+            if command == "create":
+                out = await call(files.create(str(path), str(file_text), expected_version), DIALECT_WORDS)
+            elif command == "str_replace":
+                out = await call(
+                    files.str_replace(str(path), str(old_str), str(new_str), expected_version), DIALECT_WORDS
+                )
+            elif command == "insert":
+                out = await call(
+                    files.insert(str(path), int(insert_line or 0), str(insert_text), expected_version),
+                    DIALECT_WORDS,
+                )
+            elif command == "delete":
+                out = await call(files.delete(str(path), expected_version), DIALECT_WORDS)
+            else:
+                out = await call(files.rename(str(old_path), str(new_path), expected_version), DIALECT_WORDS)
+            for label in {label_of(p) for p in (path, old_path, new_path) if p is not None} - {""}:
+                await self._notify(ctx, label, listing=command in ("create", "delete", "rename"))
+            return out
+
     def _register_resources(self, server: MCPServer) -> None:
         @server.resource(
             BLOCKS_URI,
@@ -469,14 +579,14 @@ class MemoryTools:
             mime_type="application/json",
         )
         async def blocks_listing() -> str:
-            rows = await self.store.list_blocks()
+            rows = await self.store.blocks.list()
             return json.dumps(
                 {"blocks": [{**BlockInfo.of(r).model_dump(), "uri": block_uri(r.label)} for r in rows]},
                 indent=2,
             )
 
         @server.resource(
-            BLOCKS_URI + "/{label}",
+            BLOCKS_URI + "/{+label}",
             name="memory-block",
             title="Memory block",
             description="The value of one memory block.",
@@ -484,9 +594,9 @@ class MemoryTools:
         )
         async def block_resource(label: str) -> str:
             try:
-                row = await self.store.get_block(label)
+                row = await self.store.blocks.get(label)
             except MemoryRefusal as exc:
-                raise ResourceNotFoundError(str(exc)) from exc
+                raise ResourceNotFoundError(exc.render()) from exc
             return row.value
 
         @server.prompt(
@@ -495,4 +605,4 @@ class MemoryTools:
             description="All memory blocks rendered the way an agent's system prompt shows them (<memory_blocks>).",
         )
         async def memory_prompt() -> str:
-            return render_blocks(await self.store.list_blocks())
+            return render_blocks(await self.store.blocks.list())

@@ -1,0 +1,78 @@
+"""What the memory stores need from a database, whichever one it is.
+
+Design
+------
+The stores (block_store.py, passages.py, transfer.py …) speak portable SQL with ``?``
+placeholders (``RETURNING``, ``ON CONFLICT DO NOTHING``: SQLite >= 3.35 and PostgreSQL
+both have them) through a :class:`Tx`, and get transactions from a :class:`Database`:
+
+* ``write()`` is a serialisable read-modify-write transaction: it waits for other writers
+  (other tasks, other processes), commits on success and rolls back on any error, so a
+  refused write changes nothing.
+* ``read()`` gives consistent reads without blocking writers.
+
+A backend also brings its schema (migrations run on open) and its full-text search
+(:class:`FullText`), the one part whose SQL differs between engines. The SQLite backend is
+sqlite.py + fts5.py.
+
+Error policy
+------------
+Backends retry what the engine reports as transient contention (SQLite's "database is
+locked") so it never reaches a caller; anything else propagates as-is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from kernmind.memory.records import PassageRow
+
+Row = tuple[Any, ...]
+
+
+class Tx(Protocol):
+    async def one(self, sql: str, params: Sequence[Any] = ()) -> Row | None: ...
+
+    async def all(self, sql: str, params: Sequence[Any] = ()) -> list[Row]: ...
+
+    async def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Execute; the number of rows changed."""
+        ...
+
+    async def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PassageFilter:
+    """Which passages a search may return: tags (any/all of them) and a creation-time range."""
+
+    tags: tuple[str, ...] = ()
+    tag_match_mode: Literal["any", "all"] = "any"
+    start: float | None = None
+    end: float | None = None
+
+    @property
+    def narrows(self) -> bool:
+        return bool(self.tags) or self.start is not None or self.end is not None
+
+
+class FullText(Protocol):
+    async def search(
+        self, namespace: str, query: str, where: PassageFilter, limit: int, offset: int
+    ) -> list[PassageRow]:
+        """Passages ranked by full-text relevance, best first (score: higher is better)."""
+        ...
+
+
+class Database(Protocol):
+    location: str
+    fulltext: FullText
+
+    def write(self) -> AbstractAsyncContextManager[Tx]: ...
+
+    def read(self) -> AbstractAsyncContextManager[Tx]: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,86 @@
+"""Refusals: what the memory domain says when a request cannot be carried out, in domain words.
+
+Design
+------
+A refusal is a sentence template plus the facts it names (``label``, ``limit`` …). Where
+the sentence tells the caller what to do instead, it names an action as a :class:`Verb`
+placeholder (``{read}``, ``{replace}`` …), not a tool: the same refusal reaches the block
+tools (``memory_read``), the memory-tool dialect (``view``) and the command line
+(``--replace``), and each surface renders it with its own words
+(:meth:`MemoryRefusal.render`). ``str(refusal)`` uses the block tools' words.
+
+Templates are ``str.format`` strings: facts are substituted once and never re-parsed, so a
+label containing braces is shown as it is.
+
+Error policy
+------------
+This module defines the error; it raises nothing itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+
+class Verb(StrEnum):
+    """Actions a refusal may point the caller to."""
+
+    READ = "read"
+    LIST = "list"
+    CREATE = "create"
+    APPEND = "append"
+    REPLACE = "replace"
+    INSERT = "insert"
+    RETHINK = "rethink"
+    DELETE = "delete"
+    RENAME = "rename"
+    UNDO = "undo"
+    HISTORY = "history"
+    REMEMBER = "remember"  # store an archival passage
+    SEARCH = "search"  # search archival passages
+    FORGET = "forget"  # delete an archival passage
+    IMPORT = "import"
+    OVERWRITE = "overwrite"  # let an import replace existing blocks
+
+
+Words = Mapping[Verb, str]
+
+BLOCK_TOOL_WORDS: Words = {
+    Verb.READ: "memory_read",
+    Verb.LIST: "memory_list",
+    Verb.CREATE: "memory_create",
+    Verb.APPEND: "memory_append",
+    Verb.REPLACE: "memory_replace",
+    Verb.INSERT: "memory_insert",
+    Verb.RETHINK: "memory_rethink",
+    Verb.DELETE: "memory_delete",
+    Verb.RENAME: "memory_rename",
+    Verb.UNDO: "memory_undo",
+    Verb.HISTORY: "memory_history",
+    Verb.REMEMBER: "archival_memory_insert",
+    Verb.SEARCH: "archival_memory_search",
+    Verb.FORGET: "archival_memory_delete",
+    Verb.IMPORT: "import",
+    Verb.OVERWRITE: "the replace option",
+}
+
+
+class MemoryRefusal(Exception):
+    """A request the caller can fix; the message says how. Nothing was changed."""
+
+    def __init__(self, template: str, /, **facts: object) -> None:
+        super().__init__(template)
+        self.template = template
+        self.facts = facts
+
+    def render(self, words: Words = BLOCK_TOOL_WORDS) -> str:
+        def word(verb: Verb) -> str:
+            return words.get(verb) or BLOCK_TOOL_WORDS[verb]
+
+        values: dict[str, object] = {v.value: word(v) for v in Verb}
+        values.update({k: word(v) if isinstance(v, Verb) else v for k, v in self.facts.items()})
+        return self.template.format_map(values)
+
+    def __str__(self) -> str:
+        return self.render()

@@ -1,0 +1,92 @@
+"""How text becomes full-text search terms, the same way for what is stored and what is asked.
+
+Design
+------
+* Words of scripts that separate words with spaces (Latin, Cyrillic, Greek …) are left to the
+  index's tokenizer (``porter unicode61`` in SQLite: case-folded, stemmed, so ``running``
+  matches ``runs``).
+* Scripts written without spaces between words (Chinese, Japanese, Thai, Lao, Khmer, Myanmar)
+  and Korean, whose particles attach to words, give the tokenizer one "word" per whole run
+  of text, so ``東京`` could never match ``東京の天気は晴れです``. For such runs the index
+  stores, next to the original text, every character (a unigram) and every pair of adjacent
+  characters (a bigram), each as its own token; a query's run becomes its bigrams (or the
+  character alone). This is the classic CJK bigram analysis (as in Lucene's CJK analyzer):
+  it finds two-character words, which an FTS5 ``trigram`` index cannot (it needs three), and
+  bm25 ranks passages sharing more bigrams with the query higher.
+* :func:`index_text` returns ``None`` for text without such runs, so Latin-only passages
+  store nothing extra.
+* A query with no searchable term (only emoji, punctuation or symbols) has no terms:
+  callers say so instead of pretending something matched.
+
+Error policy
+------------
+Pure functions over strings; nothing here raises for any input.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+MAX_QUERY_TERMS = 32
+
+# Runs of characters from scripts written without spaces between words (and Hangul).
+_UNSPACED = (
+    "\u0e00-\u0e7f"  # Thai
+    "\u0e80-\u0eff"  # Lao
+    "\u1000-\u109f"  # Myanmar
+    "\u1780-\u17ff"  # Khmer
+    "\u3005\u3006\u3007"  # 々 〆 〇
+    "\u3040-\u30ff"  # Hiragana, Katakana
+    "\u3400-\u4dbf"  # CJK extension A
+    "\u4e00-\u9fff"  # CJK unified ideographs
+    "\uac00-\ud7af"  # Hangul syllables
+    "\uf900-\ufaff"  # CJK compatibility ideographs
+    "\uff66-\uff9f"  # half-width Katakana
+    "\U00020000-\U0003134f"  # CJK extensions B-H
+)
+UNSPACED_RUN = re.compile(f"[{_UNSPACED}]+")
+WORD_RE = re.compile(r"\w+", re.UNICODE)
+
+
+def _grams(run: str, *, unigrams: bool) -> list[str]:
+    bigrams = [run[i : i + 2] for i in range(len(run) - 1)]
+    if len(run) == 1:
+        return [run]
+    return [*run, *bigrams] if unigrams else bigrams
+
+
+def index_text(content: str) -> str | None:
+    """What the full-text index should hold for ``content``; None when the content itself will do."""
+    runs = UNSPACED_RUN.findall(content)
+    if not runs:
+        return None
+    grams = [g for run in runs for g in _grams(run, unigrams=True)]
+    return content + "\n" + " ".join(grams)
+
+
+def query_terms(text: str) -> list[str]:
+    """The distinct search terms of a query, lower-cased, in order (at most MAX_QUERY_TERMS)."""
+    seen: dict[str, None] = {}
+    for word in WORD_RE.findall(text):
+        pos = 0
+        for m in UNSPACED_RUN.finditer(word):
+            if m.start() > pos:
+                seen.setdefault(word[pos : m.start()].lower(), None)
+            for gram in _grams(m.group(), unigrams=False):
+                seen.setdefault(gram, None)
+            pos = m.end()
+        if pos < len(word):
+            seen.setdefault(word[pos:].lower(), None)
+    return list(seen)[:MAX_QUERY_TERMS]
+
+
+def fts_match(terms: Sequence[str]) -> str:
+    """Terms as an FTS5 OR query (each quoted, so no FTS syntax leaks in)."""
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+
+
+NO_TERMS_NOTE = (
+    "The query has no searchable words (only emoji, punctuation or symbols), so nothing was matched. "
+    "Search with words (any language), or pass an empty query to list the newest passages."
+)

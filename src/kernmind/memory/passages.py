@@ -1,0 +1,262 @@
+"""Archival passages of one namespace: storing, deleting, fetching, and their vectors' bookkeeping.
+
+Design
+------
+* A passage is its text, its tags (a JSON list on the row, plus one ``passage_tags`` row
+  per tag so tag filters use an index) and its creation time; ``search_text`` holds what
+  the full-text index needs beyond the text itself (fulltext.py).
+* Each passage may carry a vector and the name of the model that made it; only vectors of
+  the current model are searched, and passages whose vector is missing or from another
+  model are what the embedder backfills (archival.py), so switching models re-embeds
+  instead of mixing spaces.
+* Every change bumps the namespace's ``archive_gen`` counter, which the in-memory vector
+  index compares to see writes made by other processes (embeddings.py).
+* :func:`filter_sql` turns a :class:`PassageFilter` into SQL conditions on ``passages p``,
+  shared by full-text search and vector search.
+
+Error policy
+------------
+Content that is empty or longer than ``max_chars``, over-long tags, and ids that are not
+passages of this namespace are refused (:class:`MemoryRefusal`); nothing is stored then.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kernmind.memory.database import Database, PassageFilter, Tx
+from kernmind.memory.errors import MemoryRefusal
+from kernmind.memory.fulltext import index_text
+from kernmind.memory.records import PassageIn, PassageRow, now_ts
+
+MAX_ROW_ID = 2**63 - 1  # SQLite's (and PostgreSQL's bigint) largest integer
+MAX_TAG_CHARS = 100
+
+
+def normalize_tags(tags: Iterable[str] | None) -> list[str]:
+    out: dict[str, None] = {}
+    for t in tags or ():
+        t = t.strip()
+        if t:
+            if len(t) > MAX_TAG_CHARS:
+                raise MemoryRefusal(
+                    "tag {start!r}… is {chars} characters; tags are at most {max}.",
+                    start=t[:20],
+                    chars=len(t),
+                    max=MAX_TAG_CHARS,
+                )
+            out.setdefault(t, None)
+    return list(out)
+
+
+def filter_sql(
+    namespace: str, where: PassageFilter, *, drive_from_tags: bool = False
+) -> tuple[str, list[Any]]:
+    """SQL conditions on passages ``p`` (each starting with `` AND``) and their parameters.
+
+    Tag conditions are correlated primary-key probes of ``passage_tags`` by default (cheap
+    per candidate row when the candidates come from a full-text match, and nothing is
+    materialised whatever the share of passages carrying the tag); ``drive_from_tags``
+    phrases them as ``p.id IN (…)`` so the engine can start from the tag index when listing
+    every match.
+    """
+    sql = " AND p.namespace = ?"
+    params: list[Any] = [namespace]
+    if where.start is not None:
+        sql += " AND p.created_at >= ?"
+        params.append(where.start)
+    if where.end is not None:
+        sql += " AND p.created_at < ?"
+        params.append(where.end)
+    wanted = normalize_tags(where.tags)
+    if not wanted:
+        return sql, params
+    marks = ", ".join("?" * len(wanted))
+    if drive_from_tags:
+        having = (
+            f" GROUP BY passage_id HAVING count(*) = {len(wanted)}" if where.tag_match_mode == "all" else ""
+        )
+        sql += f" AND p.id IN (SELECT passage_id FROM passage_tags WHERE namespace = ? AND tag IN ({marks}){having})"
+        return sql, [*params, namespace, *wanted]
+    if where.tag_match_mode == "all" and len(wanted) > 1:
+        sql += (
+            f" AND (SELECT count(*) FROM passage_tags t WHERE t.passage_id = p.id AND t.tag IN ({marks}))"
+            f" = {len(wanted)}"
+        )
+    else:
+        sql += f" AND EXISTS (SELECT 1 FROM passage_tags t WHERE t.passage_id = p.id AND t.tag IN ({marks}))"
+    return sql, [*params, *wanted]
+
+
+def _row(r: Sequence[Any]) -> PassageRow:
+    return PassageRow(r[0], r[1], json.loads(r[2]), r[3])
+
+
+class Passages:
+    """The archival passages of one namespace."""
+
+    def __init__(self, db: Database, namespace: str, *, max_chars: int = 10_000) -> None:
+        self.db = db
+        self.namespace = namespace
+        self.max_chars = max_chars
+
+    def check(self, content: str) -> None:
+        if not content.strip():
+            raise MemoryRefusal("{remember} refused: content is empty. Pass the text to remember.")
+        if len(content) > self.max_chars:
+            raise MemoryRefusal(
+                "{remember} refused: content is {chars} characters, {over} over the limit of {limit}. "
+                "Split it into several shorter passages and store each one.",
+                chars=len(content),
+                over=len(content) - self.max_chars,
+                limit=self.max_chars,
+            )
+
+    async def add(self, items: Sequence[PassageIn]) -> list[tuple[int, float]]:
+        """Store passages in one transaction; (id, created_at) for each."""
+        for item in items:
+            self.check(item.content)
+        async with self.db.write() as tx:
+            out = [await self.add_in(tx, item) for item in items]
+            await self.bump_generation(tx)
+        return out
+
+    async def add_in(self, tx: Tx, item: PassageIn) -> tuple[int, float]:
+        """One passage inside the caller's transaction (which must also bump the generation)."""
+        tags = normalize_tags(item.tags)
+        ts = item.created_at if item.created_at is not None else now_ts()
+        row = await tx.one(
+            "INSERT INTO passages (namespace, content, search_text, tags, created_at, embedding, embedding_model) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            (
+                self.namespace, item.content, index_text(item.content), json.dumps(tags), ts,
+                item.embedding, item.embedding_model,
+            ),
+        )  # fmt: skip
+        assert row is not None
+        pid = int(row[0])
+        if tags:
+            await tx.many(
+                "INSERT INTO passage_tags (passage_id, namespace, tag) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                [(pid, self.namespace, t) for t in tags],
+            )
+        return pid, ts
+
+    async def bump_generation(self, tx: Tx) -> None:
+        await tx.run(
+            "UPDATE namespaces SET archive_gen = archive_gen + 1 WHERE namespace = ?", (self.namespace,)
+        )
+
+    async def delete(self, passage_id: int) -> PassageRow:
+        if not 1 <= passage_id <= MAX_ROW_ID:
+            raise MemoryRefusal(
+                "{forget} refused: {id} is not a passage id (ids are whole numbers from 1 to {max}, as "
+                "{remember} and {search} return them). Find the id with {search}.",
+                id=passage_id,
+                max=MAX_ROW_ID,
+            )
+        async with self.db.write() as tx:
+            r = await tx.one(
+                "SELECT id, content, tags, created_at FROM passages WHERE id = ? AND namespace = ?",
+                (passage_id, self.namespace),
+            )
+            if r is None:
+                raise MemoryRefusal(
+                    "{forget} refused: there is no passage with id {id} in this memory. Find the id with {search}.",
+                    id=passage_id,
+                )
+            await tx.run("DELETE FROM passages WHERE id = ?", (passage_id,))
+            await self.bump_generation(tx)
+        return _row(r)
+
+    async def get(self, ids: Sequence[int]) -> dict[int, PassageRow]:
+        out: dict[int, PassageRow] = {}
+        async with self.db.read() as tx:
+            for start in range(0, len(ids), 500):
+                chunk = list(ids[start : start + 500])
+                marks = ", ".join("?" * len(chunk))
+                for r in await tx.all(
+                    f"SELECT id, content, tags, created_at FROM passages WHERE namespace = ? AND id IN ({marks})",
+                    [self.namespace, *chunk],
+                ):
+                    out[r[0]] = _row(r)
+        return out
+
+    async def all(self) -> list[PassageRow]:
+        async with self.db.read() as tx:
+            rows = await tx.all(
+                "SELECT id, content, tags, created_at FROM passages WHERE namespace = ? ORDER BY id",
+                (self.namespace,),
+            )
+        return [_row(r) for r in rows]
+
+    async def exists_in(self, tx: Tx, content: str, tags: list[str], created_at: float) -> bool:
+        return (
+            await tx.one(
+                "SELECT 1 FROM passages WHERE namespace = ? AND created_at = ? AND content = ? AND tags = ?",
+                (self.namespace, created_at, content, json.dumps(tags)),
+            )
+            is not None
+        )
+
+    async def search_text(
+        self, query: str, where: PassageFilter, limit: int, offset: int = 0
+    ) -> list[PassageRow]:
+        """Full-text ranked passages (the backend's search; see fts5.py)."""
+        return await self.db.fulltext.search(self.namespace, query, where, limit, offset)
+
+    async def filtered_ids(self, where: PassageFilter) -> list[int]:
+        conditions, params = filter_sql(self.namespace, where, drive_from_tags=True)
+        async with self.db.read() as tx:
+            return [
+                r[0] for r in await tx.all(f"SELECT p.id FROM passages p WHERE 1 = 1{conditions}", params)
+            ]
+
+    # ------------------------------------------------------------ vectors
+
+    async def generation(self) -> int:
+        async with self.db.read() as tx:
+            row = await tx.one("SELECT archive_gen FROM namespaces WHERE namespace = ?", (self.namespace,))
+        return int(row[0]) if row else 0
+
+    async def vectors_after(self, model: str, after_id: int) -> list[tuple[int, bytes]]:
+        async with self.db.read() as tx:
+            rows = await tx.all(
+                "SELECT id, embedding FROM passages WHERE namespace = ? AND embedding_model = ? "
+                "AND embedding IS NOT NULL AND id > ? ORDER BY id",
+                (self.namespace, model, after_id),
+            )
+        return [(r[0], bytes(r[1])) for r in rows]
+
+    async def count(self) -> int:
+        async with self.db.read() as tx:
+            row = await tx.one("SELECT count(*) FROM passages WHERE namespace = ?", (self.namespace,))
+        return int(row[0]) if row else 0
+
+    async def count_vectors(self, model: str) -> int:
+        async with self.db.read() as tx:
+            row = await tx.one(
+                "SELECT count(*) FROM passages WHERE namespace = ? AND embedding_model = ? AND embedding IS NOT NULL",
+                (self.namespace, model),
+            )
+        return int(row[0]) if row else 0
+
+    async def missing_vectors(self, model: str, limit: int) -> list[tuple[int, str]]:
+        """Passages without a vector of ``model`` (none yet, or one from another model)."""
+        async with self.db.read() as tx:
+            rows = await tx.all(
+                "SELECT id, content FROM passages WHERE namespace = ? "
+                "AND (embedding IS NULL OR embedding_model IS NULL OR embedding_model <> ?) ORDER BY id LIMIT ?",
+                (self.namespace, model, limit),
+            )
+        return [(r[0], r[1]) for r in rows]
+
+    async def set_vectors(self, rows: Sequence[tuple[int, bytes]], model: str) -> None:
+        async with self.db.write() as tx:
+            await tx.many(
+                "UPDATE passages SET embedding = ?, embedding_model = ? WHERE id = ? AND namespace = ?",
+                [(blob, model, pid, self.namespace) for pid, blob in rows],
+            )
+            await self.bump_generation(tx)

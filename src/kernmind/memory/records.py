@@ -1,0 +1,104 @@
+"""The memory domain's records (blocks, their history, passages) and its notion of time.
+
+Design
+------
+Plain dataclasses that every layer passes around: the stores build them from rows, the
+tool layer turns them into result models. Times are epoch seconds (floats) inside and
+ISO 8601 in UTC (``…Z``) outside; :func:`parse_when` reads what callers send.
+
+Error policy
+------------
+:func:`parse_when` refuses text that is not an ISO 8601 date or datetime
+(:class:`MemoryRefusal`, saying what a valid one looks like).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kernmind.memory.errors import MemoryRefusal
+
+
+def now_ts() -> float:
+    return time.time()
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def parse_when(text: str, *, end: bool = False) -> float:
+    """ISO-8601 date or datetime -> epoch seconds (naive means UTC).
+
+    A date alone as an end bound means "through the end of that day".
+    """
+    raw = text.strip()
+    try:
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", raw):
+            day = datetime.fromisoformat(raw).replace(tzinfo=UTC)
+            ts = day.timestamp()
+            return ts + 86400 if end else ts
+        dt = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise MemoryRefusal(
+            "{text!r} is not an ISO-8601 date or datetime; use e.g. '2025-06-01' or '2025-06-01T14:30:00Z'.",
+            text=text,
+        ) from exc
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+@dataclass(slots=True)
+class BlockRow:
+    label: str
+    value: str
+    description: str
+    limit: int
+    read_only: bool
+    version: int
+    created_at: float
+    updated_at: float
+    previous: str | None = None  # the value before the write that produced this row, if any
+
+    @property
+    def chars(self) -> int:
+        return len(self.value)
+
+    def meta(self) -> dict[str, Any]:
+        return {"description": self.description, "limit": self.limit, "read_only": self.read_only}
+
+
+@dataclass(slots=True)
+class HistoryRow:
+    id: int
+    label: str
+    version: int
+    op: str
+    old_value: str | None
+    new_value: str | None
+    at: float
+    undone: bool
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PassageRow:
+    id: int
+    content: str
+    tags: list[str]
+    created_at: float
+    score: float | None = None
+
+
+@dataclass(slots=True)
+class PassageIn:
+    content: str
+    tags: list[str] = field(default_factory=list)
+    created_at: float | None = None
+    embedding: bytes | None = None
+    embedding_model: str | None = None

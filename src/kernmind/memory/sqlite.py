@@ -1,0 +1,308 @@
+"""The SQLite backend: one file, safe under concurrent processes and crashes, and its schema.
+
+Design
+------
+* One ``aiosqlite`` connection per database object, opened in autocommit mode so that
+  every transaction is explicit. Statements from concurrent tasks of this process are
+  serialised by an ``anyio.Lock``; other processes are kept out by SQLite itself.
+* WAL journal (readers never block the writer), ``busy_timeout`` so a writer waits for
+  another process's transaction instead of failing, and ``BEGIN IMMEDIATE`` for every
+  read-modify-write: in WAL mode a deferred transaction that reads and then writes gets
+  ``SQLITE_BUSY`` at once (it cannot wait), which is how other memory servers lose writes.
+  On top of ``busy_timeout`` a short retry loop absorbs the rare ``SQLITE_BUSY`` that
+  SQLite reports without waiting, so "database is locked" never reaches a user.
+* ``synchronous=FULL``: a write is on disk when the tool answers; a process killed with
+  SIGKILL (or a power cut) loses nothing that was acknowledged.
+* Versioned schema migrations (``PRAGMA user_version``) run on open, inside
+  ``BEGIN IMMEDIATE``, so two processes opening a fresh file do not both migrate. A
+  migration is SQL, optionally followed by a Python step (``AFTER_MIGRATION``).
+* A new file is private: its directory is created 0700 and the file 0600 (SQLite gives
+  its -wal/-shm files the database's permissions). Existing files are left as they are.
+
+Error policy
+------------
+Busy/locked errors are retried for up to ``BUSY_RETRY_SECONDS``; a database written by a
+newer kernmind (a higher ``user_version``) is refused with a ``RuntimeError`` saying to
+upgrade; anything else (I/O errors, a corrupt file) propagates as-is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import anyio
+
+from kernmind.memory.database import Row
+from kernmind.memory.fts5 import FTS5Search
+from kernmind.memory.fulltext import index_text
+
+log = logging.getLogger(__name__)
+
+BUSY_RETRY_SECONDS = 60.0
+
+MIGRATIONS: list[str] = [
+    # 1: blocks, history, namespaces, passages + FTS
+    """
+    CREATE TABLE namespaces (
+        agent TEXT PRIMARY KEY,
+        created_at REAL NOT NULL,
+        archive_gen INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE blocks (
+        agent TEXT NOT NULL,
+        label TEXT NOT NULL,
+        value TEXT NOT NULL DEFAULT '',
+        description TEXT NOT NULL DEFAULT '',
+        char_limit INTEGER NOT NULL,
+        read_only INTEGER NOT NULL DEFAULT 0,
+        version INTEGER NOT NULL DEFAULT 1,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (agent, label)
+    );
+    CREATE TABLE block_history (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        agent TEXT NOT NULL,
+        label TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        op TEXT NOT NULL,
+        old_value TEXT,
+        new_value TEXT,
+        meta TEXT,
+        at REAL NOT NULL,
+        undone INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX block_history_by_label ON block_history (agent, label, id);
+    CREATE TABLE passages (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        agent TEXT NOT NULL,
+        content TEXT NOT NULL,
+        tags TEXT NOT NULL DEFAULT '[]',
+        created_at REAL NOT NULL,
+        embedding BLOB,
+        embedding_model TEXT
+    );
+    CREATE INDEX passages_by_time ON passages (agent, created_at);
+    CREATE INDEX passages_by_model ON passages (agent, embedding_model, id) WHERE embedding IS NOT NULL;
+    CREATE TABLE passage_tags (
+        passage_id INTEGER NOT NULL REFERENCES passages(id) ON DELETE CASCADE,
+        agent TEXT NOT NULL,
+        tag TEXT NOT NULL,
+        PRIMARY KEY (passage_id, tag)
+    );
+    CREATE INDEX passage_tags_by_tag ON passage_tags (agent, tag, passage_id);
+    CREATE VIRTUAL TABLE passages_fts USING fts5(
+        content, content='passages', content_rowid='id', tokenize='porter unicode61'
+    );
+    CREATE TRIGGER passages_ai AFTER INSERT ON passages BEGIN
+        INSERT INTO passages_fts(rowid, content) VALUES (new.id, new.content);
+    END;
+    CREATE TRIGGER passages_ad AFTER DELETE ON passages BEGIN
+        INSERT INTO passages_fts(passages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+        DELETE FROM passage_tags WHERE passage_id = old.id;
+    END;
+    """,
+    # 2: the index reads coalesce(search_text, content): search_text adds CJK/Thai uni- and bigrams
+    """
+    ALTER TABLE passages ADD COLUMN search_text TEXT;
+    DROP TRIGGER passages_ai;
+    DROP TRIGGER passages_ad;
+    DROP TABLE passages_fts;
+    CREATE VIEW passages_search AS SELECT id, coalesce(search_text, content) AS body FROM passages;
+    CREATE VIRTUAL TABLE passages_fts USING fts5(
+        body, content='passages_search', content_rowid='id', tokenize='porter unicode61'
+    );
+    CREATE TRIGGER passages_ai AFTER INSERT ON passages BEGIN
+        INSERT INTO passages_fts(rowid, body) VALUES (new.id, coalesce(new.search_text, new.content));
+    END;
+    CREATE TRIGGER passages_ad AFTER DELETE ON passages BEGIN
+        INSERT INTO passages_fts(passages_fts, rowid, body)
+            VALUES ('delete', old.id, coalesce(old.search_text, old.content));
+        DELETE FROM passage_tags WHERE passage_id = old.id;
+    END;
+    """,
+    # 3: domain words: rows belong to a namespace (not an "agent"); history ops are verbs, not tool names
+    """
+    ALTER TABLE namespaces RENAME COLUMN agent TO namespace;
+    ALTER TABLE blocks RENAME COLUMN agent TO namespace;
+    ALTER TABLE block_history RENAME COLUMN agent TO namespace;
+    ALTER TABLE passages RENAME COLUMN agent TO namespace;
+    ALTER TABLE passage_tags RENAME COLUMN agent TO namespace;
+    UPDATE block_history SET op = substr(op, 8) WHERE op LIKE 'memory\\_%' ESCAPE '\\';
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+async def _fill_search_text(db: aiosqlite.Connection) -> None:
+    """After migration 2: compute search_text for stored passages, then rebuild the index."""
+    async with db.execute("SELECT id, content FROM passages") as cur:
+        rows = await cur.fetchall()
+    updates = [(text, pid) for pid, content in rows if (text := index_text(content)) is not None]
+    await db.executemany("UPDATE passages SET search_text = ? WHERE id = ?", updates)
+    await db.execute("INSERT INTO passages_fts(passages_fts) VALUES ('rebuild')")
+
+
+# Python steps that run after a migration's SQL, by the version the migration produces.
+AFTER_MIGRATION: dict[int, Callable[[aiosqlite.Connection], Awaitable[None]]] = {2: _fill_search_text}
+
+
+def _is_busy(exc: BaseException) -> bool:
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    msg = str(exc).lower()
+    return "locked" in msg or "busy" in msg
+
+
+def split_sql(script: str) -> list[str]:
+    """Split a migration script into statements (triggers keep their inner semicolons)."""
+    out: list[str] = []
+    buf: list[str] = []
+    for line in script.strip().splitlines():
+        buf.append(line)
+        joined = "\n".join(buf).strip()
+        if joined.endswith(";") and sqlite3.complete_statement(joined):
+            out.append(joined)
+            buf = []
+    if "\n".join(buf).strip():
+        out.append("\n".join(buf).strip())
+    return out
+
+
+class SQLiteTx:
+    """A :class:`~kernmind.memory.database.Tx` over an aiosqlite connection."""
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self.conn = conn
+
+    async def one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        async with self.conn.execute(sql, params) as cur:
+            row = await cur.fetchone()
+        return tuple(row) if row is not None else None
+
+    async def all(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        async with self.conn.execute(sql, params) as cur:
+            return [tuple(r) for r in await cur.fetchall()]
+
+    async def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        async with self.conn.execute(sql, params) as cur:
+            return cur.rowcount
+
+    async def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        await self.conn.executemany(sql, rows)
+
+
+class SQLiteDatabase:
+    """One SQLite memory file (see the module docstring)."""
+
+    def __init__(self, path: Path | str, *, busy_timeout_ms: int = 5000) -> None:
+        self.path = Path(path)
+        self.location = str(self.path)
+        self.busy_timeout_ms = busy_timeout_ms
+        self._conn: aiosqlite.Connection | None = None
+        self._lock = anyio.Lock()
+        self.fulltext = FTS5Search(self)
+
+    async def open(self) -> SQLiteDatabase:
+        if str(self.path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+        conn = await aiosqlite.connect(str(self.path), isolation_level=None)
+        self._conn = conn
+        try:
+            await conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+            await self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL"))
+            await conn.execute("PRAGMA synchronous = FULL")
+            await conn.execute("PRAGMA foreign_keys = ON")
+            await self._migrate()
+        except BaseException:
+            await conn.close()
+            self._conn = None
+            raise
+        return self
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+
+    @property
+    def conn(self) -> aiosqlite.Connection:
+        if self._conn is None:
+            raise RuntimeError("memory database is not open")
+        return self._conn
+
+    async def _retry_busy(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` again while SQLite says busy/locked (beyond what busy_timeout absorbed)."""
+        deadline = time.monotonic() + BUSY_RETRY_SECONDS
+        delay = 0.005
+        while True:
+            try:
+                return await fn()
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() > deadline:
+                    raise
+                log.debug("sqlite busy (%s); retrying in %.3fs", exc, delay)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.25)
+
+    @contextlib.asynccontextmanager
+    async def write(self) -> AsyncIterator[SQLiteTx]:
+        """A ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on any error."""
+        async with self._lock:
+            conn = self.conn
+            await self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
+            try:
+                yield SQLiteTx(conn)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await conn.execute("ROLLBACK")
+                raise
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._retry_busy(lambda: conn.execute("COMMIT"))
+                except BaseException:
+                    if conn.in_transaction:
+                        await conn.execute("ROLLBACK")
+                    raise
+
+    @contextlib.asynccontextmanager
+    async def read(self) -> AsyncIterator[SQLiteTx]:
+        """Reads run outside explicit transactions (each statement sees a consistent snapshot)."""
+        async with self._lock:
+            yield SQLiteTx(self.conn)
+
+    async def _migrate(self) -> None:
+        conn = self.conn
+        async with conn.execute("PRAGMA user_version") as cur:
+            row = await cur.fetchone()
+        if row is not None and row[0] >= SCHEMA_VERSION:
+            if row[0] > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"{self.path} has memory schema version {row[0]}, newer than this kernmind "
+                    f"understands ({SCHEMA_VERSION}); upgrade kernmind."
+                )
+            return
+        async with self.write():
+            async with conn.execute("PRAGMA user_version") as cur:
+                row = await cur.fetchone()
+            current = row[0] if row else 0
+            for version in range(current, SCHEMA_VERSION):
+                for stmt in split_sql(MIGRATIONS[version]):
+                    await conn.execute(stmt)
+                if (step := AFTER_MIGRATION.get(version + 1)) is not None:
+                    await step(conn)
+            await conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            if current:
+                log.info(
+                    "memory schema migrated from version %d to %d (%s)", current, SCHEMA_VERSION, self.path
+                )

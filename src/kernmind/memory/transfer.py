@@ -1,0 +1,142 @@
+"""Export and import one namespace as a JSON document (``"format": "kernmind-memory"``).
+
+Design
+------
+An export holds the namespace's blocks (value, description, limit, read-only, version,
+times) and passages (content, tags, creation time), optionally every block's history.
+Vectors are not exported: the importing server embeds passages in the background with its
+own model. An import loads a document into a namespace (which may differ from the
+exported one) in one transaction: all or nothing.
+
+Error policy
+------------
+A document that is not an export, an invalid label, a block larger than this server's
+ceiling, or a block whose label exists (unless ``overwrite``, or it is an untouched
+default block) is refused with :class:`MemoryRefusal`; nothing is imported then.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernmind.memory import blocks as rules
+from kernmind.memory.errors import MemoryRefusal, Verb
+from kernmind.memory.passages import normalize_tags
+from kernmind.memory.records import PassageIn, iso, now_ts, parse_when
+from kernmind.memory.store import MemoryStore
+
+FORMAT = "kernmind-memory"
+FORMAT_VERSION = 1
+
+
+async def export_namespace(store: MemoryStore, *, with_history: bool = False) -> dict[str, Any]:
+    blocks = await store.blocks.list()
+    passages = await store.passages.all()
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "namespace": store.namespace,
+        "exported_at": iso(now_ts()),
+        "blocks": [
+            {
+                "label": b.label,
+                "value": b.value,
+                "description": b.description,
+                "limit": b.limit,
+                "read_only": b.read_only,
+                "version": b.version,
+                "created_at": iso(b.created_at),
+                "updated_at": iso(b.updated_at),
+            }
+            for b in blocks
+        ],
+        "passages": [
+            {"content": p.content, "tags": p.tags, "created_at": iso(p.created_at)} for p in passages
+        ],
+    }
+    if with_history:
+        async with store.db.read() as tx:
+            rows = await tx.all(
+                "SELECT label, version, op, old_value, new_value, at FROM block_history WHERE namespace = ? "
+                "ORDER BY id",
+                (store.namespace,),
+            )
+        doc["history"] = [
+            {"label": h[0], "version": h[1], "op": h[2], "old": h[3], "new": h[4], "at": iso(h[5])}
+            for h in rows
+        ]
+    return doc
+
+
+async def import_namespace(
+    store: MemoryStore, doc: dict[str, Any], *, overwrite: bool = False
+) -> dict[str, int]:
+    """Load an export into ``store``'s namespace in one transaction (all or nothing).
+
+    A block whose label exists is refused unless ``overwrite`` or the block is an untouched
+    default (empty, version 1); then its value, description, limit and read-only flag are
+    overwritten as a new version, recorded as op ``import``. Passages identical to one
+    already stored (same content, tags and time) are skipped.
+    """
+    if doc.get("format") != FORMAT:
+        raise MemoryRefusal('not a kernmind memory export (missing "format": "kernmind-memory").')
+    stats = {"blocks_created": 0, "blocks_replaced": 0, "passages_added": 0, "passages_skipped": 0}
+    blocks, passages = store.blocks, store.passages
+    items = [
+        PassageIn(
+            str(p.get("content", "")),
+            [str(t) for t in p.get("tags") or []],
+            parse_when(str(p["created_at"])) if p.get("created_at") else None,
+        )
+        for p in doc.get("passages") or []
+    ]
+    for item in items:
+        passages.check(item.content)
+    async with store.db.write() as tx:
+        for b in doc.get("blocks") or []:
+            label = str(b["label"])
+            rules.check_label(label)
+            value = str(b.get("value", ""))
+            if len(value) > blocks.max_limit:
+                raise MemoryRefusal(
+                    "block {label!r} in the export holds {chars} characters, more than this server's ceiling "
+                    "of {ceiling} per block; raise KERNMIND_MEMORY_BLOCK_MAX_LIMIT to import it.",
+                    label=label,
+                    chars=len(value),
+                    ceiling=blocks.max_limit,
+                )
+            description = str(b.get("description", ""))
+            limit = min(max(int(b.get("limit", blocks.default_limit)), len(value), 1), blocks.max_limit)
+            read_only = bool(b.get("read_only", False))
+            row = await blocks.fetch(tx, label)
+            if row is None:
+                await blocks.insert_row(tx, label, value, description, limit, read_only, Verb.IMPORT)
+                stats["blocks_created"] += 1
+                continue
+            if not overwrite and not (row.value == "" and row.version == 1):  # untouched default block
+                raise MemoryRefusal(
+                    "block {label!r} already exists in namespace {namespace!r}; use {overwrite} to overwrite "
+                    "existing blocks.",
+                    label=label,
+                    namespace=store.namespace,
+                )
+            ts = now_ts()
+            await tx.run(
+                "UPDATE blocks SET value = ?, description = ?, char_limit = ?, read_only = ?, "
+                "version = version + 1, updated_at = ? WHERE namespace = ? AND label = ?",
+                (value, description, limit, int(read_only), ts, store.namespace, label),
+            )
+            meta = {"description": description, "limit": limit, "read_only": read_only}
+            await blocks.record(tx, label, row.version + 1, Verb.IMPORT, row.value, value, meta, ts)
+            stats["blocks_replaced"] += 1
+        for item in items:
+            item.tags = normalize_tags(item.tags)
+            if item.created_at is not None and await passages.exists_in(
+                tx, item.content, item.tags, item.created_at
+            ):
+                stats["passages_skipped"] += 1
+                continue
+            await passages.add_in(tx, item)
+            stats["passages_added"] += 1
+        await passages.bump_generation(tx)
+    return stats

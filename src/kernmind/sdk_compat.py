@@ -1,0 +1,63 @@
+"""Every place kernmind reaches past the ``mcp`` SDK's public API, in one module.
+
+The ``mcp`` 2.x SDK (``mcp>=2.3,<3``) does not expose everything kernmind needs:
+
+- ``MCPServer._lowlevel_server``: the low-level ``Server`` behind an ``MCPServer``. serving.py
+  runs it on our own cancellable stdin reader (``run_stdio_async`` has no stdin hook);
+  memory/tools.py and tool_arguments.py register and wrap request handlers on it with its
+  public ``add_request_handler``/``get_request_handler``.
+- ``MCPServer._tool_manager``: the registered ``Tool`` objects, whose argument model
+  (``tool.fn_metadata.arg_model``) tool_arguments.py validates against strictly.
+- ``ServerSession._connection``: the per-client connection behind the per-request session
+  proxy; memory/tools.py keys resource subscriptions on it (it lives as long as the client).
+
+Nothing else in kernmind may use a private SDK attribute: add it here, with a line above.
+Error policy: when an SDK upgrade removes or renames one of these, the accessor raises
+:class:`SDKIncompatible` naming the attribute and what needs it, instead of an
+``AttributeError`` deep inside a request; ``tests/test_sdk_compat.py`` exercises every
+accessor on real SDK objects, so the upgrade fails there first, loudly.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mcp.server.lowlevel.server import Server
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.tools.base import Tool
+
+
+class SDKIncompatible(RuntimeError):
+    """The installed ``mcp`` SDK lacks a private attribute kernmind relies on."""
+
+
+def _private(obj: Any, attribute: str, needed_for: str) -> Any:
+    try:
+        return getattr(obj, attribute)
+    except AttributeError:
+        from importlib.metadata import version
+
+        raise SDKIncompatible(
+            f"mcp {version('mcp')}: {type(obj).__name__} has no attribute {attribute!r}, which kernmind "
+            f"uses for {needed_for} (see kernmind/sdk_compat.py); this SDK version is not supported yet"
+        ) from None
+
+
+def lowlevel_server(server: MCPServer) -> Server[Any]:
+    """The low-level ``Server`` an ``MCPServer`` wraps."""
+    return _private(server, "_lowlevel_server", "running stdio on its own reader and wrapping handlers")
+
+
+def registered_tool(server: MCPServer, name: str) -> Tool | None:
+    """The registered ``Tool`` called ``name`` (None when there is none)."""
+    manager = _private(server, "_tool_manager", "strict tool-argument validation")
+    tool = manager.get_tool(name)
+    if tool is not None:
+        _private(tool, "fn_metadata", "strict tool-argument validation")
+    return tool
+
+
+def session_connection(session: Any) -> Any:
+    """The per-client connection behind a per-request ``ServerSession``."""
+    return _private(session, "_connection", "resource subscriptions of handshake-era clients")
