@@ -86,7 +86,9 @@ def threads_of(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 async def base(tmp_path_factory: pytest.TempPathFactory) -> KernelFactory:
-    return KernelFactory(Sandbox.detect("required"), PythonRuntime.probe(None), tmp_path_factory.mktemp("fs"))
+    return KernelFactory.standalone(
+        Sandbox.detect("required"), PythonRuntime.probe(None), tmp_path_factory.mktemp("fs")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +288,7 @@ async def test_an_unusable_template_falls_back_to_normal_kernels(tmp_path: Path)
     (lib / "starts_a_thread.py").write_text(
         "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
     )
-    base = KernelFactory(
+    base = KernelFactory.standalone(
         Sandbox.detect("required"),
         PythonRuntime.probe(None),
         tmp_path / "ws",
@@ -366,7 +368,7 @@ print(json.dumps({
 
 async def main():
     sandbox = Sandbox.detect("required")
-    base = KernelFactory(sandbox, PythonRuntime.probe(None), Path(sys.argv[1]))
+    base = KernelFactory.standalone(sandbox, PythonRuntime.probe(None), Path(sys.argv[1]))
     forks = ForkKernelFactory(base)
     async with forks.running():
         template = await forks.server.template(wait=120)

@@ -74,7 +74,9 @@ class Executor:
             log.error("Python kernels unavailable: %s", self.runtime.error)
         self.rundir = RunDir(settings.workspaces_dir)
         sockets = socket_root(settings.workspaces_dir)
-        self.socket_rundir = self.rundir if sockets == self.rundir.root else RunDir(sockets, transient_root=True)
+        self.socket_rundir = (
+            self.rundir if sockets == self.rundir.root else RunDir(sockets, transient_root=True)
+        )
         factory = KernelFactory(
             self.sandbox,
             self.runtime,

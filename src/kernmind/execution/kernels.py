@@ -45,12 +45,14 @@ from jupyter_client.manager import AsyncKernelManager
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernel_setup import setup_code
 from kernmind.execution.results import OutputCollector
+from kernmind.execution.rundir import RunDir, socket_root
 from kernmind.execution.sandbox import Sandbox
 from kernmind.execution.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
 KERNEL_NAME = "kernmind-python"
+KERNEL_CONNECTION_FILE = "kernel.json"  # the kernel's copy, with the paths it sees
 START_TIMEOUT = 60.0
 
 
@@ -137,6 +139,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         python: str,
         spec: KernelSpec,
         owner_uid: int | None,
+        inner_dir: str,
         **kw: Any,
     ):
         super().__init__(**kw)
@@ -144,16 +147,27 @@ class SandboxedKernelManager(AsyncKernelManager):
         self._python = python
         self._kernel_spec = spec
         self._owner_uid = owner_uid
+        self._inner_dir = inner_dir  # where the kernel sees the runtime directory
 
     def write_connection_file(self, **kwargs: Any) -> None:  # type: ignore[override]
         super().write_connection_file(**kwargs)
+        # The kernel's own copy names its sockets by the path it sees (the same files).
+        host_dir = os.path.dirname(self.connection_file)
+        info = json.loads(Path(self.connection_file).read_text())
+        info["ip"] = info["ip"].replace(host_dir, self._inner_dir, 1)
+        kernel_copy = Path(host_dir, KERNEL_CONNECTION_FILE)
+        kernel_copy.write_text(json.dumps(info))
+        os.chmod(kernel_copy, 0o600)
         if self._owner_uid is not None:
             # The kernel runs as the sandbox uid and must be able to read it.
-            os.chown(self.connection_file, self._owner_uid, self._owner_uid)
+            os.chown(kernel_copy, self._owner_uid, self._owner_uid)
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         cmd = super().format_kernel_cmd(extra_arguments)
-        cmd = [self._python if part == "{python}" else part for part in cmd]
+        inner_file = f"{self._inner_dir}/{KERNEL_CONNECTION_FILE}"
+        cmd = [
+            self._python if p == "{python}" else inner_file if p == self.connection_file else p for p in cmd
+        ]
         return self._wrap(cmd)
 
 
@@ -353,29 +367,55 @@ class KernelFactory:
         new_workspace: NewWorkspace,
         socket_dirs: Callable[[], Path],
         output_limit: int = 50_000,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.setup = setup_code(output_limit)
         self.sandbox = sandbox
         self.runtime = runtime
         self.new_workspace = new_workspace
         self.socket_dirs = socket_dirs
+        self.extra_env = extra_env or {}
         self.spec = KernelSpec.from_resource_dir(str(kernelspec_dir()))
+
+    @classmethod
+    def standalone(cls, sandbox: Sandbox, runtime: PythonRuntime, root: Path, **kw: Any) -> KernelFactory:
+        """A factory keeping its workspaces and sockets under ``root`` (doctor, tests, benchmarks)."""
+        rundir = RunDir(root).open()
+        sockets = RunDir(socket_root(root), transient_root=True).open()
+
+        def new_workspace(uid: int | None) -> Workspace:
+            ws = Workspace(rundir.new_dir("ws-"), owner_uid=uid)
+            ws.create()
+            return ws
+
+        return cls(
+            sandbox, runtime, new_workspace=new_workspace, socket_dirs=lambda: sockets.new_dir("k-"), **kw
+        )
 
     @property
     def blas_threads(self) -> int:
         room = (self.sandbox.limits.memory_mb - 192) // 48
         return max(1, min(os.cpu_count() or 1, room))
 
-    def _environment(self, runtime_dir: Path) -> dict[str, str]:
-        # Caches go to the sandbox's private, size-limited /tmp, never to a host directory.
-        scratch = "/tmp/.kernmind" if self.sandbox.isolated else str(runtime_dir)
+    def environment(self, runtime_dir: Path | None) -> dict[str, str]:
+        """The variables a kernel gets on top of the sandbox's allow-list. Caches go to the
+        sandbox's private, size-limited /tmp (or, unsandboxed, ``runtime_dir``); with neither,
+        none are set (a fork-server template sets its own)."""
+        scratch = "/tmp/.kernmind" if self.sandbox.isolated else (str(runtime_dir) if runtime_dir else None)
+        dirs = (
+            {
+                "IPYTHONDIR": f"{scratch}/ipython",
+                "MPLCONFIGDIR": f"{scratch}/mpl",
+                "XDG_CACHE_HOME": f"{scratch}/cache",
+                "JUPYTER_RUNTIME_DIR": f"{scratch}/jupyter",
+            }
+            if scratch and runtime_dir is not None
+            else {}
+        )
         return {
+            **dirs,
             "PATH": f"{os.path.dirname(self.runtime.executable)}:/usr/local/bin:/usr/bin:/bin",
             "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-            "IPYTHONDIR": f"{scratch}/ipython",
-            "MPLCONFIGDIR": f"{scratch}/mpl",
-            "XDG_CACHE_HOME": f"{scratch}/cache",
-            "JUPYTER_RUNTIME_DIR": f"{scratch}/jupyter",
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
             # glibc otherwise serves large allocations from its heaps after the first one is
@@ -389,6 +429,7 @@ class KernelFactory:
                 ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"), str(self.blas_threads)
             ),
             **({"PYTHONPATH": os.pathsep.join(self.runtime.pythonpath)} if self.runtime.pythonpath else {}),
+            **self.extra_env,
         }
 
     async def start(self, workspace: Workspace | None = None) -> Kernel:
@@ -404,11 +445,11 @@ class KernelFactory:
         ws.accounted = [runtime_dir]  # code can write there too: it counts against the quota
         if uid is not None:
             os.chown(runtime_dir, uid, uid)
-        env = self._environment(runtime_dir)
+        env = self.environment(runtime_dir)
 
         def wrap(cmd: list[str]) -> list[str]:
             return self.sandbox.wrap(
-                cmd, workspace=ws.root, env=env, ro_paths=self.runtime.paths, rw_paths=[runtime_dir], uid=uid
+                cmd, workspace=ws.root, env=env, ro_paths=self.runtime.paths, runtime_dir=runtime_dir, uid=uid
             ).argv
 
         km = SandboxedKernelManager(
@@ -419,6 +460,7 @@ class KernelFactory:
             ip=str(runtime_dir / "k"),
             connection_file=str(runtime_dir / "connection.json"),
             owner_uid=uid,
+            inner_dir=self.sandbox.runtime_path(runtime_dir),
         )
         kernel = Kernel(id=uuid.uuid4().hex[:8], workspace=ws, runtime_dir=runtime_dir, km=km, uid=uid)
         try:

@@ -45,6 +45,19 @@ HELPER_PREFIX = ".km-"  # runners' hidden per-call files and caches
 async def supervise(
     runner: Runner, call: Call, *, quota_bytes: int, progress: Progress | None = None
 ) -> RunResult:
+    try:
+        return await _supervise(runner, call, quota_bytes, progress)
+    except BaseExceptionGroup as group:  # the task group wraps what execute() raised: unwrap it
+        raise _only(group) from None
+
+
+def _only(group: BaseExceptionGroup) -> BaseException:
+    while len(group.exceptions) == 1 and isinstance(group.exceptions[0], BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group.exceptions[0] if len(group.exceptions) == 1 else group
+
+
+async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Progress | None) -> RunResult:
     started_ns = time.time_ns()
     stop: str | None = None  # "timeout" | "quota" | "closed"
     quota: QuotaExceeded | None = None
