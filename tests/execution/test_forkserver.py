@@ -53,6 +53,9 @@ print(json.dumps({
     "hostname": socket.gethostname(),
     "interfaces": sorted(n for _, n in socket.if_nameindex()),
     "processes": sorted(open(f"/proc/{p}/comm").read().strip() for p in os.listdir("/proc") if p.isdigit()),
+    "history": str(get_ipython().history_manager.hist_file),
+    "log_level": __import__("ipykernel.kernelapp").kernelapp.IPKernelApp.instance().log_level,
+    "connection_file": __import__("ipykernel.kernelapp").kernelapp.IPKernelApp.instance().connection_file,
 }))
 """
 
@@ -135,15 +138,18 @@ async def test_template_preloads_the_heavy_modules(factory: ForkKernelFactory) -
 async def test_a_forked_kernel_sees_exactly_what_a_normal_kernel_sees(
     factory: ForkKernelFactory, base: KernelFactory
 ) -> None:
-    """Mounts, rlimits, environment, capabilities, cwd, hostname, network: the same sandbox."""
+    """Mounts, rlimits, environment, capabilities, cwd, hostname, network: the same sandbox;
+    and the same kernel configuration (history in memory, log level, its connection file)."""
     normal, fork = await base.start(), await forked(factory)
     try:
         seen_normal, seen_fork = await run_json(normal, PROBE), await run_json(fork, PROBE)
     finally:
         await normal.shutdown()
         await fork.shutdown()
-    for key in ("caps", "no_new_privs", "mounts", "rlimits", "env", "cwd", "path", "hostname", "interfaces"):
+    same = ("caps", "no_new_privs", "mounts", "rlimits", "env", "cwd", "path", "hostname", "interfaces")
+    for key in (*same, "history", "log_level"):
         assert seen_fork[key] == seen_normal[key], key
+    assert seen_fork["connection_file"] == str(fork.runtime_dir / "connection.json")
     if AS_ROOT:
         assert seen_fork["uid"] == fork.uid and fork.uid not in (0, None)
     # The same processes, plus the placeholder shell the kernel was forked next to.
