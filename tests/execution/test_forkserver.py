@@ -26,7 +26,7 @@ import pytest
 from kernmind.execution.forkserver_kernels import ForkKernelFactory, fork_server_report
 from kernmind.execution.kernels import Kernel, KernelFactory, PythonRuntime
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.sandbox import Limits, Sandbox
 
 pytestmark = [
     pytest.mark.anyio,
@@ -309,6 +309,24 @@ async def test_an_unusable_template_falls_back_to_normal_kernels(tmp_path: Path)
         assert status["active"] is False and "threads" in status["reason"]
 
 
+async def test_preloads_too_big_for_the_memory_limit_are_dropped(tmp_path: Path) -> None:
+    """Every fork starts with the template's data counted against its RLIMIT_DATA: under a small
+    limit the template comes up without the heavy modules, and kernels can still import them."""
+    base = KernelFactory(
+        Sandbox.detect("required"), PythonRuntime.probe(None), tmp_path, limits=Limits(memory_mb=256)
+    )
+    forks = ForkKernelFactory(base)
+    async with forks.running():
+        template = await forks.server.template(wait=120)
+        assert template is not None
+        assert forks.status()["preloaded"] == []
+        kernel = await forks.fork(template)
+        try:
+            assert "".join((await run(kernel, "import pandas\nprint('ok')")).logs().stdout) == "ok\n"
+        finally:
+            await kernel.shutdown()
+
+
 async def test_doctor_report_says_active_and_how_fast_it_forks(base: KernelFactory) -> None:
     report = await fork_server_report(base, forks=2)
     assert report["active"] is True and report["ok"] is True
@@ -355,7 +373,7 @@ from pathlib import Path
 from kernmind.execution.forkserver_kernels import ForkKernelFactory
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.sandbox import Limits, Sandbox
 
 CODE = '''
 import json, os, socket, subprocess

@@ -79,6 +79,7 @@ class ForkKernelFactory:
             setup=base.setup,
             kernel_args=list(_KERNEL_ARGS),
             preload=preload,
+            memory_limit_mb=(base.limits or base.sandbox.limits).memory_mb,
         )
         self._welcome = _ipykernel_major(base.runtime.ipykernel) >= 7
         # One zmq context (one I/O thread) for every forked kernel's manager and client,

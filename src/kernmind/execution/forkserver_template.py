@@ -31,7 +31,7 @@ Design
 - Kernels do not depend on the template after ``ready``: they survive its death.
 
 Protocol (SOCK_SEQPACKET, one JSON object per packet, descriptors as SCM_RIGHTS):
-- template → server, once: ``{"op": "hello", "pid", "threads", "preloaded", "failed", "seconds"}``
+- template → server, once: ``{"op": "hello", "pid", "threads", "data_mib", "preloaded", "failed", "seconds"}``
 - server → template, first: ``{"server_pid", "preload": [modules], "setup", "kernel_args"}``
 - ``{"op": "spawn", "id", "argv", "cwd", "uid", "placeholder_pid", "namespaces": [names]}``
   with descriptors ``[exit_pipe, placeholder_pidfd, *namespace_fds]`` → ``{"id", "ok": true,
@@ -94,6 +94,14 @@ def _check(result: int, what: str) -> None:
 
 def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
+
+
+def data_mib() -> float:
+    """What RLIMIT_DATA counts of this process (every fork starts with this much of its limit used)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmData:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 # --- start-up ----------------------------------------------------------------------------
@@ -463,6 +471,7 @@ def main() -> None:
             "ok": True,
             "pid": os.getpid(),
             "threads": thread_count(),
+            "data_mib": round(data_mib(), 1),
             "preloaded": loaded[1:],
             "failed": failed,
             "modules": len(sys.modules),
