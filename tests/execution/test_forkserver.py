@@ -222,6 +222,24 @@ async def test_forked_kernels_are_independent_processes_with_their_own_uid(
         assert a[0] != b[0]
 
 
+async def test_an_interrupted_forked_kernel_keeps_its_state_and_answers_the_next_cell(
+    factory: ForkKernelFactory,
+) -> None:
+    """The interrupt is matched to the request it stops (message ids are not reused), every time."""
+    kernel = await forked(factory)
+    try:
+        for round_ in range(2):
+            busy = OutputCollector(1000)
+            code = f"n = {round_}\nwhile True:\n    n += 1"
+            outcome = await kernel.execute(code, busy, deadline=time.monotonic() + 1)
+            assert outcome.kind == "deadline"
+            assert await kernel.interrupt(busy, 5) is True
+            after = await run(kernel, "n > 10")
+            assert [r.text for r in after.results] == ["True"]
+    finally:
+        await kernel.shutdown()
+
+
 async def test_a_kernel_exit_status_reaches_the_manager(factory: ForkKernelFactory) -> None:
     """os._exit(7) → the kernel is dead with status 7; SIGKILL → 137, as bubblewrap reports it."""
     for code, expected in (("import os; os._exit(7)", 7), ("import os; os.kill(os.getpid(), 9)", 137)):

@@ -195,7 +195,9 @@ class ForkKernelFactory:
                 reply = await _spawn(template, placeholder, exit_write, kernel_argv, cwd, uid)
                 if not reply.get("ok"):
                     raise ForkFailed(f"fork failed: {reply.get('error')}")
-                kc = km.client(context=self._zmq)
+                # The manager's own Session, not a clone: a clone restarts the message counter,
+                # so an interrupt_request could reuse the running execute_request's msg_id.
+                kc = km.client(context=self._zmq, session=km.session)
                 kc.start_channels(hb=False)  # liveness comes from the process, not heartbeats
                 kernel.kc = kc
                 if self._welcome:
