@@ -158,6 +158,9 @@ async def test_install_from_a_simple_index_and_repeat_comes_from_the_shared_cach
         second = await installer.install(["alpha"], "python", new_layer(tmp_path, "two"))
         assert names(second.installed) == {"alpha": "1.0", "beta": "2.0"}
         assert [r for r in index.requests if r.startswith("/files/")] == [], "wheels came from the cache"
+    one, two = (tmp_path / name / "python" / "alpha" for name in ("one", "two"))
+    assert (one / "__init__.py").stat().st_ino == (two / "__init__.py").stat().st_ino, "linked, not copied"
+    assert list((two / "__pycache__").glob("__init__.cpython-*.pyc")), "byte-compiled once, for every session"
 
 
 # --- what is refused, and how ------------------------------------------------------------

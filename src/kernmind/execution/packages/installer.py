@@ -41,6 +41,7 @@ from kernmind.execution.packages.policy import (
 )
 from kernmind.execution.packages.python import (
     BaseEnvironment,
+    CompiledStore,
     HostUv,
     PythonTarget,
     cached_stubs,
@@ -109,6 +110,7 @@ class PackageInstaller:
 
     def __post_init__(self) -> None:
         self.base = BaseEnvironment(self.target)
+        self.store = CompiledStore.for_target(self.cache_dir, self.target)
         self.host_env = installer_environment(self.environ)
 
     @staticmethod
@@ -174,6 +176,7 @@ class PackageInstaller:
                     cache_dir=self.cache_dir,
                     scratch=Path(scratch),
                     wheels_only=True,
+                    store=self.store,
                     **common,  # type: ignore[arg-type]
                 )
                 return result.installed, result.already, []
