@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     from kernmind.memory import cli as memory_cli
 
     agent_cli.add_parser(sub, settings_parent(COMMAND_GROUPS["agent"]))
-    memory_cli.add_parser(sub, settings_parent(COMMAND_GROUPS["memory"]))
+    # memory's actions are subparsers that take the flags too: a flag not given must stay absent
+    memory_cli.add_parser(sub, settings_parent(COMMAND_GROUPS["memory"], absent_when_not_given=True))
     return parser
 
 

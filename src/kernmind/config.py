@@ -153,10 +153,19 @@ class Settings(BaseSettings):
         description="require `Authorization: Bearer <token>` on every HTTP request "
         "(prefer the variable: flags show in `ps`)",
     )
+    max_request_mb: Annotated[int, Cli(Group.TRANSPORT, metavar="MB")] = Field(
+        default=32,
+        ge=1,
+        le=1024,
+        description="largest HTTP request body (MiB); a larger one gets a 413 that says so",
+    )
 
     # --- memory ---
-    embedding_model: Annotated[str | None, Cli(Group.MEMORY, metavar="MODEL")] = Field(
-        default=None, description="embedding model for archival search"
+    embedding_model: Annotated[str, Cli(Group.MEMORY, metavar="MODEL")] = Field(
+        default="local",
+        min_length=1,
+        description="meaning search: `local` (the bundled offline model), `none` (full text only), "
+        "or a model name at the OpenAI-compatible endpoint",
     )
     embedding_base_url: Annotated[str | None, Cli(Group.MEMORY, metavar="URL", shown_default="OpenAI")] = (
         Field(default=None, description="OpenAI-compatible embeddings endpoint")

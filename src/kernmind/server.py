@@ -29,6 +29,7 @@ from kernmind.execution.executor import Executor
 from kernmind.execution.results import RunResult
 from kernmind.execution.workspace import FileEntry, WorkspaceError
 from kernmind.memory.tools import MemoryTools
+from kernmind.tool_arguments import strict_tool_arguments
 
 log = logging.getLogger(__name__)
 
@@ -298,4 +299,5 @@ def create_server(settings: Settings | None = None) -> MCPServer:
         return FileList(session_id=session_id, files=ws.list()).model_dump_json()
 
     memory.register(server)
+    strict_tool_arguments(server)  # last: every tool refuses unknown arguments and NaN, in words
     return server

@@ -58,6 +58,8 @@ import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from kernmind.config import Settings
+from kernmind.http_guard import JsonRpcGuard
+from kernmind.settings_cli import where_set
 
 log = logging.getLogger(__name__)
 
@@ -330,8 +332,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def build_http_app(server: Any, settings: Settings) -> ASGIApp:
-    """The SDK's Streamable HTTP app at /mcp, wrapped in the token check when one is set."""
-    app: ASGIApp = server.streamable_http_app(streamable_http_path=MCP_PATH, host=settings.host)
+    """The SDK's Streamable HTTP app at /mcp behind the JSON-RPC guard and, with a token, its check."""
+    max_body = settings.max_request_mb * 1024 * 1024
+    app: ASGIApp = server.streamable_http_app(
+        streamable_http_path=MCP_PATH, host=settings.host, max_request_body_size=max_body
+    )
+    app = JsonRpcGuard(app, max_body=max_body, limit_setting=where_set("max_request_mb"))
     if settings.token:
         app = BearerTokenMiddleware(app, settings.token)
     return app

@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from kernmind.config import Cli, Group, Settings
+from kernmind.validation_text import problem
 
 ALL_GROUPS: tuple[Group, ...] = tuple(Group)
 COMMAND_GROUPS: dict[str, tuple[Group, ...]] = {
@@ -154,8 +155,15 @@ def _json_value(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg} at position {exc.pos})") from exc
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser, groups: Iterable[Group]) -> None:
-    """Add the flags of these groups' settings, one argument group per settings group."""
+def add_settings_arguments(
+    parser: argparse.ArgumentParser, groups: Iterable[Group], *, absent_when_not_given: bool = False
+) -> None:
+    """Add the flags of these groups' settings, one argument group per settings group.
+
+    A flag not given is ``None`` in the parsed namespace, or absent with
+    ``absent_when_not_given`` (for flags declared on nested subparsers too, whose "not given"
+    must not overwrite a value given at the outer level).
+    """
     by_group: dict[Group, list[SettingSpec]] = {}
     for spec in specs(groups):
         by_group.setdefault(spec.cli.group, []).append(spec)
@@ -168,7 +176,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser, groups: Iterable[Gro
         for spec in members:
             if spec.cli.env_only:
                 continue
-            common: dict[str, Any] = {"dest": spec.name, "default": None, "help": spec.help()}
+            common: dict[str, Any] = {
+                "dest": spec.name,
+                "default": argparse.SUPPRESS if absent_when_not_given else None,
+                "help": spec.help(),
+            }
             if spec.kind == "bool":
                 g.add_argument(spec.flag, action=argparse.BooleanOptionalAction, **common)
             elif spec.kind == "choice":
@@ -182,10 +194,12 @@ def add_settings_arguments(parser: argparse.ArgumentParser, groups: Iterable[Gro
                 )
 
 
-def settings_parent(groups: Iterable[Group]) -> argparse.ArgumentParser:
+def settings_parent(
+    groups: Iterable[Group], *, absent_when_not_given: bool = False
+) -> argparse.ArgumentParser:
     """A parent parser (``parents=[…]``) holding the flags of these groups."""
     parent = argparse.ArgumentParser(add_help=False)
-    add_settings_arguments(parent, groups)
+    add_settings_arguments(parent, groups, absent_when_not_given=absent_when_not_given)
     return parent
 
 
@@ -212,15 +226,19 @@ def settings_as_args(settings: Settings, groups: Iterable[Group]) -> tuple[list[
     return args, env
 
 
+def where_set(name: str) -> str:
+    """How a user sets this setting: ``--pool-size / KERNMIND_POOL_SIZE``."""
+    spec = next((s for s in specs() if s.name == name), None)
+    if spec is None:
+        return name
+    return spec.env if spec.cli.env_only else f"{spec.flag} / {spec.env}"
+
+
 def describe_settings_error(exc: ValidationError) -> str:
     """One line per refused setting, naming its flag and variable."""
-    by_name = {s.name: s for s in specs()}
     lines = []
     for err in exc.errors(include_url=False):
-        name = str(err["loc"][0]) if err["loc"] else ""
-        spec = by_name.get(name)
-        where = f"{spec.flag} / {spec.env}" if spec else name
-        lines.append(f"  {where}: {err['msg'][0].lower()}{err['msg'][1:]} (got {err['input']!r})")
+        lines.append(f"  {where_set(str(err['loc'][0]) if err['loc'] else '')}: {problem(err)}")
     return "invalid settings:\n" + "\n".join(lines)
 
 

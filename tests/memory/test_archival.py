@@ -37,7 +37,12 @@ async def test_insert_search_delete(client: Client) -> None:
     assert "no passage with id" in text
 
 
-async def test_partial_matches_rank_below_full_matches(client: Client) -> None:
+async def test_full_text_ranks_partial_matches_below_full_matches(tmp_path: Path) -> None:
+    async with Client(create_server(make_settings(tmp_path, embedding_model="none"))) as client:
+        await full_text_partial_matches(client)
+
+
+async def full_text_partial_matches(client: Client) -> None:
     await ok(client, "archival_memory_insert", content="Paris is the capital of France")
     await ok(client, "archival_memory_insert", content="The weather in Paris was rainy")
     await ok(client, "archival_memory_insert", content="Berlin has many museums")

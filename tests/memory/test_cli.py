@@ -111,3 +111,64 @@ def test_import_rejects_bad_files(tmp_path: Path, content: str, capsys: pytest.C
     assert main(["memory", "import", str(bad), "--db", str(tmp_path / "m.db")]) == 1
     assert "kernmind memory import" in capsys.readouterr().err
     assert main(["memory", "import", "--db", str(tmp_path / "m.db")]) == 2
+
+
+def test_flags_may_come_anywhere(tmp_path: Path) -> None:
+    """import --data-dir DIR FILE, FILE --data-dir DIR, and --data-dir before the action all work."""
+    db = tmp_path / "src.db"
+    seed(db, "alice")
+    out = tmp_path / "a.json"
+    assert main(["memory", "export", "--db", str(db), "--agent", "alice", "-o", str(out)]) == 0
+    for i, order in enumerate(
+        [
+            ["memory", "import", "--data-dir", "{d}", str(out)],
+            ["memory", "import", str(out), "--data-dir", "{d}"],
+            ["memory", "--data-dir", "{d}", "import", str(out)],
+            ["memory", "--data-dir", "{d}", "import", "--replace", str(out), "--agent", "default"],
+        ]
+    ):
+        d = tmp_path / f"dir{i}"
+        assert main([a.replace("{d}", str(d)) for a in order]) == 0, order
+        assert dump(d / "kernmind.db", "default") == dump(db, "alice"), order
+
+
+def test_memory_help_lists_only_memory_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    """kernmind memory --help shows storage and memory flags, not the server's."""
+    with pytest.raises(SystemExit):
+        main(["memory", "--help"])
+    text = capsys.readouterr().out
+    for flag in ("--db", "--agent", "--embedding-model", "show", "search", "export", "import"):
+        assert flag in text
+    for flag in ("--sandbox", "--pool-size", "--transport", "--port", "--token", "--timeout", "--memory-mb"):
+        assert flag not in text
+
+
+def test_show_lists_blocks_and_prints_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """memory show: a table of the blocks; memory show LABEL: that block as the agent sees it."""
+    db = tmp_path / "m.db"
+    seed(db, "default")
+    capsys.readouterr()
+    assert main(["memory", "show", "--db", str(db)]) == 0
+    table = capsys.readouterr().out
+    assert "human" in table and "9/5000" in table and "rules" in table and "(read-only)" in table
+    assert main(["memory", "show", "human", "--db", str(db)]) == 0
+    assert "<value>\nName: Ada\n</value>" in capsys.readouterr().out
+    assert main(["memory", "show", "nope", "--db", str(db)]) == 1
+    err = capsys.readouterr().err
+    assert "no memory block labelled 'nope'" in err and "'human'" in err
+
+
+def test_search_from_the_shell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """memory search QUERY ranks archival passages like the tool (word forms, tags, meaning)."""
+    db = tmp_path / "m.db"
+    seed(db, "default")
+    capsys.readouterr()
+    assert main(["memory", "search", "meeting Ada in France", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert out.index("met Ada in Paris") < out.index("Ada likes tea") and "ranked by hybrid" in out
+    assert (
+        main(["memory", "search", "Ada", "--tag", "travel", "--db", str(db), "--embedding-model", "none"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "ranked by bm25" in out and "met Ada in Paris" in out and "tea" not in out

@@ -67,10 +67,24 @@ Run = Callable[[str], Awaitable[dict[str, Any]]]
 
 # --- code that runs inside the interpreters ------------------------------------------------
 
+# Random numbers from the interpreter's generators (numpy's too, where installed).
+DRAWS = """\
+def draws():
+    import random
+    out = [random.random()]
+    try:
+        import numpy
+        out.append(float(numpy.random.random()))
+    except ImportError:
+        pass
+    return out
+"""
+
 POLLUTE = """\
 import builtins, json, math, os, resource, signal, statistics, subprocess, sys
 token = {token!r}
-facts = {{"uid": os.getuid()}}
+{draws}
+facts = {{"uid": os.getuid(), "draws": draws()}}
 # globals, patched modules and builtins, the import path, a fake module
 iso_global = token
 statistics.mean = lambda *a, **k: "patched"
@@ -107,6 +121,7 @@ print(json.dumps(facts))
 OBSERVE = """\
 import builtins, json, math, os, resource, signal, statistics, sys
 token = {token!r}
+{draws}
 def listing(path):
     return sorted(os.listdir(path))
 def fd_targets():
@@ -130,6 +145,7 @@ def mount(point):
 mask = os.umask(0o022); os.umask(mask)
 names = ("RLIMIT_DATA", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CORE")
 print(json.dumps({{
+    "draws": draws(),
     "global": "iso_global" in globals(),
     "mean": statistics.mean([1, 2]),
     "math_pi": math.pi,
@@ -328,14 +344,21 @@ async def aftermath(
     mode: str = request.param
     pair = pair_for(mode, stateless_server, session_server)
     token = uuid.uuid4().hex[:12]
-    earlier = json_stdout(await pair.earlier(POLLUTE.format(token=token)))
-    later = json_stdout(await pair.later(OBSERVE.format(token=token)))
+    earlier = json_stdout(await pair.earlier(POLLUTE.format(token=token, draws=DRAWS)))
+    later = json_stdout(await pair.later(OBSERVE.format(token=token, draws=DRAWS)))
     if pair.earlier_session is not None and mode == "new-session":
         await pair.server.client.call_tool("close_session", {"session_id": pair.earlier_session})
     return Aftermath(token, mode, earlier, later)
 
 
 # --- nothing reaches a later interpreter ------------------------------------------------------
+
+
+async def test_random_generators_are_not_shared_with_a_later_interpreter(aftermath: Aftermath) -> None:
+    """random and numpy.random are seeded afresh: a later interpreter does not repeat the earlier draws."""
+    earlier, later = aftermath.earlier["draws"], aftermath.later["draws"]
+    assert len(earlier) == len(later) >= 1
+    assert all(a != b for a, b in zip(earlier, later, strict=True))
 
 
 async def test_globals_do_not_reach_a_later_interpreter(aftermath: Aftermath) -> None:

@@ -1,24 +1,31 @@
-"""``kernmind memory export|import``: back up and move one memory namespace as JSON.
+"""``kernmind memory``: look at, search, back up and move one memory namespace from the shell.
 
 Usage::
 
-    kernmind memory export [-o FILE] [--with-history] [--agent NAME] [--db PATH]
-    kernmind memory import FILE|- [--replace] [--agent NAME] [--db PATH]
+    kernmind memory show [LABEL]                 every block (a table), or one block's value
+    kernmind memory search QUERY [--top-k N] [--tag T …]
+    kernmind memory export [-o FILE] [--with-history]
+    kernmind memory import FILE|- [--replace]
+
+Each takes the memory settings flags (``--db``, ``--data-dir``, ``--agent``,
+``--embedding-model`` …) before or after the action, in any order with its arguments.
 
 Design
 ------
-The action is a positional argument of the ``memory`` subcommand (not a nested subparser),
-so the shared flags (``--db``, ``--agent`` …) work before or after it. Export writes the
-agent's blocks (value, description, limit, read-only, version) and passages (content,
-tags, creation time) — not embeddings, which the importing server recomputes when it has
-an embedding model (passages without a vector are embedded in batches as inserts happen).
-Import goes into the ``--agent`` namespace, which may differ from the exported one, in one
-transaction: all or nothing.
+Each action is its own subparser with its own positionals, so argparse never has to guess
+which word is a file and which a flag's value. The settings flags are declared on both the
+``memory`` parser and each action's parser, absent when not given, so a flag given at
+either level reaches ``Settings`` and one not given falls back to ``KERNMIND_*`` and the
+defaults. ``search`` ranks like the ``archival_memory_search`` tool (hybrid by default);
+passages without a vector of the current model are embedded first.
+Export writes the namespace's blocks and passages (not vectors, which the importing side
+recomputes); import goes into the ``--agent`` namespace in one transaction: all or nothing.
 
 Error policy
 ------------
 Problems the user can fix (unreadable file, not an export, a label that exists without
-``--replace``) print one line to stderr and exit 1; the database is unchanged.
+``--replace``, an unknown label) print one line to stderr and exit 1 (2 for a missing
+argument); the database is unchanged.
 """
 
 from __future__ import annotations
@@ -32,25 +39,89 @@ from typing import Any
 import anyio
 
 from kernmind.config import Settings
+from kernmind.memory.archival import Archive
+from kernmind.memory.block_results import render_block
+from kernmind.memory.embeddings import EmbeddingUnavailable, make_embedder
 from kernmind.memory.errors import MemoryRefusal, Verb
+from kernmind.memory.records import iso
 from kernmind.memory.store import MemoryStore
 from kernmind.memory.transfer import export_namespace, import_namespace
 
-CLI_WORDS = {Verb.OVERWRITE: "--replace"}
+CLI_WORDS = {
+    Verb.OVERWRITE: "--replace",
+    Verb.READ: "kernmind memory show",
+    Verb.LIST: "kernmind memory show",
+    Verb.SEARCH: "kernmind memory search",
+}
 
 
-def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+def add_parser(sub: Any, settings_flags: argparse.ArgumentParser) -> None:
+    """``settings_flags`` must leave flags that were not given absent (``absent_when_not_given``),
+    or an action's parser would overwrite a flag given before the action with its "not given"."""
     p = sub.add_parser(
         "memory",
-        parents=[common],
-        help="export or import a memory namespace as JSON",
-        description="Export or import one memory namespace (--agent) as JSON.",
+        parents=[settings_flags],
+        help="show, search, export or import a memory namespace",
+        description="Look at, search, export or import one memory namespace (--agent).",
     )
-    p.add_argument("action", choices=["export", "import"], help="export to JSON, or import from JSON")
-    p.add_argument("file", nargs="?", help="import: the JSON file ('-' for stdin)")
-    p.add_argument("-o", "--output", help="export: write here instead of stdout")
-    p.add_argument("--with-history", action="store_true", help="export: include every block's change history")
-    p.add_argument("--replace", action="store_true", help="import: overwrite blocks whose label exists")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    show = actions.add_parser("show", parents=[settings_flags], help="every block, or one block's value")
+    show.add_argument("label", nargs="?", help="the block to print (default: a table of all blocks)")
+    search = actions.add_parser("search", parents=[settings_flags], help="search archival memory")
+    search.add_argument("query", help="what to look for (words or a question)")
+    search.add_argument("--top-k", type=int, default=10, help="results to print (default 10)")
+    search.add_argument(
+        "--tag", action="append", dest="tags", help="only passages with this tag (repeatable)"
+    )
+    export = actions.add_parser("export", parents=[settings_flags], help="write the namespace as JSON")
+    export.add_argument("-o", "--output", help="write here instead of stdout")
+    export.add_argument("--with-history", action="store_true", help="include every block's change history")
+    imp = actions.add_parser("import", parents=[settings_flags], help="load a JSON export into the namespace")
+    imp.add_argument("file", nargs="?", help="the JSON file ('-' for stdin)")
+    imp.add_argument("--replace", action="store_true", help="overwrite blocks whose label exists")
+
+
+# ---------------------------------------------------------------- actions
+
+
+async def _show(settings: Settings, label: str | None) -> str:
+    async with MemoryStore.from_settings(settings) as store:
+        if label is not None:
+            return render_block(await store.blocks.get(label))
+        rows = await store.blocks.list()
+    if not rows:
+        return f"namespace {settings.agent!r} has no blocks"
+    width = max(len(r.label) for r in rows)
+    lines = [f"{'label':<{width}}  {'chars':>13}  version  description"]
+    for r in rows:
+        flag = " (read-only)" if r.read_only else ""
+        lines.append(
+            f"{r.label:<{width}}  {f'{r.chars}/{r.limit}':>13}  {r.version:>7}  {r.description}{flag}"
+        )
+    return "\n".join(lines)
+
+
+async def _search(settings: Settings, query: str, top_k: int, tags: list[str] | None) -> str:
+    async with MemoryStore.from_settings(settings) as store:
+        embedder = make_embedder(settings)
+        archive = Archive(store.passages, embedder)
+        if embedder is not None:
+            try:
+                while await archive.recall.backfill_batch():
+                    pass
+            except EmbeddingUnavailable as exc:
+                print(f"kernmind memory search: meaning search unavailable ({exc})", file=sys.stderr)
+        try:
+            out = await archive.search(query, tags=tags, top_k=top_k)
+        finally:
+            if embedder is not None:
+                await embedder.aclose()
+    lines = [f"{len(out.results)} result(s), ranked by {out.mode}" + (f" — {out.note}" if out.note else "")]
+    for r in out.results:
+        score = "" if r.score is None else f"  score {r.score:.4f}"
+        tag_text = f"  tags {', '.join(r.tags)}" if r.tags else ""
+        lines.append(f"\n#{r.id}  {iso(r.created_at)}{score}{tag_text}\n{r.content}")
+    return "\n".join(lines)
 
 
 async def _export(settings: Settings, with_history: bool) -> dict[str, Any]:
@@ -65,40 +136,54 @@ async def _import(settings: Settings, doc: dict[str, Any], replace: bool) -> dic
         return await import_namespace(store, doc, overwrite=replace)
 
 
+def _run_import(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.file:
+        print("kernmind memory import: give the JSON file to import (or '-' for stdin)", file=sys.stderr)
+        return 2
+    raw = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        print(f"kernmind memory import: {args.file} is not JSON: {exc}", file=sys.stderr)
+        return 1
+    if not isinstance(doc, dict):
+        print(f"kernmind memory import: {args.file} is not a kernmind memory export", file=sys.stderr)
+        return 1
+    stats = anyio.run(_import, settings, doc, args.replace)
+    print(
+        f"imported into agent {settings.agent!r}: "
+        + ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in stats.items()),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _run_export(args: argparse.Namespace, settings: Settings) -> int:
+    doc = anyio.run(_export, settings, args.with_history)
+    text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    Path(args.output).write_text(text, encoding="utf-8")
+    print(
+        f"exported {len(doc['blocks'])} blocks and {len(doc['passages'])} passages of agent "
+        f"{settings.agent!r} to {args.output}",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     try:
-        if args.action == "export":
-            doc = anyio.run(_export, settings, args.with_history)
-            text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
-            if args.output:
-                Path(args.output).write_text(text, encoding="utf-8")
-                print(
-                    f"exported {len(doc['blocks'])} blocks and {len(doc['passages'])} passages of agent "
-                    f"{settings.agent!r} to {args.output}",
-                    file=sys.stderr,
-                )
-            else:
-                sys.stdout.write(text)
+        if args.action == "show":
+            print(anyio.run(_show, settings, args.label))
             return 0
-        if not args.file:
-            print("kernmind memory import: give the JSON file to import (or '-' for stdin)", file=sys.stderr)
-            return 2
-        raw = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
-        try:
-            doc = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            print(f"kernmind memory import: {args.file} is not JSON: {exc}", file=sys.stderr)
-            return 1
-        if not isinstance(doc, dict):
-            print(f"kernmind memory import: {args.file} is not a kernmind memory export", file=sys.stderr)
-            return 1
-        stats = anyio.run(_import, settings, doc, args.replace)
-        print(
-            f"imported into agent {settings.agent!r}: "
-            + ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in stats.items()),
-            file=sys.stderr,
-        )
-        return 0
+        if args.action == "search":
+            print(anyio.run(_search, settings, args.query, args.top_k, args.tags))
+            return 0
+        if args.action == "export":
+            return _run_export(args, settings)
+        return _run_import(args, settings)
     except MemoryRefusal as exc:
         print(f"kernmind memory {args.action}: {exc.render(CLI_WORDS)}", file=sys.stderr)
         return 1

@@ -230,6 +230,11 @@ class Passages:
             )
         return [(r[0], bytes(r[1])) for r in rows]
 
+    async def count(self) -> int:
+        async with self.db.read() as tx:
+            row = await tx.one("SELECT count(*) FROM passages WHERE namespace = ?", (self.namespace,))
+        return int(row[0]) if row else 0
+
     async def count_vectors(self, model: str) -> int:
         async with self.db.read() as tx:
             row = await tx.one(

@@ -301,5 +301,8 @@ class SQLiteDatabase:
                     await conn.execute(stmt)
                 if (step := AFTER_MIGRATION.get(version + 1)) is not None:
                     await step(conn)
-                log.info("memory schema migrated to version %d (%s)", version + 1, self.path)
             await conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            if current:
+                log.info(
+                    "memory schema migrated from version %d to %d (%s)", current, SCHEMA_VERSION, self.path
+                )

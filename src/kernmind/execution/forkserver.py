@@ -1,0 +1,284 @@
+"""The fork server: one template process per kernel environment that forks fresh kernels.
+
+A new sandboxed ipykernel costs ≈ 0.9 s of CPU to boot (mostly imports). The template
+(``forkserver_template.py``, run on the kernel Python) imports ipykernel and the heavy
+modules once; every fresh interpreter is then a fork of it placed inside a normal kernel
+sandbox (see ``forkserver_kernels.py``), at a few tens of milliseconds of CPU.
+
+This module owns the template process: starting it (a clean environment, a private 0700
+directory as its working directory and home, its control socket as the only extra
+descriptor), the request/reply protocol over that SOCK_SEQPACKET socket (JSON packets,
+descriptors as SCM_RIGHTS; one reader task dispatches replies to waiting requests), and
+restarting it when it dies. Kernels already made do not depend on it: they survive its
+death (they belong to their sandboxes, like every kernel).
+
+Error policy: ``ForkServer.template()`` returns None while no usable template exists
+(not started, starting, dead, or refused) and ``status()`` says why, so callers fall back
+to starting kernels the normal way. A template that dies is restarted on the next request,
+at most once per ``RESTART_BACKOFF`` seconds. A template with more than one thread after
+its preloads is refused (forking it would copy locks held by the other threads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_SCRIPT = Path(__file__).with_name("forkserver_template.py")
+MAX_PACKET = 1 << 20
+HELLO_TIMEOUT = 120.0  # importing pandas & co. on a busy 2-core machine can take a while
+RESTART_BACKOFF = 5.0
+DEFAULT_PRELOAD = ("numpy", "pandas", "matplotlib.pyplot")
+
+
+def template_dirs(home: Path) -> dict[str, str]:
+    """The template's home and the caches its imports may write (matplotlib's font list)."""
+    return {
+        "HOME": str(home),
+        "IPYTHONDIR": str(home / "ipython"),
+        "MPLCONFIGDIR": str(home / "mpl"),
+        "XDG_CACHE_HOME": str(home / "cache"),
+        "JUPYTER_RUNTIME_DIR": str(home / "jupyter"),
+    }
+
+
+class TemplateGone(RuntimeError):
+    """The template process died or closed its socket while a request was waiting."""
+
+
+class TemplateProcess:
+    """One running template: its process, its control socket and the replies awaited on it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket, home: Path) -> None:
+        self.proc = proc
+        self.sock = sock
+        self.home = home
+        self.hello: dict[str, Any] = {}
+        self._ids = itertools.count(1)
+        self._waiting: dict[str, tuple[anyio.Event, list[dict[str, Any]]]] = {}
+        self.gone: str | None = None  # why it stopped, once it has
+
+    @classmethod
+    def launch(cls, python: str, env: Mapping[str, str], config: dict[str, Any]) -> TemplateProcess:
+        """Start the template (call from the event loop's thread: the template dies with it)."""
+        home = Path(tempfile.mkdtemp(prefix="kmt-"))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = subprocess.Popen(
+                [python, "-Xfrozen_modules=off", str(TEMPLATE_SCRIPT), str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                env={**env, **template_dirs(home)},
+                cwd=home,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,  # stdout may be the MCP channel; stderr is our log
+            )
+        except BaseException:
+            ours.close()
+            shutil.rmtree(home, ignore_errors=True)
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        ours.send(json.dumps({**config, "server_pid": os.getpid()}).encode())
+        return cls(proc, ours, home)
+
+    async def read_hello(self, timeout: float) -> dict[str, Any]:
+        with anyio.fail_after(timeout):
+            self.hello = await self._receive()
+        return self.hello
+
+    async def serve_replies(self) -> None:
+        """Dispatch replies until the template goes away; then fail every waiting request."""
+        try:
+            while True:
+                reply = await self._receive()
+                entry = self._waiting.pop(str(reply.get("id")), None)
+                if entry is not None:
+                    entry[1].append(reply)
+                    entry[0].set()
+        except (TemplateGone, OSError, ValueError) as exc:
+            self.gone = str(exc) or "the template closed its socket"
+        finally:
+            for event, box in self._waiting.values():
+                box.append({"ok": False, "error": f"the fork-server template stopped: {self.gone}"})
+                event.set()
+            self._waiting.clear()
+
+    async def request(self, message: dict[str, Any], fds: Sequence[int] = ()) -> dict[str, Any]:
+        """Send one request and wait for its reply (the caller bounds the wait)."""
+        if self.gone is not None:
+            raise TemplateGone(self.gone)
+        request_id = str(next(self._ids))
+        event, box = anyio.Event(), []
+        self._waiting[request_id] = (event, box)
+        try:
+            data = json.dumps({**message, "id": request_id}).encode()
+            while True:
+                try:
+                    if fds:
+                        socket.send_fds(self.sock, [data], list(fds))
+                    else:
+                        self.sock.send(data)
+                    break
+                except BlockingIOError:
+                    await anyio.wait_writable(self.sock)
+            await event.wait()
+        finally:
+            self._waiting.pop(request_id, None)
+        return box[0]
+
+    async def _receive(self) -> dict[str, Any]:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, MAX_PACKET, 4)
+            except BlockingIOError:
+                await anyio.wait_readable(self.sock)
+                continue
+            for fd in fds:  # the template never sends any; never leak them
+                os.close(fd)
+            if not data:
+                raise TemplateGone(f"the template exited ({self.exit_status()})")
+            return json.loads(data)
+
+    def exit_status(self) -> str:
+        code = self.proc.poll()
+        return "still running" if code is None else f"exit status {code}"
+
+    def stop(self) -> None:
+        """Close the socket (the template exits) and make sure the process is gone."""
+        self.gone = self.gone or "stopped"
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+@dataclass
+class ForkServer:
+    """Keeps one template running for a kernel environment (``python`` and ``env``)."""
+
+    python: str
+    env: dict[str, str]
+    setup: str
+    kernel_args: list[str]
+    preload: Sequence[str] = DEFAULT_PRELOAD
+    current: TemplateProcess | None = None
+    last_error: str | None = None
+    started_at: float | None = None
+    starts: int = 0
+    _tg: TaskGroup | None = None
+    _starting: anyio.Event | None = None
+    _last_start: float = field(default=-RESTART_BACKOFF)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[ForkServer]:
+        """Start the template in the background; stop it (not the kernels it made) on exit."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            self._kick()
+            try:
+                yield self
+            finally:
+                self._tg = None
+                if self.current is not None:
+                    self.current.stop()
+                tg.cancel_scope.cancel()
+
+    def _kick(self) -> None:
+        """Start a template in the background unless one runs, is starting, or started lately."""
+        alive = self.current is not None and self.current.gone is None
+        recent = time.monotonic() - self._last_start < RESTART_BACKOFF
+        if self._tg is None or alive or self._starting is not None or recent:
+            return
+        self._last_start = time.monotonic()
+        self._starting = anyio.Event()
+        self._tg.start_soon(self._start_template)
+
+    async def _start_template(self) -> None:
+        assert self._starting is not None
+        if self.current is not None:
+            log.warning("fork-server template stopped (%s); starting a new one", self.current.gone)
+            self.current.stop()
+            self.current = None
+        config = {"preload": list(self.preload), "setup": self.setup, "kernel_args": self.kernel_args}
+        template = None
+        try:
+            template = TemplateProcess.launch(self.python, self.env, config)
+            hello = await template.read_hello(HELLO_TIMEOUT)
+            if not hello.get("ok"):
+                raise RuntimeError(hello.get("error", "the template failed to start"))
+            if hello.get("threads") != 1:
+                raise RuntimeError(
+                    f"the template runs {hello.get('threads')} threads after its preloads "
+                    f"({', '.join(self.preload)}); forking it is unsafe — remove the module that starts them"
+                )
+        except Exception as exc:
+            self.last_error = f"fork-server template unavailable: {exc}"
+            log.warning("%s; kernels start the normal way", self.last_error)
+            if template is not None:
+                template.stop()
+        else:
+            self.current = template
+            self.last_error = None
+            self.started_at = time.monotonic()
+            self.starts += 1
+            failed = hello.get("failed") or []
+            log.info(
+                "fork-server template ready in %.1f s (preloaded %s%s)",
+                hello.get("seconds", 0),
+                ", ".join(hello.get("preloaded", [])) or "nothing",
+                f"; could not import {', '.join(failed)}" if failed else "",
+            )
+            assert self._tg is not None
+            self._tg.start_soon(template.serve_replies)
+        finally:
+            self._starting.set()
+            self._starting = None
+
+    async def template(self, wait: float = 0.0) -> TemplateProcess | None:
+        """The live template, starting one if needed; waits up to ``wait`` s for one starting."""
+        self._kick()
+        if self._starting is not None and wait > 0:
+            with anyio.move_on_after(wait):
+                await self._starting.wait()
+        current = self.current
+        if current is not None and current.gone is None:
+            return current
+        self._kick()
+        return None
+
+    def status(self) -> dict[str, Any]:
+        current = self.current
+        active = current is not None and current.gone is None
+        info: dict[str, Any] = {"active": active, "starts": self.starts}
+        if active and current is not None:
+            info |= {
+                "pid": current.proc.pid,
+                "preloaded": current.hello.get("preloaded", []),
+                "start_seconds": current.hello.get("seconds"),
+            }
+        elif self.last_error or (current is not None and current.gone):
+            info["reason"] = self.last_error or f"template stopped: {current.gone if current else ''}"
+        else:
+            info["reason"] = "starting"
+        return info

@@ -1,0 +1,347 @@
+"""Fresh kernels made by forking the template into a normal kernel sandbox.
+
+``ForkKernelFactory.start(workspace)`` returns the same ``Kernel`` objects as
+``KernelFactory.start`` (same ``AsyncKernelManager``, same IPC connection file in a private
+socket directory, same client), so everything that drives kernels is unchanged. Only the
+process behind the manager differs:
+
+1. The manager launches the *sandbox* exactly as for a normal kernel (``Sandbox.wrap``:
+   bubblewrap with the same namespaces, mounts, workspace at ``/workspace``, private
+   size-limited ``/tmp`` and ``/dev/shm``, rlimits via prlimit, ``--die-with-parent``), but
+   its command is a placeholder shell that says ``ready`` and waits for an exit code on
+   its stdin. The placeholder runs without the sandbox uid (as root with no capabilities
+   when the server is root), so the kernel, which runs as the sandbox uid, cannot kill it.
+2. We pass the template descriptors for the placeholder's namespaces, a pidfd for it and
+   the write end of its stdin; the template forks a kernel into those namespaces with the
+   placeholder's rlimits, the sandbox uid, no capabilities and the kernel environment
+   (see ``forkserver_template.py``), and replies once the kernel's sockets are bound and
+   its setup cell has run.
+3. We connect the client and wait for the iopub welcome message (no ``wait_for_ready``
+   polling, no setup round trips).
+
+The manager's provisioner polls and kills the sandbox process as for any kernel; when the
+kernel exits, the placeholder exits with its status, so death, exit codes, interrupts (by
+message) and shutdown behave exactly as before. Isolation therefore comes from the same
+sandbox code as every other kernel; the fork only replaces the interpreter's start-up.
+
+Error policy: when the template is unavailable, or one fork fails, ``start`` logs why
+and starts the kernel the normal way (``KernelFactory.start``), so a broken fork server
+costs speed, never availability. Failures of the normal path raise ``RuntimeError`` as
+before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from kernmind.execution.forkserver import DEFAULT_PRELOAD, ForkServer, TemplateProcess
+from kernmind.execution.kernels import (
+    _KERNEL_ARGS,
+    START_TIMEOUT,
+    Kernel,
+    KernelFactory,
+    SandboxedKernelManager,
+)
+from kernmind.execution.results import OutputCollector
+from kernmind.execution.workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+PLACEHOLDER = ["/bin/sh", "-c", 'echo ready; read -r code; exit "${code:-1}"']
+NAMESPACES = ("user", "cgroup", "ipc", "uts", "net", "pid", "mnt")
+TEMPLATE_WAIT = 60.0  # a kernel asked for while the template starts waits for it this long
+
+
+class ForkFailed(RuntimeError):
+    """One fork did not produce a ready kernel (the reason is the message)."""
+
+
+class ForkKernelFactory:
+    """A ``KernelFactory`` whose kernels are forks of a warm template (``base`` is the fallback)."""
+
+    def __init__(self, base: KernelFactory, *, preload: Sequence[str] = DEFAULT_PRELOAD) -> None:
+        self.base = base
+        self.server = ForkServer(
+            python=base.runtime.executable,
+            env=base.sandbox.environment("/", kernel_environment(base, None)),
+            setup=base.setup,
+            kernel_args=list(_KERNEL_ARGS),
+            preload=preload,
+        )
+        self._welcome = _ipykernel_major(base.runtime.ipykernel) >= 7
+        self._said: str | None = None  # the last fallback reason logged
+
+    # What sessions and the pool use of a factory, unchanged.
+    @property
+    def sandbox(self):  # -> Sandbox
+        return self.base.sandbox
+
+    @property
+    def runtime(self):  # -> PythonRuntime
+        return self.base.runtime
+
+    def new_workspace(self, uid: int | None) -> Workspace:
+        return self.base.new_workspace(uid)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[ForkKernelFactory]:
+        """Keep the template running (it is started in the background) while in this block."""
+        if self.base.runtime.error:
+            yield self
+            return
+        async with self.server.running():
+            yield self
+
+    def status(self) -> dict[str, Any]:
+        return self.server.status()
+
+    async def start(self, workspace: Workspace | None = None) -> Kernel:
+        """A fresh, set-up kernel: forked when the template is up, else started normally."""
+        if self.base.runtime.error:
+            raise RuntimeError(self.base.runtime.error)
+        template = await self.server.template(wait=TEMPLATE_WAIT)
+        if template is None:
+            self._fallback(self.server.status().get("reason", "no template"))
+            return await self.base.start(workspace)
+        try:
+            kernel = await self.fork(template, workspace)
+        except ForkFailed as exc:
+            self._fallback(str(exc))
+            return await self.base.start(workspace)
+        self._said = None
+        return kernel
+
+    def _fallback(self, reason: str) -> None:
+        if reason != self._said:  # say it once, not for every kernel
+            log.warning("fork server not used (%s): starting kernels the normal way", reason)
+            self._said = reason
+
+    async def fork(self, template: TemplateProcess, workspace: Workspace | None = None) -> Kernel:
+        """Launch a placeholder sandbox, have the template fork a kernel into it, connect."""
+        base = self.base
+        uid = base.sandbox.allocate_uid()
+        ws = workspace or base.new_workspace(uid)
+        if workspace is not None and uid is not None:
+            ws.owner_uid = uid
+            ws.create()
+        runtime_dir = Path(tempfile.mkdtemp(prefix="km-"))  # short: unix socket paths are limited
+        if uid is not None:
+            os.chown(runtime_dir, uid, uid)
+        env = base.sandbox.environment(
+            base.sandbox.workspace_path(ws.root), kernel_environment(base, runtime_dir)
+        )
+        kernel_argv: list[str] = []
+
+        def wrap(cmd: list[str]) -> list[str]:
+            kernel_argv[:] = cmd[cmd.index("ipykernel_launcher") + 1 :]
+            return base.sandbox.wrap(
+                PLACEHOLDER,
+                workspace=ws.root,
+                env=env,
+                ro_paths=base.runtime.paths,
+                rw_paths=[runtime_dir],
+                limits=base.limits,
+            ).argv
+
+        km = SandboxedKernelManager(
+            wrap=wrap,
+            python=base.runtime.executable,
+            spec=base.spec,
+            transport="ipc",
+            ip=str(runtime_dir / "k"),
+            connection_file=str(runtime_dir / "connection.json"),
+            owner_uid=uid,
+        )
+        kernel = Kernel(id=uuid.uuid4().hex[:8], workspace=ws, runtime_dir=runtime_dir, km=km, uid=uid)
+        exit_read, exit_write = os.pipe()
+        try:
+            with anyio.fail_after(START_TIMEOUT):
+                await km.start_kernel(
+                    env=env,
+                    cwd=str(ws.root),
+                    extra_arguments=list(_KERNEL_ARGS),
+                    stdin=exit_read,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                )
+                os.close(exit_read)
+                exit_read = -1
+                process = km.provisioner.process  # type: ignore[union-attr]
+                await _read_ready(process.stdout)
+                placeholder = _placeholder_pid(process.pid)
+                cwd = base.sandbox.workspace_path(ws.root)
+                reply = await _spawn(template, placeholder, exit_write, kernel_argv, cwd, uid)
+                if not reply.get("ok"):
+                    raise ForkFailed(f"fork failed: {reply.get('error')}")
+                kc = km.client()
+                kc.start_channels()
+                kernel.kc = kc
+                if self._welcome:
+                    await _wait_for_welcome(kc)
+                else:
+                    await kc.wait_for_ready(timeout=START_TIMEOUT)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await kernel.shutdown()
+                if workspace is None:
+                    ws.remove()
+            if isinstance(exc, Exception) and not isinstance(exc, ForkFailed):
+                raise ForkFailed(f"fork failed: {type(exc).__name__}: {exc}") from exc
+            raise
+        finally:
+            for fd in (exit_read, exit_write):
+                if fd >= 0:
+                    os.close(fd)
+        return kernel
+
+
+def kernel_environment(base: KernelFactory, runtime_dir: Path | None) -> dict[str, str]:
+    """The variables a kernel gets on top of the sandbox's allow-list (as ``KernelFactory``
+    sets them); without ``runtime_dir``, those of the template (which sets its own dirs)."""
+    env = {
+        "PATH": f"{os.path.dirname(base.runtime.executable)}:/usr/local/bin:/usr/bin:/bin",
+        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        **({"PYTHONPATH": os.pathsep.join(base.runtime.pythonpath)} if base.runtime.pythonpath else {}),
+        **base.extra_env,
+    }
+    if runtime_dir is not None:
+        env |= {
+            "IPYTHONDIR": str(runtime_dir / "ipython"),
+            "MPLCONFIGDIR": str(runtime_dir / "mpl"),
+            "XDG_CACHE_HOME": str(runtime_dir / "cache"),
+            "JUPYTER_RUNTIME_DIR": str(runtime_dir / "jupyter"),
+        }
+    return env
+
+
+async def _spawn(
+    template: TemplateProcess, placeholder: int, exit_write: int, argv: list[str], cwd: str, uid: int | None
+) -> dict[str, Any]:
+    """Ask the template for a kernel inside ``placeholder``'s sandbox."""
+    names, fds = _namespace_fds(placeholder)
+    try:
+        request = {
+            "op": "spawn",
+            "argv": argv,
+            "cwd": cwd,
+            "uid": uid,
+            "placeholder_pid": placeholder,
+            "namespaces": names,
+        }
+        return await template.request(request, [exit_write, *fds])
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _namespace_fds(pid: int) -> tuple[list[str], list[int]]:
+    """A pidfd for ``pid`` (so the template can check it is still the same process), then
+    descriptors for its namespaces, with their names."""
+    fds: list[int] = []
+    try:
+        fds.append(os.pidfd_open(pid))
+        names = [n for n in NAMESPACES if os.path.exists(f"/proc/{pid}/ns/{n}")]
+        fds.extend(os.open(f"/proc/{pid}/ns/{n}", os.O_RDONLY) for n in names)
+    except OSError as exc:  # the placeholder vanished under us
+        for fd in fds:
+            os.close(fd)
+        raise ForkFailed(f"the sandbox ended before the fork: {exc}") from exc
+    return names, fds
+
+
+async def _read_ready(stream: Any) -> None:
+    """The placeholder's ``ready`` line: its sandbox is fully set up."""
+    fd = stream.fileno()
+    data = b""
+    while not data.endswith(b"\n"):
+        await anyio.wait_readable(fd)
+        chunk = os.read(fd, 64)
+        if not chunk:
+            raise ForkFailed(f"the sandbox did not start (placeholder said {data!r})")
+        data += chunk
+    stream.close()
+
+
+def _placeholder_pid(pid: int) -> int:
+    """Follow first children down from ``pid`` (prlimit→bwrap→init→placeholder) to the placeholder."""
+    while True:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            children = []
+        if not children:
+            break
+        pid = int(children[0])
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:3]
+    except OSError:
+        cmdline = []
+    if [part.decode(errors="replace") for part in cmdline] != PLACEHOLDER:
+        raise ForkFailed(f"could not find the sandbox's placeholder process (found pid {pid}: {cmdline!r})")
+    return pid
+
+
+async def _wait_for_welcome(kc: Any) -> None:
+    """iopub is subscribed once the kernel's welcome arrives; shell and control are bound."""
+    with anyio.fail_after(START_TIMEOUT):
+        while True:
+            msg = await kc.get_iopub_msg()
+            if msg["msg_type"] == "iopub_welcome":
+                return
+
+
+def _ipykernel_major(version: str | None) -> int:
+    try:
+        return int((version or "0").split(".")[0])
+    except ValueError:
+        return 0
+
+
+async def fork_server_report(base: KernelFactory, forks: int = 3) -> dict[str, Any]:
+    """What ``kernmind doctor`` shows: is the fork server active here, how fast it forks.
+
+    Starts a template, forks ``forks`` kernels one after the other (start → ready, median),
+    runs ``1 + 1`` in the last one, and stops everything.
+    """
+    factory = ForkKernelFactory(base)
+    started = time.perf_counter()
+    async with factory.running():
+        template = await factory.server.template(wait=TEMPLATE_WAIT)
+        if template is None:
+            return {"active": False, "reason": factory.status().get("reason")}
+        report: dict[str, Any] = {
+            "active": True,
+            "template_start_s": round(time.perf_counter() - started, 2),
+            "preloaded": template.hello.get("preloaded", []),
+        }
+        times, kernels = [], []
+        try:
+            for _ in range(forks):
+                t0 = time.perf_counter()
+                kernels.append(await factory.fork(template))
+                times.append((time.perf_counter() - t0) * 1000)
+            collector = OutputCollector(1000)
+            outcome = await kernels[-1].execute("1 + 1", collector, deadline=time.monotonic() + 30)
+            value = collector.results[0].text if collector.results else None
+        except ForkFailed as exc:
+            return {"active": False, "reason": str(exc)}
+        finally:
+            for kernel in kernels:
+                await kernel.shutdown()
+                kernel.workspace.remove()
+        report["fork_ms"] = round(sorted(times)[len(times) // 2], 1)
+        report["ok"] = outcome.kind == "ok" and value == "2"
+        return report

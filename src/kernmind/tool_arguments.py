@@ -1,0 +1,138 @@
+"""Strict arguments for every tool of a server, checked in one place.
+
+``strict_tool_arguments(server)`` is called once, after every tool is registered (it
+also covers tools registered later: it looks tools up per call). It wraps the server's
+``tools/list`` and ``tools/call`` request handlers (public low-level API; the low-level
+server and the registered tools come through :mod:`kernmind.sdk_compat`):
+
+- ``tools/list``: every input schema says ``additionalProperties: false``, so a client
+  that validates before sending catches a misspelt argument itself.
+- ``tools/call``: before the SDK sees the call, the arguments are validated against the
+  tool's own argument model made strict: unknown names are refused (``sesion_id`` no
+  longer silently runs in the default session), and non-finite numbers (``NaN``,
+  ``Infinity``, the strings ``"nan"``/``"inf"``, a raw ``NaN`` literal, nested or not)
+  are refused wherever a number is accepted. A refusal is an ``isError`` result with one sentence per problem and the
+  tool's valid arguments — never pydantic's raw text; the tool does not run.
+
+Why here and not per tool: a new tool gets the same treatment without doing anything,
+and the rule cannot be forgotten. Tools still own their bounds (``ge=1``, a ceiling on a
+block's limit, what an id may be …); this module only decides how a violation of a declared
+bound is worded.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterator
+from functools import cache
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+from mcp_types import CallToolResult, TextContent
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from kernmind.sdk_compat import lowlevel_server, registered_tool
+from kernmind.validation_text import location, problem, shown
+
+
+def strict_tool_arguments(server: MCPServer) -> None:
+    """Make every tool of ``server`` refuse unknown arguments and non-finite numbers, in words."""
+    low = lowlevel_server(server)
+    call_entry = low.get_request_handler("tools/call")
+    list_entry = low.get_request_handler("tools/list")
+    if call_entry is None or list_entry is None:
+        raise RuntimeError("strict_tool_arguments needs a server with tools/call and tools/list handlers")
+
+    async def call_tool(ctx: Any, params: Any) -> Any:
+        refusal = check_arguments(server, params.name, params.arguments or {})
+        if refusal is not None:
+            return CallToolResult(content=[TextContent(type="text", text=refusal)], is_error=True)
+        return await call_entry.handler(ctx, params)
+
+    async def list_tools(ctx: Any, params: Any) -> Any:
+        result = await list_entry.handler(ctx, params)
+        for tool in result.tools:
+            if tool.input_schema.get("type") == "object":
+                tool.input_schema = {**tool.input_schema, "additionalProperties": False}
+        return result
+
+    low.add_request_handler("tools/call", call_entry.params_type, call_tool)
+    low.add_request_handler("tools/list", list_entry.params_type, list_tools)
+
+
+def check_arguments(server: MCPServer, name: str, arguments: dict[str, Any]) -> str | None:
+    """Why these arguments are refused for tool ``name`` (None: fine, or not a tool we know)."""
+    tool = registered_tool(server, name)
+    if tool is None:
+        return None  # the SDK answers "Unknown tool"
+    metadata = tool.fn_metadata
+    valid = list(tool.parameters.get("properties", {}))
+    problems: dict[str, str] = {}  # by argument path: one sentence each
+    try:
+        _strict(metadata.arg_model).model_validate(metadata.pre_parse_json(arguments))
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            problems.setdefault(location(err["loc"]), _sentence(err, valid))
+    for path, why in _non_finite_numbers(arguments):  # also inside values typed Any
+        problems.setdefault(path, f"'{path}' {why}")
+    if not problems:
+        return None
+    return (
+        f"Invalid arguments for {name}: "
+        + "; ".join(problems.values())
+        + f". Valid arguments: {describe_arguments(tool.parameters)}."
+    )
+
+
+def describe_arguments(schema: dict[str, Any]) -> str:
+    """``code (string, required), language ('python' or 'bash'), …`` from a JSON schema."""
+    required = set(schema.get("required", ()))
+    parts = []
+    for arg, prop in schema.get("properties", {}).items():
+        kind = _kind(prop)
+        if arg in required:
+            kind = f"{kind}, required" if kind else "required"
+        parts.append(f"{arg} ({kind})" if kind else arg)
+    return ", ".join(parts) or "none (call it with {})"
+
+
+def _kind(prop: dict[str, Any]) -> str:
+    if "enum" in prop:
+        values = [shown(v) for v in prop["enum"]]
+        return " or ".join(values) if len(values) < 3 else "one of " + ", ".join(values)
+    if "anyOf" in prop:
+        kinds = [_kind(p) for p in prop["anyOf"] if p.get("type") != "null"]
+        return " or ".join(k for k in kinds if k)
+    return str(prop.get("type", ""))
+
+
+def _sentence(error: Any, valid: list[str]) -> str:
+    where = location(error["loc"])
+    if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
+        close = difflib.get_close_matches(str(error["loc"][0]), valid, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return f"'{where}' is not an argument of this tool{hint}"
+    return f"'{where}' {problem(error)}"
+
+
+def _non_finite_numbers(value: Any, path: tuple[int | str, ...] = ()) -> Iterator[tuple[str, str]]:
+    """Raw NaN and infinities (JSON literals the SDK's parser accepts) anywhere in the arguments."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield location(path), f"must be a finite number (not NaN or infinity), got {value}"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _non_finite_numbers(item, (*path, str(key)))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _non_finite_numbers(item, (*path, index))
+
+
+@cache
+def _strict(model: type[BaseModel]) -> type[BaseModel]:
+    """The tool's argument model, refusing unknown names and non-finite numbers."""
+    return type(
+        model.__name__,
+        (model,),
+        {"model_config": ConfigDict(extra="forbid", allow_inf_nan=False), "__module__": __name__},
+    )

@@ -1,0 +1,142 @@
+"""Meaning search is on by default, offline: the bundled model embeds on insert, backfills what has
+no vector (an upgraded database, a switched model) in the background, and ``none`` turns it off.
+
+The paraphrase checks use notes and questions that share no content word.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+
+from kernmind.memory.database import PassageFilter
+from kernmind.memory.embeddings import StaticEmbedder
+from kernmind.memory.recall import Recall
+from kernmind.memory.records import PassageIn
+from kernmind.memory.store import MemoryStore
+from kernmind.server import create_server
+
+from .conftest import EmbeddingServer, make_settings, ok
+
+pytestmark = pytest.mark.anyio
+
+LOCAL = StaticEmbedder().model
+NOTE = "Maria adopted a puppy from the shelter last weekend."
+QUESTION = "Who got a new dog?"
+OTHERS = [
+    "The quarterly budget review was moved to Thursday afternoon.",
+    "Our Postgres instance has sixty-four gigabytes of RAM.",
+    "Kenji plays the cello in a community orchestra.",
+    "The train to Vienna was delayed by forty minutes.",
+    "Grace teaches maths at the local secondary school.",
+    "The kitchen tap leaks, and a plumber comes on Friday.",
+]
+
+
+def vector_models(db: Path) -> dict[str | None, int]:
+    with sqlite3.connect(db) as con:
+        return dict(con.execute("SELECT embedding_model, count(*) FROM passages GROUP BY embedding_model"))
+
+
+async def test_a_paraphrase_finds_its_note_with_default_settings(tmp_path: Path) -> None:
+    """A fresh server with no embedding settings ranks by meaning: 'dog' finds the note about a puppy."""
+    settings = make_settings(tmp_path)
+    async with Client(create_server(settings)) as client:
+        for text in [*OTHERS, NOTE]:
+            assert (await ok(client, "archival_memory_insert", content=text))["embedded"]
+        out = await ok(client, "archival_memory_search", query=QUESTION, top_k=3)
+    assert out["mode"] == "hybrid" and out["note"] is None
+    assert NOTE in [r["content"] for r in out["results"]]
+    assert vector_models(settings.db_path) == {LOCAL: len(OTHERS) + 1}
+
+
+def test_the_default_model_works_without_a_network(tmp_path: Path) -> None:
+    """With no network interface at all (``unshare -n``), import and a paraphrase search still work."""
+    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot create a network namespace here (unshare -n needs root)")
+    doc = {"format": "kernmind-memory", "blocks": [], "passages": [{"content": t} for t in [*OTHERS, NOTE]]}
+    (tmp_path / "notes.json").write_text(json.dumps(doc))
+    base = ["unshare", "-n", sys.executable, "-m", "kernmind", "memory"]
+    flags = ["--db", str(tmp_path / "m.db")]
+    subprocess.run([*base, "import", str(tmp_path / "notes.json"), *flags], check=True, capture_output=True)
+    out = subprocess.run(
+        [*base, "search", QUESTION, "--top-k", "3", *flags], check=True, capture_output=True, text=True
+    )
+    assert "ranked by hybrid" in out.stdout and NOTE in out.stdout, out.stdout + out.stderr
+
+
+async def test_passages_without_vectors_are_backfilled_in_the_background(tmp_path: Path) -> None:
+    """Notes stored with meaning search off (as before an upgrade) get vectors once a server with
+    the default model starts, without any call asking for it."""
+    async with Client(create_server(make_settings(tmp_path, embedding_model="none"))) as client:
+        for text in [*OTHERS, NOTE]:
+            assert not (await ok(client, "archival_memory_insert", content=text))["embedded"]
+        assert (await ok(client, "archival_memory_search", query=QUESTION))["mode"] == "bm25"
+    db = make_settings(tmp_path).db_path
+    assert vector_models(db) == {None: len(OTHERS) + 1}
+    async with Client(create_server(make_settings(tmp_path))) as client:
+        with anyio.fail_after(30):
+            while vector_models(db) != {LOCAL: len(OTHERS) + 1}:  # noqa: ASYNC110 - another task writes it
+                await anyio.sleep(0.05)
+        out = await ok(client, "archival_memory_search", query=QUESTION, top_k=3)
+    assert out["mode"] == "hybrid" and NOTE in [r["content"] for r in out["results"]]
+
+
+async def test_switching_models_re_embeds_instead_of_mixing(
+    tmp_path: Path, embedding_server: EmbeddingServer
+) -> None:
+    """Vectors made by an endpoint model are replaced by the new model's; until then a search says
+    how much of the memory its meaning ranking covers, and never compares vectors across models."""
+    settings = make_settings(tmp_path, embedding_model="concepts", embedding_base_url=embedding_server.url)
+    async with Client(create_server(settings)) as client:
+        for text in [*OTHERS, NOTE]:
+            await ok(client, "archival_memory_insert", content=text)
+    assert vector_models(settings.db_path) == {"concepts": len(OTHERS) + 1}
+
+    async with MemoryStore(settings.db_path) as store:
+        recall = Recall(store.passages, StaticEmbedder())
+        ranked = await recall.rank(QUESTION, PassageFilter(), 3, 0)
+        assert ranked.note is not None and f"covers 0 of {len(OTHERS) + 1} passages" in ranked.note
+        assert await recall.backfill_batch() == len(OTHERS) + 1
+        assert await recall.backfill_batch() == 0
+        ranked = await recall.rank(QUESTION, PassageFilter(), 3, 0)
+        assert ranked.note is None and NOTE in [r.content for r in ranked.rows]
+    assert vector_models(settings.db_path) == {LOCAL: len(OTHERS) + 1}
+
+
+async def test_embedding_model_none_turns_meaning_search_off(tmp_path: Path) -> None:
+    """--embedding-model none: nothing is embedded, searches rank by full text alone."""
+    settings = make_settings(tmp_path, embedding_model="none")
+    async with Client(create_server(settings)) as client:
+        ins = await ok(client, "archival_memory_insert", content=NOTE)
+        assert not ins["embedded"] and ins["note"] is None
+        out = await ok(client, "archival_memory_search", query="puppy shelter")
+        assert out["mode"] == "bm25" and [r["content"] for r in out["results"]] == [NOTE]
+    assert vector_models(settings.db_path) == {None: 1}
+
+
+async def test_unrelated_passages_are_not_offered_as_matches(tmp_path: Path) -> None:
+    """A query about something no note mentions returns nothing rather than the nearest noise."""
+    async with Client(create_server(make_settings(tmp_path))) as client:
+        for text in OTHERS:
+            await ok(client, "archival_memory_insert", content=text)
+        out = await ok(client, "archival_memory_search", query="volcanic eruption seismology")
+    assert out["mode"] == "hybrid" and out["results"] == []
+
+
+async def test_vectors_of_many_passages_are_embedded_off_the_event_loop(tmp_path: Path) -> None:
+    """Importing 2,000 passages and then searching: the backfill embeds them all in batches."""
+    async with MemoryStore(tmp_path / "m.db") as store:
+        await store.passages.add([PassageIn(f"note {i} about the garden and tomatoes") for i in range(2000)])
+        recall = Recall(store.passages, StaticEmbedder())
+        done = 0
+        while n := await recall.backfill_batch():
+            done += n
+        assert done == 2000 and await store.passages.count_vectors(LOCAL) == 2000

@@ -1,0 +1,251 @@
+"""Every tool refuses arguments it does not know and numbers that are not finite, in words.
+
+The rules are checked for the whole family — every tool the server lists and every
+numeric argument each one takes, so tools added later are covered without touching this
+file — over a real MCP client (in-process), and the wire cases (a raw ``NaN`` literal)
+over real stdio and HTTP servers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp import Client
+from mcp.server.mcpserver import MCPServer
+
+from kernmind.server import create_server
+from kernmind.tool_arguments import strict_tool_arguments
+from tests.conftest import error_text, make_settings, structured
+from tests.transport.procs import HttpServer, StdioServer, start_http
+
+pytestmark = pytest.mark.anyio
+
+RAW_PYDANTIC = ("validation error", "errors.pydantic.dev", "Arguments\n", "type=", "input_value")
+NON_FINITE_STRINGS = ["NaN", "nan", "inf", "-Infinity", " Infinity "]
+
+
+@pytest.fixture(scope="module")
+async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
+    data = tmp_path_factory.mktemp("strict")
+    async with Client(create_server(make_settings(data, pool_size=0, sandbox="none"))) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+async def tools(client: Client) -> dict[str, dict[str, Any]]:
+    return {t.name: t.input_schema for t in (await client.list_tools()).tools}
+
+
+def plausible(schema: dict[str, Any]) -> Any:
+    """A value of the schema's type (the call is refused before the tool runs anyway)."""
+    if "enum" in schema:
+        return schema["enum"][0]
+    kinds = [schema.get("type")] + [s.get("type") for s in schema.get("anyOf", [])]
+    for kind, value in [("string", "x"), ("integer", 1), ("number", 1.5), ("boolean", False)]:
+        if kind in kinds:
+            return value
+    return [] if "array" in kinds else {}
+
+
+def required_arguments(schema: dict[str, Any]) -> dict[str, Any]:
+    props = schema.get("properties", {})
+    return {name: plausible(props[name]) for name in schema.get("required", [])}
+
+
+def numeric_arguments(schema: dict[str, Any]) -> list[str]:
+    out = []
+    for name, prop in schema.get("properties", {}).items():
+        kinds = {prop.get("type")} | {s.get("type") for s in prop.get("anyOf", [])}
+        if kinds & {"number", "integer"}:
+            out.append(name)
+    return out
+
+
+def assert_sentence(text: str, tool: str) -> None:
+    assert text.startswith(f"Invalid arguments for {tool}: "), text
+    assert "Valid arguments: " in text, text
+    for raw in RAW_PYDANTIC:
+        assert raw not in text, f"raw pydantic output in {text!r}"
+
+
+# --- schemas --------------------------------------------------------------------------------
+async def test_every_input_schema_says_no_additional_properties(tools: dict[str, dict[str, Any]]) -> None:
+    assert len(tools) >= 15
+    for name, schema in tools.items():
+        assert schema.get("type") == "object", name
+        assert schema.get("additionalProperties") is False, name
+
+
+# --- unknown arguments ----------------------------------------------------------------------
+async def test_every_tool_refuses_an_unknown_argument_and_lists_the_valid_ones(
+    client: Client, tools: dict[str, dict[str, Any]]
+) -> None:
+    for name, schema in tools.items():
+        result = await client.call_tool(name, {**required_arguments(schema), "zz_unknown": 1})
+        text = error_text(result)
+        assert_sentence(text, name)
+        assert "'zz_unknown' is not an argument of this tool" in text, text
+        for arg in schema.get("properties", {}):
+            assert arg in text.split("Valid arguments: ", 1)[1], (name, arg, text)
+
+
+async def test_a_misspelt_session_id_is_refused_and_the_code_does_not_run(client: Client) -> None:
+    result = await client.call_tool("run_code", {"code": "open('ran.txt', 'w').close()", "sesion_id": "typo"})
+    text = error_text(result)
+    assert "'sesion_id' is not an argument of this tool (did you mean 'session_id'?)" in text
+    assert "session_id (string)" in text and "code (string, required)" in text
+    check = structured(await client.call_tool("run_code", {"code": "import os; os.path.exists('ran.txt')"}))
+    assert check["results"][0]["text"] == "False"
+
+
+async def test_a_misspelt_memory_argument_changes_nothing(client: Client) -> None:
+    structured(await client.call_tool("memory_create", {"label": "strict", "value": "one"}))
+    text = error_text(await client.call_tool("memory_append", {"label": "strict", "contents": "two"}))
+    assert "did you mean 'content'?" in text
+    block = structured(await client.call_tool("memory_read", {"label": "strict"}))
+    assert block["value"] == "one"
+
+
+# --- numbers ----------------------------------------------------------------------------------
+async def test_every_numeric_argument_refuses_non_finite_values(
+    client: Client, tools: dict[str, dict[str, Any]]
+) -> None:
+    checked = 0
+    for name, schema in tools.items():
+        for arg in numeric_arguments(schema):
+            for bad in NON_FINITE_STRINGS:
+                result = await client.call_tool(name, {**required_arguments(schema), arg: bad})
+                text = error_text(result)
+                assert_sentence(text, name)
+                assert f"'{arg}' must be" in text and repr(bad) in text, text
+                checked += 1
+    assert checked >= 5 * len(NON_FINITE_STRINGS)  # timeout, limit, top_k, id, page, …
+
+
+async def test_a_nan_timeout_does_not_lift_the_time_limit(client: Client) -> None:
+    t0 = time.monotonic()
+    result = await client.call_tool("run_code", {"code": "import time; time.sleep(20)", "timeout": "NaN"})
+    assert "'timeout' must be a finite number (not NaN or infinity), got 'NaN'" in error_text(result)
+    assert time.monotonic() - t0 < 10  # refused, not run
+
+
+# --- other validation errors read as sentences -----------------------------------------------
+@pytest.mark.parametrize(
+    ("tool", "arguments", "expected"),
+    [
+        ("run_code", {}, "'code' is required"),
+        ("run_code", {"code": 5}, "'code' must be a string, got 5"),
+        ("run_code", {"code": "1", "reset": "maybe"}, "'reset' must be true or false, got 'maybe'"),
+        ("run_code", {"code": "1", "timeout": "soon"}, "'timeout' must be a number, got 'soon'"),
+        (
+            "memory_history",
+            {"label": "x", "limit": 1000},
+            "'limit' must be less than or equal to 500, got 1000",
+        ),
+        ("memory_create", {"label": "x", "limit": 1.5}, "'limit' must be a whole number, got 1.5"),
+        ("archival_memory_insert", {"content": "x", "tags": "ops"}, "'tags' must be a list, got 'ops'"),
+        ("archival_memory_insert", {"content": "x", "tags": ["a", 3]}, "'tags[1]' must be a string, got 3"),
+    ],
+)
+async def test_validation_errors_are_sentences(
+    client: Client, tool: str, arguments: dict[str, Any], expected: str
+) -> None:
+    text = error_text(await client.call_tool(tool, arguments))
+    assert_sentence(text, tool)
+    assert expected in text, text
+
+
+async def test_a_long_input_is_not_echoed_back(client: Client) -> None:
+    text = error_text(await client.call_tool("run_code", {"code": "x" * 100_000, "reset": "x" * 100_000}))
+    assert len(text) < 1000, len(text)
+
+
+# --- the mechanism covers tools registered after it ------------------------------------------
+async def test_a_tool_registered_later_is_strict_too() -> None:
+    server = MCPServer("later")
+    strict_tool_arguments(server)
+
+    @server.tool()
+    async def scale(factor: float, options: dict[str, Any] | None = None) -> float:
+        return factor * 2
+
+    async with Client(server) as c:
+        schema = {t.name: t.input_schema for t in (await c.list_tools()).tools}["scale"]
+        assert schema["additionalProperties"] is False
+        assert not (await c.call_tool("scale", {"factor": 2})).is_error
+        assert "'fatcor' is not an argument" in error_text(await c.call_tool("scale", {"fatcor": 2}))
+        assert "'factor' must be a finite number" in error_text(await c.call_tool("scale", {"factor": "inf"}))
+
+
+# --- raw NaN literals on the wire ---------------------------------------------------------------
+NAN_CALL = '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"run_code","arguments":{"code":"import time; time.sleep(20)","timeout":%s}%s}}'
+MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+}
+
+
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
+    server = start_http(tmp_path_factory.mktemp("strict-http"), "--sandbox", "none")
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0, server.log_text()
+
+
+def _answer(response: httpx2.Response) -> dict[str, Any]:
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
+        return json.loads(data[-1])
+    return response.json()
+
+
+@pytest.mark.xdist_group("transport")
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+async def test_a_raw_non_finite_literal_over_http_is_refused(http_server: HttpServer, literal: str) -> None:
+    body = NAN_CALL % (literal, ',"_meta":' + json.dumps(MODERN_META))
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "run_code",
+    }
+    t0 = time.monotonic()
+    async with httpx2.AsyncClient(timeout=30) as http:
+        response = await http.post(http_server.url, content=body, headers=headers)
+    assert response.status_code == 200, response.text
+    result = _answer(response)["result"]
+    assert result["isError"] is True
+    assert "'timeout' must be a finite number (not NaN or infinity)" in result["content"][0]["text"]
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.xdist_group("transport")
+def test_a_raw_nan_literal_over_stdio_is_refused(tmp_path: Path) -> None:
+    server = StdioServer.start(tmp_path, "--sandbox", "none")
+    try:
+        result = server.request(
+            "tools/call",
+            {
+                "name": "run_code",
+                "arguments": {"code": "import time; time.sleep(20)", "timeout": float("nan")},
+            },
+        )  # json.dumps writes the bare NaN literal
+        assert result["isError"] is True
+        assert (
+            "'timeout' must be a finite number (not NaN or infinity), got nan" in result["content"][0]["text"]
+        )
+        ok = server.call_tool("memory_list", {})  # the server keeps serving
+        assert ok["structuredContent"]["blocks"]
+    finally:
+        server.close_stdin()
+        assert server.wait() == 0
