@@ -56,7 +56,8 @@ from kernmind.memory.block_results import (
     render_blocks,
 )
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, make_embedder
-from kernmind.memory.errors import MemoryRefusal
+from kernmind.memory.errors import BLOCK_TOOL_WORDS, MemoryRefusal, Words
+from kernmind.memory.memory_tool import DIALECT_WORDS, MemoryDirectory, label_of
 from kernmind.memory.records import iso
 from kernmind.memory.store import MemoryStore
 from kernmind.sdk_compat import lowlevel_server, session_connection
@@ -66,7 +67,9 @@ log = logging.getLogger(__name__)
 BLOCKS_URI = "memory://blocks"
 T = TypeVar("T")
 
-Label = Annotated[str, Field(description="The block's label, e.g. 'human' or 'persona'.", max_length=64)]
+Label = Annotated[
+    str, Field(description="The block's label, e.g. 'human' or 'persona' ('/' for folders).", max_length=200)
+]
 ExpectedVersion = Annotated[
     int | None,
     Field(description="Refuse the write unless the block is at this version (from memory_read/memory_list)."),
@@ -173,16 +176,16 @@ class MemoryTools:
 
     @staticmethod
     @contextlib.contextmanager
-    def _refusals() -> Iterator[None]:
+    def _refusals(words: Words = BLOCK_TOOL_WORDS) -> Iterator[None]:
         """The one place a domain refusal becomes a tool error (the model reads its text)."""
         try:
             yield
         except MemoryRefusal as exc:
-            raise ToolError(exc.render()) from exc
+            raise ToolError(exc.render(words)) from exc
 
     @classmethod
-    async def _call(cls, coro: Awaitable[T]) -> T:
-        with cls._refusals():
+    async def _call(cls, coro: Awaitable[T], words: Words = BLOCK_TOOL_WORDS) -> T:
+        with cls._refusals(words):
             return await coro
 
     async def _notify(self, ctx: Context | None, label: str, *, listing: bool = False) -> None:
@@ -228,6 +231,7 @@ class MemoryTools:
     def register(self, server: MCPServer) -> None:
         self._register_block_tools(server)
         self._register_archival_tools(server)
+        self._register_memory_tool(server)
         self._register_resources(server)
         self._register_legacy_subscriptions(server)
 
@@ -489,6 +493,83 @@ class MemoryTools:
             row = await call(self.archive.delete(id))
             return ArchivalDeleteResult(id=row.id, deleted=True, content=row.content)
 
+    def _register_memory_tool(self, server: MCPServer) -> None:
+        commands: dict[str, tuple[str, ...]] = {
+            "view": ("path",),
+            "create": ("path", "file_text"),
+            "str_replace": ("path", "old_str", "new_str"),
+            "insert": ("path", "insert_line", "insert_text"),
+            "delete": ("path",),
+            "rename": ("old_path", "new_path"),
+        }
+
+        @server.tool(
+            description=(
+                "Your memory directory, /memories: view it, then create, edit, rename and delete memory files. "
+                "Commands: view (path, optional view_range [start, end]), create (path, file_text), "
+                "str_replace (path, old_str, new_str), insert (path, insert_line, insert_text), "
+                "delete (path), rename (old_path, new_path). Each file /memories/<label> is a memory block "
+                "(the memory_* tools see the same ones); every edit is versioned (memory_history, memory_undo), "
+                "and expected_version guards an edit against concurrent changes."
+            ),
+            annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False),
+            structured_output=False,
+        )
+        async def memory(
+            command: Annotated[
+                Literal["view", "create", "str_replace", "insert", "delete", "rename"],
+                Field(description="What to do."),
+            ],
+            ctx: Context,
+            path: Annotated[str | None, Field(description="A path under /memories.")] = None,
+            file_text: Annotated[str | None, Field(description="create: the file's whole text.")] = None,
+            old_str: Annotated[
+                str | None, Field(description="str_replace: text that occurs exactly once.")
+            ] = None,
+            new_str: Annotated[str | None, Field(description="str_replace: its replacement.")] = None,
+            insert_line: Annotated[
+                int | None, Field(description="insert: after this line (0 = at the top).", ge=-1)
+            ] = None,
+            insert_text: Annotated[str | None, Field(description="insert: the text to insert.")] = None,
+            view_range: Annotated[
+                list[int] | None, Field(description="view: [start, end] lines, 1-based; end -1 = to the end.")
+            ] = None,
+            old_path: Annotated[str | None, Field(description="rename: the current path.")] = None,
+            new_path: Annotated[str | None, Field(description="rename: the new path.")] = None,
+            expected_version: ExpectedVersion = None,
+        ) -> str:
+            given = {
+                "path": path, "file_text": file_text, "old_str": old_str, "new_str": new_str,
+                "insert_line": insert_line, "insert_text": insert_text, "old_path": old_path, "new_path": new_path,
+            }  # fmt: skip
+            missing = [name for name in commands[command] if given[name] is None]
+            if missing:
+                raise ToolError(
+                    f"{command} needs {', '.join(commands[command])}; missing: {', '.join(missing)}."
+                )
+            files = MemoryDirectory(self.store.blocks, self.settings.max_output_chars)
+            call = self._call
+            if command == "view":
+                return await call(files.view(str(path), view_range), DIALECT_WORDS)
+            if command == "create":
+                out = await call(files.create(str(path), str(file_text), expected_version), DIALECT_WORDS)
+            elif command == "str_replace":
+                out = await call(
+                    files.str_replace(str(path), str(old_str), str(new_str), expected_version), DIALECT_WORDS
+                )
+            elif command == "insert":
+                out = await call(
+                    files.insert(str(path), int(insert_line or 0), str(insert_text), expected_version),
+                    DIALECT_WORDS,
+                )
+            elif command == "delete":
+                out = await call(files.delete(str(path), expected_version), DIALECT_WORDS)
+            else:
+                out = await call(files.rename(str(old_path), str(new_path), expected_version), DIALECT_WORDS)
+            for label in {label_of(p) for p in (path, old_path, new_path) if p is not None} - {""}:
+                await self._notify(ctx, label, listing=command in ("create", "delete", "rename"))
+            return out
+
     def _register_resources(self, server: MCPServer) -> None:
         @server.resource(
             BLOCKS_URI,
@@ -505,7 +586,7 @@ class MemoryTools:
             )
 
         @server.resource(
-            BLOCKS_URI + "/{label}",
+            BLOCKS_URI + "/{+label}",
             name="memory-block",
             title="Memory block",
             description="The value of one memory block.",
