@@ -24,6 +24,7 @@ from kernmind.execution.packages import (
     PackageSources,
     PythonTarget,
 )
+from kernmind.execution.packages.npm import cached_npm_packages
 from kernmind.execution.packages.policy import load_allowlist
 from kernmind.execution.sandbox import Sandbox
 from tests.execution.package_sources import NpmRegistry, SimpleIndex, make_sdist, make_wheel
@@ -327,6 +328,13 @@ async def test_npm_package_prefetched_then_imported_offline_in_the_sandbox(
         with pytest.raises(PackageError) as caught:
             await installer.install(["npm:no-such-thing"], "javascript", layer)
         assert caught.value.kind == "not_found" and "no-such-thing" in caught.value.message
+        # Another session: served from the shared cache, and it gets only what it asked for.
+        reg.requests.clear()
+        other = new_layer(tmp_path, "other")
+        again = await installer.install(["npm:leftpad@1"], "javascript", other)
+        assert names(again.installed) == {"leftpad": "1.0.0"}
+        assert [r for r in reg.requests if "/-/" in r] == [], "no tarball downloaded again"
+        assert {d.name for d in cached_npm_packages(other.deno)} == {"leftpad"}
     # The registry is gone and the sandbox has no network: the import must come from the layer.
     workspace = tmp_path / "ws"
     workspace.mkdir()

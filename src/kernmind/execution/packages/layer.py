@@ -68,7 +68,8 @@ class Layer:
         return distributions_in(self.python)
 
     def is_empty(self) -> bool:
-        return not any(self.python.iterdir()) and not any(self.deno.iterdir()) if self.root.is_dir() else True
+        parts = [p for p in (self.python, self.deno) if p.is_dir()]
+        return not any(any(p.iterdir()) for p in parts)
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

@@ -163,6 +163,20 @@ def cached_stubs(cache_dir: Path, dists: Mapping[str, Distribution]) -> Path:
     return final
 
 
+@dataclass(frozen=True)
+class Installed:
+    """What a resolution keeps fixed: the interpreter's distributions (``base``, with their stub
+    wheels in ``base_stubs``) and the layer's."""
+
+    base: Mapping[str, Distribution]
+    base_stubs: Path
+    layer: Mapping[str, Distribution]
+
+    @property
+    def available(self) -> dict[str, Distribution]:
+        return {**self.base, **self.layer}
+
+
 @dataclass
 class Resolution:
     installed: list[Distribution]
@@ -246,21 +260,18 @@ async def resolve_and_install(
     requirements: Sequence[Requirement],
     *,
     target: PythonTarget,
+    installed: Installed,
+    sources: PackageSources,
     install_dir: Path,
     cache_dir: Path,
     scratch: Path,
-    base_stubs: Path,
-    base: Mapping[str, Distribution],
-    layer: Mapping[str, Distribution],
-    sources: PackageSources,
     wheels_only: bool,
     timeout: float,
     store: CompiledStore | None = None,
 ) -> Resolution:
-    """Resolve ``requirements`` with the interpreter's (``base``, stubs in ``base_stubs``) and the
-    layer's distributions fixed; install what is new into ``install_dir`` (through ``store``
-    when given, else directly)."""
-    available = {**base, **layer}
+    """Resolve ``requirements`` with everything ``installed`` fixed; install what is new into
+    ``install_dir`` (through ``store`` when given, else directly)."""
+    available = installed.available
     satisfied = [
         available[key]
         for r in requirements
@@ -270,7 +281,7 @@ async def resolve_and_install(
     ]
     if len(satisfied) == len(requirements):
         return Resolution([], satisfied)  # nothing to resolve: no installer run at all
-    await anyio.to_thread.run_sync(_prepare_resolution, scratch, requirements, available, layer)
+    await anyio.to_thread.run_sync(_prepare_resolution, scratch, requirements, available, installed.layer)
     common = [
         "--no-config",
         "--python",
@@ -282,7 +293,12 @@ async def resolve_and_install(
     if wheels_only:
         common += ["--only-binary", ":all:"]
     compile_args = ["pip", "compile", *common, "--no-header", "--no-annotate"]
-    compile_args += ["--find-links", uv.path(base_stubs), "--find-links", uv.path(scratch / "layer-stubs")]
+    compile_args += [
+        "--find-links",
+        uv.path(installed.base_stubs),
+        "--find-links",
+        uv.path(scratch / "layer-stubs"),
+    ]
     compile_args += [
         "--constraints",
         uv.path(scratch / "constraints.txt"),
