@@ -43,6 +43,7 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_wheel(d, "delta", "1.0", tag="cp39-cp39-win_amd64")
     make_wheel(d, "old-anyio-user", "1.0", requires=("anyio<1",))
     make_wheel(d, "anyio-user", "1.0", requires=("anyio>=4",))
+    make_wheel(d, "withextra", "1.0", extras=("fancy",), requires=('beta>=1; extra == "fancy"',))
     return d
 
 
@@ -129,6 +130,15 @@ async def test_repeat_install_in_same_layer_has_nothing_to_do(
     assert again.installed == []
     assert names(again.already_installed) == {"alpha": "1.0", "beta": "2.0"}
     assert "already installed" in again.notes[0]
+
+
+async def test_an_extra_of_an_installed_package_adds_only_the_extras_dependencies(
+    installer: PackageInstaller, tmp_path: Path
+) -> None:
+    layer = new_layer(tmp_path)
+    assert names((await installer.install(["withextra"], "python", layer)).installed) == {"withextra": "1.0"}
+    again = await installer.install(["withextra[fancy]"], "python", layer)
+    assert names(again.installed) == {"beta": "2.0"}
 
 
 async def test_second_session_does_not_see_first_sessions_packages(
