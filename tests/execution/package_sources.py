@@ -46,6 +46,7 @@ def make_wheel(
     version: str,
     *,
     requires: tuple[str, ...] = (),
+    extras: tuple[str, ...] = (),
     modules: dict[str, str] | None = None,
     tag: str = "py3-none-any",
 ) -> Path:
@@ -55,9 +56,9 @@ def make_wheel(
     dist = name.replace("-", "_")
     modules = modules or {f"{dist}/__init__.py": f"VERSION = {version!r}\n"}
     info = f"{dist}-{version}.dist-info"
-    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
-        f"Requires-Dist: {r}\n" for r in requires
-    )
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += "".join(f"Provides-Extra: {e}\n" for e in extras)
+    metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
     wheel_meta = f"Wheel-Version: 1.0\nGenerator: kernmind-tests\nRoot-Is-Purelib: true\nTag: {tag}\n"
     files = {**modules, f"{info}/METADATA": metadata, f"{info}/WHEEL": wheel_meta}
     path = directory / f"{dist}-{version}-{tag}.whl"

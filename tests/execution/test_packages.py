@@ -24,6 +24,7 @@ from kernmind.execution.packages import (
     PackageSources,
     PythonTarget,
 )
+from kernmind.execution.packages.npm import cached_npm_packages
 from kernmind.execution.packages.policy import load_allowlist
 from kernmind.execution.sandbox import Sandbox
 from tests.execution.package_sources import NpmRegistry, SimpleIndex, make_sdist, make_wheel
@@ -42,6 +43,7 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_wheel(d, "delta", "1.0", tag="cp39-cp39-win_amd64")
     make_wheel(d, "old-anyio-user", "1.0", requires=("anyio<1",))
     make_wheel(d, "anyio-user", "1.0", requires=("anyio>=4",))
+    make_wheel(d, "withextra", "1.0", extras=("fancy",), requires=('beta>=1; extra == "fancy"',))
     return d
 
 
@@ -128,6 +130,15 @@ async def test_repeat_install_in_same_layer_has_nothing_to_do(
     assert again.installed == []
     assert names(again.already_installed) == {"alpha": "1.0", "beta": "2.0"}
     assert "already installed" in again.notes[0]
+
+
+async def test_an_extra_of_an_installed_package_adds_only_the_extras_dependencies(
+    installer: PackageInstaller, tmp_path: Path
+) -> None:
+    layer = new_layer(tmp_path)
+    assert names((await installer.install(["withextra"], "python", layer)).installed) == {"withextra": "1.0"}
+    again = await installer.install(["withextra[fancy]"], "python", layer)
+    assert names(again.installed) == {"beta": "2.0"}
 
 
 async def test_second_session_does_not_see_first_sessions_packages(
@@ -327,6 +338,13 @@ async def test_npm_package_prefetched_then_imported_offline_in_the_sandbox(
         with pytest.raises(PackageError) as caught:
             await installer.install(["npm:no-such-thing"], "javascript", layer)
         assert caught.value.kind == "not_found" and "no-such-thing" in caught.value.message
+        # Another session: served from the shared cache, and it gets only what it asked for.
+        reg.requests.clear()
+        other = new_layer(tmp_path, "other")
+        again = await installer.install(["npm:leftpad@1"], "javascript", other)
+        assert names(again.installed) == {"leftpad": "1.0.0"}
+        assert [r for r in reg.requests if "/-/" in r] == [], "no tarball downloaded again"
+        assert {d.name for d in cached_npm_packages(other.deno)} == {"leftpad"}
     # The registry is gone and the sandbox has no network: the import must come from the layer.
     workspace = tmp_path / "ws"
     workspace.mkdir()

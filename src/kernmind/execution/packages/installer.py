@@ -43,6 +43,7 @@ from kernmind.execution.packages.python import (
     BaseEnvironment,
     CompiledStore,
     HostUv,
+    Installed,
     PythonTarget,
     cached_stubs,
     resolve_and_install,
@@ -159,25 +160,22 @@ class PackageInstaller:
         base = await anyio.to_thread.run_sync(self.base.distributions)
         in_layer = await anyio.to_thread.run_sync(layer.python_distributions)
         stubs = await anyio.to_thread.run_sync(cached_stubs, self.cache_dir, base)
-        common = {
-            "target": self.target,
-            "base_stubs": stubs,
-            "base": base,
-            "layer": in_layer,
-            "sources": self.policy.sources,
-            "timeout": self.timeout,
-        }
+        installed = Installed(base, stubs, in_layer)
+        sources, timeout = self.policy.sources, self.timeout
         with tempfile.TemporaryDirectory(prefix="kernmind-install-") as scratch:
             try:
                 result = await resolve_and_install(
                     HostUv(self.uv_binary, self.host_env),
                     requirements,
+                    target=self.target,
+                    installed=installed,
+                    sources=sources,
                     install_dir=layer.python,
                     cache_dir=self.cache_dir,
                     scratch=Path(scratch),
                     wheels_only=True,
+                    timeout=timeout,
                     store=self.store,
-                    **common,  # type: ignore[arg-type]
                 )
                 return result.installed, result.already, []
             except PackageError as exc:
@@ -187,9 +185,12 @@ class PackageInstaller:
             self.sandbox,
             requirements,
             uv_binary=self.uv_binary,
+            target=self.target,
+            installed=installed,
+            sources=sources,
             layer_dir=layer.python,
             proxy_env=self.host_env,
-            **common,  # type: ignore[arg-type]
+            timeout=timeout,
         )
         where = "inside the sandbox" if self.sandbox.isolated else "with resource limits only (no sandbox)"
         notes = [f"some packages were built from source {where} (--allow-sdist)."]
@@ -209,6 +210,7 @@ class PackageInstaller:
             self.deno,
             [s for _, s in specs],
             deno_dir=layer.deno,
+            shared_dir=self.cache_dir / "deno",
             host_env=self.host_env,
             timeout=self.timeout,
         )

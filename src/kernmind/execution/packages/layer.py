@@ -16,7 +16,7 @@ import contextlib
 import os
 import shutil
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -27,6 +27,9 @@ from packaging.utils import canonicalize_name
 class Distribution:
     name: str
     version: str
+    # Its declared dependencies and extras (what a resolver must know about an installed one).
+    requires: tuple[str, ...] = field(default=(), compare=False)
+    extras: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def key(self) -> str:
@@ -41,7 +44,10 @@ def distributions_in(directory: Path) -> dict[str, Distribution]:
     for dist in metadata.distributions(path=[str(directory)]):
         name, version = dist.metadata["Name"], dist.version
         if name and version:
-            found.setdefault(canonicalize_name(name), Distribution(name, version))
+            extras = tuple(dist.metadata.get_all("Provides-Extra") or ())
+            found.setdefault(
+                canonicalize_name(name), Distribution(name, version, tuple(dist.requires or ()), extras)
+            )
     return found
 
 
@@ -68,7 +74,8 @@ class Layer:
         return distributions_in(self.python)
 
     def is_empty(self) -> bool:
-        return not any(self.python.iterdir()) and not any(self.deno.iterdir()) if self.root.is_dir() else True
+        parts = [p for p in (self.python, self.deno) if p.is_dir()]
+        return not any(any(p.iterdir()) for p in parts)
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

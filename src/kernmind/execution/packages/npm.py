@@ -1,15 +1,17 @@
-"""npm packages for JavaScript/TypeScript: prefetched into the session's Deno cache on the host.
+"""npm packages for JavaScript/TypeScript: prefetched on the host into the session's Deno cache.
 
-``deno cache npm:lodash@4`` (run by the server, with ``DENO_DIR`` = the layer's ``deno``
-directory) downloads the package, its dependencies and the registry's metadata; it runs
-no package code (Deno does not run npm lifecycle scripts). Code in the sandbox then runs
-with the same ``DENO_DIR`` mounted read-only and ``--cached-only``, so
-``import _ from "npm:lodash@4"`` resolves offline. The registry is the host's
-``NPM_CONFIG_REGISTRY`` (default registry.npmjs.org); the sandbox must be given the same
-value, since Deno keys its cache by registry.
+The server runs ``deno cache`` on a small module importing the requested ``npm:``
+specifiers, with ``DENO_DIR`` = a Deno cache shared by all sessions (it downloads the
+packages, their dependencies and the registry's metadata, and runs no package code: Deno
+does not run npm lifecycle scripts). ``deno info --json`` on the same module then lists
+the resolved packages with their folders, and exactly those (hard links) and their
+``registry.json`` (copied) go into the session's layer (``layer.deno``). So a package any
+session fetched before needs no download, and a session sees only what it asked for.
 
-What was installed is read from the cache before and after (top-level packages and their
-dependencies alike).
+Code in the sandbox then runs with ``DENO_DIR`` = the layer's folder, read-only, and
+``--cached-only``: ``import _ from "npm:lodash@4"`` resolves offline. The registry is the
+host's ``NPM_CONFIG_REGISTRY`` (default registry.npmjs.org); the sandbox must be given the
+same value, since Deno keys its cache by registry.
 
 Error policy: ``PackageError`` — "not_found" (no such package or no matching version),
 "network", "timeout", else "installer" with Deno's message.
@@ -17,9 +19,14 @@ Error policy: ``PackageError`` — "not_found" (no such package or no matching v
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import anyio
 
@@ -55,26 +62,54 @@ async def prefetch(
     specifiers: Sequence[str],
     *,
     deno_dir: Path,
+    shared_dir: Path,
     host_env: Mapping[str, str],
     timeout: float,
 ) -> list[Distribution]:
-    """Download ``npm:`` specifiers into ``deno_dir``; return the packages that were added."""
+    """Fetch ``npm:`` specifiers into ``shared_dir``, link them into ``deno_dir``; return what was added."""
+    env = {**host_env, "DENO_DIR": str(shared_dir), "NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1"}
+    with tempfile.TemporaryDirectory(prefix="kernmind-npm-") as tmp:
+        entry = Path(tmp) / "packages.mjs"
+        await anyio.Path(entry).write_text("".join(f"import {json.dumps(s)};\n" for s in specifiers))
+        proc = await _deno(deno, ["cache", "--no-config", "--no-lock", str(entry)], env, timeout)
+        if proc.returncode != 0:
+            raise _explain(
+                proc.stderr.decode(errors="replace"),
+                env.get("NPM_CONFIG_REGISTRY") or env.get("npm_config_registry"),
+            )
+        info = await _deno(deno, ["info", "--json", "--no-config", "--no-lock", str(entry)], env, timeout)
+    try:
+        folders = [Path(p["localPath"]) for p in json.loads(info.stdout)["npmPackages"].values()]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PackageError("installer", f"Deno did not report what it fetched: {exc}") from None
     before = await anyio.to_thread.run_sync(cached_npm_packages, deno_dir)
-    env = {**host_env, "DENO_DIR": str(deno_dir), "NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1"}
+    await anyio.to_thread.run_sync(_link_packages, folders, shared_dir, deno_dir)
+    after = await anyio.to_thread.run_sync(cached_npm_packages, deno_dir)
+    return sorted(after - before, key=lambda d: (d.name, d.version))
+
+
+async def _deno(
+    deno: str, args: list[str], env: Mapping[str, str], timeout: float
+) -> CompletedProcess[bytes]:
     try:
         with anyio.fail_after(timeout):
-            proc = await anyio.run_process(
-                [deno, "cache", "--no-config", "--no-lock", *specifiers], env=env, check=False
-            )
+            return await anyio.run_process([deno, *args], env=env, check=False)
     except TimeoutError:
         raise PackageError(
             "timeout", f"fetching the npm packages did not finish within {timeout:g} s; try again."
         ) from None
-    err = proc.stderr.decode(errors="replace")
-    if proc.returncode != 0:
-        raise _explain(err, env.get("NPM_CONFIG_REGISTRY") or env.get("npm_config_registry"))
-    after = await anyio.to_thread.run_sync(cached_npm_packages, deno_dir)
-    return sorted(after - before, key=lambda d: (d.name, d.version))
+
+
+def _link_packages(folders: Sequence[Path], shared_dir: Path, deno_dir: Path) -> None:
+    """Give ``deno_dir`` the package folders (hard links) and their registry metadata (copies)."""
+    for folder in folders:
+        rel = folder.relative_to(shared_dir)  # npm/<registry>/<name>/<version>
+        target = deno_dir / rel
+        if not target.exists():
+            shutil.copytree(folder, target, copy_function=os.link)
+        meta = folder.parent / "registry.json"
+        if meta.is_file():
+            shutil.copyfile(meta, target.parent / "registry.json")
 
 
 def _explain(stderr: str, registry: str | None) -> PackageError:

@@ -55,7 +55,8 @@ import json, site, sys, sysconfig
 from importlib import metadata
 dirs = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
                *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))})
-dists = sorted({(d.metadata["Name"], d.version) for d in metadata.distributions() if d.metadata["Name"]})
+dists = sorted({(d.metadata["Name"], d.version, tuple(d.requires or ()), tuple(d.metadata.get_all("Provides-Extra") or ()))
+                for d in metadata.distributions() if d.metadata["Name"]})
 print(json.dumps({"dirs": dirs, "dists": dists}))
 """
 
@@ -116,7 +117,10 @@ class BaseEnvironment:
                 )
             info = json.loads(out.stdout)
             self._dirs = info["dirs"]
-            self._dists = {canonicalize_name(n): Distribution(n, v) for n, v in info["dists"]}
+            self._dists = {
+                canonicalize_name(n): Distribution(n, v, tuple(req), tuple(ex))
+                for n, v, req, ex in info["dists"]
+            }
             self._stamp = self._fingerprint()
         return self._dists
 
@@ -131,14 +135,18 @@ class BaseEnvironment:
 
 
 def write_stub_wheels(directory: Path, dists: Sequence[Distribution]) -> None:
-    """One metadata-only wheel per distribution (a resolver's stand-in for 'already installed')."""
+    """One metadata-only wheel per distribution (a resolver's stand-in for 'already installed'),
+    with its real dependencies and extras, so ``pandas[excel]`` resolves the extra's packages."""
     directory.mkdir(parents=True, exist_ok=True)
     for d in dists:
         dist = re.sub(r"[^\w.]+", "_", d.name)
         version = d.version.replace("-", "_")
         info = f"{dist}-{version}.dist-info"
         with zipfile.ZipFile(directory / f"{dist}-{version}-py3-none-any.whl", "w") as zf:
-            zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {d.name}\nVersion: {d.version}\n")
+            meta = f"Metadata-Version: 2.1\nName: {d.name}\nVersion: {d.version}\n"
+            meta += "".join(f"Provides-Extra: {e}\n" for e in d.extras)
+            meta += "".join(f"Requires-Dist: {r}\n" for r in d.requires)
+            zf.writestr(f"{info}/METADATA", meta)
             zf.writestr(
                 f"{info}/WHEEL",
                 "Wheel-Version: 1.0\nGenerator: kernmind\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
@@ -148,7 +156,7 @@ def write_stub_wheels(directory: Path, dists: Sequence[Distribution]) -> None:
 
 def cached_stubs(cache_dir: Path, dists: Mapping[str, Distribution]) -> Path:
     """The stub directory for this exact set of distributions, built once and reused."""
-    lines = sorted(f"{d.key}=={d.version}" for d in dists.values())
+    lines = sorted(f"{d.key}=={d.version} {d.requires} {d.extras}" for d in dists.values())
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:20]
     final = cache_dir / "kernmind-stubs" / digest
     if not final.is_dir():
@@ -161,6 +169,20 @@ def cached_stubs(cache_dir: Path, dists: Mapping[str, Distribution]) -> Path:
         except OSError:  # built concurrently by another install: keep theirs
             shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What a resolution keeps fixed: the interpreter's distributions (``base``, with their stub
+    wheels in ``base_stubs``) and the layer's."""
+
+    base: Mapping[str, Distribution]
+    base_stubs: Path
+    layer: Mapping[str, Distribution]
+
+    @property
+    def available(self) -> dict[str, Distribution]:
+        return {**self.base, **self.layer}
 
 
 @dataclass
@@ -246,21 +268,18 @@ async def resolve_and_install(
     requirements: Sequence[Requirement],
     *,
     target: PythonTarget,
+    installed: Installed,
+    sources: PackageSources,
     install_dir: Path,
     cache_dir: Path,
     scratch: Path,
-    base_stubs: Path,
-    base: Mapping[str, Distribution],
-    layer: Mapping[str, Distribution],
-    sources: PackageSources,
     wheels_only: bool,
     timeout: float,
     store: CompiledStore | None = None,
 ) -> Resolution:
-    """Resolve ``requirements`` with the interpreter's (``base``, stubs in ``base_stubs``) and the
-    layer's distributions fixed; install what is new into ``install_dir`` (through ``store``
-    when given, else directly)."""
-    available = {**base, **layer}
+    """Resolve ``requirements`` with everything ``installed`` fixed; install what is new into
+    ``install_dir`` (through ``store`` when given, else directly)."""
+    available = installed.available
     satisfied = [
         available[key]
         for r in requirements
@@ -270,7 +289,7 @@ async def resolve_and_install(
     ]
     if len(satisfied) == len(requirements):
         return Resolution([], satisfied)  # nothing to resolve: no installer run at all
-    await anyio.to_thread.run_sync(_prepare_resolution, scratch, requirements, available, layer)
+    await anyio.to_thread.run_sync(_prepare_resolution, scratch, requirements, available, installed.layer)
     common = [
         "--no-config",
         "--python",
@@ -282,7 +301,12 @@ async def resolve_and_install(
     if wheels_only:
         common += ["--only-binary", ":all:"]
     compile_args = ["pip", "compile", *common, "--no-header", "--no-annotate"]
-    compile_args += ["--find-links", uv.path(base_stubs), "--find-links", uv.path(scratch / "layer-stubs")]
+    compile_args += [
+        "--find-links",
+        uv.path(installed.base_stubs),
+        "--find-links",
+        uv.path(scratch / "layer-stubs"),
+    ]
     compile_args += [
         "--constraints",
         uv.path(scratch / "constraints.txt"),

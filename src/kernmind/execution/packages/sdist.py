@@ -30,9 +30,9 @@ from pathlib import Path
 import anyio
 from packaging.requirements import Requirement
 
-from kernmind.execution.packages.layer import Distribution, distributions_in, merge_untrusted_tree
+from kernmind.execution.packages.layer import distributions_in, merge_untrusted_tree
 from kernmind.execution.packages.policy import PackageError, PackageSources
-from kernmind.execution.packages.python import PythonTarget, Resolution, resolve_and_install
+from kernmind.execution.packages.python import Installed, PythonTarget, Resolution, resolve_and_install
 from kernmind.execution.sandbox import Sandbox
 
 
@@ -69,11 +69,9 @@ async def build_in_sandbox(
     *,
     uv_binary: str,
     target: PythonTarget,
-    layer_dir: Path,
-    base_stubs: Path,
-    base: Mapping[str, Distribution],
-    layer: Mapping[str, Distribution],
+    installed: Installed,
     sources: PackageSources,
+    layer_dir: Path,
     proxy_env: Mapping[str, str],
     timeout: float,
 ) -> tuple[Resolution, list[str]]:
@@ -84,7 +82,7 @@ async def build_in_sandbox(
     network = sources.remote
     box = replace(sandbox, allow_network=network) if sandbox.isolated else sandbox
     uid = sandbox.allocate_uid()
-    work = await anyio.to_thread.run_sync(_make_work_dir, uid, base_stubs)
+    work = await anyio.to_thread.run_sync(_make_work_dir, uid, installed.base_stubs)
     try:
         env = {
             "HOME": sandbox.workspace_path(work),
@@ -103,13 +101,11 @@ async def build_in_sandbox(
                 runner,
                 requirements,
                 target=target,
+                installed=replace(installed, base_stubs=work / "scratch" / "base-stubs"),
+                sources=sources,
                 install_dir=work / "out",
                 cache_dir=work / "cache",
                 scratch=work / "scratch",
-                base_stubs=work / "scratch" / "base-stubs",
-                base=base,
-                layer=layer,
-                sources=sources,
                 wheels_only=False,
                 timeout=timeout,
             )
