@@ -29,6 +29,7 @@ from kernmind.config import Settings
 
 if TYPE_CHECKING:
     from kernmind.agent.config import AgentConfig
+    from kernmind.agent.console import ConsoleEvents
     from kernmind.agent.loop import Agent
 
 DEFAULT_MODEL = "gpt-4.1-mini"
@@ -189,7 +190,7 @@ async def _main(config: AgentConfig, args: argparse.Namespace, prompt: str | Non
                     ready = True
                     if prompt is None:
                         return await repl(agent, events, reader, json_out=args.json)
-                    return await _one_shot(agent, prompt, json_out=args.json)
+                    return await _one_shot(agent, events, prompt, json_out=args.json)
             except ServerStartError as exc:
                 events.note(f"kernmind agent: {exc}")
                 return EXIT_FAILED
@@ -200,12 +201,12 @@ async def _main(config: AgentConfig, args: argparse.Namespace, prompt: str | Non
     return EXIT_INTERRUPTED
 
 
-async def _one_shot(agent: Agent, prompt: str, *, json_out: bool) -> int:
+async def _one_shot(agent: Agent, events: ConsoleEvents, prompt: str, *, json_out: bool) -> int:
     result = await agent.run(prompt)
     if json_out:
         print(json.dumps({**agent.transcript(), **result.to_json()}, ensure_ascii=False, indent=2))
-    elif result.stopped == "answer":
-        print(result.answer)
+    else:
+        events.show_answer(result)  # printed once, streamed or not
     if result.stopped == "max_steps":
         return EXIT_MAX_STEPS
     if result.stopped == "interrupted":
