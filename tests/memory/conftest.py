@@ -25,6 +25,7 @@ from mcp import Client
 
 from kernmind.config import Settings
 from kernmind.server import create_server
+from tests.agent.conftest import llm  # noqa: F401 - the scripted model server, for conversation tests
 
 DIM = 64
 CONCEPTS = [

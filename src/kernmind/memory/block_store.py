@@ -118,6 +118,7 @@ class Blocks:
         *,
         version: int = 1,
         created_at: float | None = None,
+        renamed_from: str | None = None,
     ) -> BlockRow:
         ts = now_ts()
         row = BlockRow(label, value, description, limit, read_only, version, created_at or ts, ts)
@@ -125,7 +126,8 @@ class Blocks:
             f"INSERT INTO blocks (namespace, {_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (self.namespace, label, value, description, limit, int(read_only), version, row.created_at, ts),
         )
-        await self.record(tx, label, version, op, None, value, row.meta(), ts)
+        meta = row.meta() if renamed_from is None else {**row.meta(), "from": renamed_from}
+        await self.record(tx, label, version, op, None, value, meta, ts)
         return row
 
     async def record(
@@ -234,10 +236,31 @@ class Blocks:
             await self.remove_row(tx, row, Verb.DELETE)
             return row
 
-    async def remove_row(self, tx: Tx, row: BlockRow, op: str) -> None:
+    async def remove_row(self, tx: Tx, row: BlockRow, op: str, *, renamed_to: str | None = None) -> None:
         await tx.run("DELETE FROM blocks WHERE namespace = ? AND label = ?", (self.namespace, row.label))
         meta = {**row.meta(), "created_at": row.created_at}
+        if renamed_to is not None:
+            meta["to"] = renamed_to
         await self.record(tx, row.label, row.version + 1, op, row.value, None, meta, now_ts())
+
+    async def rename(self, label: str, new_label: str, expected_version: int | None = None) -> BlockRow:
+        """Move a block to another label (its value, description, limit, read-only flag and times)."""
+        rules.check_label(new_label)
+        async with self.db.write() as tx:
+            row = await self.fetch(tx, label)
+            if row is None:
+                raise await self.unknown(tx, label)
+            rules.check_writable(row, Verb.RENAME, expected_version)
+            if (taken := await self.fetch(tx, new_label)) is not None:
+                raise rules.already_exists(taken)
+            return await self.move_row(tx, row, new_label, Verb.RENAME)
+
+    async def move_row(self, tx: Tx, row: BlockRow, new_label: str, op: str) -> BlockRow:
+        await self.remove_row(tx, row, op, renamed_to=new_label)
+        return await self.insert_row(
+            tx, new_label, row.value, row.description, row.limit, row.read_only, op,
+            version=row.version + 1, created_at=row.created_at, renamed_from=row.label,
+        )  # fmt: skip
 
     async def undo(
         self, label: str, expected_version: int | None = None
@@ -260,7 +283,22 @@ class Blocks:
                 raise rules.nothing_to_undo(label)
             entry = _history(h)
             result: BlockRow | None
-            if entry.op == Verb.DELETE:
+            if entry.op == Verb.RENAME and "to" in entry.meta:  # this label was renamed away
+                raise rules.renamed_away(label, entry.meta["to"])
+            if entry.op == Verb.RENAME:  # this label was renamed here: rename it back
+                origin = entry.meta["from"]
+                if row is None:
+                    raise await self.unknown(tx, label)
+                rules.check_writable(row, Verb.UNDO, expected_version)
+                if (taken := await self.fetch(tx, origin)) is not None:
+                    raise rules.already_exists(taken)
+                result = await self.move_row(tx, row, origin, Verb.UNDO)
+                await tx.run(
+                    "UPDATE block_history SET undone = 1 WHERE id = (SELECT max(id) FROM block_history "
+                    "WHERE namespace = ? AND label = ? AND op = ?)",
+                    (self.namespace, origin, Verb.RENAME.value),
+                )
+            elif entry.op == Verb.DELETE:
                 if row is not None:
                     raise rules.recreated_since_delete(label)
                 meta = entry.meta

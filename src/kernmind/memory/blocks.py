@@ -23,17 +23,22 @@ from collections.abc import Sequence
 from kernmind.memory.errors import MemoryRefusal, Verb
 from kernmind.memory.records import BlockRow
 
-LABEL_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+# A label is 1-8 '/'-separated names (a label with '/' is a file in a folder, for the memory tool).
+_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
+LABEL_RE = re.compile(rf"^{_NAME}(?:/{_NAME}){{0,7}}$")
+MAX_LABEL_CHARS = 200
 # A line-number prefix as a rendered view shows it ("12→ value") or Letta's "Line 12: ".
 LINE_PREFIX_RE = re.compile(r"(?m)^\s*\d+→ ?|^Line \d+: ")
 
 
 def check_label(label: str) -> None:
-    if not LABEL_RE.match(label):
+    if not LABEL_RE.match(label) or len(label) > MAX_LABEL_CHARS:
         raise MemoryRefusal(
-            "{label!r} is not a valid label: use 1-64 letters, digits, '_', '.' or '-' "
-            "(starting with a letter, digit or '_'), e.g. 'project_notes'.",
+            "{label!r} is not a valid label: use 1-64 letters, digits, '_', '.' or '-' (starting with a "
+            "letter, digit or '_'), e.g. 'project_notes'; '/' separates up to 8 such names into folders "
+            "('projects/kernmind'), at most {max} characters in all.",
             label=label,
+            max=MAX_LABEL_CHARS,
         )
 
 
@@ -197,6 +202,14 @@ def inserted(row: BlockRow, new_str: str, insert_line: int, op: Verb = Verb.INSE
             n=n,
         )
     return "\n".join([*lines[:at], *new_str.split("\n"), *lines[at:]])
+
+
+def renamed_away(label: str, to: str) -> MemoryRefusal:
+    return MemoryRefusal(
+        "{undo} refused: block {label!r} was renamed to {to!r}; undo the rename there ({undo} on {to!r}).",
+        label=label,
+        to=to,
+    )
 
 
 def nothing_to_undo(label: str) -> MemoryRefusal:

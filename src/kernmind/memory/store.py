@@ -4,7 +4,8 @@ Design
 ------
 * :class:`MemoryStore` opens the database (running its migrations), seeds the namespace's
   default blocks the first time, and hands out the namespace's parts: ``blocks``
-  (block_store.py) and ``passages`` (passages.py, with the backend's full-text search).
+  (block_store.py), ``passages`` (passages.py) and ``conversations`` (conversations.py),
+  the last two with the backend's full-text search.
   Export/import live in transfer.py, ranking with vectors in archival.py.
 * The store is bound to one **namespace key**, an opaque string: today the server passes
   its ``--agent`` name; nothing below assumes more than "rows with this key belong
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from kernmind.config import Settings
 from kernmind.memory.block_store import Blocks
+from kernmind.memory.conversations import Conversations
 from kernmind.memory.passages import Passages
 from kernmind.memory.sqlite import SQLiteDatabase
 
@@ -46,6 +48,7 @@ class MemoryStore:
         self.db = SQLiteDatabase(path)
         self.blocks = Blocks(self.db, namespace, default_limit=block_limit, max_limit=max_block_limit)
         self.passages = Passages(self.db, namespace, max_chars=archival_max_chars)
+        self.conversations = Conversations(self.db, namespace)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, seed: bool = True) -> MemoryStore:
