@@ -13,6 +13,8 @@ Design
     ``stdio_server`` our own line reader instead: a daemon thread reads a private duplicate
     of fd 0 (fd 0 itself then points at /dev/null, as the SDK does) and the async side is
     cancellable. A signal cancels the serving scope; the lifespan's shielded cleanup runs.
+    When stdin is a terminal (a person typed ``kernmind serve``), one line on stderr says
+    that it speaks MCP on stdio and how to try it.
   - HTTP: uvicorn, with its own signal handlers (so the SSE streams sse-starlette keeps open
     are drained), a bounded graceful-shutdown wait, and the Starlette lifespan that enters
     the server lifespan once through the SDK's session manager. Unlike stock uvicorn we do
@@ -226,6 +228,20 @@ def _dup_private(fd: int) -> int:
         return os.dup(fd)
 
 
+TTY_HINT = (
+    "kernmind: speaking MCP on stdio, waiting for a client to write JSON-RPC here (this is what "
+    "desktop clients launch); to try it: npx -y @modelcontextprotocol/inspector@2.12.0 --cli kernmind "
+    "serve --method tools/list, or kernmind serve --transport http. Ctrl-C stops."
+)
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
 class _Shutdown:
     """Signal bookkeeping shared by both transports."""
 
@@ -260,11 +276,14 @@ async def serve_stdio(server: Any) -> int:
 
     lowlevel = lowlevel_server(server)  # MCPServer.run_stdio_async has no stdin hook
     state = _Shutdown()
+    on_terminal = _isatty(0)  # before StdinLines points fd 0 at /dev/null
     stdin = StdinLines()
     try:
         async with anyio.create_task_group() as outer:
             serving = anyio.CancelScope()
             await outer.start(_watch_signals, serving, state)
+            if on_terminal:  # a person typed `kernmind serve`: say what it waits for
+                print(TTY_HINT, file=sys.stderr, flush=True)
             with serving:
                 async with stdio_server(stdin=stdin) as (read_stream, write_stream):  # type: ignore[arg-type]
                     await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
@@ -318,9 +337,13 @@ def _uvicorn_server_class() -> type[Any]:
 def bind_socket(host: str, port: int) -> socket.socket:
     """Bind the listening socket ourselves: a busy port fails before any kernel starts."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, _, _, _, address = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    family, kind, proto, _, address = infos[0]
+    # The protocol must be IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets
+    # whose proto says TCP. Without it, a response written as headers then body waits for the
+    # client's delayed ACK (Nagle): ≈ 40 ms added to every HTTP call.
+    sock = socket.socket(family, kind, proto or socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted sockets on Linux
     try:
         sock.bind(address)
         sock.listen(128)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -131,6 +132,43 @@ def test_repl_streams_commands_and_ctrl_c_cancels_the_tool(llm: ScriptedOpenAI, 
     last = llm.requests[-1]
     assert last.get("stream") is True
     assert any("cancelled" in str(m.get("content")) for m in last["messages"] if m["role"] == "tool")
+
+
+def test_stream_one_shot_prints_the_answer_once_to_a_file(llm: ScriptedOpenAI, tmp_path: Path) -> None:
+    cfg = str(toy_config(tmp_path))
+    llm.add(reply("Streamed answer."))
+    proc = run(agent_cmd(llm, "--no-kernmind", "--mcp-config", cfg, "--stream", "-p", "hi"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "Streamed answer.\n"
+    assert llm.requests[-1].get("stream") is True
+
+    llm.add(tools(call("add", {"a": 20, "b": 22})), reply("The sum is 42."))
+    proc = run(agent_cmd(llm, "--no-kernmind", "--mcp-config", cfg, "--stream", "-p", "add"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("The sum is 42.") == 1 and proc.stdout.endswith("The sum is 42.\n")
+
+
+def test_stream_one_shot_prints_the_answer_once_to_a_terminal(llm: ScriptedOpenAI, tmp_path: Path) -> None:
+    llm.add(reply("Streamed answer."))
+    cmd = agent_cmd(llm, "--no-kernmind", "--mcp-config", str(toy_config(tmp_path)), "--stream", "-p", "hi")
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE, env=env())
+    os.close(follower)
+    out = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(30) == 0
+    finally:
+        os.close(leader)
+        proc.kill()
+    assert out.decode() == "Streamed answer.\r\n"
 
 
 def wait_for(predicate, what: str, timeout: float = 20) -> None:  # type: ignore[no-untyped-def]

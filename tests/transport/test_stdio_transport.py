@@ -7,6 +7,10 @@ cleanly by closing its stdin (what ``mcp.Client`` does on exit).
 
 from __future__ import annotations
 
+import os
+import pty
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,3 +67,34 @@ async def test_stdio_client_both_eras(tmp_path: Path, mode: str, version: str) -
     # Closing stdin ends the server; the client waited for it, so nothing of it may remain.
     assert not mentioning(str(tmp_path / "data"))
     assert first_list < 60, f"first tools/list took {first_list:.1f}s"
+
+
+def test_serve_on_a_terminal_says_what_it_is_waiting_for(tmp_path: Path) -> None:
+    """A person who types ``kernmind serve`` gets one line on stderr instead of silence."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        serve_argv(tmp_path / "data"),
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=server_env(tmp_path),
+    )
+    os.close(follower)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline().decode()
+        assert "speaking MCP on stdio" in line and "inspector@2.12.0" in line and "--transport http" in line
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert proc.stdout is not None and proc.stdout.read() == b""  # nothing on the MCP channel
+    finally:
+        os.close(leader)
+        proc.kill()
+
+
+def test_serve_from_a_client_prints_no_hint(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        serve_argv(tmp_path / "data"), stdin=subprocess.DEVNULL, capture_output=True, env=server_env(tmp_path)
+    )
+    assert proc.returncode == 0
+    assert b"speaking MCP on stdio" not in proc.stderr

@@ -29,6 +29,7 @@ from kernmind.config import Settings
 
 if TYPE_CHECKING:
     from kernmind.agent.config import AgentConfig
+    from kernmind.agent.console import ConsoleEvents
     from kernmind.agent.loop import Agent
 
 DEFAULT_MODEL = "gpt-4.1-mini"
@@ -97,9 +98,13 @@ def build_config(args: argparse.Namespace, settings: Settings) -> AgentConfig:
 
     servers: list[ServerSpec] = []
     extra = load_mcp_config(args.mcp_config) if args.mcp_config else []
+    recorder = None
     if not args.no_kernmind and not any(s.name == "kernmind" for s in extra):
+        from kernmind.memory.conversations import ConversationRecorder
+
         child_level = settings.log_level if _log_level_given(args) else "WARNING"
         servers.append(kernmind_server_spec(settings, log_level=child_level))
+        recorder = ConversationRecorder(settings)  # into the namespace of the server it launches
     servers += extra
     if not servers:
         raise ConfigError("no MCP servers: drop --no-kernmind or give --mcp-config")
@@ -118,6 +123,7 @@ def build_config(args: argparse.Namespace, settings: Settings) -> AgentConfig:
         temperature=args.temperature,
         max_retries=max(args.retries, 0),
         tool_timeout=args.tool_timeout,
+        recorder=recorder,
     )
 
 
@@ -184,7 +190,7 @@ async def _main(config: AgentConfig, args: argparse.Namespace, prompt: str | Non
                     ready = True
                     if prompt is None:
                         return await repl(agent, events, reader, json_out=args.json)
-                    return await _one_shot(agent, prompt, json_out=args.json)
+                    return await _one_shot(agent, events, prompt, json_out=args.json)
             except ServerStartError as exc:
                 events.note(f"kernmind agent: {exc}")
                 return EXIT_FAILED
@@ -195,12 +201,12 @@ async def _main(config: AgentConfig, args: argparse.Namespace, prompt: str | Non
     return EXIT_INTERRUPTED
 
 
-async def _one_shot(agent: Agent, prompt: str, *, json_out: bool) -> int:
+async def _one_shot(agent: Agent, events: ConsoleEvents, prompt: str, *, json_out: bool) -> int:
     result = await agent.run(prompt)
     if json_out:
         print(json.dumps({**agent.transcript(), **result.to_json()}, ensure_ascii=False, indent=2))
-    elif result.stopped == "answer":
-        print(result.answer)
+    else:
+        events.show_answer(result)  # printed once, streamed or not
     if result.stopped == "max_steps":
         return EXIT_MAX_STEPS
     if result.stopped == "interrupted":

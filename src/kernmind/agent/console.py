@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 import anyio
 
-from kernmind.agent.loop import AgentEvents, ToolCallRecord
+from kernmind.agent.loop import AgentEvents, RunResult, ToolCallRecord
 from kernmind.agent.model import AssistantTurn
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
@@ -137,7 +137,8 @@ class ConsoleEvents(AgentEvents):
         self._spinner_task: asyncio.Task[None] | None = None
         self._spinner_shown = False
         self._last_progress: dict[str, str] = {}
-        self.tokens_written = False
+        self.tokens_written = False  # tokens of the current model turn are on stdout
+        self.answer_streamed = False  # the last finished turn was an answer, streamed to stdout
 
     # ----- output helpers ---------------------------------------------------------
 
@@ -182,7 +183,18 @@ class ConsoleEvents(AgentEvents):
             self.out.flush()
             self.tokens_written = True
 
+    def show_answer(self, result: RunResult) -> None:
+        """End a turn on stdout: the answer, unless its tokens were streamed there already."""
+        if self.tokens_written:  # a streamed turn cut short
+            self.out.write("\n")
+            self.tokens_written = False
+        if result.stopped == "answer" and not self.answer_streamed:
+            self.out.write(result.answer + "\n")
+        self.answer_streamed = False
+        self.out.flush()
+
     async def on_assistant(self, turn: AssistantTurn, step: int) -> None:
+        self.answer_streamed = self.stream_tokens and self.tokens_written and not turn.tool_calls
         if self.stream_tokens and self.tokens_written:
             self.out.write("\n")
             self.out.flush()

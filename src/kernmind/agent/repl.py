@@ -74,16 +74,12 @@ async def repl(
         except ModelError as exc:
             events.note(f"error: {exc}")
             continue
-        if events.tokens_written:  # a streamed answer cut short
-            out.write("\n")
-            events.tokens_written = False
+        events.show_answer(result)
         if result.stopped == "interrupted":
             events.note("(interrupted — the conversation goes on)")
         elif result.stopped == "max_steps":
             out.write(result.answer + "\n")
-        elif not (events.stream_tokens and result.answer):
-            out.write(result.answer + "\n")
-        out.flush()
+            out.flush()
     if json_out:
         out.write(json.dumps(agent.transcript(), ensure_ascii=False, indent=2) + "\n")
         out.flush()

@@ -1,0 +1,119 @@
+"""Installing from inside code fails at once, and says to call ``install_packages``.
+
+The sandbox has no network, so ``pip install`` there used to spend ≈ 8.5 s retrying DNS and
+end in coloured warnings, while the cell still said ``status: "ok"``. Three layers make
+every route fail fast and honestly:
+
+- **Kernel** (``KERNEL_GUARD``, run once in each kernel's set-up): the ``%pip``/``%conda``/
+  ``%mamba``/``%uv`` magics and ``!`` shell commands that install (``!pip install``,
+  ``!uv pip install``, ``!npm install``, …) raise ``InstallFromCodeRefused`` naming the
+  tool, so the call ends with ``status: "error"``. Any other ``!cmd`` that exits non-zero
+  writes ``[!cmd exited with code N]`` to stderr, so the failure shows in the result.
+- **Shell** (``write_shims``): ``pip``, ``pip3``, ``uv``, ``npm``, ``yarn``, ``pnpm``, ``conda``,
+  ``mamba`` shims first on the sandbox's ``PATH`` refuse install-like subcommands with the
+  same sentence and hand everything else (``pip list``, ``npm --version``) to the real tool.
+- **Environment** (``guard_environment``): ``PIP_NO_INDEX``, ``UV_OFFLINE`` and npm's
+  ``offline`` make whatever slips past the first two (``python -m pip install`` from a
+  subprocess) fail immediately instead of retrying the network.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REFUSAL = (
+    "packages cannot be installed from inside the sandbox (it has no network). Call the "
+    'install_packages tool instead, e.g. install_packages(packages=["openpyxl"]) for Python or '
+    'install_packages(packages=["npm:lodash@4"], language="javascript"); the packages become '
+    "importable in this session without a restart."
+)
+
+INSTALLERS = ("pip", "pip3", "uv", "npm", "yarn", "pnpm", "conda", "mamba")
+
+_SHIM = r"""#!/bin/sh
+# kernmind: package installs go through the install_packages tool (the sandbox has no network).
+name=$(basename "$0")
+case "$name:$1:$2" in
+  *:install:*|*:add:*|*:download:*|npm:i:*|npm:ci:*|uv:pip:install|uv:pip:sync|uv:sync:*|uv:tool:*)
+    printf '%s: %s\n' "$name" '{refusal}' >&2
+    exit 1 ;;
+esac
+# Anything else: the real tool, found on PATH without this directory.
+here=$(cd "$(dirname "$0")" && pwd)
+PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$here" | paste -sd: -)
+export PATH
+exec "$name" "$@"
+"""
+
+KERNEL_GUARD = f"""
+def _kernmind_install_guard():
+    import re, sys
+
+    refusal = {REFUSAL!r}
+
+    class InstallFromCodeRefused(RuntimeError):
+        pass
+
+    ip = get_ipython()
+    installs = re.compile(
+        r"^\\s*(?:sudo\\s+)?(?:(?:\\S*/)?(?:pip3?(?:\\.\\d+)?|(?:\\S*python3?(?:\\.\\d+)?)\\s+-m\\s+pip|conda|mamba|micromamba)"
+        r"\\s+(?:install|download)|(?:\\S*/)?uv\\s+(?:pip\\s+(?:install|sync)|add|sync|tool)|"
+        r"(?:\\S*/)?(?:npm\\s+(?:install|i|ci|add)|yarn\\s+add|pnpm\\s+(?:add|install)))\\b"
+    )
+
+    def refuse_magic(name):
+        def magic(line=""):
+            if re.match(r"\\s*(install|download|add|sync)\\b", line) or name in ("conda", "mamba"):
+                raise InstallFromCodeRefused(f"%{{name}} {{line}}: {{refusal}}")
+            return ip.system(f"{{sys.executable}} -m {{name}} {{line}}")
+        return magic
+
+    for name in ("pip", "conda", "mamba", "uv"):
+        ip.register_magic_function(refuse_magic(name), "line", name)
+
+    shell = ip.system
+
+    def system(cmd):
+        for part in re.split(r"&&|\\|\\||;|\\|", cmd):
+            if installs.match(part):
+                raise InstallFromCodeRefused(f"!{{part.strip()}}: {{refusal}}")
+        shell(cmd)
+        code = ip.user_ns.get("_exit_code", 0)
+        if code:
+            sys.stderr.write(f"[!{{cmd}} exited with code {{code}}]\\n")
+
+    ip.system = system
+    ip.InstallFromCodeRefused = InstallFromCodeRefused
+
+
+_kernmind_install_guard()
+del _kernmind_install_guard
+"""
+
+
+def write_shims(directory: Path) -> Path:
+    """Write the installer shims into ``directory`` (idempotent); return it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = _SHIM.format(refusal=REFUSAL.replace("'", "'\\''"))
+    for name in INSTALLERS:
+        path = directory / name
+        if not path.exists() or path.read_text() != script:
+            tmp = directory / f".{name}.tmp"
+            tmp.write_text(script)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, path)
+    os.chmod(directory, 0o755)
+    return directory
+
+
+def guard_environment(shim_dir: Path, path: str) -> dict[str, str]:
+    """Variables for sandboxed code: the shims first on ``PATH``; installers that never wait on the network."""
+    return {
+        "PATH": f"{shim_dir}:{path}",
+        "PIP_NO_INDEX": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "UV_OFFLINE": "1",
+        "npm_config_offline": "true",
+        "npm_config_update_notifier": "false",
+    }

@@ -1,0 +1,236 @@
+"""``PackageInstaller``: install packages into a session's layer, under the operator's policy.
+
+The server installs — never code inside the sandbox, which has no network:
+
+- ``python``: wheels from the configured sources, resolved against what the interpreter
+  already has (``python.py``), into ``layer.python``, through a cache shared by all
+  sessions. With ``--allow-sdist``, a request that needs a source build is retried with the
+  whole install inside a sandbox (``sdist.py``).
+- ``javascript``/``typescript``: ``npm:`` packages prefetched into ``layer.deno`` (``npm.py``).
+- ``r``, ``java``, ``bash``: refused, naming what can be installed.
+
+It knows nothing of MCP or sessions: the caller owns the layer (one per session, created
+and deleted with it) and must not run two installs into one layer at once (a session's
+lock does that). Making the packages visible to running code is the caller's job too.
+
+Error policy: ``PackageError`` with a sentence the model can act on; nothing is added to
+the layer when resolution fails.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+from packaging.utils import canonicalize_name
+from pydantic import BaseModel, Field
+
+from kernmind.execution.packages import npm
+from kernmind.execution.packages.layer import Distribution, Layer
+from kernmind.execution.packages.policy import (
+    PackageError,
+    PackagePolicy,
+    installer_environment,
+    parse_npm,
+    parse_python,
+)
+from kernmind.execution.packages.python import (
+    BaseEnvironment,
+    CompiledStore,
+    HostUv,
+    Installed,
+    PythonTarget,
+    cached_stubs,
+    resolve_and_install,
+)
+from kernmind.execution.packages.sdist import build_in_sandbox
+from kernmind.execution.runners.javascript import DenoRunner
+from kernmind.execution.sandbox import Sandbox
+
+JS_LANGUAGES = ("javascript", "typescript")
+
+# Packages worth naming to a model (run_code's description, doctor) when importable.
+NOTABLE_PYTHON = (
+    "numpy",
+    "pandas",
+    "matplotlib",
+    "scipy",
+    "scikit-learn",
+    "statsmodels",
+    "seaborn",
+    "plotly",
+    "pyarrow",
+    "openpyxl",
+    "sympy",
+    "networkx",
+    "jinja2",
+    "requests",
+    "beautifulsoup4",
+    "pillow",
+    "pyyaml",
+    "torch",
+)
+
+
+class InstalledPackage(BaseModel):
+    name: str
+    version: str
+
+
+class InstallResult(BaseModel):
+    language: str
+    installed: list[InstalledPackage] = Field(
+        description="added by this call: what was asked for and the dependencies it needed"
+    )
+    already_installed: list[InstalledPackage] = Field(
+        description="what was asked for and was already there (nothing to do)"
+    )
+    duration_ms: float
+    notes: list[str] = Field(default_factory=list)
+
+
+def _listing(dists: Sequence[Distribution]) -> list[InstalledPackage]:
+    return [InstalledPackage(name=d.name, version=d.version) for d in dists]
+
+
+@dataclass
+class PackageInstaller:
+    policy: PackagePolicy
+    target: PythonTarget
+    cache_dir: Path
+    sandbox: Sandbox
+    deno: str | None
+    uv_binary: str
+    environ: Mapping[str, str]
+    timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        self.base = BaseEnvironment(self.target)
+        self.store = CompiledStore.for_target(self.cache_dir, self.target)
+        self.host_env = installer_environment(self.environ)
+
+    @staticmethod
+    def find_uv() -> str:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+
+    @staticmethod
+    def find_deno() -> str | None:
+        return DenoRunner.find_binary()
+
+    async def install(self, packages: Sequence[str], language: str, layer: Layer) -> InstallResult:
+        started = time.perf_counter()
+        if language == "python":
+            installed, already, notes = await self._python(packages, layer)
+        elif language in JS_LANGUAGES:
+            installed, already, notes = await self._npm(packages, layer), [], []
+        elif language in ("r", "java", "bash"):
+            raise PackageError(
+                "unsupported",
+                f"packages cannot be installed for {language}: install_packages supports language='python' "
+                "(wheels from the package index) and 'javascript'/'typescript' (npm: packages). "
+                f"{language} code can use what is installed on the server"
+                + (" (installed.packages() lists R's)." if language == "r" else "."),
+            )
+        else:
+            raise PackageError(
+                "invalid", f"unknown language {language!r}: use 'python', 'javascript' or 'typescript'."
+            )
+        if not installed and not notes:
+            notes.append("nothing new was needed: everything asked for was already installed.")
+        return InstallResult(
+            language=language,
+            installed=_listing(installed),
+            already_installed=_listing(already),
+            duration_ms=round((time.perf_counter() - started) * 1000, 1),
+            notes=notes,
+        )
+
+    async def _python(
+        self, packages: Sequence[str], layer: Layer
+    ) -> tuple[list[Distribution], list[Distribution], list[str]]:
+        requirements = parse_python(packages)
+        self.policy.check([canonicalize_name(r.name) for r in requirements])
+        base = await anyio.to_thread.run_sync(self.base.distributions)
+        in_layer = await anyio.to_thread.run_sync(layer.python_distributions)
+        stubs = await anyio.to_thread.run_sync(cached_stubs, self.cache_dir, base)
+        installed = Installed(base, stubs, in_layer)
+        sources, timeout = self.policy.sources, self.timeout
+        with tempfile.TemporaryDirectory(prefix="kernmind-install-") as scratch:
+            try:
+                result = await resolve_and_install(
+                    HostUv(self.uv_binary, self.host_env),
+                    requirements,
+                    target=self.target,
+                    installed=installed,
+                    sources=sources,
+                    install_dir=layer.python,
+                    cache_dir=self.cache_dir,
+                    scratch=Path(scratch),
+                    wheels_only=True,
+                    timeout=timeout,
+                    store=self.store,
+                )
+                return result.installed, result.already, []
+            except PackageError as exc:
+                if exc.kind != "sdist_refused" or not self.policy.allow_sdist:
+                    raise
+        result, skipped = await build_in_sandbox(
+            self.sandbox,
+            requirements,
+            uv_binary=self.uv_binary,
+            target=self.target,
+            installed=installed,
+            sources=sources,
+            layer_dir=layer.python,
+            proxy_env=self.host_env,
+            timeout=timeout,
+        )
+        where = "inside the sandbox" if self.sandbox.isolated else "with resource limits only (no sandbox)"
+        notes = [f"some packages were built from source {where} (--allow-sdist)."]
+        if skipped:
+            notes.append(f"{len(skipped)} links or special files from the build were left out: {skipped[:5]}")
+        return result.installed, result.already, notes
+
+    async def _npm(self, packages: Sequence[str], layer: Layer) -> list[Distribution]:
+        specs = parse_npm(packages)
+        self.policy.check([f"npm:{name}" for name, _ in specs])
+        if self.deno is None:
+            raise PackageError(
+                "unsupported",
+                "npm packages need Deno, which is not installed on this server (pip install deno).",
+            )
+        return await npm.prefetch(
+            self.deno,
+            [s for _, s in specs],
+            deno_dir=layer.deno,
+            shared_dir=self.cache_dir / "deno",
+            host_env=self.host_env,
+            timeout=self.timeout,
+        )
+
+    def notable_packages(self) -> list[Distribution]:
+        """The notable packages the interpreter has (for descriptions and doctor)."""
+        have = self.base.distributions()
+        return [have[key] for key in NOTABLE_PYTHON if key in have]
+
+    def describe(self) -> dict[str, object]:
+        try:
+            version = subprocess.run(
+                [self.uv_binary, "--version"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError) as exc:
+            version = f"unavailable: {exc}"
+        return {
+            **self.policy.describe(),
+            "installer": version,
+            "cache": str(self.cache_dir),
+            "npm": "via Deno" if self.deno else "unavailable (no Deno)",
+            "proxy": ", ".join(k for k in self.host_env if k.lower().endswith("_proxy")) or "none",
+        }

@@ -1,0 +1,133 @@
+"""npm packages for JavaScript/TypeScript: prefetched on the host into the session's Deno cache.
+
+The server runs ``deno cache`` on a small module importing the requested ``npm:``
+specifiers, with ``DENO_DIR`` = a Deno cache shared by all sessions (it downloads the
+packages, their dependencies and the registry's metadata, and runs no package code: Deno
+does not run npm lifecycle scripts). ``deno info --json`` on the same module then lists
+the resolved packages with their folders, and exactly those (hard links) and their
+``registry.json`` (copied) go into the session's layer (``layer.deno``). So a package any
+session fetched before needs no download, and a session sees only what it asked for.
+
+Code in the sandbox then runs with ``DENO_DIR`` = the layer's folder, read-only, and
+``--cached-only``: ``import _ from "npm:lodash@4"`` resolves offline. The registry is the
+host's ``NPM_CONFIG_REGISTRY`` (default registry.npmjs.org); the sandbox must be given the
+same value, since Deno keys its cache by registry.
+
+Error policy: ``PackageError`` — "not_found" (no such package or no matching version),
+"network", "timeout", else "installer" with Deno's message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from subprocess import CompletedProcess
+
+import anyio
+
+from kernmind.execution.packages.layer import Distribution
+from kernmind.execution.packages.policy import PackageError
+
+_DOES_NOT_EXIST = re.compile(r"npm package '([^']+)' does not exist")
+_NO_MATCH = re.compile(r"Could not find npm package '([^']+)' matching '([^']+)'")
+_NETWORK = re.compile(r"error sending request|dns error|tcp connect error|Connection refused|timed out", re.I)
+
+
+def cached_npm_packages(deno_dir: Path) -> set[Distribution]:
+    """Every ``(name, version)`` in a Deno cache's npm folder (any registry)."""
+    found: set[Distribution] = set()
+    root = deno_dir / "npm"
+    if not root.is_dir():
+        return found
+    for registry in root.iterdir():
+        for entry in registry.iterdir() if registry.is_dir() else ():
+            packages = (
+                [(f"{entry.name}/{p.name}", p) for p in entry.iterdir()]
+                if entry.name.startswith("@")
+                else [(entry.name, entry)]
+            )
+            for name, folder in packages:
+                if folder.is_dir():
+                    found.update(Distribution(name, v.name) for v in folder.iterdir() if v.is_dir())
+    return found
+
+
+async def prefetch(
+    deno: str,
+    specifiers: Sequence[str],
+    *,
+    deno_dir: Path,
+    shared_dir: Path,
+    host_env: Mapping[str, str],
+    timeout: float,
+) -> list[Distribution]:
+    """Fetch ``npm:`` specifiers into ``shared_dir``, link them into ``deno_dir``; return what was added."""
+    env = {**host_env, "DENO_DIR": str(shared_dir), "NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1"}
+    with tempfile.TemporaryDirectory(prefix="kernmind-npm-") as tmp:
+        entry = Path(tmp) / "packages.mjs"
+        await anyio.Path(entry).write_text("".join(f"import {json.dumps(s)};\n" for s in specifiers))
+        proc = await _deno(deno, ["cache", "--no-config", "--no-lock", str(entry)], env, timeout)
+        if proc.returncode != 0:
+            raise _explain(
+                proc.stderr.decode(errors="replace"),
+                env.get("NPM_CONFIG_REGISTRY") or env.get("npm_config_registry"),
+            )
+        info = await _deno(deno, ["info", "--json", "--no-config", "--no-lock", str(entry)], env, timeout)
+    try:
+        folders = [Path(p["localPath"]) for p in json.loads(info.stdout)["npmPackages"].values()]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PackageError("installer", f"Deno did not report what it fetched: {exc}") from None
+    before = await anyio.to_thread.run_sync(cached_npm_packages, deno_dir)
+    await anyio.to_thread.run_sync(_link_packages, folders, shared_dir, deno_dir)
+    after = await anyio.to_thread.run_sync(cached_npm_packages, deno_dir)
+    return sorted(after - before, key=lambda d: (d.name, d.version))
+
+
+async def _deno(
+    deno: str, args: list[str], env: Mapping[str, str], timeout: float
+) -> CompletedProcess[bytes]:
+    try:
+        with anyio.fail_after(timeout):
+            return await anyio.run_process([deno, *args], env=env, check=False)
+    except TimeoutError:
+        raise PackageError(
+            "timeout", f"fetching the npm packages did not finish within {timeout:g} s; try again."
+        ) from None
+
+
+def _link_packages(folders: Sequence[Path], shared_dir: Path, deno_dir: Path) -> None:
+    """Give ``deno_dir`` the package folders (hard links) and their registry metadata (copies)."""
+    for folder in folders:
+        rel = folder.relative_to(shared_dir)  # npm/<registry>/<name>/<version>
+        target = deno_dir / rel
+        if not target.exists():
+            shutil.copytree(folder, target, copy_function=os.link)
+        meta = folder.parent / "registry.json"
+        if meta.is_file():
+            shutil.copyfile(meta, target.parent / "registry.json")
+
+
+def _explain(stderr: str, registry: str | None) -> PackageError:
+    where = f"the npm registry {registry}" if registry else "the npm registry"
+    if m := _DOES_NOT_EXIST.search(stderr):
+        return PackageError(
+            "not_found", f"no npm package named {m.group(1)!r} in {where}; check the spelling."
+        )
+    if m := _NO_MATCH.search(stderr):
+        return PackageError(
+            "not_found",
+            f"no version of npm package {m.group(1)!r} matches {m.group(2)!r}; "
+            "ask for another version, or leave the version out to get the newest.",
+        )
+    message = " ".join(
+        ln.strip() for ln in stderr.splitlines() if ln.strip() and not ln.startswith("Download ")
+    )
+    message = message.removeprefix("error: ")[:1200]
+    if _NETWORK.search(stderr):
+        return PackageError("network", f"could not reach {where}: {message}")
+    return PackageError("installer", f"Deno could not fetch the packages: {message}")

@@ -1,0 +1,144 @@
+"""Builds from source (``--allow-sdist``): the whole install runs inside a sandbox.
+
+Building an sdist runs the package's own code (its build backend, ``setup.py``), so it is
+treated like any other untrusted code: uv itself runs inside ``Sandbox.wrap`` as a fresh
+unprivileged uid, in a private scratch directory (the sandbox's ``/workspace``) with a
+private uv cache — never the shared one, which a build could otherwise poison for every
+later session. The interpreter, the uv binary, the stub wheels and local find-links
+directories are mounted read-only. The sandbox gets the network only when a configured
+package source is remote (it has to download the sdist and its build requirements);
+with a local wheelhouse the build runs with no network at all.
+
+What the build produced is then moved into the session's layer by the server, through
+``merge_untrusted_tree`` (regular files only, no symlinks, no setuid bits, owned by the
+server), and reported from the ``.dist-info`` directories that arrived.
+
+Error policy: a failed build is a ``PackageError`` ("build_failed" with the tail of the
+build's output, or whatever ``diagnose.explain`` recognises).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import anyio
+from packaging.requirements import Requirement
+
+from kernmind.execution.packages.layer import distributions_in, merge_untrusted_tree
+from kernmind.execution.packages.policy import PackageError, PackageSources
+from kernmind.execution.packages.python import Installed, PythonTarget, Resolution, resolve_and_install
+from kernmind.execution.sandbox import Sandbox
+
+
+@dataclass
+class SandboxUv:
+    """uv run inside the sandbox, with ``work`` as its working directory."""
+
+    sandbox: Sandbox
+    binary: str
+    work: Path
+    ro_paths: list[str]
+    env: dict[str, str]
+    uid: int | None
+
+    def path(self, host: Path) -> str:
+        try:
+            rel = host.relative_to(self.work)
+        except ValueError:
+            return str(host)  # mounted read-only at the same path
+        return str(Path(self.sandbox.workspace_path(self.work)) / rel)
+
+    async def __call__(self, args: Sequence[str], *, timeout: float) -> tuple[int, str, str]:
+        cmd = self.sandbox.wrap(
+            [self.binary, *args], workspace=self.work, env=self.env, ro_paths=self.ro_paths, uid=self.uid
+        )
+        with anyio.fail_after(timeout):
+            proc = await anyio.run_process(cmd.argv, env=cmd.env, cwd=cmd.cwd, check=False)
+        return proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+
+
+async def build_in_sandbox(
+    sandbox: Sandbox,
+    requirements: Sequence[Requirement],
+    *,
+    uv_binary: str,
+    target: PythonTarget,
+    installed: Installed,
+    sources: PackageSources,
+    layer_dir: Path,
+    proxy_env: Mapping[str, str],
+    timeout: float,
+) -> tuple[Resolution, list[str]]:
+    """Resolve, build and install ``requirements`` in a sandbox; move the result into ``layer_dir``.
+
+    Returns the resolution and the paths that were not taken over (symlinks, special files).
+    """
+    network = sources.remote
+    box = replace(sandbox, allow_network=network) if sandbox.isolated else sandbox
+    uid = sandbox.allocate_uid()
+    work = await anyio.to_thread.run_sync(_make_work_dir, uid, installed.base_stubs)
+    try:
+        env = {
+            "HOME": sandbox.workspace_path(work),
+            "UV_NO_PROGRESS": "1",
+            "UV_PYTHON_DOWNLOADS": "never",
+            "NO_COLOR": "1",
+        }
+        if network:  # proxies and certificates, not the host's PATH or HOME
+            env.update({k: v for k, v in proxy_env.items() if k not in ("PATH", "HOME")})
+        if target.pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join(target.pythonpath)
+        ro = [uv_binary, *target.paths, *sources.local_dirs]
+        runner = SandboxUv(box, uv_binary, work, ro, env, uid)
+        try:
+            resolution = await resolve_and_install(
+                runner,
+                requirements,
+                target=target,
+                installed=replace(installed, base_stubs=work / "scratch" / "base-stubs"),
+                sources=sources,
+                install_dir=work / "out",
+                cache_dir=work / "cache",
+                scratch=work / "scratch",
+                wheels_only=False,
+                timeout=timeout,
+            )
+        except PackageError as exc:
+            if exc.kind == "installer":
+                raise PackageError(
+                    "build_failed", f"building from source (inside the sandbox) failed: {exc.message}"
+                ) from None
+            raise
+        out = work / "out"
+        if not out.is_dir():
+            return resolution, []
+        (out / ".lock").unlink(missing_ok=True)  # uv's lock for the target directory
+        arrived = distributions_in(out)
+        skipped = await anyio.to_thread.run_sync(merge_untrusted_tree, out, layer_dir)
+        installed = [arrived.get(d.key, d) for d in resolution.installed]
+        return Resolution(installed, resolution.already), skipped
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(_remove, work)
+
+
+def _make_work_dir(uid: int | None, base_stubs: Path) -> Path:
+    """The build's scratch directory (the sandbox's workspace, owned by its uid), with a copy
+    of the stub wheels, so that the sandbox needs no view of the shared cache."""
+    work = Path(tempfile.mkdtemp(prefix="kernmind-build-"))
+    shutil.copytree(base_stubs, work / "scratch" / "base-stubs")
+    os.chmod(work, 0o755)
+    if uid is not None:
+        os.chown(work, uid, uid)
+    return work
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        shutil.rmtree(path)
