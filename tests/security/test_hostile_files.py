@@ -171,16 +171,27 @@ async def test_a_file_that_keeps_growing_is_read_in_bounded_parts(h: Harness) ->
 
 async def test_a_huge_directory_costs_later_calls_little_and_lists_in_pages(h: Harness) -> None:
     """100k files: the call's file list is capped with a note, list_files pages, later calls stay quick."""
-    out = await h.run("import os\nos.makedirs('many')\nfor i in range(100_000): open(f'many/f{i}', 'w').close()", "many")
+    out = await h.run(
+        "import os\nos.makedirs('many')\nfor i in range(100_000): open(f'many/f{i}', 'w').close()", "many"
+    )
     assert len(out["files"]) <= 50
     assert any("more files" in n or "too large" in n for n in out["notes"])
     page = await h.tool("list_files", session_id="many", path="many", limit=10)
     assert len(page["files"]) == 10 and page["total"] == 100_000 and page["next_offset"] == 10
     glob = await h.tool("list_files", session_id="many", pattern="f9999*")
-    assert sorted(f["path"] for f in glob["files"]) == ["many/f9999", "many/f99990", "many/f99991",
-                                                        "many/f99992", "many/f99993", "many/f99994",
-                                                        "many/f99995", "many/f99996", "many/f99997",
-                                                        "many/f99998", "many/f99999"]
+    assert sorted(f["path"] for f in glob["files"]) == [
+        "many/f9999",
+        "many/f99990",
+        "many/f99991",
+        "many/f99992",
+        "many/f99993",
+        "many/f99994",
+        "many/f99995",
+        "many/f99996",
+        "many/f99997",
+        "many/f99998",
+        "many/f99999",
+    ]
     quick = await h.run("1 + 1", "many")
     assert quick["files"] == [] and quick["results"][0]["text"] == "2"
     await h.run("import shutil; shutil.rmtree('many')", "many")
@@ -273,7 +284,9 @@ async def test_tmp_and_dev_shm_are_private_and_size_limited(h: Harness, place: s
 
 async def test_multiprocessing_works_in_the_sandbox(h: Harness) -> None:
     """Pool(2).map works: /dev/shm is writable by the sandbox's own user."""
-    out = await h.run("from multiprocessing import Pool\nwith Pool(2) as p: r = p.map(abs, [-1, -2, 3])\nr", "mp")
+    out = await h.run(
+        "from multiprocessing import Pool\nwith Pool(2) as p: r = p.map(abs, [-1, -2, 3])\nr", "mp"
+    )
     assert out["status"] == "ok", out["error"]
     assert out["results"][0]["text"] == "[1, 2, 3]"
 
@@ -295,7 +308,9 @@ async def test_bad_arguments_get_sentences(h: Harness) -> None:
 async def test_a_timeout_above_the_maximum_is_lowered_with_a_note(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, pool_size=0, timeout=5, max_timeout=10)
     async with Client(create_server(settings)) as client:
-        out = structured(await client.call_tool("run_code", {"code": "echo hi", "language": "bash", "timeout": 60}))
+        out = structured(
+            await client.call_tool("run_code", {"code": "echo hi", "language": "bash", "timeout": 60})
+        )
     assert out["status"] == "ok"
     assert any("maximum" in n and "10s" in n for n in out["notes"])
 
