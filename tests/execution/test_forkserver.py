@@ -151,7 +151,7 @@ async def test_a_forked_kernel_sees_exactly_what_a_normal_kernel_sees(
     same = ("caps", "no_new_privs", "mounts", "rlimits", "env", "cwd", "path", "hostname", "interfaces")
     for key in (*same, "history", "log_level"):
         assert seen_fork[key] == seen_normal[key], key
-    assert seen_fork["connection_file"] == str(fork.runtime_dir / "connection.json")
+    assert seen_fork["connection_file"] == seen_normal["connection_file"] == "/run/kernmind/kernel.json"
     if AS_ROOT:
         assert seen_fork["uid"] == fork.uid and fork.uid not in (0, None)
     # The same processes, plus the placeholder shell the kernel was forked next to.
@@ -332,7 +332,7 @@ async def test_an_unusable_template_falls_back_to_normal_kernels(tmp_path: Path)
 async def test_preloads_too_big_for_the_memory_limit_are_dropped(tmp_path: Path) -> None:
     """Every fork starts with the template's data counted against its RLIMIT_DATA: under a small
     limit the template comes up without the heavy modules, and kernels can still import them."""
-    base = KernelFactory(
+    base = KernelFactory.standalone(
         Sandbox.detect("required"), PythonRuntime.probe(None), tmp_path, limits=Limits(memory_mb=256)
     )
     forks = ForkKernelFactory(base)

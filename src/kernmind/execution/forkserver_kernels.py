@@ -161,6 +161,7 @@ class ForkKernelFactory:
                 env=env,
                 ro_paths=base.runtime.paths,
                 runtime_dir=runtime_dir,
+                limits=base.limits,
             ).argv
 
         km = SandboxedKernelManager(
@@ -219,10 +220,24 @@ class ForkKernelFactory:
         return kernel
 
 
+TEMPLATE_UNSET = (
+    "OPENBLAS_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "MALLOC_ARENA_MAX",
+    "MALLOC_MMAP_THRESHOLD_",
+)
+
+
 def kernel_environment(base: KernelFactory, runtime_dir: Path | None) -> dict[str, str]:
     """The variables a kernel gets on top of the sandbox's allow-list (as ``KernelFactory``
-    sets them); without ``runtime_dir``, those of the template (which sets its own dirs)."""
-    return base.environment(runtime_dir)
+    sets them); without ``runtime_dir``, those of the template (which sets its own dirs, and
+    must not start BLAS threads before it forks)."""
+    env = base.environment(runtime_dir)
+    if runtime_dir is None:
+        for name in TEMPLATE_UNSET:
+            env.pop(name, None)
+    return env
 
 
 async def _spawn(

@@ -46,7 +46,7 @@ from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernel_setup import setup_code
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.rundir import RunDir, socket_root
-from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.sandbox import Limits, Sandbox
 from kernmind.execution.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -368,6 +368,7 @@ class KernelFactory:
         socket_dirs: Callable[[], Path],
         output_limit: int = 50_000,
         extra_env: dict[str, str] | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.setup = setup_code(output_limit)
         self.sandbox = sandbox
@@ -375,6 +376,7 @@ class KernelFactory:
         self.new_workspace = new_workspace
         self.socket_dirs = socket_dirs
         self.extra_env = extra_env or {}
+        self.limits = limits  # None: the sandbox's own
         self.spec = KernelSpec.from_resource_dir(str(kernelspec_dir()))
 
     @classmethod
@@ -394,7 +396,7 @@ class KernelFactory:
 
     @property
     def blas_threads(self) -> int:
-        room = (self.sandbox.limits.memory_mb - 192) // 48
+        room = ((self.limits or self.sandbox.limits).memory_mb - 192) // 48
         return max(1, min(os.cpu_count() or 1, room))
 
     def environment(self, runtime_dir: Path | None) -> dict[str, str]:
@@ -423,6 +425,9 @@ class KernelFactory:
             # of MB and hit small memory limits. Large blocks are mapped and unmapped instead.
             "MALLOC_MMAP_THRESHOLD_": str(256 * 1024),
             "MALLOC_ARENA_MAX": "2",
+            # pyarrow's jemalloc starts a background thread when pandas imports it: one thread
+            # more per kernel, and a fork-server template must hold no thread when it forks.
+            "JE_ARROW_MALLOC_CONF": "background_thread:false",
             # Each BLAS thread maps its own buffers (≈ 36 MiB with OpenBLAS), which count
             # against the memory limit: use the cores, but no more threads than it allows.
             **dict.fromkeys(
@@ -449,7 +454,13 @@ class KernelFactory:
 
         def wrap(cmd: list[str]) -> list[str]:
             return self.sandbox.wrap(
-                cmd, workspace=ws.root, env=env, ro_paths=self.runtime.paths, runtime_dir=runtime_dir, uid=uid
+                cmd,
+                workspace=ws.root,
+                env=env,
+                ro_paths=self.runtime.paths,
+                runtime_dir=runtime_dir,
+                uid=uid,
+                limits=self.limits,
             ).argv
 
         km = SandboxedKernelManager(

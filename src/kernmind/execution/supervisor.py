@@ -237,8 +237,8 @@ async def _changed_files(call: Call, started_ns: int) -> tuple[list[FileInfo], s
     except Exception as exc:  # the call's own result matters more than its file list
         log.warning("change scan of %s failed: %s", workspace.root, exc)
         return [], "the working directory could not be scanned for changed files."
-    if after.complete:
-        workspace.last_scan = after
+    # A partial scan is no baseline: the next call then goes by change times instead.
+    workspace.last_scan = after if after.complete else None
     changed = [p for p in changed_since(after, before, started_ns) if not p.startswith(HELPER_PREFIX)]
     listed = [
         FileInfo(path=p, size=after.files[p].size, mime=guess_mime(p)) for p in changed[:MAX_LISTED_FILES]
