@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import zmq.asyncio
 
 from kernmind.execution.forkserver import DEFAULT_PRELOAD, ForkServer, TemplateProcess
 from kernmind.execution.kernels import (
@@ -78,8 +79,12 @@ class ForkKernelFactory:
             setup=base.setup,
             kernel_args=list(_KERNEL_ARGS),
             preload=preload,
+            memory_limit_mb=(base.limits or base.sandbox.limits).memory_mb,
         )
         self._welcome = _ipykernel_major(base.runtime.ipykernel) >= 7
+        # One zmq context (one I/O thread) for every forked kernel's manager and client,
+        # instead of two per kernel; made and destroyed by ``running()``.
+        self._zmq: zmq.asyncio.Context | None = None
         self._said: str | None = None  # the last fallback reason logged
 
     # What sessions and the pool use of a factory, unchanged.
@@ -100,8 +105,13 @@ class ForkKernelFactory:
         if self.base.runtime.error:
             yield self
             return
-        async with self.server.running():
-            yield self
+        self._zmq = zmq.asyncio.Context()
+        try:
+            async with self.server.running():
+                yield self
+        finally:
+            self._zmq.destroy(linger=0)
+            self._zmq = None
 
     def status(self) -> dict[str, Any]:
         return self.server.status()
@@ -158,6 +168,7 @@ class ForkKernelFactory:
             wrap=wrap,
             python=base.runtime.executable,
             spec=base.spec,
+            context=self._zmq,
             transport="ipc",
             ip=str(runtime_dir / "k"),
             connection_file=str(runtime_dir / "connection.json"),
@@ -184,8 +195,10 @@ class ForkKernelFactory:
                 reply = await _spawn(template, placeholder, exit_write, kernel_argv, cwd, uid)
                 if not reply.get("ok"):
                     raise ForkFailed(f"fork failed: {reply.get('error')}")
-                kc = km.client()
-                kc.start_channels()
+                # The manager's own Session, not a clone: a clone restarts the message counter,
+                # so an interrupt_request could reuse the running execute_request's msg_id.
+                kc = km.client(context=self._zmq, session=km.session)
+                kc.start_channels(hb=False)  # liveness comes from the process, not heartbeats
                 kernel.kc = kc
                 if self._welcome:
                     await _wait_for_welcome(kc)
