@@ -10,6 +10,11 @@ warm kernel pool, the session registry and the runners. ``running()`` starts the
 refill and the idle reaper and, on exit, stops every kernel and process and deletes the
 run directory, so nothing outlives the server.
 
+With ``--kernel-gateway`` (``remote.py``) Python's kernels come from the gateway instead,
+sessions' files live on a volume the gateway's kernels also mount, and with a PostgreSQL
+``--db`` the sessions are shared by every replica (``shared_sessions.py``): a replica that
+stops leaves them to the others.
+
 Errors the model can fix (unknown or uninstalled language, bad session id or time limit,
 too many sessions) raise ``ValueError`` subclasses with a sentence saying what to do;
 a runtime that cannot be started raises ``RuntimeUnavailable``.
@@ -29,6 +34,7 @@ from kernmind.config import Settings
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.pool import KernelPool
+from kernmind.execution.remote import RemoteKernels
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.rundir import RunDir, socket_root
 from kernmind.execution.runners.base import Call, Runner
@@ -84,17 +90,25 @@ class Executor:
             socket_dirs=lambda: self.socket_rundir.new_dir("k-"),
             output_limit=settings.max_output_chars,
         )
-        self.pool = KernelPool(factory, settings.pool_size)
+        # --kernel-gateway: Python runs on the gateway's kernels, sessions' files on a shared volume.
+        self.remote = RemoteKernels.from_settings(settings) if settings.kernel_gateway else None
+        self.pool = KernelPool(self.remote.factory if self.remote else factory, settings.pool_size)  # type: ignore[arg-type]
         self.runners: dict[str, Runner] = {}
-        if not self.runtime.error:
-            self.runners["python"] = PythonRunner(self.runtime, self.pool)
+        if self.remote is not None:
+            self.runners["python"] = PythonRunner(self.pool, self.remote.version)
+        elif not self.runtime.error:
+            version = f"Python {self.runtime.version} (ipykernel {self.runtime.ipykernel})"
+            self.runners["python"] = PythonRunner(self.pool, version)
         self.runners.update(runners_mod.discover(self.sandbox, settings))
-        self.sessions = SessionRegistry(
-            max_sessions=settings.max_sessions,
-            idle_timeout=settings.idle_timeout,
-            new_workspace=lambda: self._new_workspace(self.sandbox.allocate_uid()),
-            release=self._release,
-        )
+        if self.remote is not None:
+            self.sessions = self.remote.registry(release=self._release)
+        else:
+            self.sessions = SessionRegistry(
+                max_sessions=settings.max_sessions,
+                idle_timeout=settings.idle_timeout,
+                new_workspace=lambda: self._new_workspace(self.sandbox.allocate_uid()),
+                release=self._release,
+            )
 
     def _new_workspace(self, uid: int | None) -> Workspace:
         ws = Workspace(self.rundir.new_dir("ws-"), owner_uid=uid)
@@ -112,6 +126,8 @@ class Executor:
         self.rundir.open()
         if self.socket_rundir is not self.rundir:
             self.socket_rundir.open()
+        if self.remote is not None:
+            self.remote.workspaces.open()
         try:
             async with anyio.create_task_group() as tg:
                 await self.pool.run(tg)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kernmind.execution.kernels import Kernel, PythonRuntime
+from kernmind.execution.kernels import Kernel
 from kernmind.execution.pool import KernelPool
 from kernmind.execution.runners.base import Call
 
@@ -36,10 +36,9 @@ class PythonRunner:
     language = LANGUAGE
     prepares = True  # calls call.begin() once a kernel is ready: the time limit starts there
 
-    def __init__(self, runtime: PythonRuntime, pool: KernelPool) -> None:
-        self.runtime = runtime
-        self.pool = pool
-        self.version = f"Python {runtime.version} (ipykernel {runtime.ipykernel})"
+    def __init__(self, pool: KernelPool, version: str) -> None:
+        self.pool = pool  # of local kernels, or of a kernel gateway's (``gateway_kernels.py``)
+        self.version = version
 
     @staticmethod
     def kernel_of(session: Session) -> Kernel | None:
@@ -60,10 +59,10 @@ class PythonRunner:
                 if outcome.exit_code in (-9, -11, 137)
                 else ""
             )
+            what = outcome.detail or f"the Python interpreter died while running this code{code}{hint}"
             call.collector.set_error(
                 "KernelDied",
-                f"the Python interpreter died while running this code{code}{hint}. Its state is lost; "
-                "the next call starts a fresh interpreter with the same files.",
+                f"{what}. Its state is lost; the next call starts a fresh interpreter with the same files.",
                 "",
             )
 
