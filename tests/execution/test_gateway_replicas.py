@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import structured
 from tests.memory.postgres_server import PostgresServer
-from tests.transport.procs import HttpServer, start_http
+from tests.transport.procs import HttpServer, start_http, wait_until
 
 from .gateway_server import KernelGatewayServer
 
@@ -151,9 +151,8 @@ async def test_idle_sessions_are_reaped_once_for_all_replicas(
     with replicas_on(tmp_path, kernel_gateway, postgres_server, 2, "--idle-timeout", "1") as (a, b):
         await run(a, "z = 1\nopen('gone.txt', 'w').write('x')", session_id="sleepy")
         closing = re.compile(r"closing session 'sleepy' after")
-        with anyio.fail_after(30):
-            while not any(closing.search(s.log_text()) for s in (a, b)):
-                await anyio.sleep(0.3)
+        reaped = lambda: any(closing.search(s.log_text()) for s in (a, b))  # noqa: E731
+        assert await anyio.to_thread.run_sync(wait_until, reaped, 30.0)
         await anyio.sleep(2)  # a second reaper, if there were one, would have acted by now
         assert sum(len(closing.findall(s.log_text())) for s in (a, b)) == 1
         out = await run(b, "'z' in globals(), __import__('os').listdir('.')", session_id="sleepy")

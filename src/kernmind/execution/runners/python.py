@@ -18,8 +18,10 @@ Error policy: a kernel that cannot be started raises ``RuntimeUnavailable`` with
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
+from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernels import Kernel
 from kernmind.execution.pool import KernelPool
 from kernmind.execution.runners.base import Call
@@ -27,6 +29,8 @@ from kernmind.execution.runners.base import Call
 if TYPE_CHECKING:
     from kernmind.execution.sessions import Session
     from kernmind.execution.workspace import Workspace
+
+log = logging.getLogger(__name__)
 
 INTERRUPT_GRACE = 3.0
 LANGUAGE = "python"
@@ -79,7 +83,11 @@ class PythonRunner:
         if kernel is None or not kernel.needs_replacement or call.session.ephemeral:
             return
         # Stuck or dead: swap it now so it stops using CPU, and tell the next call.
-        await self._replace(call.session)
+        try:
+            await self._replace(call.session)
+        except RuntimeUnavailable as exc:  # the call's own result stands; the next call starts one
+            log.warning("could not replace the interpreter of session %r: %s", call.session.id, exc)
+            return
         call.session.pending_notes.append(
             "the interpreter was restarted after the previous call; variables and imports are gone "
             "(files in the working directory are kept)."
