@@ -24,12 +24,23 @@ from kernmind.execution import runners as runners_mod
 from kernmind.execution.executor import limits_from
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.results import OutputCollector
+from kernmind.execution.rundir import RunDir
 from kernmind.execution.sandbox import Sandbox, SandboxUnavailable
+from kernmind.execution.workspace import Workspace
 
 
 async def _live_check(sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kernmind-doctor-") as tmp:
-        factory = KernelFactory(sandbox, runtime, Path(tmp))
+        rundir = RunDir(Path(tmp) / "run").open()
+
+        def new_workspace(uid: int | None) -> Workspace:
+            ws = Workspace(rundir.new_dir("ws-"), owner_uid=uid)
+            ws.create()
+            return ws
+
+        factory = KernelFactory(
+            sandbox, runtime, new_workspace=new_workspace, socket_dirs=lambda: rundir.new_dir("k-")
+        )
         started = time.perf_counter()
         try:
             kernel = await factory.start()
@@ -44,6 +55,7 @@ async def _live_check(sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any
             value = collector.results[0].text if collector.results else None
         finally:
             await kernel.shutdown()
+            rundir.close()
         ok = outcome.kind == "ok" and value == "2"
         return {
             "ok": ok,

@@ -45,6 +45,7 @@ WORKSPACE_MOUNT = "/workspace"
 SYSTEM_DIRS = ("/usr", "/etc", "/opt")
 USR_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+THREAD_STACK_MB = 2
 
 Backend = Literal["bwrap", "none"]
 
@@ -71,6 +72,10 @@ class Limits:
             "fsize": self.max_file_mb * 1024 * 1024,
             "nofile": self.max_open_files,
             "core": 0,
+            # The default stack of every new thread (glibc takes it from RLIMIT_STACK): thread
+            # stacks count against RLIMIT_DATA, and 8 MiB each (kernel, BLAS and zmq threads)
+            # would eat a small memory limit before any user data.
+            "stack": THREAD_STACK_MB * 1024 * 1024,
         }
 
 
