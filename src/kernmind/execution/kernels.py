@@ -44,7 +44,10 @@ from jupyter_client.manager import AsyncKernelManager
 
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernel_setup import setup_code
+from kernmind.execution.packages.guard import SandboxGuard, activate_layer_code
+from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
+from kernmind.execution.rundir import RunDir
 from kernmind.execution.sandbox import Sandbox
 from kernmind.execution.workspace import Workspace
 
@@ -77,6 +80,7 @@ class PythonRuntime:
     paths: tuple[str, ...]  # directories the sandbox must expose read-only
     error: str | None = None
     pythonpath: tuple[str, ...] = ()  # the server's PYTHONPATH, which kernels on its Python need too
+    notable: tuple[str, ...] = ()  # the NOTABLE packages it can import
 
     @classmethod
     def probe(cls, python: str | None) -> PythonRuntime:
@@ -108,22 +112,56 @@ class PythonRuntime:
         dirs = tuple(sorted(p for p in paths if os.path.isdir(p) and p != "/"))
         exe = info["exe"]
         error = None if info["ipykernel"] else f"{exe} has no ipykernel (pip install ipykernel)"
-        return cls(exe, info["version"], info["ipykernel"], dirs, error, pythonpath)
+        return cls(
+            exe, info["version"], info["ipykernel"], dirs, error, pythonpath, tuple(info.get("notable", []))
+        )
 
+
+# Packages worth naming to a model (run_code's description, doctor): (distribution, module).
+NOTABLE = (
+    ("numpy", "numpy"),
+    ("pandas", "pandas"),
+    ("matplotlib", "matplotlib"),
+    ("scipy", "scipy"),
+    ("scikit-learn", "sklearn"),
+    ("statsmodels", "statsmodels"),
+    ("seaborn", "seaborn"),
+    ("plotly", "plotly"),
+    ("pyarrow", "pyarrow"),
+    ("openpyxl", "openpyxl"),
+    ("sympy", "sympy"),
+    ("networkx", "networkx"),
+    ("jinja2", "jinja2"),
+    ("requests", "requests"),
+    ("beautifulsoup4", "bs4"),
+    ("pillow", "PIL"),
+    ("pyyaml", "yaml"),
+    ("torch", "torch"),
+)
 
 # Runs in the interpreter being probed (in-process for the server's own Python, else via
-# ``python -c``): its version, its ipykernel, and the directories the sandbox must expose.
-_FACTS_SOURCE = """\
+# ``python -c``): its version, its ipykernel, the directories the sandbox must expose, and
+# which notable packages it can import (found, not imported: that would cost seconds).
+_FACTS_SOURCE = f"""\
 def facts():
     import os, sys
     from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
     try:
         ipykernel = version("ipykernel")
     except PackageNotFoundError:
         ipykernel = None
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    paths = {{sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}}
     paths.update(p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p))
-    return {"exe": sys.executable, "version": sys.version.split()[0], "ipykernel": ipykernel, "paths": sorted(paths)}
+    notable = []
+    for dist, module in {NOTABLE!r}:
+        try:
+            if find_spec(module) is not None:
+                notable.append(dist)
+        except (ImportError, ValueError):
+            pass
+    return {{"exe": sys.executable, "version": sys.version.split()[0], "ipykernel": ipykernel,
+            "paths": sorted(paths), "notable": notable}}
 """
 
 
@@ -178,6 +216,10 @@ class Kernel:
     needs_replacement: bool = False  # set when an interrupt did not bring it back
     running_msg_id: str | None = None  # the execute_request an interrupt is aimed at
     closed: bool = False  # shut down (e.g. its session was closed), possibly mid-call
+    # Its package layer: mounted read-only in its sandbox from the start (empty until a
+    # session's packages move in), so installs reach the running kernel.
+    layer: Layer | None = None
+    layer_path: str | None = None  # where the kernel sees the layer's Python packages
 
     async def is_alive(self) -> bool:
         try:
@@ -341,6 +383,19 @@ class Kernel:
     def _cleanup_dirs(self) -> None:
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
+    async def use_packages(self) -> bool:
+        """Put the layer on the running interpreter's path (after its own packages), so what
+        was installed imports without a restart; True when the kernel took it."""
+        if self.layer_path is None or self.kc is None:
+            return False
+        outcome = await self.execute(
+            activate_layer_code(self.layer_path),
+            OutputCollector(2000),
+            deadline=time.monotonic() + 30,
+            silent=True,
+        )
+        return outcome.kind == "ok"
+
 
 class KernelFactory:
     """Starts kernels: sandbox-wrapped, IPC transport, set up and warm."""
@@ -353,13 +408,28 @@ class KernelFactory:
         new_workspace: NewWorkspace,
         socket_dirs: Callable[[], Path],
         output_limit: int = 50_000,
+        new_layer: Callable[[], Layer] | None = None,
+        guard: SandboxGuard | None = None,
     ) -> None:
         self.setup = setup_code(output_limit)
         self.sandbox = sandbox
         self.runtime = runtime
         self.new_workspace = new_workspace
         self.socket_dirs = socket_dirs
+        self.new_layer = new_layer
+        self.guard = guard
         self.spec = KernelSpec.from_resource_dir(str(kernelspec_dir()))
+
+    @classmethod
+    def in_rundir(cls, sandbox: Sandbox, runtime: PythonRuntime, rundir: RunDir) -> KernelFactory:
+        """A factory whose workspaces and sockets are directories of ``rundir`` (doctor, benchmarks)."""
+
+        def new_workspace(uid: int | None) -> Workspace:
+            ws = Workspace(rundir.new_dir("ws-"), owner_uid=uid)
+            ws.create()
+            return ws
+
+        return cls(sandbox, runtime, new_workspace=new_workspace, socket_dirs=lambda: rundir.new_dir("k-"))
 
     @property
     def blas_threads(self) -> int:
@@ -370,7 +440,7 @@ class KernelFactory:
         # Caches go to the sandbox's private, size-limited /tmp, never to a host directory.
         scratch = "/tmp/.kernmind" if self.sandbox.isolated else str(runtime_dir)
         return {
-            "PATH": f"{os.path.dirname(self.runtime.executable)}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": self._path,
             "MPLBACKEND": "module://matplotlib_inline.backend_inline",
             "IPYTHONDIR": f"{scratch}/ipython",
             "MPLCONFIGDIR": f"{scratch}/mpl",
@@ -389,7 +459,12 @@ class KernelFactory:
                 ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"), str(self.blas_threads)
             ),
             **({"PYTHONPATH": os.pathsep.join(self.runtime.pythonpath)} if self.runtime.pythonpath else {}),
+            **(self.guard.environment(self.sandbox, self._path) if self.guard else {}),
         }
+
+    @property
+    def _path(self) -> str:
+        return f"{os.path.dirname(self.runtime.executable)}:/usr/local/bin:/usr/bin:/bin"
 
     async def start(self, workspace: Workspace | None = None) -> Kernel:
         """Launch, connect, wait for ready, run the setup cell. Raises RuntimeUnavailable on failure."""
@@ -405,10 +480,18 @@ class KernelFactory:
         if uid is not None:
             os.chown(runtime_dir, uid, uid)
         env = self._environment(runtime_dir)
+        layer = self.new_layer() if self.new_layer is not None else None
+        mounts = [*([layer.mount] if layer else []), *(self.guard.mounts() if self.guard else [])]
 
         def wrap(cmd: list[str]) -> list[str]:
             return self.sandbox.wrap(
-                cmd, workspace=ws.root, env=env, ro_paths=self.runtime.paths, rw_paths=[runtime_dir], uid=uid
+                cmd,
+                workspace=ws.root,
+                env=env,
+                ro_paths=self.runtime.paths,
+                rw_paths=[runtime_dir],
+                uid=uid,
+                mounts=mounts,
             ).argv
 
         km = SandboxedKernelManager(
@@ -420,7 +503,15 @@ class KernelFactory:
             connection_file=str(runtime_dir / "connection.json"),
             owner_uid=uid,
         )
-        kernel = Kernel(id=uuid.uuid4().hex[:8], workspace=ws, runtime_dir=runtime_dir, km=km, uid=uid)
+        kernel = Kernel(
+            id=uuid.uuid4().hex[:8],
+            workspace=ws,
+            runtime_dir=runtime_dir,
+            km=km,
+            uid=uid,
+            layer=layer,
+            layer_path=f"{layer.mount.path(self.sandbox)}/python" if layer else None,
+        )
         try:
             # env/cwd as the sandbox wants them; in bwrap mode the env is rebuilt inside anyway.
             clean_env = self.sandbox.environment(self.sandbox.workspace_path(ws.root), env)
@@ -453,6 +544,8 @@ class KernelFactory:
                 await kernel.shutdown()
                 if workspace is None:
                     ws.remove()
+                if layer is not None:
+                    layer.remove()
             if isinstance(exc, Exception) and not isinstance(exc, RuntimeUnavailable):
                 raise RuntimeUnavailable(f"kernel failed to start: {exc}") from exc
             raise
