@@ -32,7 +32,6 @@ from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.packages import Layer, PackageError, PackageInstaller, PackagePolicy, PackageSources
 from kernmind.execution.packages.python import PythonTarget
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.rundir import RunDir
 from kernmind.execution.sandbox import Sandbox
 
 NEW_DATASCIENCE = (
@@ -120,9 +119,7 @@ async def kernel_starts(sandbox: Sandbox, python: str, n: int) -> tuple[list[flo
     times: list[float] = []
     imported: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-kernels-") as tmp:
-        rundir = RunDir(Path(tmp) / "run").open()
-
-        factory = KernelFactory.in_rundir(sandbox, runtime, rundir)
+        factory = KernelFactory.standalone(sandbox, runtime, Path(tmp) / "run")
         for _ in range(n):
             t0 = time.perf_counter()
             kernel = await factory.start()
@@ -133,7 +130,6 @@ async def kernel_starts(sandbox: Sandbox, python: str, n: int) -> tuple[list[flo
             imported = eval(collector.results[0].text) if collector.results else ["?"]
             await kernel.shutdown()
             kernel.workspace.remove()
-        rundir.close()
     return times, imported
 
 

@@ -146,3 +146,13 @@ def test_groups_cover_every_command_that_builds_settings() -> None:
     assert set(COMMAND_GROUPS["serve"]) == set(Group)
     for command, groups in COMMAND_GROUPS.items():
         assert Group.LOGGING in groups, command
+
+
+def test_building_the_serve_command_line_imports_no_other_subcommand() -> None:
+    """``kernmind serve`` is on every client's launch path: it must not pay for memory's or the agent's CLI."""
+    code = (
+        "import sys; from kernmind.cli import build_parser; build_parser('serve'); "
+        "print(sorted(m for m in sys.modules if m.startswith(('kernmind.memory', 'kernmind.agent', 'numpy'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

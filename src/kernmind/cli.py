@@ -24,29 +24,40 @@ from kernmind.settings_cli import COMMAND_GROUPS, describe_settings_error, setti
 log = logging.getLogger("kernmind")
 
 
-def build_parser() -> argparse.ArgumentParser:
+COMMANDS = ("serve", "agent", "doctor", "memory")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line; with ``only``, just that subcommand (so ``serve`` never imports the others)."""
     parser = argparse.ArgumentParser(
         prog="kernmind", description="MCP server: sandboxed code execution and persistent memory for agents."
     )
     parser.add_argument("--version", action="version", version=f"kernmind {__version__}")
     sub = parser.add_subparsers(dest="command")
+    wanted = COMMANDS if only is None else (only,)
 
-    sub.add_parser(
-        "serve",
-        parents=[settings_parent(COMMAND_GROUPS["serve"])],
-        help="run the MCP server (stdio by default)",
-    )
-    doctor = sub.add_parser(
-        "doctor", parents=[settings_parent(COMMAND_GROUPS["doctor"])], help="check what this machine can run"
-    )
-    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    if "serve" in wanted:
+        sub.add_parser(
+            "serve",
+            parents=[settings_parent(COMMAND_GROUPS["serve"])],
+            help="run the MCP server (stdio by default)",
+        )
+    if "doctor" in wanted:
+        doctor = sub.add_parser(
+            "doctor",
+            parents=[settings_parent(COMMAND_GROUPS["doctor"])],
+            help="check what this machine can run",
+        )
+        doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    if "agent" in wanted:
+        from kernmind.agent import cli as agent_cli
 
-    from kernmind.agent import cli as agent_cli
-    from kernmind.memory import cli as memory_cli
+        agent_cli.add_parser(sub, settings_parent(COMMAND_GROUPS["agent"]))
+    if "memory" in wanted:
+        from kernmind.memory import cli as memory_cli
 
-    agent_cli.add_parser(sub, settings_parent(COMMAND_GROUPS["agent"]))
-    # memory's actions are subparsers that take the flags too: a flag not given must stay absent
-    memory_cli.add_parser(sub, settings_parent(COMMAND_GROUPS["memory"], absent_when_not_given=True))
+        # memory's actions are subparsers that take the flags too: a flag not given must stay absent
+        memory_cli.add_parser(sub, settings_parent(COMMAND_GROUPS["memory"], absent_when_not_given=True))
     return parser
 
 
@@ -60,11 +71,13 @@ def configure_logging(level: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    command = args.command or "serve"
-    if args.command is None:
-        args = parser.parse_args(["serve", *(argv if argv is not None else sys.argv[1:])])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        argv = ["serve"]  # what desktop clients that launch plain `kernmind` expect
+    # Build only the subcommand asked for: `kernmind serve` is on every client's launch path.
+    parser = build_parser(argv[0] if argv[0] in COMMANDS else None)
+    args = parser.parse_args(argv)  # without a subcommand argparse exits: --help, --version, errors
+    command = args.command
     try:
         settings = settings_from_args(args)
     except ValidationError as exc:

@@ -27,15 +27,13 @@ from kernmind.execution.executor import limits_from
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.packages import PackageInstaller, PythonTarget
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.rundir import RunDir
 from kernmind.execution.sandbox import Sandbox, SandboxUnavailable
+from kernmind.memory.database import redacted_location
 
 
 async def _live_check(sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kernmind-doctor-") as tmp:
-        rundir = RunDir(Path(tmp) / "run").open()
-
-        factory = KernelFactory.in_rundir(sandbox, runtime, rundir)
+        factory = KernelFactory.standalone(sandbox, runtime, Path(tmp) / "run")
         started = time.perf_counter()
         try:
             kernel = await factory.start()
@@ -51,7 +49,6 @@ async def _live_check(sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any
             gpus = await _gpus_seen(kernel) if sandbox.gpu is not None else None
         finally:
             await kernel.shutdown()
-            rundir.close()
         ok = outcome.kind == "ok" and value == "2"
         return {
             "ok": ok,
@@ -115,7 +112,7 @@ def gather(settings: Settings) -> dict[str, Any]:
         languages.setdefault(name, {"available": False, "install": hint})
     report["languages"] = languages
     report["packages"] = _packages(settings, sandbox, runtime)
-    report["database"] = str(settings.db_path)
+    report["database"] = redacted_location(settings.db_location)
     report["workspaces"] = str(settings.workspaces_dir)
     report["agent"] = settings.agent
     report["pool_size"] = settings.pool_size

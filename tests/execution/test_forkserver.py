@@ -26,7 +26,7 @@ import pytest
 from kernmind.execution.forkserver_kernels import ForkKernelFactory, fork_server_report
 from kernmind.execution.kernels import Kernel, KernelFactory, PythonRuntime
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.sandbox import Limits, Sandbox
 
 pytestmark = [
     pytest.mark.anyio,
@@ -53,6 +53,9 @@ print(json.dumps({
     "hostname": socket.gethostname(),
     "interfaces": sorted(n for _, n in socket.if_nameindex()),
     "processes": sorted(open(f"/proc/{p}/comm").read().strip() for p in os.listdir("/proc") if p.isdigit()),
+    "history": str(get_ipython().history_manager.hist_file),
+    "log_level": __import__("ipykernel.kernelapp").kernelapp.IPKernelApp.instance().log_level,
+    "connection_file": __import__("ipykernel.kernelapp").kernelapp.IPKernelApp.instance().connection_file,
 }))
 """
 
@@ -86,7 +89,9 @@ def threads_of(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 async def base(tmp_path_factory: pytest.TempPathFactory) -> KernelFactory:
-    return KernelFactory(Sandbox.detect("required"), PythonRuntime.probe(None), tmp_path_factory.mktemp("fs"))
+    return KernelFactory.standalone(
+        Sandbox.detect("required"), PythonRuntime.probe(None), tmp_path_factory.mktemp("fs")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -135,15 +140,18 @@ async def test_template_preloads_the_heavy_modules(factory: ForkKernelFactory) -
 async def test_a_forked_kernel_sees_exactly_what_a_normal_kernel_sees(
     factory: ForkKernelFactory, base: KernelFactory
 ) -> None:
-    """Mounts, rlimits, environment, capabilities, cwd, hostname, network: the same sandbox."""
+    """Mounts, rlimits, environment, capabilities, cwd, hostname, network: the same sandbox;
+    and the same kernel configuration (history in memory, log level, its connection file)."""
     normal, fork = await base.start(), await forked(factory)
     try:
         seen_normal, seen_fork = await run_json(normal, PROBE), await run_json(fork, PROBE)
     finally:
         await normal.shutdown()
         await fork.shutdown()
-    for key in ("caps", "no_new_privs", "mounts", "rlimits", "env", "cwd", "path", "hostname", "interfaces"):
+    same = ("caps", "no_new_privs", "mounts", "rlimits", "env", "cwd", "path", "hostname", "interfaces")
+    for key in (*same, "history", "log_level"):
         assert seen_fork[key] == seen_normal[key], key
+    assert seen_fork["connection_file"] == seen_normal["connection_file"] == "/run/kernmind/kernel.json"
     if AS_ROOT:
         assert seen_fork["uid"] == fork.uid and fork.uid not in (0, None)
     # The same processes, plus the placeholder shell the kernel was forked next to.
@@ -216,6 +224,24 @@ async def test_forked_kernels_are_independent_processes_with_their_own_uid(
         assert a[0] != b[0]
 
 
+async def test_an_interrupted_forked_kernel_keeps_its_state_and_answers_the_next_cell(
+    factory: ForkKernelFactory,
+) -> None:
+    """The interrupt is matched to the request it stops (message ids are not reused), every time."""
+    kernel = await forked(factory)
+    try:
+        for round_ in range(2):
+            busy = OutputCollector(1000)
+            code = f"n = {round_}\nwhile True:\n    n += 1"
+            outcome = await kernel.execute(code, busy, deadline=time.monotonic() + 1)
+            assert outcome.kind == "deadline"
+            assert await kernel.interrupt(busy, 5) is True
+            after = await run(kernel, "n > 10")
+            assert [r.text for r in after.results] == ["True"]
+    finally:
+        await kernel.shutdown()
+
+
 async def test_a_kernel_exit_status_reaches_the_manager(factory: ForkKernelFactory) -> None:
     """os._exit(7) → the kernel is dead with status 7; SIGKILL → 137, as bubblewrap reports it."""
     for code, expected in (("import os; os._exit(7)", 7), ("import os; os.kill(os.getpid(), 9)", 137)):
@@ -286,7 +312,7 @@ async def test_an_unusable_template_falls_back_to_normal_kernels(tmp_path: Path)
     (lib / "starts_a_thread.py").write_text(
         "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
     )
-    base = KernelFactory(
+    base = KernelFactory.standalone(
         Sandbox.detect("required"),
         PythonRuntime.probe(None),
         tmp_path / "ws",
@@ -301,6 +327,24 @@ async def test_an_unusable_template_falls_back_to_normal_kernels(tmp_path: Path)
             await kernel.shutdown()
         status = forks.status()
         assert status["active"] is False and "threads" in status["reason"]
+
+
+async def test_preloads_too_big_for_the_memory_limit_are_dropped(tmp_path: Path) -> None:
+    """Every fork starts with the template's data counted against its RLIMIT_DATA: under a small
+    limit the template comes up without the heavy modules, and kernels can still import them."""
+    base = KernelFactory.standalone(
+        Sandbox.detect("required"), PythonRuntime.probe(None), tmp_path, limits=Limits(memory_mb=256)
+    )
+    forks = ForkKernelFactory(base)
+    async with forks.running():
+        template = await forks.server.template(wait=120)
+        assert template is not None
+        assert forks.status()["preloaded"] == []
+        kernel = await forks.fork(template)
+        try:
+            assert "".join((await run(kernel, "import pandas\nprint('ok')")).logs().stdout) == "ok\n"
+        finally:
+            await kernel.shutdown()
 
 
 async def test_doctor_report_says_active_and_how_fast_it_forks(base: KernelFactory) -> None:
@@ -349,7 +393,7 @@ from pathlib import Path
 from kernmind.execution.forkserver_kernels import ForkKernelFactory
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.sandbox import Limits, Sandbox
 
 CODE = '''
 import json, os, socket, subprocess
@@ -366,7 +410,7 @@ print(json.dumps({
 
 async def main():
     sandbox = Sandbox.detect("required")
-    base = KernelFactory(sandbox, PythonRuntime.probe(None), Path(sys.argv[1]))
+    base = KernelFactory.standalone(sandbox, PythonRuntime.probe(None), Path(sys.argv[1]))
     forks = ForkKernelFactory(base)
     async with forks.running():
         template = await forks.server.template(wait=120)

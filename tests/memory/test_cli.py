@@ -11,12 +11,17 @@ import anyio
 import pytest
 
 from kernmind.cli import main
+from kernmind.memory.conversations import MessageFilter
 from kernmind.memory.database import PassageFilter
+from kernmind.memory.embeddings import StaticEmbedder
+from kernmind.memory.recall import Recall
 from kernmind.memory.records import PassageIn
 from kernmind.memory.store import MemoryStore
 
+from .conftest import another_db_location, db_location
 
-def seed(db: Path, agent: str) -> None:
+
+def seed(db: str, agent: str) -> None:
     async def go() -> None:
         async with MemoryStore(db, agent, default_blocks={"persona": "p", "human": "h"}) as store:
             await store.blocks.append("human", "Name: Ada")
@@ -28,7 +33,7 @@ def seed(db: Path, agent: str) -> None:
     anyio.run(go)
 
 
-def dump(db: Path, agent: str) -> tuple[dict[str, tuple[str, str, int, bool]], list[tuple[str, list[str]]]]:
+def dump(db: str, agent: str) -> tuple[dict[str, tuple[str, str, int, bool]], list[tuple[str, list[str]]]]:
     async def go() -> tuple[dict[str, tuple[str, str, int, bool]], list[tuple[str, list[str]]]]:
         async with MemoryStore(db, agent) as store:
             blocks = {
@@ -41,7 +46,7 @@ def dump(db: Path, agent: str) -> tuple[dict[str, tuple[str, str, int, bool]], l
 
 
 def test_export_import_roundtrip_into_another_namespace(tmp_path: Path) -> None:
-    db = tmp_path / "m.db"
+    db = db_location(tmp_path)
     seed(db, "alice")
     out = tmp_path / "alice.json"
     assert main(["memory", "export", "--db", str(db), "--agent", "alice", "-o", str(out)]) == 0
@@ -51,7 +56,7 @@ def test_export_import_roundtrip_into_another_namespace(tmp_path: Path) -> None:
     assert {p["content"] for p in doc["passages"]} == {"met Ada in Paris", "Ada likes tea"}
 
     # into a second database and namespace; flags may come before or after the action
-    db2 = tmp_path / "other.db"
+    db2 = another_db_location(tmp_path, "other.db")
     assert main(["memory", "--db", str(db2), "import", str(out), "--agent", "bob"]) == 0
     assert dump(db2, "bob") == dump(db, "alice")
 
@@ -75,24 +80,26 @@ def test_export_import_roundtrip_into_another_namespace(tmp_path: Path) -> None:
 
 
 def test_import_over_untouched_default_blocks(tmp_path: Path) -> None:
-    db = tmp_path / "m.db"
+    db = db_location(tmp_path)
     seed(db, "alice")
     out = tmp_path / "a.json"
     assert main(["memory", "export", "--db", str(db), "--agent", "alice", "-o", str(out)]) == 0
 
     # a server already ran on the new machine and seeded empty persona/human blocks
+    new = another_db_location(tmp_path, "new.db")
+
     async def fresh_server_namespace() -> None:
-        async with MemoryStore(tmp_path / "new.db", default_blocks={"persona": "p", "human": "h"}) as store:
+        async with MemoryStore(new, default_blocks={"persona": "p", "human": "h"}) as store:
             assert [b.label for b in await store.blocks.list()] == ["persona", "human"]
 
     anyio.run(fresh_server_namespace)
-    assert main(["memory", "import", str(out), "--db", str(tmp_path / "new.db")]) == 0
-    blocks, _ = dump(tmp_path / "new.db", "default")
+    assert main(["memory", "import", str(out), "--db", new]) == 0
+    blocks, _ = dump(new, "default")
     assert blocks["human"][0] == "Name: Ada"
 
 
 def test_export_to_stdout_with_history(tmp_path: Path) -> None:
-    db = tmp_path / "m.db"
+    db = db_location(tmp_path)
     seed(db, "default")
     proc = subprocess.run(
         [sys.executable, "-m", "kernmind", "memory", "export", "--with-history", "--db", str(db)],
@@ -108,9 +115,9 @@ def test_export_to_stdout_with_history(tmp_path: Path) -> None:
 def test_import_rejects_bad_files(tmp_path: Path, content: str, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(content)
-    assert main(["memory", "import", str(bad), "--db", str(tmp_path / "m.db")]) == 1
+    assert main(["memory", "import", str(bad), "--db", db_location(tmp_path)]) == 1
     assert "kernmind memory import" in capsys.readouterr().err
-    assert main(["memory", "import", "--db", str(tmp_path / "m.db")]) == 2
+    assert main(["memory", "import", "--db", db_location(tmp_path)]) == 2
 
 
 def test_flags_may_come_anywhere(tmp_path: Path) -> None:
@@ -145,7 +152,7 @@ def test_memory_help_lists_only_memory_settings(capsys: pytest.CaptureFixture[st
 
 def test_show_lists_blocks_and_prints_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """memory show: a table of the blocks; memory show LABEL: that block as the agent sees it."""
-    db = tmp_path / "m.db"
+    db = db_location(tmp_path)
     seed(db, "default")
     capsys.readouterr()
     assert main(["memory", "show", "--db", str(db)]) == 0
@@ -160,7 +167,7 @@ def test_show_lists_blocks_and_prints_one(tmp_path: Path, capsys: pytest.Capture
 
 def test_search_from_the_shell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """memory search QUERY ranks archival passages like the tool (word forms, tags, meaning)."""
-    db = tmp_path / "m.db"
+    db = db_location(tmp_path)
     seed(db, "default")
     capsys.readouterr()
     assert main(["memory", "search", "meeting Ada in France", "--db", str(db)]) == 0
@@ -172,3 +179,40 @@ def test_search_from_the_shell(tmp_path: Path, capsys: pytest.CaptureFixture[str
     )
     out = capsys.readouterr().out
     assert "ranked by bm25" in out and "met Ada in Paris" in out and "tea" not in out
+
+
+def test_migrate_moves_a_namespace_with_history_vectors_and_conversations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """memory migrate --from sqlite:PATH --to DB copies everything of --agent; undo still works there."""
+    source = tmp_path / "source.db"
+    seed(str(source), "alice")
+
+    async def more() -> None:
+        async with MemoryStore(source, "alice") as store:
+            await store.blocks.append("human", "Likes tea")
+            cid = await store.conversations.start()
+            await store.conversations.add(cid, "user", "Remember my tea preference")
+            recall = Recall(store.passages, StaticEmbedder())
+            while await recall.backfill_batch():
+                pass
+
+    anyio.run(more)
+    destination = another_db_location(tmp_path, "dest.db")
+    argv = ["memory", "migrate", "--from", f"sqlite:{source}", "--to", destination, "--agent", "alice"]
+    assert main(argv) == 0
+    assert "migrated namespace 'alice'" in capsys.readouterr().err
+    assert dump(destination, "alice") == dump(str(source), "alice")
+
+    async def check() -> None:
+        async with MemoryStore(destination, "alice") as store:
+            assert [h.op for h in await store.blocks.history("human")] == ["append", "append", "seed"]
+            await store.blocks.undo("human")
+            assert (await store.blocks.get("human")).value == "Name: Ada"
+            assert await store.passages.count_vectors(StaticEmbedder().model) == 2
+            found = await store.conversations.search_text("tea", MessageFilter(), 5)
+            assert [m.content for m in found] == ["Remember my tea preference"]
+
+    anyio.run(check)
+    assert main(argv) == 1  # the destination holds the namespace now: refused, unchanged
+    assert "already holds memory" in capsys.readouterr().err

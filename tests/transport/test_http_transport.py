@@ -16,7 +16,7 @@ import anyio
 import httpx2
 import pytest
 
-from kernmind.serving import BearerTokenMiddleware, is_loopback
+from kernmind.serving import BearerTokenMiddleware, bind_socket, is_loopback
 from tests.transport.procs import HttpServer, mentioning, run_cli, start_http
 
 pytestmark = [pytest.mark.xdist_group("transport")]
@@ -272,3 +272,23 @@ async def test_several_clients_run_at_the_same_time(http_server: HttpServer) -> 
             total = time.monotonic() - t0
     assert len(elapsed) == 3
     assert total < sleep * 2, f"calls were serialised: {total:.2f}s for three {sleep}s sleeps"
+
+
+def test_accepted_connections_send_without_nagle_delay() -> None:
+    """Responses go out as written: TCP_NODELAY on every accepted socket.
+
+    Without it a response written as headers then body waits for the client's delayed ACK
+    (≈ 40 ms a call on Linux). asyncio sets TCP_NODELAY only on sockets whose ``proto`` is
+    IPPROTO_TCP, so the listening socket must say so (and carry the option itself).
+    """
+    listener = bind_socket("127.0.0.1", 0)
+    try:
+        assert listener.proto == socket.IPPROTO_TCP
+        client = socket.create_connection(listener.getsockname()[:2])
+        listener.setblocking(True)
+        accepted, _ = listener.accept()
+        with client, accepted:
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            assert accepted.proto == socket.IPPROTO_TCP
+    finally:
+        listener.close()

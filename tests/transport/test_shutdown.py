@@ -27,7 +27,7 @@ from tests.transport.procs import ProcInfo, StdioServer, descendants, mentioning
 pytestmark = [pytest.mark.xdist_group("transport")]
 
 STOP_WITHIN = 15.0  # seconds from the stop request to process exit (graceful wait is 3 s)
-CONNECTION_FILE = re.compile(r"-f (\S+)/connection\.json")
+RUNTIME_BIND = re.compile(r"--bind (\S+) /run/kernmind ")  # a kernel's socket directory on the host
 MARK = "kept-through-shutdown-7f3a"
 
 
@@ -37,7 +37,7 @@ def _kernel_tree(pid: int, kernels: int) -> tuple[list[ProcInfo], set[Path]]:
     interpreters = [
         p for p in procs if "ipykernel_launcher" in p.cmdline and "bwrap" not in p.cmdline.split()[0]
     ]
-    runtime_dirs = {Path(m.group(1)) for p in procs if (m := CONNECTION_FILE.search(p.cmdline))}
+    runtime_dirs = {Path(m.group(1)) for p in procs if (m := RUNTIME_BIND.search(p.cmdline))}
     assert len(interpreters) >= kernels, [p.cmdline[:200] for p in procs]
     assert len(runtime_dirs) >= kernels, runtime_dirs
     return procs, runtime_dirs

@@ -98,9 +98,13 @@ def build_config(args: argparse.Namespace, settings: Settings) -> AgentConfig:
 
     servers: list[ServerSpec] = []
     extra = load_mcp_config(args.mcp_config) if args.mcp_config else []
+    recorder = None
     if not args.no_kernmind and not any(s.name == "kernmind" for s in extra):
+        from kernmind.memory.conversations import ConversationRecorder
+
         child_level = settings.log_level if _log_level_given(args) else "WARNING"
         servers.append(kernmind_server_spec(settings, log_level=child_level))
+        recorder = ConversationRecorder(settings)  # into the namespace of the server it launches
     servers += extra
     if not servers:
         raise ConfigError("no MCP servers: drop --no-kernmind or give --mcp-config")
@@ -119,6 +123,7 @@ def build_config(args: argparse.Namespace, settings: Settings) -> AgentConfig:
         temperature=args.temperature,
         max_retries=max(args.retries, 0),
         tool_timeout=args.tool_timeout,
+        recorder=recorder,
     )
 
 

@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from mcp.client.stdio import StdioServerParameters
 
@@ -33,6 +33,16 @@ memory_* tools when you learn something worth remembering. Answer concisely once
 
 class ConfigError(ValueError):
     """A configuration the agent cannot use (bad mcp.json, missing model …)."""
+
+
+class MessageRecorder(Protocol):
+    """Keeps the conversation somewhere (kernmind's memory: ``ConversationRecorder``)."""
+
+    async def start(self) -> None: ...
+
+    async def record(self, message: dict[str, Any]) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclass
@@ -63,6 +73,7 @@ class AgentConfig:
     max_tool_result_chars: int = 30_000
     tool_timeout: float | None = None
     include_server_instructions: bool = True
+    recorder: MessageRecorder | None = None  # every message of the conversation, as it is appended
 
 
 def kernmind_server_spec(
@@ -79,7 +90,7 @@ def kernmind_server_spec(
     if log_level is not None:
         settings = settings.model_copy(update={"log_level": log_level})
     flags, env_only = settings_as_args(settings, COMMAND_GROUPS["agent"])
-    args = ["-m", "kernmind", "serve", "--db", str(settings.db_path), *flags]
+    args = ["-m", "kernmind", "serve", "--db", settings.db_location, *flags]
     env = {k: v for k, v in os.environ.items() if k.startswith("KERNMIND_")} | env_only
     return ServerSpec(name=name, target=StdioServerParameters(command=sys.executable, args=args, env=env))
 

@@ -146,9 +146,14 @@ class Agent:
         except BaseException:
             await self.model.aclose()
             raise
+        if self.config.recorder is not None:
+            await self.config.recorder.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self.config.recorder is not None:
+            with anyio.CancelScope(shield=True):
+                await self.config.recorder.close()
         await self.hub.__aexit__(*exc)
         if self.model is not None:
             with anyio.CancelScope(shield=True):
@@ -202,7 +207,7 @@ class Agent:
         self._interrupted = False
         result = RunResult(answer="", stopped="answer", steps=0)
         self.runs.append(result)
-        self.messages.append({"role": "user", "content": user_message})
+        await self._keep({"role": "user", "content": user_message})
         try:
             for step in range(1, self.config.max_steps + 1):
                 result.steps = step
@@ -211,7 +216,7 @@ class Agent:
                 if turn is None:
                     result.stopped = "interrupted"
                     return result
-                self.messages.append(turn.as_message())
+                await self._keep(turn.as_message())
                 await self.events.on_assistant(turn, step)
                 if not turn.tool_calls:
                     result.answer = turn.content
@@ -230,6 +235,13 @@ class Agent:
             return result
         finally:
             self.busy = False
+
+    async def _keep(self, message: dict[str, Any]) -> None:
+        """Append to the conversation, and record it (conversation memory) when configured."""
+        self.messages.append(message)
+        if self.config.recorder is not None:
+            with anyio.CancelScope(shield=True):  # an interrupted turn still records what was said
+                await self.config.recorder.record(message)
 
     def transcript(self) -> dict[str, Any]:
         """A JSON-serialisable record of the whole session (image data elided)."""
@@ -305,14 +317,14 @@ class Agent:
 
         image_parts: list[dict[str, Any]] = []
         for rec in records:
-            self.messages.append({"role": "tool", "tool_call_id": rec.id, "content": rec.output})
+            await self._keep({"role": "tool", "tool_call_id": rec.id, "content": rec.output})
             if rec._images:
                 image_parts.append(
                     {"type": "text", "text": f"Images returned by {rec.name} (call {rec.id}):"}
                 )
                 image_parts += [{"type": "image_url", "image_url": {"url": url}} for url in rec._images]
         if image_parts:
-            self.messages.append({"role": "user", "content": image_parts})
+            await self._keep({"role": "user", "content": image_parts})
         return records
 
     async def _prepare(self, rec: ToolCallRecord) -> bool:

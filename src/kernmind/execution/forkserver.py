@@ -39,6 +39,8 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from kernmind.execution.sandbox import THREAD_STACK_MB
+
 log = logging.getLogger(__name__)
 
 TEMPLATE_SCRIPT = Path(__file__).with_name("forkserver_template.py")
@@ -81,8 +83,14 @@ class TemplateProcess:
         home = Path(tempfile.mkdtemp(prefix="kmt-"))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            # Started under the sandbox's stack limit: glibc takes the default size of new
+            # threads from it at start-up, and forks keep that default.
+            stack = THREAD_STACK_MB * 1024 * 1024
+            prefix = (
+                [prlimit, f"--stack={stack}:{stack}", "--"] if (prlimit := shutil.which("prlimit")) else []
+            )
             proc = subprocess.Popen(
-                [python, "-Xfrozen_modules=off", str(TEMPLATE_SCRIPT), str(theirs.fileno())],
+                [*prefix, python, "-Xfrozen_modules=off", str(TEMPLATE_SCRIPT), str(theirs.fileno())],
                 pass_fds=[theirs.fileno()],
                 env={**env, **template_dirs(home)},
                 cwd=home,
@@ -182,9 +190,9 @@ class ForkServer:
     setup: str
     kernel_args: list[str]
     preload: Sequence[str] = DEFAULT_PRELOAD
+    memory_limit_mb: int | None = None  # each kernel's RLIMIT_DATA
     current: TemplateProcess | None = None
     last_error: str | None = None
-    started_at: float | None = None
     starts: int = 0
     _tg: TaskGroup | None = None
     _starting: anyio.Event | None = None
@@ -214,8 +222,30 @@ class ForkServer:
         self._starting = anyio.Event()
         self._tg.start_soon(self._start_template)
 
+    def _too_big(self, hello: dict[str, Any]) -> bool:
+        """Preloads that would use over half of each kernel's memory limit are dropped: every
+        fork starts with the template's data counted against its RLIMIT_DATA."""
+        data = float(hello.get("data_mib") or 0)
+        if not self.preload or self.memory_limit_mb is None or data <= self.memory_limit_mb / 2:
+            return False
+        log.warning(
+            "fork-server template with %s uses %.0f MiB of each kernel's %d MiB memory limit; "
+            "starting it without them (raise --memory-mb or shorten --preload)",
+            ", ".join(self.preload),
+            data,
+            self.memory_limit_mb,
+        )
+        return True
+
     async def _start_template(self) -> None:
         assert self._starting is not None
+        try:
+            await self._start_template_now()
+        finally:
+            self._starting.set()
+            self._starting = None
+
+    async def _start_template_now(self) -> None:
         if self.current is not None:
             log.warning("fork-server template stopped (%s); starting a new one", self.current.gone)
             self.current.stop()
@@ -232,6 +262,11 @@ class ForkServer:
                     f"the template runs {hello.get('threads')} threads after its preloads "
                     f"({', '.join(self.preload)}); forking it is unsafe — remove the module that starts them"
                 )
+            if self._too_big(hello):
+                template.stop()
+                template = None
+                self.preload = ()
+                return await self._start_template_now()
         except Exception as exc:
             self.last_error = f"fork-server template unavailable: {exc}"
             log.warning("%s; kernels start the normal way", self.last_error)
@@ -240,7 +275,6 @@ class ForkServer:
         else:
             self.current = template
             self.last_error = None
-            self.started_at = time.monotonic()
             self.starts += 1
             failed = hello.get("failed") or []
             log.info(
@@ -251,9 +285,6 @@ class ForkServer:
             )
             assert self._tg is not None
             self._tg.start_soon(template.serve_replies)
-        finally:
-            self._starting.set()
-            self._starting = None
 
     async def template(self, wait: float = 0.0) -> TemplateProcess | None:
         """The live template, starting one if needed; waits up to ``wait`` s for one starting."""

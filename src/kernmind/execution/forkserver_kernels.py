@@ -36,7 +36,6 @@ import contextlib
 import logging
 import os
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import zmq.asyncio
 
 from kernmind.execution.forkserver import DEFAULT_PRELOAD, ForkServer, TemplateProcess
 from kernmind.execution.kernels import (
@@ -78,8 +78,12 @@ class ForkKernelFactory:
             setup=base.setup,
             kernel_args=list(_KERNEL_ARGS),
             preload=preload,
+            memory_limit_mb=(base.limits or base.sandbox.limits).memory_mb,
         )
         self._welcome = _ipykernel_major(base.runtime.ipykernel) >= 7
+        # One zmq context (one I/O thread) for every forked kernel's manager and client,
+        # instead of two per kernel; made and destroyed by ``running()``.
+        self._zmq: zmq.asyncio.Context | None = None
         self._said: str | None = None  # the last fallback reason logged
 
     # What sessions and the pool use of a factory, unchanged.
@@ -100,8 +104,13 @@ class ForkKernelFactory:
         if self.base.runtime.error:
             yield self
             return
-        async with self.server.running():
-            yield self
+        self._zmq = zmq.asyncio.Context()
+        try:
+            async with self.server.running():
+                yield self
+        finally:
+            self._zmq.destroy(linger=0)
+            self._zmq = None
 
     def status(self) -> dict[str, Any]:
         return self.server.status()
@@ -135,13 +144,15 @@ class ForkKernelFactory:
         if workspace is not None and uid is not None:
             ws.owner_uid = uid
             ws.create()
-        runtime_dir = Path(tempfile.mkdtemp(prefix="km-"))  # short: unix socket paths are limited
+        runtime_dir = base.socket_dirs()  # short: unix socket paths are limited
+        ws.accounted = [runtime_dir]  # code can write there too: it counts against the quota
         if uid is not None:
             os.chown(runtime_dir, uid, uid)
         env = base.sandbox.environment(
             base.sandbox.workspace_path(ws.root), kernel_environment(base, runtime_dir)
         )
         kernel_argv: list[str] = []
+        layer, mounts = base.kernel_mounts()
 
         def wrap(cmd: list[str]) -> list[str]:
             kernel_argv[:] = cmd[cmd.index("ipykernel_launcher") + 1 :]
@@ -150,20 +161,31 @@ class ForkKernelFactory:
                 workspace=ws.root,
                 env=env,
                 ro_paths=base.runtime.paths,
-                rw_paths=[runtime_dir],
+                runtime_dir=runtime_dir,
                 limits=base.limits,
+                mounts=mounts,
             ).argv
 
         km = SandboxedKernelManager(
             wrap=wrap,
             python=base.runtime.executable,
             spec=base.spec,
+            context=self._zmq,
             transport="ipc",
             ip=str(runtime_dir / "k"),
             connection_file=str(runtime_dir / "connection.json"),
             owner_uid=uid,
+            inner_dir=base.sandbox.runtime_path(runtime_dir),
         )
-        kernel = Kernel(id=uuid.uuid4().hex[:8], workspace=ws, runtime_dir=runtime_dir, km=km, uid=uid)
+        kernel = Kernel(
+            id=uuid.uuid4().hex[:8],
+            workspace=ws,
+            runtime_dir=runtime_dir,
+            km=km,
+            uid=uid,
+            layer=layer,
+            layer_path=base.layer_path(layer),
+        )
         exit_read, exit_write = os.pipe()
         try:
             with anyio.fail_after(START_TIMEOUT):
@@ -184,8 +206,10 @@ class ForkKernelFactory:
                 reply = await _spawn(template, placeholder, exit_write, kernel_argv, cwd, uid)
                 if not reply.get("ok"):
                     raise ForkFailed(f"fork failed: {reply.get('error')}")
-                kc = km.client()
-                kc.start_channels()
+                # The manager's own Session, not a clone: a clone restarts the message counter,
+                # so an interrupt_request could reuse the running execute_request's msg_id.
+                kc = km.client(context=self._zmq, session=km.session)
+                kc.start_channels(hb=False)  # liveness comes from the process, not heartbeats
                 kernel.kc = kc
                 if self._welcome:
                     await _wait_for_welcome(kc)
@@ -196,6 +220,8 @@ class ForkKernelFactory:
                 await kernel.shutdown()
                 if workspace is None:
                     ws.remove()
+                if layer is not None:
+                    layer.remove()
             if isinstance(exc, Exception) and not isinstance(exc, ForkFailed):
                 raise ForkFailed(f"fork failed: {type(exc).__name__}: {exc}") from exc
             raise
@@ -206,24 +232,23 @@ class ForkKernelFactory:
         return kernel
 
 
+TEMPLATE_UNSET = (
+    "OPENBLAS_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "MALLOC_ARENA_MAX",
+    "MALLOC_MMAP_THRESHOLD_",
+)
+
+
 def kernel_environment(base: KernelFactory, runtime_dir: Path | None) -> dict[str, str]:
     """The variables a kernel gets on top of the sandbox's allow-list (as ``KernelFactory``
-    sets them); without ``runtime_dir``, those of the template (which sets its own dirs)."""
-    env = {
-        "PATH": f"{os.path.dirname(base.runtime.executable)}:/usr/local/bin:/usr/bin:/bin",
-        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-        **({"PYTHONPATH": os.pathsep.join(base.runtime.pythonpath)} if base.runtime.pythonpath else {}),
-        **base.extra_env,
-    }
-    if runtime_dir is not None:
-        env |= {
-            "IPYTHONDIR": str(runtime_dir / "ipython"),
-            "MPLCONFIGDIR": str(runtime_dir / "mpl"),
-            "XDG_CACHE_HOME": str(runtime_dir / "cache"),
-            "JUPYTER_RUNTIME_DIR": str(runtime_dir / "jupyter"),
-        }
+    sets them); without ``runtime_dir``, those of the template (which sets its own dirs, and
+    must not start BLAS threads before it forks)."""
+    env = base.environment(runtime_dir)
+    if runtime_dir is None:
+        for name in TEMPLATE_UNSET:
+            env.pop(name, None)
     return env
 
 

@@ -31,7 +31,7 @@ Design
 - Kernels do not depend on the template after ``ready``: they survive its death.
 
 Protocol (SOCK_SEQPACKET, one JSON object per packet, descriptors as SCM_RIGHTS):
-- template → server, once: ``{"op": "hello", "pid", "threads", "preloaded", "failed", "seconds"}``
+- template → server, once: ``{"op": "hello", "pid", "threads", "data_mib", "preloaded", "failed", "seconds"}``
 - server → template, first: ``{"server_pid", "preload": [modules], "setup", "kernel_args"}``
 - ``{"op": "spawn", "id", "argv", "cwd", "uid", "placeholder_pid", "namespaces": [names]}``
   with descriptors ``[exit_pipe, placeholder_pidfd, *namespace_fds]`` → ``{"id", "ok": true,
@@ -80,6 +80,7 @@ RLIMITS = {
     "fsize": resource.RLIMIT_FSIZE,
     "nofile": resource.RLIMIT_NOFILE,
     "core": resource.RLIMIT_CORE,
+    "stack": resource.RLIMIT_STACK,
 }
 MAX_PACKET = 1 << 20
 
@@ -94,6 +95,14 @@ def _check(result: int, what: str) -> None:
 
 def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
+
+
+def data_mib() -> float:
+    """What RLIMIT_DATA counts of this process (every fork starts with this much of its limit used)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmData:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 # --- start-up ----------------------------------------------------------------------------
@@ -148,6 +157,9 @@ def start_app(argv: list[str], setup: str):  # -> IPKernelApp
     from ipykernel.kernelapp import IPKernelApp
 
     app = IPKernelApp.instance()
+    config = command_line_config(argv)
+    if config is not None:  # skip building argparse parsers for every configurable (≈ 20 ms)
+        app.parse_command_line = lambda argv=None: app.update_config(config)
     app.initialize(argv)
     inline = sys.modules.get("matplotlib_inline.backend_inline")
     if inline is not None:  # preloaded before IPython existed: hook it into this shell now
@@ -157,6 +169,30 @@ def start_app(argv: list[str], setup: str):  # -> IPKernelApp
         if not result.success:
             raise RuntimeError(f"the setup cell failed: {result.error_in_exec or result.error_before_exec!r}")
     return app
+
+
+def command_line_config(argv: list[str]):  # -> traitlets Config | None
+    """The Config that ``-f FILE`` and ``--Class.trait=value`` arguments make, as traitlets'
+    parser makes it (values deferred to the trait's own ``from_string``); None for anything
+    else, which then goes through the real parser."""
+    from traitlets.config import Config
+    from traitlets.config.loader import DeferredConfigString
+
+    config = Config()
+    rest = list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "-f" and rest:
+            config.IPKernelApp.connection_file = DeferredConfigString(rest.pop(0))
+        elif arg.startswith("--") and "=" in arg and "." in arg.split("=", 1)[0]:
+            name, value = arg[2:].split("=", 1)
+            section, _, trait = name.rpartition(".")
+            if not section.isidentifier() or not trait.isidentifier():
+                return None
+            config[section][trait] = DeferredConfigString(value)
+        else:
+            return None
+    return config
 
 
 def drop_privileges(uid: int | None) -> None:
@@ -436,6 +472,7 @@ def main() -> None:
             "ok": True,
             "pid": os.getpid(),
             "threads": thread_count(),
+            "data_mib": round(data_mib(), 1),
             "preloaded": loaded[1:],
             "failed": failed,
             "modules": len(sys.modules),

@@ -47,13 +47,14 @@ from kernmind.execution.kernel_setup import setup_code
 from kernmind.execution.packages.guard import SandboxGuard, activate_layer_code
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.rundir import RunDir
-from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.rundir import RunDir, socket_root
+from kernmind.execution.sandbox import Limits, Mount, Sandbox
 from kernmind.execution.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
 KERNEL_NAME = "kernmind-python"
+KERNEL_CONNECTION_FILE = "kernel.json"  # the kernel's copy, with the paths it sees
 START_TIMEOUT = 60.0
 
 
@@ -175,6 +176,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         python: str,
         spec: KernelSpec,
         owner_uid: int | None,
+        inner_dir: str,
         **kw: Any,
     ):
         super().__init__(**kw)
@@ -182,16 +184,27 @@ class SandboxedKernelManager(AsyncKernelManager):
         self._python = python
         self._kernel_spec = spec
         self._owner_uid = owner_uid
+        self._inner_dir = inner_dir  # where the kernel sees the runtime directory
 
     def write_connection_file(self, **kwargs: Any) -> None:  # type: ignore[override]
         super().write_connection_file(**kwargs)
+        # The kernel's own copy names its sockets by the path it sees (the same files).
+        host_dir = os.path.dirname(self.connection_file)
+        info = json.loads(Path(self.connection_file).read_text())
+        info["ip"] = info["ip"].replace(host_dir, self._inner_dir, 1)
+        kernel_copy = Path(host_dir, KERNEL_CONNECTION_FILE)
+        kernel_copy.write_text(json.dumps(info))
+        os.chmod(kernel_copy, 0o600)
         if self._owner_uid is not None:
             # The kernel runs as the sandbox uid and must be able to read it.
-            os.chown(self.connection_file, self._owner_uid, self._owner_uid)
+            os.chown(kernel_copy, self._owner_uid, self._owner_uid)
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         cmd = super().format_kernel_cmd(extra_arguments)
-        cmd = [self._python if part == "{python}" else part for part in cmd]
+        inner_file = f"{self._inner_dir}/{KERNEL_CONNECTION_FILE}"
+        cmd = [
+            self._python if p == "{python}" else inner_file if p == self.connection_file else p for p in cmd
+        ]
         return self._wrap(cmd)
 
 
@@ -408,6 +421,8 @@ class KernelFactory:
         new_workspace: NewWorkspace,
         socket_dirs: Callable[[], Path],
         output_limit: int = 50_000,
+        extra_env: dict[str, str] | None = None,
+        limits: Limits | None = None,
         new_layer: Callable[[], Layer] | None = None,
         guard: SandboxGuard | None = None,
     ) -> None:
@@ -416,36 +431,51 @@ class KernelFactory:
         self.runtime = runtime
         self.new_workspace = new_workspace
         self.socket_dirs = socket_dirs
+        self.extra_env = extra_env or {}
+        self.limits = limits  # None: the sandbox's own
         self.new_layer = new_layer
         self.guard = guard
         self.spec = KernelSpec.from_resource_dir(str(kernelspec_dir()))
 
     @classmethod
-    def in_rundir(cls, sandbox: Sandbox, runtime: PythonRuntime, rundir: RunDir) -> KernelFactory:
-        """A factory whose workspaces and sockets are directories of ``rundir`` (doctor, benchmarks)."""
+    def standalone(cls, sandbox: Sandbox, runtime: PythonRuntime, root: Path, **kw: Any) -> KernelFactory:
+        """A factory keeping its workspaces and sockets under ``root`` (doctor, tests, benchmarks)."""
+        rundir = RunDir(root).open()
+        sockets = RunDir(socket_root(root), transient_root=True).open()
 
         def new_workspace(uid: int | None) -> Workspace:
             ws = Workspace(rundir.new_dir("ws-"), owner_uid=uid)
             ws.create()
             return ws
 
-        return cls(sandbox, runtime, new_workspace=new_workspace, socket_dirs=lambda: rundir.new_dir("k-"))
+        return cls(
+            sandbox, runtime, new_workspace=new_workspace, socket_dirs=lambda: sockets.new_dir("k-"), **kw
+        )
 
     @property
     def blas_threads(self) -> int:
-        room = (self.sandbox.limits.memory_mb - 192) // 48
+        room = ((self.limits or self.sandbox.limits).memory_mb - 192) // 48
         return max(1, min(os.cpu_count() or 1, room))
 
-    def _environment(self, runtime_dir: Path) -> dict[str, str]:
-        # Caches go to the sandbox's private, size-limited /tmp, never to a host directory.
-        scratch = "/tmp/.kernmind" if self.sandbox.isolated else str(runtime_dir)
+    def environment(self, runtime_dir: Path | None) -> dict[str, str]:
+        """The variables a kernel gets on top of the sandbox's allow-list. Caches go to the
+        sandbox's private, size-limited /tmp (or, unsandboxed, ``runtime_dir``); with neither,
+        none are set (a fork-server template sets its own)."""
+        scratch = "/tmp/.kernmind" if self.sandbox.isolated else (str(runtime_dir) if runtime_dir else None)
+        dirs = (
+            {
+                "IPYTHONDIR": f"{scratch}/ipython",
+                "MPLCONFIGDIR": f"{scratch}/mpl",
+                "XDG_CACHE_HOME": f"{scratch}/cache",
+                "JUPYTER_RUNTIME_DIR": f"{scratch}/jupyter",
+            }
+            if scratch and runtime_dir is not None
+            else {}
+        )
         return {
+            **dirs,
             "PATH": self._path,
             "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-            "IPYTHONDIR": f"{scratch}/ipython",
-            "MPLCONFIGDIR": f"{scratch}/mpl",
-            "XDG_CACHE_HOME": f"{scratch}/cache",
-            "JUPYTER_RUNTIME_DIR": f"{scratch}/jupyter",
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
             # glibc otherwise serves large allocations from its heaps after the first one is
@@ -453,6 +483,9 @@ class KernelFactory:
             # of MB and hit small memory limits. Large blocks are mapped and unmapped instead.
             "MALLOC_MMAP_THRESHOLD_": str(256 * 1024),
             "MALLOC_ARENA_MAX": "2",
+            # pyarrow's jemalloc starts a background thread when pandas imports it: one thread
+            # more per kernel, and a fork-server template must hold no thread when it forks.
+            "JE_ARROW_MALLOC_CONF": "background_thread:false",
             # Each BLAS thread maps its own buffers (≈ 36 MiB with OpenBLAS), which count
             # against the memory limit: use the cores, but no more threads than it allows.
             **dict.fromkeys(
@@ -460,7 +493,17 @@ class KernelFactory:
             ),
             **({"PYTHONPATH": os.pathsep.join(self.runtime.pythonpath)} if self.runtime.pythonpath else {}),
             **(self.guard.environment(self.sandbox, self._path) if self.guard else {}),
+            **self.extra_env,
         }
+
+    def kernel_mounts(self) -> tuple[Layer | None, list[Mount]]:
+        """A new kernel's (empty) package layer, and the server directories its sandbox mounts."""
+        layer = self.new_layer() if self.new_layer is not None else None
+        return layer, [*([layer.mount] if layer else []), *(self.guard.mounts() if self.guard else [])]
+
+    def layer_path(self, layer: Layer | None) -> str | None:
+        """Where a kernel sees its layer's Python packages."""
+        return f"{layer.mount.path(self.sandbox)}/python" if layer else None
 
     @property
     def _path(self) -> str:
@@ -479,9 +522,8 @@ class KernelFactory:
         ws.accounted = [runtime_dir]  # code can write there too: it counts against the quota
         if uid is not None:
             os.chown(runtime_dir, uid, uid)
-        env = self._environment(runtime_dir)
-        layer = self.new_layer() if self.new_layer is not None else None
-        mounts = [*([layer.mount] if layer else []), *(self.guard.mounts() if self.guard else [])]
+        env = self.environment(runtime_dir)
+        layer, mounts = self.kernel_mounts()
 
         def wrap(cmd: list[str]) -> list[str]:
             return self.sandbox.wrap(
@@ -489,8 +531,9 @@ class KernelFactory:
                 workspace=ws.root,
                 env=env,
                 ro_paths=self.runtime.paths,
-                rw_paths=[runtime_dir],
+                runtime_dir=runtime_dir,
                 uid=uid,
+                limits=self.limits,
                 mounts=mounts,
             ).argv
 
@@ -502,6 +545,7 @@ class KernelFactory:
             ip=str(runtime_dir / "k"),
             connection_file=str(runtime_dir / "connection.json"),
             owner_uid=uid,
+            inner_dir=self.sandbox.runtime_path(runtime_dir),
         )
         kernel = Kernel(
             id=uuid.uuid4().hex[:8],
@@ -510,7 +554,7 @@ class KernelFactory:
             km=km,
             uid=uid,
             layer=layer,
-            layer_path=f"{layer.mount.path(self.sandbox)}/python" if layer else None,
+            layer_path=self.layer_path(layer),
         )
         try:
             # env/cwd as the sandbox wants them; in bwrap mode the env is rebuilt inside anyway.

@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # this module runs on its own too (it needs only the standard
 log = logging.getLogger(__name__)
 
 WORKSPACE_MOUNT = "/workspace"
+RUNTIME_MOUNT = "/run/kernmind"
 SYSTEM_DIRS = ("/usr", "/etc", "/opt")
 USR_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -195,6 +196,10 @@ class Sandbox:
         """The path code sees for its workspace."""
         return WORKSPACE_MOUNT if self.isolated else str(host_path)
 
+    def runtime_path(self, host_path: Path) -> str:
+        """The path code sees for its runtime (socket) directory."""
+        return RUNTIME_MOUNT if self.isolated else str(host_path)
+
     def environment(self, workspace: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The allow-listed environment code sees; never the server's own variables."""
         env = {
@@ -220,7 +225,7 @@ class Sandbox:
         workspace: Path,
         env: Mapping[str, str] | None = None,
         ro_paths: Sequence[Path | str] = (),
-        rw_paths: Sequence[Path | str] = (),
+        runtime_dir: Path | None = None,
         uid: int | None = None,
         limits: Limits | None = None,
         mounts: Sequence[Mount] = (),
@@ -228,15 +233,16 @@ class Sandbox:
         """Wrap ``argv`` so it runs confined to ``workspace`` under the limits.
 
         ``ro_paths`` are runtime directories (an interpreter's prefix) exposed read-only at
-        the same path; ``rw_paths`` (e.g. a kernel's socket directory) read-write at the same
-        path; ``mounts`` are server directories exposed read-only at a path of their own (so
-        the host's layout does not show). ``env`` is added to the allow-listed environment.
+        the same path; ``runtime_dir`` (a kernel's socket directory) is read-write at
+        ``runtime_path()`` (a fixed path, so the host's directory names stay hidden);
+        ``mounts`` are server directories exposed read-only at a path of their own (for the same
+        reason). ``env`` is added to the allow-listed environment.
         """
         limits = limits or self.limits
         inner_ws = self.workspace_path(workspace)
         environment = self.environment(inner_ws, env)
         if self.isolated:
-            full = self._bwrap_args(argv, workspace, environment, ro_paths, rw_paths, uid, limits, mounts)
+            full = self._bwrap_args(argv, workspace, environment, ro_paths, runtime_dir, uid, limits, mounts)
             return SandboxedCommand(self._with_rlimits(full, limits, uid), dict(environment), "/")
         return SandboxedCommand(self._with_rlimits(list(argv), limits, None), environment, str(workspace))
 
@@ -258,7 +264,7 @@ class Sandbox:
         workspace: Path,
         env: Mapping[str, str],
         ro_paths: Sequence[Path | str],
-        rw_paths: Sequence[Path | str],
+        runtime_dir: Path | None,
         uid: int | None,
         limits: Limits,
         mounts: Sequence[Mount] = (),
@@ -339,12 +345,10 @@ class Sandbox:
         made.add("/tmp")
         # Binds under /tmp must come after the tmpfs, or it would hide them.
         bind_ro([p for p in ro if under_tmp(p)])
-        for raw in _dedupe(rw_paths):
-            path = os.path.abspath(raw)
-            ensure_parents(path)
-            args += ["--bind", path, path]
-            made.add(path)
-            bound.add(path)
+        if runtime_dir is not None:
+            ensure_parents(RUNTIME_MOUNT)
+            args += ["--bind", str(runtime_dir), RUNTIME_MOUNT]
+            bound.add(RUNTIME_MOUNT)
         args += ["--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
         args.append("--clearenv")
         for key, value in env.items():

@@ -45,6 +45,19 @@ HELPER_PREFIX = ".km-"  # runners' hidden per-call files and caches
 async def supervise(
     runner: Runner, call: Call, *, quota_bytes: int, progress: Progress | None = None
 ) -> RunResult:
+    try:
+        return await _supervise(runner, call, quota_bytes, progress)
+    except BaseExceptionGroup as group:  # the task group wraps what execute() raised: unwrap it
+        raise _only(group) from None
+
+
+def _only(group: BaseExceptionGroup) -> BaseException:
+    while len(group.exceptions) == 1 and isinstance(group.exceptions[0], BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group.exceptions[0] if len(group.exceptions) == 1 else group
+
+
+async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Progress | None) -> RunResult:
     started_ns = time.time_ns()
     stop: str | None = None  # "timeout" | "quota" | "closed"
     quota: QuotaExceeded | None = None
@@ -224,8 +237,8 @@ async def _changed_files(call: Call, started_ns: int) -> tuple[list[FileInfo], s
     except Exception as exc:  # the call's own result matters more than its file list
         log.warning("change scan of %s failed: %s", workspace.root, exc)
         return [], "the working directory could not be scanned for changed files."
-    if after.complete:
-        workspace.last_scan = after
+    # A partial scan is no baseline: the next call then goes by change times instead.
+    workspace.last_scan = after if after.complete else None
     changed = [p for p in changed_since(after, before, started_ns) if not p.startswith(HELPER_PREFIX)]
     listed = [
         FileInfo(path=p, size=after.files[p].size, mime=guess_mime(p)) for p in changed[:MAX_LISTED_FILES]

@@ -338,15 +338,13 @@ class ExecutionTools:
         ) -> FileList:
             with model_errors():
                 ws = await ex.workspace_for(session_id, create=False)
-                entries = await ws.alist(prefix=path, pattern=pattern)
-            page = entries[offset : offset + limit]
-            more = offset + limit < len(entries)
+                page, total = await ws.alist(prefix=path, pattern=pattern, offset=offset, limit=limit)
             return FileList(
                 session_id=session_id or ex.default_session_id,
                 files=page,
-                total=len(entries),
+                total=total,
                 offset=offset,
-                next_offset=offset + limit if more else None,
+                next_offset=offset + limit if offset + limit < total else None,
             )
 
         @server.resource(
@@ -382,15 +380,15 @@ class ExecutionTools:
         async def workspace_listing(session_id: str) -> str:
             try:
                 ws = await ex.workspace_for(session_id, create=False)
-                entries = await ws.alist()
+                page, total = await ws.alist(limit=LIST_MAX)
             except ValueError as exc:
                 raise ResourceError(str(exc)) from exc
             listing = FileList(
                 session_id=session_id,
-                files=entries[:LIST_MAX],
-                total=len(entries),
+                files=page,
+                total=total,
                 offset=0,
-                next_offset=LIST_MAX if len(entries) > LIST_MAX else None,
+                next_offset=LIST_MAX if total > LIST_MAX else None,
             )
             return listing.model_dump_json()
 

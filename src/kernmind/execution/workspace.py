@@ -50,6 +50,7 @@ T = TypeVar("T")
 MAX_PATH_BYTES = 4096
 MAX_DEPTH = 128
 FS_TIMEOUT = 10.0  # seconds a single file operation may take before the client is told
+LIST_TIMEOUT = 60.0  # a listing walks the whole tree (≈ 1 s for 200k files here)
 _FS_THREADS = anyio.CapacityLimiter(8)  # hung file systems can hold at most these
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ESCAPE_RE = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])")
@@ -291,23 +292,33 @@ class Workspace:
         """Regular files under the root (see filescan.py)."""
         return scan_tree(self.root, since_ns=since_ns, budget_s=budget_s)
 
-    def list(self, *, prefix: str = "", pattern: str | None = None) -> list[FileEntry]:
-        """Every regular file under ``prefix`` whose path matches ``pattern`` (a glob), sorted."""
+    def list(
+        self, *, prefix: str = "", pattern: str | None = None, offset: int = 0, limit: int | None = None
+    ) -> tuple[list[FileEntry], int]:
+        """Regular files under ``prefix`` whose path (or name) matches the glob ``pattern``,
+        sorted by path: the page ``[offset, offset+limit)`` and how many matched in all."""
         prefix = prefix.strip("/")
         if prefix:
             prefix = self.parts(prefix)[0] + "/"
-        entries = []
-        for rel, st in sorted(self.scan().files.items()):
-            if prefix and not rel.startswith(prefix):
-                continue
-            if pattern and not (
-                fnmatch.fnmatchcase(rel, pattern) or fnmatch.fnmatchcase(rel.rsplit("/", 1)[-1], pattern)
-            ):
-                continue
-            entries.append(
-                FileEntry(path=rel, size=st.size, mime=guess_mime(rel), modified=st.mtime_ns / 1e9)
+        files = self.scan().files
+        matched = sorted(
+            rel
+            for rel in files
+            if rel.startswith(prefix)
+            and (
+                pattern is None
+                or fnmatch.fnmatchcase(rel, pattern)
+                or fnmatch.fnmatchcase(rel.rsplit("/", 1)[-1], pattern)
             )
-        return entries
+        )
+        page = matched[offset : None if limit is None else offset + limit]
+        entries = [
+            FileEntry(
+                path=rel, size=files[rel].size, mime=guess_mime(rel), modified=files[rel].mtime_ns / 1e9
+            )
+            for rel in page
+        ]
+        return entries, len(matched)
 
     def usage_bytes(self) -> int:
         """Disk used by the workspace and the other directories its sandbox may write."""
@@ -335,8 +346,11 @@ class Workspace:
     async def awrite(self, path: str, data: bytes) -> str:
         return await off_loop(lambda: self.write(path, data))
 
-    async def alist(self, *, prefix: str = "", pattern: str | None = None) -> list[FileEntry]:
-        return await off_loop(lambda: self.list(prefix=prefix, pattern=pattern))
+    async def alist(
+        self, *, prefix: str = "", pattern: str | None = None, offset: int = 0, limit: int | None = None
+    ) -> tuple[list[FileEntry], int]:
+        listing = lambda: self.list(prefix=prefix, pattern=pattern, offset=offset, limit=limit)  # noqa: E731
+        return await off_loop(listing, timeout=LIST_TIMEOUT)
 
     async def ascan(self, *, since_ns: int | None = None, budget_s: float | None = None) -> Scan:
         return await off_loop(lambda: self.scan(since_ns=since_ns, budget_s=budget_s), timeout=None)

@@ -7,18 +7,24 @@ The domain (no MCP in it):
     block_store  blocks of one namespace in a transaction: versions, history, undo, seeding.
     passages     archival passages of one namespace: storing, deleting, tags, vector bookkeeping.
     fulltext     how text becomes search terms (word forms; CJK/Thai character bigrams).
-    archival     search: full text alone, or fused with vectors (RRF); embedding on insert.
-    embeddings   embedders (OpenAI-compatible) and the in-memory vector index.
-    transfer     export/import of a namespace as JSON.
+    archival     archival passages: store (embedding on insert), search, delete.
+    embeddings   embedders (the bundled local model, OpenAI-compatible) and the vector index.
+    texts        what searchable tables share: counting texts, keeping their vectors.
+    recall       hybrid search for any corpus (bm25 + vectors, weighted RRF), background backfill.
+    conversations  recorded conversations: messages, their search, the agent's recorder.
+    transfer     export/import of a namespace as JSON (blocks, passages, conversations).
     store        MemoryStore: one namespace in one database (opens it, hands out the parts).
 The database:
     database     what the stores need from a backend (Tx, transactions, full-text search).
     sqlite       the SQLite backend: connection, WAL, busy retries, schema migrations.
-    fts5         full-text search on SQLite FTS5 (bm25, filters before paging).
+    fts5         full-text search on SQLite FTS5 (bm25, filters before paging), for any table.
 The surfaces:
-    tools        the MCP surface: tools, ``memory://blocks`` resources, the ``memory`` prompt.
+    tools        the MCP surface: lifecycle, ``memory://blocks`` resources, the ``memory`` prompt.
+    block_tools  the ``memory_*`` tools and the ``memory`` tool (Anthropic's dialect).
+    memory_tool  the ``/memories`` dialect over blocks: paths, folders, that tool's results.
+    archival_tools  ``archival_memory_*`` and ``conversation_search``.
     block_results  what the block tools return, and the ``<memory_blocks>`` prompt layout.
-    cli          ``kernmind memory export|import``.
+    cli          ``kernmind memory show|search|export|import``.
 
 Error policy everywhere: what a caller can fix is a ``MemoryRefusal`` (a ``ToolError`` at the
 MCP layer) whose message says what to do instead, and a refused write changes nothing.

@@ -29,7 +29,7 @@ from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.fulltext import NO_TERMS_NOTE, query_terms
 from kernmind.memory.passages import Passages, normalize_tags
 from kernmind.memory.recall import Recall
-from kernmind.memory.records import PassageIn, PassageRow, parse_when
+from kernmind.memory.records import PassageIn, PassageRow, time_range
 
 
 @dataclass(slots=True)
@@ -45,15 +45,6 @@ class InsertOutcome:
     created_at: float
     embedded: bool
     note: str | None = None
-
-
-def time_range(start: str | None, end: str | None) -> tuple[float | None, float | None]:
-    """ISO bounds -> epoch seconds (an end date alone includes that day); refuses an empty range."""
-    lo = parse_when(start) if start else None
-    hi = parse_when(end, end=True) if end else None
-    if lo is not None and hi is not None and lo >= hi:
-        raise MemoryRefusal("the start of the time range must be before its end.")
-    return lo, hi
 
 
 class Archive:

@@ -23,12 +23,11 @@ locked") so it never reaches a caller; anything else propagates as-is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
-
-from kernmind.memory.records import PassageRow
 
 Row = tuple[Any, ...]
 
@@ -59,19 +58,48 @@ class PassageFilter:
         return bool(self.tags) or self.start is not None or self.end is not None
 
 
+def redacted_location(location: str) -> str:
+    """A database URL with its password replaced by ``***`` (for logs and ``kernmind doctor``)."""
+    return re.sub(r"^([a-z]+://[^:/@]*:)[^@]*@", r"\1***@", location)
+
+
+def namespace_and_time_sql(namespace: str, start: float | None, end: float | None) -> tuple[str, list[Any]]:
+    """SQL conditions on a table ``p``: rows of ``namespace`` created in [start, end)."""
+    sql = " AND p.namespace = ?"
+    params: list[Any] = [namespace]
+    if start is not None:
+        sql += " AND p.created_at >= ?"
+        params.append(start)
+    if end is not None:
+        sql += " AND p.created_at < ?"
+        params.append(end)
+    return sql, params
+
+
 class FullText(Protocol):
-    async def search(
-        self, namespace: str, query: str, where: PassageFilter, limit: int, offset: int
-    ) -> list[PassageRow]:
-        """Passages ranked by full-text relevance, best first (score: higher is better)."""
+    async def search(self, namespace: str, query: str, where: Any, limit: int, offset: int) -> list[Any]:
+        """Rows ranked by full-text relevance, best first (score: higher is better); an empty query
+        lists the newest."""
         ...
 
 
 class Database(Protocol):
     location: str
-    fulltext: FullText
+    passage_text: FullText  # archival passages (PassageFilter -> PassageRow)
+    message_text: FullText  # conversation messages (MessageFilter -> MessageRow)
+
+    # whether other processes' changes can be heard (announce/listen): PostgreSQL's NOTIFY
+    relays_changes: bool
 
     def write(self) -> AbstractAsyncContextManager[Tx]: ...
+
+    async def announce(self, namespace: str, label: str, listing: bool) -> None:
+        """Tell other processes that a block changed (a no-op where they cannot listen)."""
+        ...
+
+    def listen(self, namespace: str) -> AsyncIterator[tuple[str, bool]]:
+        """(label, listing) for each change another process announced in ``namespace``."""
+        ...
 
     def read(self) -> AbstractAsyncContextManager[Tx]: ...
 

@@ -1,4 +1,5 @@
-"""Full-text search over SQLite FTS5: bm25 ranking, partial matches, filters before paging.
+"""Full-text search over SQLite FTS5 (passages, conversation messages): bm25 ranking, partial
+matches, filters before paging.
 
 Design
 ------
@@ -7,7 +8,7 @@ Design
   bigrams (fulltext.py). Queries are the query's terms joined with ``OR`` and ranked by
   ``bm25``, so passages matching only some terms still rank.
 * Tag (any/all) and date filters are SQL conditions of the same statement, applied before
-  ``LIMIT``/``OFFSET`` (passages.py builds them), so ``top_k`` and pages count only
+  ``LIMIT``/``OFFSET`` (passages.py and conversations.py build them), so ``top_k`` and pages count only
   passages that pass them.
 * Common terms: a term matching a large share of all passages (``COMMON_FRACTION``, at
   least ``COMMON_MIN_DOCS``) carries almost no IDF weight yet dominates the cost of
@@ -24,13 +25,11 @@ query can fail; database errors propagate.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kernmind.memory.database import PassageFilter, Tx
+from kernmind.memory.database import Row, Tx
 from kernmind.memory.fulltext import fts_match, query_terms
-from kernmind.memory.passages import filter_sql
-from kernmind.memory.records import PassageRow
 
 if TYPE_CHECKING:
     from kernmind.memory.sqlite import SQLiteDatabase
@@ -38,72 +37,78 @@ if TYPE_CHECKING:
 COMMON_FRACTION = 0.05
 COMMON_MIN_DOCS = 1000
 
-_RANKED = (
-    "SELECT p.id, p.content, p.tags, p.created_at, bm25(passages_fts) AS score "
-    "FROM passages_fts JOIN passages p ON p.id = passages_fts.rowid "
-    "WHERE passages_fts MATCH ?{where} ORDER BY score, p.id DESC LIMIT ? OFFSET ?"
-)
-_NEWEST_MATCHING = (
-    "SELECT p.id, p.content, p.tags, p.created_at, bm25(passages_fts) "
-    "FROM passages_fts JOIN passages p ON p.id = passages_fts.rowid "
-    "WHERE passages_fts MATCH ?{where} ORDER BY passages_fts.rowid DESC LIMIT ? OFFSET ?"
-)
-_NEWEST = (
-    "SELECT p.id, p.content, p.tags, p.created_at, NULL FROM passages p WHERE 1 = 1{where} "
-    "ORDER BY p.created_at DESC, p.id DESC LIMIT ? OFFSET ?"
-)
 
+class FTS5Ranking:
+    """bm25 search over one table ``p`` and its FTS5 index ``{table}_fts``.
 
-class FTS5Search:
-    def __init__(self, db: SQLiteDatabase) -> None:
+    ``columns`` are selected from ``p`` (the row's id first), ``conditions(namespace, where)``
+    gives the filter's SQL and parameters, and ``make_row(row, score)`` builds a result.
+    """
+
+    def __init__(
+        self,
+        db: SQLiteDatabase,
+        table: str,
+        columns: str,
+        conditions: Callable[[str, Any], tuple[str, list[Any]]],
+        make_row: Callable[[Row, float | None], Any],
+    ) -> None:
         self.db = db
+        self.table = table
+        self.conditions = conditions
+        self.make_row = make_row
+        fts = f"{table}_fts"
+        self._ranked = (
+            f"SELECT {columns}, bm25({fts}) AS score FROM {fts} JOIN {table} p ON p.id = {fts}.rowid "
+            f"WHERE {fts} MATCH ?{{where}} ORDER BY score, p.id DESC LIMIT ? OFFSET ?"
+        )
+        self._newest_matching = (
+            f"SELECT {columns}, bm25({fts}) FROM {fts} JOIN {table} p ON p.id = {fts}.rowid "
+            f"WHERE {fts} MATCH ?{{where}} ORDER BY {fts}.rowid DESC LIMIT ? OFFSET ?"
+        )
+        self._newest = (
+            f"SELECT {columns}, NULL FROM {table} p WHERE 1 = 1{{where}} "
+            "ORDER BY p.created_at DESC, p.id DESC LIMIT ? OFFSET ?"
+        )
+        self._count_term = f"(SELECT count(*) FROM (SELECT 1 FROM {fts} WHERE {fts} MATCH ? LIMIT ?))"
 
-    async def search(
-        self, namespace: str, query: str, where: PassageFilter, limit: int, offset: int
-    ) -> list[PassageRow]:
-        conditions, params = filter_sql(namespace, where)
+    async def search(self, namespace: str, query: str, where: Any, limit: int, offset: int) -> list[Any]:
+        conditions, params = self.conditions(namespace, where)
         terms = query_terms(query)
         async with self.db.read() as tx:
             if not terms:
-                rows = await tx.all(_NEWEST.format(where=conditions), [*params, limit, offset])
+                rows = await tx.all(self._newest.format(where=conditions), [*params, limit, offset])
             elif (split := await self._split_terms(tx, terms)) is None:
                 rows = await tx.all(
-                    _RANKED.format(where=conditions), [fts_match(terms), *params, limit, offset]
+                    self._ranked.format(where=conditions), [fts_match(terms), *params, limit, offset]
                 )
             else:
                 selective, common = split
                 head = await tx.all(
-                    _RANKED.format(where=conditions), [fts_match(selective), *params, offset + limit, 0]
+                    self._ranked.format(where=conditions), [fts_match(selective), *params, offset + limit, 0]
                 )
                 rows = head[offset:]
                 if len(rows) < limit:
                     match = f"({fts_match(common)}) NOT ({fts_match(selective)})"
                     rows += await tx.all(
-                        _NEWEST_MATCHING.format(where=conditions),
+                        self._newest_matching.format(where=conditions),
                         [match, *params, limit - len(rows), max(0, offset - len(head))],
                     )
-        return [
-            PassageRow(r[0], r[1], json.loads(r[2]), r[3], None if r[4] is None else -float(r[4]))
-            for r in rows
-        ]
+        return [self.make_row(r[:-1], None if r[-1] is None else -float(r[-1])) for r in rows]
 
     async def _split_terms(self, tx: Tx, terms: list[str]) -> tuple[list[str], list[str]] | None:
         """(rarer terms, common terms) when the query has both; None when there is nothing to split."""
         if len(terms) < 2:
             return None
-        row = await tx.one("SELECT max(id) FROM passages")
+        row = await tx.one(f"SELECT max(id) FROM {self.table}")
         total = int(row[0] or 0) if row else 0
         threshold = max(COMMON_MIN_DOCS, int(total * COMMON_FRACTION))
         if total <= threshold:
             return None
-        counts = ", ".join(
-            "(SELECT count(*) FROM (SELECT 1 FROM passages_fts WHERE passages_fts MATCH ? LIMIT ?))"
-            for _ in terms
-        )
         args: list[Any] = []
         for t in terms:
             args += [fts_match([t]), threshold + 1]
-        dfs = await tx.one(f"SELECT {counts}", args)
+        dfs = await tx.one("SELECT " + ", ".join(self._count_term for _ in terms), args)
         assert dfs is not None
         selective = [t for t, df in zip(terms, dfs, strict=True) if df <= threshold]
         common = [t for t, df in zip(terms, dfs, strict=True) if df > threshold]

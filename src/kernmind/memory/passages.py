@@ -26,10 +26,11 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kernmind.memory.database import Database, PassageFilter, Tx
+from kernmind.memory.database import Database, PassageFilter, Tx, namespace_and_time_sql
 from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.fulltext import index_text
 from kernmind.memory.records import PassageIn, PassageRow, now_ts
+from kernmind.memory.texts import TextTable
 
 MAX_ROW_ID = 2**63 - 1  # SQLite's (and PostgreSQL's bigint) largest integer
 MAX_TAG_CHARS = 100
@@ -62,14 +63,7 @@ def filter_sql(
     phrases them as ``p.id IN (…)`` so the engine can start from the tag index when listing
     every match.
     """
-    sql = " AND p.namespace = ?"
-    params: list[Any] = [namespace]
-    if where.start is not None:
-        sql += " AND p.created_at >= ?"
-        params.append(where.start)
-    if where.end is not None:
-        sql += " AND p.created_at < ?"
-        params.append(where.end)
+    sql, params = namespace_and_time_sql(namespace, where.start, where.end)
     wanted = normalize_tags(where.tags)
     if not wanted:
         return sql, params
@@ -90,16 +84,21 @@ def filter_sql(
     return sql, [*params, *wanted]
 
 
-def _row(r: Sequence[Any]) -> PassageRow:
-    return PassageRow(r[0], r[1], json.loads(r[2]), r[3])
+PASSAGE_COLUMNS = "p.id, p.content, p.tags, p.created_at"
 
 
-class Passages:
-    """The archival passages of one namespace."""
+def passage_row(r: Sequence[Any], score: float | None = None) -> PassageRow:
+    return PassageRow(r[0], r[1], json.loads(r[2]), r[3], score)
+
+
+class Passages(TextTable):
+    """The archival passages of one namespace (vector bookkeeping: texts.py)."""
+
+    table = "passages"
+    generation_column = "archive_gen"
 
     def __init__(self, db: Database, namespace: str, *, max_chars: int = 10_000) -> None:
-        self.db = db
-        self.namespace = namespace
+        super().__init__(db, namespace)
         self.max_chars = max_chars
 
     def check(self, content: str) -> None:
@@ -144,11 +143,6 @@ class Passages:
             )
         return pid, ts
 
-    async def bump_generation(self, tx: Tx) -> None:
-        await tx.run(
-            "UPDATE namespaces SET archive_gen = archive_gen + 1 WHERE namespace = ?", (self.namespace,)
-        )
-
     async def delete(self, passage_id: int) -> PassageRow:
         if not 1 <= passage_id <= MAX_ROW_ID:
             raise MemoryRefusal(
@@ -169,7 +163,7 @@ class Passages:
                 )
             await tx.run("DELETE FROM passages WHERE id = ?", (passage_id,))
             await self.bump_generation(tx)
-        return _row(r)
+        return passage_row(r)
 
     async def get(self, ids: Sequence[int]) -> dict[int, PassageRow]:
         out: dict[int, PassageRow] = {}
@@ -181,7 +175,7 @@ class Passages:
                     f"SELECT id, content, tags, created_at FROM passages WHERE namespace = ? AND id IN ({marks})",
                     [self.namespace, *chunk],
                 ):
-                    out[r[0]] = _row(r)
+                    out[r[0]] = passage_row(r)
         return out
 
     async def all(self) -> list[PassageRow]:
@@ -190,7 +184,7 @@ class Passages:
                 "SELECT id, content, tags, created_at FROM passages WHERE namespace = ? ORDER BY id",
                 (self.namespace,),
             )
-        return [_row(r) for r in rows]
+        return [passage_row(r) for r in rows]
 
     async def exists_in(self, tx: Tx, content: str, tags: list[str], created_at: float) -> bool:
         return (
@@ -205,7 +199,7 @@ class Passages:
         self, query: str, where: PassageFilter, limit: int, offset: int = 0
     ) -> list[PassageRow]:
         """Full-text ranked passages (the backend's search; see fts5.py)."""
-        return await self.db.fulltext.search(self.namespace, query, where, limit, offset)
+        return await self.db.passage_text.search(self.namespace, query, where, limit, offset)
 
     async def filtered_ids(self, where: PassageFilter) -> list[int]:
         conditions, params = filter_sql(self.namespace, where, drive_from_tags=True)
@@ -213,50 +207,3 @@ class Passages:
             return [
                 r[0] for r in await tx.all(f"SELECT p.id FROM passages p WHERE 1 = 1{conditions}", params)
             ]
-
-    # ------------------------------------------------------------ vectors
-
-    async def generation(self) -> int:
-        async with self.db.read() as tx:
-            row = await tx.one("SELECT archive_gen FROM namespaces WHERE namespace = ?", (self.namespace,))
-        return int(row[0]) if row else 0
-
-    async def vectors_after(self, model: str, after_id: int) -> list[tuple[int, bytes]]:
-        async with self.db.read() as tx:
-            rows = await tx.all(
-                "SELECT id, embedding FROM passages WHERE namespace = ? AND embedding_model = ? "
-                "AND embedding IS NOT NULL AND id > ? ORDER BY id",
-                (self.namespace, model, after_id),
-            )
-        return [(r[0], bytes(r[1])) for r in rows]
-
-    async def count(self) -> int:
-        async with self.db.read() as tx:
-            row = await tx.one("SELECT count(*) FROM passages WHERE namespace = ?", (self.namespace,))
-        return int(row[0]) if row else 0
-
-    async def count_vectors(self, model: str) -> int:
-        async with self.db.read() as tx:
-            row = await tx.one(
-                "SELECT count(*) FROM passages WHERE namespace = ? AND embedding_model = ? AND embedding IS NOT NULL",
-                (self.namespace, model),
-            )
-        return int(row[0]) if row else 0
-
-    async def missing_vectors(self, model: str, limit: int) -> list[tuple[int, str]]:
-        """Passages without a vector of ``model`` (none yet, or one from another model)."""
-        async with self.db.read() as tx:
-            rows = await tx.all(
-                "SELECT id, content FROM passages WHERE namespace = ? "
-                "AND (embedding IS NULL OR embedding_model IS NULL OR embedding_model <> ?) ORDER BY id LIMIT ?",
-                (self.namespace, model, limit),
-            )
-        return [(r[0], r[1]) for r in rows]
-
-    async def set_vectors(self, rows: Sequence[tuple[int, bytes]], model: str) -> None:
-        async with self.db.write() as tx:
-            await tx.many(
-                "UPDATE passages SET embedding = ?, embedding_model = ? WHERE id = ? AND namespace = ?",
-                [(blob, model, pid, self.namespace) for pid, blob in rows],
-            )
-            await self.bump_generation(tx)

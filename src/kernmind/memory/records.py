@@ -53,6 +53,15 @@ def parse_when(text: str, *, end: bool = False) -> float:
     return dt.timestamp()
 
 
+def time_range(start: str | None, end: str | None) -> tuple[float | None, float | None]:
+    """ISO bounds -> epoch seconds (an end date alone includes that day); refuses an empty range."""
+    lo = parse_when(start) if start else None
+    hi = parse_when(end, end=True) if end else None
+    if lo is not None and hi is not None and lo >= hi:
+        raise MemoryRefusal("the start of the time range must be before its end.")
+    return lo, hi
+
+
 @dataclass(slots=True)
 class BlockRow:
     label: str
@@ -102,3 +111,13 @@ class PassageIn:
     created_at: float | None = None
     embedding: bytes | None = None
     embedding_model: str | None = None
+
+
+@dataclass(slots=True)
+class MessageRow:
+    id: int
+    conversation_id: str
+    role: str
+    content: str
+    created_at: float
+    score: float | None = None

@@ -40,9 +40,11 @@ from typing import Any
 import aiosqlite
 import anyio
 
+from kernmind.memory.conversations import MESSAGE_COLUMNS, message_filter_sql, message_row
 from kernmind.memory.database import Row
-from kernmind.memory.fts5 import FTS5Search
+from kernmind.memory.fts5 import FTS5Ranking
 from kernmind.memory.fulltext import index_text
+from kernmind.memory.passages import PASSAGE_COLUMNS, filter_sql, passage_row
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +140,44 @@ MIGRATIONS: list[str] = [
     ALTER TABLE passage_tags RENAME COLUMN agent TO namespace;
     UPDATE block_history SET op = substr(op, 8) WHERE op LIKE 'memory\\_%' ESCAPE '\\';
     """,
+    # 4: conversation memory: conversations and their messages, full text like passages
+    """
+    ALTER TABLE namespaces ADD COLUMN conversation_gen INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE conversations (
+        id TEXT NOT NULL,
+        namespace TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        title TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (namespace, id)
+    );
+    CREATE INDEX conversations_by_namespace ON conversations (namespace, started_at);
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        namespace TEXT NOT NULL,
+        conversation_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        role TEXT NOT NULL,
+        content TEXT NOT NULL,
+        meta TEXT,
+        created_at REAL NOT NULL,
+        search_text TEXT,
+        embedding BLOB,
+        embedding_model TEXT
+    );
+    CREATE INDEX messages_by_time ON messages (namespace, created_at);
+    CREATE UNIQUE INDEX messages_in_order ON messages (namespace, conversation_id, seq);
+    CREATE VIEW messages_search AS SELECT id, coalesce(search_text, content) AS body FROM messages;
+    CREATE VIRTUAL TABLE messages_fts USING fts5(
+        body, content='messages_search', content_rowid='id', tokenize='porter unicode61'
+    );
+    CREATE TRIGGER messages_ai AFTER INSERT ON messages BEGIN
+        INSERT INTO messages_fts(rowid, body) VALUES (new.id, coalesce(new.search_text, new.content));
+    END;
+    CREATE TRIGGER messages_ad AFTER DELETE ON messages BEGIN
+        INSERT INTO messages_fts(messages_fts, rowid, body)
+            VALUES ('delete', old.id, coalesce(old.search_text, old.content));
+    END;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -209,7 +249,17 @@ class SQLiteDatabase:
         self.busy_timeout_ms = busy_timeout_ms
         self._conn: aiosqlite.Connection | None = None
         self._lock = anyio.Lock()
-        self.fulltext = FTS5Search(self)
+        self.passage_text = FTS5Ranking(self, "passages", PASSAGE_COLUMNS, filter_sql, passage_row)
+        self.message_text = FTS5Ranking(self, "messages", MESSAGE_COLUMNS, message_filter_sql, message_row)
+
+    relays_changes = False  # servers sharing a file see each other's writes, not their notifications
+
+    async def announce(self, namespace: str, label: str, listing: bool) -> None:
+        pass
+
+    async def listen(self, namespace: str) -> AsyncIterator[tuple[str, bool]]:
+        await anyio.sleep_forever()
+        yield ("", False)  # pragma: no cover - makes this an async generator
 
     async def open(self) -> SQLiteDatabase:
         if str(self.path) != ":memory:":

@@ -3,7 +3,9 @@
 Design
 ------
 An export holds the namespace's blocks (value, description, limit, read-only, version,
-times) and passages (content, tags, creation time), optionally every block's history.
+times), passages (content, tags, creation time) and recorded conversations (each with its
+messages: role, text, tool-call details, time), optionally every block's history.
+Conversations keep their ids, so importing the same export twice adds them once.
 Vectors are not exported: the importing server embeds passages in the background with its
 own model. An import loads a document into a namespace (which may differ from the
 exported one) in one transaction: all or nothing.
@@ -17,9 +19,11 @@ default block) is refused with :class:`MemoryRefusal`; nothing is imported then.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from kernmind.memory import blocks as rules
+from kernmind.memory.conversations import check_roles
 from kernmind.memory.errors import MemoryRefusal, Verb
 from kernmind.memory.passages import normalize_tags
 from kernmind.memory.records import PassageIn, iso, now_ts, parse_when
@@ -53,6 +57,14 @@ async def export_namespace(store: MemoryStore, *, with_history: bool = False) ->
         "passages": [
             {"content": p.content, "tags": p.tags, "created_at": iso(p.created_at)} for p in passages
         ],
+        "conversations": [
+            {
+                **c,
+                "started_at": iso(c["started_at"]),
+                "messages": [{**m, "at": iso(m["at"])} for m in c["messages"]],
+            }
+            for c in await store.conversations.export()
+        ],
     }
     if with_history:
         async with store.db.read() as tx:
@@ -80,7 +92,18 @@ async def import_namespace(
     """
     if doc.get("format") != FORMAT:
         raise MemoryRefusal('not a kernmind memory export (missing "format": "kernmind-memory").')
-    stats = {"blocks_created": 0, "blocks_replaced": 0, "passages_added": 0, "passages_skipped": 0}
+    stats = {
+        "blocks_created": 0,
+        "blocks_replaced": 0,
+        "passages_added": 0,
+        "passages_skipped": 0,
+        "conversations_added": 0,
+        "conversations_skipped": 0,
+    }
+    conversations = doc.get("conversations") or []
+    for c in conversations:
+        for m in c.get("messages") or []:
+            check_roles([str(m.get("role"))])
     blocks, passages = store.blocks, store.passages
     items = [
         PassageIn(
@@ -139,4 +162,17 @@ async def import_namespace(
             await passages.add_in(tx, item)
             stats["passages_added"] += 1
         await passages.bump_generation(tx)
+        for c in conversations:
+            cid = str(c.get("id") or uuid.uuid4().hex)
+            started = parse_when(str(c["started_at"])) if c.get("started_at") else now_ts()
+            if not await store.conversations.start_in(tx, cid, str(c.get("title", "")), started):
+                stats["conversations_skipped"] += 1  # imported before (same id)
+                continue
+            for m in c.get("messages") or []:
+                at = parse_when(str(m["at"])) if m.get("at") else None
+                await store.conversations.add_in(
+                    tx, cid, str(m["role"]), str(m.get("content", "")), m.get("meta"), at
+                )
+            stats["conversations_added"] += 1
+        await store.conversations.bump_generation(tx)
     return stats

@@ -1,0 +1,214 @@
+"""The archival tools (``archival_memory_*``) and ``conversation_search`` on an MCP server.
+
+Design
+------
+Thin wrappers over archival.py and conversations.py: arguments through their schemas, the
+search through :meth:`MemoryTools.call` (refusals become tool errors), results as pydantic
+models (``outputSchema`` + ``structuredContent``). A search result says how it ranked
+(``mode``) and anything the caller should know (``note``: meaning search unavailable or
+still catching up, a query without searchable words, matches left out for the budget).
+Conversation messages are clipped to ``MESSAGE_CLIP_CHARS`` each and the list to the
+server's output budget.
+
+Error policy
+------------
+Bad arguments (dates, roles, ids, sizes) become ``ToolError`` results saying what to send
+instead; an unavailable embedder never fails a call.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from mcp.server.mcpserver import MCPServer
+from mcp_types import ToolAnnotations
+from pydantic import BaseModel, Field
+
+from kernmind.memory.block_results import clip
+from kernmind.memory.conversations import MessageSearch, search_messages
+from kernmind.memory.records import iso
+
+if TYPE_CHECKING:
+    from kernmind.memory.tools import MemoryTools
+
+MESSAGE_CLIP_CHARS = 2000
+
+
+class Passage(BaseModel):
+    id: int
+    content: str
+    tags: list[str]
+    created_at: str
+    score: float | None = Field(description="higher is better (bm25, or fused rank score in hybrid mode)")
+
+
+class ArchivalInsertResult(BaseModel):
+    id: int
+    created_at: str
+    embedded: bool = Field(description="whether the passage got an embedding (meaning search)")
+    note: str | None = None
+
+
+class ArchivalSearchResult(BaseModel):
+    results: list[Passage] = Field(description="best first")
+    mode: Literal["bm25", "hybrid", "recent"] = Field(
+        description="bm25: full text; hybrid: full text fused with embeddings; recent: empty query, newest first"
+    )
+    note: str | None = Field(default=None, description="e.g. why search fell back to full text")
+    page: int
+    top_k: int
+
+
+class ArchivalDeleteResult(BaseModel):
+    id: int
+    deleted: bool
+    content: str
+
+
+class Message(BaseModel):
+    id: int
+    conversation_id: str
+    role: str
+    content: str = Field(description=f"the message, clipped to {MESSAGE_CLIP_CHARS} characters")
+    created_at: str
+    score: float | None = Field(description="higher is better (bm25, or fused rank score in hybrid mode)")
+
+
+class ConversationSearchResult(BaseModel):
+    results: list[Message] = Field(description="best first")
+    mode: Literal["bm25", "hybrid", "recent"]
+    note: str | None = None
+
+    @classmethod
+    def of(cls, out: MessageSearch, budget: int) -> ConversationSearchResult:
+        results: list[Message] = []
+        used = 0
+        note = out.note
+        for r in out.results:
+            text = clip(r.content, MESSAGE_CLIP_CHARS) or ""
+            if results and used + len(text) > budget:
+                note = (note + "; " if note else "") + (
+                    f"{len(out.results) - len(results)} more matches left out to stay within the output budget "
+                    "(narrow the query, roles or dates, or lower limit)"
+                )
+                break
+            used += len(text)
+            results.append(
+                Message(
+                    id=r.id, conversation_id=r.conversation_id, role=r.role, content=text,
+                    created_at=iso(r.created_at), score=r.score,
+                )
+            )  # fmt: skip
+        return cls(results=results, mode=out.mode, note=note)  # type: ignore[arg-type]
+
+
+def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> None:
+    call = memory_tools.call
+
+    @server.tool(
+        description=(
+            "Store a passage in long-term archival memory (searchable later by words, and by meaning "
+            "when embeddings are configured). Tag it for filtering."
+        ),
+        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False),
+    )
+    async def archival_memory_insert(
+        content: Annotated[str, Field(description="The text to remember.")],
+        tags: Annotated[list[str], Field(description="Tags for filtering searches.")] = [],  # noqa: B006
+    ) -> ArchivalInsertResult:
+        out = await call(memory_tools.archive.insert(content, tags))
+        return ArchivalInsertResult(
+            id=out.id, created_at=iso(out.created_at), embedded=out.embedded, note=out.note
+        )
+
+    @server.tool(
+        description=(
+            "Search archival memory, best match first. Full-text ranking matches word forms and "
+            "passages with only some of the words; with embeddings configured it also ranks by meaning. "
+            "Filters (tags, dates) apply before top_k and paging. An empty query lists the newest passages."
+        ),
+        annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
+    )
+    async def archival_memory_search(
+        query: Annotated[str, Field(description="What to look for.")],
+        tags: Annotated[list[str] | None, Field(description="Only passages with these tags.")] = None,
+        tag_match_mode: Annotated[
+            Literal["any", "all"], Field(description="'any': at least one tag; 'all': every tag.")
+        ] = "any",
+        top_k: Annotated[int, Field(description="Results per page.", ge=1, le=100)] = 10,
+        start_datetime: Annotated[
+            str | None,
+            Field(description="Only passages created at or after this ISO date/datetime (UTC)."),
+        ] = None,
+        end_datetime: Annotated[
+            str | None,
+            Field(
+                description="Only passages created before this ISO datetime (a date alone includes that day)."
+            ),
+        ] = None,
+        page: Annotated[int, Field(description="Page of results, from 0.", ge=0)] = 0,
+    ) -> ArchivalSearchResult:
+        out = await call(
+            memory_tools.archive.search(
+                query,
+                tags=tags,
+                tag_match_mode=tag_match_mode,
+                top_k=top_k,
+                start_datetime=start_datetime,
+                end_datetime=end_datetime,
+                page=page,
+            )
+        )
+        return ArchivalSearchResult(
+            results=[
+                Passage(id=r.id, content=r.content, tags=r.tags, created_at=iso(r.created_at), score=r.score)
+                for r in out.results
+            ],
+            mode=out.mode,
+            note=out.note,
+            page=page,
+            top_k=top_k,
+        )
+
+    @server.tool(
+        description="Delete a passage from archival memory by id (from archival_memory_search).",
+        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False),
+    )
+    async def archival_memory_delete(
+        id: Annotated[int, Field(description="The passage id.")],
+    ) -> ArchivalDeleteResult:
+        row = await call(memory_tools.archive.delete(id))
+        return ArchivalDeleteResult(id=row.id, deleted=True, content=row.content)
+
+
+def register_conversation_search(memory_tools: MemoryTools, server: MCPServer) -> None:
+    @server.tool(
+        description=(
+            "Search past conversations (what the user and you said, your tool calls and their results), "
+            "best match first, by words and by meaning. roles narrows to some of user, assistant, tool, "
+            "system; start_date/end_date (ISO 8601) to a time range. An empty query lists the newest messages."
+        ),
+        annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
+    )
+    async def conversation_search(
+        query: Annotated[str, Field(description="What to look for.")],
+        roles: Annotated[
+            list[Literal["user", "assistant", "tool", "system"]] | None,
+            Field(description="Only messages with these roles."),
+        ] = None,
+        limit: Annotated[int, Field(description="Most messages to return.", ge=1, le=100)] = 10,
+        start_date: Annotated[
+            str | None, Field(description="Only messages at or after this ISO date/datetime (UTC).")
+        ] = None,
+        end_date: Annotated[
+            str | None,
+            Field(description="Only messages before this ISO datetime (a date alone includes that day)."),
+        ] = None,
+    ) -> ConversationSearchResult:
+        out = await memory_tools.call(
+            search_messages(
+                memory_tools.messages, memory_tools.store.conversations, query,
+                roles=roles, limit=limit, start_date=start_date, end_date=end_date,
+            )
+        )  # fmt: skip
+        return ConversationSearchResult.of(out, memory_tools.settings.max_output_chars)

@@ -1,0 +1,289 @@
+"""Conversation memory: what was said, kept per namespace and searchable like archival memory.
+
+Design
+------
+* A conversation is a row of ``conversations`` (an id, when it started) and its messages, in
+  order: ``user``, ``assistant`` (with the tool calls it made, written as text so they are
+  searchable), ``tool`` (a call's result) and ``system``. Each message is one text of the
+  corpus: full-text indexed (FTS5, with the CJK bigrams of fulltext.py) and embedded, so
+  ``conversation_search`` ranks them like archival passages (recall.py), filtered by role
+  and date before paging.
+* :class:`ConversationRecorder` is what the bundled agent uses: it opens the namespace's
+  store next to the server (the same database file; concurrent writers are safe), starts a
+  conversation, and records each message as it is appended, with its vector. Recording is
+  best effort: a failure is logged and the agent goes on.
+* Exported and imported with the namespace (transfer.py), without vectors.
+
+Error policy
+------------
+A search with an unknown role or a malformed date is refused (:class:`MemoryRefusal`);
+the recorder never raises into the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kernmind.config import Settings
+
+if TYPE_CHECKING:
+    from kernmind.memory.store import MemoryStore
+from kernmind.memory.database import Tx, namespace_and_time_sql
+from kernmind.memory.embeddings import make_embedder
+from kernmind.memory.errors import MemoryRefusal
+from kernmind.memory.fulltext import NO_TERMS_NOTE, index_text, query_terms
+from kernmind.memory.recall import Recall
+from kernmind.memory.records import MessageRow, now_ts, time_range
+from kernmind.memory.texts import TextTable
+
+log = logging.getLogger(__name__)
+
+ROLES = ("user", "assistant", "tool", "system")
+MAX_MESSAGE_CHARS = 100_000  # what one message may store (a tool result beyond this is cut)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFilter:
+    roles: tuple[str, ...] = ()
+    start: float | None = None
+    end: float | None = None
+
+    @property
+    def narrows(self) -> bool:
+        return bool(self.roles) or self.start is not None or self.end is not None
+
+
+def check_roles(roles: Sequence[str] | None) -> tuple[str, ...]:
+    unknown = [r for r in roles or () if r not in ROLES]
+    if unknown:
+        raise MemoryRefusal(
+            "roles {unknown} are not message roles; use some of {roles}.", unknown=unknown, roles=list(ROLES)
+        )
+    return tuple(dict.fromkeys(roles or ()))
+
+
+def message_filter_sql(namespace: str, where: MessageFilter) -> tuple[str, list[Any]]:
+    sql, params = namespace_and_time_sql(namespace, where.start, where.end)
+    if where.roles:
+        sql += f" AND p.role IN ({', '.join('?' * len(where.roles))})"
+        params += list(where.roles)
+    return sql, params
+
+
+MESSAGE_COLUMNS = "p.id, p.conversation_id, p.role, p.content, p.created_at"
+
+
+def message_row(r: Sequence[Any], score: float | None = None) -> MessageRow:
+    return MessageRow(r[0], r[1], r[2], r[3], r[4], score)
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """An OpenAI-style chat message as searchable text (tool calls spelled out, images noted)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        parts = [
+            p.get("text", "") if p.get("type") == "text" else "[image]"
+            for p in content
+            if isinstance(p, dict)
+        ]
+        text = "\n".join(x for x in parts if x)
+    else:
+        text = str(content or "")
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function", {})
+        text += f"\n[called {fn.get('name', '?')} with {fn.get('arguments', '')}]"
+    return text.strip()[:MAX_MESSAGE_CHARS]
+
+
+class Conversations(TextTable):
+    """The recorded conversations of one namespace (vector bookkeeping: texts.py)."""
+
+    table = "messages"
+    generation_column = "conversation_gen"
+
+    async def start(
+        self, title: str = "", started_at: float | None = None, conversation_id: str | None = None
+    ) -> str:
+        cid = conversation_id or uuid.uuid4().hex
+        async with self.db.write() as tx:
+            await self.start_in(tx, cid, title, started_at or now_ts())
+        return cid
+
+    async def start_in(self, tx: Tx, cid: str, title: str, started_at: float) -> bool:
+        """Create the conversation unless it exists; whether it was created."""
+        return (
+            await tx.run(
+                "INSERT INTO conversations (id, namespace, started_at, title) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                (cid, self.namespace, started_at, title),
+            )
+            == 1
+        )
+
+    async def add(self, conversation_id: str, role: str, content: str, **details: Any) -> int:
+        """One message (``details``: those of :meth:`add_in`) in its own transaction."""
+        async with self.db.write() as tx:
+            pid = await self.add_in(tx, conversation_id, role, content, **details)
+            await self.bump_generation(tx)
+        return pid
+
+    async def add_in(
+        self,
+        tx: Tx,
+        conversation_id: str,
+        role: str,
+        content: str,
+        meta: dict[str, Any] | None = None,
+        created_at: float | None = None,
+        embedding: bytes | None = None,
+        embedding_model: str | None = None,
+    ) -> int:
+        check_roles([role])
+        seq_row = await tx.one(
+            "SELECT coalesce(max(seq), 0) + 1 FROM messages WHERE namespace = ? AND conversation_id = ?",
+            (self.namespace, conversation_id),
+        )
+        row = await tx.one(
+            "INSERT INTO messages (namespace, conversation_id, seq, role, content, meta, created_at, search_text, "
+            "embedding, embedding_model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            (
+                self.namespace, conversation_id, seq_row[0] if seq_row else 1, role, content,
+                json.dumps(meta) if meta else None, created_at or now_ts(), index_text(content),
+                embedding, embedding_model,
+            ),
+        )  # fmt: skip
+        assert row is not None
+        return int(row[0])
+
+    async def search_text(
+        self, query: str, where: MessageFilter, limit: int, offset: int = 0
+    ) -> list[MessageRow]:
+        return await self.db.message_text.search(self.namespace, query, where, limit, offset)
+
+    async def filtered_ids(self, where: MessageFilter) -> list[int]:
+        conditions, params = message_filter_sql(self.namespace, where)
+        async with self.db.read() as tx:
+            return [
+                r[0] for r in await tx.all(f"SELECT p.id FROM messages p WHERE 1 = 1{conditions}", params)
+            ]
+
+    async def get(self, ids: Sequence[int]) -> dict[int, MessageRow]:
+        out: dict[int, MessageRow] = {}
+        async with self.db.read() as tx:
+            for start in range(0, len(ids), 500):
+                chunk = list(ids[start : start + 500])
+                rows = await tx.all(
+                    f"SELECT {MESSAGE_COLUMNS} FROM messages p WHERE p.namespace = ? "
+                    f"AND p.id IN ({', '.join('?' * len(chunk))})",
+                    [self.namespace, *chunk],
+                )
+                out.update((r[0], message_row(r)) for r in rows)
+        return out
+
+    async def export(self) -> list[dict[str, Any]]:
+        """Every conversation with its messages, oldest first (for transfer.py)."""
+        async with self.db.read() as tx:
+            convs = await tx.all(
+                "SELECT id, started_at, title FROM conversations WHERE namespace = ? ORDER BY started_at, id",
+                (self.namespace,),
+            )
+            msgs = await tx.all(
+                "SELECT conversation_id, role, content, meta, created_at FROM messages WHERE namespace = ? "
+                "ORDER BY conversation_id, seq",
+                (self.namespace,),
+            )
+        by_conv: dict[str, list[dict[str, Any]]] = {}
+        for cid, role, content, meta, created_at in msgs:
+            by_conv.setdefault(cid, []).append(
+                {
+                    "role": role,
+                    "content": content,
+                    "meta": json.loads(meta) if meta else None,
+                    "at": created_at,
+                }
+            )
+        return [
+            {"id": c[0], "started_at": c[1], "title": c[2], "messages": by_conv.get(c[0], [])} for c in convs
+        ]
+
+
+@dataclass(slots=True)
+class MessageSearch:
+    results: list[MessageRow]
+    mode: str
+    note: str | None
+
+
+async def search_messages(
+    recall: Recall,
+    conversations: Conversations,
+    query: str,
+    *,
+    roles: Sequence[str] | None = None,
+    limit: int = 10,
+    start_date: str | None = None,
+    end_date: str | None = None,
+) -> MessageSearch:
+    """Messages best first (hybrid like archival search); an empty query lists the newest."""
+    if not 1 <= limit <= 100:
+        raise MemoryRefusal("limit must be between 1 and 100, got {limit}.", limit=limit)
+    start, end = time_range(start_date, end_date)
+    where = MessageFilter(check_roles(roles), start, end)
+    if not query.strip():
+        return MessageSearch(await conversations.search_text("", where, limit), "recent", None)
+    if not query_terms(query):
+        return MessageSearch([], "bm25", NO_TERMS_NOTE)
+    ranked = await recall.rank(query, where, limit, 0)
+    return MessageSearch(ranked.rows, ranked.mode, ranked.note)
+
+
+class ConversationRecorder:
+    """Records one agent's conversation into its namespace (see the module docstring)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._store: MemoryStore | None = None
+        self._recall: Recall | None = None
+        self.conversation_id: str | None = None
+
+    async def start(self) -> None:
+        from kernmind.memory.store import MemoryStore  # store.py imports this module
+
+        try:
+            store = await MemoryStore.from_settings(self.settings).open()
+        except Exception as exc:  # recording is best effort
+            log.warning("conversations will not be recorded: %s", exc)
+            return
+        self._store = store
+        self._recall = Recall(store.conversations, make_embedder(self.settings), what="messages")
+        self.conversation_id = await store.conversations.start()
+
+    async def record(self, message: dict[str, Any]) -> None:
+        if self._store is None or self.conversation_id is None:
+            return
+        try:
+            text = message_text(message)
+            vector = await self._recall.vector_for(text) if text and self._recall else None
+            meta = {k: message[k] for k in ("tool_call_id", "tool_calls", "name") if message.get(k)}
+            await self._store.conversations.add(
+                self.conversation_id,
+                str(message.get("role", "user")),
+                text,
+                meta=meta or None,
+                embedding=vector.blob if vector else None,
+                embedding_model=vector.model if vector else None,
+            )
+        except Exception as exc:
+            log.warning("could not record a %s message: %s", message.get("role"), exc)
+
+    async def close(self) -> None:
+        if self._store is not None:
+            store, self._store = self._store, None
+            if self._recall is not None and self._recall.embedder is not None:
+                await self._recall.embedder.aclose()
+            await store.close()
