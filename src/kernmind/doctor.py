@@ -30,7 +30,7 @@ from kernmind.memory.database import redacted_location
 
 async def _live_check(sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kernmind-doctor-") as tmp:
-        factory = KernelFactory(sandbox, runtime, Path(tmp))
+        factory = KernelFactory.standalone(sandbox, runtime, Path(tmp) / "run")
         started = time.perf_counter()
         try:
             kernel = await factory.start()
