@@ -149,6 +149,11 @@ class Settings(BaseSettings):
     kernel_gateway_kernel_workspaces: Annotated[
         str | None, Cli(metavar="PATH", shown_default="the same path")
     ] = Field(default=None, description="where the gateway's kernels see that directory")
+    kernel_gateway_env: Annotated[dict[str, str], Cli(metavar="JSON", shown_default="`{}`")] = Field(
+        default_factory=dict,
+        description="JSON `{KERNEL_…: value}` sent with every kernel start (Enterprise Gateway reads "
+        "e.g. `KERNEL_VOLUMES`, `KERNEL_VOLUME_MOUNTS`, `KERNEL_NAMESPACE`)",
+    )
     kernel_gateway_start_timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
         default=120.0, gt=0, description="seconds a gateway kernel may take to start (a pod may be scheduled)"
     )

@@ -234,10 +234,16 @@ class GatewayKernelFactory:
     """Starts kernels on the gateway (the ``KernelFactory.start`` of remote kernels)."""
 
     def __init__(
-        self, gateway: KernelGateway, kernel_name: str, workspaces: SharedWorkspaces, output_limit: int
+        self,
+        gateway: KernelGateway,
+        kernel_name: str,
+        workspaces: SharedWorkspaces,
+        output_limit: int,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.gateway = gateway
         self.kernel_name = kernel_name
+        self.env = env or {}  # KERNEL_* variables for every kernel (pod volumes, namespace …)
         self.workspaces = workspaces
         self.setup = setup_code(output_limit)
 
@@ -246,7 +252,8 @@ class GatewayKernelFactory:
         ws = workspace or self.workspaces.new()
         inner = self.workspaces.kernel_path(ws)
         try:
-            kernel_id = await self.gateway.start_kernel(self.kernel_name, {"KERNEL_WORKING_DIR": inner})
+            env = {**self.env, "KERNEL_WORKING_DIR": inner}
+            kernel_id = await self.gateway.start_kernel(self.kernel_name, env)
         except BaseException:
             if workspace is None:
                 await ws.aremove()

@@ -47,7 +47,11 @@ class RemoteKernels:
             settings.gateway_workspaces_dir, settings.kernel_gateway_kernel_workspaces
         )
         factory = GatewayKernelFactory(
-            gateway, settings.kernel_gateway_kernel, workspaces, settings.max_output_chars
+            gateway,
+            settings.kernel_gateway_kernel,
+            workspaces,
+            settings.max_output_chars,
+            env=settings.kernel_gateway_env,
         )
         return cls(settings, gateway, workspaces, factory)
 
