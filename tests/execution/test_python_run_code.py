@@ -26,7 +26,11 @@ from tests.execution.conftest import gateway_settings
 pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python")]
 
 
-@pytest.fixture(scope="module", params=["local", "gateway"])
+@pytest.fixture(
+    scope="module",
+    # The gateway's half in a group of its own, so the two halves can run on different workers.
+    params=["local", pytest.param("gateway", marks=pytest.mark.xdist_group("python-gateway"))],
+)
 async def client(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Client]:
