@@ -155,6 +155,9 @@ class VectorIndex:
         self._gen = gen
 
     async def _reconcile(self) -> None:
+        if not len(self):  # a first load: one ordered read
+            self._append(await self.corpus.vectors_after(self.model, 0))
+            return
         stored = np.sort(np.asarray(await self.corpus.vector_ids(self.model), dtype=np.int64))
         ids = self._ids.view()
         keep = np.isin(ids, stored, assume_unique=True)
