@@ -192,6 +192,7 @@ class Kernel:
     needs_replacement: bool = False  # set when an interrupt did not bring it back
     running_msg_id: str | None = None  # the execute_request an interrupt is aimed at
     closed: bool = False  # shut down (e.g. its session was closed), possibly mid-call
+    home_bound: bool = False  # its workspace is a session's home: stopping it leaves the files
 
     async def is_alive(self) -> bool:
         try:

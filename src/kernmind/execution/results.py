@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-Status = Literal["ok", "error", "timeout"]
+Status = Literal["ok", "error", "timeout", "running"]
 
 ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 
@@ -204,6 +204,9 @@ class RunResult(BaseModel):
         default=None, description="after a timeout or crash: whether the session kept its variables"
     )
     notes: list[str] = Field(default_factory=list, description="things the caller should know")
+    job_id: str | None = Field(
+        default=None, description="with background=true: the job to follow with job_status (status 'running')"
+    )
 
 
 class OutputCollector:

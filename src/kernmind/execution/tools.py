@@ -35,10 +35,10 @@ from mcp_types import CallToolResult, ImageContent, ResourceLink, TextContent, T
 from pydantic import BaseModel, Field
 
 from kernmind.config import Settings
+from kernmind.execution import session_tools
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.executor import Executor
 from kernmind.execution.results import IMAGE_FIELDS, ImageRef, RunResult
-from kernmind.execution.sessions import check_session_id
 from kernmind.execution.workspace import FileData, FileEntry, WorkspaceError, guess_mime
 
 LIST_LIMIT = 200
@@ -60,32 +60,6 @@ def model_errors(what: str = "the request") -> Iterator[None]:
         ) from exc
     except ValueError as exc:  # WorkspaceError, SessionError and argument checks
         raise ToolError(str(exc)) from exc
-
-
-class SessionSummary(BaseModel):
-    session_id: str
-    language: str
-    execution_count: int
-    idle_seconds: float
-    age_seconds: float
-    busy: bool
-    workspace_files: int
-    kernel_running: bool = Field(description="false until the session's first Python call (or after close)")
-
-
-class SessionList(BaseModel):
-    sessions: list[SessionSummary]
-    max_sessions: int
-    warm_kernels: int = Field(description="pre-started kernels ready for new sessions")
-    pool_error: str | None = Field(
-        default=None, description="why warm kernels are failing to start, if they are"
-    )
-
-
-class CloseResult(BaseModel):
-    session_id: str
-    closed: bool
-    message: str
 
 
 class UploadResult(BaseModel):
@@ -165,7 +139,9 @@ class ExecutionTools:
                 "variables, imports and files survive between calls with the same session_id "
                 "(default session when omitted). Other languages run as a fresh process per call. "
                 "The value of the last expression is returned like in a notebook; matplotlib "
-                "figures come back as images. Set reset=true for a fresh interpreter."
+                "figures come back as images. Set reset=true for a fresh interpreter. Sessions and their "
+                "files (and Python variables) are stored and resume after a restart. background=true runs "
+                "long work as a job (job_status, job_cancel)."
             ),
             annotations=ToolAnnotations(title="Run code", destructive_hint=False, open_world_hint=False),
         )
@@ -188,10 +164,29 @@ class ExecutionTools:
             timeout: Annotated[
                 float | None, Field(description="Time limit in seconds (capped by the server's maximum).")
             ] = None,
+            background: Annotated[
+                bool,
+                Field(
+                    description="Run as a background job: return at once with a job_id (follow it with "
+                    "job_status, stop it with job_cancel); it keeps running if this client disconnects."
+                ),
+            ] = False,
         ) -> Annotated[CallToolResult, RunResult]:
             async def progress(message: str, elapsed: float) -> None:
                 await ctx.report_progress(elapsed, None, message)
 
+            if background:
+                with model_errors(f"the {language[:20]} interpreter"):
+                    job = ex.start_job(code, language=language, session_id=session_id, reset=reset, timeout=timeout)
+                started = RunResult(
+                    status="running",
+                    language=job.language,
+                    session_id=job.session_id,
+                    job_id=job.id,
+                    notes=[f"started background job {job.id}; follow it with job_status, stop it with job_cancel."],
+                )
+                content, structured = run_result_content(started)
+                return CallToolResult(content=list(content), structured_content=structured)
             with model_errors(f"the {language[:20]} interpreter"):
                 result = await ex.run(
                     code,
@@ -204,28 +199,7 @@ class ExecutionTools:
             content, structured = run_result_content(result)
             return CallToolResult(content=list(content), structured_content=structured)
 
-        @server.tool(description="List live code sessions and the warm-kernel pool.")
-        async def list_sessions() -> SessionList:
-            return SessionList(
-                sessions=[SessionSummary(**s) for s in ex.session_summaries()],
-                max_sessions=self.settings.max_sessions,
-                warm_kernels=ex.pool.ready_count,
-                pool_error=ex.pool.last_error,
-            )
-
-        @server.tool(
-            description="Close a code session: stop its interpreter (and any code running in it) and delete its files."
-        )
-        async def close_session(
-            session_id: Annotated[str, Field(description="The session to close.")],
-        ) -> CloseResult:
-            with model_errors():
-                if not await ex.sessions.close(check_session_id(session_id)):
-                    known = ", ".join(sorted(ex.sessions.sessions)) or "none"
-                    raise ToolError(f"No live session named {session_id!r}. Live sessions: {known}.")
-            return CloseResult(
-                session_id=session_id, closed=True, message="Session closed; its files are deleted."
-            )
+        session_tools.register(server, ex, model_errors, run_result_content)
 
         @server.tool(description="Write a file into a session's working directory (text or base64).")
         async def upload_file(
