@@ -45,6 +45,7 @@ COMMAND_GROUPS: dict[str, tuple[Group, ...]] = {
     "agent": (Group.STORAGE, Group.EXECUTION, Group.SANDBOX, Group.MEMORY, Group.LOGGING),
     "doctor": (Group.STORAGE, Group.EXECUTION, Group.SANDBOX, Group.LOGGING),
     "memory": (Group.STORAGE, Group.MEMORY, Group.LOGGING),
+    "sessions": (Group.STORAGE, Group.EXECUTION, Group.LOGGING),
 }
 GROUP_TITLES: dict[Group, str] = {
     Group.STORAGE: "storage and identity",
