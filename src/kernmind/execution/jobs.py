@@ -68,8 +68,9 @@ class Job:
     note: str | None = None
     server: str = ""  # the run directory of the server that runs it
     server_pid: int = field(default_factory=os.getpid)
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope, repr=False)
-    done: anyio.Event = field(default_factory=anyio.Event, repr=False)
+    # Only for a job running in this server (a record read back has neither).
+    scope: anyio.CancelScope | None = field(default=None, repr=False)
+    done: anyio.Event | None = field(default=None, repr=False)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -103,7 +104,6 @@ class Job:
             server=str(data.get("server", "")),
             server_pid=int(data.get("server_pid", 0)),
         )
-        job.done.set()
         return job
 
 
@@ -131,6 +131,8 @@ class Jobs:
             code=code,
             collector=OutputCollector(self.output_budget, self.rich_budget),
             server=self.server,
+            scope=anyio.CancelScope(),
+            done=anyio.Event(),
         )
         self.jobs[job.id] = job
         self._save(job)
@@ -138,6 +140,7 @@ class Jobs:
         return job
 
     async def _run(self, run: RunJob, job: Job) -> None:
+        assert job.scope is not None and job.done is not None
         try:
             with job.scope:
                 result = await run(job)
@@ -172,7 +175,7 @@ class Jobs:
 
     async def cancel(self, job_id: str, *, owner: str) -> Job:
         job = self.get(job_id, owner=owner)
-        if job.state == "running" and job.id in self.jobs and job.collector is not None:
+        if job.state == "running" and job.scope is not None and job.done is not None:
             job.note = "cancelled with job_cancel"
             job.scope.cancel()
             with anyio.move_on_after(30):
@@ -182,10 +185,12 @@ class Jobs:
     async def stop_all(self) -> None:
         """Server stop: cancel running jobs and wait until each has recorded itself."""
         with anyio.CancelScope(shield=True):
-            for job in list(self.jobs.values()):
-                if not job.done.is_set():
-                    job.scope.cancel()
-            for job in list(self.jobs.values()):
+            running = [j for j in self.jobs.values() if j.done is not None and not j.done.is_set()]
+            for job in running:
+                assert job.scope is not None
+                job.scope.cancel()
+            for job in running:
+                assert job.done is not None
                 with anyio.move_on_after(15):
                     await job.done.wait()
 
