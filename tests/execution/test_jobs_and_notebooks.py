@@ -52,7 +52,8 @@ async def test_jobs_survive_disconnects_are_cancelled_and_outlive_a_killed_serve
             assert started["status"] == "running" and started["job_id"].startswith("job-")
             long = structured(
                 await first.call_tool(
-                    "run_code", {"code": "import time\ntime.sleep(120)", "session_id": "c", "background": True}
+                    "run_code",
+                    {"code": "import time\ntime.sleep(120)", "session_id": "c", "background": True},
                 )
             )
         # The first client is gone; a second one collects the result.
@@ -73,7 +74,8 @@ async def test_jobs_survive_disconnects_are_cancelled_and_outlive_a_killed_serve
 
             lost = structured(
                 await second.call_tool(
-                    "run_code", {"code": "import time\ntime.sleep(120)", "session_id": "k", "background": True}
+                    "run_code",
+                    {"code": "import time\ntime.sleep(120)", "session_id": "k", "background": True},
                 )
             )
             assert "no job" in error_text(await second.call_tool("job_status", {"job_id": "job-nope"}))
@@ -119,7 +121,9 @@ async def test_export_notebook_validates_and_reruns_to_the_same_outputs(tmp_path
         for code in NOTEBOOK_CELLS:
             await c.call_tool("run_code", {"code": code, "session_id": "nb"})
         await c.call_tool("run_code", {"code": "echo from bash", "language": "bash", "session_id": "nb"})
-        exported = structured(await c.call_tool("export_notebook", {"session_id": "nb", "path": "out/analysis.ipynb"}))
+        exported = structured(
+            await c.call_tool("export_notebook", {"session_id": "nb", "path": "out/analysis.ipynb"})
+        )
         assert exported["path"] == "out/analysis.ipynb" and exported["cells"] == len(NOTEBOOK_CELLS) + 1
         empty = error_text(await c.call_tool("export_notebook", {"session_id": "fresh-and-empty"}))
         assert "no session named" in empty or "no recorded calls" in empty
@@ -137,9 +141,7 @@ async def test_export_notebook_validates_and_reruns_to_the_same_outputs(tmp_path
     from nbclient import NotebookClient
 
     rerun = nbformat.read(path, as_version=4)
-    NotebookClient(rerun, timeout=120, kernel_name="python3", allow_errors=True).execute(
-        cwd=str(tmp_path)
-    )
+    NotebookClient(rerun, timeout=120, kernel_name="python3", allow_errors=True).execute(cwd=str(tmp_path))
     assert summary(rerun) == summary(nb)
 
 
@@ -156,7 +158,9 @@ def summary(nb: nbformat.NotebookNode) -> list[list[tuple[str, str]]]:
             elif o.output_type == "execute_result":
                 outs.append(("result", o.data["text/plain"]))
             elif o.output_type == "display_data":
-                outs.append(("display", "image/png" if "image/png" in o.data else o.data.get("text/plain", "")))
+                outs.append(
+                    ("display", "image/png" if "image/png" in o.data else o.data.get("text/plain", ""))
+                )
             elif o.output_type == "error":
                 outs.append(("error", o.ename))
         cells.append(sorted(outs))

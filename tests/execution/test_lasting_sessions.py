@@ -132,7 +132,9 @@ def test_two_servers_on_one_data_dir_do_not_share_a_live_session(tmp_path: Path)
     two = StdioServer.start(tmp_path / "b", data_dir=data)
     try:
         run(one, "x = 'one'", session_id="shared")
-        refused = two.request("tools/call", {"name": "run_code", "arguments": {"code": "1", "session_id": "shared"}})
+        refused = two.request(
+            "tools/call", {"name": "run_code", "arguments": {"code": "1", "session_id": "shared"}}
+        )
         assert refused["isError"]
         msg = refused["content"][0]["text"]
         assert "in use by another kernmind server" in msg and f"pid {one.proc.pid}" in msg
@@ -190,7 +192,9 @@ async def test_stored_session_caps_refuse_new_sessions_naming_ones_to_close(tmp_
     async with Client(create_server(make_settings(tmp_path, pool_size=0, max_stored_sessions=2))) as c:
         for sid in ("first", "second"):
             structured(await c.call_tool("upload_file", {"path": "a.txt", "content": "x", "session_id": sid}))
-        msg = error_text(await c.call_tool("upload_file", {"path": "a.txt", "content": "x", "session_id": "third"}))
+        msg = error_text(
+            await c.call_tool("upload_file", {"path": "a.txt", "content": "x", "session_id": "third"})
+        )
         assert "2 stored sessions (the cap is 2)" in msg and "close_session" in msg
         structured(await c.call_tool("close_session", {"session_id": "first"}))
         structured(await c.call_tool("upload_file", {"path": "a.txt", "content": "x", "session_id": "third"}))
@@ -206,7 +210,9 @@ async def test_close_session_deletes_a_stored_session(tmp_path: Path) -> None:
     async with Client(create_server(settings)) as c:  # stored, not live: close deletes it too
         closed = structured(await c.call_tool("close_session", {"session_id": "gone"}))
         assert "deleted" in closed["message"]
-        assert "no session named 'gone'" in error_text(await c.call_tool("list_files", {"session_id": "gone"}))
+        assert "no session named 'gone'" in error_text(
+            await c.call_tool("list_files", {"session_id": "gone"})
+        )
     assert not (settings.sessions_dir / "local" / "gone").exists()
 
 
@@ -249,7 +255,9 @@ async def test_a_tampered_snapshot_runs_only_inside_the_sandbox(tmp_path: Path) 
         assert structured(await c.call_tool("run_code", {"code": "1 + 1"}))["results"][0]["text"] == "2"
     async with Client(create_server(settings)) as c:
         await c.call_tool("run_code", {"code": "x = 1", "session_id": "g"})
-    (settings.sessions_dir / "local" / "g" / "files" / ".km-state" / "namespace.pkl").write_bytes(b"\x00garbage")
+    (settings.sessions_dir / "local" / "g" / "files" / ".km-state" / "namespace.pkl").write_bytes(
+        b"\x00garbage"
+    )
     async with Client(create_server(settings)) as c:
         out = structured(await c.call_tool("run_code", {"code": "'x' in globals()", "session_id": "g"}))
         assert out["results"][0]["text"] == "False"
@@ -268,14 +276,17 @@ async def test_files_written_while_a_kernel_runs_are_in_the_stored_home(tmp_path
             await anyio.sleep(0.1)
         out = structured(
             await c.call_tool(
-                "run_code", {"code": "open('out.txt', 'w').write(open('in.txt').read() * 2)", "session_id": "h"}
+                "run_code",
+                {"code": "open('out.txt', 'w').write(open('in.txt').read() * 2)", "session_id": "h"},
             )
         )
         assert out["status"] == "ok"
         home = settings.sessions_dir / "local" / "h" / "files"
         assert (home / "out.txt").read_text() == "aa"
         reset = structured(
-            await c.call_tool("run_code", {"code": "open('out.txt').read()", "session_id": "h", "reset": True})
+            await c.call_tool(
+                "run_code", {"code": "open('out.txt').read()", "session_id": "h", "reset": True}
+            )
         )
         assert reset["results"][0]["text"] == "'aa'"
         assert not (home.parent / ".attach").exists()

@@ -7,10 +7,11 @@ throw-away one) → ``supervise(runner, call)`` (time limit, quota, progress, re
 It owns the sandbox (chosen once at start), this server's run directory (``rundir.py``:
 throw-away workspaces and kernel sockets, cleaned after a crash by the next start), the
 session store (``store.py``: named sessions' files, variables and history, which outlive
-the server), the warm kernel pool, the session registry, the background jobs and the
-runners. ``running()`` starts the pool refill and the idle reaper and, on exit, cancels
-running jobs, unloads every session (variables saved, files kept), stops every kernel and
-process and deletes the run directory.
+the server), the warm kernel pool, the session registry, the background jobs, the runners
+and the package installer (``install``: into the held session's layer, then onto its
+running kernel's path). ``running()`` starts the pool refill and the idle reaper and, on
+exit, cancels running jobs, unloads every session (variables saved, files kept), stops
+every kernel and process and deletes the run directory.
 
 After every call of a stored session the result is appended to its history
 (``history.py``), which ``export_notebook`` turns into a notebook (``notebook.py``).
@@ -25,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import time
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -37,6 +38,8 @@ from kernmind.execution import history, notebook
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.jobs import Job, Jobs
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
+from kernmind.execution.packages import InstallResult, Layer, PackageInstaller, PythonTarget
+from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.pool import KernelPool
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.rundir import RunDir, socket_root
@@ -57,6 +60,12 @@ from kernmind.execution.supervisor import Progress, supervise
 from kernmind.execution.workspace import Workspace, off_loop, own_tree
 
 log = logging.getLogger(__name__)
+
+STATELESS_REFUSAL = (
+    "install_packages is not available on this server: it runs with --stateless, so every run_code "
+    "call starts from a fresh interpreter and an installed package would be gone before the next "
+    "call. Use the packages that are already installed, or ask the operator to run without --stateless."
+)
 
 ALIASES = {
     "py": "python",
@@ -85,7 +94,10 @@ class Executor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.sandbox = Sandbox.detect(
-            settings.sandbox, allow_network=settings.allow_network, limits=limits_from(settings)
+            settings.sandbox,
+            allow_network=settings.allow_network,
+            limits=limits_from(settings),
+            gpu=settings.gpu,
         )
         self.runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)
         if self.runtime.error:
@@ -95,12 +107,18 @@ class Executor:
         self.socket_rundir = (
             self.rundir if sockets == self.rundir.root else RunDir(sockets, transient_root=True)
         )
+        settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        target = PythonTarget(self.runtime.executable, self.runtime.paths, self.runtime.pythonpath)
+        self.packages = PackageInstaller.from_settings(settings, self.sandbox, target, os.environ)
+        self.guard = SandboxGuard.create(self.packages.cache_dir / "shims")
         factory = KernelFactory(
             self.sandbox,
             self.runtime,
             new_workspace=self._new_workspace,
             socket_dirs=lambda: self.socket_rundir.new_dir("k-"),
             output_limit=settings.max_output_chars,
+            new_layer=self._new_layer,
+            guard=self.guard,
         )
         self.pool = KernelPool(factory, settings.pool_size)
         self.runners: dict[str, Runner] = {}
@@ -111,7 +129,7 @@ class Executor:
                 self.runtime, self.pool, inner_root=self.sandbox.workspace_path, budget=budget
             )
             self.runners["python"] = self.python
-        self.runners.update(runners_mod.discover(self.sandbox, settings))
+        self.runners.update(runners_mod.discover(self.sandbox, settings, self.guard))
         self.store = SessionStore(
             settings.sessions_dir,
             max_sessions=settings.max_stored_sessions,
@@ -129,6 +147,7 @@ class Executor:
                 suspend=self._suspend,
                 autosave=self._autosave,
             ),
+            new_layer=self._new_layer,
         )
         self.jobs = Jobs(
             settings.jobs_dir, output_budget=settings.max_output_chars, rich_budget=settings.max_result_bytes
@@ -147,6 +166,9 @@ class Executor:
         ws = Workspace(home.files, owner_uid=uid)
         ws.create()
         return ws
+
+    def _new_layer(self) -> Layer:
+        return Layer(self.rundir.new_dir("pk-")).create()
 
     async def _release(self, session: Session) -> None:
         for runner in self.runners.values():
@@ -212,44 +234,13 @@ class Executor:
         )
 
     def session_summaries(self, owner: str = LOCAL_OWNER) -> list[dict[str, Any]]:
-        """Every session of ``owner``: live here, stored, or live in another server (blocking: it
-        reads the store)."""
-        now_m, now = time.monotonic(), time.time()
-        rows: dict[str, dict[str, Any]] = {}
-        for stored in self.store.list(owner):
-            m = stored.meta
-            rows[m.session_id] = {
-                "session_id": m.session_id,
-                "state": "stored" if stored.held_by is None else "in_other_server",
-                "held_by_pid": stored.held_by,
-                "idle_seconds": round(now - m.last_used, 1),
-                "age_seconds": round(now - m.created, 1),
-                "last_used": m.last_used,
-                "workspace_files": m.files,
-                "workspace_bytes": m.bytes,
-                "variables_saved_at": m.snapshot_at,
-            }
-        for (who, sid), s in self.sessions.sessions.items():
-            if who != owner:
-                continue
-            kernel = PythonRunner.kernel_of(s)
-            scan = s.workspace.last_scan if s.workspace is not None else None
-            row = rows.setdefault(sid, {"session_id": sid})
-            row.update(
-                state="live",
-                held_by_pid=None,
-                execution_count=kernel.execution_count if kernel else 0,
-                idle_seconds=round(now_m - s.last_used, 1),
-                busy=s.busy,
-                job_id=self.sessions.jobs.get((who, sid)),
-                kernel_running=kernel is not None,
-                last_used=now - (now_m - s.last_used),
-            )
-            if scan is not None:
-                row.update(workspace_files=len(scan.files), workspace_bytes=scan.bytes_used)
-            if s.meta is not None:
-                row.update(age_seconds=round(now - s.meta.created, 1), variables_saved_at=s.meta.snapshot_at)
-        return sorted(rows.values(), key=lambda r: r.get("last_used", 0.0), reverse=True)
+        """Every session of ``owner`` (blocking: it reads the store)."""
+
+        def execution_count(session: Session) -> int | None:
+            kernel = PythonRunner.kernel_of(session)
+            return kernel.execution_count if kernel else None
+
+        return self.sessions.summaries(owner, execution_count)
 
     def time_limit(self, requested: float | None, *, background: bool = False) -> tuple[float, list[str]]:
         """The call's time limit, and a note when the request was lowered to the maximum."""
@@ -296,6 +287,34 @@ class Executor:
         rel = await session.files().awrite(path, data)
         return rel, len(nb.cells), len(data)
 
+    # --- installing packages ------------------------------------------------------
+    async def install(self, packages: list[str], *, language: str, session_id: str | None) -> InstallResult:
+        """Install into the session's layer (``PackageError``, a ``ValueError``, when refused)."""
+        if self.settings.stateless:
+            raise SessionError(STATELESS_REFUSAL)
+        lang = ALIASES.get(language.strip().lower(), language.strip().lower())
+        async with self.sessions.hold(session_id) as session:
+            result = await self.packages.install(packages, lang, session.layer())
+            if lang == "python" and result.installed:
+                kernel = PythonRunner.kernel_of(session)
+                if kernel is None or await kernel.use_packages():
+                    result.notes.append(
+                        "importable now in this session's Python (no restart needed) and, on "
+                        "PYTHONPATH, in its bash calls."
+                    )
+                else:
+                    result.notes.append(
+                        "installed, but the running interpreter did not take the new path: "
+                        "run_code with reset=true to use the packages."
+                    )
+            elif lang != "python" and result.installed:
+                name = result.installed[0].name
+                result.notes.append(
+                    f'import them by npm: specifier in this session, e.g. import x from "npm:{name}".'
+                )
+        result.session_id = session_id or DEFAULT_SESSION
+        return result
+
     # --- running code -------------------------------------------------------------
     async def run(
         self,
@@ -315,7 +334,9 @@ class Executor:
         if self.settings.stateless:
             session = self.sessions.ephemeral()
             try:
-                result = await self._supervise(runner, session, code, reset, limit, notes, progress, collector)
+                result = await self._supervise(
+                    runner, session, code, reset, limit, notes, progress, collector
+                )
             finally:
                 await self.sessions.discard(session)
             result.session_id, result.job_id = session_id, job.id if job else None
@@ -350,7 +371,13 @@ class Executor:
         async def run(job: Job) -> RunResult:
             try:
                 return await self.run(
-                    code, language=language, session_id=sid, reset=reset, timeout=timeout, owner=owner, job=job
+                    code,
+                    language=language,
+                    session_id=sid,
+                    reset=reset,
+                    timeout=timeout,
+                    owner=owner,
+                    job=job,
                 )
             finally:
                 if sid is not None:
@@ -375,7 +402,8 @@ class Executor:
         call = Call(
             code=code,
             session=session,
-            collector=collector or OutputCollector(self.settings.max_output_chars, self.settings.max_result_bytes),
+            collector=collector
+            or OutputCollector(self.settings.max_output_chars, self.settings.max_result_bytes),
             timeout=limit,
             reset=reset,
             notes=[*session.take_notes(), *notes],

@@ -73,7 +73,9 @@ def _cell(code: str, result: dict[str, Any]) -> nbformat.NotebookNode:
         return v4.new_code_cell(f"%%bash\n{code}", outputs=_outputs(result), metadata=meta)
     mark = COMMENT.get(language, "#")
     meta["kernmind"]["outputs"] = _outputs(result)
-    return v4.new_raw_cell(f"{mark} language: {language} (run with kernmind's run_code)\n{code}", metadata=meta)
+    return v4.new_raw_cell(
+        f"{mark} language: {language} (run with kernmind's run_code)\n{code}", metadata=meta
+    )
 
 
 def _outputs(result: dict[str, Any]) -> list[nbformat.NotebookNode]:

@@ -24,6 +24,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from kernmind.execution.kernels import Kernel, KernelFactory
+from kernmind.execution.packages.layer import Layer
 from kernmind.execution.store import rebind
 from kernmind.execution.workspace import Workspace, off_loop, own_tree
 
@@ -77,8 +78,9 @@ class KernelPool:
             self._wake = anyio.Event()
             await self._wake.wait()
 
-    async def acquire(self, home: Workspace | None = None) -> Kernel:
-        """A ready kernel: with its own fresh workspace, or bound to ``home``."""
+    async def acquire(self, home: Workspace | None = None, layer: Layer | None = None) -> Kernel:
+        """A ready kernel: with its own fresh workspace, or bound to ``home``; the packages of
+        ``layer`` (a session's) moved into the kernel's own layer."""
         kernel: Kernel | None = None
         while self._ready:
             candidate = self._ready.popleft()
@@ -88,7 +90,9 @@ class KernelPool:
             self.release(candidate)
         self._wake.set()
         if home is None:
-            return kernel or await self.factory.start()
+            kernel = kernel or await self.factory.start()
+            await self._adopt_layer(kernel, layer)
+            return kernel
         if kernel is not None:
             spare = kernel.workspace.root
             try:
@@ -99,6 +103,7 @@ class KernelPool:
                 kernel = None
         if kernel is None:
             kernel = await self.factory.start(home)
+        await self._adopt_layer(kernel, layer)
         runtime_dir = kernel.runtime_dir
         kernel.workspace, kernel.home_bound = home, True
         home.accounted = [runtime_dir]
@@ -107,6 +112,11 @@ class KernelPool:
             home.owner_uid = uid
             await off_loop(lambda: own_tree(home.root, uid), timeout=None)
         return kernel
+
+    @staticmethod
+    async def _adopt_layer(kernel: Kernel, layer: Layer | None) -> None:
+        if layer is not None and kernel.layer is not None and layer is not kernel.layer:
+            await anyio.to_thread.run_sync(kernel.layer.adopt_from, layer)
 
     def release(self, kernel: Kernel) -> None:
         """Shut ``kernel`` down in the background and delete its workspace (unless it is a session's)."""
@@ -136,3 +146,5 @@ async def _shutdown_and_remove(kernel: Kernel) -> None:
     await kernel.shutdown()
     if not kernel.home_bound:
         await kernel.workspace.aremove()
+    if kernel.layer is not None:
+        await anyio.to_thread.run_sync(kernel.layer.remove)

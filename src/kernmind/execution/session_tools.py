@@ -56,7 +56,9 @@ class SessionList(BaseModel):
     max_sessions: int = Field(description="live sessions at once (--max-sessions)")
     max_stored_sessions: int
     warm_kernels: int = Field(description="pre-started kernels ready for new sessions")
-    pool_error: str | None = Field(default=None, description="why warm kernels are failing to start, if they are")
+    pool_error: str | None = Field(
+        default=None, description="why warm kernels are failing to start, if they are"
+    )
 
 
 class CloseResult(BaseModel):
@@ -81,9 +83,13 @@ class JobStatus(BaseModel):
     started_at: str
     finished_at: str | None = None
     elapsed_seconds: float
-    output: Logs | None = Field(default=None, description="while running: stdout/stderr so far (head and tail)")
+    output: Logs | None = Field(
+        default=None, description="while running: stdout/stderr so far (head and tail)"
+    )
     truncated: bool = False
-    result: RunResult | None = Field(default=None, description="the final run_code result (done or cancelled)")
+    result: RunResult | None = Field(
+        default=None, description="the final run_code result (done or cancelled)"
+    )
     note: str | None = None
 
 
@@ -152,12 +158,16 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
         "delete its files, saved variables and history. Idle sessions are not deleted otherwise: they are "
         "stored and resume on their next call."
     )
-    async def close_session(session_id: Annotated[str, Field(description="The session to close.")]) -> CloseResult:
+    async def close_session(
+        session_id: Annotated[str, Field(description="The session to close.")],
+    ) -> CloseResult:
         with model_errors():
             if not await ex.sessions.close(check_session_id(session_id), owner=LOCAL_OWNER):
                 raise ex.sessions.unknown_session(session_id)
         return CloseResult(
-            session_id=session_id, closed=True, message="Session closed; its files and saved variables are deleted."
+            session_id=session_id,
+            closed=True,
+            message="Session closed; its files and saved variables are deleted.",
         )
 
     @server.tool(
@@ -173,7 +183,9 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
         with model_errors():
             rel, cells, size = await ex.export_notebook(session_id, path)
         sid = session_id or ex.default_session_id
-        return NotebookResult(session_id=sid, path=rel, cells=cells, bytes=size, resource=f"workspace://{sid}/{rel}")
+        return NotebookResult(
+            session_id=sid, path=rel, cells=cells, bytes=size, resource=f"workspace://{sid}/{rel}"
+        )
 
     @server.tool(
         description="State of a background job (run_code with background=true): running (with its output so "
@@ -193,5 +205,7 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
         with model_errors():
             job = await ex.jobs.cancel(job_id, owner=LOCAL_OWNER)
         if job.state == "running" and job.collector is None:
-            raise ToolError(f"job {job_id} runs in another kernmind server (pid {job.server_pid}); cancel it there.")
+            raise ToolError(
+                f"job {job_id} runs in another kernmind server (pid {job.server_pid}); cancel it there."
+            )
         return job_answer(job, run_result_content)

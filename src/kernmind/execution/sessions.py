@@ -17,6 +17,10 @@ session leaves on disk is the store's (``store.py``).
   scope, so ``close()`` can stop it whatever the language. A background job ``reserve``s its
   session when it is started (before it gets the lock), and until it ends other calls to
   that session are refused with the job's id.
+- A session's package layer (``install_packages``; ``packages/layer.py``) is made on first
+  use; the Python runner moves it into its kernel's own layer directory (mounted in that
+  kernel's sandbox since its start). It lives in this server's run directory: it goes when
+  the session is unloaded or closed (packages are not stored yet).
 - **Unloading is not closing.** Idle reaping and server shutdown *unload* a session: the
   ``suspend`` hook saves what it can (the Python namespace) and stops its interpreter; the
   files stay and the lock is let go. ``close()`` is what deletes a session, stored or live.
@@ -44,6 +48,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from kernmind.execution.errors import SessionError
+from kernmind.execution.packages.layer import Layer
 from kernmind.execution.store import LOCAL_OWNER, Meta, SessionHome, SessionStore, ago
 from kernmind.execution.workspace import Workspace, off_loop
 
@@ -85,6 +90,8 @@ class Session:
     pending_notes: list[str] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)  # per-runner state, keyed by language
     workspace: Workspace | None = None
+    packages: Layer | None = None  # what install_packages put here (see packages/layer.py)
+    new_layer: Callable[[], Layer] | None = field(default=None, repr=False)
     running: anyio.CancelScope | None = None  # the call in progress
 
     @property
@@ -96,6 +103,14 @@ class Session:
         if self.workspace is None:
             self.workspace = self.new_workspace()
         return self.workspace
+
+    def layer(self) -> Layer:
+        """The session's package layer, made on first use."""
+        if self.packages is None:
+            if self.new_layer is None:
+                raise SessionError("this server cannot install packages into sessions.")
+            self.packages = self.new_layer()
+        return self.packages
 
     def take_notes(self) -> list[str]:
         notes, self.pending_notes = self.pending_notes, []
@@ -125,6 +140,7 @@ class SessionRegistry:
         store: SessionStore,
         new_workspace: Callable[[], Workspace],
         hooks: Hooks,
+        new_layer: Callable[[], Layer] | None = None,
     ) -> None:
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
@@ -132,6 +148,7 @@ class SessionRegistry:
         self.store = store
         self._new_workspace = new_workspace
         self.hooks = hooks
+        self._new_layer = new_layer
         self.sessions: dict[tuple[str, str], Session] = {}
         self.jobs: dict[tuple[str, str], str] = {}  # (owner, session id) -> the job that has it
         self._loading = anyio.Lock()
@@ -184,10 +201,55 @@ class SessionRegistry:
             f"no session named {sid!r}; sessions: {known}. Run code in it (or upload a file) first."
         )
 
+    def summaries(self, owner: str, execution_count: Callable[[Session], int | None]) -> list[dict[str, Any]]:
+        """Every session of ``owner``: live here, stored, or live in another server, most
+        recently used first (blocking: it reads the store)."""
+        now_m, now = time.monotonic(), time.time()
+        rows: dict[str, dict[str, Any]] = {}
+        for stored in self.store.list(owner):
+            m = stored.meta
+            rows[m.session_id] = {
+                "session_id": m.session_id,
+                "state": "stored" if stored.held_by is None else "in_other_server",
+                "held_by_pid": stored.held_by,
+                "idle_seconds": round(now - m.last_used, 1),
+                "age_seconds": round(now - m.created, 1),
+                "last_used": m.last_used,
+                "workspace_files": m.files,
+                "workspace_bytes": m.bytes,
+                "variables_saved_at": m.snapshot_at,
+            }
+        for (who, sid), s in self.sessions.items():
+            if who != owner:
+                continue
+            count = execution_count(s)
+            scan = s.workspace.last_scan if s.workspace is not None else None
+            row = rows.setdefault(sid, {"session_id": sid})
+            row.update(
+                state="live",
+                held_by_pid=None,
+                execution_count=count or 0,
+                idle_seconds=round(now_m - s.last_used, 1),
+                busy=s.busy,
+                job_id=self.jobs.get((who, sid)),
+                kernel_running=count is not None,
+                last_used=now - (now_m - s.last_used),
+            )
+            if scan is not None:
+                row.update(workspace_files=len(scan.files), workspace_bytes=scan.bytes_used)
+            if s.meta is not None:
+                row.update(age_seconds=round(now - s.meta.created, 1), variables_saved_at=s.meta.snapshot_at)
+        return sorted(rows.values(), key=lambda r: r.get("last_used", 0.0), reverse=True)
+
     # --- holding a session for a call ---------------------------------------------------
     @contextlib.asynccontextmanager
     async def hold(
-        self, session_id: str | None, *, owner: str = LOCAL_OWNER, create: bool = True, job_id: str | None = None
+        self,
+        session_id: str | None,
+        *,
+        owner: str = LOCAL_OWNER,
+        create: bool = True,
+        job_id: str | None = None,
     ) -> AsyncIterator[Session]:
         """The session ``session_id`` (loaded or created if needed), locked and marked busy; if it
         was closed or unloaded while we waited for its lock, the session that replaced it."""
@@ -253,7 +315,15 @@ class SessionRegistry:
             except BaseException:
                 home.release()
                 raise
-            session = Session(sid, self._new_workspace, owner=owner, home=home, meta=meta, workspace=workspace)
+            session = Session(
+                sid,
+                self._new_workspace,
+                owner=owner,
+                home=home,
+                meta=meta,
+                workspace=workspace,
+                new_layer=self._new_layer,
+            )
             if stored:
                 session.resumed = True
                 session.pending_notes.append(resumed_note(meta))
@@ -272,6 +342,7 @@ class SessionRegistry:
             await self.hooks.release(session)
             if session.workspace is not None:
                 await session.workspace.aremove()
+            await _drop_packages(session)
 
     async def _touch(self, session: Session) -> None:
         """Record the call in the session's meta (last used, size from the call's scan)."""
@@ -299,6 +370,7 @@ class SessionRegistry:
                 await self.hooks.suspend(session)
             except Exception as exc:  # the files matter more than the snapshot
                 log.warning("saving session %r: %s", session.id, exc)
+            await _drop_packages(session)
             home, meta = session.home, session.meta
             if home is not None and meta is not None:
                 await off_loop(lambda: home.save_meta(self.store.refresh_size(home, meta)), timeout=None)
@@ -319,9 +391,15 @@ class SessionRegistry:
             if session.running is not None:
                 session.running.cancel()
             await self.hooks.release(session)
+            await _drop_packages(session)
             if session.home is not None:
                 await off_loop(session.home.delete, timeout=None)
         return True
+
+
+async def _drop_packages(session: Session) -> None:
+    if session.packages is not None:
+        await anyio.to_thread.run_sync(session.packages.remove)
 
 
 def resumed_note(meta: Meta) -> str:

@@ -48,7 +48,7 @@ SNAPSHOT_FILE = f"{SNAPSHOT_DIR}/namespace.pkl"
 GRACE = 5.0  # seconds past the budget the server waits before interrupting the kernel
 MAX_LISTED = 30  # names shown in a note
 
-_SAVE = r'''
+_SAVE = r"""
 def _km_save(path, limit, seconds):
     import json, os, re, struct, sys, time, types
     try:
@@ -117,9 +117,9 @@ def _km_save(path, limit, seconds):
         os.fsync(f.fileno())
     os.replace(tmp, path)
     print("\n" + json.dumps({"saved": saved, "modules": modules, "skipped": skipped, "bytes": used}))
-'''
+"""
 
-_RESTORE = r'''
+_RESTORE = r"""
 def _km_restore(path):
     import importlib, json, struct
     ns = get_ipython().user_ns
@@ -162,7 +162,7 @@ def _km_restore(path):
         print("\n" + json.dumps({"restored": restored, "failed": failed, "error": f"{type(exc).__name__}: {str(exc)[:120]}"}))
         return
     print("\n" + json.dumps({"restored": restored, "failed": failed}))
-'''
+"""
 
 
 def _call(source: str, function: str, *args: object) -> str:
@@ -217,7 +217,9 @@ async def save(kernel: Kernel, inner_root: str, *, limit_bytes: int, seconds: fl
         return None
 
 
-async def restore(kernel: Kernel, inner_root: str, *, seconds: float, taken_at: float | None, clean: bool) -> list[str]:
+async def restore(
+    kernel: Kernel, inner_root: str, *, seconds: float, taken_at: float | None, clean: bool
+) -> list[str]:
     """Load the snapshot in the kernel; the notes that say what came back and what did not."""
     path = f"{inner_root.rstrip('/')}/{SNAPSHOT_FILE}"
     report = await _run(kernel, _call(_RESTORE, "_km_restore", path), seconds)

@@ -5,6 +5,9 @@
   empty directory is moved into place, see ``store.rebind``), so the kernel writes where
   the files live and nothing moves back when it stops.
 - ``reset``: a fresh kernel from the pool bound the same way; the old kernel goes.
+- Installed packages move with the session: every kernel starts with an empty package layer
+  mounted read-only; when it joins a session, the session's layer moves into it and the
+  interpreter puts it on its path (``Kernel.use_packages``).
 - **Variables that last** (``snapshot.py``): when the session is unloaded (idle reaping,
   server stop) ``suspend`` saves the namespace inside the kernel before stopping it; an
   idle session whose code ran is also saved in the background (``autosave``), so a server
@@ -29,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import anyio
 
 from kernmind.execution import snapshot
 from kernmind.execution.kernels import Kernel, PythonRuntime
@@ -188,7 +193,7 @@ class PythonRunner:
             return await self._attach(session)
         if call.reset:
             # The old kernel is idle (the session is held): bind a fresh one, drop the old one in the background.
-            fresh = await self.pool.acquire(session.workspace)
+            fresh = await self._acquire(session)
             session.state[LANGUAGE] = fresh
             self.pool.release(kernel)
             return fresh
@@ -203,7 +208,7 @@ class PythonRunner:
     async def _attach(self, session: Session) -> Kernel:
         """A kernel for a session that has none, bound to the session's working directory (an
         ephemeral session without one takes the kernel's own)."""
-        kernel = await self.pool.acquire(session.workspace)
+        kernel = await self._acquire(session)
         session.state[LANGUAGE] = kernel
         if session.workspace is None:
             session.workspace = kernel.workspace
@@ -215,3 +220,12 @@ class PythonRunner:
         if old is not None:
             await old.shutdown()
         return await self._attach(session)
+
+    async def _acquire(self, session: Session) -> Kernel:
+        """A kernel bound to the session's files, with its installed packages (importable at once)."""
+        kernel = await self.pool.acquire(session.workspace, layer=session.packages)
+        if kernel.layer is not None:
+            session.packages = kernel.layer
+            if not await anyio.to_thread.run_sync(kernel.layer.is_empty):
+                await kernel.use_packages()
+        return kernel
