@@ -240,9 +240,9 @@ async def test_a_tampered_snapshot_runs_only_inside_the_sandbox(tmp_path: Path) 
         f"os.kill({__import__('os').getpid()}, 9)"  # the server's pid: not in the sandbox's pid namespace
     )
     evil = pickle.dumps(Evil(payload))
-    record = len(b"boom").to_bytes(4, "little") + b"boom" + len(evil).to_bytes(8, "little") + evil
-    trailer = (0).to_bytes(4, "little") + (2).to_bytes(8, "little") + b"{}"
-    snap.write_bytes(b"KMSNAP1\npickle\n" + record + trailer)
+    record = len(b"boom").to_bytes(4, "little") + b"boom" + b"p" + len(evil).to_bytes(8, "little") + evil
+    trailer = (0).to_bytes(4, "little") + b"m" + (2).to_bytes(8, "little") + b"{}"
+    snap.write_bytes(b"KMSNAP2\n" + record + trailer)
 
     async with Client(create_server(settings)) as c:
         out = structured(await c.call_tool("run_code", {"code": "'kept' in globals()", "session_id": "t"}))
