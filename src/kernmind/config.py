@@ -45,6 +45,7 @@ class Group(StrEnum):
     EXECUTION = "execution"
     SANDBOX = "sandbox"
     TRANSPORT = "transport"
+    PRINCIPALS = "principals"
     MEMORY = "memory"
     LOGGING = "logging"
 
@@ -170,6 +171,13 @@ class Settings(BaseSettings):
         default=None,
         description="require `Authorization: Bearer <token>` on every HTTP request "
         "(prefer the variable: flags show in `ps`)",
+    )
+    tokens_file: Annotated[
+        Path | None, Cli(Group.PRINCIPALS, flag="--tokens", metavar="FILE", shown_default="—")
+    ] = Field(
+        default=None,
+        description="principals and their tokens (stored hashed; `kernmind tokens add NAME` makes one): "
+        "each token's principal owns its sessions and memory; revoking takes effect at once",
     )
     max_request_mb: Annotated[int, Cli(Group.TRANSPORT, metavar="MB")] = Field(
         default=32,

@@ -152,15 +152,19 @@ class Executor:
             f"unknown language {language[:40]!r}; available: {', '.join(self.available_languages())}."
         )
 
-    def session_summaries(self) -> list[dict[str, object]]:
+    def session_summaries(self, owner: str | None) -> list[dict[str, object]]:
+        """Live sessions of ``owner`` (every owner's when None: an admin's view)."""
         now = time.monotonic()
         rows = []
         for s in self.sessions.sessions.values():
+            if owner is not None and s.owner != owner:
+                continue
             kernel = PythonRunner.kernel_of(s)
             ws = s.workspace
             rows.append(
                 {
                     "session_id": s.id,
+                    "owner": s.owner,
                     "language": "python",
                     "execution_count": kernel.execution_count if kernel else 0,
                     "idle_seconds": round(now - s.last_used, 1),
@@ -187,10 +191,10 @@ class Executor:
         return requested, []
 
     # --- files ------------------------------------------------------------------
-    async def workspace_for(self, session_id: str | None, *, create: bool = True) -> Workspace:
+    async def workspace_for(self, owner: str, session_id: str | None, *, create: bool = True) -> Workspace:
         if self.settings.stateless:
             raise SessionError("the server runs with --stateless: there are no persistent session files.")
-        async with self.sessions.hold(session_id, create=create) as session:
+        async with self.sessions.hold(owner, session_id, create=create) as session:
             return session.files()
 
     # --- running code -------------------------------------------------------------
@@ -198,6 +202,7 @@ class Executor:
         self,
         code: str,
         *,
+        owner: str = "local",
         language: str = "python",
         session_id: str | None = None,
         reset: bool = False,
@@ -207,14 +212,14 @@ class Executor:
         runner = self.runner_for(language)
         limit, notes = self.time_limit(timeout)
         if self.settings.stateless:
-            session = self.sessions.ephemeral()
+            session = self.sessions.ephemeral(owner)
             try:
                 result = await self._supervise(runner, session, code, reset, limit, notes, progress)
             finally:
                 await self.sessions.discard(session)
             result.session_id = session_id
             return result
-        async with self.sessions.hold(session_id) as session:
+        async with self.sessions.hold(owner, session_id) as session:
             return await self._supervise(runner, session, code, reset, limit, notes, progress)
 
     async def _supervise(

@@ -2,8 +2,10 @@
 
 It only keeps the books; running code is the supervisor's and the runners' job.
 
-- Calls without a session id use the ``default`` session; a named session is created on
-  first use (at most ``max_sessions`` live at once). An empty or malformed id is refused.
+- Sessions belong to an owner (a principal, see ``principals.py``): the registry is keyed by
+  (owner, session id), so one owner's ids are invisible to another ("no session named X").
+- Calls without a session id use the owner's ``default`` session; a named session is created
+  on first use (at most ``max_sessions`` live at once). An empty or malformed id is refused.
 - ``hold(id)``: calls to one session run one at a time (a per-session lock); calls to
   different sessions run in parallel. While a call runs, ``session.running`` is its
   cancel scope, so ``close()`` can stop it whatever the language.
@@ -56,10 +58,14 @@ def check_session_id(session_id: str | None) -> str:
     return session_id
 
 
+Key = tuple[str, str]  # (owner, session id)
+
+
 @dataclass(eq=False)
 class Session:
     id: str
     new_workspace: Callable[[], Workspace] = field(repr=False)
+    owner: str = "local"
     ephemeral: bool = False
     lock: anyio.Lock = field(default_factory=anyio.Lock, repr=False)
     created: float = field(default_factory=time.monotonic)
@@ -98,8 +104,8 @@ class SessionRegistry:
         self.idle_timeout = idle_timeout
         self._new_workspace = new_workspace
         self._release = release  # stops what runners keep for a session, then its files go
-        self.sessions: dict[str, Session] = {}
-        self._reaped: set[str] = set()
+        self.sessions: dict[Key, Session] = {}
+        self._reaped: set[Key] = set()
 
     # --- lifecycle ----------------------------------------------------------------
     async def run_reaper(self, tg: TaskGroup) -> None:
@@ -112,9 +118,9 @@ class SessionRegistry:
             now = time.monotonic()
             for s in list(self.sessions.values()):
                 if not s.busy and now - s.last_used > self.idle_timeout:
-                    log.info("closing session %r after %.0fs idle", s.id, now - s.last_used)
-                    self._reaped.add(s.id)
-                    await self.close(s.id)
+                    log.info("closing session %r of %r after %.0fs idle", s.id, s.owner, now - s.last_used)
+                    self._reaped.add((s.owner, s.id))
+                    await self.close(s.owner, s.id)
 
     async def close_all(self) -> None:
         sessions = list(self.sessions.values())
@@ -125,29 +131,27 @@ class SessionRegistry:
                     tg.start_soon(self._discard, s)
 
     # --- queries --------------------------------------------------------------------
-    def get(self, session_id: str | None) -> Session:
-        sid = check_session_id(session_id)
-        session = self.sessions.get(sid)
-        if session is None:
-            raise SessionError(f"no live session named {sid!r}; {self.live_sessions_sentence()}")
-        return session
+    def owned_by(self, owner: str) -> list[Session]:
+        return [s for (o, _), s in sorted(self.sessions.items()) if o == owner]
 
-    def live_sessions_sentence(self) -> str:
-        live = ", ".join(sorted(self.sessions)) or "none"
+    def live_sessions_sentence(self, owner: str) -> str:
+        live = ", ".join(s.id for s in self.owned_by(owner)) or "none"
         return f"live sessions: {live}. Run code in it (or upload a file) first."
 
     # --- holding a session for a call ---------------------------------------------------
     @contextlib.asynccontextmanager
-    async def hold(self, session_id: str | None, *, create: bool = True) -> AsyncIterator[Session]:
-        """The live session ``session_id`` (created if needed), locked and marked busy; if it
-        was closed while we waited for its lock, the session that replaced it instead."""
+    async def hold(
+        self, owner: str, session_id: str | None, *, create: bool = True
+    ) -> AsyncIterator[Session]:
+        """``owner``'s live session ``session_id`` (created if needed), locked and marked busy;
+        if it was closed while we waited for its lock, the session that replaced it instead."""
         sid = check_session_id(session_id)
         while True:
-            session = self.sessions.get(sid)
+            session = self.sessions.get((owner, sid))
             if session is None:
                 if not create:
-                    raise SessionError(f"no live session named {sid!r}; {self.live_sessions_sentence()}")
-                session = self._new(sid)
+                    raise SessionError(f"no live session named {sid!r}; {self.live_sessions_sentence(owner)}")
+                session = self._new(owner, sid)
             async with session.lock:
                 if session.closed:
                     continue
@@ -159,32 +163,33 @@ class SessionRegistry:
                     session.last_used = time.monotonic()
                 return
 
-    def ephemeral(self) -> Session:
+    def ephemeral(self, owner: str) -> Session:
         """A session for one --stateless call (not registered; ``discard`` it afterwards)."""
-        return Session("stateless", self._new_workspace, ephemeral=True)
+        return Session("stateless", self._new_workspace, owner=owner, ephemeral=True)
 
     async def discard(self, session: Session) -> None:
         with anyio.CancelScope(shield=True):
             await self._discard(session)
 
-    def _new(self, sid: str) -> Session:
+    def _new(self, owner: str, sid: str) -> Session:
         if len(self.sessions) >= self.max_sessions:
+            yours = ", ".join(s.id for s in self.owned_by(owner)) or "none"
             raise SessionError(
-                f"too many live sessions ({len(self.sessions)}/{self.max_sessions}): "
-                f"{', '.join(sorted(self.sessions))}. Reuse one of them, or close one with close_session first."
+                f"too many live sessions on this server ({len(self.sessions)}/{self.max_sessions}); yours: "
+                f"{yours}. Reuse one of them, or close one with close_session first."
             )
-        session = Session(sid, self._new_workspace)
-        if sid in self._reaped:
-            self._reaped.discard(sid)
+        session = Session(sid, self._new_workspace, owner=owner)
+        if (owner, sid) in self._reaped:
+            self._reaped.discard((owner, sid))
             session.pending_notes.append(
                 "this session had been idle too long and was closed; it starts from a fresh interpreter."
             )
-        self.sessions[sid] = session
+        self.sessions[(owner, sid)] = session
         return session
 
-    async def close(self, session_id: str) -> bool:
+    async def close(self, owner: str, session_id: str) -> bool:
         """Close a session: stop the call running in it, its runners' state, and delete its files."""
-        session = self.sessions.pop(session_id, None)
+        session = self.sessions.pop((owner, session_id), None)
         if session is None:
             return False
         await self._discard(session)

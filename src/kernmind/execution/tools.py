@@ -40,6 +40,7 @@ from kernmind.execution.executor import Executor
 from kernmind.execution.results import IMAGE_FIELDS, ImageRef, RunResult
 from kernmind.execution.sessions import check_session_id
 from kernmind.execution.workspace import FileData, FileEntry, WorkspaceError, guess_mime
+from kernmind.principals import NAME_RE, Principal, principal_of
 
 LIST_LIMIT = 200
 LIST_MAX = 1000
@@ -64,6 +65,7 @@ def model_errors(what: str = "the request") -> Iterator[None]:
 
 class SessionSummary(BaseModel):
     session_id: str
+    owner: str = Field(description="the principal the session belongs to")
     language: str
     execution_count: int
     idle_seconds: float
@@ -115,6 +117,15 @@ class FileList(BaseModel):
     total: int = Field(description="files matching the request, before paging")
     offset: int
     next_offset: int | None = Field(description="pass as offset for the next page; null on the last page")
+
+
+def address(caller: Principal, session_id: str | None) -> tuple[str, str | None]:
+    """(owner, session id) a caller means: its own session, or, for an admin, ``owner/session_id``."""
+    if caller.admin and session_id and "/" in session_id:
+        owner, _, sid = session_id.partition("/")
+        if NAME_RE.match(owner):
+            return owner, sid
+    return caller.name, session_id
 
 
 def run_result_content(result: RunResult) -> tuple[list[TextContent | ImageContent], dict[str, Any]]:
@@ -193,8 +204,10 @@ class ExecutionTools:
                 await ctx.report_progress(elapsed, None, message)
 
             with model_errors(f"the {language[:20]} interpreter"):
+                owner, session_id = address(principal_of(ctx), session_id)
                 result = await ex.run(
                     code,
+                    owner=owner,
                     language=language,
                     session_id=session_id,
                     reset=reset,
@@ -204,10 +217,15 @@ class ExecutionTools:
             content, structured = run_result_content(result)
             return CallToolResult(content=list(content), structured_content=structured)
 
-        @server.tool(description="List live code sessions and the warm-kernel pool.")
-        async def list_sessions() -> SessionList:
+        @server.tool(
+            description="List your live code sessions and the warm-kernel pool (an admin sees every owner's)."
+        )
+        async def list_sessions(ctx: Context) -> SessionList:
+            caller = principal_of(ctx)
             return SessionList(
-                sessions=[SessionSummary(**s) for s in ex.session_summaries()],
+                sessions=[
+                    SessionSummary(**s) for s in ex.session_summaries(None if caller.admin else caller.name)
+                ],
                 max_sessions=self.settings.max_sessions,
                 warm_kernels=ex.pool.ready_count,
                 pool_error=ex.pool.last_error,
@@ -218,10 +236,12 @@ class ExecutionTools:
         )
         async def close_session(
             session_id: Annotated[str, Field(description="The session to close.")],
+            ctx: Context,
         ) -> CloseResult:
             with model_errors():
-                if not await ex.sessions.close(check_session_id(session_id)):
-                    known = ", ".join(sorted(ex.sessions.sessions)) or "none"
+                owner, sid = address(principal_of(ctx), session_id)
+                if not await ex.sessions.close(owner, check_session_id(sid)):
+                    known = ", ".join(x.id for x in ex.sessions.owned_by(owner)) or "none"
                     raise ToolError(f"No live session named {session_id!r}. Live sessions: {known}.")
             return CloseResult(
                 session_id=session_id, closed=True, message="Session closed; its files are deleted."
@@ -229,6 +249,7 @@ class ExecutionTools:
 
         @server.tool(description="Write a file into a session's working directory (text or base64).")
         async def upload_file(
+            ctx: Context,
             path: Annotated[str, Field(description="Path relative to the session's working directory.")],
             content: Annotated[str, Field(description="File content, as text or base64 (see encoding).")],
             encoding: Annotated[str, Field(json_schema_extra={"enum": ["utf-8", "base64"]})] = "utf-8",
@@ -238,7 +259,7 @@ class ExecutionTools:
         ) -> UploadResult:
             with model_errors():
                 data = decode_upload(content, encoding)
-                ws = await ex.workspace_for(session_id)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id))
                 room = self.settings.workspace_mb * 1024 * 1024 - (
                     ws.last_scan.bytes_used if ws.last_scan else await ws.ausage()
                 )
@@ -257,6 +278,7 @@ class ExecutionTools:
             )
         )
         async def download_file(
+            ctx: Context,
             path: Annotated[str, Field(description="Path relative to the session's working directory.")],
             session_id: Annotated[
                 str | None, Field(description="Session; omit for the default session.")
@@ -267,7 +289,7 @@ class ExecutionTools:
             ] = None,
         ) -> Annotated[CallToolResult, DownloadResult]:
             with model_errors():
-                ws = await ex.workspace_for(session_id, create=False)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 image = guess_mime(path) in IMAGE_FIELDS.values() and offset == 0 and length is None
                 budget = image_budget if image else text_budget
                 got = await ws.aread(path, offset=offset, length=min(length or budget, budget))
@@ -281,6 +303,7 @@ class ExecutionTools:
             )
         )
         async def list_files(
+            ctx: Context,
             session_id: Annotated[
                 str | None, Field(description="Session; omit for the default session.")
             ] = None,
@@ -292,7 +315,7 @@ class ExecutionTools:
             limit: Annotated[int, Field(ge=1, le=LIST_MAX, description="Files per page.")] = LIST_LIMIT,
         ) -> FileList:
             with model_errors():
-                ws = await ex.workspace_for(session_id, create=False)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 page, total = await ws.alist(prefix=path, pattern=pattern, offset=offset, limit=limit)
             return FileList(
                 session_id=session_id or ex.default_session_id,
@@ -307,10 +330,10 @@ class ExecutionTools:
             name="workspace_file",
             description="A file in a code session's working directory (text, or binary as a blob).",
         )
-        async def workspace_file(session_id: str, path: str) -> str | bytes:
+        async def workspace_file(session_id: str, path: str, ctx: Context) -> str | bytes:
             cap = self.settings.max_download_mb * 1024 * 1024
             try:
-                ws = await ex.workspace_for(session_id, create=False)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 got = await ws.aread(path, length=cap + 1)
             except ValueError as exc:
                 raise ResourceError(str(exc)) from exc
@@ -332,9 +355,9 @@ class ExecutionTools:
             description="The files in a code session's working directory, as JSON (the first 1000).",
             mime_type="application/json",
         )
-        async def workspace_listing(session_id: str) -> str:
+        async def workspace_listing(session_id: str, ctx: Context) -> str:
             try:
-                ws = await ex.workspace_for(session_id, create=False)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 page, total = await ws.alist(limit=LIST_MAX)
             except ValueError as exc:
                 raise ResourceError(str(exc)) from exc
