@@ -10,9 +10,12 @@ Design
   its roles and when it was made. ``kernmind tokens add NAME`` prints the new token once.
 - Revocation needs no restart: the file is re-read whenever its modification time, size
   or inode changes (checked on each request; a ``stat`` costs microseconds).
-- The HTTP middleware (``serving.py``) puts the principal into the ASGI scope; a tool finds
-  it with ``principal_of(ctx)`` through the request the SDK hands to the context. A request
-  without one (stdio, in-process) is ``local``.
+- The HTTP middleware (``serving.py``) puts the principal into the ASGI scope;
+  ``identify_callers(server)`` wraps the server's ``tools/call``, ``resources/read`` and
+  ``prompts/get`` handlers so that, while one runs, ``current_principal()`` is the caller
+  (read from the request the SDK passes along). A request without one (stdio, in-process)
+  is ``local``. Parts that keep things per principal (memory namespaces) ask
+  ``current_principal()``; tools holding a ``Context`` may use ``principal_of(ctx)``.
 
 What a principal owns is decided by the parts that keep things: sessions are keyed by
 (owner, session id), memory namespaces live inside the principal's space. Another
@@ -35,6 +38,8 @@ import os
 import re
 import secrets
 import tempfile
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,13 +224,51 @@ def tokens_file_in_use(tokens_file: Path | None, data_dir: Path) -> Path | None:
     return default if default.exists() else None
 
 
-def principal_of(ctx: Any) -> Principal:
-    """The principal of the request ``ctx`` belongs to (``local`` without an HTTP request)."""
-    try:
-        request = ctx.request_context.request
-    except (AttributeError, ValueError):
-        return LOCAL
+def _principal_in(request: Any) -> Principal:
     scope = getattr(request, "scope", None)
     if isinstance(scope, dict) and isinstance(scope.get(SCOPE_KEY), Principal):
         return scope[SCOPE_KEY]
     return LOCAL
+
+
+def principal_of(ctx: Any) -> Principal:
+    """The principal of the request ``ctx`` belongs to (``local`` without an HTTP request)."""
+    try:
+        return _principal_in(ctx.request_context.request)
+    except (AttributeError, ValueError):
+        return current_principal()
+
+
+_CALLER: ContextVar[Principal] = ContextVar("kernmind_caller", default=LOCAL)
+
+
+def current_principal() -> Principal:
+    """Who the request being handled comes from (see ``identify_callers``)."""
+    return _CALLER.get()
+
+
+OnCaller = Callable[[Principal], Awaitable[None]]
+
+
+def identify_callers(server: Any, on_caller: Sequence[OnCaller] = ()) -> None:
+    """While a tool call, resource read or prompt is handled, ``current_principal()`` is its
+    caller; each ``on_caller`` hook runs first (e.g. opening that principal's memory)."""
+    from kernmind.sdk_compat import lowlevel_server
+
+    low = lowlevel_server(server)
+    for method in ("tools/call", "resources/read", "prompts/get"):
+        entry = low.get_request_handler(method)
+        if entry is None:
+            continue
+
+        async def handler(ctx: Any, params: Any, _inner: Any = entry.handler) -> Any:
+            caller = _principal_in(getattr(ctx, "request", None))
+            token = _CALLER.set(caller)
+            try:
+                for hook in on_caller:
+                    await hook(caller)
+                return await _inner(ctx, params)
+            finally:
+                _CALLER.reset(token)
+
+        low.add_request_handler(method, entry.params_type, handler)

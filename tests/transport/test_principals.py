@@ -173,3 +173,14 @@ def test_a_malformed_tokens_file_refuses_to_start(tmp_path: Path) -> None:
     bad.write_text('{"tokens": [{"name": "eve"}]}')
     with pytest.raises(RuntimeError, match="sha256"):
         start_http(tmp_path, "--tokens", str(bad))
+
+
+async def test_each_principal_has_its_own_memory(alice: Client, bob: Client) -> None:
+    """Blocks and archival passages written by one principal are not another's."""
+    structured(await alice.call_tool("memory_rethink", {"label": "human", "new_memory": "Alice's notes."}))
+    structured(await alice.call_tool("archival_memory_insert", {"content": "alice keeps the launch codes"}))
+    bobs = structured(await bob.call_tool("memory_read", {"label": "human"}))
+    assert "Alice" not in bobs["value"]
+    found = structured(await bob.call_tool("archival_memory_search", {"query": "launch codes"}))
+    assert not any("alice" in r["content"] for r in found["results"])
+    assert structured(await alice.call_tool("memory_read", {"label": "human"}))["value"] == "Alice's notes."
