@@ -29,12 +29,14 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import platformdirs
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIN_MEMORY_MB = 256  # measured: ipykernel + numpy + pandas + matplotlib map ≈ 185 MiB of RLIMIT_DATA
 SandboxMode = Literal["auto", "bwrap", "none", "required"]
 Transport = Literal["stdio", "http"]
+PackagesMode = Literal["any", "none", "allowlist"]
+GpuMode = Literal["auto", "none"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 
@@ -125,11 +127,32 @@ class Settings(BaseSettings):
         default=20, ge=1, description="largest file a `workspace://` resource read returns (MiB)"
     )
 
+    # --- packages (install_packages) ---
+    packages: PackagesMode = Field(
+        default="any",
+        description="what `install_packages` may install: `any`, `none`, or `allowlist` (see next row)",
+    )
+    package_allowlist: Annotated[Path | None, Cli(metavar="FILE")] = Field(
+        default=None, description="with `--packages allowlist`: one package name a line (`npm:name` for npm)"
+    )
+    package_index: Annotated[
+        str | None, Cli(metavar="URL", shown_default="`$UV_INDEX_URL`, `$PIP_INDEX_URL` or PyPI")
+    ] = Field(default=None, description="Python package index (`none`: only `--find-links`)")
+    find_links: Annotated[str | None, Cli(metavar="DIR", shown_default="`$PIP_FIND_LINKS`")] = Field(
+        default=None, description="a directory (or URL) of wheels to install from, e.g. an offline wheelhouse"
+    )
+    allow_sdist: bool = Field(
+        default=False, description="allow building packages from source (the build runs inside the sandbox)"
+    )
+
     # --- sandbox and limits ---
     sandbox: Annotated[SandboxMode, Cli(Group.SANDBOX)] = Field(
         default="auto",
         description="`auto`: bubblewrap if it works, else none with a warning; "
         "`required`/`bwrap`: refuse to start without it",
+    )
+    gpu: Annotated[GpuMode, Cli(Group.SANDBOX)] = Field(
+        default="auto", description="`auto`: pass the host's NVIDIA GPUs into the sandbox; `none`: never"
     )
     allow_network: Annotated[bool, Cli(Group.SANDBOX)] = Field(
         default=False, description="let sandboxed code use the network"
@@ -217,12 +240,18 @@ class Settings(BaseSettings):
 
     log_level: Annotated[LogLevel, Cli(Group.LOGGING)] = Field(default="INFO", description="stderr log level")
 
+    @model_validator(mode="after")
+    def _allowlist_needs_a_file(self) -> Settings:
+        if self.packages == "allowlist" and self.package_allowlist is None:
+            raise ValueError("--packages allowlist needs --package-allowlist FILE (one package name a line)")
+        return self
+
     @field_validator("db", mode="before")
     @classmethod
     def _db_text(cls, value: object) -> object:
         return str(value) if isinstance(value, Path) else value
 
-    @field_validator("data_dir", "kernel_python", mode="after")
+    @field_validator("data_dir", "kernel_python", "package_allowlist", mode="after")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None

@@ -1,7 +1,8 @@
 """``kernmind doctor``: what this machine can run, checked for real.
 
 It builds the same components the server builds (sandbox detection, kernel Python
-probe, language runners), then starts one sandboxed kernel and runs ``1 + 1`` in it.
+probe, language runners, the package installer), then starts one sandboxed kernel and runs
+``1 + 1`` in it — and, when GPUs are passed through, asks CUDA inside it how many it sees.
 The report goes to stdout as aligned text (or JSON with ``--json``). Exit status 0 means
 ``kernmind serve`` can run here (a kernel started and answered); 1 means it cannot, and
 the report says why.
@@ -10,6 +11,7 @@ the report says why.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -23,6 +25,7 @@ from kernmind.config import Settings
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.executor import limits_from
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
+from kernmind.execution.packages import PackageInstaller, PythonTarget
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import Sandbox, SandboxUnavailable
 from kernmind.memory.database import redacted_location
@@ -43,6 +46,7 @@ async def _live_check(sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any
             outcome = await kernel.execute("1 + 1", collector, deadline=time.monotonic() + 30)
             exec_ms = (time.perf_counter() - t0) * 1000
             value = collector.results[0].text if collector.results else None
+            gpus = await _gpus_seen(kernel) if sandbox.gpu is not None else None
         finally:
             await kernel.shutdown()
         ok = outcome.kind == "ok" and value == "2"
@@ -51,14 +55,41 @@ async def _live_check(sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any
             "kernel_start_s": round(start_s, 2),
             "execute_ms": round(exec_ms, 1),
             "value": value,
+            **({"cuda_devices_in_sandbox": gpus} if gpus is not None else {}),
         }
+
+
+CUDA_COUNT = """
+import ctypes
+try:
+    _cuda = ctypes.CDLL("libcuda.so.1")
+    _n = ctypes.c_int()
+    _r = _cuda.cuInit(0) or _cuda.cuDeviceGetCount(ctypes.byref(_n))
+    _seen = _n.value if _r == 0 else f"CUDA error {_r}"
+except OSError as _e:
+    _seen = f"libcuda not loadable: {_e}"
+_seen
+"""
+
+
+async def _gpus_seen(kernel: Any) -> str:
+    collector = OutputCollector(1000)
+    await kernel.execute(CUDA_COUNT, collector, deadline=time.monotonic() + 60)
+    return (
+        collector.results[0].text
+        if collector.results
+        else (collector.error.value if collector.error else "?")
+    )
 
 
 def gather(settings: Settings) -> dict[str, Any]:
     report: dict[str, Any] = {"kernmind": __version__, "python": sys.version.split()[0]}
     try:
         sandbox = Sandbox.detect(
-            settings.sandbox, allow_network=settings.allow_network, limits=limits_from(settings)
+            settings.sandbox,
+            allow_network=settings.allow_network,
+            limits=limits_from(settings),
+            gpu=settings.gpu,
         )
     except SandboxUnavailable as exc:
         report["sandbox"] = {"backend": None, "reason": str(exc)}
@@ -80,6 +111,7 @@ def gather(settings: Settings) -> dict[str, Any]:
     for name, hint in sorted(runners_mod.missing_runtimes(sandbox, settings).items()):
         languages.setdefault(name, {"available": False, "install": hint})
     report["languages"] = languages
+    report["packages"] = _packages(settings, sandbox, runtime)
     report["database"] = redacted_location(settings.db_location)
     report["workspaces"] = str(settings.workspaces_dir)
     report["agent"] = settings.agent
@@ -88,6 +120,16 @@ def gather(settings: Settings) -> dict[str, Any]:
     report["live_test"] = anyio.run(_live_check, sandbox, runtime) if runtime.error is None else {"ok": False}
     report["ok"] = bool(report["live_test"].get("ok"))
     return report
+
+
+def _packages(settings: Settings, sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any]:
+    """install_packages' policy and sources, and what the kernel's Python can import now."""
+    target = PythonTarget(runtime.executable, runtime.paths, runtime.pythonpath)
+    try:
+        info = PackageInstaller.from_settings(settings, sandbox, target, os.environ).describe()
+    except ValueError as exc:  # an unreadable allow-list
+        info = {"mode": settings.packages, "problem": str(exc)}
+    return {**info, "importable": list(runtime.notable)}
 
 
 def _print_text(report: dict[str, Any]) -> None:
@@ -101,12 +143,22 @@ def _print_text(report: dict[str, Any]) -> None:
         line("  network", sb["network"])
         line("  runs as", sb["runs_as"])
         line("  limits", ", ".join(f"{k}={v}" for k, v in sb["limits"].items()))
+        gpu = sb.get("gpu")
+        line("  gpu", f"{len(gpu['devices'])} NVIDIA device(s) passed through" if gpu else "none")
+        for problem in gpu["problems"] if gpu else []:
+            line("  gpu problem", problem)
     for name, info in report.get("languages", {}).items():
         if info.get("available"):
             extra = f" (ipykernel {info['ipykernel']})" if name == "python" else ""
             line(f"{name}", f"ok  {info.get('version')}{extra}")
         else:
             line(f"{name}", f"missing — {info.get('install') or info.get('problem')}")
+    if packages := report.get("packages"):
+        detail = packages.get("problem") or f"{packages['sources']}; sdists {packages['sdist']}"
+        line("packages", f"{packages['mode']} — {detail}")
+        if "installer" in packages:
+            line("  installer", f"{packages['installer']}; npm {packages['npm']}; proxy {packages['proxy']}")
+        line("  importable", ", ".join(packages["importable"]) or "no notable packages")
     if "database" in report:
         line("database", report["database"])
         line("workspaces", report["workspaces"])
@@ -121,6 +173,8 @@ def _print_text(report: dict[str, Any]) -> None:
             "live test",
             f"ok — kernel started in {live['kernel_start_s']} s, 1 + 1 = 2 in {live['execute_ms']} ms",
         )
+        if "cuda_devices_in_sandbox" in live:
+            line("  cuda", f"devices seen inside the sandbox: {live['cuda_devices_in_sandbox']}")
     else:
         line("live test", f"FAILED — {live.get('error', 'kernel unavailable')}")
     print("\nready: kernmind serve can run here." if report["ok"] else "\nNOT READY: see the lines above.")

@@ -6,7 +6,8 @@ throw-away one) → ``supervise(runner, call)`` (time limit, quota, progress, re
 
 It owns the sandbox (chosen once at start), this server's run directory (``rundir.py``:
 throw-away workspaces and kernel sockets, cleaned after a crash by the next start), the
-warm kernel pool, the session registry and the runners. ``running()`` starts the pool
+warm kernel pool, the session registry, the runners and the package installer
+(``install``: into the held session's layer, then onto its running kernel's path). ``running()`` starts the pool
 refill and the idle reaper and, on exit, stops every kernel and process and deletes the
 run directory, so nothing outlives the server.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import time
 from collections.abc import AsyncIterator
 
@@ -28,6 +30,8 @@ import anyio
 from kernmind.config import Settings
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
+from kernmind.execution.packages import InstallResult, Layer, PackageInstaller, PythonTarget
+from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.pool import KernelPool
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.rundir import RunDir, socket_root
@@ -39,6 +43,12 @@ from kernmind.execution.supervisor import Progress, supervise
 from kernmind.execution.workspace import Workspace
 
 log = logging.getLogger(__name__)
+
+STATELESS_REFUSAL = (
+    "install_packages is not available on this server: it runs with --stateless, so every run_code "
+    "call starts from a fresh interpreter and an installed package would be gone before the next "
+    "call. Use the packages that are already installed, or ask the operator to run without --stateless."
+)
 
 ALIASES = {
     "py": "python",
@@ -67,7 +77,10 @@ class Executor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.sandbox = Sandbox.detect(
-            settings.sandbox, allow_network=settings.allow_network, limits=limits_from(settings)
+            settings.sandbox,
+            allow_network=settings.allow_network,
+            limits=limits_from(settings),
+            gpu=settings.gpu,
         )
         self.runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)
         if self.runtime.error:
@@ -77,29 +90,39 @@ class Executor:
         self.socket_rundir = (
             self.rundir if sockets == self.rundir.root else RunDir(sockets, transient_root=True)
         )
+        settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        target = PythonTarget(self.runtime.executable, self.runtime.paths, self.runtime.pythonpath)
+        self.packages = PackageInstaller.from_settings(settings, self.sandbox, target, os.environ)
+        self.guard = SandboxGuard.create(self.packages.cache_dir / "shims")
         factory = KernelFactory(
             self.sandbox,
             self.runtime,
             new_workspace=self._new_workspace,
             socket_dirs=lambda: self.socket_rundir.new_dir("k-"),
             output_limit=settings.max_output_chars,
+            new_layer=self._new_layer,
+            guard=self.guard,
         )
         self.pool = KernelPool(factory, settings.pool_size)
         self.runners: dict[str, Runner] = {}
         if not self.runtime.error:
             self.runners["python"] = PythonRunner(self.runtime, self.pool)
-        self.runners.update(runners_mod.discover(self.sandbox, settings))
+        self.runners.update(runners_mod.discover(self.sandbox, settings, self.guard))
         self.sessions = SessionRegistry(
             max_sessions=settings.max_sessions,
             idle_timeout=settings.idle_timeout,
             new_workspace=lambda: self._new_workspace(self.sandbox.allocate_uid()),
             release=self._release,
+            new_layer=self._new_layer,
         )
 
     def _new_workspace(self, uid: int | None) -> Workspace:
         ws = Workspace(self.rundir.new_dir("ws-"), owner_uid=uid)
         ws.create()
         return ws
+
+    def _new_layer(self) -> Layer:
+        return Layer(self.rundir.new_dir("pk-")).create()
 
     async def _release(self, session: Session) -> None:
         for runner in self.runners.values():
@@ -196,6 +219,36 @@ class Executor:
             raise SessionError("the server runs with --stateless: there are no persistent session files.")
         async with self.sessions.hold(owner, session_id, create=create) as session:
             return session.files()
+
+    # --- installing packages ------------------------------------------------------
+    async def install(
+        self, packages: list[str], *, owner: str = "local", language: str, session_id: str | None
+    ) -> InstallResult:
+        """Install into the session's layer (``PackageError``, a ``ValueError``, when refused)."""
+        if self.settings.stateless:
+            raise SessionError(STATELESS_REFUSAL)
+        lang = ALIASES.get(language.strip().lower(), language.strip().lower())
+        async with self.sessions.hold(owner, session_id) as session:
+            result = await self.packages.install(packages, lang, session.layer())
+            if lang == "python" and result.installed:
+                kernel = PythonRunner.kernel_of(session)
+                if kernel is None or await kernel.use_packages():
+                    result.notes.append(
+                        "importable now in this session's Python (no restart needed) and, on "
+                        "PYTHONPATH, in its bash calls."
+                    )
+                else:
+                    result.notes.append(
+                        "installed, but the running interpreter did not take the new path: "
+                        "run_code with reset=true to use the packages."
+                    )
+            elif lang != "python" and result.installed:
+                name = result.installed[0].name
+                result.notes.append(
+                    f'import them by npm: specifier in this session, e.g. import x from "npm:{name}".'
+                )
+        result.session_id = session_id or DEFAULT_SESSION
+        return result
 
     # --- running code -------------------------------------------------------------
     async def run(

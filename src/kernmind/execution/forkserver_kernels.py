@@ -152,6 +152,7 @@ class ForkKernelFactory:
             base.sandbox.workspace_path(ws.root), kernel_environment(base, runtime_dir)
         )
         kernel_argv: list[str] = []
+        layer, mounts = base.kernel_mounts()
 
         def wrap(cmd: list[str]) -> list[str]:
             kernel_argv[:] = cmd[cmd.index("ipykernel_launcher") + 1 :]
@@ -162,6 +163,7 @@ class ForkKernelFactory:
                 ro_paths=base.runtime.paths,
                 runtime_dir=runtime_dir,
                 limits=base.limits,
+                mounts=mounts,
             ).argv
 
         km = SandboxedKernelManager(
@@ -175,7 +177,15 @@ class ForkKernelFactory:
             owner_uid=uid,
             inner_dir=base.sandbox.runtime_path(runtime_dir),
         )
-        kernel = Kernel(id=uuid.uuid4().hex[:8], workspace=ws, runtime_dir=runtime_dir, km=km, uid=uid)
+        kernel = Kernel(
+            id=uuid.uuid4().hex[:8],
+            workspace=ws,
+            runtime_dir=runtime_dir,
+            km=km,
+            uid=uid,
+            layer=layer,
+            layer_path=base.layer_path(layer),
+        )
         exit_read, exit_write = os.pipe()
         try:
             with anyio.fail_after(START_TIMEOUT):
@@ -210,6 +220,8 @@ class ForkKernelFactory:
                 await kernel.shutdown()
                 if workspace is None:
                     ws.remove()
+                if layer is not None:
+                    layer.remove()
             if isinstance(exc, Exception) and not isinstance(exc, ForkFailed):
                 raise ForkFailed(f"fork failed: {type(exc).__name__}: {exc}") from exc
             raise

@@ -18,6 +18,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from kernmind.execution.kernels import Kernel, KernelFactory
+from kernmind.execution.packages.layer import Layer
 from kernmind.execution.workspace import Workspace, off_loop
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,9 @@ class KernelPool:
             self._wake = anyio.Event()
             await self._wake.wait()
 
-    async def acquire(self, workspace: Workspace | None = None) -> Kernel:
-        """A ready kernel (its own fresh workspace, or files adopted from ``workspace``)."""
+    async def acquire(self, workspace: Workspace | None = None, layer: Layer | None = None) -> Kernel:
+        """A ready kernel (its own fresh workspace, or files adopted from ``workspace``; the
+        packages of ``layer`` moved into its own layer)."""
         kernel: Kernel | None = None
         while self._ready:
             candidate = self._ready.popleft()
@@ -84,6 +86,8 @@ class KernelPool:
             kernel = await self.factory.start()
         if workspace is not None:
             await off_loop(lambda: kernel.workspace.adopt_files_from(workspace), timeout=None)
+        if layer is not None and kernel.layer is not None and layer is not kernel.layer:
+            await anyio.to_thread.run_sync(kernel.layer.adopt_from, layer)
         return kernel
 
     def release(self, kernel: Kernel) -> None:
@@ -113,3 +117,5 @@ class KernelPool:
 async def _shutdown_and_remove(kernel: Kernel) -> None:
     await kernel.shutdown()
     await kernel.workspace.aremove()
+    if kernel.layer is not None:
+        await anyio.to_thread.run_sync(kernel.layer.remove)

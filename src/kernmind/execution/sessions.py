@@ -12,6 +12,9 @@ It only keeps the books; running code is the supervisor's and the runners' job.
 - A session's working directory is made when first needed (a file tool, a call in any
   language); runners keep their own state in ``session.state[language]`` (Python: its
   kernel, which may move the files into a directory of its own).
+- A session's package layer (``install_packages``; ``packages/layer.py``) is made on first
+  use too; the Python runner moves it into its kernel's own layer directory (mounted in
+  that kernel's sandbox since its start), like the files. It is deleted with the session.
 - ``ephemeral()``: a session for one ``--stateless`` call, never registered, discarded
   after the call with everything in it.
 - Idle sessions are closed by the reaper after ``idle_timeout``; the next call under that
@@ -34,6 +37,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from kernmind.execution.packages.layer import Layer
 from kernmind.execution.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -75,6 +79,8 @@ class Session:
     pending_notes: list[str] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)  # per-runner state, keyed by language
     workspace: Workspace | None = None
+    packages: Layer | None = None  # what install_packages put here (see packages/layer.py)
+    new_layer: Callable[[], Layer] | None = field(default=None, repr=False)
     running: anyio.CancelScope | None = None  # the call in progress
 
     def files(self) -> Workspace:
@@ -82,6 +88,14 @@ class Session:
         if self.workspace is None:
             self.workspace = self.new_workspace()
         return self.workspace
+
+    def layer(self) -> Layer:
+        """The session's package layer, made on first use."""
+        if self.packages is None:
+            if self.new_layer is None:
+                raise SessionError("this server cannot install packages into sessions.")
+            self.packages = self.new_layer()
+        return self.packages
 
     def take_notes(self) -> list[str]:
         notes, self.pending_notes = self.pending_notes, []
@@ -99,10 +113,12 @@ class SessionRegistry:
         idle_timeout: float,
         new_workspace: Callable[[], Workspace],
         release: Release,
+        new_layer: Callable[[], Layer] | None = None,
     ) -> None:
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
         self._new_workspace = new_workspace
+        self._new_layer = new_layer
         self._release = release  # stops what runners keep for a session, then its files go
         self.sessions: dict[Key, Session] = {}
         self._reaped: set[Key] = set()
@@ -178,7 +194,7 @@ class SessionRegistry:
                 f"too many live sessions on this server ({len(self.sessions)}/{self.max_sessions}); yours: "
                 f"{yours}. Reuse one of them, or close one with close_session first."
             )
-        session = Session(sid, self._new_workspace, owner=owner)
+        session = Session(sid, self._new_workspace, owner=owner, new_layer=self._new_layer)
         if (owner, sid) in self._reaped:
             self._reaped.discard((owner, sid))
             session.pending_notes.append(
@@ -202,3 +218,5 @@ class SessionRegistry:
         await self._release(session)
         if session.workspace is not None:
             await session.workspace.aremove()
+        if session.packages is not None:
+            await anyio.to_thread.run_sync(session.packages.remove)

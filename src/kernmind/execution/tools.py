@@ -12,6 +12,8 @@ MCP), and shape the answer under the result budget:
   reads are one text block and one image block per image. An image travels once: in
   ``structuredContent`` its ``png``/``jpeg`` is replaced by ``image``, a reference to its
   content block.
+- ``install_packages``: the executor installs into the session's layer (``packages/``); its
+  refusals are ``PackageError`` sentences, mapped like every other ``ValueError``.
 - ``download_file`` returns a file inline when it fits the budget (text as text, images as
   an image block, other bytes as base64), else a range (``offset``/``length``) or, with
   nothing asked, a resource link and a note on how to read it in parts.
@@ -37,6 +39,7 @@ from pydantic import BaseModel, Field
 from kernmind.config import Settings
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.executor import Executor
+from kernmind.execution.packages import InstallResult
 from kernmind.execution.results import IMAGE_FIELDS, ImageRef, RunResult
 from kernmind.execution.sessions import check_session_id
 from kernmind.execution.workspace import FileData, FileEntry, WorkspaceError, guess_mime
@@ -170,13 +173,21 @@ class ExecutionTools:
         ex = self.executor
         text_budget, image_budget = self.settings.max_output_chars, self.settings.max_result_bytes
 
+        notable = ", ".join(ex.runtime.notable) or "only the standard library"
+        installs = (
+            "Packages cannot be installed from inside code (no network): use install_packages."
+            if self.settings.packages != "none"
+            else "Installing packages is turned off on this server."
+        )
+
         @server.tool(
             description=(
                 "Run code and return its output. Python runs in a persistent Jupyter kernel: "
                 "variables, imports and files survive between calls with the same session_id "
                 "(default session when omitted). Other languages run as a fresh process per call. "
                 "The value of the last expression is returned like in a notebook; matplotlib "
-                "figures come back as images. Set reset=true for a fresh interpreter."
+                "figures come back as images, plotly figures as HTML. Set reset=true for a fresh "
+                f"interpreter. Python can import: {notable}. {installs}"
             ),
             annotations=ToolAnnotations(title="Run code", destructive_hint=False, open_world_hint=False),
         )
@@ -216,6 +227,42 @@ class ExecutionTools:
                 )
             content, structured = run_result_content(result)
             return CallToolResult(content=list(content), structured_content=structured)
+
+        @server.tool(
+            description=(
+                "Install packages into a session, for its code to import without a restart. Python: "
+                'names or requirement specifiers from the package index (e.g. ["openpyxl", '
+                '"pyarrow>=15"]), prebuilt wheels only unless the server allows source builds; '
+                "they are importable at once in the session's Python (and bash). JavaScript/"
+                'TypeScript: npm packages as ["npm:lodash@4"], then import "npm:lodash@4". '
+                "Packages the interpreter already has stay as they are. Each session has its own "
+                "packages; they are deleted with the session."
+            ),
+            annotations=ToolAnnotations(
+                title="Install packages", destructive_hint=False, open_world_hint=True
+            ),
+        )
+        async def install_packages(
+            ctx: Context,
+            packages: Annotated[
+                list[str],
+                Field(description='Package names or specifiers, e.g. ["openpyxl"] or ["npm:lodash@4"].'),
+            ],
+            language: Annotated[
+                str,
+                Field(
+                    description="python, or javascript/typescript for npm packages.",
+                    json_schema_extra={"enum": ["python", "javascript", "typescript"]},
+                ),
+            ] = "python",
+            session_id: Annotated[
+                str | None,
+                Field(description="Session to install into; omit for the default session.", max_length=64),
+            ] = None,
+        ) -> InstallResult:
+            with model_errors("the installer"):
+                owner, sid = address(principal_of(ctx), session_id)
+                return await ex.install(list(packages), owner=owner, language=language, session_id=sid)
 
         @server.tool(
             description="List your live code sessions and the warm-kernel pool (an admin sees every owner's)."

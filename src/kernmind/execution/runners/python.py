@@ -4,6 +4,9 @@
   session's files (uploads, other languages' output) move into that kernel's working
   directory, which from then on is the session's (``session.workspace``).
 - ``reset``: a fresh kernel from the pool, the files move along, the old kernel goes.
+- Installed packages move the same way: every kernel starts with an empty package layer
+  mounted read-only; when it joins a session, the session's layer moves into it and the
+  interpreter puts it on its path (``Kernel.use_packages``).
 - A ``--stateless`` call runs in a throw-away session, so it gets a fresh kernel and an
   empty directory, both dropped after the call.
 - After a time limit, quota stop or cancellation the supervisor asks us to ``interrupt``:
@@ -19,6 +22,8 @@ Error policy: a kernel that cannot be started raises ``RuntimeUnavailable`` with
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+import anyio
 
 from kernmind.execution.kernels import Kernel, PythonRuntime
 from kernmind.execution.pool import KernelPool
@@ -103,7 +108,7 @@ class PythonRunner:
             return await self._attach(session)
         if call.reset:
             # The old kernel is idle (the session is held): move its files, drop it in the background.
-            fresh = await self._acquire(kernel.workspace)
+            fresh = await self._acquire(session, kernel.workspace)
             session.state[LANGUAGE], session.workspace = fresh, fresh.workspace
             self.pool.release(kernel)
             return fresh
@@ -118,7 +123,7 @@ class PythonRunner:
     async def _attach(self, session: Session) -> Kernel:
         """A kernel for a session that has none: its files (if any) move into the kernel's directory."""
         files = session.workspace
-        kernel = await self._acquire(files)
+        kernel = await self._acquire(session, files)
         session.state[LANGUAGE], session.workspace = kernel, kernel.workspace
         if files is not None:
             await files.aremove()
@@ -131,5 +136,11 @@ class PythonRunner:
             await old.shutdown()
         return await self._attach(session)
 
-    async def _acquire(self, files: Workspace | None) -> Kernel:
-        return await self.pool.acquire(workspace=files)
+    async def _acquire(self, session: Session, files: Workspace | None) -> Kernel:
+        """A kernel with the session's files and installed packages (importable at once)."""
+        kernel = await self.pool.acquire(workspace=files, layer=session.packages)
+        if kernel.layer is not None:
+            session.packages = kernel.layer
+            if not await anyio.to_thread.run_sync(kernel.layer.is_empty):
+                await kernel.use_packages()
+        return kernel
