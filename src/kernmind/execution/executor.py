@@ -11,6 +11,11 @@ warm kernel pool, the session registry, the runners and the package installer
 refill and the idle reaper and, on exit, stops every kernel and process and deletes the
 run directory, so nothing outlives the server.
 
+With ``--kernel-gateway`` (``remote.py``) Python's kernels come from the gateway instead,
+sessions' files live on a volume the gateway's kernels also mount, and with a PostgreSQL
+``--db`` the sessions are shared by every replica (``shared_sessions.py``): a replica that
+stops leaves them to the others.
+
 Errors the model can fix (unknown or uninstalled language, bad session id or time limit,
 too many sessions) raise ``ValueError`` subclasses with a sentence saying what to do;
 a runtime that cannot be started raises ``RuntimeUnavailable``.
@@ -33,6 +38,7 @@ from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.packages import InstallResult, Layer, PackageInstaller, PythonTarget
 from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.pool import KernelPool
+from kernmind.execution.remote import RemoteKernels
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.rundir import RunDir, socket_root
 from kernmind.execution.runners.base import Call, Runner
@@ -48,6 +54,12 @@ STATELESS_REFUSAL = (
     "install_packages is not available on this server: it runs with --stateless, so every run_code "
     "call starts from a fresh interpreter and an installed package would be gone before the next "
     "call. Use the packages that are already installed, or ask the operator to run without --stateless."
+)
+
+GATEWAY_PACKAGES_REFUSAL = (
+    "install_packages is not available on this server: Python runs on a kernel gateway "
+    "(--kernel-gateway), whose kernels get their packages from the gateway's kernel image. Use the "
+    "packages installed there, or ask the operator to add them to that image."
 )
 
 ALIASES = {
@@ -103,18 +115,26 @@ class Executor:
             new_layer=self._new_layer,
             guard=self.guard,
         )
-        self.pool = KernelPool(factory, settings.pool_size)
+        # --kernel-gateway: Python runs on the gateway's kernels, sessions' files on a shared volume.
+        self.remote = RemoteKernels.from_settings(settings) if settings.kernel_gateway else None
+        self.pool = KernelPool(self.remote.factory if self.remote else factory, settings.pool_size)  # type: ignore[arg-type]
         self.runners: dict[str, Runner] = {}
-        if not self.runtime.error:
-            self.runners["python"] = PythonRunner(self.runtime, self.pool)
+        if self.remote is not None:
+            self.runners["python"] = PythonRunner(self.pool, self.remote.version)
+        elif not self.runtime.error:
+            version = f"Python {self.runtime.version} (ipykernel {self.runtime.ipykernel})"
+            self.runners["python"] = PythonRunner(self.pool, version)
         self.runners.update(runners_mod.discover(self.sandbox, settings, self.guard))
-        self.sessions = SessionRegistry(
-            max_sessions=settings.max_sessions,
-            idle_timeout=settings.idle_timeout,
-            new_workspace=lambda: self._new_workspace(self.sandbox.allocate_uid()),
-            release=self._release,
-            new_layer=self._new_layer,
-        )
+        if self.remote is not None:
+            self.sessions = self.remote.registry(release=self._release)
+        else:
+            self.sessions = SessionRegistry(
+                max_sessions=settings.max_sessions,
+                idle_timeout=settings.idle_timeout,
+                new_workspace=lambda: self._new_workspace(self.sandbox.allocate_uid()),
+                release=self._release,
+                new_layer=self._new_layer,
+            )
 
     def _new_workspace(self, uid: int | None) -> Workspace:
         ws = Workspace(self.rundir.new_dir("ws-"), owner_uid=uid)
@@ -135,6 +155,8 @@ class Executor:
         self.rundir.open()
         if self.socket_rundir is not self.rundir:
             self.socket_rundir.open()
+        if self.remote is not None:
+            self.remote.workspaces.open()
         try:
             async with anyio.create_task_group() as tg:
                 await self.pool.run(tg)
@@ -227,6 +249,8 @@ class Executor:
         """Install into the session's layer (``PackageError``, a ``ValueError``, when refused)."""
         if self.settings.stateless:
             raise SessionError(STATELESS_REFUSAL)
+        if self.remote is not None:
+            raise SessionError(GATEWAY_PACKAGES_REFUSAL)
         lang = ALIASES.get(language.strip().lower(), language.strip().lower())
         async with self.sessions.hold(owner, session_id) as session:
             result = await self.packages.install(packages, lang, session.layer())

@@ -21,17 +21,21 @@ Error policy: a kernel that cannot be started raises ``RuntimeUnavailable`` with
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import anyio
 
-from kernmind.execution.kernels import Kernel, PythonRuntime
+from kernmind.execution.errors import RuntimeUnavailable
+from kernmind.execution.kernels import Kernel
 from kernmind.execution.pool import KernelPool
 from kernmind.execution.runners.base import Call
 
 if TYPE_CHECKING:
     from kernmind.execution.sessions import Session
     from kernmind.execution.workspace import Workspace
+
+log = logging.getLogger(__name__)
 
 INTERRUPT_GRACE = 3.0
 LANGUAGE = "python"
@@ -41,10 +45,9 @@ class PythonRunner:
     language = LANGUAGE
     prepares = True  # calls call.begin() once a kernel is ready: the time limit starts there
 
-    def __init__(self, runtime: PythonRuntime, pool: KernelPool) -> None:
-        self.runtime = runtime
-        self.pool = pool
-        self.version = f"Python {runtime.version} (ipykernel {runtime.ipykernel})"
+    def __init__(self, pool: KernelPool, version: str) -> None:
+        self.pool = pool  # of local kernels, or of a kernel gateway's (``gateway_kernels.py``)
+        self.version = version
 
     @staticmethod
     def kernel_of(session: Session) -> Kernel | None:
@@ -65,10 +68,10 @@ class PythonRunner:
                 if outcome.exit_code in (-9, -11, 137)
                 else ""
             )
+            what = outcome.detail or f"the Python interpreter died while running this code{code}{hint}"
             call.collector.set_error(
                 "KernelDied",
-                f"the Python interpreter died while running this code{code}{hint}. Its state is lost; "
-                "the next call starts a fresh interpreter with the same files.",
+                f"{what}. Its state is lost; the next call starts a fresh interpreter with the same files.",
                 "",
             )
 
@@ -85,7 +88,11 @@ class PythonRunner:
         if kernel is None or not kernel.needs_replacement or call.session.ephemeral:
             return
         # Stuck or dead: swap it now so it stops using CPU, and tell the next call.
-        await self._replace(call.session)
+        try:
+            await self._replace(call.session)
+        except RuntimeUnavailable as exc:  # the call's own result stands; the next call starts one
+            log.warning("could not replace the interpreter of session %r: %s", call.session.id, exc)
+            return
         call.session.pending_notes.append(
             "the interpreter was restarted after the previous call; variables and imports are gone "
             "(files in the working directory are kept)."
