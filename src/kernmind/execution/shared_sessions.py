@@ -42,7 +42,6 @@ from kernmind.execution.sessions import Session, SessionError, SessionRegistry, 
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OWNER = "local"
 IDLE_NOTE = "this session had been idle too long and was closed; it starts from a fresh interpreter."
 GONE_NOTE = (
     "the previous interpreter had stopped (the kernel gateway no longer has it); this call runs on a "
@@ -59,15 +58,12 @@ class SharedSessionRegistry(SessionRegistry):
         self,
         store: SessionStore,
         factory: GatewayKernelFactory,
-        *,
-        owner: str = DEFAULT_OWNER,
         **registry: object,
     ) -> None:
         super().__init__(**registry)  # type: ignore[arg-type]
         self.store = store
         self.factory = factory
         self.workspaces: SharedWorkspaces = factory.workspaces
-        self.owner = owner
 
     # --- lifecycle ----------------------------------------------------------------
     async def run_reaper(self, tg: TaskGroup) -> None:
@@ -94,8 +90,8 @@ class SharedSessionRegistry(SessionRegistry):
 
     def _forget(self, session: Session) -> None:
         session.closed = True
-        if self.sessions.get(session.id) is session:
-            del self.sessions[session.id]
+        if self.sessions.get((session.owner, session.id)) is session:
+            del self.sessions[(session.owner, session.id)]
         kernel = session.state.pop(LANGUAGE, None)
         if isinstance(kernel, GatewayKernel):
             kernel.disconnect()
@@ -139,24 +135,26 @@ class SharedSessionRegistry(SessionRegistry):
 
     # --- holding a session for a call ---------------------------------------------------
     @contextlib.asynccontextmanager
-    async def hold(self, session_id: str | None, *, create: bool = True) -> AsyncIterator[Session]:
+    async def hold(
+        self, owner: str, session_id: str | None, *, create: bool = True
+    ) -> AsyncIterator[Session]:
         sid = check_session_id(session_id)
         while True:
-            session = self.sessions.get(sid)
+            session = self.sessions.get((owner, sid))
             if session is None:
-                session = self.sessions[sid] = Session(sid, self._new_workspace)
+                session = self.sessions[(owner, sid)] = Session(sid, self._new_workspace, owner=owner)
             async with session.lock:
                 if session.closed:
                     continue
-                async with self.store.locked(self.owner, sid):
-                    record = await self.store.get(self.owner, sid)
+                async with self.store.locked(owner, sid):
+                    record = await self.store.get(owner, sid)
                     if not _live(record):
                         if not create:
                             self._forget(session)
                             raise SessionError(
-                                f"no live session named {sid!r}; {await self._live_sentence()}"
+                                f"no live session named {sid!r}; {await self._live_sentence(owner)}"
                             )
-                        record = await self._create(sid, record)
+                        record = await self._create(owner, sid, record)
                     assert record is not None
                     await self._sync_in(session, record)
                     session.busy = True
@@ -170,18 +168,18 @@ class SharedSessionRegistry(SessionRegistry):
                                 await self._sync_out(session, record)
                 return
 
-    async def _live_sentence(self) -> str:
-        names = await self.store.names(self.owner)
+    async def _live_sentence(self, owner: str) -> str:
+        names = await self.store.names(owner)
         return f"live sessions: {', '.join(names) or 'none'}. Run code in it (or upload a file) first."
 
-    async def _create(self, sid: str, tombstone: SessionRecord | None) -> SessionRecord:
-        names = await self.store.names(self.owner)
+    async def _create(self, owner: str, sid: str, tombstone: SessionRecord | None) -> SessionRecord:
+        names = await self.store.names(owner)
         if len(names) >= self.max_sessions:
             raise SessionError(
                 f"too many live sessions ({len(names)}/{self.max_sessions}): {', '.join(names)}. "
                 "Reuse one of them, or close one with close_session first."
             )
-        record = await self.store.create(self.owner, sid)
+        record = await self.store.create(owner, sid)
         record.note = tombstone.note if tombstone is not None else None
         return record
 
@@ -218,26 +216,26 @@ class SharedSessionRegistry(SessionRegistry):
         await self.store.save(record)
 
     # --- closing ----------------------------------------------------------------------
-    async def close(self, session_id: str) -> bool:
+    async def close(self, owner: str, session_id: str) -> bool:
         """Stop the session's kernel and delete its files, whichever replica started them."""
         sid = check_session_id(session_id)
-        local = self.sessions.get(sid)
+        local = self.sessions.get((owner, sid))
         if local is not None and local.running is not None:
             local.closed = True  # the call here ends now with SessionClosed
             local.running.cancel()
-        async with self.store.locked(self.owner, sid):
-            record = await self.store.get(self.owner, sid)
+        async with self.store.locked(owner, sid):
+            record = await self.store.get(owner, sid)
             if local is not None:
                 self._forget(local)
             if not _live(record):
                 return False
             assert record is not None
-            session = Session(sid, self._new_workspace)
+            session = Session(sid, self._new_workspace, owner=owner)
             with contextlib.suppress(GatewayUnavailable):  # files still go; the gateway culls the kernel
                 await self._sync_in(session, record)
             session.pending_notes.clear()
             await self._discard(session)
             if session.workspace is None and record.workdir is not None:
                 await self.workspaces.at(record.workdir, create=False).aremove()
-            await self.store.delete(self.owner, sid)
+            await self.store.delete(owner, sid)
         return True
