@@ -47,6 +47,7 @@ class Group(StrEnum):
     EXECUTION = "execution"
     SANDBOX = "sandbox"
     TRANSPORT = "transport"
+    PRINCIPALS = "principals"
     MEMORY = "memory"
     LOGGING = "logging"
 
@@ -153,6 +154,41 @@ class Settings(BaseSettings):
         default=20, ge=1, description="largest file a `workspace://` resource read returns (MiB)"
     )
 
+    # --- kernels on a gateway (--kernel-gateway) ---
+    kernel_gateway: Annotated[str | None, Cli(metavar="URL", shown_default="— (local kernels)")] = Field(
+        default=None,
+        description="run Python on kernels of a Jupyter Kernel Gateway or Enterprise Gateway at this "
+        "`http(s)://` URL instead of local sandboxed kernels (the gateway's sandbox then applies)",
+    )
+    kernel_gateway_token: Annotated[str | None, Cli(metavar="TOKEN")] = Field(
+        default=None,
+        description="the gateway's auth token (prefer the variable: flags show in `ps`)",
+    )
+    kernel_gateway_kernel: Annotated[str, Cli(metavar="NAME")] = Field(
+        default="python3", min_length=1, description="kernelspec the gateway starts for Python sessions"
+    )
+    kernel_gateway_workspaces: Annotated[
+        Path | None, Cli(metavar="DIR", shown_default="`<data dir>/gateway-workspaces`")
+    ] = Field(
+        default=None,
+        description="directory on a volume that kernmind and the gateway's kernels both mount; "
+        "sessions' files live there",
+    )
+    kernel_gateway_kernel_workspaces: Annotated[
+        str | None, Cli(metavar="PATH", shown_default="the same path")
+    ] = Field(default=None, description="where the gateway's kernels see that directory")
+    kernel_gateway_env: Annotated[dict[str, str], Cli(metavar="JSON", shown_default="`{}`")] = Field(
+        default_factory=dict,
+        description="JSON `{KERNEL_…: value}` sent with every kernel start (Enterprise Gateway reads "
+        "e.g. `KERNEL_VOLUMES`, `KERNEL_VOLUME_MOUNTS`, `KERNEL_NAMESPACE`)",
+    )
+    kernel_gateway_start_timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
+        default=120.0, gt=0, description="seconds a gateway kernel may take to start (a pod may be scheduled)"
+    )
+    kernel_gateway_request_timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
+        default=30.0, gt=0, description="seconds one request to the gateway may take"
+    )
+
     # --- packages (install_packages) ---
     packages: PackagesMode = Field(
         default="any",
@@ -221,6 +257,13 @@ class Settings(BaseSettings):
         description="require `Authorization: Bearer <token>` on every HTTP request "
         "(prefer the variable: flags show in `ps`)",
     )
+    tokens_file: Annotated[
+        Path | None, Cli(Group.PRINCIPALS, flag="--tokens", metavar="FILE", shown_default="—")
+    ] = Field(
+        default=None,
+        description="principals and their tokens (stored hashed; `kernmind tokens add NAME` makes one): "
+        "each token's principal owns its sessions and memory; revoking takes effect at once",
+    )
     max_request_mb: Annotated[int, Cli(Group.TRANSPORT, metavar="MB")] = Field(
         default=32,
         ge=1,
@@ -270,7 +313,18 @@ class Settings(BaseSettings):
     def _db_text(cls, value: object) -> object:
         return str(value) if isinstance(value, Path) else value
 
-    @field_validator("data_dir", "kernel_python", "package_allowlist", mode="after")
+    @field_validator("kernel_gateway", mode="after")
+    @classmethod
+    def _gateway_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(
+                f"the kernel gateway URL must start with http:// or https://, got {value[:80]!r}"
+            )
+        return value
+
+    @field_validator(
+        "data_dir", "kernel_python", "kernel_gateway_workspaces", "package_allowlist", mode="after"
+    )
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
@@ -300,3 +354,8 @@ class Settings(BaseSettings):
     @property
     def jobs_dir(self) -> Path:
         return (self.data_dir / "jobs").absolute()
+
+    @property
+    def gateway_workspaces_dir(self) -> Path:
+        """Where sessions' files live with remote kernels (a volume the gateway's kernels mount too)."""
+        return (self.kernel_gateway_workspaces or self.data_dir / "gateway-workspaces").absolute()

@@ -16,6 +16,11 @@ every kernel and process and deletes the run directory.
 After every call of a stored session the result is appended to its history
 (``history.py``), which ``export_notebook`` turns into a notebook (``notebook.py``).
 
+With ``--kernel-gateway`` (``remote.py``) Python's kernels come from the gateway instead,
+sessions' files live on a volume the gateway's kernels also mount, and with a PostgreSQL
+``--db`` the sessions are shared by every replica (``shared_sessions.py``): a replica that
+stops leaves them to the others.
+
 Errors the model can fix (unknown or uninstalled language, bad session id or time limit,
 too many sessions) raise ``ValueError`` subclasses with a sentence saying what to do;
 a runtime that cannot be started raises ``RuntimeUnavailable``.
@@ -41,6 +46,7 @@ from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.packages import InstallResult, Layer, PackageInstaller, PythonTarget
 from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.pool import KernelPool
+from kernmind.execution.remote import RemoteKernels
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.rundir import RunDir, socket_root
 from kernmind.execution.runners.base import Call, Runner
@@ -65,6 +71,12 @@ STATELESS_REFUSAL = (
     "install_packages is not available on this server: it runs with --stateless, so every run_code "
     "call starts from a fresh interpreter and an installed package would be gone before the next "
     "call. Use the packages that are already installed, or ask the operator to run without --stateless."
+)
+
+GATEWAY_PACKAGES_REFUSAL = (
+    "install_packages is not available on this server: Python runs on a kernel gateway "
+    "(--kernel-gateway), whose kernels get their packages from the gateway's kernel image. Use the "
+    "packages installed there, or ask the operator to add them to that image."
 )
 
 ALIASES = {
@@ -120,35 +132,49 @@ class Executor:
             new_layer=self._new_layer,
             guard=self.guard,
         )
-        self.pool = KernelPool(factory, settings.pool_size)
+        # --kernel-gateway: Python runs on the gateway's kernels, sessions' files on a shared volume.
+        self.remote = RemoteKernels.from_settings(settings) if settings.kernel_gateway else None
+        self.pool = KernelPool(self.remote.factory if self.remote else factory, settings.pool_size)  # type: ignore[arg-type]
         self.runners: dict[str, Runner] = {}
         self.python: PythonRunner | None = None
-        if not self.runtime.error:
-            budget = SnapshotBudget(settings.snapshot_mb * 1024 * 1024, settings.snapshot_seconds)
+        budget = SnapshotBudget(settings.snapshot_mb * 1024 * 1024, settings.snapshot_seconds)
+        if self.remote is not None:
+            kernel_root = self.remote.workspaces.kernel_root
             self.python = PythonRunner(
-                self.runtime, self.pool, inner_root=self.sandbox.workspace_path, budget=budget
+                self.pool,
+                self.remote.version,
+                inner_root=lambda root: f"{kernel_root}/{root.name}",
+                budget=budget,
             )
+        elif not self.runtime.error:
+            version = f"Python {self.runtime.version} (ipykernel {self.runtime.ipykernel})"
+            self.python = PythonRunner(
+                self.pool, version, inner_root=self.sandbox.workspace_path, budget=budget
+            )
+        if self.python is not None:
             self.runners["python"] = self.python
         self.runners.update(runners_mod.discover(self.sandbox, settings, self.guard))
+        hooks = Hooks(
+            open_home=self._open_home, release=self._release, suspend=self._suspend, autosave=self._autosave
+        )
         self.store = SessionStore(
             settings.sessions_dir,
             max_sessions=settings.max_stored_sessions,
             max_bytes=settings.max_stored_mb * 1024 * 1024,
         )
-        self.sessions = SessionRegistry(
-            max_sessions=settings.max_sessions,
-            idle_timeout=settings.idle_timeout,
-            autosave_after=settings.autosave_seconds,
-            store=self.store,
-            new_workspace=lambda: self._new_workspace(self.sandbox.allocate_uid()),
-            hooks=Hooks(
-                open_home=self._open_home,
-                release=self._release,
-                suspend=self._suspend,
-                autosave=self._autosave,
-            ),
-            new_layer=self._new_layer,
-        )
+        self.sessions: SessionRegistry
+        if self.remote is not None:  # sessions' files on the gateway's volume, not in the store
+            self.sessions = self.remote.registry(hooks=hooks)
+        else:
+            self.sessions = SessionRegistry(
+                max_sessions=settings.max_sessions,
+                idle_timeout=settings.idle_timeout,
+                autosave_after=settings.autosave_seconds,
+                store=self.store,
+                new_workspace=lambda: self._new_workspace(self.sandbox.allocate_uid()),
+                hooks=hooks,
+                new_layer=self._new_layer,
+            )
         self.jobs = Jobs(
             settings.jobs_dir, output_budget=settings.max_output_chars, rich_budget=settings.max_result_bytes
         )
@@ -190,6 +216,8 @@ class Executor:
         self.rundir.open()
         if self.socket_rundir is not self.rundir:
             self.socket_rundir.open()
+        if self.remote is not None:
+            self.remote.workspaces.open()
         try:
             async with anyio.create_task_group() as tg:
                 assert self.rundir.path is not None
@@ -233,8 +261,8 @@ class Executor:
             f"unknown language {language[:40]!r}; available: {', '.join(self.available_languages())}."
         )
 
-    def session_summaries(self, owner: str = LOCAL_OWNER) -> list[dict[str, Any]]:
-        """Every session of ``owner`` (blocking: it reads the store)."""
+    def session_summaries(self, owner: str | None = LOCAL_OWNER) -> list[dict[str, Any]]:
+        """Every session of ``owner`` (every owner's when None: an admin's view; blocking: it reads the store)."""
 
         def execution_count(session: Session) -> int | None:
             kernel = PythonRunner.kernel_of(session)
@@ -261,9 +289,7 @@ class Executor:
         return requested, []
 
     # --- files ------------------------------------------------------------------
-    async def workspace_for(
-        self, session_id: str | None, *, create: bool = True, owner: str = LOCAL_OWNER
-    ) -> Workspace:
+    async def workspace_for(self, owner: str, session_id: str | None, *, create: bool = True) -> Workspace:
         """The session's working directory (loading the stored session if needed). Files can be
         read and written while code runs in the session, a background job included."""
         if self.settings.stateless:
@@ -271,16 +297,17 @@ class Executor:
         session = await self.sessions.load(check_session_id(session_id), owner=owner, create=create)
         return session.files()
 
-    async def export_notebook(
-        self, session_id: str | None, path: str, *, owner: str = LOCAL_OWNER
-    ) -> tuple[str, int, int]:
+    async def export_notebook(self, owner: str, session_id: str | None, path: str) -> tuple[str, int, int]:
         """Write the session's history as a notebook into its working directory: (path, cells, bytes)."""
         if self.settings.stateless:
             raise SessionError("the server runs with --stateless: sessions keep no history to export.")
         sid = check_session_id(session_id)
         session = await self.sessions.load(sid, owner=owner, create=False)
         home = session.home
-        assert home is not None
+        if home is None:
+            raise SessionError(
+                "export_notebook needs a stored session's history; sessions on a kernel gateway keep none."
+            )
         entries = await off_loop(lambda: history.read(home.history), timeout=None)
         nb = notebook.build(entries, sid, self.runtime.version)
         data = nbformat.writes(nb).encode()
@@ -288,12 +315,16 @@ class Executor:
         return rel, len(nb.cells), len(data)
 
     # --- installing packages ------------------------------------------------------
-    async def install(self, packages: list[str], *, language: str, session_id: str | None) -> InstallResult:
+    async def install(
+        self, packages: list[str], *, owner: str = LOCAL_OWNER, language: str, session_id: str | None
+    ) -> InstallResult:
         """Install into the session's layer (``PackageError``, a ``ValueError``, when refused)."""
         if self.settings.stateless:
             raise SessionError(STATELESS_REFUSAL)
+        if self.remote is not None:
+            raise SessionError(GATEWAY_PACKAGES_REFUSAL)
         lang = ALIASES.get(language.strip().lower(), language.strip().lower())
-        async with self.sessions.hold(session_id) as session:
+        async with self.sessions.hold(session_id, owner=owner) as session:
             result = await self.packages.install(packages, lang, session.layer())
             if lang == "python" and result.installed:
                 kernel = PythonRunner.kernel_of(session)
@@ -332,7 +363,7 @@ class Executor:
         limit, notes = self.time_limit(timeout, background=job is not None)
         collector = job.collector if job is not None else None
         if self.settings.stateless:
-            session = self.sessions.ephemeral()
+            session = self.sessions.ephemeral(owner)
             try:
                 result = await self._supervise(
                     runner, session, code, reset, limit, notes, progress, collector

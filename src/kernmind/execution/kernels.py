@@ -213,6 +213,32 @@ class ExecOutcome:
     kind: OutcomeKind
     execution_count: int | None = None
     exit_code: int | None = None
+    detail: str | None = None  # why a kernel is gone, when "died" alone does not say it (remote kernels)
+
+
+def fold_output(msg: dict[str, Any], collector: OutputCollector, count: int | None) -> int | None:
+    """Fold one iopub message of the running request (other than ``status``) into ``collector``;
+    the execution count, updated when the message carries one."""
+    kind = msg["msg_type"]
+    content = msg["content"]
+    if kind == "stream":
+        collector.stream(content.get("name", "stdout"), content.get("text", ""))
+    elif kind == "execute_result":
+        collector.display(content.get("data", {}), main=True)
+        count = content.get("execution_count", count)
+    elif kind in ("display_data", "update_display_data"):
+        collector.display(content.get("data", {}))
+    elif kind == "error":
+        collector.set_error(
+            content.get("ename", "Error"),
+            content.get("evalue", ""),
+            "\n".join(content.get("traceback", [])),
+        )
+    elif kind == "execute_input":
+        count = content.get("execution_count", count)
+    elif kind == "clear_output":
+        collector.results.clear()
+    return count
 
 
 @dataclass
@@ -296,29 +322,12 @@ class Kernel:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
-            kind = msg["msg_type"]
-            content = msg["content"]
-            if kind == "status":
-                if content.get("execution_state") == "idle":
+            if msg["msg_type"] == "status":
+                if msg["content"].get("execution_state") == "idle":
                     break
-            elif kind == "stream":
-                collector.stream(content.get("name", "stdout"), content.get("text", ""))
-            elif kind == "execute_result":
-                collector.display(content.get("data", {}), main=True)
-                count = content.get("execution_count", count)
-            elif kind in ("display_data", "update_display_data"):
-                collector.display(content.get("data", {}))
-            elif kind == "error":
-                had_error = True
-                collector.set_error(
-                    content.get("ename", "Error"),
-                    content.get("evalue", ""),
-                    "\n".join(content.get("traceback", [])),
-                )
-            elif kind == "execute_input":
-                count = content.get("execution_count", count)
-            elif kind == "clear_output":
-                collector.results.clear()
+                continue
+            count = fold_output(msg, collector, count)
+            had_error = had_error or msg["msg_type"] == "error"
         reply_count = await self._reply_count(msg_id)
         if reply_count is not None:
             count = reply_count
@@ -413,6 +422,8 @@ class Kernel:
 
 class KernelFactory:
     """Starts kernels: sandbox-wrapped, IPC transport, set up and warm."""
+
+    rebinds_warm_kernels = True  # a warm kernel's empty directory can be moved into a session's home
 
     def __init__(
         self,

@@ -93,6 +93,9 @@ class KernelPool:
             kernel = kernel or await self.factory.start()
             await self._adopt_layer(kernel, layer)
             return kernel
+        if kernel is not None and not self.factory.rebinds_warm_kernels:
+            self._ready.appendleft(kernel)  # it cannot move into another directory: start one there
+            kernel = None
         if kernel is not None:
             spare = kernel.workspace.root
             try:
@@ -104,9 +107,9 @@ class KernelPool:
         if kernel is None:
             kernel = await self.factory.start(home)
         await self._adopt_layer(kernel, layer)
-        runtime_dir = kernel.runtime_dir
         kernel.workspace, kernel.home_bound = home, True
-        home.accounted = [runtime_dir]
+        if kernel.runtime_dir is not None:
+            home.accounted = [kernel.runtime_dir]
         if kernel.uid is not None:
             uid = kernel.uid
             home.owner_uid = uid

@@ -13,15 +13,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
 from kernmind.execution.jobs import Job
 from kernmind.execution.results import Logs, RunResult
-from kernmind.execution.sessions import LOCAL_OWNER, check_session_id
+from kernmind.execution.sessions import check_session_id
 from kernmind.execution.workspace import off_loop
+from kernmind.principals import NAME_RE, Principal, principal_of
 
 if TYPE_CHECKING:
     from kernmind.execution.executor import Executor
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 class SessionSummary(BaseModel):
     session_id: str
+    owner: str = Field(description="the principal the session belongs to")
     state: Literal["live", "stored", "in_other_server"] = Field(
         description="live: loaded in this server; stored: on disk, resumes on its next call; "
         "in_other_server: live in another kernmind server on this data dir"
@@ -93,6 +95,15 @@ class JobStatus(BaseModel):
     note: str | None = None
 
 
+def address(caller: Principal, session_id: str | None) -> tuple[str, str | None]:
+    """(owner, session id) a caller means: its own session, or, for an admin, ``owner/session_id``."""
+    if caller.admin and session_id and "/" in session_id:
+        owner, _, sid = session_id.partition("/")
+        if NAME_RE.match(owner):
+            return owner, sid
+    return caller.name, session_id
+
+
 def iso(epoch: float | None) -> str | None:
     if epoch is None:
         return None
@@ -137,11 +148,14 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
     settings = ex.settings
 
     @server.tool(
-        description="List code sessions: live ones and stored ones (which resume, files and variables, "
-        "on their next call), with their files, size and when they were last used."
+        description="List your code sessions: live ones and stored ones (which resume, files and variables, "
+        "on their next call), with their files, size and when they were last used (an admin sees every "
+        "owner's)."
     )
-    async def list_sessions() -> SessionList:
-        rows = await off_loop(ex.session_summaries, timeout=None)
+    async def list_sessions(ctx: Context) -> SessionList:
+        caller = principal_of(ctx)
+        owner = None if caller.admin else caller.name
+        rows = await off_loop(lambda: ex.session_summaries(owner), timeout=None)
         for row in rows:
             row["last_used"] = iso(row.get("last_used")) or ""
             row["variables_saved_at"] = iso(row.get("variables_saved_at"))
@@ -160,10 +174,12 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
     )
     async def close_session(
         session_id: Annotated[str, Field(description="The session to close.")],
+        ctx: Context,
     ) -> CloseResult:
         with model_errors():
-            if not await ex.sessions.close(check_session_id(session_id), owner=LOCAL_OWNER):
-                raise ex.sessions.unknown_session(session_id)
+            owner, sid = address(principal_of(ctx), session_id)
+            if not await ex.sessions.close(check_session_id(sid), owner=owner):
+                raise ex.sessions.unknown_session(str(sid), owner)
         return CloseResult(
             session_id=session_id,
             closed=True,
@@ -175,13 +191,15 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
         "Jupyter notebook (.ipynb, nbformat 4) into its working directory."
     )
     async def export_notebook(
+        ctx: Context,
         session_id: Annotated[str | None, Field(description="Session; omit for the default session.")] = None,
         path: Annotated[str, Field(description="Where to write it, relative to the working directory.")] = (
             "session.ipynb"
         ),
     ) -> NotebookResult:
         with model_errors():
-            rel, cells, size = await ex.export_notebook(session_id, path)
+            owner, sid = address(principal_of(ctx), session_id)
+            rel, cells, size = await ex.export_notebook(owner, sid, path)
         sid = session_id or ex.default_session_id
         return NotebookResult(
             session_id=sid, path=rel, cells=cells, bytes=size, resource=f"workspace://{sid}/{rel}"
@@ -193,17 +211,20 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
     )
     async def job_status(
         job_id: Annotated[str, Field(description="The job_id run_code returned.", max_length=80)],
+        ctx: Context,
     ) -> Annotated[CallToolResult, JobStatus]:
+        owner = principal_of(ctx).name
         with model_errors():
-            job = await off_loop(lambda: ex.jobs.get(job_id, owner=LOCAL_OWNER), timeout=None)
+            job = await off_loop(lambda: ex.jobs.get(job_id, owner=owner), timeout=None)
         return job_answer(job, run_result_content)
 
     @server.tool(description="Stop a background job; its session keeps its state when the interrupt works.")
     async def job_cancel(
         job_id: Annotated[str, Field(description="The job_id run_code returned.", max_length=80)],
+        ctx: Context,
     ) -> Annotated[CallToolResult, JobStatus]:
         with model_errors():
-            job = await ex.jobs.cancel(job_id, owner=LOCAL_OWNER)
+            job = await ex.jobs.cancel(job_id, owner=principal_of(ctx).name)
         if job.state == "running" and job.collector is None:
             raise ToolError(
                 f"job {job_id} runs in another kernmind server (pid {job.server_pid}); cancel it there."

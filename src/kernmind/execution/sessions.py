@@ -5,7 +5,8 @@ session leaves on disk is the store's (``store.py``).
 
 - Calls without a session id use the ``default`` session; a named session is created on
   first use (at most ``max_sessions`` live at once). An empty or malformed id is refused.
-  Sessions belong to an owner (the principal; ``local`` until principals exist).
+  Sessions belong to an owner (a principal, see ``principals.py``): the registry and the
+  store are keyed by (owner, session id), so one owner's ids are invisible to another.
 - **Live and stored.** Every named session has a home in the store (its files, meta and
   history) that outlives the server. A session is *live* while this server has it loaded:
   it holds the home's lock, and runners keep state in ``session.state[language]``. A call to
@@ -49,7 +50,7 @@ from anyio.abc import TaskGroup
 
 from kernmind.execution.errors import SessionError
 from kernmind.execution.packages.layer import Layer
-from kernmind.execution.store import LOCAL_OWNER, Meta, SessionHome, SessionStore, ago
+from kernmind.execution.store import LOCAL_OWNER, Meta, SessionHome, SessionStore, StoredSession, ago
 from kernmind.execution.workspace import Workspace, off_loop
 
 __all__ = ["DEFAULT_SESSION", "LOCAL_OWNER", "Session", "SessionError", "SessionRegistry", "check_session_id"]
@@ -137,7 +138,7 @@ class SessionRegistry:
         max_sessions: int,
         idle_timeout: float,
         autosave_after: float,
-        store: SessionStore,
+        store: SessionStore | None,  # None: sessions live only as long as this server (a kernel gateway's)
         new_workspace: Callable[[], Workspace],
         hooks: Hooks,
         new_layer: Callable[[], Layer] | None = None,
@@ -151,6 +152,7 @@ class SessionRegistry:
         self._new_layer = new_layer
         self.sessions: dict[tuple[str, str], Session] = {}
         self.jobs: dict[tuple[str, str], str] = {}  # (owner, session id) -> the job that has it
+        self._reaped: set[tuple[str, str]] = set()  # unstored sessions closed for idleness (for a note)
         self._loading = anyio.Lock()
 
     # --- lifecycle ----------------------------------------------------------------
@@ -192,7 +194,7 @@ class SessionRegistry:
 
     def names(self, owner: str = LOCAL_OWNER) -> list[str]:
         live = {sid for who, sid in self.sessions if who == owner}
-        stored = {s.meta.session_id for s in self.store.list(owner)}
+        stored = {s.meta.session_id for s in self.stored(owner)}
         return sorted(live | stored)
 
     def unknown_session(self, sid: str, owner: str = LOCAL_OWNER) -> SessionError:
@@ -201,15 +203,18 @@ class SessionRegistry:
             f"no session named {sid!r}; sessions: {known}. Run code in it (or upload a file) first."
         )
 
-    def summaries(self, owner: str, execution_count: Callable[[Session], int | None]) -> list[dict[str, Any]]:
-        """Every session of ``owner``: live here, stored, or live in another server, most
-        recently used first (blocking: it reads the store)."""
+    def summaries(
+        self, owner: str | None, execution_count: Callable[[Session], int | None]
+    ) -> list[dict[str, Any]]:
+        """Every session of ``owner`` (of every owner when None): live here, stored, or live in
+        another server, most recently used first (blocking: it reads the store)."""
         now_m, now = time.monotonic(), time.time()
-        rows: dict[str, dict[str, Any]] = {}
-        for stored in self.store.list(owner):
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for stored in self.stored(owner):
             m = stored.meta
-            rows[m.session_id] = {
+            rows[(m.owner, m.session_id)] = {
                 "session_id": m.session_id,
+                "owner": m.owner,
                 "state": "stored" if stored.held_by is None else "in_other_server",
                 "held_by_pid": stored.held_by,
                 "idle_seconds": round(now - m.last_used, 1),
@@ -220,11 +225,11 @@ class SessionRegistry:
                 "variables_saved_at": m.snapshot_at,
             }
         for (who, sid), s in self.sessions.items():
-            if who != owner:
+            if owner is not None and who != owner:
                 continue
             count = execution_count(s)
             scan = s.workspace.last_scan if s.workspace is not None else None
-            row = rows.setdefault(sid, {"session_id": sid})
+            row = rows.setdefault((who, sid), {"session_id": sid, "owner": who})
             row.update(
                 state="live",
                 held_by_pid=None,
@@ -240,6 +245,9 @@ class SessionRegistry:
             if s.meta is not None:
                 row.update(age_seconds=round(now - s.meta.created, 1), variables_saved_at=s.meta.snapshot_at)
         return sorted(rows.values(), key=lambda r: r.get("last_used", 0.0), reverse=True)
+
+    def stored(self, owner: str | None) -> list[StoredSession]:
+        return self.store.list(owner) if self.store is not None else []
 
     # --- holding a session for a call ---------------------------------------------------
     @contextlib.asynccontextmanager
@@ -296,7 +304,7 @@ class SessionRegistry:
             session = self.sessions.get((owner, sid))
             if session is not None:
                 return session
-            stored = self.store.exists(owner, sid)
+            stored = self.store is not None and self.store.exists(owner, sid)
             if not stored and not create:
                 raise self.unknown_session(sid, owner)
             if len(self.sessions) >= self.max_sessions:
@@ -305,9 +313,12 @@ class SessionRegistry:
                     f"too many live sessions ({len(self.sessions)}/{self.max_sessions}): {live}. Reuse one "
                     "of them, or close one with close_session first."
                 )
+            if self.store is None:
+                return self._new_unstored(owner, sid)
+            store = self.store
             if not stored:
-                await off_loop(lambda: self.store.check_room(owner, sid, set(self.sessions)), timeout=None)
-            home = self.store.home(owner, sid)
+                await off_loop(lambda: store.check_room(owner, sid, set(self.sessions)), timeout=None)
+            home = store.home(owner, sid)
             await off_loop(home.claim, timeout=None)
             try:
                 meta = home.load_meta()
@@ -332,9 +343,20 @@ class SessionRegistry:
             self.sessions[session.key] = session
             return session
 
-    def ephemeral(self) -> Session:
+    def _new_unstored(self, owner: str, sid: str) -> Session:
+        session = Session(sid, self._new_workspace, owner=owner, new_layer=self._new_layer)
+        if (owner, sid) in self._reaped:
+            self._reaped.discard((owner, sid))
+            session.pending_notes.append(
+                "this session had been idle too long and was closed; it starts from a fresh interpreter "
+                "in an empty working directory."
+            )
+        self.sessions[session.key] = session
+        return session
+
+    def ephemeral(self, owner: str = LOCAL_OWNER) -> Session:
         """A session for one --stateless call (not registered; ``discard`` it afterwards)."""
-        return Session("stateless", self._new_workspace, ephemeral=True)
+        return Session("stateless", self._new_workspace, owner=owner, ephemeral=True)
 
     async def discard(self, session: Session) -> None:
         with anyio.CancelScope(shield=True):
@@ -371,10 +393,13 @@ class SessionRegistry:
             except Exception as exc:  # the files matter more than the snapshot
                 log.warning("saving session %r: %s", session.id, exc)
             await _drop_packages(session)
-            home, meta = session.home, session.meta
-            if home is not None and meta is not None:
-                await off_loop(lambda: home.save_meta(self.store.refresh_size(home, meta)), timeout=None)
+            home, meta, store = session.home, session.meta, self.store
+            if home is not None and meta is not None and store is not None:
+                await off_loop(lambda: home.save_meta(store.refresh_size(home, meta)), timeout=None)
                 home.release()
+            elif session.workspace is not None:  # not stored (sessions without a store): its files go
+                self._reaped.add(session.key)
+                await session.workspace.aremove()
 
     async def close(self, session_id: str, *, owner: str = LOCAL_OWNER) -> bool:
         """Delete a session: stop the call running in it and its runners, and remove its files,
@@ -382,9 +407,10 @@ class SessionRegistry:
         sid = check_session_id(session_id)
         session = self.sessions.pop((owner, sid), None)
         if session is None:
-            if not self.store.exists(owner, sid):
+            store = self.store
+            if store is None or not store.exists(owner, sid):
                 return False
-            await off_loop(lambda: self.store.remove(owner, sid), timeout=None)
+            await off_loop(lambda: store.remove(owner, sid), timeout=None)
             return True
         with anyio.CancelScope(shield=True):
             session.closed = True
@@ -394,6 +420,8 @@ class SessionRegistry:
             await _drop_packages(session)
             if session.home is not None:
                 await off_loop(session.home.delete, timeout=None)
+            elif session.workspace is not None:
+                await session.workspace.aremove()
         return True
 
 

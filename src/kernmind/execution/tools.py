@@ -42,7 +42,9 @@ from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.executor import Executor
 from kernmind.execution.packages import InstallResult
 from kernmind.execution.results import IMAGE_FIELDS, ImageRef, RunResult
+from kernmind.execution.session_tools import address
 from kernmind.execution.workspace import FileData, FileEntry, WorkspaceError, guess_mime
+from kernmind.principals import principal_of
 
 LIST_LIMIT = 200
 LIST_MAX = 1000
@@ -186,10 +188,16 @@ class ExecutionTools:
             async def progress(message: str, elapsed: float) -> None:
                 await ctx.report_progress(elapsed, None, message)
 
+            owner, session_id = address(principal_of(ctx), session_id)
             if background:
                 with model_errors(f"the {language[:20]} interpreter"):
                     job = ex.start_job(
-                        code, language=language, session_id=session_id, reset=reset, timeout=timeout
+                        code,
+                        language=language,
+                        session_id=session_id,
+                        reset=reset,
+                        timeout=timeout,
+                        owner=owner,
                     )
                 started = RunResult(
                     status="running",
@@ -205,6 +213,7 @@ class ExecutionTools:
             with model_errors(f"the {language[:20]} interpreter"):
                 result = await ex.run(
                     code,
+                    owner=owner,
                     language=language,
                     session_id=session_id,
                     reset=reset,
@@ -229,6 +238,7 @@ class ExecutionTools:
             ),
         )
         async def install_packages(
+            ctx: Context,
             packages: Annotated[
                 list[str],
                 Field(description='Package names or specifiers, e.g. ["openpyxl"] or ["npm:lodash@4"].'),
@@ -246,12 +256,14 @@ class ExecutionTools:
             ] = None,
         ) -> InstallResult:
             with model_errors("the installer"):
-                return await ex.install(list(packages), language=language, session_id=session_id)
+                owner, sid = address(principal_of(ctx), session_id)
+                return await ex.install(list(packages), owner=owner, language=language, session_id=sid)
 
         session_tools.register(server, ex, model_errors, run_result_content)
 
         @server.tool(description="Write a file into a session's working directory (text or base64).")
         async def upload_file(
+            ctx: Context,
             path: Annotated[str, Field(description="Path relative to the session's working directory.")],
             content: Annotated[str, Field(description="File content, as text or base64 (see encoding).")],
             encoding: Annotated[str, Field(json_schema_extra={"enum": ["utf-8", "base64"]})] = "utf-8",
@@ -261,7 +273,7 @@ class ExecutionTools:
         ) -> UploadResult:
             with model_errors():
                 data = decode_upload(content, encoding)
-                ws = await ex.workspace_for(session_id)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id))
                 room = self.settings.workspace_mb * 1024 * 1024 - (
                     ws.last_scan.bytes_used if ws.last_scan else await ws.ausage()
                 )
@@ -280,6 +292,7 @@ class ExecutionTools:
             )
         )
         async def download_file(
+            ctx: Context,
             path: Annotated[str, Field(description="Path relative to the session's working directory.")],
             session_id: Annotated[
                 str | None, Field(description="Session; omit for the default session.")
@@ -290,7 +303,7 @@ class ExecutionTools:
             ] = None,
         ) -> Annotated[CallToolResult, DownloadResult]:
             with model_errors():
-                ws = await ex.workspace_for(session_id, create=False)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 image = guess_mime(path) in IMAGE_FIELDS.values() and offset == 0 and length is None
                 budget = image_budget if image else text_budget
                 got = await ws.aread(path, offset=offset, length=min(length or budget, budget))
@@ -304,6 +317,7 @@ class ExecutionTools:
             )
         )
         async def list_files(
+            ctx: Context,
             session_id: Annotated[
                 str | None, Field(description="Session; omit for the default session.")
             ] = None,
@@ -315,7 +329,7 @@ class ExecutionTools:
             limit: Annotated[int, Field(ge=1, le=LIST_MAX, description="Files per page.")] = LIST_LIMIT,
         ) -> FileList:
             with model_errors():
-                ws = await ex.workspace_for(session_id, create=False)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 page, total = await ws.alist(prefix=path, pattern=pattern, offset=offset, limit=limit)
             return FileList(
                 session_id=session_id or ex.default_session_id,
@@ -330,10 +344,10 @@ class ExecutionTools:
             name="workspace_file",
             description="A file in a code session's working directory (text, or binary as a blob).",
         )
-        async def workspace_file(session_id: str, path: str) -> str | bytes:
+        async def workspace_file(session_id: str, path: str, ctx: Context) -> str | bytes:
             cap = self.settings.max_download_mb * 1024 * 1024
             try:
-                ws = await ex.workspace_for(session_id, create=False)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 got = await ws.aread(path, length=cap + 1)
             except ValueError as exc:
                 raise ResourceError(str(exc)) from exc
@@ -355,9 +369,9 @@ class ExecutionTools:
             description="The files in a code session's working directory, as JSON (the first 1000).",
             mime_type="application/json",
         )
-        async def workspace_listing(session_id: str) -> str:
+        async def workspace_listing(session_id: str, ctx: Context) -> str:
             try:
-                ws = await ex.workspace_for(session_id, create=False)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 page, total = await ws.alist(limit=LIST_MAX)
             except ValueError as exc:
                 raise ResourceError(str(exc)) from exc

@@ -28,6 +28,7 @@ Error policy: a kernel that cannot be started raises ``RuntimeUnavailable`` with
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +37,16 @@ from typing import TYPE_CHECKING
 import anyio
 
 from kernmind.execution import snapshot
-from kernmind.execution.kernels import Kernel, PythonRuntime
+from kernmind.execution.errors import RuntimeUnavailable
+from kernmind.execution.kernels import Kernel
 from kernmind.execution.pool import KernelPool
 from kernmind.execution.runners.base import Call
 from kernmind.execution.workspace import WorkspaceError, off_loop
 
 if TYPE_CHECKING:
     from kernmind.execution.sessions import Session
+
+log = logging.getLogger(__name__)
 
 INTERRUPT_GRACE = 3.0
 LANGUAGE = "python"
@@ -60,17 +64,16 @@ class PythonRunner:
 
     def __init__(
         self,
-        runtime: PythonRuntime,
         pool: KernelPool,
+        version: str,
         *,
         inner_root: Callable[[Path], str],
         budget: SnapshotBudget,
     ) -> None:
-        self.runtime = runtime
-        self.pool = pool
+        self.pool = pool  # of local kernels, or of a kernel gateway's (``gateway_kernels.py``)
+        self.version = version
         self.inner_root = inner_root  # the path the kernel sees for a working directory
         self.budget = budget
-        self.version = f"Python {runtime.version} (ipykernel {runtime.ipykernel})"
 
     @staticmethod
     def kernel_of(session: Session) -> Kernel | None:
@@ -97,10 +100,10 @@ class PythonRunner:
                 if outcome.exit_code in (-9, -11, 137)
                 else ""
             )
+            what = outcome.detail or f"the Python interpreter died while running this code{code}{hint}"
             call.collector.set_error(
                 "KernelDied",
-                f"the Python interpreter died while running this code{code}{hint}. Its state is lost; "
-                "the next call starts a fresh interpreter with the same files.",
+                f"{what}. Its state is lost; the next call starts a fresh interpreter with the same files.",
                 "",
             )
 
@@ -117,7 +120,11 @@ class PythonRunner:
         if kernel is None or not kernel.needs_replacement or call.session.ephemeral:
             return
         # Stuck or dead: swap it now so it stops using CPU, and tell the next call.
-        await self._replace(call.session)
+        try:
+            await self._replace(call.session)
+        except RuntimeUnavailable as exc:  # the call's own result stands; the next call starts one
+            log.warning("could not replace the interpreter of session %r: %s", call.session.id, exc)
+            return
         call.session.pending_notes.append(
             "the interpreter was restarted after the previous call; variables and imports are gone "
             "(files in the working directory are kept)."
@@ -211,7 +218,7 @@ class PythonRunner:
         kernel = await self._acquire(session)
         session.state[LANGUAGE] = kernel
         if session.workspace is None:
-            session.workspace = kernel.workspace
+            session.workspace, kernel.home_bound = kernel.workspace, True  # the session's from now on
         return kernel
 
     async def _replace(self, session: Session) -> Kernel:
