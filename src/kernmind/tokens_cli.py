@@ -21,7 +21,9 @@ def tokens_path(settings: Settings) -> Path:
 
 
 def add_parser(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
-    tokens = sub.add_parser("tokens", help="manage the principals (bearer tokens) of an HTTP server")
+    tokens = sub.add_parser(
+        "tokens", parents=[parent], help="manage the principals (bearer tokens) of an HTTP server"
+    )
     actions = tokens.add_subparsers(dest="tokens_action", required=True)
     add = actions.add_parser("add", parents=[parent], help="make a token for a new principal (printed once)")
     add.add_argument("name", help="the principal's name (letters, digits, '_', '-', '.')")
