@@ -47,6 +47,7 @@ class Group(StrEnum):
     EXECUTION = "execution"
     SANDBOX = "sandbox"
     TRANSPORT = "transport"
+    PRINCIPALS = "principals"
     MEMORY = "memory"
     LOGGING = "logging"
 
@@ -105,7 +106,34 @@ class Settings(BaseSettings):
         default=16, ge=1, le=256, description="cap on live sessions"
     )
     idle_timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
-        default=3600.0, gt=0, description="seconds before an idle session is closed"
+        default=3600.0,
+        gt=0,
+        description="seconds before an idle session's interpreter is stopped (its variables are saved, "
+        "its files kept)",
+    )
+    max_stored_sessions: Annotated[int, Cli(metavar="N")] = Field(
+        default=100, ge=1, description="cap on stored sessions (live or not) per data dir"
+    )
+    max_stored_mb: Annotated[int, Cli(metavar="MIB")] = Field(
+        default=20480, ge=1, description="cap on the total size of stored sessions' files (MiB)"
+    )
+    snapshot_mb: Annotated[int, Cli(metavar="MIB")] = Field(
+        default=1024,
+        ge=0,
+        description="largest saved namespace per session (MiB); variables past it are not saved "
+        "(0: never save variables)",
+    )
+    snapshot_seconds: Annotated[float, Cli(metavar="SECONDS")] = Field(
+        default=30.0, gt=0, description="time allowed to save or restore a session's variables"
+    )
+    autosave_seconds: Annotated[float, Cli(metavar="SECONDS")] = Field(
+        default=120.0,
+        gt=0,
+        description="save a session's variables once it has been idle this long after running code "
+        "(what a killed server restores)",
+    )
+    max_job_seconds: Annotated[float, Cli(metavar="SECONDS")] = Field(
+        default=6 * 3600.0, gt=0, description="time limit of a background job (`run_code` with `background`)"
     )
     timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
         default=60.0, gt=0, description="default per-call time limit (s)"
@@ -229,6 +257,13 @@ class Settings(BaseSettings):
         description="require `Authorization: Bearer <token>` on every HTTP request "
         "(prefer the variable: flags show in `ps`)",
     )
+    tokens_file: Annotated[
+        Path | None, Cli(Group.PRINCIPALS, flag="--tokens", metavar="FILE", shown_default="—")
+    ] = Field(
+        default=None,
+        description="principals and their tokens (stored hashed; `kernmind tokens add NAME` makes one): "
+        "each token's principal owns its sessions and memory; revoking takes effect at once",
+    )
     max_request_mb: Annotated[int, Cli(Group.TRANSPORT, metavar="MB")] = Field(
         default=32,
         ge=1,
@@ -311,6 +346,14 @@ class Settings(BaseSettings):
     @property
     def workspaces_dir(self) -> Path:
         return (self.data_dir / "workspaces").absolute()
+
+    @property
+    def sessions_dir(self) -> Path:
+        return (self.data_dir / "sessions").absolute()
+
+    @property
+    def jobs_dir(self) -> Path:
+        return (self.data_dir / "jobs").absolute()
 
     @property
     def gateway_workspaces_dir(self) -> Path:

@@ -73,6 +73,9 @@ class GatewayKernel:
     closed: bool = False  # shut down by us (e.g. its session was closed), possibly mid-call
     lost: str | None = field(default=None)  # why the kernel is gone, once it is
     layer: None = None  # installed packages live in local sandboxes only
+    home_bound: bool = False  # its directory is a session's: stopping it leaves the files
+    runtime_dir: None = None  # (local kernels' private directory; none here)
+    uid: None = None  # (local kernels' sandbox uid; the gateway's kernels run as the image says)
 
     async def is_alive(self) -> bool:
         """No round trip: what the connection has said since the last call (a restart, a close)."""
@@ -232,6 +235,8 @@ class SharedWorkspaces:
 
 class GatewayKernelFactory:
     """Starts kernels on the gateway (the ``KernelFactory.start`` of remote kernels)."""
+
+    rebinds_warm_kernels = False  # a kernel's directory is fixed at its start (KERNEL_WORKING_DIR)
 
     def __init__(
         self,

@@ -255,6 +255,7 @@ class Kernel:
     needs_replacement: bool = False  # set when an interrupt did not bring it back
     running_msg_id: str | None = None  # the execute_request an interrupt is aimed at
     closed: bool = False  # shut down (e.g. its session was closed), possibly mid-call
+    home_bound: bool = False  # its workspace is a session's home: stopping it leaves the files
     # Its package layer: mounted read-only in its sandbox from the start (empty until a
     # session's packages move in), so installs reach the running kernel.
     layer: Layer | None = None
@@ -421,6 +422,8 @@ class Kernel:
 
 class KernelFactory:
     """Starts kernels: sandbox-wrapped, IPC transport, set up and warm."""
+
+    rebinds_warm_kernels = True  # a warm kernel's empty directory can be moved into a session's home
 
     def __init__(
         self,

@@ -19,7 +19,7 @@ from kernmind.config import Settings
 from kernmind.execution.gateway_client import GatewayConfig, GatewayUnavailable, KernelGateway
 from kernmind.execution.gateway_kernels import GatewayKernelFactory, SharedWorkspaces
 from kernmind.execution.session_store import SessionStore
-from kernmind.execution.sessions import Release, SessionRegistry
+from kernmind.execution.sessions import Hooks, SessionRegistry
 from kernmind.execution.shared_sessions import SharedSessionRegistry
 
 STORE_SPARE_CONNECTIONS = 4  # beyond one per session held at once: reads, the reaper
@@ -66,20 +66,23 @@ class RemoteKernels:
             f"Python on {self.settings.kernel_gateway} (kernelspec {self.settings.kernel_gateway_kernel!r})"
         )
 
-    def registry(self, *, release: Release) -> SessionRegistry:
+    def registry(self, *, hooks: Hooks) -> SessionRegistry:
+        """Sessions for remote kernels: not in the local store (their files are on the shared
+        volume); shared with the other replicas through PostgreSQL when ``--db`` is one."""
         common: dict[str, Any] = {
             "max_sessions": self.settings.max_sessions,
             "idle_timeout": self.settings.idle_timeout,
+            "autosave_after": self.settings.autosave_seconds,
             "new_workspace": self.workspaces.new,
-            "release": release,
+            "hooks": hooks,
         }
         if not self.shared:
-            return SessionRegistry(**common)
+            return SessionRegistry(store=None, **common)
         assert self.settings.db is not None
-        store = SessionStore(
+        records = SessionStore(
             self.settings.db, max_connections=self.settings.max_sessions + STORE_SPARE_CONNECTIONS
         )
-        return SharedSessionRegistry(store, self.factory, **common)
+        return SharedSessionRegistry(records, self.factory, **common)
 
     async def kernelspec(self) -> dict[str, Any]:
         """For ``kernmind doctor``: the gateway's kernelspec for Python sessions (``GatewayUnavailable``

@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from kernmind.execution import plotly_result
 
-Status = Literal["ok", "error", "timeout"]
+Status = Literal["ok", "error", "timeout", "running"]
 
 ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 
@@ -206,6 +206,9 @@ class RunResult(BaseModel):
         default=None, description="after a timeout or crash: whether the session kept its variables"
     )
     notes: list[str] = Field(default_factory=list, description="things the caller should know")
+    job_id: str | None = Field(
+        default=None, description="with background=true: the job to follow with job_status (status 'running')"
+    )
 
 
 class OutputCollector:

@@ -5,9 +5,10 @@ which gateway kernel serves a session, and which directory on the shared volume 
 files, is a row in the database (``session_store.py``), so a call for session S that
 reaches replica B drives the kernel replica A started.
 
-``SharedSessionRegistry`` keeps ``SessionRegistry``'s interface (``hold``, ``close``,
-``ephemeral``, the reaper, ``close_all``), so the executor, the runners and the tools are
-unchanged. What differs:
+``SharedSessionRegistry`` keeps ``SessionRegistry``'s interface (``hold``, ``load``,
+``close``, ``ephemeral``, the reaper, ``unload_all``, background jobs' reservations), so the
+executor, the runners and the tools are unchanged. It has no file store of its own (the
+volume and the database are what last). What differs:
 
 - ``hold(id)``: the local lock (calls on this replica), then the session's advisory lock
   in PostgreSQL (calls on every replica), then the row is read and the local ``Session``
@@ -30,6 +31,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -38,11 +40,10 @@ from kernmind.execution.gateway_client import GatewayUnavailable, KernelGone
 from kernmind.execution.gateway_kernels import GatewayKernel, GatewayKernelFactory, SharedWorkspaces
 from kernmind.execution.runners.python import LANGUAGE
 from kernmind.execution.session_store import SessionRecord, SessionStore
-from kernmind.execution.sessions import Session, SessionError, SessionRegistry, check_session_id
+from kernmind.execution.sessions import LOCAL_OWNER, Session, SessionError, SessionRegistry, check_session_id
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OWNER = "local"
 IDLE_NOTE = "this session had been idle too long and was closed; it starts from a fresh interpreter."
 GONE_NOTE = (
     "the previous interpreter had stopped (the kernel gateway no longer has it); this call runs on a "
@@ -57,21 +58,18 @@ def _live(record: SessionRecord | None) -> bool:
 class SharedSessionRegistry(SessionRegistry):
     def __init__(
         self,
-        store: SessionStore,
+        records: SessionStore,
         factory: GatewayKernelFactory,
-        *,
-        owner: str = DEFAULT_OWNER,
-        **registry: object,
+        **registry: Any,
     ) -> None:
-        super().__init__(**registry)  # type: ignore[arg-type]
-        self.store = store
+        super().__init__(store=None, **registry)
+        self.records = records
         self.factory = factory
         self.workspaces: SharedWorkspaces = factory.workspaces
-        self.owner = owner
 
     # --- lifecycle ----------------------------------------------------------------
     async def run_reaper(self, tg: TaskGroup) -> None:
-        await self.store.open()
+        await self.records.open()
         tg.start_soon(self._reap_loop)
 
     async def _reap_loop(self) -> None:
@@ -80,7 +78,7 @@ class SharedSessionRegistry(SessionRegistry):
             await anyio.sleep(period)
             try:
                 self._forget_idle()
-                if await self.store.reaper_turn():
+                if await self.records.reaper_turn():
                     await self._reap_shared()
             except Exception as exc:  # the database or gateway is down: try again next tick
                 log.warning("reaping idle sessions failed: %s", exc)
@@ -94,20 +92,20 @@ class SharedSessionRegistry(SessionRegistry):
 
     def _forget(self, session: Session) -> None:
         session.closed = True
-        if self.sessions.get(session.id) is session:
-            del self.sessions[session.id]
+        if self.sessions.get((session.owner, session.id)) is session:
+            del self.sessions[(session.owner, session.id)]
         kernel = session.state.pop(LANGUAGE, None)
         if isinstance(kernel, GatewayKernel):
             kernel.disconnect()
 
     async def _reap_shared(self) -> None:
         cutoff = time.time() - self.idle_timeout
-        for record in await self.store.idle(cutoff):
-            conn = await self.store.try_locked(record.owner, record.session_id)
+        for record in await self.records.idle(cutoff):
+            conn = await self.records.try_locked(record.owner, record.session_id)
             if conn is None:
                 continue  # a call is running in it right now
             try:
-                fresh = await self.store.get(record.owner, record.session_id)
+                fresh = await self.records.get(record.owner, record.session_id)
                 if fresh is None or not _live(fresh) or fresh.last_used >= cutoff:
                     continue
                 log.info(
@@ -115,9 +113,9 @@ class SharedSessionRegistry(SessionRegistry):
                 )
                 await self._stop(fresh)
                 fresh.kernel_id, fresh.workdir, fresh.execution_count, fresh.note = None, None, 0, IDLE_NOTE
-                await self.store.save(fresh)
+                await self.records.save(fresh)
             finally:
-                await self.store.release(conn)
+                await self.records.release(conn)
 
     async def _stop(self, record: SessionRecord) -> None:
         """Stop a recorded session's kernel and delete its files (it may live on any replica)."""
@@ -129,34 +127,43 @@ class SharedSessionRegistry(SessionRegistry):
         if record.workdir is not None:
             await self.workspaces.at(record.workdir, create=False).aremove()
 
-    async def close_all(self) -> None:
+    async def unload_all(self) -> None:
         """This replica stops: forget its sessions here; their kernels and files stay for the others."""
         for s in list(self.sessions.values()):
             if s.running is not None:
                 s.running.cancel()
             self._forget(s)
-        await self.store.close()
+        await self.records.close()
 
     # --- holding a session for a call ---------------------------------------------------
     @contextlib.asynccontextmanager
-    async def hold(self, session_id: str | None, *, create: bool = True) -> AsyncIterator[Session]:
+    async def hold(
+        self,
+        session_id: str | None,
+        *,
+        owner: str = LOCAL_OWNER,
+        create: bool = True,
+        job_id: str | None = None,
+    ) -> AsyncIterator[Session]:
         sid = check_session_id(session_id)
         while True:
-            session = self.sessions.get(sid)
+            self.refuse_if_job(owner, sid, job_id)
+            session = self.sessions.get((owner, sid))
             if session is None:
-                session = self.sessions[sid] = Session(sid, self._new_workspace)
+                session = self.sessions[(owner, sid)] = Session(sid, self._new_workspace, owner=owner)
             async with session.lock:
                 if session.closed:
                     continue
-                async with self.store.locked(self.owner, sid):
-                    record = await self.store.get(self.owner, sid)
+                self.refuse_if_job(owner, sid, job_id)
+                async with self.records.locked(owner, sid):
+                    record = await self.records.get(owner, sid)
                     if not _live(record):
                         if not create:
                             self._forget(session)
                             raise SessionError(
-                                f"no live session named {sid!r}; {await self._live_sentence()}"
+                                f"no live session named {sid!r}; {await self._live_sentence(owner)}"
                             )
-                        record = await self._create(sid, record)
+                        record = await self._create(owner, sid, record)
                     assert record is not None
                     await self._sync_in(session, record)
                     session.busy = True
@@ -170,18 +177,23 @@ class SharedSessionRegistry(SessionRegistry):
                                 await self._sync_out(session, record)
                 return
 
-    async def _live_sentence(self) -> str:
-        names = await self.store.names(self.owner)
+    async def load(self, sid: str, *, owner: str = LOCAL_OWNER, create: bool = True) -> Session:
+        """The session, in line with its row (for the file tools: waits for a call running in it)."""
+        async with self.hold(sid, owner=owner, create=create) as session:
+            return session
+
+    async def _live_sentence(self, owner: str) -> str:
+        names = await self.records.names(owner)
         return f"live sessions: {', '.join(names) or 'none'}. Run code in it (or upload a file) first."
 
-    async def _create(self, sid: str, tombstone: SessionRecord | None) -> SessionRecord:
-        names = await self.store.names(self.owner)
+    async def _create(self, owner: str, sid: str, tombstone: SessionRecord | None) -> SessionRecord:
+        names = await self.records.names(owner)
         if len(names) >= self.max_sessions:
             raise SessionError(
                 f"too many live sessions ({len(names)}/{self.max_sessions}): {', '.join(names)}. "
                 "Reuse one of them, or close one with close_session first."
             )
-        record = await self.store.create(self.owner, sid)
+        record = await self.records.create(owner, sid)
         record.note = tombstone.note if tombstone is not None else None
         return record
 
@@ -215,29 +227,29 @@ class SharedSessionRegistry(SessionRegistry):
         record.kernel_id = kernel.id if alive else None
         record.execution_count = kernel.execution_count if alive else 0
         record.workdir = self.workspaces.name_of(session.workspace) if session.workspace else None
-        await self.store.save(record)
+        await self.records.save(record)
 
     # --- closing ----------------------------------------------------------------------
-    async def close(self, session_id: str) -> bool:
+    async def close(self, session_id: str, *, owner: str = LOCAL_OWNER) -> bool:
         """Stop the session's kernel and delete its files, whichever replica started them."""
         sid = check_session_id(session_id)
-        local = self.sessions.get(sid)
+        local = self.sessions.get((owner, sid))
         if local is not None and local.running is not None:
             local.closed = True  # the call here ends now with SessionClosed
             local.running.cancel()
-        async with self.store.locked(self.owner, sid):
-            record = await self.store.get(self.owner, sid)
+        async with self.records.locked(owner, sid):
+            record = await self.records.get(owner, sid)
             if local is not None:
                 self._forget(local)
             if not _live(record):
                 return False
             assert record is not None
-            session = Session(sid, self._new_workspace)
+            session = Session(sid, self._new_workspace, owner=owner)
             with contextlib.suppress(GatewayUnavailable):  # files still go; the gateway culls the kernel
                 await self._sync_in(session, record)
             session.pending_notes.clear()
-            await self._discard(session)
+            await self.discard(session)
             if session.workspace is None and record.workdir is not None:
                 await self.workspaces.at(record.workdir, create=False).aremove()
-            await self.store.delete(self.owner, sid)
+            await self.records.delete(owner, sid)
         return True
