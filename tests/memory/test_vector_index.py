@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import anyio
 import numpy as np
 import pytest
 
@@ -181,3 +182,21 @@ async def test_a_time_range_narrows_the_meaning_ranking(tmp_path: Path, embedder
         assert start is not None
         ranked = await archive.recall.rank("seaside holiday", PassageFilter(start=start), 10, 0)
         assert ranked.rows and {r.id for r in ranked.rows} <= set(ids[20:])
+
+
+async def test_concurrent_searches_take_new_rows_in_once(tmp_path: Path, embedder: StaticEmbedder) -> None:
+    """Eight searches at once after another process stored passages: each new vector enters the
+    index once, in id order."""
+    location = db_location(tmp_path)
+    async with MemoryStore(location) as a_store, MemoryStore(location) as b_store:
+        a = Archive(a_store.passages, embedder)
+        await store_embedded(a_store, embedder, notes(20))
+        await a.search("medical checkup")
+        await store_embedded(b_store, embedder, notes(30, seed=9))
+        async with anyio.create_task_group() as tg:
+            for query in QUERIES + QUERIES[:3]:
+                tg.start_soon(a.search, query)
+        index = a.recall.index
+        assert index is not None and len(index) == 50
+        ids = index.candidates().ids  # type: ignore[union-attr]
+        assert (np.diff(ids) > 0).all()

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import anyio
 import numpy as np
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class VectorIndex:
         self.corpus = corpus
         self.model = model
         self._gen: Generation | None = None
+        self._refreshing = anyio.Lock()  # concurrent searches must not append the same rows twice
         self._clear()
 
     def _clear(self) -> None:
@@ -139,6 +141,10 @@ class VectorIndex:
 
     async def refresh(self) -> None:
         """Bring the index up to date with the stored vectors (see the module docstring)."""
+        async with self._refreshing:
+            await self._refresh()
+
+    async def _refresh(self) -> None:
         gen = await self.corpus.generation()
         if gen == self._gen:
             return
