@@ -109,6 +109,18 @@ class Settings(BaseSettings):
     max_output_chars: Annotated[int, Cli(metavar="N")] = Field(
         default=50_000, ge=1000, description="output budget per call (head and tail kept)"
     )
+    fork_server: bool = Field(
+        default=True,
+        description="make fresh Python interpreters by forking a warm template process "
+        "(falls back to starting kernels the normal way when it cannot)",
+    )
+    preload: Annotated[
+        list[str], Cli(metavar="JSON", shown_default="`numpy`, `pandas`, `matplotlib.pyplot`")
+    ] = Field(
+        default_factory=lambda: ["numpy", "pandas", "matplotlib.pyplot"],
+        description="modules the fork-server template imports once, so every kernel starts with them "
+        "(ones not installed are skipped)",
+    )
 
     # --- sandbox and limits ---
     sandbox: Annotated[SandboxMode, Cli(Group.SANDBOX)] = Field(

@@ -1,7 +1,8 @@
 """``kernmind doctor``: what this machine can run, checked for real.
 
 It builds the same components the server builds (sandbox detection, kernel Python
-probe, language runners), then starts one sandboxed kernel and runs ``1 + 1`` in it.
+probe, language runners), then starts one sandboxed kernel and runs ``1 + 1`` in it, and
+(unless ``--no-fork-server``) starts the fork server and times a forked kernel.
 The report goes to stdout as aligned text (or JSON with ``--json``). Exit status 0 means
 ``kernmind serve`` can run here (a kernel started and answered); 1 means it cannot, and
 the report says why.
@@ -22,6 +23,8 @@ from kernmind import __version__
 from kernmind.config import Settings
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.executor import limits_from
+from kernmind.execution.forkserver_kernels import describe as describe_fork_server
+from kernmind.execution.forkserver_kernels import fork_server_report
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import Sandbox, SandboxUnavailable
@@ -51,6 +54,11 @@ async def _live_check(sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any
             "execute_ms": round(exec_ms, 1),
             "value": value,
         }
+
+
+async def _fork_check(sandbox: Sandbox, runtime: PythonRuntime, preload: list[str]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="kernmind-doctor-") as tmp:
+        return await fork_server_report(KernelFactory(sandbox, runtime, Path(tmp)), preload)
 
 
 def gather(settings: Settings) -> dict[str, Any]:
@@ -85,6 +93,14 @@ def gather(settings: Settings) -> dict[str, Any]:
     report["pool_size"] = settings.pool_size
     report["stateless"] = settings.stateless
     report["live_test"] = anyio.run(_live_check, sandbox, runtime) if runtime.error is None else {"ok": False}
+    report["fork_server"] = (
+        anyio.run(_fork_check, sandbox, runtime, settings.preload)
+        if settings.fork_server and runtime.error is None
+        else {
+            "active": False,
+            "reason": "turned off (--no-fork-server)" if runtime.error is None else "no Python",
+        }
+    )
     report["ok"] = bool(report["live_test"].get("ok"))
     return report
 
@@ -122,6 +138,8 @@ def _print_text(report: dict[str, Any]) -> None:
         )
     else:
         line("live test", f"FAILED — {live.get('error', 'kernel unavailable')}")
+    if "fork_server" in report:
+        line("fork server", describe_fork_server(report["fork_server"]))
     print("\nready: kernmind serve can run here." if report["ok"] else "\nNOT READY: see the lines above.")
 
 

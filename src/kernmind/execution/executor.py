@@ -25,6 +25,7 @@ import anyio
 
 from kernmind.config import Settings
 from kernmind.execution import runners as runners_mod
+from kernmind.execution.forkserver_kernels import ForkKernelFactory
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.pool import KernelPool
 from kernmind.execution.results import RunResult
@@ -45,6 +46,11 @@ def limits_from(settings: Settings) -> Limits:
     )
 
 
+@contextlib.asynccontextmanager
+async def _nothing() -> AsyncIterator[None]:
+    yield
+
+
 class Executor:
     default_session_id = DEFAULT_SESSION
 
@@ -56,9 +62,10 @@ class Executor:
         self.runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)
         if self.runtime.error:
             log.error("Python kernels unavailable: %s", self.runtime.error)
-        self.factory = KernelFactory(
+        base = KernelFactory(
             self.sandbox, self.runtime, settings.workspaces_dir, output_limit=settings.max_output_chars
         )
+        self.factory = ForkKernelFactory(base, preload=settings.preload) if settings.fork_server else base
         self.pool = KernelPool(self.factory, settings.pool_size)
         self.sessions = SessionManager(settings, self.pool)
         self.runners = runners_mod.discover(self.sandbox, settings)
@@ -68,7 +75,8 @@ class Executor:
     async def running(self) -> AsyncIterator[Executor]:
         self.settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.settings.workspaces_dir.mkdir(exist_ok=True, mode=0o700)
-        async with anyio.create_task_group() as tg:
+        forks = self.factory.running() if isinstance(self.factory, ForkKernelFactory) else _nothing()
+        async with forks, anyio.create_task_group() as tg:
             await self.pool.run(tg)
             await self.sessions.run_reaper(tg)
             try:

@@ -323,13 +323,13 @@ def _ipykernel_major(version: str | None) -> int:
         return 0
 
 
-async def fork_server_report(base: KernelFactory, forks: int = 3) -> dict[str, Any]:
-    """What ``kernmind doctor`` shows: is the fork server active here, how fast it forks.
+async def fork_server_report(base: KernelFactory, preload: Sequence[str] = DEFAULT_PRELOAD) -> dict[str, Any]:
+    """What ``kernmind doctor`` shows: whether the fork server works here and how fast it forks.
 
-    Starts a template, forks ``forks`` kernels one after the other (start → ready, median),
-    runs ``1 + 1`` in the last one, and stops everything.
+    Starts a template, forks three kernels one after the other (start → ready, the median
+    is ``fork_ms``), runs ``1 + 1`` in the last one, and stops everything.
     """
-    factory = ForkKernelFactory(base)
+    factory = ForkKernelFactory(base, preload=preload)
     started = time.perf_counter()
     async with factory.running():
         template = await factory.server.template(wait=TEMPLATE_WAIT)
@@ -342,7 +342,7 @@ async def fork_server_report(base: KernelFactory, forks: int = 3) -> dict[str, A
         }
         times, kernels = [], []
         try:
-            for _ in range(forks):
+            for _ in range(3):
                 t0 = time.perf_counter()
                 kernels.append(await factory.fork(template))
                 times.append((time.perf_counter() - t0) * 1000)
@@ -355,6 +355,19 @@ async def fork_server_report(base: KernelFactory, forks: int = 3) -> dict[str, A
             for kernel in kernels:
                 await kernel.shutdown()
                 kernel.workspace.remove()
-        report["fork_ms"] = round(sorted(times)[len(times) // 2], 1)
+        report["fork_ms"] = round(sorted(times)[1], 1)
         report["ok"] = outcome.kind == "ok" and value == "2"
         return report
+
+
+def describe(report: dict[str, Any]) -> str:
+    """One line for ``kernmind doctor``'s text output."""
+    if not report.get("active"):
+        return f"not used — {report.get('reason')} (kernels start the normal way)"
+    if not report.get("ok"):
+        return "FAILED — a forked kernel did not answer 1 + 1 (kernels start the normal way)"
+    preloaded = ", ".join(report["preloaded"]) or "no heavy modules"
+    return (
+        f"active — a fresh kernel in {report['fork_ms']:.0f} ms "
+        f"(template ready in {report['template_start_s']} s with {preloaded})"
+    )
