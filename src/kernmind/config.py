@@ -17,7 +17,7 @@ The CLI passes only the flags a user actually gave, so pydantic-settings' own ru
 (init kwargs beat the environment) gives exactly that order. Non-finite numbers
 (``nan``, ``inf``) are refused for every numeric setting.
 
-Derived paths (database, workspaces) are resolved once by :attr:`Settings.db_path` and
+Derived paths (database, workspaces) are resolved once by :attr:`Settings.db_location` and
 :attr:`Settings.workspaces_dir` so that every component sees the same absolute locations.
 """
 
@@ -78,8 +78,12 @@ class Settings(BaseSettings):
         Path, Cli(Group.STORAGE, metavar="DIR", shown_default="`~/.local/share/kernmind`")
     ] = Field(default_factory=default_data_dir, description="workspaces and the database")
     db: Annotated[
-        Path | None, Cli(Group.STORAGE, metavar="PATH", shown_default="`<data dir>/kernmind.db`")
-    ] = Field(default=None, description="SQLite database file")
+        str | None, Cli(Group.STORAGE, metavar="PATH|URL", shown_default="`<data dir>/kernmind.db`")
+    ] = Field(
+        default=None,
+        min_length=1,
+        description="memory database: a SQLite file, or `postgresql://user:pass@host/dbname` for PostgreSQL",
+    )
     agent: Annotated[str, Cli(Group.STORAGE, metavar="NAME")] = Field(
         default="default", min_length=1, max_length=128, description="memory namespace"
     )
@@ -203,14 +207,29 @@ class Settings(BaseSettings):
 
     log_level: Annotated[LogLevel, Cli(Group.LOGGING)] = Field(default="INFO", description="stderr log level")
 
-    @field_validator("data_dir", "db", "kernel_python", mode="after")
+    @field_validator("db", mode="before")
+    @classmethod
+    def _db_text(cls, value: object) -> object:
+        return str(value) if isinstance(value, Path) else value
+
+    @field_validator("data_dir", "kernel_python", mode="after")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
 
     @property
+    def db_is_postgres(self) -> bool:
+        return self.db is not None and self.db.startswith(("postgresql://", "postgres://"))
+
+    @property
     def db_path(self) -> Path:
-        return (self.db or self.data_dir / "kernmind.db").absolute()
+        """The SQLite file (meaningless when ``db`` is a PostgreSQL URL: see ``db_location``)."""
+        return (Path(self.db).expanduser() if self.db else self.data_dir / "kernmind.db").absolute()
+
+    @property
+    def db_location(self) -> str:
+        """What ``--db`` names: the PostgreSQL URL as given, or the SQLite file's absolute path."""
+        return self.db if self.db is not None and self.db_is_postgres else str(self.db_path)
 
     @property
     def workspaces_dir(self) -> Path:

@@ -28,6 +28,7 @@ from kernmind.execution.forkserver_kernels import fork_server_report
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import Sandbox, SandboxUnavailable
+from kernmind.memory.database import redacted_location
 
 
 async def _live_check(sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any]:
@@ -87,7 +88,7 @@ def gather(settings: Settings) -> dict[str, Any]:
     for name, hint in sorted(runners_mod.missing_runtimes(sandbox, settings).items()):
         languages.setdefault(name, {"available": False, "install": hint})
     report["languages"] = languages
-    report["database"] = str(settings.db_path)
+    report["database"] = redacted_location(settings.db_location)
     report["workspaces"] = str(settings.workspaces_dir)
     report["agent"] = settings.agent
     report["pool_size"] = settings.pool_size

@@ -61,3 +61,8 @@ def registered_tool(server: MCPServer, name: str) -> Tool | None:
 def session_connection(session: Any) -> Any:
     """The per-client connection behind a per-request ``ServerSession``."""
     return _private(session, "_connection", "resource subscriptions of handshake-era clients")
+
+
+def subscription_bus(server: MCPServer) -> Any:
+    """The bus ``subscriptions/listen`` streams read (``ctx.notify_resource_updated`` publishes on it)."""
+    return _private(server, "_subscriptions", "resource notifications that arrive from other replicas")

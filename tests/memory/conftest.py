@@ -14,6 +14,7 @@ import hashlib
 import json
 import re
 import struct
+import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,8 +25,11 @@ import pytest
 from mcp import Client
 
 from kernmind.config import Settings
+from kernmind.memory.store import open_database
 from kernmind.server import create_server
 from tests.agent.conftest import llm  # noqa: F401 - the scripted model server, for conversation tests
+
+from .postgres_server import PostgresServer
 
 DIM = 64
 CONCEPTS = [
@@ -105,8 +109,70 @@ def embedding_server() -> Iterator[EmbeddingServer]:
         srv.stop()
 
 
+# The memory suite runs once per backend: the autouse ``memory_backend`` fixture sets where the
+# test's memory lives (a SQLite file under tmp_path, or a fresh database on a real PostgreSQL
+# server started for this test session), and every helper below uses it.
+_BACKEND: dict[str, Any] = {"name": "sqlite", "url": None, "server": None}
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    try:
+        server = PostgresServer().start()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        pytest.skip(f"cannot start PostgreSQL here: {detail}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(autouse=True, params=["sqlite", "postgresql"])
+def memory_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "postgresql":
+        if request.node.get_closest_marker("sqlite_only"):
+            pytest.skip(f"SQLite only: {request.node.get_closest_marker('sqlite_only').args[0]}")
+        server = request.getfixturevalue("postgres_server")
+        _BACKEND.update(name="postgresql", url=server.new_database(), server=server)
+    try:
+        yield request.param
+    finally:
+        _BACKEND.update(name="sqlite", url=None, server=None)
+
+
+def on_postgres() -> bool:
+    return _BACKEND["name"] == "postgresql"
+
+
+def db_location(tmp_path: Path, name: str = "m.db") -> str:
+    """Where this test's memory lives: the PostgreSQL database, or a SQLite file in tmp_path."""
+    return _BACKEND["url"] or str(tmp_path / name)
+
+
+async def run_sql(settings: Settings, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Run one statement on the test's memory database, whichever backend (``?`` placeholders)."""
+    db = open_database(settings.db_location)
+    await db.open()
+    try:
+        async with db.write() as tx:
+            return (
+                await tx.all(sql, params)
+                if sql.lstrip().upper().startswith("SELECT")
+                else [(await tx.run(sql, params),)]
+            )
+    finally:
+        await db.close()
+
+
+def another_db_location(tmp_path: Path, name: str) -> str:
+    """A second, empty memory database on the same backend (another file, or another database)."""
+    return _BACKEND["server"].new_database() if on_postgres() else str(tmp_path / name)
+
+
 def make_settings(tmp_path: Path, **extra: Any) -> Settings:
-    return Settings(db=tmp_path / "m.db", data_dir=tmp_path, pool_size=0, sandbox="none", **extra)
+    extra.setdefault("db", db_location(tmp_path))
+    return Settings(data_dir=tmp_path, pool_size=0, sandbox="none", **extra)
 
 
 @pytest.fixture

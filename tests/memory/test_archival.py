@@ -5,16 +5,16 @@ Hybrid search talks to a real OpenAI-compatible embeddings endpoint on 127.0.0.1
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 from mcp import Client
 
+from kernmind.config import Settings
 from kernmind.server import create_server
 
-from .conftest import EmbeddingServer, make_settings, ok, refused
+from .conftest import EmbeddingServer, make_settings, ok, refused, run_sql
 
 pytestmark = pytest.mark.anyio
 
@@ -102,13 +102,12 @@ async def test_paging(client: Client) -> None:
     assert await search(client, "meeting", top_k=10, page=3) == []
 
 
-async def test_date_filters(settings_db_client: tuple[Client, Path]) -> None:
-    client, db = settings_db_client
+async def test_date_filters(settings_db_client: tuple[Client, Settings]) -> None:
+    client, settings = settings_db_client
     old = await ok(client, "archival_memory_insert", content="trip to Rome in spring")
     new = await ok(client, "archival_memory_insert", content="trip to Oslo in winter")
     # Backdate the first passage to 2024-03-10 (what an import of old memories would hold).
-    with sqlite3.connect(db) as con:
-        con.execute("UPDATE passages SET created_at = ? WHERE id = ?", (1710072000.0, old["id"]))
+    await run_sql(settings, "UPDATE passages SET created_at = ? WHERE id = ?", 1710072000.0, old["id"])
     got = await search(client, "trip", start_datetime="2025-01-01")
     assert [r["id"] for r in got] == [new["id"]]
     got = await search(client, "trip", end_datetime="2024-03-10")  # a date alone includes that day
@@ -130,7 +129,7 @@ async def test_date_filters(settings_db_client: tuple[Client, Path]) -> None:
 async def settings_db_client(tmp_path: Path):
     settings = make_settings(tmp_path)
     async with Client(create_server(settings)) as c:
-        yield c, settings.db_path
+        yield c, settings
 
 
 async def test_content_cap_and_empty_content(tmp_path: Path) -> None:

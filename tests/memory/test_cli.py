@@ -15,8 +15,10 @@ from kernmind.memory.database import PassageFilter
 from kernmind.memory.records import PassageIn
 from kernmind.memory.store import MemoryStore
 
+from .conftest import another_db_location, db_location
 
-def seed(db: Path, agent: str) -> None:
+
+def seed(db: str, agent: str) -> None:
     async def go() -> None:
         async with MemoryStore(db, agent, default_blocks={"persona": "p", "human": "h"}) as store:
             await store.blocks.append("human", "Name: Ada")
@@ -28,7 +30,7 @@ def seed(db: Path, agent: str) -> None:
     anyio.run(go)
 
 
-def dump(db: Path, agent: str) -> tuple[dict[str, tuple[str, str, int, bool]], list[tuple[str, list[str]]]]:
+def dump(db: str, agent: str) -> tuple[dict[str, tuple[str, str, int, bool]], list[tuple[str, list[str]]]]:
     async def go() -> tuple[dict[str, tuple[str, str, int, bool]], list[tuple[str, list[str]]]]:
         async with MemoryStore(db, agent) as store:
             blocks = {
@@ -41,7 +43,7 @@ def dump(db: Path, agent: str) -> tuple[dict[str, tuple[str, str, int, bool]], l
 
 
 def test_export_import_roundtrip_into_another_namespace(tmp_path: Path) -> None:
-    db = tmp_path / "m.db"
+    db = db_location(tmp_path)
     seed(db, "alice")
     out = tmp_path / "alice.json"
     assert main(["memory", "export", "--db", str(db), "--agent", "alice", "-o", str(out)]) == 0
@@ -51,7 +53,7 @@ def test_export_import_roundtrip_into_another_namespace(tmp_path: Path) -> None:
     assert {p["content"] for p in doc["passages"]} == {"met Ada in Paris", "Ada likes tea"}
 
     # into a second database and namespace; flags may come before or after the action
-    db2 = tmp_path / "other.db"
+    db2 = another_db_location(tmp_path, "other.db")
     assert main(["memory", "--db", str(db2), "import", str(out), "--agent", "bob"]) == 0
     assert dump(db2, "bob") == dump(db, "alice")
 
@@ -75,24 +77,26 @@ def test_export_import_roundtrip_into_another_namespace(tmp_path: Path) -> None:
 
 
 def test_import_over_untouched_default_blocks(tmp_path: Path) -> None:
-    db = tmp_path / "m.db"
+    db = db_location(tmp_path)
     seed(db, "alice")
     out = tmp_path / "a.json"
     assert main(["memory", "export", "--db", str(db), "--agent", "alice", "-o", str(out)]) == 0
 
     # a server already ran on the new machine and seeded empty persona/human blocks
+    new = another_db_location(tmp_path, "new.db")
+
     async def fresh_server_namespace() -> None:
-        async with MemoryStore(tmp_path / "new.db", default_blocks={"persona": "p", "human": "h"}) as store:
+        async with MemoryStore(new, default_blocks={"persona": "p", "human": "h"}) as store:
             assert [b.label for b in await store.blocks.list()] == ["persona", "human"]
 
     anyio.run(fresh_server_namespace)
-    assert main(["memory", "import", str(out), "--db", str(tmp_path / "new.db")]) == 0
-    blocks, _ = dump(tmp_path / "new.db", "default")
+    assert main(["memory", "import", str(out), "--db", new]) == 0
+    blocks, _ = dump(new, "default")
     assert blocks["human"][0] == "Name: Ada"
 
 
 def test_export_to_stdout_with_history(tmp_path: Path) -> None:
-    db = tmp_path / "m.db"
+    db = db_location(tmp_path)
     seed(db, "default")
     proc = subprocess.run(
         [sys.executable, "-m", "kernmind", "memory", "export", "--with-history", "--db", str(db)],
@@ -108,9 +112,9 @@ def test_export_to_stdout_with_history(tmp_path: Path) -> None:
 def test_import_rejects_bad_files(tmp_path: Path, content: str, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(content)
-    assert main(["memory", "import", str(bad), "--db", str(tmp_path / "m.db")]) == 1
+    assert main(["memory", "import", str(bad), "--db", db_location(tmp_path)]) == 1
     assert "kernmind memory import" in capsys.readouterr().err
-    assert main(["memory", "import", "--db", str(tmp_path / "m.db")]) == 2
+    assert main(["memory", "import", "--db", db_location(tmp_path)]) == 2
 
 
 def test_flags_may_come_anywhere(tmp_path: Path) -> None:
@@ -145,7 +149,7 @@ def test_memory_help_lists_only_memory_settings(capsys: pytest.CaptureFixture[st
 
 def test_show_lists_blocks_and_prints_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """memory show: a table of the blocks; memory show LABEL: that block as the agent sees it."""
-    db = tmp_path / "m.db"
+    db = db_location(tmp_path)
     seed(db, "default")
     capsys.readouterr()
     assert main(["memory", "show", "--db", str(db)]) == 0
@@ -160,7 +164,7 @@ def test_show_lists_blocks_and_prints_one(tmp_path: Path, capsys: pytest.Capture
 
 def test_search_from_the_shell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """memory search QUERY ranks archival passages like the tool (word forms, tags, meaning)."""
-    db = tmp_path / "m.db"
+    db = db_location(tmp_path)
     seed(db, "default")
     capsys.readouterr()
     assert main(["memory", "search", "meeting Ada in France", "--db", str(db)]) == 0

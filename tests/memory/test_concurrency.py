@@ -34,7 +34,7 @@ pytestmark = pytest.mark.anyio
 WRITES = 100
 
 
-def stdio_server(db: Path, data_dir: Path) -> StdioServerParameters:
+def stdio_server(db: Path | str, data_dir: Path) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
         args=[
@@ -71,8 +71,8 @@ async def test_eight_writers_two_processes_no_lost_update(tmp_path: Path) -> Non
     async with Client(create_server(settings)) as c1, Client(create_server(settings)) as c2:
         await ok(c1, "memory_create", label="log", limit=100_000)
         async with (
-            Client(stdio_server(settings.db_path, tmp_path)) as p1,
-            Client(stdio_server(settings.db_path, tmp_path)) as p2,
+            Client(stdio_server(settings.db_location, tmp_path)) as p1,
+            Client(stdio_server(settings.db_location, tmp_path)) as p2,
         ):
             with anyio.fail_after(90):
                 async with anyio.create_task_group() as tg:
@@ -113,6 +113,7 @@ def child_pids_running(marker: str) -> list[int]:
     return pids
 
 
+@pytest.mark.sqlite_only("SQLite's file integrity after SIGKILL (replicas on PostgreSQL: test_replicas.py)")
 async def test_kill_9_mid_burst_keeps_every_acknowledged_write(tmp_path: Path) -> None:
     db = tmp_path / "crash.db"
     acked_lines: list[str] = []

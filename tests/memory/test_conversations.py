@@ -22,7 +22,7 @@ from kernmind.memory.conversations import ConversationRecorder
 from kernmind.server import create_server
 from tests.agent.scripted_openai import ScriptedOpenAI, call, reply, tools
 
-from .conftest import ok, refused
+from .conftest import another_db_location, ok, refused
 
 pytestmark = pytest.mark.anyio
 
@@ -92,7 +92,7 @@ async def test_export_and_import_carry_conversations(llm: ScriptedOpenAI, tmp_pa
     settings = agent_settings(tmp_path)
     await recorded_run(llm, settings)
     out = tmp_path / "ada.json"
-    argv = ["memory", "export", "--db", str(settings.db_path), "--agent", "ada", "-o", str(out)]
+    argv = ["memory", "export", "--db", settings.db_location, "--agent", "ada", "-o", str(out)]
     assert await anyio.to_thread.run_sync(main, argv) == 0
     doc = json.loads(out.read_text())
     [conv] = doc["conversations"]
@@ -105,11 +105,11 @@ async def test_export_and_import_carry_conversations(llm: ScriptedOpenAI, tmp_pa
         "assistant",
     ]
     assert conv["messages"][1]["meta"]["tool_calls"][0]["function"]["name"] == "memory_append"
-    other = tmp_path / "other.db"
+    other = another_db_location(tmp_path, "other.db")
     for _ in range(2):  # importing twice adds the conversation once
         argv = ["memory", "import", str(out), "--db", str(other), "--agent", "bob", "--replace"]
         assert await anyio.to_thread.run_sync(main, argv) == 0
-    moved = Settings(db=other, data_dir=tmp_path, agent="bob", pool_size=0, sandbox="none")
+    moved = Settings(db=str(other), data_dir=tmp_path, agent="bob", pool_size=0, sandbox="none")
     async with Client(create_server(moved)) as client:
         found = await ok(client, "conversation_search", query="beagle", roles=["user"])
         assert [r["conversation_id"] for r in found["results"]] == [conv["id"]]

@@ -7,7 +7,6 @@ The paraphrase checks use notes and questions that share no content word.
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import anyio
 import pytest
 from mcp import Client
 
+from kernmind.config import Settings
 from kernmind.memory.database import PassageFilter
 from kernmind.memory.embeddings import StaticEmbedder
 from kernmind.memory.recall import Recall
@@ -23,7 +23,7 @@ from kernmind.memory.records import PassageIn
 from kernmind.memory.store import MemoryStore
 from kernmind.server import create_server
 
-from .conftest import EmbeddingServer, make_settings, ok
+from .conftest import EmbeddingServer, db_location, make_settings, ok, run_sql
 
 pytestmark = pytest.mark.anyio
 
@@ -40,9 +40,9 @@ OTHERS = [
 ]
 
 
-def vector_models(db: Path) -> dict[str | None, int]:
-    with sqlite3.connect(db) as con:
-        return dict(con.execute("SELECT embedding_model, count(*) FROM passages GROUP BY embedding_model"))
+async def vector_models(settings: Settings) -> dict[str | None, int]:
+    rows = await run_sql(settings, "SELECT embedding_model, count(*) FROM passages GROUP BY embedding_model")
+    return {model: int(n) for model, n in rows}
 
 
 async def test_a_paraphrase_finds_its_note_with_default_settings(tmp_path: Path) -> None:
@@ -54,7 +54,7 @@ async def test_a_paraphrase_finds_its_note_with_default_settings(tmp_path: Path)
         out = await ok(client, "archival_memory_search", query=QUESTION, top_k=3)
     assert out["mode"] == "hybrid" and out["note"] is None
     assert NOTE in [r["content"] for r in out["results"]]
-    assert vector_models(settings.db_path) == {LOCAL: len(OTHERS) + 1}
+    assert await vector_models(settings) == {LOCAL: len(OTHERS) + 1}
 
 
 def test_the_default_model_works_without_a_network(tmp_path: Path) -> None:
@@ -64,7 +64,7 @@ def test_the_default_model_works_without_a_network(tmp_path: Path) -> None:
     doc = {"format": "kernmind-memory", "blocks": [], "passages": [{"content": t} for t in [*OTHERS, NOTE]]}
     (tmp_path / "notes.json").write_text(json.dumps(doc))
     base = ["unshare", "-n", sys.executable, "-m", "kernmind", "memory"]
-    flags = ["--db", str(tmp_path / "m.db")]
+    flags = ["--db", db_location(tmp_path)]
     subprocess.run([*base, "import", str(tmp_path / "notes.json"), *flags], check=True, capture_output=True)
     out = subprocess.run(
         [*base, "search", QUESTION, "--top-k", "3", *flags], check=True, capture_output=True, text=True
@@ -79,11 +79,11 @@ async def test_passages_without_vectors_are_backfilled_in_the_background(tmp_pat
         for text in [*OTHERS, NOTE]:
             assert not (await ok(client, "archival_memory_insert", content=text))["embedded"]
         assert (await ok(client, "archival_memory_search", query=QUESTION))["mode"] == "bm25"
-    db = make_settings(tmp_path).db_path
-    assert vector_models(db) == {None: len(OTHERS) + 1}
+    settings = make_settings(tmp_path)
+    assert await vector_models(settings) == {None: len(OTHERS) + 1}
     async with Client(create_server(make_settings(tmp_path))) as client:
         with anyio.fail_after(30):
-            while vector_models(db) != {LOCAL: len(OTHERS) + 1}:  # noqa: ASYNC110 - another task writes it
+            while await vector_models(settings) != {LOCAL: len(OTHERS) + 1}:  # noqa: ASYNC110 - another task writes it
                 await anyio.sleep(0.05)
         out = await ok(client, "archival_memory_search", query=QUESTION, top_k=3)
     assert out["mode"] == "hybrid" and NOTE in [r["content"] for r in out["results"]]
@@ -98,9 +98,9 @@ async def test_switching_models_re_embeds_instead_of_mixing(
     async with Client(create_server(settings)) as client:
         for text in [*OTHERS, NOTE]:
             await ok(client, "archival_memory_insert", content=text)
-    assert vector_models(settings.db_path) == {"concepts": len(OTHERS) + 1}
+    assert await vector_models(settings) == {"concepts": len(OTHERS) + 1}
 
-    async with MemoryStore(settings.db_path) as store:
+    async with MemoryStore(settings.db_location) as store:
         recall = Recall(store.passages, StaticEmbedder())
         ranked = await recall.rank(QUESTION, PassageFilter(), 3, 0)
         assert ranked.note is not None and f"covers 0 of {len(OTHERS) + 1} passages" in ranked.note
@@ -108,7 +108,7 @@ async def test_switching_models_re_embeds_instead_of_mixing(
         assert await recall.backfill_batch() == 0
         ranked = await recall.rank(QUESTION, PassageFilter(), 3, 0)
         assert ranked.note is None and NOTE in [r.content for r in ranked.rows]
-    assert vector_models(settings.db_path) == {LOCAL: len(OTHERS) + 1}
+    assert await vector_models(settings) == {LOCAL: len(OTHERS) + 1}
 
 
 async def test_embedding_model_none_turns_meaning_search_off(tmp_path: Path) -> None:
@@ -119,7 +119,7 @@ async def test_embedding_model_none_turns_meaning_search_off(tmp_path: Path) -> 
         assert not ins["embedded"] and ins["note"] is None
         out = await ok(client, "archival_memory_search", query="puppy shelter")
         assert out["mode"] == "bm25" and [r["content"] for r in out["results"]] == [NOTE]
-    assert vector_models(settings.db_path) == {None: 1}
+    assert await vector_models(settings) == {None: 1}
 
 
 async def test_unrelated_passages_are_not_offered_as_matches(tmp_path: Path) -> None:
@@ -133,7 +133,7 @@ async def test_unrelated_passages_are_not_offered_as_matches(tmp_path: Path) -> 
 
 async def test_vectors_of_many_passages_are_embedded_off_the_event_loop(tmp_path: Path) -> None:
     """Importing 2,000 passages and then searching: the backfill embeds them all in batches."""
-    async with MemoryStore(tmp_path / "m.db") as store:
+    async with MemoryStore(db_location(tmp_path)) as store:
         await store.passages.add([PassageIn(f"note {i} about the garden and tomatoes") for i in range(2000)])
         recall = Recall(store.passages, StaticEmbedder())
         done = 0

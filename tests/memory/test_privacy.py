@@ -14,6 +14,7 @@ from tests.conftest import make_settings, structured
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.sqlite_only("file permissions of the SQLite database")
 async def test_new_data_dir_and_database_are_private(tmp_path: Path) -> None:
     data = tmp_path / "fresh" / "data"
     async with Client(create_server(make_settings(data, pool_size=0, sandbox="none"))) as client:

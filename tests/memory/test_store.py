@@ -13,7 +13,10 @@ from kernmind.memory.records import PassageIn
 from kernmind.memory.sqlite import MIGRATIONS, SCHEMA_VERSION
 from kernmind.memory.store import MemoryStore
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.sqlite_only("FTS5 query planning, WAL and the SQLite schema's versions"),
+]
 
 
 async def test_common_words_do_not_drown_rare_ones(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def kernmind_server_spec(
     if log_level is not None:
         settings = settings.model_copy(update={"log_level": log_level})
     flags, env_only = settings_as_args(settings, COMMAND_GROUPS["agent"])
-    args = ["-m", "kernmind", "serve", "--db", str(settings.db_path), *flags]
+    args = ["-m", "kernmind", "serve", "--db", settings.db_location, *flags]
     env = {k: v for k, v in os.environ.items() if k.startswith("KERNMIND_")} | env_only
     return ServerSpec(name=name, target=StdioServerParameters(command=sys.executable, args=args, env=env))
 

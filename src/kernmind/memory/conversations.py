@@ -145,7 +145,8 @@ class Conversations(TextTable):
     ) -> int:
         check_roles([role])
         seq_row = await tx.one(
-            "SELECT coalesce(max(seq), 0) + 1 FROM messages WHERE conversation_id = ?", (conversation_id,)
+            "SELECT coalesce(max(seq), 0) + 1 FROM messages WHERE namespace = ? AND conversation_id = ?",
+            (self.namespace, conversation_id),
         )
         row = await tx.one(
             "INSERT INTO messages (namespace, conversation_id, seq, role, content, meta, created_at, search_text, "

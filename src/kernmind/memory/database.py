@@ -23,6 +23,7 @@ locked") so it never reaches a caller; anything else propagates as-is.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -55,6 +56,11 @@ class PassageFilter:
     @property
     def narrows(self) -> bool:
         return bool(self.tags) or self.start is not None or self.end is not None
+
+
+def redacted_location(location: str) -> str:
+    """A database URL with its password replaced by ``***`` (for logs and ``kernmind doctor``)."""
+    return re.sub(r"^([a-z]+://[^:/@]*:)[^@]*@", r"\1***@", location)
 
 
 def namespace_and_time_sql(namespace: str, start: float | None, end: float | None) -> tuple[str, list[Any]]:

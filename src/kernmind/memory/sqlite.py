@@ -144,16 +144,17 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE namespaces ADD COLUMN conversation_gen INTEGER NOT NULL DEFAULT 0;
     CREATE TABLE conversations (
-        id TEXT PRIMARY KEY,
+        id TEXT NOT NULL,
         namespace TEXT NOT NULL,
         started_at REAL NOT NULL,
-        title TEXT NOT NULL DEFAULT ''
+        title TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (namespace, id)
     );
     CREATE INDEX conversations_by_namespace ON conversations (namespace, started_at);
     CREATE TABLE messages (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         namespace TEXT NOT NULL,
-        conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        conversation_id TEXT NOT NULL,
         seq INTEGER NOT NULL,
         role TEXT NOT NULL,
         content TEXT NOT NULL,
@@ -164,7 +165,7 @@ MIGRATIONS: list[str] = [
         embedding_model TEXT
     );
     CREATE INDEX messages_by_time ON messages (namespace, created_at);
-    CREATE UNIQUE INDEX messages_in_order ON messages (conversation_id, seq);
+    CREATE UNIQUE INDEX messages_in_order ON messages (namespace, conversation_id, seq);
     CREATE VIEW messages_search AS SELECT id, coalesce(search_text, content) AS body FROM messages;
     CREATE VIRTUAL TABLE messages_fts USING fts5(
         body, content='messages_search', content_rowid='id', tokenize='porter unicode61'

@@ -10,7 +10,10 @@ Design
 * The store is bound to one **namespace key**, an opaque string: today the server passes
   its ``--agent`` name; nothing below assumes more than "rows with this key belong
   together", so a key that also names an owner (``principal/agent``) needs no change here.
-  Several namespaces share one database file.
+  Several namespaces share one database.
+* The database is SQLite (a file: sqlite.py) or PostgreSQL (a ``postgresql://`` URL:
+  postgres.py, for several replicas sharing one memory); the parts speak portable SQL
+  through database.py's ``Tx`` and do not know which.
 
 Error policy
 ------------
@@ -22,6 +25,7 @@ the parts.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kernmind.config import Settings
 from kernmind.memory.block_store import Blocks
@@ -29,13 +33,26 @@ from kernmind.memory.conversations import Conversations
 from kernmind.memory.passages import Passages
 from kernmind.memory.sqlite import SQLiteDatabase
 
+if TYPE_CHECKING:
+    from kernmind.memory.postgres import PostgresDatabase
+
+
+def open_database(location: Path | str) -> SQLiteDatabase | PostgresDatabase:
+    """The backend a ``--db`` value names: a ``postgresql://`` URL, or a SQLite file."""
+    text = str(location)
+    if text.startswith(("postgresql://", "postgres://")):
+        from kernmind.memory.postgres import PostgresDatabase  # psycopg only when asked for
+
+        return PostgresDatabase(text)
+    return SQLiteDatabase(location)
+
 
 class MemoryStore:
     """Blocks and passages of one namespace (see the module docstring)."""
 
     def __init__(
         self,
-        path: Path | str,
+        location: Path | str,
         namespace: str = "default",
         *,
         default_blocks: dict[str, str] | None = None,
@@ -45,7 +62,7 @@ class MemoryStore:
     ) -> None:
         self.namespace = namespace
         self.default_blocks = dict(default_blocks or {})
-        self.db = SQLiteDatabase(path)
+        self.db = open_database(location)
         self.blocks = Blocks(self.db, namespace, default_limit=block_limit, max_limit=max_block_limit)
         self.passages = Passages(self.db, namespace, max_chars=archival_max_chars)
         self.conversations = Conversations(self.db, namespace)
@@ -54,7 +71,7 @@ class MemoryStore:
     def from_settings(cls, settings: Settings, *, seed: bool = True) -> MemoryStore:
         """The store a server with these settings uses (``seed=False``: no default blocks)."""
         return cls(
-            settings.db_path,
+            settings.db_location,
             settings.agent,
             default_blocks=settings.memory_default_blocks if seed else {},
             block_limit=settings.memory_block_limit,

@@ -1,0 +1,290 @@
+"""The PostgreSQL backend: memory shared by several kernmind processes (replicas) on one database.
+
+Design
+------
+* psycopg 3 with its async connection pool (``psycopg-pool``): the stores' portable SQL with
+  ``?`` placeholders becomes ``%s``; ``RETURNING`` and ``ON CONFLICT DO NOTHING`` are the same.
+  Chosen over asyncpg because its placeholders map one-to-one onto ours, its pool and
+  ``LISTEN``/``notifies()`` are part of the same well-kept project, and it has a sync API too
+  (the migrate command).
+* Writers are serialised like SQLite's ``BEGIN IMMEDIATE``: every write transaction first
+  takes one transaction-scoped advisory lock (``pg_advisory_xact_lock``), then reads and
+  writes under ``READ COMMITTED``, so a read-modify-write (``expected_version``, an append)
+  always sees the last committed value and two replicas can never both win. Reads take no
+  lock. ``synchronous_commit`` stays on: a write acknowledged by any replica is durable and
+  visible to all.
+* Full text is a generated ``tsvector`` (``english``: stemmed, so ``running`` matches
+  ``runs``) over ``coalesce(search_text, content)`` — the same CJK bigrams as SQLite — with
+  a GIN index; a query's terms are OR-ed and ranked with ``ts_rank_cd``, so passages
+  matching more terms rank higher. Vectors are ``bytea`` searched exactly in numpy, as with
+  SQLite (Debian 12's main repository has no pgvector).
+* Schema versions live in ``kernmind_schema``; migrations run under an advisory lock, so
+  replicas starting together migrate once.
+* Replicas: :meth:`PostgresDatabase.announce` sends ``NOTIFY kernmind_memory`` after a block
+  changes, and :meth:`PostgresDatabase.listen` yields what other processes announced, so
+  resource-change notifications reach subscribers of every replica.
+
+Error policy
+------------
+Connection failures and SQL errors propagate (psycopg's messages name the host and the
+problem); a database written by a newer kernmind is refused with a ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from kernmind.memory.conversations import MESSAGE_COLUMNS, message_filter_sql, message_row
+from kernmind.memory.database import Row, redacted_location
+from kernmind.memory.fulltext import query_terms
+from kernmind.memory.passages import PASSAGE_COLUMNS, filter_sql, passage_row
+
+log = logging.getLogger(__name__)
+
+WRITE_LOCK = 7_256_318_911  # the advisory-lock key every write transaction takes
+MIGRATION_LOCK = 7_256_318_912
+CHANNEL = "kernmind_memory"
+
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE namespaces (
+        namespace TEXT PRIMARY KEY,
+        created_at DOUBLE PRECISION NOT NULL,
+        archive_gen BIGINT NOT NULL DEFAULT 0,
+        conversation_gen BIGINT NOT NULL DEFAULT 0
+    );
+    CREATE TABLE blocks (
+        namespace TEXT NOT NULL,
+        label TEXT NOT NULL,
+        value TEXT NOT NULL DEFAULT '',
+        description TEXT NOT NULL DEFAULT '',
+        char_limit INTEGER NOT NULL,
+        read_only INTEGER NOT NULL DEFAULT 0,
+        version INTEGER NOT NULL DEFAULT 1,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (namespace, label)
+    );
+    CREATE TABLE block_history (
+        id BIGSERIAL PRIMARY KEY,
+        namespace TEXT NOT NULL,
+        label TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        op TEXT NOT NULL,
+        old_value TEXT,
+        new_value TEXT,
+        meta TEXT,
+        at DOUBLE PRECISION NOT NULL,
+        undone INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX block_history_by_label ON block_history (namespace, label, id);
+    CREATE TABLE passages (
+        id BIGSERIAL PRIMARY KEY,
+        namespace TEXT NOT NULL,
+        content TEXT NOT NULL,
+        search_text TEXT,
+        tags TEXT NOT NULL DEFAULT '[]',
+        created_at DOUBLE PRECISION NOT NULL,
+        embedding BYTEA,
+        embedding_model TEXT,
+        search_vector tsvector GENERATED ALWAYS AS (to_tsvector('english', coalesce(search_text, content))) STORED
+    );
+    CREATE INDEX passages_by_time ON passages (namespace, created_at);
+    CREATE INDEX passages_text ON passages USING GIN (search_vector);
+    CREATE TABLE passage_tags (
+        passage_id BIGINT NOT NULL REFERENCES passages(id) ON DELETE CASCADE,
+        namespace TEXT NOT NULL,
+        tag TEXT NOT NULL,
+        PRIMARY KEY (passage_id, tag)
+    );
+    CREATE INDEX passage_tags_by_tag ON passage_tags (namespace, tag, passage_id);
+    CREATE TABLE conversations (
+        id TEXT NOT NULL,
+        namespace TEXT NOT NULL,
+        started_at DOUBLE PRECISION NOT NULL,
+        title TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (namespace, id)
+    );
+    CREATE INDEX conversations_by_namespace ON conversations (namespace, started_at);
+    CREATE TABLE messages (
+        id BIGSERIAL PRIMARY KEY,
+        namespace TEXT NOT NULL,
+        conversation_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        role TEXT NOT NULL,
+        content TEXT NOT NULL,
+        meta TEXT,
+        created_at DOUBLE PRECISION NOT NULL,
+        search_text TEXT,
+        embedding BYTEA,
+        embedding_model TEXT,
+        search_vector tsvector GENERATED ALWAYS AS (to_tsvector('english', coalesce(search_text, content))) STORED
+    );
+    CREATE INDEX messages_by_time ON messages (namespace, created_at);
+    CREATE UNIQUE INDEX messages_in_order ON messages (namespace, conversation_id, seq);
+    CREATE INDEX messages_text ON messages USING GIN (search_vector);
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@functools.lru_cache(maxsize=1024)
+def to_pg(sql: str) -> str:
+    """Our ``?`` placeholders as psycopg's ``%s`` (a literal ``%`` doubled)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+def tsquery(terms: Sequence[str]) -> str:
+    """Terms as a ``to_tsquery`` OR expression, each quoted (no query syntax leaks in)."""
+    return " | ".join("'" + t.replace("\\", "\\\\").replace("'", "''") + "'" for t in terms)
+
+
+class PostgresTx:
+    """A :class:`~kernmind.memory.database.Tx` over one psycopg connection."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.conn = conn
+
+    async def one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        cur = await self.conn.execute(to_pg(sql), list(params))
+        row = await cur.fetchone()
+        return _plain(row) if row is not None else None
+
+    async def all(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        cur = await self.conn.execute(to_pg(sql), list(params))
+        return [_plain(r) for r in await cur.fetchall()]
+
+    async def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        cur = await self.conn.execute(to_pg(sql), list(params))
+        return cur.rowcount
+
+    async def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        async with self.conn.cursor() as cur:
+            await cur.executemany(to_pg(sql), [list(r) for r in rows])
+
+
+def _plain(row: Sequence[Any]) -> Row:
+    return tuple(bytes(v) if isinstance(v, memoryview) else v for v in row)
+
+
+class TSRanking:
+    """Full text over one table's ``search_vector`` (passages or messages), ranked by ``ts_rank_cd``."""
+
+    def __init__(
+        self,
+        db: PostgresDatabase,
+        table: str,
+        columns: str,
+        conditions: Callable[[str, Any], tuple[str, list[Any]]],
+        make_row: Callable[[Row, float | None], Any],
+    ) -> None:
+        self.db = db
+        self.conditions = conditions
+        self.make_row = make_row
+        self._ranked = (
+            f"SELECT {columns}, ts_rank_cd(p.search_vector, q) AS score FROM {table} p, "
+            "to_tsquery('english', ?) q WHERE p.search_vector @@ q{where} ORDER BY score DESC, p.id DESC LIMIT ? OFFSET ?"
+        )
+        self._newest = (
+            f"SELECT {columns}, NULL FROM {table} p WHERE 1 = 1{{where}} "
+            "ORDER BY p.created_at DESC, p.id DESC LIMIT ? OFFSET ?"
+        )
+
+    async def search(self, namespace: str, query: str, where: Any, limit: int, offset: int) -> list[Any]:
+        conditions, params = self.conditions(namespace, where)
+        terms = query_terms(query)
+        async with self.db.read() as tx:
+            if terms:
+                rows = await tx.all(
+                    self._ranked.replace("{where}", conditions), [tsquery(terms), *params, limit, offset]
+                )
+            else:
+                rows = await tx.all(self._newest.format(where=conditions), [*params, limit, offset])
+        return [self.make_row(r[:-1], None if r[-1] is None else float(r[-1])) for r in rows]
+
+
+class PostgresDatabase:
+    """Memory in a PostgreSQL database (see the module docstring)."""
+
+    def __init__(self, url: str, *, max_connections: int = 8) -> None:
+        self.url = url
+        self.location = redacted_location(url)
+        self._pool = AsyncConnectionPool(url, min_size=1, max_size=max_connections, open=False, timeout=30)
+        self.passage_text = TSRanking(self, "passages", PASSAGE_COLUMNS, filter_sql, passage_row)
+        self.message_text = TSRanking(self, "messages", MESSAGE_COLUMNS, message_filter_sql, message_row)
+
+    async def open(self) -> PostgresDatabase:
+        await self._pool.open(wait=True)
+        try:
+            await self._migrate()
+        except BaseException:
+            await self._pool.close()
+            raise
+        return self
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    @contextlib.asynccontextmanager
+    async def write(self) -> AsyncIterator[PostgresTx]:
+        """A transaction that holds the write lock: committed on success, rolled back on any error."""
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+            yield PostgresTx(conn)
+
+    @contextlib.asynccontextmanager
+    async def read(self) -> AsyncIterator[PostgresTx]:
+        async with self._pool.connection() as conn:
+            yield PostgresTx(conn)
+
+    async def _migrate(self) -> None:
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            await conn.execute("CREATE TABLE IF NOT EXISTS kernmind_schema (version INTEGER NOT NULL)")
+            cur = await conn.execute("SELECT max(version) FROM kernmind_schema")
+            row = await cur.fetchone()
+            current = int(row[0] or 0) if row else 0
+            if current > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"{self.location} has memory schema version {current}, newer than this kernmind "
+                    f"understands ({SCHEMA_VERSION}); upgrade kernmind."
+                )
+            for version in range(current, SCHEMA_VERSION):
+                await conn.execute(MIGRATIONS[version])  # type: ignore[arg-type]
+                await conn.execute("INSERT INTO kernmind_schema (version) VALUES (%s)", (version + 1,))
+            if current and current < SCHEMA_VERSION:
+                log.info(
+                    "memory schema migrated from version %d to %d (%s)",
+                    current,
+                    SCHEMA_VERSION,
+                    self.location,
+                )
+
+    # ------------------------------------------------------------ replicas
+
+    async def announce(self, namespace: str, label: str, listing: bool) -> None:
+        """Tell other processes that a block changed (delivered to their :meth:`listen`)."""
+        payload = json.dumps({"pid": os.getpid(), "ns": namespace, "label": label, "listing": listing})
+        async with self._pool.connection() as conn:
+            await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+
+    async def listen(self, namespace: str) -> AsyncIterator[tuple[str, bool]]:
+        """(label, listing) for each change another process announced in ``namespace``."""
+        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+            await conn.execute(f"LISTEN {CHANNEL}")
+            async for note in conn.notifies():
+                try:
+                    data = json.loads(note.payload)
+                except ValueError:
+                    continue
+                if data.get("ns") == namespace and data.get("pid") != os.getpid():
+                    yield str(data["label"]), bool(data.get("listing"))

@@ -1,0 +1,78 @@
+"""A real PostgreSQL server for the tests: ``initdb`` + ``pg_ctl`` in a temporary directory,
+listening on a unix socket only, one fresh database per test.
+
+PostgreSQL refuses to run as root, so as root the server runs as the ``postgres`` user
+(``runuser -u postgres``) in a directory it owns; as anyone else it runs as that user.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psycopg
+
+
+def postgres_bin() -> Path | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+    if found:
+        return Path(found[-1]).parent
+    on_path = shutil.which("pg_ctl")
+    return Path(on_path).parent if on_path else None
+
+
+class PostgresServer:
+    def __init__(self) -> None:
+        bindir = postgres_bin()
+        if bindir is None:
+            raise RuntimeError("PostgreSQL is not installed (apt-get install postgresql)")
+        self.bindir = bindir
+        self.dir = Path(tempfile.mkdtemp(prefix="km-pg-"))
+        self.data = self.dir / "data"
+        self.port = 5432
+        self._names = itertools.count()
+        self._as_user: list[str] = []
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+            self._as_user = ["runuser", "-u", "postgres", "--"]
+
+    def _run(self, *args: str) -> None:
+        subprocess.run([*self._as_user, *args], check=True, capture_output=True, text=True, cwd=self.dir)
+
+    def start(self) -> PostgresServer:
+        self._run(
+            str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync"
+        )
+        options = f"-k {self.dir} -p {self.port} -c listen_addresses='' -c fsync=off -c max_connections=200"
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.dir / "log"),
+            "-w",
+            "start",
+        )
+        return self
+
+    def url(self, dbname: str = "postgres") -> str:
+        return f"postgresql://postgres@/{dbname}?host={self.dir}&port={self.port}"
+
+    def new_database(self) -> str:
+        name = f"km_{os.getpid()}_{next(self._names)}"
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+    def stop(self) -> None:
+        try:
+            self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
