@@ -32,6 +32,7 @@ import platformdirs
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+MIN_MEMORY_MB = 256  # measured: ipykernel + numpy + pandas + matplotlib map ≈ 185 MiB of RLIMIT_DATA
 SandboxMode = Literal["auto", "bwrap", "none", "required"]
 Transport = Literal["stdio", "http"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -113,6 +114,15 @@ class Settings(BaseSettings):
     max_output_chars: Annotated[int, Cli(metavar="N")] = Field(
         default=50_000, ge=1000, description="output budget per call (head and tail kept)"
     )
+    max_result_bytes: Annotated[int, Cli(metavar="BYTES")] = Field(
+        default=4 * 1024 * 1024,
+        ge=10_000,
+        description="budget per result for images, HTML, JSON and other rich output; what does not "
+        "fit is left out with a note",
+    )
+    max_download_mb: Annotated[int, Cli(metavar="MIB")] = Field(
+        default=20, ge=1, description="largest file a `workspace://` resource read returns (MiB)"
+    )
     fork_server: bool = Field(
         default=True,
         description="make fresh Python interpreters by forking a warm template process "
@@ -136,7 +146,11 @@ class Settings(BaseSettings):
         default=False, description="let sandboxed code use the network"
     )
     memory_mb: Annotated[int, Cli(Group.SANDBOX, metavar="MIB")] = Field(
-        default=2048, ge=64, description="memory limit per session/process (MiB)"
+        default=2048,
+        ge=MIN_MEMORY_MB,
+        description=f"memory limit per session/process (MiB): RLIMIT_DATA, the private memory a process "
+        f"maps (heap, thread stacks, BLAS buffers); at least {MIN_MEMORY_MB}, since a kernel with numpy, "
+        "pandas and matplotlib maps ≈ 185 MiB",
     )
     cpu_seconds: Annotated[int, Cli(Group.SANDBOX, metavar="SECONDS")] = Field(
         default=3600, ge=1, description="CPU-time limit per kernel/process"
@@ -234,7 +248,3 @@ class Settings(BaseSettings):
     @property
     def workspaces_dir(self) -> Path:
         return (self.data_dir / "workspaces").absolute()
-
-    def effective_timeout(self, requested: float | None) -> float:
-        """The time limit for one call: the request (or the default), capped by the maximum."""
-        return min(requested if requested is not None else self.timeout, self.max_timeout)

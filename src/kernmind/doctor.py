@@ -33,7 +33,7 @@ from kernmind.memory.database import redacted_location
 
 async def _live_check(sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kernmind-doctor-") as tmp:
-        factory = KernelFactory(sandbox, runtime, Path(tmp))
+        factory = KernelFactory.standalone(sandbox, runtime, Path(tmp) / "run")
         started = time.perf_counter()
         try:
             kernel = await factory.start()
@@ -59,7 +59,9 @@ async def _live_check(sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any
 
 async def _fork_check(sandbox: Sandbox, runtime: PythonRuntime, preload: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kernmind-doctor-") as tmp:
-        return await fork_server_report(KernelFactory(sandbox, runtime, Path(tmp)), preload)
+        return await fork_server_report(
+            KernelFactory.standalone(sandbox, runtime, Path(tmp) / "run"), preload
+        )
 
 
 def gather(settings: Settings) -> dict[str, Any]:

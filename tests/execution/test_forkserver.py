@@ -90,7 +90,9 @@ def threads_of(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 async def base(tmp_path_factory: pytest.TempPathFactory) -> KernelFactory:
-    return KernelFactory(Sandbox.detect("required"), PythonRuntime.probe(None), tmp_path_factory.mktemp("fs"))
+    return KernelFactory.standalone(
+        Sandbox.detect("required"), PythonRuntime.probe(None), tmp_path_factory.mktemp("fs")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +152,7 @@ async def test_a_forked_kernel_sees_exactly_what_a_normal_kernel_sees(
     same = ("caps", "no_new_privs", "mounts", "rlimits", "env", "cwd", "path", "hostname", "interfaces")
     for key in (*same, "history", "log_level"):
         assert seen_fork[key] == seen_normal[key], key
-    assert seen_fork["connection_file"] == str(fork.runtime_dir / "connection.json")
+    assert seen_fork["connection_file"] == seen_normal["connection_file"] == "/run/kernmind/kernel.json"
     if AS_ROOT:
         assert seen_fork["uid"] == fork.uid and fork.uid not in (0, None)
     # The same processes, plus the placeholder shell the kernel was forked next to.
@@ -311,7 +313,7 @@ async def test_an_unusable_template_falls_back_to_normal_kernels(tmp_path: Path)
     (lib / "starts_a_thread.py").write_text(
         "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
     )
-    base = KernelFactory(
+    base = KernelFactory.standalone(
         Sandbox.detect("required"),
         PythonRuntime.probe(None),
         tmp_path / "ws",
@@ -331,7 +333,7 @@ async def test_an_unusable_template_falls_back_to_normal_kernels(tmp_path: Path)
 async def test_preloads_too_big_for_the_memory_limit_are_dropped(tmp_path: Path) -> None:
     """Every fork starts with the template's data counted against its RLIMIT_DATA: under a small
     limit the template comes up without the heavy modules, and kernels can still import them."""
-    base = KernelFactory(
+    base = KernelFactory.standalone(
         Sandbox.detect("required"), PythonRuntime.probe(None), tmp_path, limits=Limits(memory_mb=256)
     )
     forks = ForkKernelFactory(base)
@@ -355,7 +357,7 @@ async def test_doctor_report_says_active_and_how_fast_it_forks(base: KernelFacto
 
 async def test_doctor_report_says_why_it_is_not_used(tmp_path: Path) -> None:
     """A template that cannot start: not active, with the reason (kernels start the normal way)."""
-    broken = KernelFactory(
+    broken = KernelFactory.standalone(
         Sandbox.detect("required"),
         dataclasses.replace(PythonRuntime.probe(None), executable="/bin/false"),
         tmp_path,
@@ -422,7 +424,7 @@ print(json.dumps({
 
 async def main():
     sandbox = Sandbox.detect("required")
-    base = KernelFactory(sandbox, PythonRuntime.probe(None), Path(sys.argv[1]))
+    base = KernelFactory.standalone(sandbox, PythonRuntime.probe(None), Path(sys.argv[1]))
     forks = ForkKernelFactory(base)
     async with forks.running():
         template = await forks.server.template(wait=120)

@@ -39,7 +39,7 @@ async def kernel(
     runtime = PythonRuntime.probe(None)
     runtime = dataclasses.replace(runtime, paths=(*runtime.paths, str(shims)))
     env = guard_environment(shims, f"{os.path.dirname(runtime.executable)}:{DEFAULT_PATH}")
-    factory = KernelFactory(sandbox, runtime, tmp_path_factory.mktemp("ws"), extra_env=env)
+    factory = KernelFactory.standalone(sandbox, runtime, tmp_path_factory.mktemp("ws"), extra_env=env)
     k = await factory.start()
     outcome = await k.execute(
         KERNEL_GUARD, OutputCollector(10_000), deadline=time.monotonic() + 30, silent=True

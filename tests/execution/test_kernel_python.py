@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -17,11 +18,12 @@ pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python")]
 
 async def test_kernels_run_on_the_given_environment(tmp_path: Path) -> None:
     venv = tmp_path / "env"
-    # A venv that sees our packages (ipykernel) but is its own environment, with a marker module.
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True
-    )
+    # A venv of its own, with a marker module, that sees the packages of the environment the
+    # tests run in (ipykernel) through a .pth file: --system-site-packages would give it the
+    # *base* interpreter's packages, which have no ipykernel when the suite runs in a venv.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "suite-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     (site / "only_in_this_env.py").write_text("MARKER = 'from the other environment'\n")
     settings = make_settings(tmp_path / "data", pool_size=0, kernel_python=venv / "bin" / "python")
     async with Client(create_server(settings)) as client:

@@ -22,6 +22,7 @@ import pytest
 
 from kernmind.config import Settings
 from kernmind.execution import runners as runners_mod
+from kernmind.execution.results import RunResult
 from kernmind.server import create_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("languages")]
@@ -310,11 +311,11 @@ async def test_r_plots_come_back_as_images(client: mcp.Client) -> None:
     )
     res = result.structured_content
     assert res is not None and res["status"] == "ok"
-    pngs = [r["png"] for r in res["results"] if r["png"]]
-    assert len(pngs) == 2
-    assert all(base64.b64decode(p).startswith(b"\x89PNG") for p in pngs)
+    images = [b for b in result.content if b.type == "image"]
+    assert len(images) == 2
+    assert all(base64.b64decode(b.data).startswith(b"\x89PNG") for b in images)
+    assert [r["image"]["content_index"] for r in res["results"] if r["image"]] == [1, 2]
     assert res["results"][-1]["text"] == "[1] 2"
-    assert [b.type for b in result.content].count("image") == 2
     assert not any(f["path"].endswith(".pdf") or ".km-" in f["path"] for f in res["files"])
 
 
@@ -350,7 +351,11 @@ async def test_warm_java_host_stops_with_the_server(tmp_path: Path) -> None:
 async def test_small_memory_limit_still_runs_deno_and_java(tmp_path: Path) -> None:
     """V8 needs --jitless and the JVM explicit sizes under a 512 MiB RLIMIT_DATA."""
     from kernmind.execution.executor import limits_from
+    from kernmind.execution.results import OutputCollector
+    from kernmind.execution.runners.base import Call
     from kernmind.execution.sandbox import Sandbox
+    from kernmind.execution.sessions import Session
+    from kernmind.execution.supervisor import supervise
     from kernmind.execution.workspace import Workspace
 
     settings = Settings(data_dir=tmp_path, pool_size=0, memory_mb=512)
@@ -358,13 +363,18 @@ async def test_small_memory_limit_still_runs_deno_and_java(tmp_path: Path) -> No
     runners = runners_mod.discover(sandbox, settings)
     ws = Workspace(tmp_path / "ws", owner_uid=sandbox.allocate_uid())
     ws.create()
+    session = Session("small", new_workspace=lambda: ws)
+
+    async def run_in(language: str, code: str, timeout: float) -> RunResult:
+        call = Call(code=code, session=session, collector=OutputCollector(50_000), timeout=timeout)
+        return await supervise(runners[language], call, quota_bytes=0)
+
     try:
-        res = await runners["javascript"].run("[1, 2, 3].length", workspace=ws, timeout=30, progress=None)
+        res = await run_in("javascript", "[1, 2, 3].length", 30)
         assert res.status == "ok" and res.results[0].text == "3", res
-        res = await runners["java"].run(
-            "long[] big = new long[400_000_000];", workspace=ws, timeout=60, progress=None
-        )
+        res = await run_in("java", "long[] big = new long[400_000_000];", 60)
         assert res.status == "error" and res.error is not None
         assert res.error.name == "java.lang.OutOfMemoryError", res.error
     finally:
-        await runners_mod.aclose(runners)
+        for runner in runners.values():
+            await runner.aclose()

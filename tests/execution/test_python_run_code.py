@@ -169,11 +169,15 @@ async def test_matplotlib_plot_returns_png_image_content_without_show(client: Cl
         "run_code", {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])", "session_id": "plot"}
     )
     out = structured(result)
-    pngs = [r["png"] for r in out["results"] if r["png"]]
-    assert len(pngs) == 1
-    assert base64.b64decode(pngs[0]).startswith(b"\x89PNG\r\n\x1a\n")
     images = [b for b in result.content if b.type == "image"]
     assert len(images) == 1 and images[0].mime_type == "image/png"
+    assert base64.b64decode(images[0].data).startswith(b"\x89PNG\r\n\x1a\n")
+    # The image travels once: the structured result points at its content block.
+    refs = [r["image"] for r in out["results"] if r["image"]]
+    assert refs == [
+        {"content_index": 1, "mime_type": "image/png", "bytes": len(base64.b64decode(images[0].data))}
+    ]
+    assert all(r["png"] is None for r in out["results"])
 
 
 async def test_rich_mime_types_are_passed_through(client: Client) -> None:
@@ -419,4 +423,4 @@ async def test_progress_keeps_coming_while_output_streams_continuously(client: C
     )
     assert structured(result)["status"] == "ok"
     assert len(messages) >= 1
-    assert all(m and m.startswith("line ") for m in messages)
+    assert all(m and m.startswith("line ") for m in messages), messages

@@ -11,7 +11,10 @@ import anyio
 import pytest
 
 from kernmind.cli import main
+from kernmind.memory.conversations import MessageFilter
 from kernmind.memory.database import PassageFilter
+from kernmind.memory.embeddings import StaticEmbedder
+from kernmind.memory.recall import Recall
 from kernmind.memory.records import PassageIn
 from kernmind.memory.store import MemoryStore
 
@@ -176,3 +179,40 @@ def test_search_from_the_shell(tmp_path: Path, capsys: pytest.CaptureFixture[str
     )
     out = capsys.readouterr().out
     assert "ranked by bm25" in out and "met Ada in Paris" in out and "tea" not in out
+
+
+def test_migrate_moves_a_namespace_with_history_vectors_and_conversations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """memory migrate --from sqlite:PATH --to DB copies everything of --agent; undo still works there."""
+    source = tmp_path / "source.db"
+    seed(str(source), "alice")
+
+    async def more() -> None:
+        async with MemoryStore(source, "alice") as store:
+            await store.blocks.append("human", "Likes tea")
+            cid = await store.conversations.start()
+            await store.conversations.add(cid, "user", "Remember my tea preference")
+            recall = Recall(store.passages, StaticEmbedder())
+            while await recall.backfill_batch():
+                pass
+
+    anyio.run(more)
+    destination = another_db_location(tmp_path, "dest.db")
+    argv = ["memory", "migrate", "--from", f"sqlite:{source}", "--to", destination, "--agent", "alice"]
+    assert main(argv) == 0
+    assert "migrated namespace 'alice'" in capsys.readouterr().err
+    assert dump(destination, "alice") == dump(str(source), "alice")
+
+    async def check() -> None:
+        async with MemoryStore(destination, "alice") as store:
+            assert [h.op for h in await store.blocks.history("human")] == ["append", "append", "seed"]
+            await store.blocks.undo("human")
+            assert (await store.blocks.get("human")).value == "Name: Ada"
+            assert await store.passages.count_vectors(StaticEmbedder().model) == 2
+            found = await store.conversations.search_text("tea", MessageFilter(), 5)
+            assert [m.content for m in found] == ["Remember my tea preference"]
+
+    anyio.run(check)
+    assert main(argv) == 1  # the destination holds the namespace now: refused, unchanged
+    assert "already holds memory" in capsys.readouterr().err

@@ -447,7 +447,7 @@ async def test_symlinks_planted_by_code_cannot_redirect_the_file_tools(h: Harnes
 async def test_one_session_cannot_read_anothers_files(h: Harness) -> None:
     """Each session sees only its own workspace, even knowing the other's host path."""
     await h.run("open('private.txt', 'w').write('alice only')", "alice")
-    others = [p for p in (h.data_dir / "workspaces").glob("*/private.txt")]
+    others = [p for p in (h.data_dir / "workspaces").glob("**/private.txt")]
     assert len(others) == 1
     code = (
         "import os, glob\n"

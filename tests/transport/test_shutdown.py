@@ -21,12 +21,13 @@ import anyio
 import anyio.to_thread
 import pytest
 
+from kernmind.execution.rundir import socket_root
 from tests.transport.procs import ProcInfo, StdioServer, descendants, mentioning, start_http, wait_until
 
 pytestmark = [pytest.mark.xdist_group("transport")]
 
 STOP_WITHIN = 15.0  # seconds from the stop request to process exit (graceful wait is 3 s)
-CONNECTION_FILE = re.compile(r"-f (\S+)/connection\.json")
+RUNTIME_BIND = re.compile(r"--bind (\S+) /run/kernmind ")  # a kernel's socket directory on the host
 MARK = "kept-through-shutdown-7f3a"
 
 
@@ -36,7 +37,7 @@ def _kernel_tree(pid: int, kernels: int) -> tuple[list[ProcInfo], set[Path]]:
     interpreters = [
         p for p in procs if "ipykernel_launcher" in p.cmdline and "bwrap" not in p.cmdline.split()[0]
     ]
-    runtime_dirs = {Path(m.group(1)) for p in procs if (m := CONNECTION_FILE.search(p.cmdline))}
+    runtime_dirs = {Path(m.group(1)) for p in procs if (m := RUNTIME_BIND.search(p.cmdline))}
     assert len(interpreters) >= kernels, [p.cmdline[:200] for p in procs]
     assert len(runtime_dirs) >= kernels, runtime_dirs
     return procs, runtime_dirs
@@ -51,8 +52,13 @@ def _assert_clean(data_dir: Path, before: list[ProcInfo], runtime_dirs: set[Path
     assert not mentioning(str(data_dir)), mentioning(str(data_dir))
     for d in runtime_dirs:
         assert not d.exists(), f"kernel runtime directory left behind: {d}"
+    # Kernel state lives in the server's own run directory (under the data dir, or under a short
+    # /tmp/kernmind-<uid>-… root when the data dir is too deep for unix socket paths), which is
+    # removed with the server; nothing goes to the server's TMPDIR.
+    roots = {data_dir / "workspaces", socket_root(data_dir / "workspaces")}
+    assert all(d.parents[1] in roots for d in runtime_dirs), runtime_dirs
+    assert not any(d.parent.exists() for d in runtime_dirs), "the server's run directory was left behind"
     tmpdir = data_dir.parent / "tmp"
-    assert all(d.parent == tmpdir for d in runtime_dirs), runtime_dirs  # kernels used the private TMPDIR
     assert not list(tmpdir.iterdir()), f"left in the server's TMPDIR: {list(tmpdir.iterdir())}"
     workspaces = data_dir / "workspaces"
     assert not workspaces.exists() or not any(workspaces.iterdir()), list(workspaces.iterdir())

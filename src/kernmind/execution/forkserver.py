@@ -39,6 +39,8 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from kernmind.execution.sandbox import THREAD_STACK_MB
+
 log = logging.getLogger(__name__)
 
 TEMPLATE_SCRIPT = Path(__file__).with_name("forkserver_template.py")
@@ -81,8 +83,14 @@ class TemplateProcess:
         home = Path(tempfile.mkdtemp(prefix="kmt-"))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            # Started under the sandbox's stack limit: glibc takes the default size of new
+            # threads from it at start-up, and forks keep that default.
+            stack = THREAD_STACK_MB * 1024 * 1024
+            prefix = (
+                [prlimit, f"--stack={stack}:{stack}", "--"] if (prlimit := shutil.which("prlimit")) else []
+            )
             proc = subprocess.Popen(
-                [python, "-Xfrozen_modules=off", str(TEMPLATE_SCRIPT), str(theirs.fileno())],
+                [*prefix, python, "-Xfrozen_modules=off", str(TEMPLATE_SCRIPT), str(theirs.fileno())],
                 pass_fds=[theirs.fileno()],
                 env={**env, **template_dirs(home)},
                 cwd=home,

@@ -36,7 +36,6 @@ import contextlib
 import logging
 import os
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -145,7 +144,8 @@ class ForkKernelFactory:
         if workspace is not None and uid is not None:
             ws.owner_uid = uid
             ws.create()
-        runtime_dir = Path(tempfile.mkdtemp(prefix="km-"))  # short: unix socket paths are limited
+        runtime_dir = base.socket_dirs()  # short: unix socket paths are limited
+        ws.accounted = [runtime_dir]  # code can write there too: it counts against the quota
         if uid is not None:
             os.chown(runtime_dir, uid, uid)
         env = base.sandbox.environment(
@@ -160,7 +160,7 @@ class ForkKernelFactory:
                 workspace=ws.root,
                 env=env,
                 ro_paths=base.runtime.paths,
-                rw_paths=[runtime_dir],
+                runtime_dir=runtime_dir,
                 limits=base.limits,
             ).argv
 
@@ -173,6 +173,7 @@ class ForkKernelFactory:
             ip=str(runtime_dir / "k"),
             connection_file=str(runtime_dir / "connection.json"),
             owner_uid=uid,
+            inner_dir=base.sandbox.runtime_path(runtime_dir),
         )
         kernel = Kernel(id=uuid.uuid4().hex[:8], workspace=ws, runtime_dir=runtime_dir, km=km, uid=uid)
         exit_read, exit_write = os.pipe()
@@ -219,24 +220,23 @@ class ForkKernelFactory:
         return kernel
 
 
+TEMPLATE_UNSET = (
+    "OPENBLAS_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "MALLOC_ARENA_MAX",
+    "MALLOC_MMAP_THRESHOLD_",
+)
+
+
 def kernel_environment(base: KernelFactory, runtime_dir: Path | None) -> dict[str, str]:
     """The variables a kernel gets on top of the sandbox's allow-list (as ``KernelFactory``
-    sets them); without ``runtime_dir``, those of the template (which sets its own dirs)."""
-    env = {
-        "PATH": f"{os.path.dirname(base.runtime.executable)}:/usr/local/bin:/usr/bin:/bin",
-        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-        **({"PYTHONPATH": os.pathsep.join(base.runtime.pythonpath)} if base.runtime.pythonpath else {}),
-        **base.extra_env,
-    }
-    if runtime_dir is not None:
-        env |= {
-            "IPYTHONDIR": str(runtime_dir / "ipython"),
-            "MPLCONFIGDIR": str(runtime_dir / "mpl"),
-            "XDG_CACHE_HOME": str(runtime_dir / "cache"),
-            "JUPYTER_RUNTIME_DIR": str(runtime_dir / "jupyter"),
-        }
+    sets them); without ``runtime_dir``, those of the template (which sets its own dirs, and
+    must not start BLAS threads before it forks)."""
+    env = base.environment(runtime_dir)
+    if runtime_dir is None:
+        for name in TEMPLATE_UNSET:
+            env.pop(name, None)
     return env
 
 

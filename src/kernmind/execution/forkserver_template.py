@@ -80,6 +80,7 @@ RLIMITS = {
     "fsize": resource.RLIMIT_FSIZE,
     "nofile": resource.RLIMIT_NOFILE,
     "core": resource.RLIMIT_CORE,
+    "stack": resource.RLIMIT_STACK,
 }
 MAX_PACKET = 1 << 20
 

@@ -2,6 +2,11 @@
 
 It cannot import kernmind (the kernel may run on another Python), so it is plain source.
 
+- IPython (≥ 9) keeps a copy of everything a cell prints or displays in
+  ``history_manager.outputs``, for ever: a kernel that prints a gigabyte would hold a
+  gigabyte. kernmind keeps each call's output itself, so that copy is turned off. (While
+  it was on, the tee also left the streams' original ``write`` on the stream objects, past
+  the class-level cap below: the cap now removes it before every cell.)
 - No colours and plain tracebacks: smaller output and no ANSI codes (and IPython's verbose
   traceback formatting costs ~100 ms per error).
 - Inline PNG figures.
@@ -19,6 +24,8 @@ It cannot import kernmind (the kernel may run on another Python), so it is plain
 from __future__ import annotations
 
 _TEMPLATE = """\
+get_ipython()._tee = lambda channel, _null=__import__("contextlib").nullcontext: _null()
+get_ipython().events.register("post_run_cell", lambda *_: get_ipython().history_manager.outputs.clear())
 get_ipython().run_line_magic('colors', 'nocolor')
 get_ipython().run_line_magic('xmode', 'Plain')
 get_ipython().run_line_magic('config', "InlineBackend.figure_formats = ['png']")
@@ -36,16 +43,19 @@ def _kernmind_cap_output(head, tail_size):
         if not isinstance(string, str):
             return original(self, string)
         n = len(string)
+        start = 0
         room = head - state["used"]
         if room > 0:
             part = string[:room]
             state["used"] += len(part)
             original(self, part)
-            string = string[len(part):]
-        if string:
-            state["dropped"] += len(string)
-            tail.append([self, string])
-            state["tail_len"] += len(string)
+            start = len(part)
+        if start < n:
+            # Past the head: keep at most a tail's worth, without copying the rest.
+            state["dropped"] += n - start
+            keep = string[max(start, n - tail_size):]
+            tail.append([self, keep])
+            state["tail_len"] += len(keep)
             while state["tail_len"] > tail_size:
                 excess = state["tail_len"] - tail_size
                 if len(tail[0][1]) <= excess:
@@ -58,6 +68,12 @@ def _kernmind_cap_output(head, tail_size):
     def reset(*_):
         state.update(used=0, dropped=0, tail_len=0)
         tail.clear()
+        # IPython's output tee (turned off above, but active while this setup cell ran) leaves
+        # the original bound write on the stream objects, which would bypass the cap.
+        import sys
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, OutStream):
+                stream.__dict__.pop("write", None)
 
     def finish(*_):
         if state["dropped"]:

@@ -9,9 +9,15 @@ inside a network namespace. Interrupts are sent as messages on the control chann
 
 ``Kernel.execute`` is the hot path: one ``execute_request``, then iopub messages for that
 request are folded into an ``OutputCollector`` until the kernel reports idle. While it
-waits it ticks about twice a second to notice a dead kernel, to send progress, and to let
-the caller enforce the workspace quota. Time limits and cancellation are handled by the
-caller (sessions.py), which interrupts and, when that does not work, replaces the kernel.
+waits it checks about twice a second that the kernel is still alive. Time limits,
+progress, the quota and cancellation belong to the caller (the supervisor, through
+``runners/python.py``), which interrupts and, when that does not work, replaces the kernel.
+
+The kernel's writable places are its workspace (``/workspace``), the sandbox's private
+size-limited ``/tmp`` (IPython's, matplotlib's and other caches go there) and its socket
+directory, a 0700 directory of this server's run directory (see ``rundir.py``): nothing
+is left in ``/tmp`` on the host, and a server that dies leaves nothing the next one does
+not clean.
 """
 
 from __future__ import annotations
@@ -23,10 +29,9 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty
@@ -37,18 +42,22 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
+from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernel_setup import setup_code
 from kernmind.execution.results import OutputCollector
+from kernmind.execution.rundir import RunDir, socket_root
 from kernmind.execution.sandbox import Limits, Sandbox
 from kernmind.execution.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
 KERNEL_NAME = "kernmind-python"
+KERNEL_CONNECTION_FILE = "kernel.json"  # the kernel's copy, with the paths it sees
 START_TIMEOUT = 60.0
 
 
 OutcomeKind = Literal["ok", "error", "died", "deadline", "closed"]
+NewWorkspace = Callable[[int | None], Workspace]
 
 
 def kernelspec_dir() -> Path:
@@ -130,6 +139,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         python: str,
         spec: KernelSpec,
         owner_uid: int | None,
+        inner_dir: str,
         **kw: Any,
     ):
         super().__init__(**kw)
@@ -137,16 +147,27 @@ class SandboxedKernelManager(AsyncKernelManager):
         self._python = python
         self._kernel_spec = spec
         self._owner_uid = owner_uid
+        self._inner_dir = inner_dir  # where the kernel sees the runtime directory
 
     def write_connection_file(self, **kwargs: Any) -> None:  # type: ignore[override]
         super().write_connection_file(**kwargs)
+        # The kernel's own copy names its sockets by the path it sees (the same files).
+        host_dir = os.path.dirname(self.connection_file)
+        info = json.loads(Path(self.connection_file).read_text())
+        info["ip"] = info["ip"].replace(host_dir, self._inner_dir, 1)
+        kernel_copy = Path(host_dir, KERNEL_CONNECTION_FILE)
+        kernel_copy.write_text(json.dumps(info))
+        os.chmod(kernel_copy, 0o600)
         if self._owner_uid is not None:
             # The kernel runs as the sandbox uid and must be able to read it.
-            os.chown(self.connection_file, self._owner_uid, self._owner_uid)
+            os.chown(kernel_copy, self._owner_uid, self._owner_uid)
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         cmd = super().format_kernel_cmd(extra_arguments)
-        cmd = [self._python if part == "{python}" else part for part in cmd]
+        inner_file = f"{self._inner_dir}/{KERNEL_CONNECTION_FILE}"
+        cmd = [
+            self._python if p == "{python}" else inner_file if p == self.connection_file else p for p in cmd
+        ]
         return self._wrap(cmd)
 
 
@@ -155,9 +176,6 @@ class ExecOutcome:
     kind: OutcomeKind
     execution_count: int | None = None
     exit_code: int | None = None
-
-
-Tick = Callable[[float, OutputCollector], Awaitable[None]]
 
 
 @dataclass
@@ -195,15 +213,15 @@ class Kernel:
         code: str,
         collector: OutputCollector,
         *,
-        deadline: float,
-        on_tick: Tick | None = None,
+        deadline: float | None = None,
         silent: bool = False,
         store_history: bool = True,
     ) -> ExecOutcome:
         """Run ``code`` and fold its output into ``collector``.
 
-        Returns ``deadline`` (with output so far) when ``deadline`` (a monotonic time)
-        passes first, ``died`` when the kernel process goes away.
+        Returns ``deadline`` (with output so far) when ``deadline`` (a monotonic time, if
+        given) passes first, ``died`` when the kernel process goes away. Cancelling it
+        leaves the request running: call ``interrupt`` afterwards.
         """
         assert self.kc is not None
         kc = self.kc
@@ -211,24 +229,21 @@ class Kernel:
             code, silent=silent, store_history=store_history and not silent, allow_stdin=False
         )
         self.running_msg_id = msg_id
-        start = time.monotonic()
-        next_tick = start + 0.5
+        next_tick = time.monotonic() + 0.5
         count: int | None = None
         had_error = False
         while True:
             now = time.monotonic()
-            if now >= deadline:
+            if deadline is not None and now >= deadline:
                 return ExecOutcome("deadline", count)
             if self.closed:
                 return ExecOutcome("closed", count)
-            # The tick runs on schedule even while output keeps arriving.
+            # The liveness check runs on schedule even while output keeps arriving.
             if now >= next_tick:
                 next_tick = now + 0.5
                 if not await self.is_alive():
                     return ExecOutcome("died", count, await self.exit_code())
-                if on_tick is not None:
-                    await on_tick(now - start, collector)
-            wait = max(0.0, min(deadline, next_tick) - time.monotonic())
+            wait = max(0.0, min(deadline or next_tick, next_tick) - time.monotonic())
             try:
                 msg = await kc.get_iopub_msg(timeout=wait)
             except BaseException as exc:
@@ -348,67 +363,106 @@ class KernelFactory:
         self,
         sandbox: Sandbox,
         runtime: PythonRuntime,
-        workspaces_dir: Path,
         *,
-        limits: Limits | None = None,
-        extra_env: dict[str, str] | None = None,
+        new_workspace: NewWorkspace,
+        socket_dirs: Callable[[], Path],
         output_limit: int = 50_000,
+        extra_env: dict[str, str] | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.setup = setup_code(output_limit)
         self.sandbox = sandbox
         self.runtime = runtime
-        self.workspaces_dir = workspaces_dir
-        self.limits = limits
+        self.new_workspace = new_workspace
+        self.socket_dirs = socket_dirs
         self.extra_env = extra_env or {}
+        self.limits = limits  # None: the sandbox's own
         self.spec = KernelSpec.from_resource_dir(str(kernelspec_dir()))
 
-    def new_workspace(self, uid: int | None) -> Workspace:
-        ws = Workspace(self.workspaces_dir / uuid.uuid4().hex[:12], owner_uid=uid)
-        ws.create()
-        return ws
+    @classmethod
+    def standalone(cls, sandbox: Sandbox, runtime: PythonRuntime, root: Path, **kw: Any) -> KernelFactory:
+        """A factory keeping its workspaces and sockets under ``root`` (doctor, tests, benchmarks)."""
+        rundir = RunDir(root).open()
+        sockets = RunDir(socket_root(root), transient_root=True).open()
+
+        def new_workspace(uid: int | None) -> Workspace:
+            ws = Workspace(rundir.new_dir("ws-"), owner_uid=uid)
+            ws.create()
+            return ws
+
+        return cls(
+            sandbox, runtime, new_workspace=new_workspace, socket_dirs=lambda: sockets.new_dir("k-"), **kw
+        )
+
+    @property
+    def blas_threads(self) -> int:
+        room = ((self.limits or self.sandbox.limits).memory_mb - 192) // 48
+        return max(1, min(os.cpu_count() or 1, room))
+
+    def environment(self, runtime_dir: Path | None) -> dict[str, str]:
+        """The variables a kernel gets on top of the sandbox's allow-list. Caches go to the
+        sandbox's private, size-limited /tmp (or, unsandboxed, ``runtime_dir``); with neither,
+        none are set (a fork-server template sets its own)."""
+        scratch = "/tmp/.kernmind" if self.sandbox.isolated else (str(runtime_dir) if runtime_dir else None)
+        dirs = (
+            {
+                "IPYTHONDIR": f"{scratch}/ipython",
+                "MPLCONFIGDIR": f"{scratch}/mpl",
+                "XDG_CACHE_HOME": f"{scratch}/cache",
+                "JUPYTER_RUNTIME_DIR": f"{scratch}/jupyter",
+            }
+            if scratch and runtime_dir is not None
+            else {}
+        )
+        return {
+            **dirs,
+            "PATH": f"{os.path.dirname(self.runtime.executable)}:/usr/local/bin:/usr/bin:/bin",
+            "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+            # glibc otherwise serves large allocations from its heaps after the first one is
+            # freed and keeps what it freed: a loop of 1 MB strings grew a kernel by hundreds
+            # of MB and hit small memory limits. Large blocks are mapped and unmapped instead.
+            "MALLOC_MMAP_THRESHOLD_": str(256 * 1024),
+            "MALLOC_ARENA_MAX": "2",
+            # pyarrow's jemalloc starts a background thread when pandas imports it: one thread
+            # more per kernel, and a fork-server template must hold no thread when it forks.
+            "JE_ARROW_MALLOC_CONF": "background_thread:false",
+            # Each BLAS thread maps its own buffers (≈ 36 MiB with OpenBLAS), which count
+            # against the memory limit: use the cores, but no more threads than it allows.
+            **dict.fromkeys(
+                ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"), str(self.blas_threads)
+            ),
+            **({"PYTHONPATH": os.pathsep.join(self.runtime.pythonpath)} if self.runtime.pythonpath else {}),
+            **self.extra_env,
+        }
 
     async def start(self, workspace: Workspace | None = None) -> Kernel:
-        """Launch, connect, wait for ready, run the setup cell. Raises RuntimeError on failure."""
+        """Launch, connect, wait for ready, run the setup cell. Raises RuntimeUnavailable on failure."""
         if self.runtime.error:
-            raise RuntimeError(self.runtime.error)
+            raise RuntimeUnavailable(self.runtime.error)
         uid = self.sandbox.allocate_uid()
         ws = workspace or self.new_workspace(uid)
         if workspace is not None and uid is not None:
             ws.owner_uid = uid
             ws.create()
-        # Short path: unix socket paths are limited to ~107 bytes.
-        runtime_dir = Path(tempfile.mkdtemp(prefix="km-"))
+        runtime_dir = self.socket_dirs()
+        ws.accounted = [runtime_dir]  # code can write there too: it counts against the quota
         if uid is not None:
             os.chown(runtime_dir, uid, uid)
-        inner_ws = self.sandbox.workspace_path(ws.root)
-        env = {
-            "PATH": f"{os.path.dirname(self.runtime.executable)}:/usr/local/bin:/usr/bin:/bin",
-            "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-            "IPYTHONDIR": str(runtime_dir / "ipython"),
-            "MPLCONFIGDIR": str(runtime_dir / "mpl"),
-            "XDG_CACHE_HOME": str(runtime_dir / "cache"),
-            "JUPYTER_RUNTIME_DIR": str(runtime_dir / "jupyter"),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-            **({"PYTHONPATH": os.pathsep.join(self.runtime.pythonpath)} if self.runtime.pythonpath else {}),
-            **self.extra_env,
-        }
+        env = self.environment(runtime_dir)
 
         def wrap(cmd: list[str]) -> list[str]:
-            wrapped = self.sandbox.wrap(
+            return self.sandbox.wrap(
                 cmd,
                 workspace=ws.root,
                 env=env,
                 ro_paths=self.runtime.paths,
-                rw_paths=[runtime_dir],
+                runtime_dir=runtime_dir,
                 uid=uid,
                 limits=self.limits,
-            )
-            launch_env.clear()
-            launch_env.update(wrapped.env)
-            return wrapped.argv
+            ).argv
 
-        launch_env: dict[str, str] = {}
         km = SandboxedKernelManager(
             wrap=wrap,
             python=self.runtime.executable,
@@ -417,11 +471,12 @@ class KernelFactory:
             ip=str(runtime_dir / "k"),
             connection_file=str(runtime_dir / "connection.json"),
             owner_uid=uid,
+            inner_dir=self.sandbox.runtime_path(runtime_dir),
         )
         kernel = Kernel(id=uuid.uuid4().hex[:8], workspace=ws, runtime_dir=runtime_dir, km=km, uid=uid)
         try:
             # env/cwd as the sandbox wants them; in bwrap mode the env is rebuilt inside anyway.
-            clean_env = self.sandbox.environment(inner_ws, env)
+            clean_env = self.sandbox.environment(self.sandbox.workspace_path(ws.root), env)
             # stdout/stderr to /dev/null: on stdio our stdout is the MCP channel, and ipykernel
             # already forwards fd-level output (C extensions, os.system) over iopub.
             await km.start_kernel(
@@ -440,7 +495,7 @@ class KernelFactory:
                 self.setup, OutputCollector(10_000), deadline=time.monotonic() + 30, silent=True
             )
             if outcome.kind != "ok":
-                raise RuntimeError(f"kernel setup failed ({outcome.kind})")
+                raise RuntimeUnavailable(f"kernel setup failed ({outcome.kind})")
             # A visible result off the record warms the display path, so the first real call is fast.
             for _ in range(2):
                 await kernel.execute(
@@ -451,8 +506,8 @@ class KernelFactory:
                 await kernel.shutdown()
                 if workspace is None:
                     ws.remove()
-            if isinstance(exc, Exception) and not isinstance(exc, RuntimeError):
-                raise RuntimeError(f"kernel failed to start: {exc}") from exc
+            if isinstance(exc, Exception) and not isinstance(exc, RuntimeUnavailable):
+                raise RuntimeUnavailable(f"kernel failed to start: {exc}") from exc
             raise
         return kernel
 

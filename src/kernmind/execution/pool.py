@@ -18,7 +18,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from kernmind.execution.kernels import Kernel, KernelFactory
-from kernmind.execution.workspace import Workspace
+from kernmind.execution.workspace import Workspace, off_loop
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,7 @@ class KernelPool:
                 failures = 0
                 self.last_error = None
                 if self._closing:
-                    await kernel.shutdown()
-                    kernel.workspace.remove()
+                    await _shutdown_and_remove(kernel)
                     return
                 self._ready.append(kernel)
                 continue
@@ -84,18 +83,16 @@ class KernelPool:
         if kernel is None:
             kernel = await self.factory.start()
         if workspace is not None:
-            await anyio.to_thread.run_sync(kernel.workspace.adopt_files_from, workspace)
+            await off_loop(lambda: kernel.workspace.adopt_files_from(workspace), timeout=None)
         return kernel
 
-    def release(self, kernel: Kernel, *, keep_workspace: bool = False) -> None:
-        """Shut ``kernel`` down in the background (and delete its workspace unless kept)."""
+    def release(self, kernel: Kernel) -> None:
+        """Shut ``kernel`` down in the background and delete its workspace."""
 
         async def _stop() -> None:
             with anyio.CancelScope(shield=True):  # even when the server is stopping
                 await anyio.sleep(BACKGROUND_DELAY)
-                await kernel.shutdown()
-                if not keep_workspace:
-                    await anyio.to_thread.run_sync(kernel.workspace.remove)
+                await _shutdown_and_remove(kernel)
 
         if self._tg is not None and not self._closing:
             self._tg.start_soon(_stop)
@@ -115,4 +112,4 @@ class KernelPool:
 
 async def _shutdown_and_remove(kernel: Kernel) -> None:
     await kernel.shutdown()
-    await anyio.to_thread.run_sync(kernel.workspace.remove)
+    await kernel.workspace.aremove()

@@ -2,15 +2,26 @@
 
 ``RunResult`` is what clients get as ``structuredContent`` (its JSON schema is the tool's
 ``outputSchema``). ``OutputCollector`` assembles it while code runs and enforces the
-output budget: every piece of text (stdout, stderr, result reprs, tracebacks) is charged
-against one budget per call; once it is spent, the collector keeps a bounded tail and
-counts what it dropped, so printing 100 MB costs the server a fixed amount of memory.
+budgets of one call:
+
+- **Text** (stdout, stderr, result reprs, tracebacks) is charged against the output
+  budget (``--max-output-chars``); once it is spent, the collector keeps a bounded tail
+  and counts what it dropped, so printing 100 MB costs the server a fixed amount of memory.
+- **Rich data** (images, HTML, SVG, JSON, …) is charged against the result budget
+  (``--max-result-bytes``); a display that does not fit keeps only its text form, and the
+  result's notes say how many were left out and how to get them.
+- **Anything code produces becomes valid JSON**: lone surrogates (undecodable bytes,
+  broken JSON escapes) are shown as escapes, and JSON nested deeper than ``MAX_JSON_DEPTH``
+  is cut to a string there, so every result serialises and parses in a standard client.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import time
+from html.parser import HTMLParser
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -31,12 +42,102 @@ MIME_FIELDS: dict[str, str] = {
 }
 
 
+MAX_JSON_DEPTH = 32
+IMAGE_FIELDS = {"png": "image/png", "jpeg": "image/jpeg"}
+
 # Written by the kernel's output cap (kernel_setup.py) where it dropped output.
 KERNEL_DROP_RE = re.compile(r"\n… \[kernel dropped (\d+) characters of output\] …\n")
 
 
 def strip_ansi(text: str) -> str:
     return ANSI_RE.sub("", text)
+
+
+def safe_text(text: str) -> str:
+    """``text`` as something UTF-8 can carry: lone surrogates become visible escapes."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte (surrogateescape)
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def safe_json(value: Any, depth: int = 0) -> Any:
+    """A JSON value with safe strings, cut to a string below ``MAX_JSON_DEPTH`` levels."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict | list) and depth >= MAX_JSON_DEPTH:
+        return f"<nested deeper than {MAX_JSON_DEPTH} levels: {safe_text(_preview(value))}>"
+    if isinstance(value, dict):
+        return {safe_text(str(k)): safe_json(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [safe_json(v, depth + 1) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN or Infinity
+    return value
+
+
+def _preview(value: Any, limit: int = 200) -> str:
+    try:
+        text = json.dumps(value, default=str)
+    except (ValueError, RecursionError):
+        text = repr(type(value))
+    return text[:limit] + ("…" if len(text) > limit else "")
+
+
+class _TextOfHTML(HTMLParser):
+    """The visible text of an HTML fragment, one line per block element or table row."""
+
+    BLOCKS = frozenset({"p", "div", "br", "tr", "li", "h1", "h2", "h3", "h4", "table", "thead", "tbody"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("script", "style"):
+            self._skip += 1
+        elif tag in self.BLOCKS:
+            self.parts.append("\n")
+        elif tag in ("td", "th"):
+            self.parts.append("\t")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "style") and self._skip:
+            self._skip -= 1
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.parts.append(data)
+
+
+def html_to_text(html: str) -> str:
+    parser = _TextOfHTML()
+    parser.feed(html)
+    lines = (" ".join(line.replace("\t", " | ").split()) for line in "".join(parser.parts).splitlines())
+    return "\n".join(line.strip(" |") for line in lines if line.strip(" |"))
+
+
+DEFAULT_REPR_RE = re.compile(r"^<[\w.]+ object(?: at 0x[0-9a-f]+)?>$")
+
+
+class ImageRef(BaseModel):
+    """Where an image went: it travels once, as an MCP image content block."""
+
+    content_index: int = Field(description="index of the image block in the tool result's content")
+    mime_type: str
+    bytes: int = Field(description="size of the decoded image")
 
 
 class DisplayResult(BaseModel):
@@ -51,8 +152,24 @@ class DisplayResult(BaseModel):
     markdown: str | None = None
     latex: str | None = None
     is_main_result: bool = Field(default=False, description="true for the value of the last expression")
+    image: ImageRef | None = Field(
+        default=None, description="set when the png/jpeg travels as an image content block instead"
+    )
 
     model_config = {"populate_by_name": True}
+
+    def readable(self) -> str:
+        """What a model should read: the text form, unless it is only a default repr such as
+        ``<IPython.core.display.Markdown object>`` and a readable form exists."""
+        if self.text and not DEFAULT_REPR_RE.match(self.text.strip()):
+            return self.text
+        if self.markdown:
+            return self.markdown
+        if self.latex:
+            return self.latex
+        if self.html:
+            return html_to_text(self.html) or self.text
+        return self.text
 
 
 class Logs(BaseModel):
@@ -90,18 +207,27 @@ class RunResult(BaseModel):
 
 
 class OutputCollector:
-    """Collects a call's output under a character budget (head kept whole, then a tail).
+    """Collects a call's output under its budgets (text: head kept whole, then a tail;
+    rich data: until the result budget is spent).
 
     Text past the budget goes to a bounded tail buffer; when the call ends, a marker
     saying how much was dropped is placed between head and tail.
     """
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, rich_budget: int = 4 * 1024 * 1024) -> None:
         self.budget = budget
         self.head_budget = budget * 3 // 4
         self.tail_budget = budget - self.head_budget
+        self.rich_budget = rich_budget
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything collected so far (a runner that starts the code over)."""
         self.used = 0
         self.dropped = 0
+        self.rich_used = 0
+        self.rich_dropped: dict[str, int] = {}  # MIME type -> displays left out
+        self.rich_dropped_bytes = 0
         self.stdout: list[str] = []
         self.stderr: list[str] = []
         self.results: list[DisplayResult] = []
@@ -133,6 +259,7 @@ class OutputCollector:
         self._tails[stream] = kept
 
     def stream(self, name: str, text: str) -> None:
+        text = safe_text(text)
         if "kernel dropped" in text:  # fold the kernel's count into ours: one accurate marker
             text = KERNEL_DROP_RE.sub(self._count_kernel_drop, text)
         if not text:
@@ -160,23 +287,37 @@ class OutputCollector:
             target.append(text)
 
     def display(self, data: dict[str, object], *, main: bool = False) -> None:
-        """Add a MIME bundle. Binary images are not charged to the text budget, but capped."""
-        text = str(data.get("text/plain", ""))
+        """Add a MIME bundle: its text form under the text budget, the rich forms under the
+        result budget (a form that does not fit is left out and counted)."""
+        text = safe_text(str(data.get("text/plain", "")))
         result = DisplayResult(text=self._clip(text), is_main_result=main)
         for mime, field in MIME_FIELDS.items():
-            if mime in data:
-                value = data[mime]
-                if isinstance(value, str) and field not in ("png", "jpeg"):
-                    value = self._clip(value)
-                elif isinstance(value, str) and len(value) > 20 * self.budget:
-                    self.dropped += len(value)
-                    continue
-                if field == "json" and not isinstance(value, dict | list):
-                    value = {"value": value}  # the schema promises an object or array
-                setattr(result, field if field != "json" else "json_", value)
+            if mime not in data:
+                continue
+            value = safe_json(data[mime])
+            if field == "json" and not isinstance(value, dict | list):
+                value = {"value": value}  # the schema promises an object or array
+            size = len(value) if isinstance(value, str) else len(json.dumps(value))
+            if self.rich_used + size > self.rich_budget:
+                self.rich_dropped[mime] = self.rich_dropped.get(mime, 0) + 1
+                self.rich_dropped_bytes += size
+                continue
+            self.rich_used += size
+            setattr(result, field if field != "json" else "json_", value)
         if not text and "text/plain" not in data:
             result.text = self._describe(data)
         self.results.append(result)
+
+    def omitted_note(self) -> str | None:
+        """What the result budget left out, and how to get it, for the result's notes."""
+        if not self.rich_dropped:
+            return None
+        counts = ", ".join(f"{n} {mime}" for mime, n in sorted(self.rich_dropped.items()))
+        return (
+            f"left out {counts} output(s) ({self.rich_dropped_bytes:,} characters) over this call's "
+            f"result budget of {self.rich_budget:,} (--max-result-bytes); save them to files (e.g. "
+            "plt.savefig) and fetch them with download_file, or produce fewer."
+        )
 
     @staticmethod
     def _describe(data: dict[str, object]) -> str:
@@ -191,7 +332,7 @@ class OutputCollector:
         return kept
 
     def set_error(self, name: str, value: str, traceback: str) -> None:
-        tb = strip_ansi(traceback)
+        name, value, tb = safe_text(name)[:200], safe_text(value), safe_text(strip_ansi(traceback))
         if len(tb) > self.tail_budget * 2:
             cut = len(tb) - self.tail_budget * 2
             tb = tb[: self.tail_budget] + f"\n… [{cut} characters truncated] …\n" + tb[-self.tail_budget :]

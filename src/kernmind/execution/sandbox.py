@@ -42,9 +42,11 @@ from typing import Literal
 log = logging.getLogger(__name__)
 
 WORKSPACE_MOUNT = "/workspace"
+RUNTIME_MOUNT = "/run/kernmind"
 SYSTEM_DIRS = ("/usr", "/etc", "/opt")
 USR_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+THREAD_STACK_MB = 2
 
 Backend = Literal["bwrap", "none"]
 
@@ -71,6 +73,10 @@ class Limits:
             "fsize": self.max_file_mb * 1024 * 1024,
             "nofile": self.max_open_files,
             "core": 0,
+            # The default stack of every new thread (glibc takes it from RLIMIT_STACK): thread
+            # stacks count against RLIMIT_DATA, and 8 MiB each (kernel, BLAS and zmq threads)
+            # would eat a small memory limit before any user data.
+            "stack": THREAD_STACK_MB * 1024 * 1024,
         }
 
 
@@ -162,6 +168,10 @@ class Sandbox:
         """The path code sees for its workspace."""
         return WORKSPACE_MOUNT if self.isolated else str(host_path)
 
+    def runtime_path(self, host_path: Path) -> str:
+        """The path code sees for its runtime (socket) directory."""
+        return RUNTIME_MOUNT if self.isolated else str(host_path)
+
     def environment(self, workspace: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The allow-listed environment code sees; never the server's own variables."""
         env = {
@@ -185,21 +195,22 @@ class Sandbox:
         workspace: Path,
         env: Mapping[str, str] | None = None,
         ro_paths: Sequence[Path | str] = (),
-        rw_paths: Sequence[Path | str] = (),
+        runtime_dir: Path | None = None,
         uid: int | None = None,
         limits: Limits | None = None,
     ) -> SandboxedCommand:
         """Wrap ``argv`` so it runs confined to ``workspace`` under the limits.
 
         ``ro_paths`` are runtime directories (an interpreter's prefix) exposed read-only at
-        the same path; ``rw_paths`` (e.g. a kernel's socket directory) read-write at the same
-        path. ``env`` is added to the allow-listed environment.
+        the same path; ``runtime_dir`` (a kernel's socket directory) is read-write at
+        ``runtime_path()`` (a fixed path, so the host's directory names stay hidden).
+        ``env`` is added to the allow-listed environment.
         """
         limits = limits or self.limits
         inner_ws = self.workspace_path(workspace)
         environment = self.environment(inner_ws, env)
         if self.isolated:
-            full = self._bwrap_args(argv, workspace, environment, ro_paths, rw_paths, uid, limits)
+            full = self._bwrap_args(argv, workspace, environment, ro_paths, runtime_dir, uid, limits)
             return SandboxedCommand(self._with_rlimits(full, limits, uid), dict(environment), "/")
         return SandboxedCommand(self._with_rlimits(list(argv), limits, None), environment, str(workspace))
 
@@ -221,7 +232,7 @@ class Sandbox:
         workspace: Path,
         env: Mapping[str, str],
         ro_paths: Sequence[Path | str],
-        rw_paths: Sequence[Path | str],
+        runtime_dir: Path | None,
         uid: int | None,
         limits: Limits,
     ) -> list[str]:
@@ -291,11 +302,9 @@ class Sandbox:
         made.add("/tmp")
         # Binds under /tmp must come after the tmpfs, or it would hide them.
         bind_ro([p for p in ro if under_tmp(p)])
-        for raw in _dedupe(rw_paths):
-            path = os.path.abspath(raw)
-            ensure_parents(path)
-            args += ["--bind", path, path]
-            made.add(path)
+        if runtime_dir is not None:
+            ensure_parents(RUNTIME_MOUNT)
+            args += ["--bind", str(runtime_dir), RUNTIME_MOUNT]
         args += ["--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
         args.append("--clearenv")
         for key, value in env.items():

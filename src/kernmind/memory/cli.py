@@ -6,6 +6,7 @@ Usage::
     kernmind memory search QUERY [--top-k N] [--tag T …]
     kernmind memory export [-o FILE] [--with-history]
     kernmind memory import FILE|- [--replace]
+    kernmind memory migrate --from sqlite:PATH --to postgresql://… [--agent NAME]
 
 Each takes the memory settings flags (``--db``, ``--data-dir``, ``--agent``,
 ``--embedding-model`` …) before or after the action, in any order with its arguments.
@@ -41,8 +42,10 @@ import anyio
 from kernmind.config import Settings
 from kernmind.memory.archival import Archive
 from kernmind.memory.block_results import render_block
+from kernmind.memory.database import redacted_location
 from kernmind.memory.embeddings import EmbeddingUnavailable, make_embedder
 from kernmind.memory.errors import MemoryRefusal, Verb
+from kernmind.memory.migrate import migrate_namespace
 from kernmind.memory.records import iso
 from kernmind.memory.store import MemoryStore
 from kernmind.memory.transfer import export_namespace, import_namespace
@@ -76,6 +79,17 @@ def add_parser(sub: Any, settings_flags: argparse.ArgumentParser) -> None:
     export = actions.add_parser("export", parents=[settings_flags], help="write the namespace as JSON")
     export.add_argument("-o", "--output", help="write here instead of stdout")
     export.add_argument("--with-history", action="store_true", help="include every block's change history")
+    mig = actions.add_parser(
+        "migrate",
+        parents=[settings_flags],
+        help="copy the namespace, history and vectors included, to another database",
+    )
+    mig.add_argument(
+        "--from", dest="source", required=True, metavar="DB", help="sqlite:PATH, a path, or postgresql://…"
+    )
+    mig.add_argument(
+        "--to", dest="destination", required=True, metavar="DB", help="sqlite:PATH, a path, or postgresql://…"
+    )
     imp = actions.add_parser("import", parents=[settings_flags], help="load a JSON export into the namespace")
     imp.add_argument("file", nargs="?", help="the JSON file ('-' for stdin)")
     imp.add_argument("--replace", action="store_true", help="overwrite blocks whose label exists")
@@ -183,6 +197,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             return 0
         if args.action == "export":
             return _run_export(args, settings)
+        if args.action == "migrate":
+            stats = anyio.run(migrate_namespace, args.source, args.destination, settings.agent)
+            print(
+                f"migrated namespace {settings.agent!r} to {redacted_location(args.destination)}: "
+                + ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in stats.items()),
+                file=sys.stderr,
+            )
+            return 0
         return _run_import(args, settings)
     except MemoryRefusal as exc:
         print(f"kernmind memory {args.action}: {exc.render(CLI_WORDS)}", file=sys.stderr)

@@ -24,7 +24,7 @@ locked") so it never reaches a caller; anything else propagates as-is.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -88,7 +88,18 @@ class Database(Protocol):
     passage_text: FullText  # archival passages (PassageFilter -> PassageRow)
     message_text: FullText  # conversation messages (MessageFilter -> MessageRow)
 
+    # whether other processes' changes can be heard (announce/listen): PostgreSQL's NOTIFY
+    relays_changes: bool
+
     def write(self) -> AbstractAsyncContextManager[Tx]: ...
+
+    async def announce(self, namespace: str, label: str, listing: bool) -> None:
+        """Tell other processes that a block changed (a no-op where they cannot listen)."""
+        ...
+
+    def listen(self, namespace: str) -> AsyncIterator[tuple[str, bool]]:
+        """(label, listing) for each change another process announced in ``namespace``."""
+        ...
 
     def read(self) -> AbstractAsyncContextManager[Tx]: ...
 

@@ -222,6 +222,8 @@ class PostgresDatabase:
         self.passage_text = TSRanking(self, "passages", PASSAGE_COLUMNS, filter_sql, passage_row)
         self.message_text = TSRanking(self, "messages", MESSAGE_COLUMNS, message_filter_sql, message_row)
 
+    relays_changes = True
+
     async def open(self) -> PostgresDatabase:
         await self._pool.open(wait=True)
         try:

@@ -252,6 +252,15 @@ class SQLiteDatabase:
         self.passage_text = FTS5Ranking(self, "passages", PASSAGE_COLUMNS, filter_sql, passage_row)
         self.message_text = FTS5Ranking(self, "messages", MESSAGE_COLUMNS, message_filter_sql, message_row)
 
+    relays_changes = False  # servers sharing a file see each other's writes, not their notifications
+
+    async def announce(self, namespace: str, label: str, listing: bool) -> None:
+        pass
+
+    async def listen(self, namespace: str) -> AsyncIterator[tuple[str, bool]]:
+        await anyio.sleep_forever()
+        yield ("", False)  # pragma: no cover - makes this an async generator
+
     async def open(self) -> SQLiteDatabase:
         if str(self.path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -33,12 +33,13 @@ import contextlib
 import json
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+from mcp.shared.subscriptions import ResourceUpdated
 from mcp_types import EmptyResult, SubscribeRequestParams, UnsubscribeRequestParams
 
 from kernmind.config import Settings
@@ -47,11 +48,12 @@ from kernmind.memory.block_results import (
     BlockInfo,
     render_blocks,
 )
+from kernmind.memory.database import Database
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, make_embedder
 from kernmind.memory.errors import BLOCK_TOOL_WORDS, MemoryRefusal, Words
 from kernmind.memory.recall import Recall
 from kernmind.memory.store import MemoryStore
-from kernmind.sdk_compat import lowlevel_server, session_connection
+from kernmind.sdk_compat import lowlevel_server, session_connection, subscription_bus
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class MemoryTools:
         self._store: MemoryStore | None = None
         self._archive: Archive | None = None
         self._messages: Recall | None = None
+        self._server: MCPServer | None = None
         # legacy resources/subscribe: uri -> client connections (weakly held: a closed one drops out)
         self._legacy_subs: dict[str, weakref.WeakSet[Any]] = {}
 
@@ -94,6 +97,8 @@ class MemoryTools:
                 background.start_soon(self._warm_up, embedder)
                 background.start_soon(archive.recall.backfill)
                 background.start_soon(self._messages.backfill)
+                if store.db.relays_changes and self._server is not None:
+                    background.start_soon(self._relay_other_replicas, store.db, store.namespace)
                 try:
                     yield
                 finally:
@@ -151,19 +156,47 @@ class MemoryTools:
             return await coro
 
     async def notify(self, ctx: Context | None, label: str, *, listing: bool = False) -> None:
+        """A block changed here: tell this server's subscribers, then the other replicas."""
+        await self._publish(label, listing, ctx.notify_resource_updated if ctx is not None else None)
+        store = self._store
+        if store is not None and store.db.relays_changes:
+            try:
+                await store.db.announce(store.namespace, label, listing)
+            except Exception as exc:  # best effort: the write itself succeeded
+                log.warning("could not tell other replicas that %r changed: %s", label, exc)
+
+    async def _publish(
+        self, label: str, listing: bool, publish: Callable[[str], Awaitable[None]] | None
+    ) -> None:
         uris = [block_uri(label), BLOCKS_URI] if listing else [block_uri(label)]
         for uri in uris:
-            if ctx is not None:
+            if publish is not None:
                 try:
-                    await ctx.notify_resource_updated(uri)
+                    await publish(uri)
                 except Exception as exc:  # best effort
-                    log.debug("notify_resource_updated(%s) failed: %s", uri, exc)
+                    log.debug("resource-updated for %s failed: %s", uri, exc)
             for session in list(self._legacy_subs.get(uri, ())):
                 try:
                     await session.send_resource_updated(uri)
                 except Exception as exc:  # a closed session: forget it
                     log.debug("legacy resource notification to a session failed: %s", exc)
                     self._legacy_subs[uri].discard(session)
+
+    async def _relay_other_replicas(self, db: Database, namespace: str) -> None:
+        """Changes announced by other replicas (PostgreSQL NOTIFY) reach this server's subscribers."""
+        assert self._server is not None
+        bus = subscription_bus(self._server)
+
+        async def publish(uri: str) -> None:
+            await bus.publish(ResourceUpdated(uri=uri))
+
+        while True:
+            try:
+                async for label, listing in db.listen(namespace):
+                    await self._publish(label, listing, publish)
+            except Exception as exc:  # the connection dropped: listen again shortly
+                log.warning("listening for other replicas' changes failed (%s); retrying", exc)
+            await anyio.sleep(1)
 
     def _register_legacy_subscriptions(self, server: MCPServer) -> None:
         """Serve ``resources/subscribe``/``unsubscribe`` for handshake-era clients."""
@@ -191,6 +224,7 @@ class MemoryTools:
     # ------------------------------------------------------------ registration
 
     def register(self, server: MCPServer) -> None:
+        self._server = server
         from kernmind.memory.archival_tools import register_archival_tools, register_conversation_search
         from kernmind.memory.block_tools import register_block_tools, register_memory_tool
 

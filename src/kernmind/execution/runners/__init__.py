@@ -1,57 +1,35 @@
-"""Runners for languages other than Python: JavaScript/TypeScript (Deno), R, Java, bash.
+"""Language runners: Python (Jupyter kernels) and, as a process per call, JavaScript and
+TypeScript (Deno), R, Java (warm JShell hosts) and bash.
 
-Interface the executor (and ``doctor``) rely on:
+The interface every runner implements is documented once, in ``base.py``. This module
+finds the process runners whose runtime is installed:
 
 - ``discover(sandbox, settings) -> dict[str, Runner]``: the runners whose runtime is
   installed (a missing runtime is simply absent, so the tool's language enum leaves it out).
 - ``missing_runtimes(sandbox, settings) -> dict[str, str]``: language -> what to install.
-- ``Runner.language``, ``Runner.version`` (a human-readable runtime version for doctor),
-  ``await Runner.run(code, workspace=..., timeout=..., progress=...) -> RunResult``.
-- ``await aclose(runners)``: stops what runners keep alive between calls (Java's warm
-  JShell hosts). Call it when the server stops; it is safe to call more than once.
 
-Every runner is one module (``bash``, ``javascript``, ``r``, ``java``) over a shared core
-(``core``): sandboxed process, streaming output into the per-call budget, a time limit that
-kills the whole process tree, helper files that never show up in ``files``, the same
-``RunResult`` shape as Python.
-
-Probing runs each runtime's ``--version`` once per process (cached by sandbox backend and
-settings that matter), so creating many servers in one process stays cheap.
+Python's runner (``python.py``) needs the kernel pool, so the executor builds it.
+Probing runs each runtime's ``--version`` once per process (cached by name), so creating
+many servers in one process stays cheap.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Awaitable, Callable
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
 
 from kernmind.config import Settings
-from kernmind.execution.results import RunResult
+from kernmind.execution.runners.base import Runner
 from kernmind.execution.runners.bash import BashRunner
 from kernmind.execution.runners.core import Context
 from kernmind.execution.runners.java import JavaRunner
 from kernmind.execution.runners.javascript import DenoRunner
 from kernmind.execution.runners.r import RRunner
 from kernmind.execution.sandbox import Sandbox
-from kernmind.execution.workspace import Workspace
-
-Progress = Callable[[str, float], Awaitable[None]]
 
 LANGUAGES = ("javascript", "typescript", "r", "java", "bash")
 
-__all__ = ["LANGUAGES", "Progress", "Runner", "aclose", "discover", "missing_runtimes"]
-
-
-@runtime_checkable
-class Runner(Protocol):
-    language: str
-    version: str
-
-    async def run(
-        self, code: str, *, workspace: Workspace, timeout: float, progress: Progress | None
-    ) -> RunResult: ...
-
+__all__ = ["LANGUAGES", "Runner", "discover", "missing_runtimes"]
 
 _probe_lock = threading.Lock()
 _probe_cache: dict[str, object] = {}
@@ -108,12 +86,3 @@ def discover(sandbox: Sandbox, settings: Settings) -> dict[str, Runner]:
 def missing_runtimes(sandbox: Sandbox, settings: Settings) -> dict[str, str]:
     """Language -> what to install, for every language whose runtime is missing."""
     return _probe_all(sandbox, settings)[1]
-
-
-async def aclose(runners: dict[str, Runner]) -> None:
-    """Stop whatever the runners keep alive between calls (warm JShell hosts)."""
-    for runner in runners.values():
-        close = getattr(runner, "aclose", None)
-        if close is not None:
-            with contextlib.suppress(Exception):
-                await close()

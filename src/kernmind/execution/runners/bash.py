@@ -12,22 +12,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from kernmind.execution.results import RunResult
-from kernmind.execution.runners.core import (
-    Context,
-    HelperFiles,
-    Progress,
-    exit_error,
-    finish,
-    runtime_prefix,
-)
-from kernmind.execution.workspace import Workspace
+from kernmind.execution.runners.base import Call, StatelessRunner
+from kernmind.execution.runners.core import Context, HelperFiles, exit_error, runtime_prefix
 
 INLINE_LIMIT = 100_000  # below Linux's 128 KiB limit for one argument
 INSTALL_HINT = "bash (Debian/Ubuntu: apt-get install bash)"
 
 
-class BashRunner:
+class BashRunner(StatelessRunner):
     language = "bash"
 
     def __init__(self, ctx: Context, binary: str, version: str) -> None:
@@ -48,36 +40,26 @@ class BashRunner:
         version = first.replace("GNU bash, version ", "bash ").split(" (")[0]
         return cls(ctx, binary, version)
 
-    async def run(
-        self, code: str, *, workspace: Workspace, timeout: float, progress: Progress | None
-    ) -> RunResult:
-        collector = self.ctx.collector()
-        before = workspace.snapshot()
+    async def execute(self, call: Call) -> None:
+        collector, workspace = call.collector, call.workspace
+        if "\x00" in call.code:
+            collector.set_error("SyntaxError", "the code contains a NUL byte, which bash cannot run", "")
+            return
         helpers = HelperFiles(workspace, self.ctx.sandbox.workspace_path(workspace.root))
         try:
-            if len(code.encode()) < INLINE_LIMIT:  # no helper file the code could see
-                script, argv = "bash", [self.binary, "--noprofile", "--norc", "-c", code, "bash"]
+            if len(call.code.encode()) < INLINE_LIMIT:  # no helper file the code could see
+                script, argv = "bash", [self.binary, "--noprofile", "--norc", "-c", call.code, "bash"]
             else:
-                script = helpers.write(".sh", code)
+                script = helpers.write(".sh", call.code)
                 argv = [self.binary, "--noprofile", "--norc", script]
-            cmd = self.ctx.wrap(
-                argv,
-                workspace,
-                env={},
-                ro_paths=runtime_prefix(self.binary),
-            )
-            outcome = await self.ctx.run(
-                cmd, collector, workspace, timeout=timeout, progress=progress, label="bash"
-            )
+            cmd = self.ctx.wrap(argv, workspace, env={}, ro_paths=runtime_prefix(self.binary))
+            outcome = await self.ctx.run(cmd, collector, label="bash")
         finally:
             helpers.cleanup()
-        if not outcome.timed_out and outcome.exit_code != 0:
+        if outcome.exit_code != 0:
             err = "".join(collector.stderr)
             if outcome.exit_code == 2 and "syntax error" in err:
                 line = next((ln for ln in err.splitlines() if "syntax error" in ln), err.strip())
                 collector.set_error("SyntaxError", line.replace(script + ": ", "").replace("-c: ", ""), err)
             else:
                 exit_error(collector, outcome.exit_code)
-        return finish(
-            collector, language="bash", workspace=workspace, before=before, outcome=outcome, timeout=timeout
-        )

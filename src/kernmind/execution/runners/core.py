@@ -1,14 +1,15 @@
 """The shared subprocess core of the non-Python runners.
 
 One call = one sandboxed process tree. ``run_process`` starts the command built by
-``Sandbox.wrap`` in a new session (so it leads its own process group), streams stdout and
-stderr into an ``OutputCollector`` (the per-call output budget, same as Python), reports
-progress about once a second, and enforces the time limit.
+``Sandbox.wrap`` in a new session (so it leads its own process group) and streams stdout
+and stderr into the call's ``OutputCollector`` until the process exits. Time limits,
+the quota and progress are the supervisor's: it cancels the call, and cancelling
+``run_process`` kills the tree.
 
-Killing: on timeout or cancellation the whole tree is killed with SIGKILL: the process
-group, plus every descendant found in ``/proc`` (a child that called ``setsid`` leaves the
-group). Under bubblewrap the tree lives in its own pid namespace and bwrap runs with
-``--die-with-parent``, so killing it takes background children down with it too.
+Killing: the whole tree gets SIGKILL: the process group, plus every descendant found in
+``/proc`` (a child that called ``setsid`` leaves the group). Under bubblewrap the tree
+lives in its own pid namespace and bwrap runs with ``--die-with-parent``, so killing it
+takes background children down with it too.
 
 Helper files (a wrapper script, the snippet, a result file) live in the workspace under
 unpredictable hidden names (``.km-<random>…``), are created with ``O_EXCL|O_NOFOLLOW``
@@ -17,8 +18,8 @@ and must not be able to make the server follow a symlink. They are removed after
 and never appear in ``files``.
 
 Error policy: a runtime that cannot be started (binary gone, exec error) raises
-``RuntimeError``; everything the code itself does — non-zero exit, crash, timeout — is a
-normal ``RunResult`` (``status`` "error"/"timeout"; the exit code is in ``error``).
+``RuntimeUnavailable``; everything the code itself does (non-zero exit, crash) is put in
+the collector as the call's error.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,11 +40,10 @@ import anyio
 from anyio.abc import ByteReceiveStream
 
 from kernmind.config import Settings
-from kernmind.execution.results import OutputCollector, RunResult
+from kernmind.execution.results import OutputCollector
+from kernmind.execution.runners.base import RuntimeUnavailable
 from kernmind.execution.sandbox import Sandbox, SandboxedCommand
-from kernmind.execution.workspace import QuotaExceeded, Snapshot, Workspace, watch_quota
-
-Progress = Callable[[str, float], Awaitable[None]]
+from kernmind.execution.workspace import Workspace
 
 HELPER_PREFIX = ".km-"
 MAX_HELPER_READ = 4 * 1024 * 1024
@@ -115,15 +115,6 @@ class HelperFiles:
                 path.unlink()
 
 
-def changed_files(workspace: Workspace, before: Snapshot) -> list:
-    """``files`` for the result, without our helper files."""
-    return [
-        f
-        for f in workspace.changes(before)
-        if not f.path.rsplit("/", 1)[-1].startswith(HELPER_PREFIX) or "/" in f.path
-    ]
-
-
 # --- killing process trees ---------------------------------------------------------------
 def _children_map() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
@@ -169,9 +160,7 @@ def kill_tree(pid: int) -> None:
 @dataclass
 class ProcessOutcome:
     exit_code: int | None
-    timed_out: bool
     duration: float
-    quota: QuotaExceeded | None = None  # set when the code overfilled its working directory
 
 
 async def _pump(stream: ByteReceiveStream | None, name: str, collector: OutputCollector) -> None:
@@ -184,28 +173,8 @@ async def _pump(stream: ByteReceiveStream | None, name: str, collector: OutputCo
     collector.stream(name, decoder.decode(b"", final=True))
 
 
-async def ticker(label: str, progress: Progress | None, started: float) -> None:
-    if progress is None:
-        return
-    while True:
-        await anyio.sleep(1.0)
-        elapsed = time.monotonic() - started
-        with contextlib.suppress(Exception):
-            await progress(f"{label} running ({elapsed:.0f}s)", elapsed)
-
-
-async def run_process(
-    cmd: SandboxedCommand,
-    collector: OutputCollector,
-    *,
-    timeout: float,
-    progress: Progress | None,
-    label: str,
-    workspace: Workspace | None = None,
-    quota_bytes: int = 0,
-) -> ProcessOutcome:
-    """Run ``cmd`` to completion, until ``timeout``, or until ``workspace`` exceeds
-    ``quota_bytes``; output goes to ``collector``."""
+async def run_process(cmd: SandboxedCommand, collector: OutputCollector, *, label: str) -> ProcessOutcome:
+    """Run ``cmd`` to completion, its output going to ``collector``; cancelling kills the tree."""
     started = time.monotonic()
     try:
         proc = await anyio.open_process(
@@ -216,33 +185,12 @@ async def run_process(
             start_new_session=True,
         )
     except OSError as exc:
-        raise RuntimeError(f"cannot start {label}: {exc}") from exc
-    timed_out = False
-    over_quota: QuotaExceeded | None = None
+        raise RuntimeUnavailable(f"cannot start {label}: {exc}") from exc
     try:
-
-        async def guard() -> None:
-            nonlocal over_quota
-            if workspace is None or quota_bytes <= 0:
-                return
-            try:
-                await watch_quota(workspace, quota_bytes)
-            except QuotaExceeded as exc:
-                over_quota = exc
-                kill_tree(proc.pid)  # the pumps then reach EOF and the run ends
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(ticker, label, progress, started)
-            tg.start_soon(guard)
-            with anyio.move_on_after(timeout) as scope:
-                async with anyio.create_task_group() as io:
-                    io.start_soon(_pump, proc.stdout, "stdout", collector)
-                    io.start_soon(_pump, proc.stderr, "stderr", collector)
-                    await proc.wait()
-            if scope.cancelled_caught:
-                timed_out = True
-                kill_tree(proc.pid)
-            tg.cancel_scope.cancel()
+        async with anyio.create_task_group() as io:
+            io.start_soon(_pump, proc.stdout, "stdout", collector)
+            io.start_soon(_pump, proc.stderr, "stderr", collector)
+            await proc.wait()
     finally:
         if proc.returncode is None:
             kill_tree(proc.pid)
@@ -250,7 +198,7 @@ async def run_process(
             await proc.wait()
         with contextlib.suppress(Exception):
             await proc.aclose()
-    return ProcessOutcome(proc.returncode, timed_out, time.monotonic() - started, over_quota)
+    return ProcessOutcome(proc.returncode, time.monotonic() - started)
 
 
 def exit_error(collector: OutputCollector, exit_code: int | None, detail: str = "") -> None:
@@ -269,43 +217,6 @@ def exit_error(collector: OutputCollector, exit_code: int | None, detail: str = 
     collector.set_error("NonZeroExit", value, detail or value)
 
 
-def finish(
-    collector: OutputCollector,
-    *,
-    language: str,
-    workspace: Workspace,
-    before: Snapshot,
-    outcome: ProcessOutcome | None,
-    timeout: float,
-    status: str | None = None,
-    notes: Sequence[str] = (),
-) -> RunResult:
-    """Assemble the RunResult: same shape and truncation as Python's."""
-    all_notes = list(notes)
-    if outcome is not None and outcome.quota is not None:
-        status = "error"
-        collector.set_error("WorkspaceQuotaExceeded", outcome.quota.message(), "")
-    elif outcome is not None and outcome.timed_out:
-        status = "timeout"
-        collector.set_error("TimeoutError", f"execution exceeded the {timeout:g}s time limit", "")
-        all_notes.append(f"time limit of {timeout:g}s reached; the process and its children were killed.")
-    if status is None:
-        status = "error" if collector.error is not None else "ok"
-    return RunResult(
-        status=status,  # type: ignore[arg-type]
-        language=language,
-        session_id=None,
-        results=collector.results,
-        logs=collector.logs(),
-        error=collector.error,
-        files=changed_files(workspace, before),
-        duration_ms=collector.elapsed_ms(),
-        truncated=collector.truncated,
-        state_preserved=False if status == "timeout" else None,
-        notes=all_notes,
-    )
-
-
 @dataclass
 class Context:
     """What every runner gets from ``discover``: the sandbox and the server settings."""
@@ -313,33 +224,8 @@ class Context:
     sandbox: Sandbox
     settings: Settings
 
-    def collector(self) -> OutputCollector:
-        return OutputCollector(self.settings.max_output_chars)
-
-    @property
-    def quota_bytes(self) -> int:
-        return self.settings.workspace_mb * 1024 * 1024
-
-    async def run(
-        self,
-        cmd: SandboxedCommand,
-        collector: OutputCollector,
-        workspace: Workspace,
-        *,
-        timeout: float,
-        progress: Progress | None,
-        label: str,
-    ) -> ProcessOutcome:
-        """``run_process`` under this server's workspace quota."""
-        return await run_process(
-            cmd,
-            collector,
-            timeout=timeout,
-            progress=progress,
-            label=label,
-            workspace=workspace,
-            quota_bytes=self.quota_bytes,
-        )
+    async def run(self, cmd: SandboxedCommand, collector: OutputCollector, *, label: str) -> ProcessOutcome:
+        return await run_process(cmd, collector, label=label)
 
     def wrap(
         self, argv: Sequence[str], workspace: Workspace, *, env: dict[str, str], ro_paths: Sequence[str] = ()

@@ -40,23 +40,20 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import platformdirs
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from kernmind.execution.results import OutputCollector, RunResult
-from kernmind.execution.runners.core import (
-    Context,
-    ProcessOutcome,
-    Progress,
-    exit_error,
-    finish,
-    kill_tree,
-    ticker,
-)
-from kernmind.execution.workspace import QuotaExceeded, Workspace, watch_quota
+from kernmind.execution.results import OutputCollector
+from kernmind.execution.runners.base import Call, RuntimeUnavailable, StatelessRunner
+from kernmind.execution.runners.core import Context, exit_error, kill_tree
+from kernmind.execution.workspace import Workspace
+
+if TYPE_CHECKING:
+    from kernmind.execution.sessions import Session
 
 INSTALL_HINT = "a JDK 11+ with jshell and javac (Debian/Ubuntu: apt-get install openjdk-17-jdk-headless)"
 HOST_SOURCE = Path(__file__).with_name("JShellHost.java")
@@ -132,7 +129,7 @@ class Host:
             self.stderr_file.unlink()
 
 
-class JavaRunner:
+class JavaRunner(StatelessRunner):
     language = "java"
 
     def __init__(self, ctx: Context, java: str, javac: str, version: str) -> None:
@@ -142,6 +139,7 @@ class JavaRunner:
         self.version = version
         self.java_home = str(Path(os.path.realpath(java)).parents[1])
         self._hosts: dict[tuple[str, int | None], Host] = {}
+        self._stopping: set[Host] = set()  # hosts to stop once the call's result is ready
         self._compile_lock = anyio.Lock()
         self._classes: Path | None = None
 
@@ -186,7 +184,7 @@ class JavaRunner:
                 timeout=120,
             )
             if proc.returncode != 0:
-                raise RuntimeError(f"cannot compile the JShell host: {proc.stderr.strip()[-1000:]}")
+                raise RuntimeUnavailable(f"cannot compile the JShell host: {proc.stderr.strip()[-1000:]}")
             tmp.chmod(0o755)
             for f in tmp.iterdir():
                 f.chmod(0o644)
@@ -234,7 +232,7 @@ class JavaRunner:
             with anyio.CancelScope(shield=True):
                 await host.stop()
             if isinstance(exc, Exception):
-                raise RuntimeError(f"the JShell host did not start: {tail.strip() or exc!r}") from exc
+                raise RuntimeUnavailable(f"the JShell host did not start: {tail.strip() or exc!r}") from exc
             raise
         return host
 
@@ -251,95 +249,53 @@ class JavaRunner:
             key = min(self._hosts, key=lambda k: self._hosts[k].last_used)
             await self._hosts.pop(key).stop()
 
+    async def release(self, session: Session) -> None:
+        workspace = session.workspace
+        if workspace is not None:
+            for key in [k for k in self._hosts if k[0] == str(workspace.root)]:
+                await self._hosts.pop(key).stop()
+
     async def aclose(self) -> None:
         hosts, self._hosts = list(self._hosts.values()), {}
         for host in hosts:
             await host.stop()
 
     # --- running a snippet --------------------------------------------------------------------
-    async def run(
-        self, code: str, *, workspace: Workspace, timeout: float, progress: Progress | None
-    ) -> RunResult:
-        before = workspace.snapshot()
-        collector = self.ctx.collector()
-        started = time.monotonic()
+    async def execute(self, call: Call) -> None:
+        collector, workspace = call.collector, call.workspace
         key = (str(workspace.root), workspace.owner_uid)
-        notes: list[str] = []
         host = self._hosts.pop(key, None)
         if host is not None and (host.broken or host.process.returncode is not None):
             await host.stop()
             host = None
         await self._reap(keep=key)
-        timed_out = False
         reply: dict[str, object] | None = None
         failure: Exception | None = None
-        exit_code: int | None = None
-
-        async def converse() -> None:
-            nonlocal host, reply, failure
-            try:
-                if host is None:
-                    host = await self._start_host(workspace)
-                await host.send(code)
-                while True:
-                    kind, payload = await host.read_frame(collector)
-                    if kind == "O":
-                        collector.stream("stdout", payload.decode("utf-8", errors="replace"))
-                    elif kind == "E":
-                        collector.stream("stderr", payload.decode("utf-8", errors="replace"))
-                    elif kind == "R":
-                        reply = json.loads(payload.decode("utf-8", errors="replace"))
-                        return
-            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, ValueError) as exc:
-                failure = exc
-
-        over_quota: QuotaExceeded | None = None
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(ticker, "java", progress, started)
-                with anyio.move_on_after(timeout) as scope:
-
-                    async def guard() -> None:
-                        nonlocal over_quota
-                        try:
-                            await watch_quota(workspace, self.ctx.quota_bytes)
-                        except QuotaExceeded as exc:
-                            over_quota = exc
-                            scope.cancel()  # no reply: the host is stopped below
-
-                    tg.start_soon(guard)
-                    await converse()
-                timed_out = scope.cancelled_caught and over_quota is None
-                tg.cancel_scope.cancel()
+            if host is None:
+                host = await self._start_host(workspace)
+            await host.send(call.code)
+            while True:
+                kind, payload = await host.read_frame(collector)
+                if kind == "O":
+                    collector.stream("stdout", payload.decode("utf-8", errors="replace"))
+                elif kind == "E":
+                    collector.stream("stderr", payload.decode("utf-8", errors="replace"))
+                elif kind == "R":
+                    reply = json.loads(payload.decode("utf-8", errors="replace"))
+                    break
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, ValueError) as exc:
+            failure = exc
         except BaseException:
+            # Cancelled (time limit, quota, close, client): the JVM goes, the next call starts afresh.
             if host is not None:
                 with anyio.CancelScope(shield=True):
                     await host.stop()
             raise
         if failure is not None and host is not None:
-            with anyio.move_on_after(2):
-                exit_code = await host.process.wait()
-            if exit_code is not None and exit_code != 0:
-                exit_error(collector, exit_code, host.stderr_tail())
-            elif exit_code is None:
-                collector.set_error(
-                    "JavaHostError",
-                    "the Java process stopped answering (out of memory or a crash)",
-                    host.stderr_tail() or repr(failure),
-                )
-            else:
-                notes.append("the code called System.exit(0); its JVM ended.")
+            await self._report_failure(host, failure, call)
         if host is not None:
-            host.calls += 1
-            host.last_used = time.monotonic()
-            dirty = bool(reply and reply.get("dirty"))
-            if dirty:
-                notes.append("the code left threads running; they were stopped with its JVM.")
-            one_shot = self.ctx.settings.stateless
-            if reply is None or dirty or one_shot or host.calls >= MAX_CALLS:
-                await host.stop()
-            else:
-                self._hosts[key] = host
+            self._keep_or_stop(host, key, reply, call)
         if reply is not None:
             if reply.get("status") == "ok" and reply.get("value") is not None:
                 collector.display({"text/plain": str(reply["value"])}, main=True)
@@ -348,16 +304,39 @@ class JavaRunner:
                 value = str(reply.get("value") or "")
                 tb = str(reply.get("traceback") or f"{name}: {value}")
                 collector.set_error(name, value, tb)
-        outcome = ProcessOutcome(None, timed_out, time.monotonic() - started, over_quota)
-        return finish(
-            collector,
-            language="java",
-            workspace=workspace,
-            before=before,
-            outcome=outcome,
-            timeout=timeout,
-            notes=notes,
-        )
+
+    async def _report_failure(self, host: Host, failure: Exception, call: Call) -> None:
+        exit_code = None
+        with anyio.move_on_after(2):
+            exit_code = await host.process.wait()
+        if exit_code is not None and exit_code != 0:
+            exit_error(call.collector, exit_code, host.stderr_tail())
+        elif exit_code is None:
+            call.collector.set_error(
+                "JavaHostError",
+                "the Java process stopped answering (out of memory or a crash)",
+                host.stderr_tail() or repr(failure),
+            )
+        else:
+            call.notes.append("the code called System.exit(0); its JVM ended.")
+
+    def _keep_or_stop(
+        self, host: Host, key: tuple[str, int | None], reply: dict[str, object] | None, call: Call
+    ) -> None:
+        host.calls += 1
+        host.last_used = time.monotonic()
+        dirty = bool(reply and reply.get("dirty"))
+        if dirty:
+            call.notes.append("the code left threads running; they were stopped with its JVM.")
+        if reply is None or dirty or call.session.ephemeral or host.calls >= MAX_CALLS:
+            self._stopping.add(host)
+        else:
+            self._hosts[key] = host
+
+    async def settle(self, call: Call) -> None:
+        stopping, self._stopping = self._stopping, set()
+        for host in stopping:
+            await host.stop()
 
 
 def _exists(path: Path) -> bool:

@@ -34,16 +34,15 @@ import re
 import subprocess
 import urllib.parse
 
-from kernmind.execution.results import RunResult
+from kernmind.execution.results import OutputCollector
+from kernmind.execution.runners.base import Call, StatelessRunner
 from kernmind.execution.runners.core import (
     Context,
     HelperFiles,
-    Progress,
+    ProcessOutcome,
     exit_error,
-    finish,
     runtime_prefix,
 )
-from kernmind.execution.workspace import Workspace
 
 INSTALL_HINT = "Deno (pip install deno — the `deno` Python package ships the binary)"
 
@@ -274,7 +273,7 @@ JIT_MIN_MB = 768
 _ERROR_LINE = re.compile(r"^error: (?:Uncaught (?:\(in promise\) )?)?(.*)$", re.M)
 
 
-class DenoRunner:
+class DenoRunner(StatelessRunner):
     def __init__(self, ctx: Context, language: str, binary: str, version: str) -> None:
         self.ctx = ctx
         self.language = language
@@ -330,19 +329,19 @@ class DenoRunner:
             argv.append("--cached-only")
         return [*argv, script]
 
-    async def run(
-        self, code: str, *, workspace: Workspace, timeout: float, progress: Progress | None
-    ) -> RunResult:
-        before = workspace.snapshot()
+    async def execute(self, call: Call) -> None:
+        workspace = call.workspace
         inner_ws = self.ctx.sandbox.workspace_path(workspace.root)
         helpers = HelperFiles(workspace, inner_ws)
-        captured = with_value_capture(code)
+        captured = with_value_capture(call.code)
         try:
-            collector, outcome = await self._attempt(captured or code, helpers, workspace, timeout, progress)
-            if captured is not None and self._parse_failed(collector, outcome):
+            outcome = await self._attempt(captured or call.code, helpers, call.collector)
+            if captured is not None and self._parse_failed(call.collector, outcome):
+                # The value-capturing rewrite did not parse: run the code as written.
                 helpers.cleanup()
                 helpers = HelperFiles(workspace, inner_ws)
-                collector, outcome = await self._attempt(code, helpers, workspace, timeout, progress)
+                call.collector.reset()
+                outcome = await self._attempt(call.code, helpers, call.collector)
             value = helpers.read(".res.json")
             err = helpers.read(".err.json")
         finally:
@@ -350,24 +349,16 @@ class DenoRunner:
         script_url = f"file://{helpers.inner(self.suffix)}"
         if value:
             try:
-                collector.display({"text/plain": json.loads(value)["text"]}, main=True)
+                call.collector.display({"text/plain": json.loads(value)["text"]}, main=True)
             except (ValueError, KeyError, TypeError):
                 pass
-        if not outcome.timed_out and outcome.exit_code != 0:
+        if outcome.exit_code != 0:
             if err:
-                self._uncaught(collector, err, script_url)
+                self._uncaught(call.collector, err, script_url)
             else:
-                self._from_stderr(collector, outcome.exit_code, helpers, script_url)
-        return finish(
-            collector,
-            language=self.language,
-            workspace=workspace,
-            before=before,
-            outcome=outcome,
-            timeout=timeout,
-        )
+                self._from_stderr(call.collector, outcome.exit_code, helpers, script_url)
 
-    async def _attempt(self, source, helpers, workspace, timeout, progress):  # type: ignore[no-untyped-def]
+    async def _attempt(self, source: str, helpers: HelperFiles, collector: OutputCollector) -> ProcessOutcome:
         inner_ws = helpers.inner_root
         script_path = helpers.inner(self.suffix)
         prelude = PRELUDE % {
@@ -381,7 +372,7 @@ class DenoRunner:
         script = helpers.write(self.suffix, f'{source}\n;import "{url}";\n')
         cmd = self.ctx.wrap(
             self._argv(inner_ws, script),
-            workspace,
+            helpers.workspace,
             env={
                 "NO_COLOR": "1",
                 "DENO_DIR": "/tmp/.deno" if self.ctx.sandbox.isolated else f"{inner_ws}/.km-deno",
@@ -389,15 +380,11 @@ class DenoRunner:
             },
             ro_paths=runtime_prefix(self.binary),
         )
-        collector = self.ctx.collector()
-        outcome = await self.ctx.run(
-            cmd, collector, workspace, timeout=timeout, progress=progress, label=self.language
-        )
-        return collector, outcome
+        return await self.ctx.run(cmd, collector, label=self.language)
 
     @staticmethod
-    def _parse_failed(collector, outcome) -> bool:  # type: ignore[no-untyped-def]
-        if outcome.timed_out or outcome.exit_code == 0 or collector.stdout:
+    def _parse_failed(collector: OutputCollector, outcome: ProcessOutcome) -> bool:
+        if outcome.exit_code == 0 or collector.stdout:
             return False
         err = "".join(collector.stderr)
         return err.startswith("error: ") and (

@@ -21,16 +21,8 @@ import base64
 import shutil
 import subprocess
 
-from kernmind.execution.results import RunResult
-from kernmind.execution.runners.core import (
-    Context,
-    HelperFiles,
-    Progress,
-    exit_error,
-    finish,
-    runtime_prefix,
-)
-from kernmind.execution.workspace import Workspace
+from kernmind.execution.runners.base import Call, StatelessRunner
+from kernmind.execution.runners.core import Context, HelperFiles, exit_error, runtime_prefix
 
 INSTALL_HINT = "R's Rscript (Debian/Ubuntu: apt-get install r-base-core)"
 SEP = "\x1e"
@@ -72,7 +64,7 @@ local({
       frames <- vapply(calls, function(cl) paste(deparse(cl, nlines = 3L), collapse = "\n"), "")
       start <- which(startsWith(frames, "eval(exprs[[i]]"))
       if (length(start)) frames <- frames[-seq_len(start[length(start)])]
-      frames <- frames[!grepl("^(\\.handleSimpleError|h\\(simpleError|stop\\(|withCallingHandlers|tryCatch)", frames)]
+      frames <- frames[!grepl("^(\\.handleSimpleError|h\\(simpleError|stop\\(|withCallingHandlers|tryCatch|\\(function \\(e\\) calls <<-|value\\[\\[3L\\]\\])", frames)]
       cl <- conditionCall(e)
       if (!is.null(cl) && startsWith(paste(deparse(cl), collapse = ""), "eval(exprs[[i]]")) cl <- NULL
       where <- if (!is.null(cl)) paste0("Error in ", paste(deparse(cl, nlines = 2L), collapse = "\n"), " : ") else "Error: "
@@ -102,7 +94,7 @@ def _r_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-class RRunner:
+class RRunner(StatelessRunner):
     language = "r"
 
     def __init__(self, ctx: Context, binary: str, version: str) -> None:
@@ -124,13 +116,11 @@ class RRunner:
         version = "R " + text.split("version", 1)[1].split()[0] if "version" in text else "R"
         return cls(ctx, binary, version)
 
-    async def run(
-        self, code: str, *, workspace: Workspace, timeout: float, progress: Progress | None
-    ) -> RunResult:
-        before = workspace.snapshot()
+    async def execute(self, call: Call) -> None:
+        collector, workspace = call.collector, call.workspace
         helpers = HelperFiles(workspace, self.ctx.sandbox.workspace_path(workspace.root))
         try:
-            code_path = helpers.write(".code.R", code)
+            code_path = helpers.write(".code.R", call.code)
             wrapper = WRAPPER % {
                 "code": _r_string(code_path),
                 "value": _r_string(helpers.expect(".value")),
@@ -144,10 +134,7 @@ class RRunner:
                 env={"R_HISTFILE": "/dev/null"},
                 ro_paths=runtime_prefix(self.binary),
             )
-            collector = self.ctx.collector()
-            outcome = await self.ctx.run(
-                cmd, collector, workspace, timeout=timeout, progress=progress, label="R"
-            )
+            outcome = await self.ctx.run(cmd, collector, label="R")
             value = helpers.read(".value")
             error = helpers.read(".error")
             plots = [helpers.read_bytes(suffix) for suffix in helpers.matching(PLOT_SUFFIX)]
@@ -159,12 +146,9 @@ class RRunner:
             )
         if value is not None:
             collector.display({"text/plain": value.rstrip("\n")}, main=True)
-        if not outcome.timed_out and outcome.exit_code != 0:
+        if outcome.exit_code != 0:
             if error:
                 name, message, tb = ([*error.rstrip("\n").split(SEP, 2), "", ""])[:3]
                 collector.set_error(name, message, tb)
             else:
                 exit_error(collector, outcome.exit_code, "".join(collector.stderr)[-2000:])
-        return finish(
-            collector, language="r", workspace=workspace, before=before, outcome=outcome, timeout=timeout
-        )

@@ -1,0 +1,256 @@
+"""One supervisor for every runner: the rules of a ``run_code`` call, written once.
+
+``supervise(runner, call, progress=…)`` runs ``runner.execute(call)`` and around it:
+
+- **Time limit**: at ``call.timeout`` the run is cancelled and the runner interrupts the
+  code; ``status: "timeout"``, and ``state_preserved`` says whether the session's state
+  survived (the runner decides: interrupted cleanly, replaced, or a process killed).
+- **Workspace quota**: the working directory's disk use is checked while the code runs
+  (every 0.5 s, less often when the tree is so big that checking costs: the period is
+  kept at ≥ 5× the time one check takes); growing it past the quota stops the code with
+  ``WorkspaceQuotaExceeded``. Code that does not grow it (clean-up) runs even when over.
+- **Progress**: about once a second, the latest output line (or elapsed time).
+- **Closing**: ``close_session`` cancels the call's scope; the result is ``SessionClosed``.
+- **Client cancellation** (or server shutdown): the code is interrupted, then the
+  cancellation propagates.
+- **The result**: one place turns what the call produced into a ``RunResult``: status,
+  error, output under the budget, notes, and the files the call created or changed
+  (one bounded scan of the working directory, see ``filescan.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import anyio
+
+from kernmind.execution.filescan import Scan, changed_since
+from kernmind.execution.results import FileInfo, RunResult
+from kernmind.execution.runners.base import Call, Runner
+from kernmind.execution.workspace import QuotaExceeded, guess_mime
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, float], Awaitable[None]]
+
+QUOTA_PERIOD = 0.5  # seconds between workspace size checks while code runs (at least)
+PREPARE_GRACE = 90.0  # seconds a runner may take to get an interpreter ready before the code starts
+SCAN_BUDGET = 0.25  # seconds the post-call change scan may take
+MAX_LISTED_FILES = 50
+HELPER_PREFIX = ".km-"  # runners' hidden per-call files and caches
+
+
+async def supervise(
+    runner: Runner, call: Call, *, quota_bytes: int, progress: Progress | None = None
+) -> RunResult:
+    try:
+        return await _supervise(runner, call, quota_bytes, progress)
+    except BaseExceptionGroup as group:  # the task group wraps what execute() raised: unwrap it
+        raise _only(group) from None
+
+
+def _only(group: BaseExceptionGroup) -> BaseException:
+    while len(group.exceptions) == 1 and isinstance(group.exceptions[0], BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group.exceptions[0] if len(group.exceptions) == 1 else group
+
+
+async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Progress | None) -> RunResult:
+    started_ns = time.time_ns()
+    stop: str | None = None  # "timeout" | "quota" | "closed"
+    quota: QuotaExceeded | None = None
+    interrupted: bool | None = None
+    session = call.session
+
+    async with anyio.create_task_group() as tg:
+        run_scope = anyio.CancelScope()
+
+        async def watch_quota() -> None:
+            nonlocal stop, quota
+            try:
+                await _watch_quota(call, quota_bytes)
+            except QuotaExceeded as exc:
+                stop, quota = "quota", exc
+                run_scope.cancel()
+
+        ticker = _ProgressTicker(call, progress)
+        tg.start_soon(ticker.run)
+        tg.start_soon(watch_quota)
+        session.running = run_scope
+        try:
+            with run_scope:
+                # The limit counts from when the code starts; getting an interpreter ready
+                # (a kernel from the pool) has its own bound.
+                with anyio.move_on_after(call.timeout + PREPARE_GRACE) as deadline:
+
+                    def start_clock() -> None:
+                        deadline.deadline = anyio.current_time() + call.timeout
+                        ticker.start()
+
+                    call.on_begin.append(start_clock)
+                    if not getattr(runner, "prepares", False):
+                        call.begin()
+                    await runner.execute(call)
+                if deadline.cancelled_caught:
+                    stop = "timeout"
+            if run_scope.cancelled_caught and stop is None:
+                stop = "closed"
+        except BaseException:
+            # The client went away or the server is stopping: stop the code, keep serving.
+            with anyio.CancelScope(shield=True):
+                if not session.closed:
+                    await runner.interrupt(call)
+                await runner.settle(call)
+            raise
+        finally:
+            session.running = None
+            tg.cancel_scope.cancel()
+
+    with anyio.CancelScope(shield=True):
+        if session.closed:
+            stop = "closed"
+        elif stop is not None:
+            interrupted = await runner.interrupt(call)
+        if not session.closed:
+            await runner.settle(call)
+        return await _result(runner, call, stop, quota, interrupted, started_ns)
+
+
+class _ProgressTicker:
+    """About once a second after the code started: the latest output line, or how long it has run."""
+
+    def __init__(self, call: Call, progress: Progress | None) -> None:
+        self.call = call
+        self.progress = progress
+        self.started = anyio.Event()
+        self.start_time = 0.0
+
+    def start(self) -> None:
+        self.start_time = time.monotonic()
+        self.started.set()
+
+    async def run(self) -> None:
+        if self.progress is None:
+            return
+        await self.started.wait()
+        while True:
+            await anyio.sleep(1.0)
+            elapsed = time.monotonic() - self.start_time
+            message = self.call.collector.last_line or f"running ({elapsed:.0f}s)"
+            try:
+                await self.progress(message, elapsed)
+            except Exception as exc:  # a client that can't take progress must not break the run
+                log.debug("progress notification failed: %s", exc)
+
+
+async def _watch_quota(call: Call, limit: int) -> None:
+    """Return never; raise ``QuotaExceeded`` once the call has grown the directory past ``limit``."""
+    if limit <= 0:
+        await anyio.sleep_forever()
+    baseline: int | None = None
+    while True:
+        workspace = call.session.workspace
+        if workspace is None:  # an interpreter is being made ready; its directory comes with it
+            await anyio.sleep(QUOTA_PERIOD)
+            continue
+        if baseline is None:
+            baseline = await workspace.abaseline()
+        t = time.perf_counter()
+        used = await workspace.ausage()
+        took = time.perf_counter() - t
+        # Stop code that grows the directory past the limit, not code that merely runs
+        # while it is over (so a call that deletes files, or only reads them, still works).
+        if used > max(limit, baseline):
+            raise QuotaExceeded(used, limit)
+        await anyio.sleep(max(QUOTA_PERIOD, 5 * took))
+
+
+async def _result(
+    runner: Runner,
+    call: Call,
+    stop: str | None,
+    quota: QuotaExceeded | None,
+    interrupted: bool | None,
+    started_ns: int,
+) -> RunResult:
+    collector = call.collector
+    notes = call.notes
+    status = "error" if collector.error is not None else "ok"
+    state_preserved = call.state_preserved
+    if stop == "timeout":
+        status, state_preserved = "timeout", bool(interrupted)
+        limit = f"{call.timeout:g}s"
+        if interrupted is True:
+            notes.append(
+                f"time limit of {limit} reached; the code was interrupted and the session kept its state."
+            )
+        elif interrupted is False:
+            notes.append(
+                f"time limit of {limit} reached and the code did not stop when interrupted; "
+                "the interpreter was restarted (variables lost, files kept)."
+            )
+        else:
+            notes.append(f"time limit of {limit} reached; the process and its children were killed.")
+        # Keep the traceback of the interrupt: it shows where the code was when time ran out.
+        where = collector.error.traceback if collector.error else ""
+        collector.set_error("TimeoutError", f"execution exceeded the {limit} time limit", where)
+    elif stop == "quota":
+        assert quota is not None
+        status, state_preserved = "error", interrupted
+        collector.set_error("WorkspaceQuotaExceeded", quota.message(), "")
+    elif stop == "closed":
+        status, state_preserved = "error", False
+        collector.set_error(
+            "SessionClosed",
+            "the session was closed (close_session, idle reaping or shutdown) while this code ran.",
+            "",
+        )
+    files, more = await _changed_files(call, started_ns)
+    notes.extend(n for n in (more, collector.omitted_note()) if n)
+    return RunResult(
+        status=status,  # type: ignore[arg-type]
+        language=runner.language,
+        session_id=None if call.session.ephemeral else call.session.id,
+        execution_count=call.execution_count,
+        results=collector.results,
+        logs=collector.logs(),
+        error=collector.error,
+        files=files,
+        duration_ms=collector.elapsed_ms(),
+        truncated=collector.truncated,
+        state_preserved=state_preserved,
+        notes=notes,
+    )
+
+
+async def _changed_files(call: Call, started_ns: int) -> tuple[list[FileInfo], str | None]:
+    """What the call created or changed (at most MAX_LISTED_FILES), and a note when cut."""
+    workspace = call.session.workspace
+    if workspace is None or call.session.closed:
+        return [], None
+    before = workspace.last_scan
+    after: Scan
+    try:
+        after = await workspace.ascan(since_ns=started_ns, budget_s=SCAN_BUDGET)
+    except Exception as exc:  # the call's own result matters more than its file list
+        log.warning("change scan of %s failed: %s", workspace.root, exc)
+        return [], "the working directory could not be scanned for changed files."
+    # A partial scan is no baseline: the next call then goes by change times instead.
+    workspace.last_scan = after if after.complete else None
+    changed = [p for p in changed_since(after, before, started_ns) if not p.startswith(HELPER_PREFIX)]
+    listed = [
+        FileInfo(path=p, size=after.files[p].size, mime=guess_mime(p)) for p in changed[:MAX_LISTED_FILES]
+    ]
+    notes = []
+    if len(changed) > MAX_LISTED_FILES:
+        notes.append(f"{len(changed) - MAX_LISTED_FILES} more files were created or changed")
+    if not after.complete:
+        notes.append(
+            f"the working directory is too large to scan fully in {SCAN_BUDGET:g}s, so this list may "
+            "miss some changes"
+        )
+    if not notes:
+        return listed, None
+    return listed, "; ".join(notes) + ". list_files (with a prefix or pattern) shows them all."

@@ -1,0 +1,119 @@
+"""Copy one namespace, everything in it, from one memory database to another (``kernmind memory migrate``).
+
+Design
+------
+Unlike export/import (a JSON document of what an agent needs), a migration keeps all of a
+namespace: blocks with their versions and times, every history entry (so ``memory_undo``
+still works after the move), passages with their tags and vectors (no re-embedding), and
+conversations with their messages and vectors. Rows are read from the source through its
+backend and written to the destination through its own, inside one write transaction on
+the destination: all or nothing. Ids of passages and messages are assigned anew by the
+destination (tags follow their passage).
+
+``sqlite:PATH``, a plain path, and ``postgresql://…`` name databases, so either direction works.
+
+Error policy
+------------
+A destination that already holds the namespace (anything beyond untouched default blocks)
+is refused with :class:`MemoryRefusal`, and nothing is written; a source without the
+namespace is refused too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernmind.memory.errors import MemoryRefusal
+from kernmind.memory.store import open_database
+
+# table -> (columns copied as they are, the order that keeps history in sequence)
+TABLES: dict[str, tuple[str, str]] = {
+    "blocks": ("label, value, description, char_limit, read_only, version, created_at, updated_at", "label"),
+    "block_history": ("label, version, op, old_value, new_value, meta, at, undone", "id"),
+    "conversations": ("id, started_at, title", "id"),
+    "messages": (
+        "conversation_id, seq, role, content, meta, created_at, search_text, embedding, embedding_model",
+        "id",
+    ),
+}
+PASSAGE_COLUMNS = "content, search_text, tags, created_at, embedding, embedding_model"
+
+
+def database_location(text: str) -> str:
+    """``sqlite:PATH`` -> PATH; URLs and plain paths as they are."""
+    return text[len("sqlite:") :] if text.startswith("sqlite:") else text
+
+
+async def migrate_namespace(source: str, destination: str, namespace: str) -> dict[str, int]:
+    src = await open_database(database_location(source)).open()
+    try:
+        dst = await open_database(database_location(destination)).open()
+        try:
+            return await _copy(src, dst, namespace)
+        finally:
+            await dst.close()
+    finally:
+        await src.close()
+
+
+async def _copy(src: Any, dst: Any, namespace: str) -> dict[str, int]:
+    async with src.read() as tx:
+        ns = await tx.one("SELECT created_at FROM namespaces WHERE namespace = ?", (namespace,))
+        if ns is None:
+            raise MemoryRefusal("the source has no namespace {ns!r}; pick one with --agent.", ns=namespace)
+        rows = {
+            t: await tx.all(f"SELECT {c} FROM {t} WHERE namespace = ? ORDER BY {order}", (namespace,))
+            for t, (c, order) in TABLES.items()
+        }
+        passages = await tx.all(
+            f"SELECT id, {PASSAGE_COLUMNS} FROM passages WHERE namespace = ? ORDER BY id", (namespace,)
+        )
+        tags = await tx.all("SELECT passage_id, tag FROM passage_tags WHERE namespace = ?", (namespace,))
+    stats = {name: len(r) for name, r in rows.items()} | {"passages": len(passages)}
+    async with dst.write() as tx:
+        existing = await tx.one(
+            "SELECT (SELECT count(*) FROM blocks WHERE namespace = ? AND (version > 1 OR value <> '')) "
+            "+ (SELECT count(*) FROM passages WHERE namespace = ?) + (SELECT count(*) FROM messages WHERE namespace = ?)",
+            (namespace, namespace, namespace),
+        )
+        if existing and existing[0]:
+            raise MemoryRefusal(
+                "the destination already holds memory in namespace {ns!r}; migrate into an empty namespace "
+                "(another --agent, or export/import to merge).",
+                ns=namespace,
+            )
+        for table in (
+            "blocks",
+            "block_history",
+            "messages",
+            "conversations",
+            "passage_tags",
+            "passages",
+            "namespaces",
+        ):
+            await tx.run(f"DELETE FROM {table} WHERE namespace = ?", (namespace,))
+        await tx.run("INSERT INTO namespaces (namespace, created_at) VALUES (?, ?)", (namespace, ns[0]))
+        for table, (columns, _order) in TABLES.items():
+            marks = ", ".join("?" * (columns.count(",") + 2))
+            await tx.many(
+                f"INSERT INTO {table} (namespace, {columns}) VALUES ({marks})",
+                [(namespace, *r) for r in rows[table]],
+            )
+        new_ids: dict[int, int] = {}
+        for old_id, *values in passages:
+            row = await tx.one(
+                f"INSERT INTO passages (namespace, {PASSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (namespace, *values),
+            )
+            assert row is not None
+            new_ids[old_id] = int(row[0])
+        await tx.many(
+            "INSERT INTO passage_tags (passage_id, namespace, tag) VALUES (?, ?, ?)",
+            [(new_ids[pid], namespace, tag) for pid, tag in tags],
+        )
+        await tx.run(
+            "UPDATE namespaces SET archive_gen = archive_gen + 1, conversation_gen = conversation_gen + 1 "
+            "WHERE namespace = ?",
+            (namespace,),
+        )
+    return stats
