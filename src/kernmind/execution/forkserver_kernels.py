@@ -86,18 +86,6 @@ class ForkKernelFactory:
         self._zmq: zmq.asyncio.Context | None = None
         self._said: str | None = None  # the last fallback reason logged
 
-    # What sessions and the pool use of a factory, unchanged.
-    @property
-    def sandbox(self):  # -> Sandbox
-        return self.base.sandbox
-
-    @property
-    def runtime(self):  # -> PythonRuntime
-        return self.base.runtime
-
-    def new_workspace(self, uid: int | None) -> Workspace:
-        return self.base.new_workspace(uid)
-
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[ForkKernelFactory]:
         """Keep the template running (it is started in the background) while in this block."""
