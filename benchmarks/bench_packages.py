@@ -119,7 +119,7 @@ async def kernel_starts(sandbox: Sandbox, python: str, n: int) -> tuple[list[flo
     times: list[float] = []
     imported: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-kernels-") as tmp:
-        factory = KernelFactory.standalone(sandbox, runtime, Path(tmp))
+        factory = KernelFactory.standalone(sandbox, runtime, Path(tmp) / "run")
         for _ in range(n):
             t0 = time.perf_counter()
             kernel = await factory.start()

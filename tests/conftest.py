@@ -7,6 +7,8 @@ by a module's tests) work with anyio's pytest plugin.
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +16,26 @@ import pytest
 from mcp_types import CallToolResult
 
 from kernmind.config import Settings
+from tests.memory.postgres_server import PostgresServer
 
 
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server (memory on PostgreSQL, sessions shared by replicas), one per worker."""
+    try:
+        server = PostgresServer().start()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        pytest.skip(f"cannot start PostgreSQL here: {detail}")
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:

@@ -1,4 +1,4 @@
-"""Command line: ``kernmind serve | agent | doctor | memory``.
+"""Command line: ``kernmind serve | agent | doctor | memory | sessions | tokens``.
 
 Each subcommand takes the settings flags of the groups it uses (``COMMAND_GROUPS`` in
 settings_cli.py: ``serve`` all of them, ``memory`` only storage, memory and logging …),
@@ -24,7 +24,7 @@ from kernmind.settings_cli import COMMAND_GROUPS, describe_settings_error, setti
 log = logging.getLogger("kernmind")
 
 
-COMMANDS = ("serve", "agent", "doctor", "memory")
+COMMANDS = ("serve", "agent", "doctor", "memory", "sessions", "tokens")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -58,6 +58,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
         # memory's actions are subparsers that take the flags too: a flag not given must stay absent
         memory_cli.add_parser(sub, settings_parent(COMMAND_GROUPS["memory"], absent_when_not_given=True))
+    if "sessions" in wanted:
+        from kernmind.execution import cli as sessions_cli
+
+        sessions_cli.add_parser(sub, settings_parent(COMMAND_GROUPS["sessions"], absent_when_not_given=True))
+    if "tokens" in wanted:
+        from kernmind import tokens_cli
+
+        tokens_cli.add_parser(sub, settings_parent(COMMAND_GROUPS["tokens"], absent_when_not_given=True))
     return parser
 
 
@@ -101,5 +109,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kernmind.memory import cli as memory_cli
 
         return memory_cli.run(args, settings)
+    if command == "sessions":
+        from kernmind.execution import cli as sessions_cli
+
+        return sessions_cli.run(args, settings)
+    if command == "tokens":
+        from kernmind import tokens_cli
+
+        return tokens_cli.run(args, settings)
     parser.print_help(sys.stderr)
     return 2

@@ -29,12 +29,14 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import platformdirs
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIN_MEMORY_MB = 256  # measured: ipykernel + numpy + pandas + matplotlib map ≈ 185 MiB of RLIMIT_DATA
 SandboxMode = Literal["auto", "bwrap", "none", "required"]
 Transport = Literal["stdio", "http"]
+PackagesMode = Literal["any", "none", "allowlist"]
+GpuMode = Literal["auto", "none"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 
@@ -45,6 +47,7 @@ class Group(StrEnum):
     EXECUTION = "execution"
     SANDBOX = "sandbox"
     TRANSPORT = "transport"
+    PRINCIPALS = "principals"
     MEMORY = "memory"
     LOGGING = "logging"
 
@@ -103,7 +106,34 @@ class Settings(BaseSettings):
         default=16, ge=1, le=256, description="cap on live sessions"
     )
     idle_timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
-        default=3600.0, gt=0, description="seconds before an idle session is closed"
+        default=3600.0,
+        gt=0,
+        description="seconds before an idle session's interpreter is stopped (its variables are saved, "
+        "its files kept)",
+    )
+    max_stored_sessions: Annotated[int, Cli(metavar="N")] = Field(
+        default=100, ge=1, description="cap on stored sessions (live or not) per data dir"
+    )
+    max_stored_mb: Annotated[int, Cli(metavar="MIB")] = Field(
+        default=20480, ge=1, description="cap on the total size of stored sessions' files (MiB)"
+    )
+    snapshot_mb: Annotated[int, Cli(metavar="MIB")] = Field(
+        default=1024,
+        ge=0,
+        description="largest saved namespace per session (MiB); variables past it are not saved "
+        "(0: never save variables)",
+    )
+    snapshot_seconds: Annotated[float, Cli(metavar="SECONDS")] = Field(
+        default=30.0, gt=0, description="time allowed to save or restore a session's variables"
+    )
+    autosave_seconds: Annotated[float, Cli(metavar="SECONDS")] = Field(
+        default=120.0,
+        gt=0,
+        description="save a session's variables once it has been idle this long after running code "
+        "(what a killed server restores)",
+    )
+    max_job_seconds: Annotated[float, Cli(metavar="SECONDS")] = Field(
+        default=6 * 3600.0, gt=0, description="time limit of a background job (`run_code` with `background`)"
     )
     timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
         default=60.0, gt=0, description="default per-call time limit (s)"
@@ -136,11 +166,67 @@ class Settings(BaseSettings):
         "(ones not installed are skipped)",
     )
 
+    # --- kernels on a gateway (--kernel-gateway) ---
+    kernel_gateway: Annotated[str | None, Cli(metavar="URL", shown_default="— (local kernels)")] = Field(
+        default=None,
+        description="run Python on kernels of a Jupyter Kernel Gateway or Enterprise Gateway at this "
+        "`http(s)://` URL instead of local sandboxed kernels (the gateway's sandbox then applies)",
+    )
+    kernel_gateway_token: Annotated[str | None, Cli(metavar="TOKEN")] = Field(
+        default=None,
+        description="the gateway's auth token (prefer the variable: flags show in `ps`)",
+    )
+    kernel_gateway_kernel: Annotated[str, Cli(metavar="NAME")] = Field(
+        default="python3", min_length=1, description="kernelspec the gateway starts for Python sessions"
+    )
+    kernel_gateway_workspaces: Annotated[
+        Path | None, Cli(metavar="DIR", shown_default="`<data dir>/gateway-workspaces`")
+    ] = Field(
+        default=None,
+        description="directory on a volume that kernmind and the gateway's kernels both mount; "
+        "sessions' files live there",
+    )
+    kernel_gateway_kernel_workspaces: Annotated[
+        str | None, Cli(metavar="PATH", shown_default="the same path")
+    ] = Field(default=None, description="where the gateway's kernels see that directory")
+    kernel_gateway_env: Annotated[dict[str, str], Cli(metavar="JSON", shown_default="`{}`")] = Field(
+        default_factory=dict,
+        description="JSON `{KERNEL_…: value}` sent with every kernel start (Enterprise Gateway reads "
+        "e.g. `KERNEL_VOLUMES`, `KERNEL_VOLUME_MOUNTS`, `KERNEL_NAMESPACE`)",
+    )
+    kernel_gateway_start_timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
+        default=120.0, gt=0, description="seconds a gateway kernel may take to start (a pod may be scheduled)"
+    )
+    kernel_gateway_request_timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
+        default=30.0, gt=0, description="seconds one request to the gateway may take"
+    )
+
+    # --- packages (install_packages) ---
+    packages: PackagesMode = Field(
+        default="any",
+        description="what `install_packages` may install: `any`, `none`, or `allowlist` (see next row)",
+    )
+    package_allowlist: Annotated[Path | None, Cli(metavar="FILE")] = Field(
+        default=None, description="with `--packages allowlist`: one package name a line (`npm:name` for npm)"
+    )
+    package_index: Annotated[
+        str | None, Cli(metavar="URL", shown_default="`$UV_INDEX_URL`, `$PIP_INDEX_URL` or PyPI")
+    ] = Field(default=None, description="Python package index (`none`: only `--find-links`)")
+    find_links: Annotated[str | None, Cli(metavar="DIR", shown_default="`$PIP_FIND_LINKS`")] = Field(
+        default=None, description="a directory (or URL) of wheels to install from, e.g. an offline wheelhouse"
+    )
+    allow_sdist: bool = Field(
+        default=False, description="allow building packages from source (the build runs inside the sandbox)"
+    )
+
     # --- sandbox and limits ---
     sandbox: Annotated[SandboxMode, Cli(Group.SANDBOX)] = Field(
         default="auto",
         description="`auto`: bubblewrap if it works, else none with a warning; "
         "`required`/`bwrap`: refuse to start without it",
+    )
+    gpu: Annotated[GpuMode, Cli(Group.SANDBOX)] = Field(
+        default="auto", description="`auto`: pass the host's NVIDIA GPUs into the sandbox; `none`: never"
     )
     allow_network: Annotated[bool, Cli(Group.SANDBOX)] = Field(
         default=False, description="let sandboxed code use the network"
@@ -183,6 +269,13 @@ class Settings(BaseSettings):
         description="require `Authorization: Bearer <token>` on every HTTP request "
         "(prefer the variable: flags show in `ps`)",
     )
+    tokens_file: Annotated[
+        Path | None, Cli(Group.PRINCIPALS, flag="--tokens", metavar="FILE", shown_default="—")
+    ] = Field(
+        default=None,
+        description="principals and their tokens (stored hashed; `kernmind tokens add NAME` makes one): "
+        "each token's principal owns its sessions and memory; revoking takes effect at once",
+    )
     max_request_mb: Annotated[int, Cli(Group.TRANSPORT, metavar="MB")] = Field(
         default=32,
         ge=1,
@@ -221,12 +314,29 @@ class Settings(BaseSettings):
 
     log_level: Annotated[LogLevel, Cli(Group.LOGGING)] = Field(default="INFO", description="stderr log level")
 
+    @model_validator(mode="after")
+    def _allowlist_needs_a_file(self) -> Settings:
+        if self.packages == "allowlist" and self.package_allowlist is None:
+            raise ValueError("--packages allowlist needs --package-allowlist FILE (one package name a line)")
+        return self
+
     @field_validator("db", mode="before")
     @classmethod
     def _db_text(cls, value: object) -> object:
         return str(value) if isinstance(value, Path) else value
 
-    @field_validator("data_dir", "kernel_python", mode="after")
+    @field_validator("kernel_gateway", mode="after")
+    @classmethod
+    def _gateway_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(
+                f"the kernel gateway URL must start with http:// or https://, got {value[:80]!r}"
+            )
+        return value
+
+    @field_validator(
+        "data_dir", "kernel_python", "kernel_gateway_workspaces", "package_allowlist", mode="after"
+    )
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
@@ -248,3 +358,16 @@ class Settings(BaseSettings):
     @property
     def workspaces_dir(self) -> Path:
         return (self.data_dir / "workspaces").absolute()
+
+    @property
+    def sessions_dir(self) -> Path:
+        return (self.data_dir / "sessions").absolute()
+
+    @property
+    def jobs_dir(self) -> Path:
+        return (self.data_dir / "jobs").absolute()
+
+    @property
+    def gateway_workspaces_dir(self) -> Path:
+        """Where sessions' files live with remote kernels (a volume the gateway's kernels mount too)."""
+        return (self.kernel_gateway_workspaces or self.data_dir / "gateway-workspaces").absolute()

@@ -1,8 +1,10 @@
 """``kernmind doctor``: what this machine can run, checked for real.
 
 It builds the same components the server builds (sandbox detection, kernel Python
-probe, language runners), then starts one sandboxed kernel and runs ``1 + 1`` in it, and
-(unless ``--no-fork-server``) starts the fork server and times a forked kernel.
+probe, language runners, the package installer), then starts one sandboxed kernel and runs
+``1 + 1`` in it — and, when GPUs are passed through, asks CUDA inside it how many it sees —
+and (unless ``--no-fork-server``) starts the fork server and times a forked kernel. With
+``--kernel-gateway`` the kernel is started on the gateway, whose sandbox then guards Python.
 The report goes to stdout as aligned text (or JSON with ``--json``). Exit status 0 means
 ``kernmind serve`` can run here (a kernel started and answered); 1 means it cannot, and
 the report says why.
@@ -11,6 +13,7 @@ the report says why.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -22,39 +25,96 @@ import anyio
 from kernmind import __version__
 from kernmind.config import Settings
 from kernmind.execution import runners as runners_mod
+from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.executor import limits_from
 from kernmind.execution.forkserver_kernels import describe as describe_fork_server
 from kernmind.execution.forkserver_kernels import fork_server_report
+from kernmind.execution.gateway_kernels import GatewayKernelFactory
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
+from kernmind.execution.packages import PackageInstaller, PythonTarget
+from kernmind.execution.remote import RemoteKernels
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import Sandbox, SandboxUnavailable
 from kernmind.memory.database import redacted_location
 
 
-async def _live_check(sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any]:
+async def _live_check(factory: KernelFactory | GatewayKernelFactory, gpu: bool) -> dict[str, Any]:
+    """Start one kernel (local, or on the gateway) and ask it ``1 + 1`` (and, with GPUs, what CUDA sees)."""
+    started = time.perf_counter()
+    try:
+        kernel = await factory.start()
+    except Exception as exc:
+        return {"ok": False, "error": str(exc)}
+    start_s = time.perf_counter() - started
+    try:
+        collector = OutputCollector(1000)
+        t0 = time.perf_counter()
+        outcome = await kernel.execute("1 + 1", collector, deadline=time.monotonic() + 30)
+        exec_ms = (time.perf_counter() - t0) * 1000
+        value = collector.results[0].text if collector.results else None
+        gpus = await _gpus_seen(kernel) if gpu else None
+    finally:
+        await kernel.shutdown()
+        await kernel.workspace.aremove()
+    ok = outcome.kind == "ok" and value == "2"
+    return {
+        "ok": ok,
+        "kernel_start_s": round(start_s, 2),
+        "execute_ms": round(exec_ms, 1),
+        "value": value,
+        **({"cuda_devices_in_sandbox": gpus} if gpus is not None else {}),
+    }
+
+
+async def _local_check(sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kernmind-doctor-") as tmp:
         factory = KernelFactory.standalone(sandbox, runtime, Path(tmp) / "run")
-        started = time.perf_counter()
-        try:
-            kernel = await factory.start()
-        except Exception as exc:
-            return {"ok": False, "error": str(exc)}
-        start_s = time.perf_counter() - started
-        try:
-            collector = OutputCollector(1000)
-            t0 = time.perf_counter()
-            outcome = await kernel.execute("1 + 1", collector, deadline=time.monotonic() + 30)
-            exec_ms = (time.perf_counter() - t0) * 1000
-            value = collector.results[0].text if collector.results else None
-        finally:
-            await kernel.shutdown()
-        ok = outcome.kind == "ok" and value == "2"
-        return {
-            "ok": ok,
-            "kernel_start_s": round(start_s, 2),
-            "execute_ms": round(exec_ms, 1),
-            "value": value,
-        }
+        return await _live_check(factory, sandbox.gpu is not None)
+
+
+async def _gateway_check(remote: RemoteKernels) -> dict[str, Any]:
+    try:
+        spec = await remote.kernelspec()
+    except RuntimeUnavailable as exc:
+        return {"ok": False, "error": str(exc)}
+    remote.workspaces.open()
+    return {**await _live_check(remote.factory, False), "kernel": spec.get("display_name")}
+
+
+def _gateway_report(settings: Settings, remote: RemoteKernels) -> dict[str, Any]:
+    return {
+        "url": settings.kernel_gateway,
+        "kernelspec": settings.kernel_gateway_kernel,
+        "sandbox": "the gateway's (its kernels' containers or pods); bubblewrap guards the languages run here",
+        "workspaces": str(remote.workspaces.root),
+        "kernel_workspaces": remote.workspaces.kernel_root,
+        "sessions": "shared by every replica through PostgreSQL"
+        if remote.shared
+        else "this server's own (a PostgreSQL --db shares them with other replicas)",
+    }
+
+
+CUDA_COUNT = """
+import ctypes
+try:
+    _cuda = ctypes.CDLL("libcuda.so.1")
+    _n = ctypes.c_int()
+    _r = _cuda.cuInit(0) or _cuda.cuDeviceGetCount(ctypes.byref(_n))
+    _seen = _n.value if _r == 0 else f"CUDA error {_r}"
+except OSError as _e:
+    _seen = f"libcuda not loadable: {_e}"
+_seen
+"""
+
+
+async def _gpus_seen(kernel: Any) -> str:
+    collector = OutputCollector(1000)
+    await kernel.execute(CUDA_COUNT, collector, deadline=time.monotonic() + 60)
+    return (
+        collector.results[0].text
+        if collector.results
+        else (collector.error.value if collector.error else "?")
+    )
 
 
 async def _fork_check(sandbox: Sandbox, runtime: PythonRuntime, preload: list[str]) -> dict[str, Any]:
@@ -68,7 +128,10 @@ def gather(settings: Settings) -> dict[str, Any]:
     report: dict[str, Any] = {"kernmind": __version__, "python": sys.version.split()[0]}
     try:
         sandbox = Sandbox.detect(
-            settings.sandbox, allow_network=settings.allow_network, limits=limits_from(settings)
+            settings.sandbox,
+            allow_network=settings.allow_network,
+            limits=limits_from(settings),
+            gpu=settings.gpu,
         )
     except SandboxUnavailable as exc:
         report["sandbox"] = {"backend": None, "reason": str(exc)}
@@ -76,6 +139,7 @@ def gather(settings: Settings) -> dict[str, Any]:
         return report
     report["sandbox"] = sandbox.describe()
     runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)
+    remote = RemoteKernels.from_settings(settings) if settings.kernel_gateway else None
     languages: dict[str, Any] = {
         "python": {
             "available": runtime.error is None,
@@ -84,28 +148,47 @@ def gather(settings: Settings) -> dict[str, Any]:
             "ipykernel": runtime.ipykernel,
             **({"problem": runtime.error} if runtime.error else {}),
         }
+        if remote is None
+        else {"available": True, "runtime": "kernel gateway", "version": remote.version}
     }
     for name, runner in sorted(runners_mod.discover(sandbox, settings).items()):
         languages[name] = {"available": True, "version": runner.version}
     for name, hint in sorted(runners_mod.missing_runtimes(sandbox, settings).items()):
         languages.setdefault(name, {"available": False, "install": hint})
     report["languages"] = languages
+    report["packages"] = _packages(settings, sandbox, runtime)
     report["database"] = redacted_location(settings.db_location)
     report["workspaces"] = str(settings.workspaces_dir)
     report["agent"] = settings.agent
     report["pool_size"] = settings.pool_size
     report["stateless"] = settings.stateless
-    report["live_test"] = anyio.run(_live_check, sandbox, runtime) if runtime.error is None else {"ok": False}
-    report["fork_server"] = (
-        anyio.run(_fork_check, sandbox, runtime, settings.preload)
-        if settings.fork_server and runtime.error is None
-        else {
-            "active": False,
-            "reason": "turned off (--no-fork-server)" if runtime.error is None else "no Python",
-        }
-    )
+    if remote is not None:
+        report["kernel_gateway"] = _gateway_report(settings, remote)
+        report["live_test"] = anyio.run(_gateway_check, remote)
+    else:
+        report["live_test"] = (
+            anyio.run(_local_check, sandbox, runtime) if runtime.error is None else {"ok": False}
+        )
+        report["fork_server"] = (
+            anyio.run(_fork_check, sandbox, runtime, settings.preload)
+            if settings.fork_server and runtime.error is None
+            else {
+                "active": False,
+                "reason": "turned off (--no-fork-server)" if runtime.error is None else "no Python",
+            }
+        )
     report["ok"] = bool(report["live_test"].get("ok"))
     return report
+
+
+def _packages(settings: Settings, sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any]:
+    """install_packages' policy and sources, and what the kernel's Python can import now."""
+    target = PythonTarget(runtime.executable, runtime.paths, runtime.pythonpath)
+    try:
+        info = PackageInstaller.from_settings(settings, sandbox, target, os.environ).describe()
+    except ValueError as exc:  # an unreadable allow-list
+        info = {"mode": settings.packages, "problem": str(exc)}
+    return {**info, "importable": list(runtime.notable)}
 
 
 def _print_text(report: dict[str, Any]) -> None:
@@ -119,12 +202,22 @@ def _print_text(report: dict[str, Any]) -> None:
         line("  network", sb["network"])
         line("  runs as", sb["runs_as"])
         line("  limits", ", ".join(f"{k}={v}" for k, v in sb["limits"].items()))
+        gpu = sb.get("gpu")
+        line("  gpu", f"{len(gpu['devices'])} NVIDIA device(s) passed through" if gpu else "none")
+        for problem in gpu["problems"] if gpu else []:
+            line("  gpu problem", problem)
     for name, info in report.get("languages", {}).items():
         if info.get("available"):
-            extra = f" (ipykernel {info['ipykernel']})" if name == "python" else ""
+            extra = f" (ipykernel {info['ipykernel']})" if info.get("ipykernel") else ""
             line(f"{name}", f"ok  {info.get('version')}{extra}")
         else:
             line(f"{name}", f"missing — {info.get('install') or info.get('problem')}")
+    if packages := report.get("packages"):
+        detail = packages.get("problem") or f"{packages['sources']}; sdists {packages['sdist']}"
+        line("packages", f"{packages['mode']} — {detail}")
+        if "installer" in packages:
+            line("  installer", f"{packages['installer']}; npm {packages['npm']}; proxy {packages['proxy']}")
+        line("  importable", ", ".join(packages["importable"]) or "no notable packages")
     if "database" in report:
         line("database", report["database"])
         line("workspaces", report["workspaces"])
@@ -133,12 +226,21 @@ def _print_text(report: dict[str, Any]) -> None:
             "warm pool",
             f"{report['pool_size']} kernels" + (" (stateless mode)" if report["stateless"] else ""),
         )
+    gateway = report.get("kernel_gateway")
+    if gateway:
+        line("kernel gateway", f"{gateway['url']} (kernelspec {gateway['kernelspec']!r})")
+        line("  sandbox", f"python runs in {gateway['sandbox']}")
+        line("  files", f"{gateway['workspaces']} (the kernels see it at {gateway['kernel_workspaces']})")
+        line("  sessions", gateway["sessions"])
     live = report.get("live_test", {})
     if live.get("ok"):
+        where = " on the gateway" if gateway else ""
         line(
             "live test",
-            f"ok — kernel started in {live['kernel_start_s']} s, 1 + 1 = 2 in {live['execute_ms']} ms",
+            f"ok — kernel started{where} in {live['kernel_start_s']} s, 1 + 1 = 2 in {live['execute_ms']} ms",
         )
+        if "cuda_devices_in_sandbox" in live:
+            line("  cuda", f"devices seen inside the sandbox: {live['cuda_devices_in_sandbox']}")
     else:
         line("live test", f"FAILED — {live.get('error', 'kernel unavailable')}")
     if "fork_server" in report:

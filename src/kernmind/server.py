@@ -19,6 +19,7 @@ from kernmind.config import Settings
 from kernmind.execution.executor import Executor
 from kernmind.execution.tools import ExecutionTools
 from kernmind.memory.tools import MemoryTools
+from kernmind.principals import identify_callers
 from kernmind.tool_arguments import strict_tool_arguments
 
 INSTRUCTIONS = """\
@@ -44,4 +45,5 @@ def create_server(settings: Settings | None = None) -> MCPServer:
     ExecutionTools(executor, settings).register(server)
     memory.register(server)
     strict_tool_arguments(server)  # last: every tool refuses unknown arguments and NaN, in words
+    identify_callers(server, on_caller=[memory.open_space])  # and knows its caller (principals.py)
     return server

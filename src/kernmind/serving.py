@@ -24,10 +24,10 @@ Design
 - HTTP: Streamable HTTP at ``/mcp``; the SDK serves both protocol eras on it (the
   2025-11-25 initialize handshake with ``Mcp-Session-Id`` and 2026-07-28 sessionless
   requests). Kernel sessions are named by ``session_id`` in tool arguments, never derived
-  from a connection, so any client reaches any session. With a token, a small ASGI
-  middleware requires ``Authorization: Bearer <token>`` on every request and compares it in
-  constant time (``hmac.compare_digest`` over SHA-256 digests, so not even the length
-  leaks); anything else gets a 401. A non-loopback bind address without a token is refused
+  from a connection. With ``--token`` or ``--tokens FILE``, a small ASGI middleware requires
+  ``Authorization: Bearer <token>`` on every request, compares SHA-256 digests in constant
+  time, and puts the principal the token names into the request's scope (``principals.py``:
+  sessions and memory belong to principals); anything else gets a 401. A non-loopback bind address without a token is refused
   before anything starts. On loopback the SDK's DNS-rebinding protection (Host/Origin
   allow-lists) stays on.
 
@@ -40,8 +40,6 @@ traceback. Anything unexpected propagates.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import ipaddress
 import json
 import logging
@@ -61,6 +59,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from kernmind.config import Settings
 from kernmind.http_guard import JsonRpcGuard
+from kernmind.principals import (
+    SCOPE_KEY,
+    Authenticator,
+    Principal,
+    TokenFile,
+    TokenFileError,
+    tokens_file_in_use,
+)
 from kernmind.settings_cli import where_set
 
 log = logging.getLogger(__name__)
@@ -91,46 +97,55 @@ def is_loopback(host: str) -> bool:
 
 def check_http_settings(settings: Settings) -> str | None:
     """Why these HTTP settings must be refused, or None when they are fine."""
-    if not is_loopback(settings.host) and not settings.token:
+    tokens_file = tokens_file_in_use(settings.tokens_file, settings.data_dir)
+    if not is_loopback(settings.host) and not settings.token and tokens_file is None:
         return (
             f"refusing to listen on {settings.host!r} without a token: anyone who can reach that "
-            "address could run code on this machine. Pass --token (or set KERNMIND_TOKEN), or "
-            "bind to 127.0.0.1."
+            "address could run code on this machine. Pass --token (or set KERNMIND_TOKEN), or --tokens "
+            "FILE (see `kernmind tokens add`), or bind to 127.0.0.1."
         )
+    if tokens_file is not None:
+        try:
+            TokenFile(tokens_file).refresh(strict=True)
+        except TokenFileError as exc:
+            return str(exc)
     return None
 
 
 # --- bearer-token middleware --------------------------------------------------------
-def _digest(value: bytes) -> bytes:
-    return hashlib.sha256(value).digest()
-
-
 class BearerTokenMiddleware:
-    """ASGI middleware: every HTTP request needs ``Authorization: Bearer <token>``.
-
-    The comparison is constant-time over SHA-256 digests. Lifespan events pass through.
+    """ASGI middleware: every HTTP request needs ``Authorization: Bearer <token>`` naming a
+    principal (``--token`` or the tokens file); the principal goes into the ASGI scope for
+    the tools (``principals.principal_of``). Token digests are compared in constant time.
+    Lifespan events pass through.
     """
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        if not token:
+    def __init__(self, app: ASGIApp, auth: Authenticator | str) -> None:
+        if isinstance(auth, str):
+            auth = Authenticator(token=auth)
+        if not auth.required or auth.token == "":
             raise ValueError("an empty token would let every request in")
         self.app = app
-        self._expected = _digest(token.encode())
+        self.auth = auth
 
-    def authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
+    def authorized(self, headers: list[tuple[bytes, bytes]]) -> Principal | None:
         given = b""
         for key, value in headers:
             if key.lower() == b"authorization":
                 given = value
                 break
         scheme, _, credential = given.strip().partition(b" ")
-        ok_scheme = scheme.lower() == b"bearer"
-        # Always run the digest comparison, so timing does not depend on the scheme either.
-        ok_token = hmac.compare_digest(_digest(credential.strip()), self._expected)
-        return ok_scheme and ok_token
+        # Always look the credential up, so timing does not depend on the scheme either.
+        principal = self.auth.principal_for(credential.strip())
+        return principal if scheme.lower() == b"bearer" else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or self.authorized(scope.get("headers", [])):
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        principal = self.authorized(scope.get("headers", []))
+        if principal is not None:
+            scope[SCOPE_KEY] = principal
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
@@ -139,7 +154,7 @@ class BearerTokenMiddleware:
         body = json.dumps(
             {
                 "error": "unauthorized",
-                "error_description": "missing or wrong bearer token; send 'Authorization: Bearer <token>'",
+                "error_description": "missing, wrong or revoked bearer token; send 'Authorization: Bearer <token>'",
             }
         ).encode()
         await send(
@@ -154,6 +169,15 @@ class BearerTokenMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def authenticator(settings: Settings) -> Authenticator:
+    """``--token`` and the tokens file (read now, so a malformed file stops the start)."""
+    tokens = None
+    if (path := tokens_file_in_use(settings.tokens_file, settings.data_dir)) is not None:
+        tokens = TokenFile(path)
+        tokens.refresh(strict=True)
+    return Authenticator(token=settings.token or None, tokens=tokens)
 
 
 # --- stdio ----------------------------------------------------------------------------
@@ -361,8 +385,9 @@ def build_http_app(server: Any, settings: Settings) -> ASGIApp:
         streamable_http_path=MCP_PATH, host=settings.host, max_request_body_size=max_body
     )
     app = JsonRpcGuard(app, max_body=max_body, limit_setting=where_set("max_request_mb"))
-    if settings.token:
-        app = BearerTokenMiddleware(app, settings.token)
+    auth = authenticator(settings)
+    if auth.required:
+        app = BearerTokenMiddleware(app, auth)
     return app
 
 
@@ -382,7 +407,8 @@ async def serve_http(server: Any, settings: Settings, sock: socket.socket) -> in
     shown = f"[{host}]" if ":" in host else host
 
     def announce() -> None:
-        auth = "bearer token required" if settings.token else "no token"
+        required = settings.token or tokens_file_in_use(settings.tokens_file, settings.data_dir)
+        auth = "bearer token required" if required else "no token"
         # Tests and scripts wait for this line (it carries the real port when --port 0).
         print(f"kernmind: serving MCP on http://{shown}:{port}{MCP_PATH} ({auth})", file=sys.stderr)
         sys.stderr.flush()

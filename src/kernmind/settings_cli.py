@@ -45,12 +45,15 @@ COMMAND_GROUPS: dict[str, tuple[Group, ...]] = {
     "agent": (Group.STORAGE, Group.EXECUTION, Group.SANDBOX, Group.MEMORY, Group.LOGGING),
     "doctor": (Group.STORAGE, Group.EXECUTION, Group.SANDBOX, Group.LOGGING),
     "memory": (Group.STORAGE, Group.MEMORY, Group.LOGGING),
+    "sessions": (Group.STORAGE, Group.EXECUTION, Group.LOGGING),
+    "tokens": (Group.STORAGE, Group.PRINCIPALS, Group.LOGGING),
 }
 GROUP_TITLES: dict[Group, str] = {
     Group.STORAGE: "storage and identity",
     Group.EXECUTION: "code execution",
     Group.SANDBOX: "sandbox and limits",
     Group.TRANSPORT: "transport",
+    Group.PRINCIPALS: "principals",
     Group.MEMORY: "memory",
     Group.LOGGING: "logging",
 }

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -141,27 +140,49 @@ print(n.value)
 
 
 @pytest.mark.skipif(not Path("/dev/nvidiactl").exists(), reason="no NVIDIA GPU on this machine")
-def test_cuda_sees_the_gpu_inside_bubblewrap_as_an_unprivileged_uid() -> None:
+@pytest.mark.anyio
+async def test_cuda_sees_the_gpu_from_run_code(tmp_path: Path) -> None:
+    from mcp import Client
+
+    from kernmind.server import create_server
+    from tests.conftest import make_settings, structured
+
+    async with Client(create_server(make_settings(tmp_path, pool_size=0, sandbox="required"))) as c:
+        out = structured(await c.call_tool("run_code", {"code": CUDA_CHECK}))
+        off = tmp_path / "off"
+        async with Client(
+            create_server(make_settings(off, pool_size=0, sandbox="required", gpu="none"))
+        ) as c2:
+            without = structured(await c2.call_tool("run_code", {"code": CUDA_CHECK}))
+    assert out["status"] == "ok", out
+    assert int(out["logs"]["stdout"][0]) >= 1
+    assert without["status"] == "error", "with --gpu none the sandbox has no GPU"
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_the_sandbox_binds_the_devices_libraries_and_paths_it_is_given(tmp_path: Path) -> None:
     from kernmind.execution.sandbox import Sandbox
 
     sandbox = Sandbox.detect("required")
-    found = gpu.detect("auto", sandbox_uid_is_unprivileged=sandbox.drops_privileges)
-    assert found is not None and found.problems == (), found
-    python = os.path.realpath(sys.executable)
-    argv = ["bwrap", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc", "--symlink", "usr/lib", "/lib"]
-    argv += ["--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin", "--proc", "/proc"]
-    argv += ["--dev", "/dev", *found.bwrap_args()]
-    for d in {os.path.dirname(os.path.dirname(python)), *found.library_dirs}:
-        argv += ["--ro-bind", d, d]
-    argv += ["--unshare-all", "--die-with-parent"]
-    for key, value in found.environment().items():
-        argv += ["--setenv", key, value]
-    argv += ["--"]
-    if os.geteuid() == 0:
-        groups = ",".join(map(str, found.groups))
-        argv += ["setpriv", "--reuid=4242", "--regid=4242"]
-        argv += [f"--groups={groups}"] if groups else ["--clear-groups"]
-    argv += [python, "-c", CUDA_CHECK]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    dev = fake_dev(tmp_path, ["nvidia0", "nvidiactl", "nvidia-uvm"])
+    (dev / "nvidia0").write_text("node zero\n")
+    libs = tmp_path / "drivers" / "lib64"
+    libs.mkdir(parents=True)
+    (libs / "libcuda.so.1").write_text("not really a library\n")
+    sandbox.gpu = gpu.detect("auto", dev=dev, ld_cache="", extra_library_dirs=(str(libs),))
+    # Two read-only paths under one parent that is not itself bound: both must be visible.
+    other = tmp_path / "drivers" / "other"
+    other.mkdir()
+    (other / "marker").write_text("other\n")
+    for d in (tmp_path, tmp_path / "drivers", libs, other):
+        d.chmod(0o755)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    uid = sandbox.allocate_uid()
+    if uid is not None:
+        os.chown(workspace, uid, uid)
+    script = f"cat /dev/nvidia0 {libs}/libcuda.so.1 {other}/marker; echo $LD_LIBRARY_PATH"
+    cmd = sandbox.wrap(["/bin/sh", "-c", script], workspace=workspace, ro_paths=[str(other)], uid=uid)
+    proc = subprocess.run(cmd.argv, env=cmd.env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
-    assert int(proc.stdout.strip()) >= 1
+    assert proc.stdout.split("\n")[:4] == ["node zero", "not really a library", "other", str(libs)]

@@ -6,6 +6,10 @@ kernmind and passed on explicitly; flags beat variables, variables beat PyPI.
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
+from kernmind.config import Settings
 from kernmind.execution.packages.policy import PYPI, PackageSources, installer_environment
 
 
@@ -55,3 +59,8 @@ def test_installer_sees_proxies_and_certificates_but_not_the_rest() -> None:
     assert env["SSL_CERT_FILE"] == "/etc/corp-ca.pem"
     assert "AWS_SECRET_ACCESS_KEY" not in env
     assert env["NO_COLOR"] == "1"
+
+
+def test_an_allowlist_policy_needs_its_file() -> None:
+    with pytest.raises(ValidationError, match="--packages allowlist needs --package-allowlist FILE"):
+        Settings(packages="allowlist")

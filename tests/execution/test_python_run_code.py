@@ -2,6 +2,10 @@
 
 One server is shared by the module; each test uses its own session ids so they don't
 interfere. What each test proves is in its name and docstring.
+
+Every test that uses ``client`` runs twice: on local sandboxed kernels, and on kernels of a
+real Jupyter Kernel Gateway with sessions in a real PostgreSQL (``--kernel-gateway``, the
+cluster shape). A test of something the gateway does not change is marked ``local_only``.
 """
 
 from __future__ import annotations
@@ -17,15 +21,41 @@ from mcp import Client
 
 from kernmind.server import create_server
 from tests.conftest import error_text, make_settings, structured
+from tests.execution.conftest import gateway_settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python")]
 
 
-@pytest.fixture(scope="module")
-async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
+@pytest.fixture(
+    scope="module",
+    # The gateway's half in a group of its own, so the two halves can run on different workers.
+    params=["local", pytest.param("gateway", marks=pytest.mark.xdist_group("python-gateway"))],
+)
+async def client(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Client]:
     data = tmp_path_factory.mktemp("py")
-    async with Client(create_server(make_settings(data, pool_size=2, max_sessions=64))) as c:
+    if request.param == "gateway":
+        gateway, postgres = (
+            request.getfixturevalue("kernel_gateway"),
+            request.getfixturevalue("postgres_server"),
+        )
+        settings = gateway_settings(data, gateway, postgres, pool_size=2, max_sessions=64)
+    else:
+        settings = make_settings(data, pool_size=2, max_sessions=64)
+    async with Client(create_server(settings)) as c:
         yield c
+
+
+@pytest.fixture(autouse=True)
+def _only_where_it_matters(request: pytest.FixtureRequest) -> None:
+    marker = request.node.get_closest_marker("local_only")
+    callspec = getattr(request.node, "callspec", None)
+    if marker is not None and callspec is not None and callspec.params.get("client") == "gateway":
+        pytest.skip(f"the same on every backend: {marker.args[0]}")
+
+
+local_only = pytest.mark.local_only
 
 
 async def run(client: Client, code: str, **kw: object) -> dict:
@@ -137,7 +167,7 @@ async def test_list_and_close_sessions(client: Client) -> None:
     listed = structured(await client.call_tool("list_sessions", {}))
     assert "to-close" not in [s["session_id"] for s in listed["sessions"]]
     msg = error_text(await client.call_tool("close_session", {"session_id": "to-close"}))
-    assert "No live session" in msg
+    assert "no session named" in msg
 
 
 # --- results ----------------------------------------------------------------------
@@ -317,26 +347,31 @@ async def test_progress_notifications_carry_the_latest_output_line(client: Clien
 # --- bad arguments ----------------------------------------------------------------
 
 
+@local_only("argument checks come before any kernel")
 async def test_unknown_language_is_a_tool_error(client: Client) -> None:
     msg = error_text(await client.call_tool("run_code", {"code": "1", "language": "cobol"}))
     assert "cobol" in msg and "python" in msg
 
 
+@local_only("argument checks come before any kernel")
 async def test_negative_timeout_is_a_tool_error(client: Client) -> None:
     msg = error_text(await client.call_tool("run_code", {"code": "1", "timeout": -3}))
     assert "timeout" in msg
 
 
+@local_only("argument checks come before any kernel")
 async def test_missing_code_is_a_tool_error(client: Client) -> None:
     msg = error_text(await client.call_tool("run_code", {"language": "python"}))
     assert "code" in msg
 
 
+@local_only("argument checks come before any kernel")
 async def test_invalid_session_id_is_a_tool_error(client: Client) -> None:
     msg = error_text(await client.call_tool("run_code", {"code": "1", "session_id": "../etc"}))
     assert "session_id" in msg
 
 
+@local_only("argument checks come before any kernel")
 async def test_output_schema_is_published(client: Client) -> None:
     tools = {t.name: t for t in (await client.list_tools()).tools}
     schema = tools["run_code"].output_schema
@@ -364,15 +399,21 @@ async def test_session_cap_gives_a_clear_error(tmp_path: Path) -> None:
         assert "too many live sessions" in msg and "close_session" in msg
 
 
-async def test_idle_sessions_are_reaped_and_the_next_call_says_so(tmp_path: Path) -> None:
+async def test_idle_sessions_are_unloaded_keeping_files_and_variables(tmp_path: Path) -> None:
     async with Client(create_server(make_settings(tmp_path, idle_timeout=1.0, pool_size=0))) as c:
-        await run(c, "z = 1", session_id="idle")
-        await anyio.sleep(2.5)
-        listed = structured(await c.call_tool("list_sessions", {}))
-        assert listed["sessions"] == []
-        out = await run(c, "'z' in globals()", session_id="idle")
-        assert out["results"][0]["text"] == "False"
-        assert any("idle" in n for n in out["notes"])
+        await run(c, "z = 1\nopen('kept.txt', 'w').write('x')", session_id="idle")
+        for _ in range(100):  # the reaper runs every 0.5 s here
+            listed = structured(await c.call_tool("list_sessions", {}))
+            if [s["state"] for s in listed["sessions"]] == ["stored"]:
+                break
+            await anyio.sleep(0.1)
+        assert [(s["session_id"], s["state"], s["kernel_running"]) for s in listed["sessions"]] == [
+            ("idle", "stored", False)
+        ]
+        out = await run(c, "z, open('kept.txt').read()", session_id="idle")
+        assert out["results"][0]["text"] == "(1, 'x')"
+        assert any("resumed stored session 'idle'" in n for n in out["notes"])
+        assert any("variables restored" in n and "z" in n for n in out["notes"])
 
 
 async def test_timeout_is_capped_by_the_server_maximum(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ async def test_missing_file_and_unknown_session_give_clear_errors(client: Client
     assert "list_files" in error_text(
         await client.call_tool("download_file", {"path": "nope.txt", "session_id": "f3"})
     )
-    assert "no live session" in error_text(await client.call_tool("list_files", {"session_id": "ghost"}))
+    assert "no session named" in error_text(await client.call_tool("list_files", {"session_id": "ghost"}))
     bad = await client.call_tool(
         "upload_file", {"path": "x", "content": "%%%", "encoding": "base64", "session_id": "f3"}
     )

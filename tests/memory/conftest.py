@@ -14,7 +14,6 @@ import hashlib
 import json
 import re
 import struct
-import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,8 +27,6 @@ from kernmind.config import Settings
 from kernmind.memory.store import open_database
 from kernmind.server import create_server
 from tests.agent.conftest import llm  # noqa: F401 - the scripted model server, for conversation tests
-
-from .postgres_server import PostgresServer
 
 DIM = 64
 CONCEPTS = [
@@ -111,21 +108,8 @@ def embedding_server() -> Iterator[EmbeddingServer]:
 
 # The memory suite runs once per backend: the autouse ``memory_backend`` fixture sets where the
 # test's memory lives (a SQLite file under tmp_path, or a fresh database on a real PostgreSQL
-# server started for this test session), and every helper below uses it.
+# server started for this test session: ``postgres_server`` in tests/conftest.py), and every helper below uses it.
 _BACKEND: dict[str, Any] = {"name": "sqlite", "url": None, "server": None}
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    try:
-        server = PostgresServer().start()
-    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", "") or exc
-        pytest.skip(f"cannot start PostgreSQL here: {detail}")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(autouse=True, params=["sqlite", "postgresql"])

@@ -7,6 +7,7 @@ PostgreSQL refuses to run as root, so as root the server runs as the ``postgres`
 
 from __future__ import annotations
 
+import atexit
 import glob
 import itertools
 import os
@@ -60,6 +61,7 @@ class PostgresServer:
             "-w",
             "start",
         )
+        atexit.register(self.stop)  # also when a worker exits without session teardown (xdist -x)
         return self
 
     def url(self, dbname: str = "postgres") -> str:
@@ -72,6 +74,8 @@ class PostgresServer:
         return self.url(name)
 
     def stop(self) -> None:
+        if not self.dir.exists():
+            return
         try:
             self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
         finally:

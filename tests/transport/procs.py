@@ -224,8 +224,10 @@ class StdioServer:
     notes: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def start(cls, tmp: Path, *extra: str) -> StdioServer:
-        data_dir = tmp / "data"
+    def start(cls, tmp: Path, *extra: str, data_dir: Path | None = None) -> StdioServer:
+        """A server with its own log in ``tmp``, on ``data_dir`` (default ``tmp/data``)."""
+        data_dir = data_dir or tmp / "data"
+        tmp.mkdir(parents=True, exist_ok=True)
         log = tmp / "server.log"
         with log.open("wb") as err:
             proc = subprocess.Popen(

@@ -3,3 +3,7 @@
 
 class RuntimeUnavailable(RuntimeError):
     """A language's interpreter could not be started: the operator must act (``kernmind doctor``)."""
+
+
+class SessionError(ValueError):
+    """A session request the model can correct (bad id, caps, a session in use elsewhere)."""

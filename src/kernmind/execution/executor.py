@@ -6,9 +6,20 @@ throw-away one) → ``supervise(runner, call)`` (time limit, quota, progress, re
 
 It owns the sandbox (chosen once at start), this server's run directory (``rundir.py``:
 throw-away workspaces and kernel sockets, cleaned after a crash by the next start), the
-warm kernel pool, the session registry and the runners. ``running()`` starts the pool
-refill and the idle reaper and, on exit, stops every kernel and process and deletes the
-run directory, so nothing outlives the server.
+session store (``store.py``: named sessions' files, variables and history, which outlive
+the server), the warm kernel pool, the session registry, the background jobs, the runners
+and the package installer (``install``: into the held session's layer, then onto its
+running kernel's path). ``running()`` starts the pool refill and the idle reaper and, on
+exit, cancels running jobs, unloads every session (variables saved, files kept), stops
+every kernel and process and deletes the run directory.
+
+After every call of a stored session the result is appended to its history
+(``history.py``), which ``export_notebook`` turns into a notebook (``notebook.py``).
+
+With ``--kernel-gateway`` (``remote.py``) Python's kernels come from the gateway instead,
+sessions' files live on a volume the gateway's kernels also mount, and with a PostgreSQL
+``--db`` the sessions are shared by every replica (``shared_sessions.py``): a replica that
+stops leaves them to the others.
 
 Errors the model can fix (unknown or uninstalled language, bad session id or time limit,
 too many sessions) raise ``ValueError`` subclasses with a sentence saying what to do;
@@ -20,26 +31,54 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import time
+import os
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
+import nbformat
 
 from kernmind.config import Settings
+from kernmind.execution import history, notebook
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.forkserver_kernels import ForkKernelFactory
+from kernmind.execution.jobs import Job, Jobs
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
+from kernmind.execution.packages import InstallResult, Layer, PackageInstaller, PythonTarget
+from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.pool import KernelPool
+from kernmind.execution.remote import RemoteKernels
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.rundir import RunDir, socket_root
 from kernmind.execution.runners.base import Call, Runner
-from kernmind.execution.runners.python import PythonRunner
+from kernmind.execution.runners.python import PythonRunner, SnapshotBudget
 from kernmind.execution.sandbox import Limits, Sandbox
-from kernmind.execution.sessions import DEFAULT_SESSION, Session, SessionError, SessionRegistry
+from kernmind.execution.sessions import (
+    DEFAULT_SESSION,
+    LOCAL_OWNER,
+    Hooks,
+    Session,
+    SessionError,
+    SessionRegistry,
+    check_session_id,
+)
+from kernmind.execution.store import SessionHome, SessionStore
 from kernmind.execution.supervisor import Progress, supervise
-from kernmind.execution.workspace import Workspace
+from kernmind.execution.workspace import Workspace, off_loop, own_tree
 
 log = logging.getLogger(__name__)
+
+STATELESS_REFUSAL = (
+    "install_packages is not available on this server: it runs with --stateless, so every run_code "
+    "call starts from a fresh interpreter and an installed package would be gone before the next "
+    "call. Use the packages that are already installed, or ask the operator to run without --stateless."
+)
+
+GATEWAY_PACKAGES_REFUSAL = (
+    "install_packages is not available on this server: Python runs on a kernel gateway "
+    "(--kernel-gateway), whose kernels get their packages from the gateway's kernel image. Use the "
+    "packages installed there, or ask the operator to add them to that image."
+)
 
 ALIASES = {
     "py": "python",
@@ -73,7 +112,10 @@ class Executor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.sandbox = Sandbox.detect(
-            settings.sandbox, allow_network=settings.allow_network, limits=limits_from(settings)
+            settings.sandbox,
+            allow_network=settings.allow_network,
+            limits=limits_from(settings),
+            gpu=settings.gpu,
         )
         self.runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)
         if self.runtime.error:
@@ -83,26 +125,67 @@ class Executor:
         self.socket_rundir = (
             self.rundir if sockets == self.rundir.root else RunDir(sockets, transient_root=True)
         )
+        settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        target = PythonTarget(self.runtime.executable, self.runtime.paths, self.runtime.pythonpath)
+        self.packages = PackageInstaller.from_settings(settings, self.sandbox, target, os.environ)
+        self.guard = SandboxGuard.create(self.packages.cache_dir / "shims")
         factory = KernelFactory(
             self.sandbox,
             self.runtime,
             new_workspace=self._new_workspace,
             socket_dirs=lambda: self.socket_rundir.new_dir("k-"),
             output_limit=settings.max_output_chars,
+            new_layer=self._new_layer,
+            guard=self.guard,
         )
-        if settings.fork_server:
+        if settings.fork_server and not settings.kernel_gateway:
             factory = ForkKernelFactory(factory, preload=settings.preload)
         self.factory = factory
-        self.pool = KernelPool(factory, settings.pool_size)
+        # --kernel-gateway: Python runs on the gateway's kernels, sessions' files on a shared volume.
+        self.remote = RemoteKernels.from_settings(settings) if settings.kernel_gateway else None
+        self.pool = KernelPool(self.remote.factory if self.remote else factory, settings.pool_size)  # type: ignore[arg-type]
         self.runners: dict[str, Runner] = {}
-        if not self.runtime.error:
-            self.runners["python"] = PythonRunner(self.runtime, self.pool)
-        self.runners.update(runners_mod.discover(self.sandbox, settings))
-        self.sessions = SessionRegistry(
-            max_sessions=settings.max_sessions,
-            idle_timeout=settings.idle_timeout,
-            new_workspace=lambda: self._new_workspace(self.sandbox.allocate_uid()),
-            release=self._release,
+        self.python: PythonRunner | None = None
+        budget = SnapshotBudget(settings.snapshot_mb * 1024 * 1024, settings.snapshot_seconds)
+        if self.remote is not None:
+            kernel_root = self.remote.workspaces.kernel_root
+            self.python = PythonRunner(
+                self.pool,
+                self.remote.version,
+                inner_root=lambda root: f"{kernel_root}/{root.name}",
+                budget=budget,
+            )
+        elif not self.runtime.error:
+            version = f"Python {self.runtime.version} (ipykernel {self.runtime.ipykernel})"
+            self.python = PythonRunner(
+                self.pool, version, inner_root=self.sandbox.workspace_path, budget=budget
+            )
+        if self.python is not None:
+            self.runners["python"] = self.python
+        self.runners.update(runners_mod.discover(self.sandbox, settings, self.guard))
+        hooks = Hooks(
+            open_home=self._open_home, release=self._release, suspend=self._suspend, autosave=self._autosave
+        )
+        self.store = SessionStore(
+            settings.sessions_dir,
+            max_sessions=settings.max_stored_sessions,
+            max_bytes=settings.max_stored_mb * 1024 * 1024,
+        )
+        self.sessions: SessionRegistry
+        if self.remote is not None:  # sessions' files on the gateway's volume, not in the store
+            self.sessions = self.remote.registry(hooks=hooks)
+        else:
+            self.sessions = SessionRegistry(
+                max_sessions=settings.max_sessions,
+                idle_timeout=settings.idle_timeout,
+                autosave_after=settings.autosave_seconds,
+                store=self.store,
+                new_workspace=lambda: self._new_workspace(self.sandbox.allocate_uid()),
+                hooks=hooks,
+                new_layer=self._new_layer,
+            )
+        self.jobs = Jobs(
+            settings.jobs_dir, output_budget=settings.max_output_chars, rich_budget=settings.max_result_bytes
         )
 
     def _new_workspace(self, uid: int | None) -> Workspace:
@@ -110,9 +193,30 @@ class Executor:
         ws.create()
         return ws
 
+    def _open_home(self, home: SessionHome) -> Workspace:
+        """A stored session's working directory, its files handed to a fresh sandbox uid."""
+        uid = self.sandbox.allocate_uid()
+        if uid is not None:
+            own_tree(home.files, uid)
+        ws = Workspace(home.files, owner_uid=uid)
+        ws.create()
+        return ws
+
+    def _new_layer(self) -> Layer:
+        return Layer(self.rundir.new_dir("pk-")).create()
+
     async def _release(self, session: Session) -> None:
         for runner in self.runners.values():
             await runner.release(session)
+
+    async def _suspend(self, session: Session) -> None:
+        if self.python is not None and self.settings.snapshot_mb > 0:
+            await self.python.suspend(session)
+        await self._release(session)
+
+    async def _autosave(self, session: Session) -> None:
+        if self.python is not None and self.settings.snapshot_mb > 0:
+            await self.python.autosave(session)
 
     # --- lifecycle --------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -121,16 +225,21 @@ class Executor:
         self.rundir.open()
         if self.socket_rundir is not self.rundir:
             self.socket_rundir.open()
+        if self.remote is not None:
+            self.remote.workspaces.open()
         forks = self.factory.running() if isinstance(self.factory, ForkKernelFactory) else _nothing()
         try:
             async with forks, anyio.create_task_group() as tg:
+                assert self.rundir.path is not None
+                self.jobs.open(tg, self.rundir.path)
                 await self.pool.run(tg)
                 await self.sessions.run_reaper(tg)
                 try:
                     yield self
                 finally:
                     with anyio.CancelScope(shield=True):
-                        await self.sessions.close_all()
+                        await self.jobs.stop_all()
+                        await self.sessions.unload_all()
                         for runner in self.runners.values():
                             try:
                                 await runner.aclose()
@@ -162,46 +271,90 @@ class Executor:
             f"unknown language {language[:40]!r}; available: {', '.join(self.available_languages())}."
         )
 
-    def session_summaries(self) -> list[dict[str, object]]:
-        now = time.monotonic()
-        rows = []
-        for s in self.sessions.sessions.values():
-            kernel = PythonRunner.kernel_of(s)
-            ws = s.workspace
-            rows.append(
-                {
-                    "session_id": s.id,
-                    "language": "python",
-                    "execution_count": kernel.execution_count if kernel else 0,
-                    "idle_seconds": round(now - s.last_used, 1),
-                    "age_seconds": round(now - s.created, 1),
-                    "busy": s.busy,
-                    "workspace_files": len(ws.last_scan.files) if ws is not None and ws.last_scan else 0,
-                    "kernel_running": kernel is not None,
-                }
-            )
-        return rows
+    def session_summaries(self, owner: str | None = LOCAL_OWNER) -> list[dict[str, Any]]:
+        """Every session of ``owner`` (every owner's when None: an admin's view; blocking: it reads the store)."""
 
-    def time_limit(self, requested: float | None) -> tuple[float, list[str]]:
+        def execution_count(session: Session) -> int | None:
+            kernel = PythonRunner.kernel_of(session)
+            return kernel.execution_count if kernel else None
+
+        return self.sessions.summaries(owner, execution_count)
+
+    def time_limit(self, requested: float | None, *, background: bool = False) -> tuple[float, list[str]]:
         """The call's time limit, and a note when the request was lowered to the maximum."""
+        top, flag = (
+            (self.settings.max_job_seconds, "--max-job-seconds")
+            if background
+            else (self.settings.max_timeout, "--max-timeout")
+        )
         if requested is None:
-            return min(self.settings.timeout, self.settings.max_timeout), []
+            return (top if background else min(self.settings.timeout, top)), []
         if not math.isfinite(requested) or requested <= 0:
             raise SessionError(f"timeout must be a positive number of seconds, got {requested!r}.")
-        top = self.settings.max_timeout
         if requested > top:
             return top, [
                 f"the requested timeout of {requested:g}s is above this server's maximum; the call ran "
-                f"with {top:g}s (--max-timeout)."
+                f"with {top:g}s ({flag})."
             ]
         return requested, []
 
     # --- files ------------------------------------------------------------------
-    async def workspace_for(self, session_id: str | None, *, create: bool = True) -> Workspace:
+    async def workspace_for(self, owner: str, session_id: str | None, *, create: bool = True) -> Workspace:
+        """The session's working directory (loading the stored session if needed). Files can be
+        read and written while code runs in the session, a background job included."""
         if self.settings.stateless:
             raise SessionError("the server runs with --stateless: there are no persistent session files.")
-        async with self.sessions.hold(session_id, create=create) as session:
-            return session.files()
+        session = await self.sessions.load(check_session_id(session_id), owner=owner, create=create)
+        return session.files()
+
+    async def export_notebook(self, owner: str, session_id: str | None, path: str) -> tuple[str, int, int]:
+        """Write the session's history as a notebook into its working directory: (path, cells, bytes)."""
+        if self.settings.stateless:
+            raise SessionError("the server runs with --stateless: sessions keep no history to export.")
+        sid = check_session_id(session_id)
+        session = await self.sessions.load(sid, owner=owner, create=False)
+        home = session.home
+        if home is None:
+            raise SessionError(
+                "export_notebook needs a stored session's history; sessions on a kernel gateway keep none."
+            )
+        entries = await off_loop(lambda: history.read(home.history), timeout=None)
+        nb = notebook.build(entries, sid, self.runtime.version)
+        data = nbformat.writes(nb).encode()
+        rel = await session.files().awrite(path, data)
+        return rel, len(nb.cells), len(data)
+
+    # --- installing packages ------------------------------------------------------
+    async def install(
+        self, packages: list[str], *, owner: str = LOCAL_OWNER, language: str, session_id: str | None
+    ) -> InstallResult:
+        """Install into the session's layer (``PackageError``, a ``ValueError``, when refused)."""
+        if self.settings.stateless:
+            raise SessionError(STATELESS_REFUSAL)
+        if self.remote is not None:
+            raise SessionError(GATEWAY_PACKAGES_REFUSAL)
+        lang = ALIASES.get(language.strip().lower(), language.strip().lower())
+        async with self.sessions.hold(session_id, owner=owner) as session:
+            result = await self.packages.install(packages, lang, session.layer())
+            if lang == "python" and result.installed:
+                kernel = PythonRunner.kernel_of(session)
+                if kernel is None or await kernel.use_packages():
+                    result.notes.append(
+                        "importable now in this session's Python (no restart needed) and, on "
+                        "PYTHONPATH, in its bash calls."
+                    )
+                else:
+                    result.notes.append(
+                        "installed, but the running interpreter did not take the new path: "
+                        "run_code with reset=true to use the packages."
+                    )
+            elif lang != "python" and result.installed:
+                name = result.installed[0].name
+                result.notes.append(
+                    f'import them by npm: specifier in this session, e.g. import x from "npm:{name}".'
+                )
+        result.session_id = session_id or DEFAULT_SESSION
+        return result
 
     # --- running code -------------------------------------------------------------
     async def run(
@@ -213,19 +366,68 @@ class Executor:
         reset: bool = False,
         timeout: float | None = None,
         progress: Progress | None = None,
+        owner: str = LOCAL_OWNER,
+        job: Job | None = None,
     ) -> RunResult:
         runner = self.runner_for(language)
-        limit, notes = self.time_limit(timeout)
+        limit, notes = self.time_limit(timeout, background=job is not None)
+        collector = job.collector if job is not None else None
         if self.settings.stateless:
-            session = self.sessions.ephemeral()
+            session = self.sessions.ephemeral(owner)
             try:
-                result = await self._supervise(runner, session, code, reset, limit, notes, progress)
+                result = await self._supervise(
+                    runner, session, code, reset, limit, notes, progress, collector
+                )
             finally:
                 await self.sessions.discard(session)
-            result.session_id = session_id
+            result.session_id, result.job_id = session_id, job.id if job else None
             return result
-        async with self.sessions.hold(session_id) as session:
-            return await self._supervise(runner, session, code, reset, limit, notes, progress)
+        job_id = job.id if job is not None else None
+        async with self.sessions.hold(session_id, owner=owner, job_id=job_id) as session:
+            result = await self._supervise(runner, session, code, reset, limit, notes, progress, collector)
+            result.job_id = job_id
+            home = session.home
+            if home is not None and not session.closed:
+                with anyio.CancelScope(shield=True):
+                    await off_loop(lambda: history.record(home.history, code, result), timeout=None)
+            return result
+
+    def start_job(
+        self,
+        code: str,
+        *,
+        language: str = "python",
+        session_id: str | None = None,
+        reset: bool = False,
+        timeout: float | None = None,
+        owner: str = LOCAL_OWNER,
+    ) -> Job:
+        """Run the call in the background (see jobs.py); what is wrong with it is refused now."""
+        runner = self.runner_for(language)
+        self.time_limit(timeout, background=True)
+        sid = None if self.settings.stateless else check_session_id(session_id)
+        if sid is not None:
+            self.sessions.refuse_if_job(owner, sid)
+
+        async def run(job: Job) -> RunResult:
+            try:
+                return await self.run(
+                    code,
+                    language=language,
+                    session_id=sid,
+                    reset=reset,
+                    timeout=timeout,
+                    owner=owner,
+                    job=job,
+                )
+            finally:
+                if sid is not None:
+                    self.sessions.unreserve(owner, sid, job.id)
+
+        job = self.jobs.start(run, owner=owner, session_id=sid, language=runner.language, code=code)
+        if sid is not None:
+            self.sessions.reserve(owner, sid, job.id)
+        return job
 
     async def _supervise(
         self,
@@ -236,11 +438,13 @@ class Executor:
         limit: float,
         notes: list[str],
         progress: Progress | None,
+        collector: OutputCollector | None,
     ) -> RunResult:
         call = Call(
             code=code,
             session=session,
-            collector=OutputCollector(self.settings.max_output_chars, self.settings.max_result_bytes),
+            collector=collector
+            or OutputCollector(self.settings.max_output_chars, self.settings.max_result_bytes),
             timeout=limit,
             reset=reset,
             notes=[*session.take_notes(), *notes],

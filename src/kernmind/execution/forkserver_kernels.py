@@ -70,6 +70,8 @@ class ForkFailed(RuntimeError):
 class ForkKernelFactory:
     """A ``KernelFactory`` whose kernels are forks of a warm template (``base`` is the fallback)."""
 
+    rebinds_warm_kernels = True  # its kernels are local sandboxes, like ``KernelFactory``'s
+
     def __init__(self, base: KernelFactory, *, preload: Sequence[str] = DEFAULT_PRELOAD) -> None:
         self.base = base
         self.server = ForkServer(
@@ -140,6 +142,7 @@ class ForkKernelFactory:
             base.sandbox.workspace_path(ws.root), kernel_environment(base, runtime_dir)
         )
         kernel_argv: list[str] = []
+        layer, mounts = base.kernel_mounts()
 
         def wrap(cmd: list[str]) -> list[str]:
             kernel_argv[:] = cmd[cmd.index("ipykernel_launcher") + 1 :]
@@ -150,6 +153,7 @@ class ForkKernelFactory:
                 ro_paths=base.runtime.paths,
                 runtime_dir=runtime_dir,
                 limits=base.limits,
+                mounts=mounts,
             ).argv
 
         km = SandboxedKernelManager(
@@ -163,7 +167,15 @@ class ForkKernelFactory:
             owner_uid=uid,
             inner_dir=base.sandbox.runtime_path(runtime_dir),
         )
-        kernel = Kernel(id=uuid.uuid4().hex[:8], workspace=ws, runtime_dir=runtime_dir, km=km, uid=uid)
+        kernel = Kernel(
+            id=uuid.uuid4().hex[:8],
+            workspace=ws,
+            runtime_dir=runtime_dir,
+            km=km,
+            uid=uid,
+            layer=layer,
+            layer_path=base.layer_path(layer),
+        )
         exit_read, exit_write = os.pipe()
         try:
             with anyio.fail_after(START_TIMEOUT):
@@ -198,6 +210,8 @@ class ForkKernelFactory:
                 await kernel.shutdown()
                 if workspace is None:
                     ws.remove()
+                if layer is not None:
+                    layer.remove()
             if isinstance(exc, Exception) and not isinstance(exc, ForkFailed):
                 raise ForkFailed(f"fork failed: {type(exc).__name__}: {exc}") from exc
             raise

@@ -19,9 +19,14 @@ It cannot import kernmind (the kernel may run on another Python), so it is plain
   a marker with the number of dropped characters and the tail are written. This covers
   stdout, stderr, fd-level output (ipykernel's fd watcher calls ``write``) and forked
   children. The server then applies its own exact budget to what arrives.
+- **The install guard** (``packages/guard.py``): ``%pip install``, ``!pip install`` and the
+  like fail at once naming the ``install_packages`` tool; a ``!cmd`` that exits non-zero
+  says so on stderr.
 """
 
 from __future__ import annotations
+
+from kernmind.execution.packages.guard import KERNEL_GUARD
 
 _TEMPLATE = """\
 get_ipython()._tee = lambda channel, _null=__import__("contextlib").nullcontext: _null()
@@ -97,5 +102,6 @@ del _kernmind_cap_output
 
 
 def setup_code(output_limit: int) -> str:
-    """The setup cell for a server whose per-call output budget is ``output_limit`` characters."""
-    return _TEMPLATE.format(head=2 * output_limit, tail=max(1000, output_limit // 4))
+    """The setup cell for a server whose per-call output budget is ``output_limit`` characters,
+    with the guard that refuses installs from inside code (``packages/guard.py``)."""
+    return _TEMPLATE.format(head=2 * output_limit, tail=max(1000, output_limit // 4)) + KERNEL_GUARD

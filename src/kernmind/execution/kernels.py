@@ -44,9 +44,11 @@ from jupyter_client.manager import AsyncKernelManager
 
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernel_setup import setup_code
+from kernmind.execution.packages.guard import SandboxGuard, activate_layer_code
+from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.rundir import RunDir, socket_root
-from kernmind.execution.sandbox import Limits, Sandbox
+from kernmind.execution.sandbox import Limits, Mount, Sandbox
 from kernmind.execution.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,7 @@ class PythonRuntime:
     paths: tuple[str, ...]  # directories the sandbox must expose read-only
     error: str | None = None
     pythonpath: tuple[str, ...] = ()  # the server's PYTHONPATH, which kernels on its Python need too
+    notable: tuple[str, ...] = ()  # the NOTABLE packages it can import
 
     @classmethod
     def probe(cls, python: str | None) -> PythonRuntime:
@@ -110,22 +113,56 @@ class PythonRuntime:
         dirs = tuple(sorted(p for p in paths if os.path.isdir(p) and p != "/"))
         exe = info["exe"]
         error = None if info["ipykernel"] else f"{exe} has no ipykernel (pip install ipykernel)"
-        return cls(exe, info["version"], info["ipykernel"], dirs, error, pythonpath)
+        return cls(
+            exe, info["version"], info["ipykernel"], dirs, error, pythonpath, tuple(info.get("notable", []))
+        )
 
+
+# Packages worth naming to a model (run_code's description, doctor): (distribution, module).
+NOTABLE = (
+    ("numpy", "numpy"),
+    ("pandas", "pandas"),
+    ("matplotlib", "matplotlib"),
+    ("scipy", "scipy"),
+    ("scikit-learn", "sklearn"),
+    ("statsmodels", "statsmodels"),
+    ("seaborn", "seaborn"),
+    ("plotly", "plotly"),
+    ("pyarrow", "pyarrow"),
+    ("openpyxl", "openpyxl"),
+    ("sympy", "sympy"),
+    ("networkx", "networkx"),
+    ("jinja2", "jinja2"),
+    ("requests", "requests"),
+    ("beautifulsoup4", "bs4"),
+    ("pillow", "PIL"),
+    ("pyyaml", "yaml"),
+    ("torch", "torch"),
+)
 
 # Runs in the interpreter being probed (in-process for the server's own Python, else via
-# ``python -c``): its version, its ipykernel, and the directories the sandbox must expose.
-_FACTS_SOURCE = """\
+# ``python -c``): its version, its ipykernel, the directories the sandbox must expose, and
+# which notable packages it can import (found, not imported: that would cost seconds).
+_FACTS_SOURCE = f"""\
 def facts():
     import os, sys
     from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
     try:
         ipykernel = version("ipykernel")
     except PackageNotFoundError:
         ipykernel = None
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    paths = {{sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}}
     paths.update(p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p))
-    return {"exe": sys.executable, "version": sys.version.split()[0], "ipykernel": ipykernel, "paths": sorted(paths)}
+    notable = []
+    for dist, module in {NOTABLE!r}:
+        try:
+            if find_spec(module) is not None:
+                notable.append(dist)
+        except (ImportError, ValueError):
+            pass
+    return {{"exe": sys.executable, "version": sys.version.split()[0], "ipykernel": ipykernel,
+            "paths": sorted(paths), "notable": notable}}
 """
 
 
@@ -176,6 +213,32 @@ class ExecOutcome:
     kind: OutcomeKind
     execution_count: int | None = None
     exit_code: int | None = None
+    detail: str | None = None  # why a kernel is gone, when "died" alone does not say it (remote kernels)
+
+
+def fold_output(msg: dict[str, Any], collector: OutputCollector, count: int | None) -> int | None:
+    """Fold one iopub message of the running request (other than ``status``) into ``collector``;
+    the execution count, updated when the message carries one."""
+    kind = msg["msg_type"]
+    content = msg["content"]
+    if kind == "stream":
+        collector.stream(content.get("name", "stdout"), content.get("text", ""))
+    elif kind == "execute_result":
+        collector.display(content.get("data", {}), main=True)
+        count = content.get("execution_count", count)
+    elif kind in ("display_data", "update_display_data"):
+        collector.display(content.get("data", {}))
+    elif kind == "error":
+        collector.set_error(
+            content.get("ename", "Error"),
+            content.get("evalue", ""),
+            "\n".join(content.get("traceback", [])),
+        )
+    elif kind == "execute_input":
+        count = content.get("execution_count", count)
+    elif kind == "clear_output":
+        collector.results.clear()
+    return count
 
 
 @dataclass
@@ -192,6 +255,11 @@ class Kernel:
     needs_replacement: bool = False  # set when an interrupt did not bring it back
     running_msg_id: str | None = None  # the execute_request an interrupt is aimed at
     closed: bool = False  # shut down (e.g. its session was closed), possibly mid-call
+    home_bound: bool = False  # its workspace is a session's home: stopping it leaves the files
+    # Its package layer: mounted read-only in its sandbox from the start (empty until a
+    # session's packages move in), so installs reach the running kernel.
+    layer: Layer | None = None
+    layer_path: str | None = None  # where the kernel sees the layer's Python packages
 
     async def is_alive(self) -> bool:
         try:
@@ -254,29 +322,12 @@ class Kernel:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
-            kind = msg["msg_type"]
-            content = msg["content"]
-            if kind == "status":
-                if content.get("execution_state") == "idle":
+            if msg["msg_type"] == "status":
+                if msg["content"].get("execution_state") == "idle":
                     break
-            elif kind == "stream":
-                collector.stream(content.get("name", "stdout"), content.get("text", ""))
-            elif kind == "execute_result":
-                collector.display(content.get("data", {}), main=True)
-                count = content.get("execution_count", count)
-            elif kind in ("display_data", "update_display_data"):
-                collector.display(content.get("data", {}))
-            elif kind == "error":
-                had_error = True
-                collector.set_error(
-                    content.get("ename", "Error"),
-                    content.get("evalue", ""),
-                    "\n".join(content.get("traceback", [])),
-                )
-            elif kind == "execute_input":
-                count = content.get("execution_count", count)
-            elif kind == "clear_output":
-                collector.results.clear()
+                continue
+            count = fold_output(msg, collector, count)
+            had_error = had_error or msg["msg_type"] == "error"
         reply_count = await self._reply_count(msg_id)
         if reply_count is not None:
             count = reply_count
@@ -355,9 +406,24 @@ class Kernel:
     def _cleanup_dirs(self) -> None:
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
+    async def use_packages(self) -> bool:
+        """Put the layer on the running interpreter's path (after its own packages), so what
+        was installed imports without a restart; True when the kernel took it."""
+        if self.layer_path is None or self.kc is None:
+            return False
+        outcome = await self.execute(
+            activate_layer_code(self.layer_path),
+            OutputCollector(2000),
+            deadline=time.monotonic() + 30,
+            silent=True,
+        )
+        return outcome.kind == "ok"
+
 
 class KernelFactory:
     """Starts kernels: sandbox-wrapped, IPC transport, set up and warm."""
+
+    rebinds_warm_kernels = True  # a warm kernel's empty directory can be moved into a session's home
 
     def __init__(
         self,
@@ -369,6 +435,8 @@ class KernelFactory:
         output_limit: int = 50_000,
         extra_env: dict[str, str] | None = None,
         limits: Limits | None = None,
+        new_layer: Callable[[], Layer] | None = None,
+        guard: SandboxGuard | None = None,
     ) -> None:
         self.setup = setup_code(output_limit)
         self.sandbox = sandbox
@@ -377,6 +445,8 @@ class KernelFactory:
         self.socket_dirs = socket_dirs
         self.extra_env = extra_env or {}
         self.limits = limits  # None: the sandbox's own
+        self.new_layer = new_layer
+        self.guard = guard
         self.spec = KernelSpec.from_resource_dir(str(kernelspec_dir()))
 
     @classmethod
@@ -416,7 +486,7 @@ class KernelFactory:
         )
         return {
             **dirs,
-            "PATH": f"{os.path.dirname(self.runtime.executable)}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": self._path,
             "MPLBACKEND": "module://matplotlib_inline.backend_inline",
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
@@ -434,8 +504,22 @@ class KernelFactory:
                 ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"), str(self.blas_threads)
             ),
             **({"PYTHONPATH": os.pathsep.join(self.runtime.pythonpath)} if self.runtime.pythonpath else {}),
+            **(self.guard.environment(self.sandbox, self._path) if self.guard else {}),
             **self.extra_env,
         }
+
+    def kernel_mounts(self) -> tuple[Layer | None, list[Mount]]:
+        """A new kernel's (empty) package layer, and the server directories its sandbox mounts."""
+        layer = self.new_layer() if self.new_layer is not None else None
+        return layer, [*([layer.mount] if layer else []), *(self.guard.mounts() if self.guard else [])]
+
+    def layer_path(self, layer: Layer | None) -> str | None:
+        """Where a kernel sees its layer's Python packages."""
+        return f"{layer.mount.path(self.sandbox)}/python" if layer else None
+
+    @property
+    def _path(self) -> str:
+        return f"{os.path.dirname(self.runtime.executable)}:/usr/local/bin:/usr/bin:/bin"
 
     async def start(self, workspace: Workspace | None = None) -> Kernel:
         """Launch, connect, wait for ready, run the setup cell. Raises RuntimeUnavailable on failure."""
@@ -451,6 +535,7 @@ class KernelFactory:
         if uid is not None:
             os.chown(runtime_dir, uid, uid)
         env = self.environment(runtime_dir)
+        layer, mounts = self.kernel_mounts()
 
         def wrap(cmd: list[str]) -> list[str]:
             return self.sandbox.wrap(
@@ -461,6 +546,7 @@ class KernelFactory:
                 runtime_dir=runtime_dir,
                 uid=uid,
                 limits=self.limits,
+                mounts=mounts,
             ).argv
 
         km = SandboxedKernelManager(
@@ -473,7 +559,15 @@ class KernelFactory:
             owner_uid=uid,
             inner_dir=self.sandbox.runtime_path(runtime_dir),
         )
-        kernel = Kernel(id=uuid.uuid4().hex[:8], workspace=ws, runtime_dir=runtime_dir, km=km, uid=uid)
+        kernel = Kernel(
+            id=uuid.uuid4().hex[:8],
+            workspace=ws,
+            runtime_dir=runtime_dir,
+            km=km,
+            uid=uid,
+            layer=layer,
+            layer_path=self.layer_path(layer),
+        )
         try:
             # env/cwd as the sandbox wants them; in bwrap mode the env is rebuilt inside anyway.
             clean_env = self.sandbox.environment(self.sandbox.workspace_path(ws.root), env)
@@ -506,6 +600,8 @@ class KernelFactory:
                 await kernel.shutdown()
                 if workspace is None:
                     ws.remove()
+                if layer is not None:
+                    layer.remove()
             if isinstance(exc, Exception) and not isinstance(exc, RuntimeUnavailable):
                 raise RuntimeUnavailable(f"kernel failed to start: {exc}") from exc
             raise

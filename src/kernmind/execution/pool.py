@@ -7,6 +7,12 @@ retries with a back-off when starting fails. Kernels that are done with are shut
 the background too, so a caller never waits for a kernel to die.
 
 When the pool is empty, ``acquire`` starts a kernel for the caller directly.
+
+``acquire(home)`` hands out a kernel bound to a session's working directory: a warm
+kernel's empty directory is moved into place (``store.rebind``: renames, no copies), or,
+with no warm kernel (or directories on different file systems), a kernel is started with
+``home`` bound directly. Either way the files are then handed to the kernel's sandbox uid
+(``own_tree``) and the kernel is marked ``home_bound``: stopping it never deletes them.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ import anyio
 from anyio.abc import TaskGroup
 
 from kernmind.execution.kernels import Kernel, KernelFactory
-from kernmind.execution.workspace import Workspace, off_loop
+from kernmind.execution.packages.layer import Layer
+from kernmind.execution.store import rebind
+from kernmind.execution.workspace import Workspace, off_loop, own_tree
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +78,9 @@ class KernelPool:
             self._wake = anyio.Event()
             await self._wake.wait()
 
-    async def acquire(self, workspace: Workspace | None = None) -> Kernel:
-        """A ready kernel (its own fresh workspace, or files adopted from ``workspace``)."""
+    async def acquire(self, home: Workspace | None = None, layer: Layer | None = None) -> Kernel:
+        """A ready kernel: with its own fresh workspace, or bound to ``home``; the packages of
+        ``layer`` (a session's) moved into the kernel's own layer."""
         kernel: Kernel | None = None
         while self._ready:
             candidate = self._ready.popleft()
@@ -80,14 +89,40 @@ class KernelPool:
                 break
             self.release(candidate)
         self._wake.set()
+        if home is None:
+            kernel = kernel or await self.factory.start()
+            await self._adopt_layer(kernel, layer)
+            return kernel
+        if kernel is not None and not self.factory.rebinds_warm_kernels:
+            self._ready.appendleft(kernel)  # it cannot move into another directory: start one there
+            kernel = None
+        if kernel is not None:
+            spare = kernel.workspace.root
+            try:
+                await off_loop(lambda: rebind(home.root, spare), timeout=None)
+            except OSError as exc:  # e.g. EXDEV: bind the home in a kernel of its own instead
+                log.info("could not move a warm kernel's directory into %s (%s)", home.root, exc)
+                self.release(kernel)
+                kernel = None
         if kernel is None:
-            kernel = await self.factory.start()
-        if workspace is not None:
-            await off_loop(lambda: kernel.workspace.adopt_files_from(workspace), timeout=None)
+            kernel = await self.factory.start(home)
+        await self._adopt_layer(kernel, layer)
+        kernel.workspace, kernel.home_bound = home, True
+        if kernel.runtime_dir is not None:
+            home.accounted = [kernel.runtime_dir]
+        if kernel.uid is not None:
+            uid = kernel.uid
+            home.owner_uid = uid
+            await off_loop(lambda: own_tree(home.root, uid), timeout=None)
         return kernel
 
+    @staticmethod
+    async def _adopt_layer(kernel: Kernel, layer: Layer | None) -> None:
+        if layer is not None and kernel.layer is not None and layer is not kernel.layer:
+            await anyio.to_thread.run_sync(kernel.layer.adopt_from, layer)
+
     def release(self, kernel: Kernel) -> None:
-        """Shut ``kernel`` down in the background and delete its workspace."""
+        """Shut ``kernel`` down in the background and delete its workspace (unless it is a session's)."""
 
         async def _stop() -> None:
             with anyio.CancelScope(shield=True):  # even when the server is stopping
@@ -112,4 +147,7 @@ class KernelPool:
 
 async def _shutdown_and_remove(kernel: Kernel) -> None:
     await kernel.shutdown()
-    await kernel.workspace.aremove()
+    if not kernel.home_bound:
+        await kernel.workspace.aremove()
+    if kernel.layer is not None:
+        await anyio.to_thread.run_sync(kernel.layer.remove)

@@ -26,7 +26,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-Status = Literal["ok", "error", "timeout"]
+from kernmind.execution import plotly_result
+
+Status = Literal["ok", "error", "timeout", "running"]
 
 ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 
@@ -204,6 +206,9 @@ class RunResult(BaseModel):
         default=None, description="after a timeout or crash: whether the session kept its variables"
     )
     notes: list[str] = Field(default_factory=list, description="things the caller should know")
+    job_id: str | None = Field(
+        default=None, description="with background=true: the job to follow with job_status (status 'running')"
+    )
 
 
 class OutputCollector:
@@ -288,7 +293,9 @@ class OutputCollector:
 
     def display(self, data: dict[str, object], *, main: bool = False) -> None:
         """Add a MIME bundle: its text form under the text budget, the rich forms under the
-        result budget (a form that does not fit is left out and counted)."""
+        result budget (a form that does not fit is left out and counted). A Plotly figure also
+        comes as HTML and a summary (``plotly_result.py``)."""
+        data = plotly_result.render(data)
         text = safe_text(str(data.get("text/plain", "")))
         result = DisplayResult(text=self._clip(text), is_main_result=main)
         for mime, field in MIME_FIELDS.items():

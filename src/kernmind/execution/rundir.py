@@ -71,6 +71,11 @@ class RunDir:
         return removed
 
     @staticmethod
+    def is_live(path: Path) -> bool:
+        """True while the server that owns the run directory ``path`` is running."""
+        return path.is_dir() and not RunDir._is_orphan(path)
+
+    @staticmethod
     def _is_orphan(path: Path) -> bool:
         try:
             fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CLOEXEC)

@@ -21,6 +21,11 @@ privileged (no user namespace) and the command inside is started through
 bwrap uses an unprivileged user namespace, and the process limit is counted on top of
 that user's current processes (the kernel counts per real uid).
 
+GPUs (``--gpu auto``): when the host has NVIDIA devices, ``gpu`` (see ``gpu.py``) adds a
+``--dev-bind`` for each device node after ``--dev /dev``, binds the driver's libraries that the
+system directories do not already show, sets ``LD_LIBRARY_PATH`` for those outside the ld
+cache, and gives the per-sandbox uid the groups that own nodes not open to everyone.
+
 Error policy: ``Sandbox.detect`` decides once at start-up; ``required`` raises
 ``SandboxUnavailable`` when isolation cannot be had, ``auto`` falls back with a warning.
 """
@@ -37,7 +42,10 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # this module runs on its own too (it needs only the standard library)
+    from kernmind.execution.gpu import GpuPassthrough
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +88,18 @@ class Limits:
         }
 
 
+@dataclass(frozen=True)
+class Mount:
+    """A server directory that sandboxed code sees read-only at ``inner`` (never under /tmp)."""
+
+    host: Path
+    inner: str
+
+    def path(self, sandbox: Sandbox) -> str:
+        """Where code finds it: ``inner`` in an isolated sandbox, the host path without one."""
+        return self.inner if sandbox.isolated else str(self.host)
+
+
 @dataclass
 class SandboxedCommand:
     """What to hand to ``subprocess``/``jupyter_client``: argv, environment and cwd."""
@@ -100,11 +120,15 @@ class Sandbox:
     prlimit: str | None = field(default_factory=lambda: shutil.which("prlimit"))
     setpriv: str | None = field(default_factory=lambda: shutil.which("setpriv"))
     _next_uid: int = field(default_factory=lambda: random.randrange(200_000, 900_000))
+    gpu: GpuPassthrough | None = None  # NVIDIA devices passed through (``--gpu auto``), see gpu.py
 
     # --- construction -------------------------------------------------------
     @classmethod
-    def detect(cls, mode: str, *, allow_network: bool = False, limits: Limits | None = None) -> Sandbox:
-        """Pick the backend for ``mode`` (auto|bwrap|none|required), probing bwrap for real."""
+    def detect(
+        cls, mode: str, *, allow_network: bool = False, limits: Limits | None = None, gpu: str = "none"
+    ) -> Sandbox:
+        """Pick the backend for ``mode`` (auto|bwrap|none|required), probing bwrap for real; with
+        ``gpu="auto"`` an isolated sandbox gets the host's NVIDIA devices."""
         limits = limits or Limits()
         if mode == "none":
             return cls("none", "disabled with --sandbox none", allow_network=True, limits=limits)
@@ -120,6 +144,10 @@ class Sandbox:
             )
             problem = candidate.probe()
             if problem is None:
+                if gpu == "auto":
+                    from kernmind.execution.gpu import detect as detect_gpu
+
+                    candidate.gpu = detect_gpu("auto", sandbox_uid_is_unprivileged=candidate.drops_privileges)
                 return candidate
         if mode in ("bwrap", "required"):
             raise SandboxUnavailable(f"--sandbox {mode}: no isolation available: {problem}")
@@ -185,6 +213,8 @@ class Sandbox:
         }
         if self.isolated:  # caches (fontconfig, pip…) go to the private /tmp, not the workspace
             env["XDG_CACHE_HOME"] = "/tmp/.cache"
+        if self.gpu is not None and self.isolated:
+            env.update(self.gpu.environment())
         env.update(extra or {})
         return env
 
@@ -198,19 +228,21 @@ class Sandbox:
         runtime_dir: Path | None = None,
         uid: int | None = None,
         limits: Limits | None = None,
+        mounts: Sequence[Mount] = (),
     ) -> SandboxedCommand:
         """Wrap ``argv`` so it runs confined to ``workspace`` under the limits.
 
         ``ro_paths`` are runtime directories (an interpreter's prefix) exposed read-only at
         the same path; ``runtime_dir`` (a kernel's socket directory) is read-write at
-        ``runtime_path()`` (a fixed path, so the host's directory names stay hidden).
-        ``env`` is added to the allow-listed environment.
+        ``runtime_path()`` (a fixed path, so the host's directory names stay hidden);
+        ``mounts`` are server directories exposed read-only at a path of their own (for the same
+        reason). ``env`` is added to the allow-listed environment.
         """
         limits = limits or self.limits
         inner_ws = self.workspace_path(workspace)
         environment = self.environment(inner_ws, env)
         if self.isolated:
-            full = self._bwrap_args(argv, workspace, environment, ro_paths, runtime_dir, uid, limits)
+            full = self._bwrap_args(argv, workspace, environment, ro_paths, runtime_dir, uid, limits, mounts)
             return SandboxedCommand(self._with_rlimits(full, limits, uid), dict(environment), "/")
         return SandboxedCommand(self._with_rlimits(list(argv), limits, None), environment, str(workspace))
 
@@ -235,6 +267,7 @@ class Sandbox:
         runtime_dir: Path | None,
         uid: int | None,
         limits: Limits,
+        mounts: Sequence[Mount] = (),
     ) -> list[str]:
         assert self.bwrap is not None
         args: list[str] = [self.bwrap]
@@ -253,23 +286,24 @@ class Sandbox:
             args.append("--unshare-net")
         args += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
 
-        made: set[str] = {"/"}
+        made: set[str] = {"/"}  # every path that exists inside: binds and the directories made for them
+        bound: set[str] = set()  # binds only: a path under one of these is already visible
         for d in SYSTEM_DIRS:
             if os.path.isdir(d):
                 args += ["--ro-bind", d, d]
                 made.add(d)
+                bound.add(d)
         for link in USR_LINKS:
             if os.path.islink(link):
                 args += ["--symlink", os.readlink(link), link]
             elif os.path.isdir(link):
                 args += ["--ro-bind", link, link]
             made.add(link)
+            bound.add(link)
 
         def covered(path: str) -> bool:
-            # The root and the /tmp tmpfs are empty places, not binds that would cover a path.
-            return any(
-                path == m or path.startswith(m.rstrip("/") + "/") for m in made if m not in ("/", "/tmp")
-            )
+            # Directories made for a bind's parents are empty: they cover nothing, nor does /tmp.
+            return any(path == m or path.startswith(m.rstrip("/") + "/") for m in bound)
 
         def ensure_parents(path: str) -> None:
             parents = []
@@ -291,10 +325,19 @@ class Sandbox:
                 ensure_parents(path)
                 args.extend(["--ro-bind", path, path])
                 made.add(path)
+                bound.add(path)
 
-        ro = [os.path.abspath(p) for p in _dedupe(ro_paths)]
+        gpu_libraries = list(self.gpu.library_dirs) if self.gpu else []
+        ro = [os.path.abspath(p) for p in _dedupe([*ro_paths, *gpu_libraries])]
         bind_ro([p for p in ro if not under_tmp(p)])
+        for mount in mounts:
+            ensure_parents(mount.inner)
+            args += ["--ro-bind", str(mount.host), mount.inner]
+            made.add(mount.inner)
+            bound.add(mount.inner)
         args += ["--proc", "/proc", "--dev", "/dev"]
+        if self.gpu is not None:  # after --dev, which would hide them
+            args += self.gpu.bwrap_args()
         tmpfs_size = str(limits.tmp_mb * 1024 * 1024)
         # --dev makes /dev/shm root-owned 0755: a private writable one (POSIX semaphores, joblib).
         args += ["--perms", "1777", "--size", tmpfs_size, "--tmpfs", "/dev/shm"]
@@ -305,6 +348,7 @@ class Sandbox:
         if runtime_dir is not None:
             ensure_parents(RUNTIME_MOUNT)
             args += ["--bind", str(runtime_dir), RUNTIME_MOUNT]
+            bound.add(RUNTIME_MOUNT)
         args += ["--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
         args.append("--clearenv")
         for key, value in env.items():
@@ -315,7 +359,10 @@ class Sandbox:
                 self.setpriv,
                 f"--reuid={uid}",
                 f"--regid={uid}",
-                "--clear-groups",
+                # The groups that own the GPU's device nodes, when those are not open to all.
+                f"--groups={','.join(map(str, self.gpu.groups))}"
+                if self.gpu and self.gpu.groups
+                else "--clear-groups",
                 "--bounding-set=-all",
                 "--inh-caps=-all",
                 "--no-new-privs",
@@ -329,6 +376,7 @@ class Sandbox:
             "reason": self.reason,
             "network": "allowed" if self.allow_network else "blocked",
             "runs_as": "a dedicated uid per sandbox" if self.drops_privileges else "the server's user",
+            "gpu": self.gpu.describe() if self.gpu else None,
             "limits": {
                 "memory_mb": self.limits.memory_mb,
                 "cpu_seconds": self.limits.cpu_seconds,

@@ -1,22 +1,38 @@
-"""The session registry: ``session_id`` → a lock, a working directory and runner state.
+"""The session registry: ``(owner, session_id)`` → a lock, a working directory and runner state.
 
-It only keeps the books; running code is the supervisor's and the runners' job.
+It only keeps the books; running code is the supervisor's and the runners' job, and what a
+session leaves on disk is the store's (``store.py``).
 
 - Calls without a session id use the ``default`` session; a named session is created on
   first use (at most ``max_sessions`` live at once). An empty or malformed id is refused.
+  Sessions belong to an owner (a principal, see ``principals.py``): the registry and the
+  store are keyed by (owner, session id), so one owner's ids are invisible to another.
+- **Live and stored.** Every named session has a home in the store (its files, meta and
+  history) that outlives the server. A session is *live* while this server has it loaded:
+  it holds the home's lock, and runners keep state in ``session.state[language]``. A call to
+  a stored session that is not live loads it (the lock, crash recovery, its files handed to
+  the sandbox uid) and its first call says it resumed; ``session.resumed`` tells the Python
+  runner to bring the variables back.
 - ``hold(id)``: calls to one session run one at a time (a per-session lock); calls to
-  different sessions run in parallel. While a call runs, ``session.running`` is its
-  cancel scope, so ``close()`` can stop it whatever the language.
-- A session's working directory is made when first needed (a file tool, a call in any
-  language); runners keep their own state in ``session.state[language]`` (Python: its
-  kernel, which may move the files into a directory of its own).
-- ``ephemeral()``: a session for one ``--stateless`` call, never registered, discarded
-  after the call with everything in it.
-- Idle sessions are closed by the reaper after ``idle_timeout``; the next call under that
-  id starts afresh, with a note.
+  different sessions run in parallel. While a call runs, ``session.running`` is its cancel
+  scope, so ``close()`` can stop it whatever the language. A background job ``reserve``s its
+  session when it is started (before it gets the lock), and until it ends other calls to
+  that session are refused with the job's id.
+- A session's package layer (``install_packages``; ``packages/layer.py``) is made on first
+  use; the Python runner moves it into its kernel's own layer directory (mounted in that
+  kernel's sandbox since its start). It lives in this server's run directory: it goes when
+  the session is unloaded or closed (packages are not stored yet).
+- **Unloading is not closing.** Idle reaping and server shutdown *unload* a session: the
+  ``suspend`` hook saves what it can (the Python namespace) and stops its interpreter; the
+  files stay and the lock is let go. ``close()`` is what deletes a session, stored or live.
+- Autosave: a session whose code ran and that has been idle ``autosave_after`` seconds is
+  checkpointed once (``autosave`` hook), so a server killed later loses little.
+- ``ephemeral()``: a session for one ``--stateless`` call, never registered or stored,
+  discarded after the call with everything in it.
 
-Error policy: what the model can fix (bad id, too many sessions, unknown session) raises
-``SessionError`` (a ``ValueError``) with an actionable sentence.
+Error policy: what the model can fix (bad id, too many sessions, unknown session, a session
+in use by another server or by a job) raises ``SessionError`` (a ``ValueError``) with an
+actionable sentence.
 """
 
 from __future__ import annotations
@@ -32,16 +48,17 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from kernmind.execution.workspace import Workspace
+from kernmind.execution.errors import SessionError
+from kernmind.execution.packages.layer import Layer
+from kernmind.execution.store import LOCAL_OWNER, Meta, SessionHome, SessionStore, StoredSession, ago
+from kernmind.execution.workspace import Workspace, off_loop
+
+__all__ = ["DEFAULT_SESSION", "LOCAL_OWNER", "Session", "SessionError", "SessionRegistry", "check_session_id"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SESSION = "default"
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-class SessionError(ValueError):
-    """A session request the model can correct."""
 
 
 def check_session_id(session_id: str | None) -> str:
@@ -60,16 +77,27 @@ def check_session_id(session_id: str | None) -> str:
 class Session:
     id: str
     new_workspace: Callable[[], Workspace] = field(repr=False)
+    owner: str = LOCAL_OWNER
+    home: SessionHome | None = field(default=None, repr=False)  # None: ephemeral
+    meta: Meta | None = field(default=None, repr=False)
     ephemeral: bool = False
     lock: anyio.Lock = field(default_factory=anyio.Lock, repr=False)
     created: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False
     closed: bool = False
+    resumed: bool = False  # loaded from the store: its variables may come back
+    dirty: bool = False  # code ran since the last checkpoint
     pending_notes: list[str] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)  # per-runner state, keyed by language
     workspace: Workspace | None = None
+    packages: Layer | None = None  # what install_packages put here (see packages/layer.py)
+    new_layer: Callable[[], Layer] | None = field(default=None, repr=False)
     running: anyio.CancelScope | None = None  # the call in progress
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.owner, self.id
 
     def files(self) -> Workspace:
         """The session's working directory, made on first use."""
@@ -77,12 +105,30 @@ class Session:
             self.workspace = self.new_workspace()
         return self.workspace
 
+    def layer(self) -> Layer:
+        """The session's package layer, made on first use."""
+        if self.packages is None:
+            if self.new_layer is None:
+                raise SessionError("this server cannot install packages into sessions.")
+            self.packages = self.new_layer()
+        return self.packages
+
     def take_notes(self) -> list[str]:
         notes, self.pending_notes = self.pending_notes, []
         return notes
 
 
-Release = Callable[[Session], Awaitable[None]]
+Hook = Callable[[Session], Awaitable[None]]
+
+
+@dataclass
+class Hooks:
+    """What the executor does to a session's runners (the registry only decides when)."""
+
+    open_home: Callable[[SessionHome], Workspace]  # the Workspace of a home, files handed to its uid
+    release: Hook  # stop what runners keep for it (closing)
+    suspend: Hook  # save what can be saved, then stop (unloading)
+    autosave: Hook  # checkpoint a live, idle session
 
 
 class SessionRegistry:
@@ -91,109 +137,300 @@ class SessionRegistry:
         *,
         max_sessions: int,
         idle_timeout: float,
+        autosave_after: float,
+        store: SessionStore | None,  # None: sessions live only as long as this server (a kernel gateway's)
         new_workspace: Callable[[], Workspace],
-        release: Release,
+        hooks: Hooks,
+        new_layer: Callable[[], Layer] | None = None,
     ) -> None:
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
+        self.autosave_after = autosave_after
+        self.store = store
         self._new_workspace = new_workspace
-        self._release = release  # stops what runners keep for a session, then its files go
-        self.sessions: dict[str, Session] = {}
-        self._reaped: set[str] = set()
+        self.hooks = hooks
+        self._new_layer = new_layer
+        self.sessions: dict[tuple[str, str], Session] = {}
+        self.jobs: dict[tuple[str, str], str] = {}  # (owner, session id) -> the job that has it
+        self._reaped: set[tuple[str, str]] = set()  # unstored sessions closed for idleness (for a note)
+        self._loading = anyio.Lock()
 
     # --- lifecycle ----------------------------------------------------------------
     async def run_reaper(self, tg: TaskGroup) -> None:
         tg.start_soon(self._reap_loop)
 
+    def _period(self) -> float:
+        return max(0.5, min(60.0, self.idle_timeout / 4, self.autosave_after / 2))
+
     async def _reap_loop(self) -> None:
-        period = max(0.5, min(60.0, self.idle_timeout / 4))
         while True:
-            await anyio.sleep(period)
+            await anyio.sleep(self._period())
             now = time.monotonic()
             for s in list(self.sessions.values()):
-                if not s.busy and now - s.last_used > self.idle_timeout:
-                    log.info("closing session %r after %.0fs idle", s.id, now - s.last_used)
-                    self._reaped.add(s.id)
-                    await self.close(s.id)
+                idle = now - s.last_used
+                if s.busy or s.lock.locked():
+                    continue
+                if idle > self.idle_timeout:
+                    log.info("unloading session %r after %.0fs idle (its files stay)", s.id, idle)
+                    s.pending_notes.clear()
+                    await self.unload(s)
+                elif s.dirty and idle > self.autosave_after:
+                    async with s.lock:
+                        if not s.closed and not s.busy:
+                            s.dirty = False
+                            await self.hooks.autosave(s)
 
-    async def close_all(self) -> None:
+    async def unload_all(self) -> None:
+        """Server stop: save and stop every live session, keeping their files."""
         sessions = list(self.sessions.values())
-        self.sessions.clear()
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
                 for s in sessions:
-                    tg.start_soon(self._discard, s)
+                    tg.start_soon(self.unload, s)
 
     # --- queries --------------------------------------------------------------------
-    def get(self, session_id: str | None) -> Session:
-        sid = check_session_id(session_id)
-        session = self.sessions.get(sid)
-        if session is None:
-            raise SessionError(f"no live session named {sid!r}; {self.live_sessions_sentence()}")
-        return session
+    def live(self, session_id: str | None, owner: str = LOCAL_OWNER) -> Session | None:
+        return self.sessions.get((owner, check_session_id(session_id)))
 
-    def live_sessions_sentence(self) -> str:
-        live = ", ".join(sorted(self.sessions)) or "none"
-        return f"live sessions: {live}. Run code in it (or upload a file) first."
+    def names(self, owner: str = LOCAL_OWNER) -> list[str]:
+        live = {sid for who, sid in self.sessions if who == owner}
+        stored = {s.meta.session_id for s in self.stored(owner)}
+        return sorted(live | stored)
+
+    def unknown_session(self, sid: str, owner: str = LOCAL_OWNER) -> SessionError:
+        known = ", ".join(self.names(owner)) or "none"
+        return SessionError(
+            f"no session named {sid!r}; sessions: {known}. Run code in it (or upload a file) first."
+        )
+
+    def summaries(
+        self, owner: str | None, execution_count: Callable[[Session], int | None]
+    ) -> list[dict[str, Any]]:
+        """Every session of ``owner`` (of every owner when None): live here, stored, or live in
+        another server, most recently used first (blocking: it reads the store)."""
+        now_m, now = time.monotonic(), time.time()
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for stored in self.stored(owner):
+            m = stored.meta
+            rows[(m.owner, m.session_id)] = {
+                "session_id": m.session_id,
+                "owner": m.owner,
+                "state": "stored" if stored.held_by is None else "in_other_server",
+                "held_by_pid": stored.held_by,
+                "idle_seconds": round(now - m.last_used, 1),
+                "age_seconds": round(now - m.created, 1),
+                "last_used": m.last_used,
+                "workspace_files": m.files,
+                "workspace_bytes": m.bytes,
+                "variables_saved_at": m.snapshot_at,
+            }
+        for (who, sid), s in self.sessions.items():
+            if owner is not None and who != owner:
+                continue
+            count = execution_count(s)
+            scan = s.workspace.last_scan if s.workspace is not None else None
+            row = rows.setdefault((who, sid), {"session_id": sid, "owner": who})
+            row.update(
+                state="live",
+                held_by_pid=None,
+                execution_count=count or 0,
+                idle_seconds=round(now_m - s.last_used, 1),
+                busy=s.busy,
+                job_id=self.jobs.get((who, sid)),
+                kernel_running=count is not None,
+                last_used=now - (now_m - s.last_used),
+            )
+            if scan is not None:
+                row.update(workspace_files=len(scan.files), workspace_bytes=scan.bytes_used)
+            if s.meta is not None:
+                row.update(age_seconds=round(now - s.meta.created, 1), variables_saved_at=s.meta.snapshot_at)
+        return sorted(rows.values(), key=lambda r: r.get("last_used", 0.0), reverse=True)
+
+    def stored(self, owner: str | None) -> list[StoredSession]:
+        return self.store.list(owner) if self.store is not None else []
 
     # --- holding a session for a call ---------------------------------------------------
     @contextlib.asynccontextmanager
-    async def hold(self, session_id: str | None, *, create: bool = True) -> AsyncIterator[Session]:
-        """The live session ``session_id`` (created if needed), locked and marked busy; if it
-        was closed while we waited for its lock, the session that replaced it instead."""
+    async def hold(
+        self,
+        session_id: str | None,
+        *,
+        owner: str = LOCAL_OWNER,
+        create: bool = True,
+        job_id: str | None = None,
+    ) -> AsyncIterator[Session]:
+        """The session ``session_id`` (loaded or created if needed), locked and marked busy; if it
+        was closed or unloaded while we waited for its lock, the session that replaced it."""
         sid = check_session_id(session_id)
         while True:
-            session = self.sessions.get(sid)
-            if session is None:
-                if not create:
-                    raise SessionError(f"no live session named {sid!r}; {self.live_sessions_sentence()}")
-                session = self._new(sid)
+            self.refuse_if_job(owner, sid, job_id)
+            session = await self.load(sid, owner=owner, create=create)
             async with session.lock:
                 if session.closed:
                     continue
+                self.refuse_if_job(owner, sid, job_id)
                 session.busy = True
                 try:
                     yield session
                 finally:
                     session.busy = False
                     session.last_used = time.monotonic()
+                    await self._touch(session)
                 return
 
-    def ephemeral(self) -> Session:
+    def reserve(self, owner: str, sid: str, job_id: str) -> None:
+        """Keep the session for ``job_id`` from now until ``unreserve`` (refusing other calls)."""
+        self.refuse_if_job(owner, sid, job_id)
+        self.jobs[(owner, sid)] = job_id
+
+    def unreserve(self, owner: str, sid: str, job_id: str) -> None:
+        if self.jobs.get((owner, sid)) == job_id:
+            del self.jobs[(owner, sid)]
+
+    def refuse_if_job(self, owner: str, sid: str, job_id: str | None = None) -> None:
+        running = self.jobs.get((owner, sid))
+        if running is not None and running != job_id:
+            raise SessionError(
+                f"session {sid!r} is running background job {running}; check it with job_status, stop it "
+                "with job_cancel, or use another session_id meanwhile."
+            )
+
+    async def load(self, sid: str, *, owner: str = LOCAL_OWNER, create: bool = True) -> Session:
+        """The live session ``(owner, sid)``, loading it from the store (or creating it)."""
+        session = self.sessions.get((owner, sid))
+        if session is not None:
+            return session
+        async with self._loading:
+            session = self.sessions.get((owner, sid))
+            if session is not None:
+                return session
+            stored = self.store is not None and self.store.exists(owner, sid)
+            if not stored and not create:
+                raise self.unknown_session(sid, owner)
+            if len(self.sessions) >= self.max_sessions:
+                live = ", ".join(sorted(s for _, s in self.sessions))
+                raise SessionError(
+                    f"too many live sessions ({len(self.sessions)}/{self.max_sessions}): {live}. Reuse one "
+                    "of them, or close one with close_session first."
+                )
+            if self.store is None:
+                return self._new_unstored(owner, sid)
+            store = self.store
+            if not stored:
+                await off_loop(lambda: store.check_room(owner, sid, set(self.sessions)), timeout=None)
+            home = store.home(owner, sid)
+            await off_loop(home.claim, timeout=None)
+            try:
+                meta = home.load_meta()
+                workspace = await off_loop(lambda: self.hooks.open_home(home), timeout=None)
+            except BaseException:
+                home.release()
+                raise
+            session = Session(
+                sid,
+                self._new_workspace,
+                owner=owner,
+                home=home,
+                meta=meta,
+                workspace=workspace,
+                new_layer=self._new_layer,
+            )
+            if stored:
+                session.resumed = True
+                session.pending_notes.append(resumed_note(meta))
+            else:
+                await off_loop(lambda: home.save_meta(meta), timeout=None)
+            self.sessions[session.key] = session
+            return session
+
+    def _new_unstored(self, owner: str, sid: str) -> Session:
+        session = Session(sid, self._new_workspace, owner=owner, new_layer=self._new_layer)
+        if (owner, sid) in self._reaped:
+            self._reaped.discard((owner, sid))
+            session.pending_notes.append(
+                "this session had been idle too long and was closed; it starts from a fresh interpreter "
+                "in an empty working directory."
+            )
+        self.sessions[session.key] = session
+        return session
+
+    def ephemeral(self, owner: str = LOCAL_OWNER) -> Session:
         """A session for one --stateless call (not registered; ``discard`` it afterwards)."""
-        return Session("stateless", self._new_workspace, ephemeral=True)
+        return Session("stateless", self._new_workspace, owner=owner, ephemeral=True)
 
     async def discard(self, session: Session) -> None:
         with anyio.CancelScope(shield=True):
-            await self._discard(session)
+            session.closed = True
+            await self.hooks.release(session)
+            if session.workspace is not None:
+                await session.workspace.aremove()
+            await _drop_packages(session)
 
-    def _new(self, sid: str) -> Session:
-        if len(self.sessions) >= self.max_sessions:
-            raise SessionError(
-                f"too many live sessions ({len(self.sessions)}/{self.max_sessions}): "
-                f"{', '.join(sorted(self.sessions))}. Reuse one of them, or close one with close_session first."
-            )
-        session = Session(sid, self._new_workspace)
-        if sid in self._reaped:
-            self._reaped.discard(sid)
-            session.pending_notes.append(
-                "this session had been idle too long and was closed; it starts from a fresh interpreter."
-            )
-        self.sessions[sid] = session
-        return session
+    async def _touch(self, session: Session) -> None:
+        """Record the call in the session's meta (last used, size from the call's scan)."""
+        if session.home is None or session.meta is None or session.closed:
+            return
+        meta = session.meta
+        meta.last_used = time.time()
+        scan = session.workspace.last_scan if session.workspace else None
+        if scan is not None and scan.complete:
+            meta.bytes, meta.files = scan.bytes_used, len(scan.files)
+        home = session.home
+        with anyio.CancelScope(shield=True):
+            await off_loop(lambda: home.save_meta(meta), timeout=None)
 
-    async def close(self, session_id: str) -> bool:
-        """Close a session: stop the call running in it, its runners' state, and delete its files."""
-        session = self.sessions.pop(session_id, None)
+    # --- unloading and closing --------------------------------------------------------------
+    async def unload(self, session: Session) -> None:
+        """Save and stop the session's interpreter; its files and the stored session stay."""
+        with anyio.CancelScope(shield=True):
+            if self.sessions.get(session.key) is session:
+                del self.sessions[session.key]
+            session.closed = True
+            if session.running is not None:
+                session.running.cancel()
+            try:
+                await self.hooks.suspend(session)
+            except Exception as exc:  # the files matter more than the snapshot
+                log.warning("saving session %r: %s", session.id, exc)
+            await _drop_packages(session)
+            home, meta, store = session.home, session.meta, self.store
+            if home is not None and meta is not None and store is not None:
+                await off_loop(lambda: home.save_meta(store.refresh_size(home, meta)), timeout=None)
+                home.release()
+            elif session.workspace is not None:  # not stored (sessions without a store): its files go
+                self._reaped.add(session.key)
+                await session.workspace.aremove()
+
+    async def close(self, session_id: str, *, owner: str = LOCAL_OWNER) -> bool:
+        """Delete a session: stop the call running in it and its runners, and remove its files,
+        variables and history. False when there was no such session."""
+        sid = check_session_id(session_id)
+        session = self.sessions.pop((owner, sid), None)
         if session is None:
-            return False
-        await self._discard(session)
+            store = self.store
+            if store is None or not store.exists(owner, sid):
+                return False
+            await off_loop(lambda: store.remove(owner, sid), timeout=None)
+            return True
+        with anyio.CancelScope(shield=True):
+            session.closed = True
+            if session.running is not None:
+                session.running.cancel()
+            await self.hooks.release(session)
+            await _drop_packages(session)
+            if session.home is not None:
+                await off_loop(session.home.delete, timeout=None)
+            elif session.workspace is not None:
+                await session.workspace.aremove()
         return True
 
-    async def _discard(self, session: Session) -> None:
-        session.closed = True
-        if session.running is not None:
-            session.running.cancel()
-        await self._release(session)
-        if session.workspace is not None:
-            await session.workspace.aremove()
+
+async def _drop_packages(session: Session) -> None:
+    if session.packages is not None:
+        await anyio.to_thread.run_sync(session.packages.remove)
+
+
+def resumed_note(meta: Meta) -> str:
+    ago_text = ago(time.time() - meta.last_used)
+    files = f"{meta.files} file{'s' if meta.files != 1 else ''}" if meta.files else "no files"
+    return f"resumed stored session {meta.session_id!r} (last used {ago_text}, {files} in its working directory)."

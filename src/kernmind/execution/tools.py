@@ -12,6 +12,8 @@ MCP), and shape the answer under the result budget:
   reads are one text block and one image block per image. An image travels once: in
   ``structuredContent`` its ``png``/``jpeg`` is replaced by ``image``, a reference to its
   content block.
+- ``install_packages``: the executor installs into the session's layer (``packages/``); its
+  refusals are ``PackageError`` sentences, mapped like every other ``ValueError``.
 - ``download_file`` returns a file inline when it fits the budget (text as text, images as
   an image block, other bytes as base64), else a range (``offset``/``length``) or, with
   nothing asked, a resource link and a note on how to read it in parts.
@@ -35,11 +37,14 @@ from mcp_types import CallToolResult, ImageContent, ResourceLink, TextContent, T
 from pydantic import BaseModel, Field
 
 from kernmind.config import Settings
+from kernmind.execution import session_tools
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.executor import Executor
+from kernmind.execution.packages import InstallResult
 from kernmind.execution.results import IMAGE_FIELDS, ImageRef, RunResult
-from kernmind.execution.sessions import check_session_id
+from kernmind.execution.session_tools import address
 from kernmind.execution.workspace import FileData, FileEntry, WorkspaceError, guess_mime
+from kernmind.principals import principal_of
 
 LIST_LIMIT = 200
 LIST_MAX = 1000
@@ -60,32 +65,6 @@ def model_errors(what: str = "the request") -> Iterator[None]:
         ) from exc
     except ValueError as exc:  # WorkspaceError, SessionError and argument checks
         raise ToolError(str(exc)) from exc
-
-
-class SessionSummary(BaseModel):
-    session_id: str
-    language: str
-    execution_count: int
-    idle_seconds: float
-    age_seconds: float
-    busy: bool
-    workspace_files: int
-    kernel_running: bool = Field(description="false until the session's first Python call (or after close)")
-
-
-class SessionList(BaseModel):
-    sessions: list[SessionSummary]
-    max_sessions: int
-    warm_kernels: int = Field(description="pre-started kernels ready for new sessions")
-    pool_error: str | None = Field(
-        default=None, description="why warm kernels are failing to start, if they are"
-    )
-
-
-class CloseResult(BaseModel):
-    session_id: str
-    closed: bool
-    message: str
 
 
 class UploadResult(BaseModel):
@@ -159,13 +138,23 @@ class ExecutionTools:
         ex = self.executor
         text_budget, image_budget = self.settings.max_output_chars, self.settings.max_result_bytes
 
+        notable = ", ".join(ex.runtime.notable) or "only the standard library"
+        installs = (
+            "Packages cannot be installed from inside code (no network): use install_packages."
+            if self.settings.packages != "none"
+            else "Installing packages is turned off on this server."
+        )
+
         @server.tool(
             description=(
                 "Run code and return its output. Python runs in a persistent Jupyter kernel: "
                 "variables, imports and files survive between calls with the same session_id "
                 "(default session when omitted). Other languages run as a fresh process per call. "
                 "The value of the last expression is returned like in a notebook; matplotlib "
-                "figures come back as images. Set reset=true for a fresh interpreter."
+                "figures come back as images, plotly figures as HTML. Set reset=true for a fresh "
+                f"interpreter. Python can import: {notable}. {installs} Sessions, their files and Python "
+                "variables are stored and resume after a restart. background=true runs long work as a "
+                "job (job_status, job_cancel)."
             ),
             annotations=ToolAnnotations(title="Run code", destructive_hint=False, open_world_hint=False),
         )
@@ -188,13 +177,43 @@ class ExecutionTools:
             timeout: Annotated[
                 float | None, Field(description="Time limit in seconds (capped by the server's maximum).")
             ] = None,
+            background: Annotated[
+                bool,
+                Field(
+                    description="Run as a background job: return at once with a job_id (follow it with "
+                    "job_status, stop it with job_cancel); it keeps running if this client disconnects."
+                ),
+            ] = False,
         ) -> Annotated[CallToolResult, RunResult]:
             async def progress(message: str, elapsed: float) -> None:
                 await ctx.report_progress(elapsed, None, message)
 
+            owner, session_id = address(principal_of(ctx), session_id)
+            if background:
+                with model_errors(f"the {language[:20]} interpreter"):
+                    job = ex.start_job(
+                        code,
+                        language=language,
+                        session_id=session_id,
+                        reset=reset,
+                        timeout=timeout,
+                        owner=owner,
+                    )
+                started = RunResult(
+                    status="running",
+                    language=job.language,
+                    session_id=job.session_id,
+                    job_id=job.id,
+                    notes=[
+                        f"started background job {job.id}; follow it with job_status, stop it with job_cancel."
+                    ],
+                )
+                content, structured = run_result_content(started)
+                return CallToolResult(content=list(content), structured_content=structured)
             with model_errors(f"the {language[:20]} interpreter"):
                 result = await ex.run(
                     code,
+                    owner=owner,
                     language=language,
                     session_id=session_id,
                     reset=reset,
@@ -204,31 +223,47 @@ class ExecutionTools:
             content, structured = run_result_content(result)
             return CallToolResult(content=list(content), structured_content=structured)
 
-        @server.tool(description="List live code sessions and the warm-kernel pool.")
-        async def list_sessions() -> SessionList:
-            return SessionList(
-                sessions=[SessionSummary(**s) for s in ex.session_summaries()],
-                max_sessions=self.settings.max_sessions,
-                warm_kernels=ex.pool.ready_count,
-                pool_error=ex.pool.last_error,
-            )
-
         @server.tool(
-            description="Close a code session: stop its interpreter (and any code running in it) and delete its files."
+            description=(
+                "Install packages into a session, for its code to import without a restart. Python: "
+                'names or requirement specifiers from the package index (e.g. ["openpyxl", '
+                '"pyarrow>=15"]), prebuilt wheels only unless the server allows source builds; '
+                "they are importable at once in the session's Python (and bash). JavaScript/"
+                'TypeScript: npm packages as ["npm:lodash@4"], then import "npm:lodash@4". '
+                "Packages the interpreter already has stay as they are. Each session has its own "
+                "packages; they are deleted with the session."
+            ),
+            annotations=ToolAnnotations(
+                title="Install packages", destructive_hint=False, open_world_hint=True
+            ),
         )
-        async def close_session(
-            session_id: Annotated[str, Field(description="The session to close.")],
-        ) -> CloseResult:
-            with model_errors():
-                if not await ex.sessions.close(check_session_id(session_id)):
-                    known = ", ".join(sorted(ex.sessions.sessions)) or "none"
-                    raise ToolError(f"No live session named {session_id!r}. Live sessions: {known}.")
-            return CloseResult(
-                session_id=session_id, closed=True, message="Session closed; its files are deleted."
-            )
+        async def install_packages(
+            ctx: Context,
+            packages: Annotated[
+                list[str],
+                Field(description='Package names or specifiers, e.g. ["openpyxl"] or ["npm:lodash@4"].'),
+            ],
+            language: Annotated[
+                str,
+                Field(
+                    description="python, or javascript/typescript for npm packages.",
+                    json_schema_extra={"enum": ["python", "javascript", "typescript"]},
+                ),
+            ] = "python",
+            session_id: Annotated[
+                str | None,
+                Field(description="Session to install into; omit for the default session.", max_length=64),
+            ] = None,
+        ) -> InstallResult:
+            with model_errors("the installer"):
+                owner, sid = address(principal_of(ctx), session_id)
+                return await ex.install(list(packages), owner=owner, language=language, session_id=sid)
+
+        session_tools.register(server, ex, model_errors, run_result_content)
 
         @server.tool(description="Write a file into a session's working directory (text or base64).")
         async def upload_file(
+            ctx: Context,
             path: Annotated[str, Field(description="Path relative to the session's working directory.")],
             content: Annotated[str, Field(description="File content, as text or base64 (see encoding).")],
             encoding: Annotated[str, Field(json_schema_extra={"enum": ["utf-8", "base64"]})] = "utf-8",
@@ -238,7 +273,7 @@ class ExecutionTools:
         ) -> UploadResult:
             with model_errors():
                 data = decode_upload(content, encoding)
-                ws = await ex.workspace_for(session_id)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id))
                 room = self.settings.workspace_mb * 1024 * 1024 - (
                     ws.last_scan.bytes_used if ws.last_scan else await ws.ausage()
                 )
@@ -257,6 +292,7 @@ class ExecutionTools:
             )
         )
         async def download_file(
+            ctx: Context,
             path: Annotated[str, Field(description="Path relative to the session's working directory.")],
             session_id: Annotated[
                 str | None, Field(description="Session; omit for the default session.")
@@ -267,7 +303,7 @@ class ExecutionTools:
             ] = None,
         ) -> Annotated[CallToolResult, DownloadResult]:
             with model_errors():
-                ws = await ex.workspace_for(session_id, create=False)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 image = guess_mime(path) in IMAGE_FIELDS.values() and offset == 0 and length is None
                 budget = image_budget if image else text_budget
                 got = await ws.aread(path, offset=offset, length=min(length or budget, budget))
@@ -281,6 +317,7 @@ class ExecutionTools:
             )
         )
         async def list_files(
+            ctx: Context,
             session_id: Annotated[
                 str | None, Field(description="Session; omit for the default session.")
             ] = None,
@@ -292,7 +329,7 @@ class ExecutionTools:
             limit: Annotated[int, Field(ge=1, le=LIST_MAX, description="Files per page.")] = LIST_LIMIT,
         ) -> FileList:
             with model_errors():
-                ws = await ex.workspace_for(session_id, create=False)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 page, total = await ws.alist(prefix=path, pattern=pattern, offset=offset, limit=limit)
             return FileList(
                 session_id=session_id or ex.default_session_id,
@@ -307,10 +344,10 @@ class ExecutionTools:
             name="workspace_file",
             description="A file in a code session's working directory (text, or binary as a blob).",
         )
-        async def workspace_file(session_id: str, path: str) -> str | bytes:
+        async def workspace_file(session_id: str, path: str, ctx: Context) -> str | bytes:
             cap = self.settings.max_download_mb * 1024 * 1024
             try:
-                ws = await ex.workspace_for(session_id, create=False)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 got = await ws.aread(path, length=cap + 1)
             except ValueError as exc:
                 raise ResourceError(str(exc)) from exc
@@ -332,9 +369,9 @@ class ExecutionTools:
             description="The files in a code session's working directory, as JSON (the first 1000).",
             mime_type="application/json",
         )
-        async def workspace_listing(session_id: str) -> str:
+        async def workspace_listing(session_id: str, ctx: Context) -> str:
             try:
-                ws = await ex.workspace_for(session_id, create=False)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 page, total = await ws.alist(limit=LIST_MAX)
             except ValueError as exc:
                 raise ResourceError(str(exc)) from exc

@@ -327,18 +327,6 @@ class Workspace:
     def accounted_bytes(self) -> int:
         return sum(scan_tree(p).bytes_used for p in self.accounted)
 
-    def adopt_files_from(self, other: Workspace) -> None:
-        """Move every entry of ``other`` into this (empty) workspace; used when a session's
-        interpreter is swapped for a fresh one but its files should stay."""
-        for entry in os.listdir(other.root):
-            os.replace(other.root / entry, self.root / entry)
-        self.last_scan = other.last_scan
-        if self.owner_uid is not None:
-            for dirpath, dirnames, filenames in os.walk(self.root):
-                for name in dirnames + filenames:
-                    with contextlib.suppress(OSError):
-                        os.lchown(os.path.join(dirpath, name), self.owner_uid, self.owner_uid)
-
     # --- the same, off the event loop ---------------------------------------------------
     async def aread(self, path: str, *, offset: int = 0, length: int) -> FileData:
         return await off_loop(lambda: self.read(path, offset=offset, length=length))
@@ -366,6 +354,17 @@ class Workspace:
 
     async def aremove(self) -> None:
         await off_loop(self.remove, timeout=None)
+
+
+def own_tree(root: Path, uid: int) -> None:
+    """Hand every entry under ``root`` to ``uid`` (a sandbox's), following no link: ``os.fwalk``
+    walks by descriptors, so code that swaps a directory for a symlink meanwhile cannot
+    redirect it outside the tree."""
+    os.chown(root, uid, uid, follow_symlinks=False)
+    for _, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
+        for name in dirnames + filenames:
+            with contextlib.suppress(OSError):
+                os.chown(name, uid, uid, dir_fd=dirfd, follow_symlinks=False)
 
 
 async def off_loop(fn: Callable[[], T], *, timeout: float | None = FS_TIMEOUT) -> T:

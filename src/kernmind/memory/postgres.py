@@ -15,7 +15,7 @@ Design
   visible to all.
 * Full text is a generated ``tsvector`` (``english``: stemmed, so ``running`` matches
   ``runs``) over ``coalesce(search_text, content)`` — the same CJK bigrams as SQLite — with
-  a GIN index; a query's terms are OR-ed and ranked with ``ts_rank_cd``, so passages
+  a GIN index; a query's terms are OR-ed and ranked with ``ts_rank``, so passages
   matching more terms rank higher. Vectors are ``bytea`` searched exactly in numpy, as with
   SQLite (Debian 12's main repository has no pgvector).
 * Schema versions live in ``kernmind_schema``; migrations run under an advisory lock, so
@@ -177,7 +177,7 @@ def _plain(row: Sequence[Any]) -> Row:
 
 
 class TSRanking:
-    """Full text over one table's ``search_vector`` (passages or messages), ranked by ``ts_rank_cd``."""
+    """Full text over one table's ``search_vector`` (passages or messages), ranked by ``ts_rank``."""
 
     def __init__(
         self,
@@ -191,7 +191,7 @@ class TSRanking:
         self.conditions = conditions
         self.make_row = make_row
         self._ranked = (
-            f"SELECT {columns}, ts_rank_cd(p.search_vector, q) AS score FROM {table} p, "
+            f"SELECT {columns}, ts_rank(p.search_vector, q) AS score FROM {table} p, "
             "to_tsquery('english', ?) q WHERE p.search_vector @@ q{where} ORDER BY score DESC, p.id DESC LIMIT ? OFFSET ?"
         )
         self._newest = (

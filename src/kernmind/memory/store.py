@@ -59,20 +59,30 @@ class MemoryStore:
         block_limit: int = 5000,
         max_block_limit: int = 100_000,
         archival_max_chars: int = 10_000,
+        database: SQLiteDatabase | PostgresDatabase | None = None,
     ) -> None:
         self.namespace = namespace
         self.default_blocks = dict(default_blocks or {})
-        self.db = open_database(location)
+        self.db = database or open_database(location)
         self.blocks = Blocks(self.db, namespace, default_limit=block_limit, max_limit=max_block_limit)
         self.passages = Passages(self.db, namespace, max_chars=archival_max_chars)
         self.conversations = Conversations(self.db, namespace)
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, seed: bool = True) -> MemoryStore:
-        """The store a server with these settings uses (``seed=False``: no default blocks)."""
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        seed: bool = True,
+        namespace: str | None = None,
+        sharing: MemoryStore | None = None,
+    ) -> MemoryStore:
+        """The store a server with these settings uses (``seed=False``: no default blocks); with
+        ``sharing``, another namespace in that store's (already open) database."""
         return cls(
             settings.db_location,
-            settings.agent,
+            namespace or settings.agent,
+            database=sharing.db if sharing is not None else None,
             default_blocks=settings.memory_default_blocks if seed else {},
             block_limit=settings.memory_block_limit,
             max_block_limit=settings.memory_block_max_limit,
@@ -82,6 +92,11 @@ class MemoryStore:
     @property
     def location(self) -> str:
         return self.db.location
+
+    async def open_namespace(self) -> MemoryStore:
+        """For a store sharing an open database: make the namespace ready (its default blocks)."""
+        await self.blocks.seed(self.default_blocks)
+        return self
 
     async def open(self) -> MemoryStore:
         await self.db.open()

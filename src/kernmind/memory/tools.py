@@ -34,9 +34,11 @@ import json
 import logging
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
+import anyio.abc
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from mcp.shared.subscriptions import ResourceUpdated
@@ -53,6 +55,7 @@ from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, make_embe
 from kernmind.memory.errors import BLOCK_TOOL_WORDS, MemoryRefusal, Words
 from kernmind.memory.recall import Recall
 from kernmind.memory.store import MemoryStore
+from kernmind.principals import LOCAL, Principal, current_principal
 from kernmind.sdk_compat import lowlevel_server, session_connection, subscription_bus
 
 log = logging.getLogger(__name__)
@@ -65,14 +68,32 @@ def block_uri(label: str) -> str:
     return f"{BLOCKS_URI}/{label}"
 
 
+@dataclass
+class MemorySpace:
+    """One namespace's memory: its store and its two searches."""
+
+    store: MemoryStore
+    archive: Archive
+    messages: Recall
+
+
 class MemoryTools:
-    """Owns the memory store for one server and registers the memory surface on it."""
+    """Owns the memory of one server and registers the memory surface on it.
+
+    Every principal has its own namespace (``namespace_for``): ``--agent`` for the local user
+    (so existing databases keep their memory), ``<principal>/<agent>`` for the principals of an
+    HTTP deployment. All namespaces share one open database; a namespace is made ready (its
+    default blocks, searches, backfill, the replica relay) the first time its principal
+    calls (``open_space``, run before each tool call, resource read and prompt).
+    """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._store: MemoryStore | None = None
-        self._archive: Archive | None = None
-        self._messages: Recall | None = None
+        self._spaces: dict[str, MemorySpace] = {}
+        self._root: MemoryStore | None = None
+        self._embedder: Embedder | None = None
+        self._background: anyio.abc.TaskGroup | None = None
+        self._opening = anyio.Lock()
         self._server: MCPServer | None = None
         # legacy resources/subscribe: uri -> client connections (weakly held: a closed one drops out)
         self._legacy_subs: dict[str, weakref.WeakSet[Any]] = {}
@@ -81,34 +102,59 @@ class MemoryTools:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        store = await MemoryStore.from_settings(self.settings).open()
-        embedder = make_embedder(self.settings)
-        archive = Archive(store.passages, embedder)
-        self._store, self._archive = store, archive
-        self._messages = Recall(store.conversations, embedder, what="messages")
+        root = await MemoryStore.from_settings(self.settings).open()
+        self._root, self._embedder = root, make_embedder(self.settings)
         log.info(
             "memory: %s (namespace %r, meaning search: %s)",
-            store.location,
-            store.namespace,
-            embedder.model if embedder is not None else "off",
+            root.location,
+            root.namespace,
+            self._embedder.model if self._embedder is not None else "off",
         )
         try:
             async with anyio.create_task_group() as background:
-                background.start_soon(self._warm_up, embedder)
-                background.start_soon(archive.recall.backfill)
-                background.start_soon(self._messages.backfill)
-                if store.db.relays_changes and self._server is not None:
-                    background.start_soon(self._relay_other_replicas, store.db, store.namespace)
+                self._background = background
+                background.start_soon(self._warm_up, self._embedder)
+                await self._add_space(root)
                 try:
                     yield
                 finally:
                     background.cancel_scope.cancel()
         finally:
-            self._store = self._archive = self._messages = None
-            if embedder is not None:
+            self._spaces.clear()
+            self._root = self._background = None
+            if self._embedder is not None:
                 with contextlib.suppress(Exception):
-                    await embedder.aclose()
-            await store.close()
+                    await self._embedder.aclose()
+            await root.close()
+
+    def namespace_for(self, principal: Principal) -> str:
+        if principal.name == LOCAL.name:
+            return self.settings.agent
+        return f"{principal.name}/{self.settings.agent}"
+
+    async def open_space(self, principal: Principal) -> None:
+        """Make ``principal``'s namespace ready (a no-op once it is)."""
+        key = self.namespace_for(principal)
+        if key in self._spaces or self._root is None:
+            return
+        async with self._opening:
+            if key not in self._spaces and self._root is not None:
+                store = MemoryStore.from_settings(self.settings, namespace=key, sharing=self._root)
+                await self._add_space(await store.open_namespace())
+
+    async def _add_space(self, store: MemoryStore) -> None:
+        space = MemorySpace(
+            store,
+            Archive(store.passages, self._embedder),
+            Recall(store.conversations, self._embedder, what="messages"),
+        )
+        self._spaces[store.namespace] = space
+        background = self._background
+        if background is not None:
+            background.start_soon(space.archive.recall.backfill)
+            background.start_soon(space.messages.backfill)
+            if store.db.relays_changes and self._server is not None:
+                background.start_soon(self._relay_other_replicas, store.db, store.namespace)
 
     @staticmethod
     async def _warm_up(embedder: Embedder | None) -> None:
@@ -120,24 +166,25 @@ class MemoryTools:
         except EmbeddingUnavailable as exc:
             log.warning("meaning search unavailable, full text only: %s", exc)
 
+    def _space(self) -> MemorySpace:
+        space = self._spaces.get(self.namespace_for(current_principal()))
+        if space is None:
+            raise ToolError("Memory is not open yet (the server is starting or stopping); try again shortly.")
+        return space
+
     @property
     def store(self) -> MemoryStore:
-        if self._store is None:
-            raise ToolError("Memory is not open yet (the server is starting or stopping); try again shortly.")
-        return self._store
+        """The caller's namespace."""
+        return self._space().store
 
     @property
     def messages(self) -> Recall:
-        """Hybrid search over the namespace's recorded conversations."""
-        if self._messages is None:
-            raise ToolError("Memory is not open yet (the server is starting or stopping); try again shortly.")
-        return self._messages
+        """Hybrid search over the caller's recorded conversations."""
+        return self._space().messages
 
     @property
     def archive(self) -> Archive:
-        if self._archive is None:
-            raise ToolError("Memory is not open yet (the server is starting or stopping); try again shortly.")
-        return self._archive
+        return self._space().archive
 
     # ------------------------------------------------------------ helpers
 
@@ -158,8 +205,8 @@ class MemoryTools:
     async def notify(self, ctx: Context | None, label: str, *, listing: bool = False) -> None:
         """A block changed here: tell this server's subscribers, then the other replicas."""
         await self._publish(label, listing, ctx.notify_resource_updated if ctx is not None else None)
-        store = self._store
-        if store is not None and store.db.relays_changes:
+        store = self.store
+        if store.db.relays_changes:
             try:
                 await store.db.announce(store.namespace, label, listing)
             except Exception as exc:  # best effort: the write itself succeeded

@@ -12,7 +12,7 @@ every route fail fast and honestly:
 - **Shell** (``write_shims``): ``pip``, ``pip3``, ``uv``, ``npm``, ``yarn``, ``pnpm``, ``conda``,
   ``mamba`` shims first on the sandbox's ``PATH`` refuse install-like subcommands with the
   same sentence and hand everything else (``pip list``, ``npm --version``) to the real tool.
-- **Environment** (``guard_environment``): ``PIP_NO_INDEX``, ``UV_OFFLINE`` and npm's
+- **Environment** (``SandboxGuard.environment``): ``PIP_NO_INDEX``, ``UV_OFFLINE`` and npm's
   ``offline`` make whatever slips past the first two (``python -m pip install`` from a
   subprocess) fail immediately instead of retrying the network.
 """
@@ -20,7 +20,10 @@ every route fail fast and honestly:
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+
+from kernmind.execution.sandbox import Mount, Sandbox
 
 REFUSAL = (
     "packages cannot be installed from inside the sandbox (it has no network). Call the "
@@ -107,13 +110,42 @@ def write_shims(directory: Path) -> Path:
     return directory
 
 
-def guard_environment(shim_dir: Path, path: str) -> dict[str, str]:
-    """Variables for sandboxed code: the shims first on ``PATH``; installers that never wait on the network."""
-    return {
-        "PATH": f"{shim_dir}:{path}",
-        "PIP_NO_INDEX": "1",
-        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-        "UV_OFFLINE": "1",
-        "npm_config_offline": "true",
-        "npm_config_update_notifier": "false",
-    }
+SHIMS_MOUNT = "/kernmind/bin"
+
+
+@dataclass(frozen=True)
+class SandboxGuard:
+    """What every sandboxed process gets so installs fail fast: the shims and the variables."""
+
+    shims: Mount
+
+    @classmethod
+    def create(cls, directory: Path) -> SandboxGuard:
+        return cls(Mount(write_shims(directory), SHIMS_MOUNT))
+
+    def environment(self, sandbox: Sandbox, path: str) -> dict[str, str]:
+        """The shims first on ``path``; installers that never wait on the network."""
+        return {
+            "PATH": f"{self.shims.path(sandbox)}:{path}",
+            "PIP_NO_INDEX": "1",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "UV_OFFLINE": "1",
+            "npm_config_offline": "true",
+            "npm_config_update_notifier": "false",
+        }
+
+    def mounts(self) -> list[Mount]:
+        return [self.shims]
+
+
+def activate_layer_code(path: str) -> str:
+    """Code that puts a package layer on a running interpreter's path, after its own packages
+    (``site.addsitedir`` also runs the layer's ``.pth`` files), and drops import caches."""
+    return (
+        "def _kernmind_use_packages(path):\n"
+        "    import importlib, site\n"
+        "    site.addsitedir(path)\n"
+        "    importlib.invalidate_caches()\n"
+        f"_kernmind_use_packages({path!r})\n"
+        "del _kernmind_use_packages\n"
+    )

@@ -30,12 +30,15 @@ import anyio
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, Field
 
+from kernmind.config import Settings
 from kernmind.execution.packages import npm
 from kernmind.execution.packages.layer import Distribution, Layer
 from kernmind.execution.packages.policy import (
     PackageError,
     PackagePolicy,
+    PackageSources,
     installer_environment,
+    load_allowlist,
     parse_npm,
     parse_python,
 )
@@ -54,28 +57,6 @@ from kernmind.execution.sandbox import Sandbox
 
 JS_LANGUAGES = ("javascript", "typescript")
 
-# Packages worth naming to a model (run_code's description, doctor) when importable.
-NOTABLE_PYTHON = (
-    "numpy",
-    "pandas",
-    "matplotlib",
-    "scipy",
-    "scikit-learn",
-    "statsmodels",
-    "seaborn",
-    "plotly",
-    "pyarrow",
-    "openpyxl",
-    "sympy",
-    "networkx",
-    "jinja2",
-    "requests",
-    "beautifulsoup4",
-    "pillow",
-    "pyyaml",
-    "torch",
-)
-
 
 class InstalledPackage(BaseModel):
     name: str
@@ -84,6 +65,7 @@ class InstalledPackage(BaseModel):
 
 class InstallResult(BaseModel):
     language: str
+    session_id: str | None = None
     installed: list[InstalledPackage] = Field(
         description="added by this call: what was asked for and the dependencies it needed"
     )
@@ -113,6 +95,22 @@ class PackageInstaller:
         self.base = BaseEnvironment(self.target)
         self.store = CompiledStore.for_target(self.cache_dir, self.target)
         self.host_env = installer_environment(self.environ)
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, sandbox: Sandbox, target: PythonTarget, environ: Mapping[str, str]
+    ) -> PackageInstaller:
+        """The installer the server uses (``ValueError`` for an unreadable allow-list)."""
+        policy = PackagePolicy(
+            mode=settings.packages,
+            allowlist=load_allowlist(settings.package_allowlist)
+            if settings.package_allowlist
+            else frozenset(),
+            allow_sdist=settings.allow_sdist,
+            sources=PackageSources.resolve(settings.package_index, settings.find_links, environ),
+        )
+        cache = settings.data_dir.absolute() / "cache" / "packages"
+        return cls(policy, target, cache, sandbox, cls.find_deno(), cls.find_uv(), environ)
 
     @staticmethod
     def find_uv() -> str:
@@ -214,11 +212,6 @@ class PackageInstaller:
             host_env=self.host_env,
             timeout=self.timeout,
         )
-
-    def notable_packages(self) -> list[Distribution]:
-        """The notable packages the interpreter has (for descriptions and doctor)."""
-        have = self.base.distributions()
-        return [have[key] for key in NOTABLE_PYTHON if key in have]
 
     def describe(self) -> dict[str, object]:
         try:

@@ -6,7 +6,7 @@ Layout (``root`` belongs to the session, so the layer lives and dies with it):
   put on the interpreter's path after the packages the interpreter already has;
 - ``root/deno``: a ``DENO_DIR`` holding prefetched npm packages.
 
-Only the server writes a layer; sandboxes get it read-only. Files may be hard links into
+Only the server writes a layer; sandboxes get it read-only, at ``/kernmind/packages``. Files may be hard links into
 the shared installer cache, which is why a layer must never be mounted writable.
 """
 
@@ -21,6 +21,8 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
+
+from kernmind.execution.sandbox import Mount
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,17 @@ def distributions_in(directory: Path) -> dict[str, Distribution]:
     return found
 
 
+LAYER_MOUNT = "/kernmind/packages"
+
+
 @dataclass(frozen=True)
 class Layer:
     root: Path
+
+    @property
+    def mount(self) -> Mount:
+        """Sandboxes see the layer read-only at ``/kernmind/packages`` (``python``, ``deno`` in it)."""
+        return Mount(self.root, LAYER_MOUNT)
 
     @property
     def python(self) -> Path:

@@ -71,7 +71,7 @@ PASSED_VARIABLES = (
 )
 
 
-class PackageError(Exception):
+class PackageError(ValueError):
     """An install that did not happen, with a sentence the model can act on."""
 
     def __init__(self, kind: Failure, message: str) -> None:

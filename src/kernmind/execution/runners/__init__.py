@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 
 from kernmind.config import Settings
+from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.runners.base import Runner
 from kernmind.execution.runners.bash import BashRunner
 from kernmind.execution.runners.core import Context
@@ -43,8 +44,10 @@ def _probe_once(name: str, probe: Callable[[], object]) -> object:
         return _probe_cache[name]
 
 
-def _probe_all(sandbox: Sandbox, settings: Settings) -> tuple[dict[str, Runner], dict[str, str]]:
-    ctx = Context(sandbox, settings)
+def _probe_all(
+    sandbox: Sandbox, settings: Settings, guard: SandboxGuard | None = None
+) -> tuple[dict[str, Runner], dict[str, str]]:
+    ctx = Context(sandbox, settings, guard)
     found: dict[str, Runner] = {}
     missing: dict[str, str] = {}
 
@@ -78,9 +81,9 @@ def _probe_all(sandbox: Sandbox, settings: Settings) -> tuple[dict[str, Runner],
     return found, missing
 
 
-def discover(sandbox: Sandbox, settings: Settings) -> dict[str, Runner]:
+def discover(sandbox: Sandbox, settings: Settings, guard: SandboxGuard | None = None) -> dict[str, Runner]:
     """Runners for every language whose runtime is installed (fresh instances per call)."""
-    return _probe_all(sandbox, settings)[0]
+    return _probe_all(sandbox, settings, guard)[0]
 
 
 def missing_runtimes(sandbox: Sandbox, settings: Settings) -> dict[str, str]:

@@ -52,7 +52,9 @@ class BashRunner(StatelessRunner):
             else:
                 script = helpers.write(".sh", call.code)
                 argv = [self.binary, "--noprofile", "--norc", script]
-            cmd = self.ctx.wrap(argv, workspace, env={}, ro_paths=runtime_prefix(self.binary))
+            cmd = self.ctx.wrap(
+                argv, workspace, env={}, ro_paths=runtime_prefix(self.binary), layer=call.session.packages
+            )
             outcome = await self.ctx.run(cmd, collector, label="bash")
         finally:
             helpers.cleanup()

@@ -40,9 +40,11 @@ import anyio
 from anyio.abc import ByteReceiveStream
 
 from kernmind.config import Settings
+from kernmind.execution.packages.guard import SandboxGuard
+from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.runners.base import RuntimeUnavailable
-from kernmind.execution.sandbox import Sandbox, SandboxedCommand
+from kernmind.execution.sandbox import DEFAULT_PATH, Mount, Sandbox, SandboxedCommand
 from kernmind.execution.workspace import Workspace
 
 HELPER_PREFIX = ".km-"
@@ -219,19 +221,41 @@ def exit_error(collector: OutputCollector, exit_code: int | None, detail: str = 
 
 @dataclass
 class Context:
-    """What every runner gets from ``discover``: the sandbox and the server settings."""
+    """What every runner gets from ``discover``: the sandbox, the server settings, and the guard
+    that makes installs from inside code fail at once (``packages/guard.py``)."""
 
     sandbox: Sandbox
     settings: Settings
+    guard: SandboxGuard | None = None
 
     async def run(self, cmd: SandboxedCommand, collector: OutputCollector, *, label: str) -> ProcessOutcome:
         return await run_process(cmd, collector, label=label)
 
     def wrap(
-        self, argv: Sequence[str], workspace: Workspace, *, env: dict[str, str], ro_paths: Sequence[str] = ()
+        self,
+        argv: Sequence[str],
+        workspace: Workspace,
+        *,
+        env: dict[str, str],
+        ro_paths: Sequence[str] = (),
+        layer: Layer | None = None,
     ) -> SandboxedCommand:
+        """``argv`` in the sandbox; with ``layer``, the session's installed Python packages are
+        mounted read-only, on ``PYTHONPATH`` and (their scripts) on ``PATH``."""
+        env = dict(env)
+        mounts: list[Mount] = []
+        path = env.get("PATH", DEFAULT_PATH)
+        if layer is not None and not layer.is_empty():
+            mounts.append(layer.mount)
+            python = f"{layer.mount.path(self.sandbox)}/python"
+            path, env["PYTHONPATH"] = f"{path}:{python}/bin", python
+        if self.guard is not None:
+            mounts += self.guard.mounts()
+            env.update(self.guard.environment(self.sandbox, path))
+        else:
+            env["PATH"] = path
         return self.sandbox.wrap(
-            argv, workspace=workspace.root, env=env, ro_paths=ro_paths, uid=workspace.owner_uid
+            argv, workspace=workspace.root, env=env, ro_paths=ro_paths, uid=workspace.owner_uid, mounts=mounts
         )
 
 

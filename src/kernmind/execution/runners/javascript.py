@@ -17,7 +17,8 @@ Design
   errors happen before any code runs, so nothing runs twice.
 - Permissions: read/write of the workspace only (plus ``/tmp``, the sandbox's private
   tmpfs). ``--cached-only`` means no package download ever; ``require("axios")`` or
-  ``import "npm:axios"`` fail with a message saying only built-in modules are available.
+  ``import "npm:axios"`` fail with a message naming ``install_packages``. npm packages that
+  tool installed are read from the session's Deno cache (its layer, mounted read-only).
   ``--allow-net`` only with ``allow_network``. ``NO_COLOR=1``; ``DENO_DIR`` in ``/tmp``.
 - Memory: ``--max-old-space-size`` below the sandbox's RLIMIT_DATA, and ``--jitless`` when
   the limit is too small for V8's JIT to start (see ``v8_flags``).
@@ -30,10 +31,12 @@ shown as ``snippet.js``/``snippet.ts``}; parse errors are ``SyntaxError``; a non
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import urllib.parse
 
+from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.runners.base import Call, StatelessRunner
 from kernmind.execution.runners.core import (
@@ -47,8 +50,10 @@ from kernmind.execution.runners.core import (
 INSTALL_HINT = "Deno (pip install deno — the `deno` Python package ships the binary)"
 
 NOT_INSTALLED = (
-    "npm packages are not installed in this sandbox; only Node built-in modules "
-    "(fs, path, crypto, … also as node:fs) and files in the working directory can be loaded"
+    "this npm package is not installed in this session: install it with the install_packages tool "
+    '(packages=["npm:name@version"], language="javascript"), then import it as "npm:name@version". '
+    "Node built-in modules (fs, path, crypto, … also as node:fs) and files in the working directory "
+    "need no install"
 )
 
 PRELUDE = r"""
@@ -310,15 +315,16 @@ class DenoRunner(StatelessRunner):
             cls(ctx, "typescript", binary, f"{deno_v}, {ts_v}"),
         )
 
-    def _argv(self, inner_ws: str, script: str) -> list[str]:
+    def _argv(self, inner_ws: str, script: str, npm_installed: bool) -> list[str]:
         allowed = f"{inner_ws},/tmp" if self.ctx.sandbox.isolated else inner_ws
+        npm_usable = self.ctx.settings.allow_network or npm_installed
         argv = [
             self.binary,
             "run",
             "--no-prompt",
             "--no-lock",
             "--no-config",
-            "--no-npm" if not self.ctx.settings.allow_network else "--node-modules-dir=none",
+            "--node-modules-dir=none" if npm_usable else "--no-npm",
             f"--allow-read={allowed}",
             f"--allow-write={allowed}",
         ]
@@ -335,13 +341,15 @@ class DenoRunner(StatelessRunner):
         helpers = HelperFiles(workspace, inner_ws)
         captured = with_value_capture(call.code)
         try:
-            outcome = await self._attempt(captured or call.code, helpers, call.collector)
+            outcome = await self._attempt(
+                captured or call.code, helpers, call.collector, call.session.packages
+            )
             if captured is not None and self._parse_failed(call.collector, outcome):
                 # The value-capturing rewrite did not parse: run the code as written.
                 helpers.cleanup()
                 helpers = HelperFiles(workspace, inner_ws)
                 call.collector.reset()
-                outcome = await self._attempt(call.code, helpers, call.collector)
+                outcome = await self._attempt(call.code, helpers, call.collector, call.session.packages)
             value = helpers.read(".res.json")
             err = helpers.read(".err.json")
         finally:
@@ -358,7 +366,9 @@ class DenoRunner(StatelessRunner):
             else:
                 self._from_stderr(call.collector, outcome.exit_code, helpers, script_url)
 
-    async def _attempt(self, source: str, helpers: HelperFiles, collector: OutputCollector) -> ProcessOutcome:
+    async def _attempt(
+        self, source: str, helpers: HelperFiles, collector: OutputCollector, layer: Layer | None
+    ) -> ProcessOutcome:
         inner_ws = helpers.inner_root
         script_path = helpers.inner(self.suffix)
         prelude = PRELUDE % {
@@ -370,15 +380,23 @@ class DenoRunner(StatelessRunner):
         }
         url = "data:application/javascript," + urllib.parse.quote(prelude)
         script = helpers.write(self.suffix, f'{source}\n;import "{url}";\n')
+        # npm packages installed with install_packages: the session's Deno cache, read-only
+        # (and the registry they came from: Deno keys its cache by registry).
+        npm_installed = layer is not None and (layer.deno / "npm").is_dir()
+        deno_dir = "/tmp/.deno" if self.ctx.sandbox.isolated else f"{inner_ws}/.km-deno"
+        env = {"NO_COLOR": "1", "DENO_DIR": deno_dir, "DENO_NO_UPDATE_CHECK": "1"}
+        ro_paths = runtime_prefix(self.binary)
+        if npm_installed:
+            assert layer is not None  # mounted by ctx.wrap(layer=...)
+            env["DENO_DIR"] = f"{layer.mount.path(self.ctx.sandbox)}/deno"
+            if registry := os.environ.get("NPM_CONFIG_REGISTRY") or os.environ.get("npm_config_registry"):
+                env["NPM_CONFIG_REGISTRY"] = registry
         cmd = self.ctx.wrap(
-            self._argv(inner_ws, script),
+            self._argv(inner_ws, script, npm_installed),
             helpers.workspace,
-            env={
-                "NO_COLOR": "1",
-                "DENO_DIR": "/tmp/.deno" if self.ctx.sandbox.isolated else f"{inner_ws}/.km-deno",
-                "DENO_NO_UPDATE_CHECK": "1",
-            },
-            ro_paths=runtime_prefix(self.binary),
+            env=env,
+            ro_paths=ro_paths,
+            layer=layer if npm_installed else None,
         )
         return await self.ctx.run(cmd, collector, label=self.language)
 

@@ -1,9 +1,19 @@
 """``python`` in Jupyter kernels: one kernel per session, kept between calls.
 
-- A session's first Python call takes a warm kernel from the pool (``pool.py``); the
-  session's files (uploads, other languages' output) move into that kernel's working
-  directory, which from then on is the session's (``session.workspace``).
-- ``reset``: a fresh kernel from the pool, the files move along, the old kernel goes.
+- A session's first Python call takes a warm kernel from the pool (``pool.py``) and binds
+  it to the session's own working directory (its stable home in the store: the kernel's
+  empty directory is moved into place, see ``store.rebind``), so the kernel writes where
+  the files live and nothing moves back when it stops.
+- ``reset``: a fresh kernel from the pool bound the same way; the old kernel goes.
+- Installed packages move with the session: every kernel starts with an empty package layer
+  mounted read-only; when it joins a session, the session's layer moves into it and the
+  interpreter puts it on its path (``Kernel.use_packages``).
+- **Variables that last** (``snapshot.py``): when the session is unloaded (idle reaping,
+  server stop) ``suspend`` saves the namespace inside the kernel before stopping it; an
+  idle session whose code ran is also saved in the background (``autosave``), so a server
+  that is killed loses little. The first call of a session loaded from the store restores
+  the snapshot in its fresh kernel before the code runs, and its notes say what came back,
+  what did not, and how old the snapshot is when the server had stopped without saving.
 - A ``--stateless`` call runs in a throw-away session, so it gets a fresh kernel and an
   empty directory, both dropped after the call.
 - After a time limit, quota stop or cancellation the supervisor asks us to ``interrupt``:
@@ -18,36 +28,66 @@ Error policy: a kernel that cannot be started raises ``RuntimeUnavailable`` with
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernmind.execution.kernels import Kernel, PythonRuntime
+import anyio
+
+from kernmind.execution import snapshot
+from kernmind.execution.errors import RuntimeUnavailable
+from kernmind.execution.kernels import Kernel
 from kernmind.execution.pool import KernelPool
 from kernmind.execution.runners.base import Call
+from kernmind.execution.workspace import WorkspaceError, off_loop
 
 if TYPE_CHECKING:
     from kernmind.execution.sessions import Session
-    from kernmind.execution.workspace import Workspace
+
+log = logging.getLogger(__name__)
 
 INTERRUPT_GRACE = 3.0
 LANGUAGE = "python"
+
+
+@dataclass(frozen=True)
+class SnapshotBudget:
+    max_bytes: int
+    seconds: float
 
 
 class PythonRunner:
     language = LANGUAGE
     prepares = True  # calls call.begin() once a kernel is ready: the time limit starts there
 
-    def __init__(self, runtime: PythonRuntime, pool: KernelPool) -> None:
-        self.runtime = runtime
-        self.pool = pool
-        self.version = f"Python {runtime.version} (ipykernel {runtime.ipykernel})"
+    def __init__(
+        self,
+        pool: KernelPool,
+        version: str,
+        *,
+        inner_root: Callable[[Path], str],
+        budget: SnapshotBudget,
+    ) -> None:
+        self.pool = pool  # of local kernels, or of a kernel gateway's (``gateway_kernels.py``)
+        self.version = version
+        self.inner_root = inner_root  # the path the kernel sees for a working directory
+        self.budget = budget
 
     @staticmethod
     def kernel_of(session: Session) -> Kernel | None:
         return session.state.get(LANGUAGE)
 
     async def execute(self, call: Call) -> None:
+        session = call.session
         kernel = await self._kernel_for(call)
+        if session.resumed:
+            session.resumed = False
+            if not call.reset:
+                call.notes.extend(await self._restore(session, kernel))
         call.begin()
+        session.dirty = True
         outcome = await kernel.execute(call.code, call.collector)
         if outcome.execution_count is not None:
             call.execution_count = outcome.execution_count
@@ -60,10 +100,10 @@ class PythonRunner:
                 if outcome.exit_code in (-9, -11, 137)
                 else ""
             )
+            what = outcome.detail or f"the Python interpreter died while running this code{code}{hint}"
             call.collector.set_error(
                 "KernelDied",
-                f"the Python interpreter died while running this code{code}{hint}. Its state is lost; "
-                "the next call starts a fresh interpreter with the same files.",
+                f"{what}. Its state is lost; the next call starts a fresh interpreter with the same files.",
                 "",
             )
 
@@ -80,7 +120,11 @@ class PythonRunner:
         if kernel is None or not kernel.needs_replacement or call.session.ephemeral:
             return
         # Stuck or dead: swap it now so it stops using CPU, and tell the next call.
-        await self._replace(call.session)
+        try:
+            await self._replace(call.session)
+        except RuntimeUnavailable as exc:  # the call's own result stands; the next call starts one
+            log.warning("could not replace the interpreter of session %r: %s", call.session.id, exc)
+            return
         call.session.pending_notes.append(
             "the interpreter was restarted after the previous call; variables and imports are gone "
             "(files in the working directory are kept)."
@@ -95,6 +139,59 @@ class PythonRunner:
     async def aclose(self) -> None:
         await self.pool.close()
 
+    # --- variables that last --------------------------------------------------------------
+    async def suspend(self, session: Session) -> None:
+        """The session is being unloaded: save its namespace (when it changed), stop its kernel."""
+        kernel = self.kernel_of(session)
+        meta = session.meta
+        try:
+            if kernel is not None and meta is not None and not kernel.needs_replacement:
+                if session.dirty or meta.snapshot_at is None:
+                    if await kernel.is_alive():
+                        await self._save(session, kernel, clean=True)
+                else:  # the last autosave already holds everything
+                    meta.snapshot_clean = True
+        finally:
+            await self.release(session)
+
+    async def autosave(self, session: Session) -> None:
+        """Checkpoint a live, idle session (what a server that is killed later restores)."""
+        kernel = self.kernel_of(session)
+        if kernel is not None and not kernel.needs_replacement and await kernel.is_alive():
+            await self._save(session, kernel, clean=False)
+
+    async def _save(self, session: Session, kernel: Kernel, *, clean: bool) -> None:
+        meta, home, ws = session.meta, session.home, session.workspace
+        if meta is None or home is None or ws is None:
+            return
+        report = await snapshot.save(
+            kernel, self.inner_root(ws.root), limit_bytes=self.budget.max_bytes, seconds=self.budget.seconds
+        )
+        if report is None:
+            return
+        meta.snapshot_at, meta.snapshot_clean, meta.snapshot_skipped = report.at, clean, report.skipped
+        session.dirty = False
+        await off_loop(lambda: home.save_meta(meta), timeout=None)
+
+    async def _restore(self, session: Session, kernel: Kernel) -> list[str]:
+        meta, ws = session.meta, session.files()
+        try:
+            await ws.aread(snapshot.SNAPSHOT_FILE, length=0)
+        except WorkspaceError:
+            if meta is not None and meta.snapshot_at is not None:
+                return ["the session's saved variables are gone from its working directory; it starts fresh."]
+            return []
+        notes = await snapshot.restore(
+            kernel,
+            self.inner_root(ws.root),
+            seconds=self.budget.seconds,
+            taken_at=meta.snapshot_at if meta else None,
+            clean=bool(meta and meta.snapshot_clean),
+        )
+        if meta is not None and meta.snapshot_skipped:
+            notes.append(snapshot.skipped_note(meta.snapshot_skipped))
+        return notes
+
     # --- which kernel serves the call ------------------------------------------------------
     async def _kernel_for(self, call: Call) -> Kernel:
         session = call.session
@@ -102,9 +199,9 @@ class PythonRunner:
         if kernel is None:
             return await self._attach(session)
         if call.reset:
-            # The old kernel is idle (the session is held): move its files, drop it in the background.
-            fresh = await self._acquire(kernel.workspace)
-            session.state[LANGUAGE], session.workspace = fresh, fresh.workspace
+            # The old kernel is idle (the session is held): bind a fresh one, drop the old one in the background.
+            fresh = await self._acquire(session)
+            session.state[LANGUAGE] = fresh
             self.pool.release(kernel)
             return fresh
         if kernel.needs_replacement or not await kernel.is_alive():
@@ -116,12 +213,12 @@ class PythonRunner:
         return kernel
 
     async def _attach(self, session: Session) -> Kernel:
-        """A kernel for a session that has none: its files (if any) move into the kernel's directory."""
-        files = session.workspace
-        kernel = await self._acquire(files)
-        session.state[LANGUAGE], session.workspace = kernel, kernel.workspace
-        if files is not None:
-            await files.aremove()
+        """A kernel for a session that has none, bound to the session's working directory (an
+        ephemeral session without one takes the kernel's own)."""
+        kernel = await self._acquire(session)
+        session.state[LANGUAGE] = kernel
+        if session.workspace is None:
+            session.workspace, kernel.home_bound = kernel.workspace, True  # the session's from now on
         return kernel
 
     async def _replace(self, session: Session) -> Kernel:
@@ -131,5 +228,11 @@ class PythonRunner:
             await old.shutdown()
         return await self._attach(session)
 
-    async def _acquire(self, files: Workspace | None) -> Kernel:
-        return await self.pool.acquire(workspace=files)
+    async def _acquire(self, session: Session) -> Kernel:
+        """A kernel bound to the session's files, with its installed packages (importable at once)."""
+        kernel = await self.pool.acquire(session.workspace, layer=session.packages)
+        if kernel.layer is not None:
+            session.packages = kernel.layer
+            if not await anyio.to_thread.run_sync(kernel.layer.is_empty):
+                await kernel.use_packages()
+        return kernel

@@ -1,0 +1,305 @@
+"""Stored sessions: where a named session's files, variables and history live between servers.
+
+Layout, under the data dir (``<data dir>/sessions``)::
+
+    sessions/<owner>/<session_id>/
+        files/        the working directory (bound at /workspace in the sandbox)
+        .attach/      only while a kernel's directory is being moved into place (see below)
+        .lock         flock'd by the server that has the session live
+        meta.json     created, last used, size, file count, snapshot facts (written by the server)
+        history.jsonl the session's calls, for export_notebook (written by the server)
+
+``owner`` is the principal a session belongs to (``local`` on stdio, for now the only one);
+stored sessions are keyed by ``(owner, session_id)`` everywhere.
+
+**One server per session at a time.** A server that loads a session takes an exclusive,
+non-blocking ``flock`` on its ``.lock`` and keeps it while the session is live (until it is
+reaped, closed or the server stops); the kernel drops it when the process dies, however it
+dies. A second server on the same data dir that asks for that session is refused with a
+sentence naming the holder's pid, and ``rm``/``prune`` never touch a locked session. So two
+servers (a desktop app and a CLI) share the stored sessions without corrupting or stealing
+each other's: whoever has a session live owns it until it lets go.
+
+**Moving a kernel in without moving files out.** A warm kernel has its own empty directory
+bound at ``/workspace``. A bind mount follows the directory, not its path, so
+``rebind(home, spare)`` renames that empty directory to ``<session>/.attach``, moves the
+session's top-level entries into it (renames, no copies) and renames it over the emptied
+``files/``: from then on the kernel writes straight into the session's stable home, and
+nothing has to move back when the kernel stops. A crash in the middle leaves the entries
+split between ``files/`` and ``.attach/``, both inside the session's directory;
+``recover()`` (run whenever a session is loaded) puts them back together.
+
+**Caps.** ``check_room`` refuses a new stored session when the number of stored sessions
+or their total size is at its cap, naming the least recently used sessions to close.
+
+Error policy: a request the model can correct (a session held by another server, caps)
+raises ``SessionError`` with a sentence; ``rm`` of a held session raises the same.
+Unreadable ``meta.json`` is treated as missing (it is rewritten on the next save).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernmind.execution.errors import SessionError
+from kernmind.execution.filescan import scan_tree
+
+LOCAL_OWNER = "local"
+FILES = "files"
+ATTACHING = ".attach"
+LOCK = ".lock"
+META = "meta.json"
+HISTORY = "history.jsonl"
+SNAPSHOT_DIR = ".km-state"  # inside files/: written and read only by the session's own kernel
+MAX_META_BYTES = 64 * 1024
+
+
+@dataclass
+class Meta:
+    """What the server records about a stored session (its own file; never written by code)."""
+
+    owner: str
+    session_id: str
+    created: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.time)
+    bytes: int = 0
+    files: int = 0
+    snapshot_at: float | None = None  # when the variables were last saved
+    snapshot_skipped: dict[str, str] = field(default_factory=dict)  # name -> why it was not saved
+    snapshot_clean: bool = False  # saved when the interpreter stopped (not an autosave before a crash)
+
+
+@dataclass
+class StoredSession:
+    """One stored session as listed: its meta and who holds it now."""
+
+    meta: Meta
+    path: Path
+    held_by: int | None  # pid of the server that has it live, if any
+
+    def row(self) -> dict[str, Any]:
+        return {**asdict(self.meta), "held_by_pid": self.held_by}
+
+
+class SessionHome:
+    """One session's directory: paths, its lock, its meta and crash recovery."""
+
+    def __init__(self, root: Path, owner: str, session_id: str) -> None:
+        self.root = root
+        self.owner = owner
+        self.session_id = session_id
+        self._lock_fd: int | None = None
+
+    @property
+    def files(self) -> Path:
+        return self.root / FILES
+
+    @property
+    def history(self) -> Path:
+        return self.root / HISTORY
+
+    # --- holding it ----------------------------------------------------------------
+    def claim(self) -> None:
+        """Take the session for this server, or raise ``SessionError`` naming the holder."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            pid = holder_pid(self.root)
+            who = f"another kernmind server (pid {pid})" if pid else "another kernmind server"
+            raise SessionError(
+                f"session {self.session_id!r} is in use by {who} on this data dir; use another "
+                "session_id, or stop that server (or wait until it closes the session)."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+        self.recover()
+        self.files.mkdir(exist_ok=True, mode=0o755)
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._lock_fd, 0)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._lock_fd is not None
+
+    def recover(self) -> None:
+        """Finish a ``rebind`` that a crash interrupted: every entry back in ``files/``."""
+        staging = self.root / ATTACHING
+        if not staging.is_dir() or staging.is_symlink():
+            return
+        if not self.files.exists():
+            os.rename(staging, self.files)
+            return
+        for name in os.listdir(staging):
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(staging / name, self.files / name)
+        shutil.rmtree(staging, ignore_errors=True)
+
+    # --- meta --------------------------------------------------------------------
+    def load_meta(self) -> Meta:
+        return read_meta(self.root) or Meta(self.owner, self.session_id)
+
+    def save_meta(self, meta: Meta) -> None:
+        tmp = self.root / f".{META}.{os.getpid()}"
+        tmp.write_text(json.dumps(asdict(meta)))
+        os.replace(tmp, self.root / META)
+
+    def delete(self) -> None:
+        """Remove everything (the caller holds the lock)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.release()
+
+
+def rebind(home: Path, spare: Path) -> None:
+    """Make the (empty) directory ``spare``, bound in a kernel's sandbox, the session's ``home``
+    with the session's files in it (see the module docstring). Raises ``OSError`` (``EXDEV``
+    when the two are on different file systems: the caller then binds ``home`` directly)."""
+    staging = home.parent / ATTACHING
+    os.rename(spare, staging)
+    try:
+        for name in os.listdir(home):
+            os.rename(home / name, staging / name)
+        os.rename(staging, home)  # replaces the emptied directory
+    except OSError:
+        SessionHome(home.parent, "", "").recover()
+        raise
+
+
+def ago(seconds: float) -> str:
+    """``seconds`` as "3 minutes ago"."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n != 1 else ''} ago"
+    return f"{int(seconds)} seconds ago"
+
+
+def holder_pid(root: Path) -> int | None:
+    try:
+        text = (root / LOCK).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def is_held(root: Path) -> bool:
+    """True when some server holds the session's lock now."""
+    try:
+        fd = os.open(root / LOCK, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock we took
+    return False
+
+
+def read_meta(root: Path) -> Meta | None:
+    try:
+        with open(root / META, "rb") as fh:
+            data = json.loads(fh.read(MAX_META_BYTES))
+        return Meta(**{k: v for k, v in data.items() if k in Meta.__dataclass_fields__})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+class SessionStore:
+    """Every stored session under ``<data dir>/sessions``: homes, listing, caps, removal."""
+
+    def __init__(self, root: Path, *, max_sessions: int, max_bytes: int) -> None:
+        self.root = root
+        self.max_sessions = max_sessions
+        self.max_bytes = max_bytes
+
+    def home(self, owner: str, session_id: str) -> SessionHome:
+        return SessionHome(self.root / owner / session_id, owner, session_id)
+
+    def exists(self, owner: str, session_id: str) -> bool:
+        return (self.root / owner / session_id / FILES).is_dir()
+
+    def list(self, owner: str | None = None) -> list[StoredSession]:
+        """Stored sessions (of ``owner``, or all), most recently used first."""
+        found: list[StoredSession] = []
+        owners = [owner] if owner else _subdirs(self.root)
+        for who in owners:
+            for sid in _subdirs(self.root / who):
+                path = self.root / who / sid
+                meta = read_meta(path) or Meta(who, sid, created=_mtime(path), last_used=_mtime(path))
+                held = is_held(path)
+                found.append(StoredSession(meta, path, holder_pid(path) if held else None))
+        return sorted(found, key=lambda s: s.meta.last_used, reverse=True)
+
+    def check_room(self, owner: str, session_id: str, live: set[tuple[str, str]]) -> None:
+        """Refuse a new stored session when the caps are reached, naming sessions to close."""
+        stored = [s for s in self.list() if (s.meta.owner, s.meta.session_id) != (owner, session_id)]
+        used = sum(s.meta.bytes for s in stored)
+        if len(stored) < self.max_sessions and used < self.max_bytes:
+            return
+        closable = [
+            s.meta.session_id
+            for s in reversed(stored)
+            if s.held_by is None and (s.meta.owner, s.meta.session_id) not in live and s.meta.owner == owner
+        ][:5]
+        what = (
+            f"{len(stored)} stored sessions (the cap is {self.max_sessions})"
+            if len(stored) >= self.max_sessions
+            else f"stored sessions use {used / 2**20:.0f} MiB (the cap is {self.max_bytes / 2**20:.0f} MiB)"
+        )
+        hint = (
+            f"Close one you no longer need with close_session (least recently used: {', '.join(closable)})"
+            if closable
+            else "Close a session you no longer need with close_session"
+        )
+        raise SessionError(
+            f"cannot create session {session_id!r}: {what}. {hint}, or reuse an existing session_id."
+        )
+
+    def remove(self, owner: str, session_id: str) -> None:
+        """Delete a stored session that no server holds (``SessionError`` otherwise)."""
+        home = self.home(owner, session_id)
+        if not home.root.is_dir():
+            raise SessionError(f"no stored session {session_id!r} (owner {owner!r}).")
+        home.claim()  # refuses when a server has it live
+        home.delete()
+
+    def refresh_size(self, home: SessionHome, meta: Meta) -> Meta:
+        scan = scan_tree(home.files)
+        meta.bytes, meta.files = scan.bytes_used, len(scan.files)
+        return meta
+
+
+def _subdirs(path: Path) -> list[str]:
+    try:
+        return sorted(e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

@@ -1,0 +1,117 @@
+"""A real Jupyter Kernel Gateway for the tests: ``python -m kernel_gateway`` on 127.0.0.1 with a token.
+
+It runs from this virtualenv, so its ``python3`` kernelspec is this Python's ipykernel
+(with matplotlib for the image tests). Its Jupyter directories are private (a temporary
+directory), so it writes nothing to the user's. ``restart()`` stops it and starts a new
+one on the same port, the way a gateway that crashed or was redeployed comes back.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+START_TIMEOUT = 90.0  # seconds: the gateway imports the Jupyter server stack (slow on a loaded machine)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class KernelGatewayServer:
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="km-kg-"))
+        self.port = free_port()
+        self.token = secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = self.dir / "gateway.log"
+
+    def start(self) -> KernelGatewayServer:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "KERNMIND_"))}
+        env.update(
+            JUPYTER_DATA_DIR=str(self.dir / "data"),
+            JUPYTER_RUNTIME_DIR=str(self.dir / "runtime"),
+            JUPYTER_CONFIG_DIR=str(self.dir / "config"),
+            IPYTHONDIR=str(self.dir / "ipython"),
+            MPLBACKEND="module://matplotlib_inline.backend_inline",
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "kernel_gateway",
+            "--KernelGatewayApp.ip=127.0.0.1",
+            f"--KernelGatewayApp.port={self.port}",
+            "--KernelGatewayApp.port_retries=0",
+            f"--KernelGatewayApp.auth_token={self.token}",
+            # As deployed (README): kernmind budgets output itself, the gateway must not drop it.
+            "--ZMQChannelsWebsocketConnection.limit_rate=False",
+        ]
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=self.dir
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            if self.answers():
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(
+            f"the kernel gateway did not start:\n{self.log.read_text(errors='replace')[-3000:]}"
+        )
+
+    def answers(self) -> bool:
+        request = urllib.request.Request(
+            f"{self.url}/api/kernelspecs", headers={"Authorization": f"token {self.token}"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=2) as response:
+                return response.status == 200
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def kernel_ids(self) -> list[str]:
+        """The kernels it runs now (found as processes: listing over REST is off by default)."""
+        out = []
+        for pid in os.listdir("/proc"):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"ipykernel_launcher" in cmd and any(str(self.dir).encode() in c for c in cmd):
+                out.append(pid)
+        return out
+
+    def stop(self) -> None:
+        """Stop the gateway and its kernels (SIGTERM, then SIGKILL)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,122 @@
+"""``--kernel-gateway``: what is particular to kernels on a gateway (the run_code behaviour they
+share with local kernels is tested by running test_python_run_code.py on both).
+
+A real ``jupyter-kernel-gateway`` and a real PostgreSQL, started by the tests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+
+from kernmind.server import create_server
+from tests.conftest import error_text, structured
+from tests.memory.postgres_server import PostgresServer
+from tests.transport.procs import run_cli
+
+from .conftest import gateway_settings
+from .gateway_server import KernelGatewayServer
+
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("gateway")]
+
+
+async def run(client: Client, code: str, **args: object) -> dict:
+    return structured(await client.call_tool("run_code", {"code": code, **args}))
+
+
+async def test_a_gateway_restart_gives_a_clear_error_then_recovers(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    gateway = KernelGatewayServer().start()
+    try:
+        settings = gateway_settings(tmp_path, gateway, postgres_server, pool_size=0)
+        async with Client(create_server(settings)) as client:
+            await run(client, "x = 1\nopen('kept.txt', 'w').write('kept')", session_id="g")
+            results: dict[str, dict] = {}
+
+            async def running() -> None:
+                results["cut"] = await run(client, "import time\ntime.sleep(8)", session_id="g")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(running)
+                await anyio.sleep(1.5)
+                await anyio.to_thread.run_sync(gateway.stop)
+            cut = results["cut"]
+            assert cut["status"] == "error" and cut["error"]["name"] == "KernelDied"
+            assert "kernel gateway" in cut["error"]["value"] and cut["state_preserved"] is False
+
+            down = error_text(await client.call_tool("run_code", {"code": "1", "session_id": "g"}))
+            assert gateway.url in down and "unreachable" in down
+
+            await anyio.to_thread.run_sync(gateway.start)
+            back = await run(client, "open('kept.txt').read(), 'x' in globals()", session_id="g")
+            assert back["results"][0]["text"] == "('kept', False)"
+            fresh = await run(client, "2 + 2", session_id="new-after-restart")
+            assert fresh["results"][0]["text"] == "4"
+    finally:
+        gateway.close()
+
+
+async def test_a_wrong_token_is_refused_in_words(tmp_path: Path, kernel_gateway: KernelGatewayServer) -> None:
+    settings = gateway_settings(tmp_path, kernel_gateway, None, pool_size=0, kernel_gateway_token="wrong")
+    async with Client(create_server(settings)) as client:
+        msg = error_text(await client.call_tool("run_code", {"code": "1"}))
+        assert "401" in msg and "--kernel-gateway-token" in msg
+
+
+async def test_kernels_that_cannot_see_the_shared_directory_are_refused_in_words(
+    tmp_path: Path, kernel_gateway: KernelGatewayServer
+) -> None:
+    settings = gateway_settings(
+        tmp_path, kernel_gateway, None, pool_size=0, kernel_gateway_kernel_workspaces="/nonexistent/volume"
+    )
+    async with Client(create_server(settings)) as client:
+        msg = error_text(await client.call_tool("run_code", {"code": "1"}))
+        assert "cannot see its working directory" in msg and "--kernel-gateway-kernel-workspaces" in msg
+
+
+async def test_files_are_shared_with_the_gateway_kernel_and_local_languages(
+    tmp_path: Path, kernel_gateway: KernelGatewayServer
+) -> None:
+    """Uploads land where the remote kernel works; bash, run here, sees the same directory."""
+    settings = gateway_settings(tmp_path, kernel_gateway, None, pool_size=0, sandbox="none")
+    async with Client(create_server(settings)) as client:
+        structured(
+            await client.call_tool("upload_file", {"path": "d/in.txt", "content": "hello", "session_id": "f"})
+        )
+        out = await run(client, "import os\nprint(open('d/in.txt').read(), os.getcwd())", session_id="f")
+        content, cwd = "".join(out["logs"]["stdout"]).split()
+        assert content == "hello" and Path(cwd).parent == settings.gateway_workspaces_dir
+        made = await run(client, "open('out.bin', 'wb').write(bytes(range(256)))", session_id="f")
+        assert made["files"] == [{"path": "out.bin", "size": 256, "mime": "application/octet-stream"}]
+        got = structured(await client.call_tool("download_file", {"path": "out.bin", "session_id": "f"}))
+        assert got["encoding"] == "base64" and got["size"] == 256
+        listed = await run(client, "ls out.bin d", language="bash", session_id="f")
+        assert {"out.bin", "in.txt"} <= set("".join(listed["logs"]["stdout"]).split())
+
+
+def test_doctor_says_python_runs_in_the_gateways_sandbox(
+    tmp_path: Path, kernel_gateway: KernelGatewayServer
+) -> None:
+    out = run_cli(
+        ["doctor", "--json", "--data-dir", str(tmp_path / "data"), "--kernel-gateway", kernel_gateway.url],
+        tmp_path,
+        timeout=120,
+        KERNMIND_KERNEL_GATEWAY_TOKEN=kernel_gateway.token,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["kernel_gateway"]["sandbox"].startswith("the gateway's")
+    assert report["languages"]["python"]["runtime"] == "kernel gateway"
+    assert report["live_test"]["ok"] is True and report["live_test"]["value"] == "2"
+    text = run_cli(
+        ["doctor", "--data-dir", str(tmp_path / "data"), "--kernel-gateway", kernel_gateway.url],
+        tmp_path,
+        timeout=120,
+        KERNMIND_KERNEL_GATEWAY_TOKEN=kernel_gateway.token,
+    ).stdout
+    assert "python runs in the gateway's" in text and "live test" in text
