@@ -420,7 +420,7 @@ async def test_path_traversal_through_upload_and_download_is_refused(h: Harness)
         assert "working directory" in msg or "NUL" in msg
         msg = error_text(await h.client.call_tool("download_file", {"path": bad, "session_id": "paths"}))
         assert "working directory" in msg or "NUL" in msg
-    assert not (h.data_dir / "workspaces" / "escape.txt").exists()
+    assert not list(h.data_dir.glob("**/escape.txt"))
     await h.healthy("paths")
 
 
@@ -447,7 +447,7 @@ async def test_symlinks_planted_by_code_cannot_redirect_the_file_tools(h: Harnes
 async def test_one_session_cannot_read_anothers_files(h: Harness) -> None:
     """Each session sees only its own workspace, even knowing the other's host path."""
     await h.run("open('private.txt', 'w').write('alice only')", "alice")
-    others = [p for p in (h.data_dir / "workspaces").glob("**/private.txt")]
+    others = list(h.data_dir.glob("**/private.txt"))  # the session lives under the data dir
     assert len(others) == 1
     code = (
         "import os, glob\n"

@@ -484,7 +484,7 @@ async def held_sibling(server: Server, run: Run) -> AsyncIterator[Sibling]:
         ready = None
         with anyio.fail_after(120):
             while ready is None and "out" not in outcome:
-                ready = next((server.data_dir / "workspaces").glob(f"**/ready-{token}"), None)
+                ready = next(server.data_dir.glob(f"**/ready-{token}"), None)
                 await anyio.sleep(0.05)
         assert ready is not None, f"the sibling never got ready: {outcome.get('out')}"
         try:

@@ -405,6 +405,12 @@ class SessionRegistry:
         """Delete a session: stop the call running in it and its runners, and remove its files,
         variables and history. False when there was no such session."""
         sid = check_session_id(session_id)
+        # Loads wait until the home is gone: a call queued on the closed session then starts a
+        # new one instead of finding the old home still locked by this server.
+        async with self._loading:
+            return await self._close(owner, sid)
+
+    async def _close(self, owner: str, sid: str) -> bool:
         session = self.sessions.pop((owner, sid), None)
         if session is None:
             store = self.store
