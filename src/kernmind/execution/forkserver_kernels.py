@@ -86,20 +86,27 @@ class ForkKernelFactory:
         # One zmq context (one I/O thread) for every forked kernel's manager and client,
         # instead of two per kernel; made and destroyed by ``running()``.
         self._zmq: zmq.asyncio.Context | None = None
+        self._users = 0  # how many ``running()`` blocks are open
         self._said: str | None = None  # the last fallback reason logged
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[ForkKernelFactory]:
         """Keep the template running (it is started in the background) while in this block."""
-        if self.base.runtime.error:
-            yield self
+        if self.base.runtime.error or self._users:  # nested (a second client's lifespan): already running
+            self._users += 1
+            try:
+                yield self
+            finally:
+                self._users -= 1
             return
-        self._zmq = zmq.asyncio.Context()
+        self._users = 1
+        self._zmq = context = zmq.asyncio.Context()
         try:
             async with self.server.running():
                 yield self
         finally:
-            self._zmq.destroy(linger=0)
+            self._users = 0
+            context.destroy(linger=0)
             self._zmq = None
 
     def status(self) -> dict[str, Any]:
