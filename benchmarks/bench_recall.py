@@ -29,6 +29,7 @@ from kernmind.config import Settings
 from kernmind.memory.archival import Archive
 from kernmind.memory.embeddings import make_embedder
 from kernmind.memory.store import MemoryStore
+from kernmind.memory.vector_index import nearest
 from paraphrase_set import _STOP, PAIRS, distractors, shared_content_words
 
 
@@ -60,7 +61,7 @@ async def run(n_distractors: int) -> list[tuple[str, str, str]]:
 
             async def vectors_only(q: str) -> list[int]:
                 [v] = await embedder.embed([q])
-                return hybrid.recall.index.search(v, 5)  # type: ignore[union-attr]
+                return nearest(hybrid.recall.index.candidates(), v, 5)  # type: ignore[union-attr]
 
             rankers = {
                 "bm25 alone": lambda q: _ids(text_only.search(q, top_k=5)),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 from mcp import Client
 
@@ -194,11 +195,14 @@ async def test_passages_stored_while_down_are_embedded_later(tmp_path: Path) -> 
     async with Client(create_server(settings)) as client:
         first = await ok(client, "archival_memory_insert", content="I bought a new sedan")
         assert not first["embedded"]
-    # the endpoint comes back (same port); the next insert embeds the backlog
+    # the endpoint comes back (same port); the server's background task embeds the backlog
     srv2 = EmbeddingServer(srv.port)
     try:
         async with Client(create_server(settings)) as client:
             await ok(client, "archival_memory_insert", content="the weather is nice")
+            with anyio.fail_after(30):
+                while await run_sql(settings, "SELECT id FROM passages WHERE embedding IS NULL"):  # noqa: ASYNC110 - another task writes it
+                    await anyio.sleep(0.05)
             out = await ok(client, "archival_memory_search", query="vehicle")
             assert out["mode"] == "hybrid" and out["results"][0]["id"] == first["id"]
     finally:

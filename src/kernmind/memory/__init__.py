@@ -8,8 +8,9 @@ The domain (no MCP in it):
     passages     archival passages of one namespace: storing, deleting, tags, vector bookkeeping.
     fulltext     how text becomes search terms (word forms; CJK/Thai character bigrams).
     archival     archival passages: store (embedding on insert), search, delete.
-    embeddings   embedders (the bundled local model, OpenAI-compatible) and the vector index.
-    texts        what searchable tables share: counting texts, keeping their vectors.
+    embeddings   embedders (the bundled local model, OpenAI-compatible).
+    vector_index the in-memory vector index: exact search, filters in memory, coherent with writers.
+    texts        what searchable tables share: counting texts, keeping their vectors, change counters.
     recall       hybrid search for any corpus (bm25 + vectors, weighted RRF), background backfill.
     conversations  recorded conversations: messages, their search, the agent's recorder.
     transfer     export/import of a namespace as JSON (blocks, passages, conversations).

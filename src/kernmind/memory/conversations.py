@@ -40,6 +40,7 @@ from kernmind.memory.fulltext import NO_TERMS_NOTE, index_text, query_terms
 from kernmind.memory.recall import Recall
 from kernmind.memory.records import MessageRow, now_ts, time_range
 from kernmind.memory.texts import TextTable
+from kernmind.memory.vector_index import Facets
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,15 @@ class Conversations(TextTable):
 
     table = "messages"
     generation_column = "conversation_gen"
+    rewrite_column = "conversation_rewrites"
+
+    label_column = "role"
+
+    def labels(self, value: str) -> list[str]:
+        return [value]
+
+    def facets(self, where: MessageFilter) -> Facets:
+        return Facets(where.roles, False, where.start, where.end)
 
     async def start(
         self, title: str = "", started_at: float | None = None, conversation_id: str | None = None
@@ -165,25 +175,8 @@ class Conversations(TextTable):
     ) -> list[MessageRow]:
         return await self.db.message_text.search(self.namespace, query, where, limit, offset)
 
-    async def filtered_ids(self, where: MessageFilter) -> list[int]:
-        conditions, params = message_filter_sql(self.namespace, where)
-        async with self.db.read() as tx:
-            return [
-                r[0] for r in await tx.all(f"SELECT p.id FROM messages p WHERE 1 = 1{conditions}", params)
-            ]
-
     async def get(self, ids: Sequence[int]) -> dict[int, MessageRow]:
-        out: dict[int, MessageRow] = {}
-        async with self.db.read() as tx:
-            for start in range(0, len(ids), 500):
-                chunk = list(ids[start : start + 500])
-                rows = await tx.all(
-                    f"SELECT {MESSAGE_COLUMNS} FROM messages p WHERE p.namespace = ? "
-                    f"AND p.id IN ({', '.join('?' * len(chunk))})",
-                    [self.namespace, *chunk],
-                )
-                out.update((r[0], message_row(r)) for r in rows)
-        return out
+        return {r[0]: message_row(r) for r in await self.rows_by_id(MESSAGE_COLUMNS, ids)}
 
     async def export(self) -> list[dict[str, Any]]:
         """Every conversation with its messages, oldest first (for transfer.py)."""

@@ -1,5 +1,5 @@
-"""Embeddings for archival memory: a local static model (the default), an OpenAI-compatible
-client, and an in-memory vector index.
+"""Embeddings for archival memory: a local static model (the default) and an OpenAI-compatible
+client (the in-memory vector index is vector_index.py).
 
 Design
 ------
@@ -18,10 +18,6 @@ Design
   ``async embed(texts) -> list[list[float]]`` method works (the benchmark passes a local function).
 * Vectors are L2-normalised and stored as little-endian float32 blobs next to the passage,
   tagged with the model that made them; only vectors of the current model are searched.
-* :class:`VectorIndex` keeps one corpus's vectors as a numpy matrix (exact search: one
-  matrix-vector product, ≈ 10 ms at 100k × 384; a Python function per row would take ≈ 1 s).
-  It is refreshed incrementally by comparing the namespace's ``archive_gen`` counter, which
-  every insert/delete in any process bumps, so vectors written by another process are seen.
 * A failing endpoint opens a short circuit breaker: for ``cooldown`` seconds calls fail fast
   instead of waiting on timeouts again.
 
@@ -208,86 +204,3 @@ def to_blob(vector: Sequence[float] | np.ndarray) -> bytes:
     if norm > 0:
         v = v / norm
     return v.astype("<f4").tobytes()
-
-
-def from_blob(blob: bytes) -> np.ndarray:
-    return np.frombuffer(blob, dtype="<f4")
-
-
-class VectorSource(Protocol):
-    async def generation(self) -> int: ...
-
-    async def vectors_after(self, model: str, after_id: int) -> list[tuple[int, bytes]]: ...
-
-    async def count_vectors(self, model: str) -> int: ...
-
-
-class VectorIndex:
-    """One corpus's vectors for one model, as a normalised float32 matrix."""
-
-    def __init__(self, corpus: VectorSource, model: str) -> None:
-        self.corpus = corpus
-        self.model = model
-        self._gen = -1
-        self._ids = np.zeros(0, dtype=np.int64)
-        self._mat = np.zeros((0, 0), dtype=np.float32)
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    async def refresh(self) -> None:
-        gen = await self.corpus.generation()
-        if gen == self._gen:
-            return
-        last = int(self._ids[-1]) if len(self._ids) else 0
-        new = await self.corpus.vectors_after(self.model, last)
-        total = await self.corpus.count_vectors(self.model)
-        if total != len(self._ids) + len(new):  # something was deleted or re-embedded: reload
-            new = await self.corpus.vectors_after(self.model, 0)
-            self._ids = np.zeros(0, dtype=np.int64)
-            self._mat = np.zeros((0, 0), dtype=np.float32)
-        if new:
-            ids = np.fromiter((pid for pid, _ in new), dtype=np.int64, count=len(new))
-            mat = np.frombuffer(b"".join(blob for _, blob in new), dtype="<f4").reshape(len(new), -1)
-            if len(self._ids) and mat.shape[1] != self._mat.shape[1]:
-                log.warning(
-                    "vector dimension changed (%d -> %d); reloading", self._mat.shape[1], mat.shape[1]
-                )
-                self._gen = -1
-                self._ids = np.zeros(0, dtype=np.int64)
-                self._mat = np.zeros((0, 0), dtype=np.float32)
-                return await self.refresh()
-            self._ids = np.concatenate([self._ids, ids]) if len(self._ids) else ids
-            self._mat = np.vstack([self._mat, mat]) if len(self._mat) else mat.copy()
-        self._gen = gen
-
-    def search(
-        self,
-        query: Sequence[float],
-        k: int,
-        allowed: Sequence[int] | None = None,
-        min_similarity: float | None = None,
-    ) -> list[int]:
-        """Ids of the ``k`` nearest texts by cosine similarity (at least ``min_similarity``),
-        optionally within ``allowed``."""
-        if not len(self._ids) or k <= 0:
-            return []
-        q = np.asarray(query, dtype=np.float32)
-        if q.shape[0] != self._mat.shape[1]:
-            return []
-        norm = float(np.linalg.norm(q))
-        if norm > 0:
-            q = q / norm
-        ids, mat = self._ids, self._mat
-        if allowed is not None:
-            mask = np.isin(ids, np.asarray(allowed, dtype=np.int64))
-            ids, mat = ids[mask], mat[mask]
-            if not len(ids):
-                return []
-        sims = mat @ q
-        k = min(k, len(ids))
-        top = np.argpartition(-sims, k - 1)[:k]
-        top = top[np.argsort(-sims[top], kind="stable")]
-        if min_similarity is not None:
-            top = top[sims[top] >= min_similarity]
-        return [int(i) for i in ids[top]]

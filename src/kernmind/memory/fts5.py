@@ -14,6 +14,11 @@ Design
   least ``COMMON_MIN_DOCS``) carries almost no IDF weight yet dominates the cost of
   scoring, so when a query also has rarer terms, passages matching a rarer term are ranked
   by bm25 over those, and passages matching only common terms follow, newest first.
+* Ranking scores every match (bm25 needs them all), so its cost grows with the matches: ids
+  are ranked first and only the page's rows read; when the namespace holds every row of the
+  table (one agent per file, the usual case) and nothing else filters, the ranking does not
+  even read each match's row to check its namespace (≈ 2 µs a match), and the page's rows
+  are checked instead (a namespace created in between can only shorten that one page).
 * A query with no terms at all lists the newest passages (score ``None``); callers that
   got a non-empty query without terms say so instead of calling this (archival.py).
 
@@ -58,9 +63,21 @@ class FTS5Ranking:
         self.conditions = conditions
         self.make_row = make_row
         fts = f"{table}_fts"
+        # rank ids first, then read the page's rows: sorting every match's content costs ≈ 40 % more
         self._ranked = (
-            f"SELECT {columns}, bm25({fts}) AS score FROM {fts} JOIN {table} p ON p.id = {fts}.rowid "
-            f"WHERE {fts} MATCH ?{{where}} ORDER BY score, p.id DESC LIMIT ? OFFSET ?"
+            f"SELECT {columns}, s.score FROM (SELECT p.id AS id, bm25({fts}) AS score FROM {fts} "
+            f"JOIN {table} p ON p.id = {fts}.rowid WHERE {fts} MATCH ?{{where}} ORDER BY score, p.id DESC "
+            f"LIMIT ? OFFSET ?) s JOIN {table} p ON p.id = s.id ORDER BY s.score, s.id DESC"
+        )
+        # the namespace holds every row and nothing else filters: rank without reading a row per match
+        self._ranked_alone = (
+            f"SELECT {columns}, s.score FROM (SELECT rowid AS id, bm25({fts}) AS score FROM {fts} "
+            f"WHERE {fts} MATCH ? ORDER BY score, rowid DESC LIMIT ? OFFSET ?) s "
+            f"JOIN {table} p ON p.id = s.id WHERE 1 = 1{{where}} ORDER BY s.score, s.id DESC"
+        )
+        self._shape = (
+            f"SELECT (SELECT max(id) FROM {table}), EXISTS (SELECT 1 FROM {table} WHERE namespace < ?) "
+            f"OR EXISTS (SELECT 1 FROM {table} WHERE namespace > ?)"
         )
         self._newest_matching = (
             f"SELECT {columns}, bm25({fts}) FROM {fts} JOIN {table} p ON p.id = {fts}.rowid "
@@ -78,15 +95,26 @@ class FTS5Ranking:
         async with self.db.read() as tx:
             if not terms:
                 rows = await tx.all(self._newest.format(where=conditions), [*params, limit, offset])
-            elif (split := await self._split_terms(tx, terms)) is None:
-                rows = await tx.all(
-                    self._ranked.format(where=conditions), [fts_match(terms), *params, limit, offset]
+                return [self.make_row(r[:-1], None) for r in rows]
+            shape = await tx.one(self._shape, (namespace, namespace))
+            assert shape is not None
+            total, shared = int(shape[0] or 0), bool(shape[1])
+
+            async def ranked(match_terms: list[str], limit: int, offset: int) -> list[Row]:
+                match = fts_match(match_terms)
+                if shared or where.narrows:
+                    return await tx.all(
+                        self._ranked.format(where=conditions), [match, *params, limit, offset]
+                    )
+                return await tx.all(
+                    self._ranked_alone.format(where=conditions), [match, limit, offset, *params]
                 )
+
+            if (split := await self._split_terms(tx, terms, total)) is None:
+                rows = await ranked(terms, limit, offset)
             else:
                 selective, common = split
-                head = await tx.all(
-                    self._ranked.format(where=conditions), [fts_match(selective), *params, offset + limit, 0]
-                )
+                head = await ranked(selective, offset + limit, 0)
                 rows = head[offset:]
                 if len(rows) < limit:
                     match = f"({fts_match(common)}) NOT ({fts_match(selective)})"
@@ -96,12 +124,10 @@ class FTS5Ranking:
                     )
         return [self.make_row(r[:-1], None if r[-1] is None else -float(r[-1])) for r in rows]
 
-    async def _split_terms(self, tx: Tx, terms: list[str]) -> tuple[list[str], list[str]] | None:
+    async def _split_terms(self, tx: Tx, terms: list[str], total: int) -> tuple[list[str], list[str]] | None:
         """(rarer terms, common terms) when the query has both; None when there is nothing to split."""
         if len(terms) < 2:
             return None
-        row = await tx.one(f"SELECT max(id) FROM {self.table}")
-        total = int(row[0] or 0) if row else 0
         threshold = max(COMMON_MIN_DOCS, int(total * COMMON_FRACTION))
         if total <= threshold:
             return None

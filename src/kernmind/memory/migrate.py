@@ -112,7 +112,8 @@ async def _copy(src: Any, dst: Any, namespace: str) -> dict[str, int]:
             [(new_ids[pid], namespace, tag) for pid, tag in tags],
         )
         await tx.run(
-            "UPDATE namespaces SET archive_gen = archive_gen + 1, conversation_gen = conversation_gen + 1 "
+            "UPDATE namespaces SET archive_gen = archive_gen + 1, conversation_gen = conversation_gen + 1, "
+            "archive_rewrites = archive_rewrites + 1, conversation_rewrites = conversation_rewrites + 1 "
             "WHERE namespace = ?",
             (namespace,),
         )

@@ -9,8 +9,9 @@ Design
   the current model are searched, and passages whose vector is missing or from another
   model are what the embedder backfills (archival.py), so switching models re-embeds
   instead of mixing spaces.
-* Every change bumps the namespace's ``archive_gen`` counter, which the in-memory vector
-  index compares to see writes made by other processes (embeddings.py).
+* Every change bumps the namespace's ``archive_gen`` counter (a delete also
+  ``archive_rewrites``), which the in-memory vector index compares to see writes made by
+  other processes (texts.py, vector_index.py).
 * :func:`filter_sql` turns a :class:`PassageFilter` into SQL conditions on ``passages p``,
   shared by full-text search and vector search.
 
@@ -31,6 +32,7 @@ from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.fulltext import index_text
 from kernmind.memory.records import PassageIn, PassageRow, now_ts
 from kernmind.memory.texts import TextTable
+from kernmind.memory.vector_index import Facets
 
 MAX_ROW_ID = 2**63 - 1  # SQLite's (and PostgreSQL's bigint) largest integer
 MAX_TAG_CHARS = 100
@@ -96,6 +98,7 @@ class Passages(TextTable):
 
     table = "passages"
     generation_column = "archive_gen"
+    rewrite_column = "archive_rewrites"
 
     def __init__(self, db: Database, namespace: str, *, max_chars: int = 10_000) -> None:
         super().__init__(db, namespace)
@@ -162,21 +165,11 @@ class Passages(TextTable):
                     id=passage_id,
                 )
             await tx.run("DELETE FROM passages WHERE id = ?", (passage_id,))
-            await self.bump_generation(tx)
+            await self.bump_generation(tx, rewrite=True)
         return passage_row(r)
 
     async def get(self, ids: Sequence[int]) -> dict[int, PassageRow]:
-        out: dict[int, PassageRow] = {}
-        async with self.db.read() as tx:
-            for start in range(0, len(ids), 500):
-                chunk = list(ids[start : start + 500])
-                marks = ", ".join("?" * len(chunk))
-                for r in await tx.all(
-                    f"SELECT id, content, tags, created_at FROM passages WHERE namespace = ? AND id IN ({marks})",
-                    [self.namespace, *chunk],
-                ):
-                    out[r[0]] = passage_row(r)
-        return out
+        return {r[0]: passage_row(r) for r in await self.rows_by_id(PASSAGE_COLUMNS, ids)}
 
     async def all(self) -> list[PassageRow]:
         async with self.db.read() as tx:
@@ -201,9 +194,10 @@ class Passages(TextTable):
         """Full-text ranked passages (the backend's search; see fts5.py)."""
         return await self.db.passage_text.search(self.namespace, query, where, limit, offset)
 
-    async def filtered_ids(self, where: PassageFilter) -> list[int]:
-        conditions, params = filter_sql(self.namespace, where, drive_from_tags=True)
-        async with self.db.read() as tx:
-            return [
-                r[0] for r in await tx.all(f"SELECT p.id FROM passages p WHERE 1 = 1{conditions}", params)
-            ]
+    label_column = "tags"
+
+    def labels(self, value: str) -> list[str]:
+        return list(json.loads(value))
+
+    def facets(self, where: PassageFilter) -> Facets:
+        return Facets(where.tags, where.tag_match_mode == "all", where.start, where.end)

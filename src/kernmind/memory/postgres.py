@@ -133,6 +133,11 @@ MIGRATIONS: list[str] = [
     CREATE UNIQUE INDEX messages_in_order ON messages (namespace, conversation_id, seq);
     CREATE INDEX messages_text ON messages USING GIN (search_vector);
     """,
+    # 2: writes that do more than append (deletes, re-embedding) are counted apart (vector_index.py)
+    """
+    ALTER TABLE namespaces ADD COLUMN archive_rewrites BIGINT NOT NULL DEFAULT 0,
+        ADD COLUMN conversation_rewrites BIGINT NOT NULL DEFAULT 0;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -178,6 +178,11 @@ MIGRATIONS: list[str] = [
             VALUES ('delete', old.id, coalesce(old.search_text, old.content));
     END;
     """,
+    # 5: writes that do more than append (deletes, re-embedding) are counted apart (vector_index.py)
+    """
+    ALTER TABLE namespaces ADD COLUMN archive_rewrites INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE namespaces ADD COLUMN conversation_rewrites INTEGER NOT NULL DEFAULT 0;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -223,14 +228,13 @@ class SQLiteTx:
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self.conn = conn
 
+    # execute_fetchall is one trip to aiosqlite's thread; execute + fetch + close would be three
     async def one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
-        async with self.conn.execute(sql, params) as cur:
-            row = await cur.fetchone()
-        return tuple(row) if row is not None else None
+        rows = await self.conn.execute_fetchall(sql, params)
+        return next((tuple(r) for r in rows), None)
 
     async def all(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        async with self.conn.execute(sql, params) as cur:
-            return [tuple(r) for r in await cur.fetchall()]
+        return [tuple(r) for r in await self.conn.execute_fetchall(sql, params)]
 
     async def run(self, sql: str, params: Sequence[Any] = ()) -> int:
         async with self.conn.execute(sql, params) as cur:

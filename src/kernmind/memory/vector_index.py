@@ -1,0 +1,291 @@
+"""An in-memory index of one corpus's vectors for one model: exact cosine search, filters applied
+in memory, kept coherent with writes made by any process.
+
+Design
+------
+* The vectors live in one contiguous float32 matrix, L2-normalised when stored (to_blob), so
+  scoring every text is a single matrix-vector product (≈ 0.5 ms at 10k × 256, ≈ 8 ms at
+  100k × 256: it reads 100 MB, so memory bandwidth is the floor) and the best ``k`` are
+  picked with ``argpartition`` (no full sort). Rows are kept in id order in buffers that grow
+  by half again when full, so appending does not copy the matrix.
+* Next to each vector the index keeps what filters ask about, all of it fixed when a text is
+  stored: its creation time and its labels (a passage's tags, a message's role), the labels
+  as an inverted list (label -> ids). A filtered search therefore builds its candidate rows
+  from the lists of the labels asked for and the time range, in memory, and scores only
+  those rows; no per-query database round trip lists every tagged passage.
+* Coherence comes from two counters per corpus that every writer bumps in its own
+  transaction (texts.py): ``changes`` on every write, and ``rewrites`` on writes that do more
+  than append (a delete, vectors stored for existing texts, a namespace replaced). A refresh
+  reads both: unchanged, nothing to do (one cheap query per search); only ``changes`` moved,
+  the new rows are appended (ids only grow: writes are serialised); ``rewrites`` moved, the
+  index reconciles its ids with the stored ones (dropping the removed, fetching the missing)
+  instead of reloading every vector.
+* Searches may score in a worker thread while the event loop refreshes the index for another
+  request: :meth:`VectorIndex.candidates` takes a snapshot on the event loop (appends never
+  modify it, reconciles replace the arrays), and :func:`nearest` only reads that snapshot.
+
+Error policy
+------------
+Nothing here refuses anything; a query vector of another dimension matches nothing; vectors
+of one model that change length (an endpoint changed its output size) reload the index;
+database errors propagate.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+GATHER_SHARE = 0.5  # a filter keeping fewer rows than this share scores only those rows
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A corpus's change counters (see the module docstring)."""
+
+    changes: int
+    rewrites: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredVector:
+    id: int
+    blob: bytes  # little-endian float32, L2-normalised
+    created_at: float
+    labels: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Facets:
+    """What a filter asks of a text in the index's terms: any (or all) of some labels, and a
+    creation time in [start, end)."""
+
+    labels: tuple[str, ...] = ()
+    all_labels: bool = False
+    start: float | None = None
+    end: float | None = None
+
+    @property
+    def narrows(self) -> bool:
+        return bool(self.labels) or self.start is not None or self.end is not None
+
+
+class VectorSource(Protocol):
+    async def generation(self) -> Generation: ...
+
+    async def vectors_after(self, model: str, after_id: int) -> list[StoredVector]: ...
+
+    async def vector_ids(self, model: str) -> list[int]: ...
+
+    async def vectors_of(self, model: str, ids: Sequence[int]) -> list[StoredVector]: ...
+
+
+class DimensionChanged(Exception):
+    """Vectors of one model came back with another length."""
+
+
+class Column:
+    """A growable 1-D numpy array; ``view()`` is never modified by later appends."""
+
+    def __init__(self, dtype: type, values: np.ndarray | None = None) -> None:
+        self.buf = np.array(values if values is not None else [], dtype=dtype)
+        self.n = len(self.buf)
+
+    def view(self) -> np.ndarray:
+        return self.buf[: self.n]
+
+    def extend(self, values: np.ndarray) -> None:
+        need = self.n + len(values)
+        if need > len(self.buf):
+            buf = np.empty(max(need, len(self.buf) * 3 // 2, 64), dtype=self.buf.dtype)
+            buf[: self.n] = self.view()
+            self.buf = buf
+        self.buf[self.n : need] = values
+        self.n = need
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """A snapshot to score: every indexed text, or only ``rows`` of it."""
+
+    ids: np.ndarray
+    matrix: np.ndarray
+    rows: np.ndarray | None = None
+
+
+class VectorIndex:
+    """One corpus's vectors for one model, with their creation times and labels, in id order."""
+
+    def __init__(self, corpus: VectorSource, model: str) -> None:
+        self.corpus = corpus
+        self.model = model
+        self._gen: Generation | None = None
+        self._clear()
+
+    def _clear(self) -> None:
+        self._ids = Column(np.int64)
+        self._created = Column(np.float64)
+        self._labels: dict[str, Column] = {}
+        self._buf = np.zeros((0, 0), dtype=np.float32)
+
+    def __len__(self) -> int:
+        return self._ids.n
+
+    async def refresh(self) -> None:
+        """Bring the index up to date with the stored vectors (see the module docstring)."""
+        gen = await self.corpus.generation()
+        if gen == self._gen:
+            return
+        try:
+            if self._gen is None or gen.rewrites != self._gen.rewrites:
+                await self._reconcile()
+            else:
+                ids = self._ids.view()
+                self._append(await self.corpus.vectors_after(self.model, int(ids[-1]) if len(ids) else 0))
+        except DimensionChanged as exc:
+            log.warning("%s; reloading the vector index", exc)
+            self._clear()
+            await self._reconcile()
+        self._gen = gen
+
+    async def _reconcile(self) -> None:
+        if not len(self):  # a first load: one ordered read
+            self._append(await self.corpus.vectors_after(self.model, 0))
+            return
+        stored = np.sort(np.asarray(await self.corpus.vector_ids(self.model), dtype=np.int64))
+        ids = self._ids.view()
+        keep = np.isin(ids, stored, assume_unique=True)
+        if not keep.all():
+            self._rebuild(ids[keep], self._buf[: len(ids)][keep], self._created.view()[keep])
+        missing = np.setdiff1d(stored, self._ids.view(), assume_unique=True)
+        if not len(missing):
+            return
+        rows = await self.corpus.vectors_of(self.model, missing.tolist())
+        ids = self._ids.view()
+        if len(ids) and rows and rows[0].id < ids[-1]:  # not only newer rows: merge in id order
+            new_ids, mat, created = self._decode(rows)
+            order = np.argsort(np.concatenate([ids, new_ids]), kind="stable")
+            self._rebuild(
+                np.concatenate([ids, new_ids])[order],
+                np.vstack([self._buf[: len(ids)], mat])[order],
+                np.concatenate([self._created.view(), created])[order],
+            )
+            self._add_labels(rows)
+        else:
+            self._append(rows)
+
+    def _rebuild(self, ids: np.ndarray, matrix: np.ndarray, created: np.ndarray) -> None:
+        """Keep only ``ids`` (labels of other ids are dropped)."""
+        labels = {}
+        for label, col in self._labels.items():
+            kept = col.view()[np.isin(col.view(), ids, assume_unique=True)]
+            if len(kept):
+                labels[label] = Column(np.int64, kept)
+        self._ids = Column(np.int64, ids)
+        self._created = Column(np.float64, created)
+        self._buf = np.array(matrix, dtype=np.float32, order="C")
+        self._labels = labels
+
+    def _decode(self, rows: list[StoredVector]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        dim = len(rows[-1].blob) // 4
+        if any(len(r.blob) != dim * 4 for r in rows) or (len(self) and dim != self._buf.shape[1]):
+            raise DimensionChanged(f"{self.model} vectors changed length ({self._buf.shape[1]} -> {dim})")
+        ids = np.fromiter((r.id for r in rows), dtype=np.int64, count=len(rows))
+        matrix = np.frombuffer(b"".join(r.blob for r in rows), dtype="<f4").reshape(len(rows), dim)
+        created = np.fromiter((r.created_at for r in rows), dtype=np.float64, count=len(rows))
+        return ids, matrix.astype(np.float32), created
+
+    def _append(self, rows: list[StoredVector]) -> None:
+        if not rows:
+            return
+        ids, matrix, created = self._decode(rows)
+        n = len(self)
+        need = n + len(ids)
+        if need > len(self._buf) or self._buf.shape[1] != matrix.shape[1]:
+            buf = np.empty((max(need, len(self._buf) * 3 // 2, 1024), matrix.shape[1]), dtype=np.float32)
+            if n:
+                buf[:n] = self._buf[:n]
+            self._buf = buf
+        self._buf[n:need] = matrix  # rows past every snapshot's end
+        self._created.extend(created)
+        self._add_labels(rows)
+        self._ids.extend(ids)  # last: a snapshot's length is the ids' length
+
+    def _add_labels(self, rows: list[StoredVector]) -> None:
+        by_label: dict[str, list[int]] = {}
+        for r in rows:
+            for label in r.labels:
+                by_label.setdefault(label, []).append(r.id)
+        for label, ids in by_label.items():
+            self._labels.setdefault(label, Column(np.int64)).extend(np.asarray(ids, dtype=np.int64))
+
+    def candidates(self, facets: Facets | None = None) -> Candidates | None:
+        """A snapshot of the texts that pass ``facets`` (call on the event loop; None: none pass)."""
+        ids = self._ids.view()
+        matrix = self._buf[: len(ids)]
+        if not len(ids):
+            return None
+        if facets is None or not facets.narrows:
+            return Candidates(ids, matrix)
+        keep = np.ones(len(ids), dtype=bool) if not facets.labels else self._with_labels(ids, facets)
+        created = self._created.view()
+        if facets.start is not None:
+            keep &= created >= facets.start
+        if facets.end is not None:
+            keep &= created < facets.end
+        rows = np.flatnonzero(keep)
+        if not len(rows):
+            return None
+        return Candidates(ids, matrix, rows)
+
+    def _with_labels(self, ids: np.ndarray, facets: Facets) -> np.ndarray:
+        hits = np.zeros(len(ids), dtype=np.int32)
+        for label in dict.fromkeys(facets.labels):
+            col = self._labels.get(label)
+            if col is None:
+                continue
+            labelled = col.view()
+            pos = np.minimum(np.searchsorted(ids, labelled), len(ids) - 1)
+            hits[pos[ids[pos] == labelled]] += 1
+        return hits >= len(set(facets.labels)) if facets.all_labels else hits > 0
+
+
+def nearest(
+    candidates: Candidates | None, query: Sequence[float], k: int, min_similarity: float | None = None
+) -> list[int]:
+    """Ids of the ``k`` candidates most similar to ``query`` (at least ``min_similarity``), best
+    first. Pure numpy over a snapshot: safe in a worker thread."""
+    if candidates is None or k <= 0:
+        return []
+    q = np.asarray(query, dtype=np.float32)
+    if q.shape[0] != candidates.matrix.shape[1]:
+        return []
+    norm = float(np.linalg.norm(q))
+    q = q / norm if norm > 0 else q
+    ids, rows = candidates.ids, candidates.rows
+    if rows is None:
+        sims = similarities(candidates.matrix, q)
+    elif len(rows) < GATHER_SHARE * len(ids):
+        sims, ids = similarities(candidates.matrix[rows], q), ids[rows]
+    else:
+        sims, ids = similarities(candidates.matrix, q)[rows], ids[rows]
+    k = min(k, len(sims))
+    best = np.argpartition(-sims, k - 1)[:k] if k < len(sims) else np.arange(len(sims))
+    best = best[np.argsort(-sims[best], kind="stable")]
+    if min_similarity is not None:
+        best = best[sims[best] >= min_similarity]
+    return [int(i) for i in ids[best]]
+
+
+def similarities(matrix: np.ndarray, unit_query: np.ndarray) -> np.ndarray:
+    """Each row's dot product with the query. ``einsum``, not ``@``: numpy's BLAS (OpenBLAS)
+    spreads a matrix-vector product over threads that, on a busy machine, wait on each other
+    (measured here: 8 ms instead of 0.25 ms at 10k × 256); einsum's single-threaded loop is as
+    fast as one BLAS thread and needs no process-wide setting."""
+    return np.einsum("ij,j->i", matrix, unit_query)
