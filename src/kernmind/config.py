@@ -153,6 +153,18 @@ class Settings(BaseSettings):
     max_download_mb: Annotated[int, Cli(metavar="MIB")] = Field(
         default=20, ge=1, description="largest file a `workspace://` resource read returns (MiB)"
     )
+    fork_server: bool = Field(
+        default=True,
+        description="make fresh Python interpreters by forking a warm template process "
+        "(falls back to starting kernels the normal way when it cannot)",
+    )
+    preload: Annotated[
+        list[str], Cli(metavar="JSON", shown_default="`numpy`, `pandas`, `matplotlib.pyplot`")
+    ] = Field(
+        default_factory=lambda: ["numpy", "pandas", "matplotlib.pyplot"],
+        description="modules the fork-server template imports once, so every kernel starts with them "
+        "(ones not installed are skipped)",
+    )
 
     # --- kernels on a gateway (--kernel-gateway) ---
     kernel_gateway: Annotated[str | None, Cli(metavar="URL", shown_default="— (local kernels)")] = Field(

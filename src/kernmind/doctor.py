@@ -2,8 +2,9 @@
 
 It builds the same components the server builds (sandbox detection, kernel Python
 probe, language runners, the package installer), then starts one sandboxed kernel and runs
-``1 + 1`` in it — and, when GPUs are passed through, asks CUDA inside it how many it sees.
-With ``--kernel-gateway`` the kernel is started on the gateway, whose sandbox then guards Python.
+``1 + 1`` in it — and, when GPUs are passed through, asks CUDA inside it how many it sees —
+and (unless ``--no-fork-server``) starts the fork server and times a forked kernel. With
+``--kernel-gateway`` the kernel is started on the gateway, whose sandbox then guards Python.
 The report goes to stdout as aligned text (or JSON with ``--json``). Exit status 0 means
 ``kernmind serve`` can run here (a kernel started and answered); 1 means it cannot, and
 the report says why.
@@ -26,6 +27,8 @@ from kernmind.config import Settings
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.executor import limits_from
+from kernmind.execution.forkserver_kernels import describe as describe_fork_server
+from kernmind.execution.forkserver_kernels import fork_server_report
 from kernmind.execution.gateway_kernels import GatewayKernelFactory
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.packages import PackageInstaller, PythonTarget
@@ -114,6 +117,13 @@ async def _gpus_seen(kernel: Any) -> str:
     )
 
 
+async def _fork_check(sandbox: Sandbox, runtime: PythonRuntime, preload: list[str]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="kernmind-doctor-") as tmp:
+        return await fork_server_report(
+            KernelFactory.standalone(sandbox, runtime, Path(tmp) / "run"), preload
+        )
+
+
 def gather(settings: Settings) -> dict[str, Any]:
     report: dict[str, Any] = {"kernmind": __version__, "python": sys.version.split()[0]}
     try:
@@ -158,6 +168,14 @@ def gather(settings: Settings) -> dict[str, Any]:
     else:
         report["live_test"] = (
             anyio.run(_local_check, sandbox, runtime) if runtime.error is None else {"ok": False}
+        )
+        report["fork_server"] = (
+            anyio.run(_fork_check, sandbox, runtime, settings.preload)
+            if settings.fork_server and runtime.error is None
+            else {
+                "active": False,
+                "reason": "turned off (--no-fork-server)" if runtime.error is None else "no Python",
+            }
         )
     report["ok"] = bool(report["live_test"].get("ok"))
     return report
@@ -225,6 +243,8 @@ def _print_text(report: dict[str, Any]) -> None:
             line("  cuda", f"devices seen inside the sandbox: {live['cuda_devices_in_sandbox']}")
     else:
         line("live test", f"FAILED — {live.get('error', 'kernel unavailable')}")
+    if "fork_server" in report:
+        line("fork server", describe_fork_server(report["fork_server"]))
     print("\nready: kernmind serve can run here." if report["ok"] else "\nNOT READY: see the lines above.")
 
 

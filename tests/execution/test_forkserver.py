@@ -7,6 +7,7 @@ The isolation contract seen through the MCP server is ``tests/security/test_inte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pwd
@@ -23,7 +24,7 @@ from typing import Any
 import anyio
 import pytest
 
-from kernmind.execution.forkserver_kernels import ForkKernelFactory, fork_server_report
+from kernmind.execution.forkserver_kernels import ForkKernelFactory, describe, fork_server_report
 from kernmind.execution.kernels import Kernel, KernelFactory, PythonRuntime
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import Limits, Sandbox
@@ -348,9 +349,22 @@ async def test_preloads_too_big_for_the_memory_limit_are_dropped(tmp_path: Path)
 
 
 async def test_doctor_report_says_active_and_how_fast_it_forks(base: KernelFactory) -> None:
-    report = await fork_server_report(base, forks=2)
+    report = await fork_server_report(base)
     assert report["active"] is True and report["ok"] is True
     assert report["fork_ms"] > 0 and "pandas" in report["preloaded"]
+    assert describe(report).startswith("active — a fresh kernel in ")
+
+
+async def test_doctor_report_says_why_it_is_not_used(tmp_path: Path) -> None:
+    """A template that cannot start: not active, with the reason (kernels start the normal way)."""
+    broken = KernelFactory.standalone(
+        Sandbox.detect("required"),
+        dataclasses.replace(PythonRuntime.probe(None), executable="/bin/false"),
+        tmp_path,
+    )
+    report = await fork_server_report(broken)
+    assert report["active"] is False and "template" in report["reason"]
+    assert describe(report).startswith("not used — ")
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Each case starts a real ``kernmind serve`` (stdio or HTTP), gives it two kernel sessions
 (one of them busy in a long call when the server is told to stop), writes memory, then
 ends it and checks, by listing processes in /proc, that nothing it started survives:
-no bwrap, no setpriv, no ``ipykernel_launcher`` (by pid + start time, and by any process
+no bwrap, no setpriv, no ``ipykernel_launcher``, no fork-server template or forked kernel (by pid + start time, and by any process
 whose command line names the test's data directory). The database must be checkpointed
 (no WAL left behind), pass ``integrity_check`` and hold what was written; workspaces and
 the kernels' runtime directories (in the server's private TMPDIR) must be gone.
@@ -29,13 +29,24 @@ pytestmark = [pytest.mark.xdist_group("transport")]
 STOP_WITHIN = 15.0  # seconds from the stop request to process exit (graceful wait is 3 s)
 RUNTIME_BIND = re.compile(r"--bind (\S+) /run/kernmind ")  # a kernel's socket directory on the host
 MARK = "kept-through-shutdown-7f3a"
+TEMPLATE = "forkserver_template.py"  # the fork server's processes (see forked_kernel below)
 
 
 def _kernel_tree(pid: int, kernels: int) -> tuple[list[ProcInfo], set[Path]]:
     """Every process below the server, and the kernels' runtime directories."""
     procs = descendants(pid)
+    by_pid = {p.pid: p for p in procs}
+
+    def forked_kernel(p: ProcInfo) -> bool:
+        """A fork-server kernel: the template's grandchild (template → waiter → kernel)."""
+        waiter = by_pid.get(p.ppid)
+        template = by_pid.get(waiter.ppid) if waiter else None
+        return all(x is not None and TEMPLATE in x.cmdline for x in (p, waiter, template))
+
     interpreters = [
-        p for p in procs if "ipykernel_launcher" in p.cmdline and "bwrap" not in p.cmdline.split()[0]
+        p
+        for p in procs
+        if ("ipykernel_launcher" in p.cmdline and "bwrap" not in p.cmdline.split()[0]) or forked_kernel(p)
     ]
     runtime_dirs = {Path(m.group(1)) for p in procs if (m := RUNTIME_BIND.search(p.cmdline))}
     assert len(interpreters) >= kernels, [p.cmdline[:200] for p in procs]

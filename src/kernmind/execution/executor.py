@@ -41,6 +41,7 @@ import nbformat
 from kernmind.config import Settings
 from kernmind.execution import history, notebook
 from kernmind.execution import runners as runners_mod
+from kernmind.execution.forkserver_kernels import ForkKernelFactory
 from kernmind.execution.jobs import Job, Jobs
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.packages import InstallResult, Layer, PackageInstaller, PythonTarget
@@ -100,6 +101,11 @@ def limits_from(settings: Settings) -> Limits:
     )
 
 
+@contextlib.asynccontextmanager
+async def _nothing() -> AsyncIterator[None]:
+    yield
+
+
 class Executor:
     default_session_id = DEFAULT_SESSION
 
@@ -132,6 +138,9 @@ class Executor:
             new_layer=self._new_layer,
             guard=self.guard,
         )
+        if settings.fork_server and not settings.kernel_gateway:
+            factory = ForkKernelFactory(factory, preload=settings.preload)
+        self.factory = factory
         # --kernel-gateway: Python runs on the gateway's kernels, sessions' files on a shared volume.
         self.remote = RemoteKernels.from_settings(settings) if settings.kernel_gateway else None
         self.pool = KernelPool(self.remote.factory if self.remote else factory, settings.pool_size)  # type: ignore[arg-type]
@@ -218,8 +227,9 @@ class Executor:
             self.socket_rundir.open()
         if self.remote is not None:
             self.remote.workspaces.open()
+        forks = self.factory.running() if isinstance(self.factory, ForkKernelFactory) else _nothing()
         try:
-            async with anyio.create_task_group() as tg:
+            async with forks, anyio.create_task_group() as tg:
                 assert self.rundir.path is not None
                 self.jobs.open(tg, self.rundir.path)
                 await self.pool.run(tg)

@@ -234,6 +234,7 @@ def become_kernel(request: dict, limits: dict[str, tuple[int, int]], status: int
         resource.setrlimit(RLIMITS[name], value)
     drop_privileges(request["uid"])
     template_mpl = os.environ.get("MPLCONFIGDIR")
+    template_pythonpath = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     os.environ.clear()
     os.environ.update(request["env"])
     os.environ.update(request["import_env"])  # what preloaded modules set, as they would have here
@@ -241,8 +242,11 @@ def become_kernel(request: dict, limits: dict[str, tuple[int, int]], status: int
         # matplotlib cached the template's config directory at import: make it, privately.
         os.makedirs(template_mpl, exist_ok=True)
     sys.argv = ["ipykernel_launcher", *request["argv"]]
-    # Import paths of the host that the sandbox does not have (site skips those at start-up).
-    sys.path[:] = [p for p in sys.path if p not in request["host_paths"] or os.path.exists(p)]
+    # sys.path as this interpreter would have built it here: its own PYTHONPATH in front,
+    # without the host's paths that the sandbox does not have (site skips those at start-up).
+    pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    rest = [p for p in sys.path if p not in template_pythonpath]
+    sys.path[:] = [p for p in [*pythonpath, *rest] if p not in request["host_paths"] or os.path.exists(p)]
     reseed()
     app = start_app(request["argv"], request.get("setup", ""))
     os.write(status, b"ready\n")
