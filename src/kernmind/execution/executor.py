@@ -33,13 +33,12 @@ import logging
 import math
 import os
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import nbformat
 
 from kernmind.config import Settings
-from kernmind.execution import history, notebook
+from kernmind.execution import history
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.forkserver_kernels import ForkKernelFactory
 from kernmind.execution.jobs import Job, Jobs
@@ -47,7 +46,6 @@ from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.packages import InstallResult, Layer, PackageInstaller, PythonTarget
 from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.pool import KernelPool
-from kernmind.execution.remote import RemoteKernels
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.rundir import RunDir, socket_root
 from kernmind.execution.runners.base import Call, Runner
@@ -65,6 +63,9 @@ from kernmind.execution.sessions import (
 from kernmind.execution.store import SessionHome, SessionStore
 from kernmind.execution.supervisor import Progress, supervise
 from kernmind.execution.workspace import Workspace, off_loop, own_tree
+
+if TYPE_CHECKING:
+    from kernmind.execution.remote import RemoteKernels
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,11 @@ class Executor:
             factory = ForkKernelFactory(factory, preload=settings.preload)
         self.factory = factory
         # --kernel-gateway: Python runs on the gateway's kernels, sessions' files on a shared volume.
-        self.remote = RemoteKernels.from_settings(settings) if settings.kernel_gateway else None
+        self.remote: RemoteKernels | None = None
+        if settings.kernel_gateway:  # imported only then: the gateway client brings tornado in
+            from kernmind.execution.remote import RemoteKernels
+
+            self.remote = RemoteKernels.from_settings(settings)
         self.pool = KernelPool(self.remote.factory if self.remote else factory, settings.pool_size)  # type: ignore[arg-type]
         self.runners: dict[str, Runner] = {}
         self.python: PythonRunner | None = None
@@ -319,8 +324,11 @@ class Executor:
                 "export_notebook needs a stored session's history; sessions on a kernel gateway keep none."
             )
         entries = await off_loop(lambda: history.read(home.history), timeout=None)
+        # Imported here: nbformat's import costs seconds (jsonschema's format checkers), every launch.
+        from kernmind.execution import notebook
+
         nb = notebook.build(entries, sid, self.runtime.version)
-        data = nbformat.writes(nb).encode()
+        data = notebook.dumps(nb)
         rel = await session.files().awrite(path, data)
         return rel, len(nb.cells), len(data)
 

@@ -56,6 +56,10 @@ def build(entries: list[dict[str, Any]], session_id: str, python_version: str) -
     return nb
 
 
+def dumps(nb: nbformat.NotebookNode) -> bytes:
+    return nbformat.writes(nb).encode()
+
+
 def _cell(code: str, result: dict[str, Any]) -> nbformat.NotebookNode:
     language = str(result.get("language", "python"))
     meta = {
