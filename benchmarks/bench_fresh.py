@@ -245,7 +245,7 @@ async def main() -> None:
     print(f"| {'PSS per extra idle kernel, MiB':<46} | {mem_fork['pss']:11.1f} | {mem_plain['pss']:12.1f} | "
           f"{mem_plain['pss'] / mem_fork['pss']:12.1f}x |")  # fmt: skip
     print(
-        f"| {'template USS (once), MiB':<46} | {mem_fork['template_uss']:11.1f} | {'-':>12} |               |"
+        f"| {'template RSS (once), MiB':<46} | {mem_fork['template_rss']:11.1f} | {'-':>12} |               |"
     )
     print(
         f"\nload average at the end: {os.getloadavg()[0]:.1f} (wall times stretch with it; CPU per call much less)"
