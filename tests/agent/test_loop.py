@@ -80,7 +80,7 @@ async def test_tool_call_then_answer(llm: ScriptedOpenAI, stream: bool) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
 async def test_parallel_tool_calls_run_concurrently(llm: ScriptedOpenAI, stream: bool) -> None:
-    server, _ = build()
+    server, state = build()
     llm.add(
         tools(
             call("slow", {"seconds": 0.6}, id="a"),
@@ -90,11 +90,9 @@ async def test_parallel_tool_calls_run_concurrently(llm: ScriptedOpenAI, stream:
         reply("done"),
     )
     async with Agent(config(llm, [ServerSpec("toy", server)], stream=stream)) as agent:
-        started = anyio.current_time()
         result = await agent.run("go")
-        elapsed = anyio.current_time() - started
     assert result.answer == "done"
-    assert elapsed < 1.1, f"two 0.6 s calls took {elapsed:.2f}s: not concurrent"
+    assert state["most_running"] == 2, "the two slow calls did not overlap: not concurrent"
     msgs = tool_messages(llm.requests[1])
     assert [m["tool_call_id"] for m in msgs] == ["a", "b", "c"]
     assert [m["content"] for m in msgs] == ["slept", "hi", "slept"]

@@ -37,6 +37,8 @@ def build(
         "started": anyio.Event(),
         "cancelled": False,
         "calls": [],
+        "running": 0,  # slow calls in progress now
+        "most_running": 0,  # the most slow calls ever in progress at once
     }
     server = MCPServer(name, instructions=f"{name} is a toy server for tests.")
     marker = os.environ.get("TOY_MARKER")
@@ -73,12 +75,16 @@ def build(
     async def slow(seconds: float = 30) -> str:
         state["started"].set()
         mark("started")
+        state["running"] += 1
+        state["most_running"] = max(state["most_running"], state["running"])
         try:
             await anyio.sleep(seconds)
         except anyio.get_cancelled_exc_class():
             state["cancelled"] = True
             mark("cancelled")
             raise
+        finally:
+            state["running"] -= 1
         return "slept"
 
     if with_memory:
