@@ -20,6 +20,7 @@ time, each one ``run_code`` ``1`` through real ``kernmind serve --transport http
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import subprocess
 import sys
@@ -124,21 +125,18 @@ async def sessions_per_second(replicas: list[HttpServer], sessions: int, concurr
             result = await client.call_tool("run_code", {"code": "1", "session_id": f"s{i}"})
             assert result.structured_content and result.structured_content["status"] == "ok", result
 
-    opened = [await c.__aenter__() for c in clients]
-    try:
+    async with contextlib.AsyncExitStack() as stack:  # clients close in reverse order (nested scopes)
+        opened = [await stack.enter_async_context(c) for c in clients]
         started = time.perf_counter()
         async with anyio.create_task_group() as tg:
             for i in names:
                 tg.start_soon(create, opened[next(servers)], i)
         return sessions / (time.perf_counter() - started)
-    finally:
-        for c in clients:
-            await c.__aexit__(None, None, None)
 
 
 def start_replicas(root: Path, count: int, gateway: KernelGatewayServer, db: str) -> list[HttpServer]:
     shared = root / "shared"
-    shared.mkdir(exist_ok=True)
+    shared.mkdir(parents=True, exist_ok=True)
     servers = []
     for i in range(count):
         home = root / f"r{i}"
