@@ -36,6 +36,7 @@ what to do; callers then search by full text and say so (embeddings.py).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -126,44 +127,8 @@ class MiniLMEmbedder(LocalEmbedder):
         self._embeddings: dict[str, np.ndarray] = {}
 
     def load_from(self, root: Path) -> None:
-        from safetensors.numpy import load_file
-        from tokenizers import Tokenizer
-
-        folder = root
-        for name, digest in FILES.items():
-            if _sha256(folder / name) != digest:
-                raise EmbeddingUnavailable(
-                    f"{folder / name} is not all-MiniLM-L6-v2's file (SHA-256 differs); reinstall "
-                    f"with {self.install!r}, or run with --embedding-model static"
-                )
-        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        tokenizer.no_padding()
-        tokenizer.enable_truncation(MAX_TOKENS)
-        w = load_file(str(folder / "model.safetensors"))
-        layers = []
-        for i in range(LAYERS):
-            p = f"encoder.layer.{i}."
-            attn = [w[f"{p}attention.self.{name}.weight"] for name in ("query", "key", "value")]
-            attn_bias = [w[f"{p}attention.self.{name}.bias"] for name in ("query", "key", "value")]
-            layers.append(
-                Layer(
-                    qkv=np.ascontiguousarray(np.concatenate(attn).T),
-                    qkv_bias=np.concatenate(attn_bias),
-                    out=np.ascontiguousarray(w[f"{p}attention.output.dense.weight"].T),
-                    out_bias=w[f"{p}attention.output.dense.bias"],
-                    norm1=(
-                        w[f"{p}attention.output.LayerNorm.weight"],
-                        w[f"{p}attention.output.LayerNorm.bias"],
-                    ),
-                    up=np.ascontiguousarray(w[f"{p}intermediate.dense.weight"].T),
-                    up_bias=w[f"{p}intermediate.dense.bias"],
-                    down=np.ascontiguousarray(w[f"{p}output.dense.weight"].T),
-                    down_bias=w[f"{p}output.dense.bias"],
-                    norm2=(w[f"{p}output.LayerNorm.weight"], w[f"{p}output.LayerNorm.bias"]),
-                )
-            )
-        self._embeddings = {k: v for k, v in w.items() if k.startswith("embeddings.")}
-        self._tokenizer, self._layers = tokenizer, layers
+        model = read_model(root)
+        self._tokenizer, self._layers, self._embeddings = model.tokenizer, model.layers, model.embeddings
         _one_blas_thread()
 
     def embed_now(self, texts: Sequence[str]) -> np.ndarray:
@@ -211,6 +176,52 @@ class MiniLMEmbedder(LocalEmbedder):
             x = layer_norm(x + gelu(x @ layer.up + layer.up_bias) @ layer.down + layer.down_bias, layer.norm2)
         pooled = (x * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
         return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    tokenizer: Any
+    layers: list[Layer]
+    embeddings: dict[str, np.ndarray]
+
+
+@functools.lru_cache(maxsize=2)
+def read_model(folder: Path) -> Model:
+    """The model's files in ``folder``, checked and laid out for the forward pass; read once per
+    process (the weights never change, and every server or store in the process shares them)."""
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    for name, digest in FILES.items():
+        if _sha256(folder / name) != digest:
+            raise EmbeddingUnavailable(
+                f"{folder / name} is not all-MiniLM-L6-v2's file (SHA-256 differs); reinstall "
+                f"with {MiniLMEmbedder.install!r}, or run with --embedding-model static"
+            )
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(MAX_TOKENS)
+    w = load_file(str(folder / "model.safetensors"))
+    layers = []
+    for i in range(LAYERS):
+        p = f"encoder.layer.{i}."
+        attn = [w[f"{p}attention.self.{name}.weight"] for name in ("query", "key", "value")]
+        attn_bias = [w[f"{p}attention.self.{name}.bias"] for name in ("query", "key", "value")]
+        layers.append(
+            Layer(
+                qkv=np.ascontiguousarray(np.concatenate(attn).T),
+                qkv_bias=np.concatenate(attn_bias),
+                out=np.ascontiguousarray(w[f"{p}attention.output.dense.weight"].T),
+                out_bias=w[f"{p}attention.output.dense.bias"],
+                norm1=(w[f"{p}attention.output.LayerNorm.weight"], w[f"{p}attention.output.LayerNorm.bias"]),
+                up=np.ascontiguousarray(w[f"{p}intermediate.dense.weight"].T),
+                up_bias=w[f"{p}intermediate.dense.bias"],
+                down=np.ascontiguousarray(w[f"{p}output.dense.weight"].T),
+                down_bias=w[f"{p}output.dense.bias"],
+                norm2=(w[f"{p}output.LayerNorm.weight"], w[f"{p}output.LayerNorm.bias"]),
+            )
+        )
+    return Model(tokenizer, layers, {k: v for k, v in w.items() if k.startswith("embeddings.")})
 
 
 def understood(tokens: Sequence[str]) -> bool:
