@@ -2,6 +2,8 @@
 
     python benchmarks/bench_transport.py [--launches 5] [--n 200] [--sandbox auto]
 
+(``--n 0``: the launch figures only.)
+
 Launch (stdio, raw JSON-RPC over pipes, a fresh data directory each time, default pool):
 launch → ``initialize`` answered, → ``tools/list`` answered, the first ``run_code`` ``1+1``
 call right after, and launch → that answer. Baseline: ``python -c "import mcp.server.mcpserver"``
@@ -98,6 +100,7 @@ def one_launch(sandbox: str) -> dict[str, float]:
         send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
         answer(2)
         t_list = time.perf_counter() - t0
+        cpu_list = process_cpu(proc.pid)
         send(
             {
                 "jsonrpc": "2.0",
@@ -112,7 +115,19 @@ def one_launch(sandbox: str) -> dict[str, float]:
             raise RuntimeError(f"first run_code failed: {result}")
         proc.stdin.close()
         proc.wait(60)
-        return {"init": t_init, "list": t_list, "first_run": t_run - t_list, "launch_to_run": t_run}
+        return {
+            "init": t_init,
+            "list": t_list,
+            "cpu_list": cpu_list,
+            "first_run": t_run - t_list,
+            "launch_to_run": t_run,
+        }
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads, not children) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def import_floor(statement: str, n: int) -> list[float]:
@@ -250,11 +265,15 @@ def main() -> None:
     for key, label in [
         ("init", "launch -> initialize answered"),
         ("list", "launch -> tools/list answered"),
+        ("cpu_list", "  server CPU used by then (user + system)"),
         ("first_run", "first run_code 1+1 call (after tools/list)"),
         ("launch_to_run", "launch -> first run_code answered"),
     ]:
         print(f"  {label:57s}{med[key]:7.3f}     {med[key] / floor_mcp:4.2f}x")
 
+    if args.n <= 0:  # launch figures only
+        print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
+        return
     times = anyio.run(per_call, args.sandbox, args.n)
     base = times["stdio (SDK client)"]
     print(

@@ -26,7 +26,6 @@ from kernmind import __version__
 from kernmind.config import Settings
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.errors import RuntimeUnavailable
-from kernmind.execution.executor import limits_from
 from kernmind.execution.forkserver_kernels import describe as describe_fork_server
 from kernmind.execution.forkserver_kernels import fork_server_report
 from kernmind.execution.gateway_kernels import GatewayKernelFactory
@@ -35,6 +34,7 @@ from kernmind.execution.packages import PackageInstaller, PythonTarget
 from kernmind.execution.remote import RemoteKernels
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import Sandbox, SandboxUnavailable
+from kernmind.execution.startup import limits_from
 from kernmind.memory.database import redacted_location
 from kernmind.memory.embeddings import EmbeddingUnavailable, LocalEmbedder, make_embedder
 

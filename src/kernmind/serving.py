@@ -430,6 +430,9 @@ async def serve_http(server: Any, settings: Settings, sock: socket.socket) -> in
 # --- entry point --------------------------------------------------------------------------
 def serve(settings: Settings) -> int:
     """Run ``kernmind serve``; returns the process exit code."""
+    from kernmind.execution import startup
+
+    startup.prefetch(settings)  # probes run while the SDK imports (startup.py)
     from kernmind.execution.sandbox import SandboxUnavailable
     from kernmind.server import create_server
 

@@ -50,7 +50,7 @@ from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.rundir import RunDir, socket_root
 from kernmind.execution.runners.base import Call, Runner
 from kernmind.execution.runners.python import PythonRunner, SnapshotBudget
-from kernmind.execution.sandbox import Limits, Sandbox
+from kernmind.execution.sandbox import Sandbox
 from kernmind.execution.sessions import (
     DEFAULT_SESSION,
     LOCAL_OWNER,
@@ -60,6 +60,7 @@ from kernmind.execution.sessions import (
     SessionRegistry,
     check_session_id,
 )
+from kernmind.execution.startup import limits_from
 from kernmind.execution.store import SessionHome, SessionStore
 from kernmind.execution.supervisor import Progress, supervise
 from kernmind.execution.workspace import Workspace, off_loop, own_tree
@@ -90,16 +91,6 @@ ALIASES = {
     "sh": "bash",
     "shell": "bash",
 }
-
-
-def limits_from(settings: Settings) -> Limits:
-    return Limits(
-        memory_mb=settings.memory_mb,
-        cpu_seconds=settings.cpu_seconds,
-        max_processes=settings.max_processes,
-        max_file_mb=settings.max_file_mb,
-        max_open_files=settings.max_open_files,
-    )
 
 
 @contextlib.asynccontextmanager

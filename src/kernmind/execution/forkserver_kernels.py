@@ -40,10 +40,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import zmq.asyncio
 
 from kernmind.execution.forkserver import DEFAULT_PRELOAD, ForkServer, TemplateProcess
 from kernmind.execution.kernels import (
@@ -51,10 +50,12 @@ from kernmind.execution.kernels import (
     START_TIMEOUT,
     Kernel,
     KernelFactory,
-    SandboxedKernelManager,
 )
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.workspace import Workspace
+
+if TYPE_CHECKING:  # zmq and jupyter_client load when the factory starts, after the handshake
+    import zmq.asyncio
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ class ForkKernelFactory:
                 self._users -= 1
             return
         self._users = 1
+        import zmq.asyncio
+
         self._zmq = context = zmq.asyncio.Context()
         try:
             async with self.server.running():
@@ -162,6 +165,8 @@ class ForkKernelFactory:
                 limits=base.limits,
                 mounts=mounts,
             ).argv
+
+        from kernmind.execution.kernel_manager import SandboxedKernelManager
 
         km = SandboxedKernelManager(
             wrap=wrap,

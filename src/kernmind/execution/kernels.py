@@ -23,6 +23,7 @@ not clean.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -35,12 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-from jupyter_client.asynchronous.client import AsyncKernelClient
-from jupyter_client.kernelspec import KernelSpec
-from jupyter_client.manager import AsyncKernelManager
 
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernel_setup import setup_code
@@ -51,10 +49,15 @@ from kernmind.execution.rundir import RunDir, socket_root
 from kernmind.execution.sandbox import Limits, Mount, Sandbox
 from kernmind.execution.workspace import Workspace
 
+if TYPE_CHECKING:  # imported when a kernel starts (kernel_manager.py), not with this module
+    from jupyter_client.asynchronous.client import AsyncKernelClient
+    from jupyter_client.kernelspec import KernelSpec
+
+    from kernmind.execution.kernel_manager import SandboxedKernelManager
+
 log = logging.getLogger(__name__)
 
 KERNEL_NAME = "kernmind-python"
-KERNEL_CONNECTION_FILE = "kernel.json"  # the kernel's copy, with the paths it sees
 START_TIMEOUT = 60.0
 
 
@@ -164,48 +167,6 @@ def facts():
     return {{"exe": sys.executable, "version": sys.version.split()[0], "ipykernel": ipykernel,
             "paths": sorted(paths), "notable": notable}}
 """
-
-
-class SandboxedKernelManager(AsyncKernelManager):
-    """An AsyncKernelManager whose launch command goes through the sandbox layer."""
-
-    def __init__(
-        self,
-        *,
-        wrap: Callable[[list[str]], list[str]],
-        python: str,
-        spec: KernelSpec,
-        owner_uid: int | None,
-        inner_dir: str,
-        **kw: Any,
-    ):
-        super().__init__(**kw)
-        self._wrap = wrap
-        self._python = python
-        self._kernel_spec = spec
-        self._owner_uid = owner_uid
-        self._inner_dir = inner_dir  # where the kernel sees the runtime directory
-
-    def write_connection_file(self, **kwargs: Any) -> None:  # type: ignore[override]
-        super().write_connection_file(**kwargs)
-        # The kernel's own copy names its sockets by the path it sees (the same files).
-        host_dir = os.path.dirname(self.connection_file)
-        info = json.loads(Path(self.connection_file).read_text())
-        info["ip"] = info["ip"].replace(host_dir, self._inner_dir, 1)
-        kernel_copy = Path(host_dir, KERNEL_CONNECTION_FILE)
-        kernel_copy.write_text(json.dumps(info))
-        os.chmod(kernel_copy, 0o600)
-        if self._owner_uid is not None:
-            # The kernel runs as the sandbox uid and must be able to read it.
-            os.chown(kernel_copy, self._owner_uid, self._owner_uid)
-
-    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-        cmd = super().format_kernel_cmd(extra_arguments)
-        inner_file = f"{self._inner_dir}/{KERNEL_CONNECTION_FILE}"
-        cmd = [
-            self._python if p == "{python}" else inner_file if p == self.connection_file else p for p in cmd
-        ]
-        return self._wrap(cmd)
 
 
 @dataclass
@@ -447,7 +408,12 @@ class KernelFactory:
         self.limits = limits  # None: the sandbox's own
         self.new_layer = new_layer
         self.guard = guard
-        self.spec = KernelSpec.from_resource_dir(str(kernelspec_dir()))
+
+    @functools.cached_property
+    def spec(self) -> KernelSpec:
+        from kernmind.execution.kernel_manager import load_spec
+
+        return load_spec(kernelspec_dir())
 
     @classmethod
     def standalone(cls, sandbox: Sandbox, runtime: PythonRuntime, root: Path, **kw: Any) -> KernelFactory:
@@ -548,6 +514,8 @@ class KernelFactory:
                 limits=self.limits,
                 mounts=mounts,
             ).argv
+
+        from kernmind.execution.kernel_manager import SandboxedKernelManager
 
         km = SandboxedKernelManager(
             wrap=wrap,

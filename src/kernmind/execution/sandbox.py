@@ -26,7 +26,9 @@ GPUs (``--gpu auto``): when the host has NVIDIA devices, ``gpu`` (see ``gpu.py``
 system directories do not already show, sets ``LD_LIBRARY_PATH`` for those outside the ld
 cache, and gives the per-sandbox uid the groups that own nodes not open to everyone.
 
-Error policy: ``Sandbox.detect`` decides once at start-up; ``required`` raises
+Error policy: ``Sandbox.detect`` decides once at start-up (the bwrap probe runs once per
+process and configuration; ``Sandbox.prefetch`` runs it on a thread while the server is
+still importing); ``required`` raises
 ``SandboxUnavailable`` when isolation cannot be had, ``auto`` falls back with a warning.
 """
 
@@ -39,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +58,9 @@ SYSTEM_DIRS = ("/usr", "/etc", "/opt")
 USR_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 THREAD_STACK_MB = 2
+
+_probe_lock = threading.Lock()
+_probe_outcomes: dict[tuple[object, ...], str | None] = {}
 
 Backend = Literal["bwrap", "none"]
 
@@ -142,7 +148,7 @@ class Sandbox:
             candidate = cls(
                 "bwrap", "bubblewrap works", allow_network=allow_network, limits=limits, bwrap=bwrap
             )
-            problem = candidate.probe()
+            problem = candidate.probe_once()
             if problem is None:
                 if gpu == "auto":
                     from kernmind.execution.gpu import detect as detect_gpu
@@ -157,6 +163,24 @@ class Sandbox:
             problem,
         )
         return cls("none", f"fallback: {problem}", allow_network=True, limits=limits)
+
+    @classmethod
+    def prefetch(cls, mode: str, *, allow_network: bool = False, limits: Limits | None = None) -> None:
+        """Start the bwrap probe ``detect`` will need, on a daemon thread (it mostly waits on
+        the child process), so that ``detect`` later finds its outcome."""
+        bwrap = shutil.which("bwrap")
+        if mode == "none" or bwrap is None or sys.platform != "linux":
+            return
+        candidate = cls("bwrap", "", allow_network=allow_network, limits=limits or Limits(), bwrap=bwrap)
+        threading.Thread(target=candidate.probe_once, name="kernmind-sandbox-probe", daemon=True).start()
+
+    def probe_once(self) -> str | None:
+        """``probe()``, run once per process for this configuration."""
+        key = (self.bwrap, self.prlimit, self.setpriv, self.as_root, self.allow_network, self.limits)
+        with _probe_lock:
+            if key not in _probe_outcomes:
+                _probe_outcomes[key] = self.probe()
+            return _probe_outcomes[key]
 
     def probe(self) -> str | None:
         """Run ``true`` inside the sandbox; return None when it works, else why not."""

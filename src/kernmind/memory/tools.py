@@ -61,6 +61,7 @@ from kernmind.sdk_compat import lowlevel_server, session_connection, subscriptio
 log = logging.getLogger(__name__)
 
 BLOCKS_URI = "memory://blocks"
+WARM_UP_DELAY = 1.0  # seconds after start before the embedding model loads
 T = TypeVar("T")
 
 
@@ -158,9 +159,13 @@ class MemoryTools:
 
     @staticmethod
     async def _warm_up(embedder: Embedder | None) -> None:
-        """Load the embedding model now, off the request path (the first search would wait)."""
+        """Load the embedding model soon, off the request path (the first search would wait),
+        but not during the client's handshake: loading holds the interpreter for a few tenths
+        of a second, which ``initialize`` and ``tools/list`` would wait for (a search that
+        comes first loads it itself)."""
         if embedder is None:
             return
+        await anyio.sleep(WARM_UP_DELAY)
         try:
             await embedder.ready()
         except EmbeddingUnavailable as exc:

@@ -10,13 +10,15 @@ finds the process runners whose runtime is installed:
 
 Python's runner (``python.py``) needs the kernel pool, so the executor builds it.
 Probing runs each runtime's ``--version`` once per process (cached by name), so creating
-many servers in one process stays cheap.
+many servers in one process stays cheap. ``prefetch()`` runs those probes on a background
+thread: ``kernmind serve`` calls it before importing the MCP SDK, so the probes (mostly
+waiting on child processes, ``java -version`` starts a JVM) overlap that import instead of
+delaying the first answer.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 from kernmind.config import Settings
 from kernmind.execution.packages.guard import SandboxGuard
@@ -30,18 +32,38 @@ from kernmind.execution.sandbox import Sandbox
 
 LANGUAGES = ("javascript", "typescript", "r", "java", "bash")
 
-__all__ = ["LANGUAGES", "Runner", "discover", "missing_runtimes"]
+__all__ = ["LANGUAGES", "Runner", "discover", "missing_runtimes", "prefetch"]
+
+# What each runtime's probe learnt: the runner's constructor arguments, or what to install.
+Probed = dict[str, str] | str
+PROBES: dict[str, type[BashRunner | DenoRunner | JavaRunner | RRunner]] = {
+    "deno": DenoRunner,
+    "r": RRunner,
+    "java": JavaRunner,
+    "bash": BashRunner,
+}
 
 _probe_lock = threading.Lock()
-_probe_cache: dict[str, object] = {}
+_probe_cache: dict[str, Probed] = {}
 
 
-def _probe_once(name: str, probe: Callable[[], object]) -> object:
+def _probe_once(name: str) -> Probed:
     """Run a runtime's version probe once per process; later calls reuse what it found."""
     with _probe_lock:
         if name not in _probe_cache:
-            _probe_cache[name] = probe()
+            _probe_cache[name] = PROBES[name].probe()
         return _probe_cache[name]
+
+
+def prefetch() -> None:
+    """Probe every runtime on a daemon thread now; ``discover`` then finds the answers (or
+    waits for the probe still running)."""
+
+    def probe_all() -> None:
+        for name in PROBES:
+            _probe_once(name)
+
+    threading.Thread(target=probe_all, name="kernmind-runtime-probes", daemon=True).start()
 
 
 def _probe_all(
@@ -50,34 +72,24 @@ def _probe_all(
     ctx = Context(sandbox, settings, guard)
     found: dict[str, Runner] = {}
     missing: dict[str, str] = {}
-
-    def versions(name: str, cls: type) -> object:
-        # Cache only what the probe learnt (binary paths, version), not the runner itself.
-        got = _probe_once(name, lambda: cls.probe(ctx))
-        return got
-
-    deno = versions("deno", DenoRunner)
+    deno = _probe_once("deno")
     if isinstance(deno, str):
         missing["javascript"] = missing["typescript"] = deno
     else:
-        js, ts = deno  # type: ignore[misc]
-        found["javascript"] = DenoRunner(ctx, "javascript", js.binary, js.version)
-        found["typescript"] = DenoRunner(ctx, "typescript", ts.binary, ts.version)
-    r = versions("r", RRunner)
-    if isinstance(r, str):
-        missing["r"] = r
-    else:
-        found["r"] = RRunner(ctx, r.binary, r.version)  # type: ignore[attr-defined]
-    java = versions("java", JavaRunner)
-    if isinstance(java, str):
-        missing["java"] = java
-    else:
-        found["java"] = JavaRunner(ctx, java.java, java.javac, java.version)  # type: ignore[attr-defined]
-    bash = versions("bash", BashRunner)
-    if isinstance(bash, str):
-        missing["bash"] = bash
-    else:
-        found["bash"] = BashRunner(ctx, bash.binary, bash.version)  # type: ignore[attr-defined]
+        found["javascript"] = DenoRunner(ctx, "javascript", deno["binary"], deno["version"])
+        found["typescript"] = DenoRunner(
+            ctx, "typescript", deno["binary"], f"{deno['version']}, {deno['typescript']}"
+        )
+    for name, language, cls in (
+        ("r", "r", RRunner),
+        ("java", "java", JavaRunner),
+        ("bash", "bash", BashRunner),
+    ):
+        got = _probe_once(name)
+        if isinstance(got, str):
+            missing[language] = got
+        else:
+            found[language] = cls(ctx, **got)  # type: ignore[arg-type]
     return found, missing
 
 

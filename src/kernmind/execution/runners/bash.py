@@ -28,7 +28,8 @@ class BashRunner(StatelessRunner):
         self.version = version
 
     @classmethod
-    def probe(cls, ctx: Context) -> BashRunner | str:
+    def probe(cls) -> dict[str, str] | str:
+        """The constructor's ``binary`` and ``version``, or what to install."""
         binary = shutil.which("bash", path="/usr/local/bin:/usr/bin:/bin")
         if binary is None:
             return INSTALL_HINT
@@ -38,7 +39,7 @@ class BashRunner(StatelessRunner):
             return f"{INSTALL_HINT} ({binary} does not run: {exc})"
         first = out.splitlines()[0] if out else "bash"
         version = first.replace("GNU bash, version ", "bash ").split(" (")[0]
-        return cls(ctx, binary, version)
+        return {"binary": binary, "version": version}
 
     async def execute(self, call: Call) -> None:
         collector, workspace = call.collector, call.workspace

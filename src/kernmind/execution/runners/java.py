@@ -144,7 +144,8 @@ class JavaRunner(StatelessRunner):
         self._classes: Path | None = None
 
     @classmethod
-    def probe(cls, ctx: Context) -> JavaRunner | str:
+    def probe(cls) -> dict[str, str] | str:
+        """The constructor's ``java``, ``javac`` and ``version``, or what to install."""
         java, javac = shutil.which("java"), shutil.which("javac")
         if java is None or javac is None or shutil.which("jshell") is None:
             return INSTALL_HINT
@@ -158,7 +159,7 @@ class JavaRunner(StatelessRunner):
         parts = first.split('"')
         vendor = "OpenJDK" if first.startswith("openjdk") else first.split()[0]
         version = f"{vendor} {parts[1]} (JShell)" if len(parts) > 1 else first
-        return cls(ctx, java, javac, version)
+        return {"java": java, "javac": javac, "version": version}
 
     # --- the compiled host ----------------------------------------------------------------
     async def _host_classes(self) -> Path:

@@ -299,7 +299,8 @@ class DenoRunner(StatelessRunner):
             return shutil.which("deno")
 
     @classmethod
-    def probe(cls, ctx: Context) -> tuple[DenoRunner, DenoRunner] | str:
+    def probe(cls) -> dict[str, str] | str:
+        """What ``--version`` says (``binary``, ``version``, ``typescript``), or what to install."""
         binary = cls.find_binary()
         if binary is None:
             return INSTALL_HINT
@@ -310,10 +311,7 @@ class DenoRunner(StatelessRunner):
         lines = out.split("\n")
         deno_v = lines[0].split(" (")[0] if lines else "deno"
         ts_v = next((ln for ln in lines if ln.startswith("typescript")), "typescript ?")
-        return (
-            cls(ctx, "javascript", binary, deno_v),
-            cls(ctx, "typescript", binary, f"{deno_v}, {ts_v}"),
-        )
+        return {"binary": binary, "version": deno_v, "typescript": ts_v}
 
     def _argv(self, inner_ws: str, script: str, npm_installed: bool) -> list[str]:
         allowed = f"{inner_ws},/tmp" if self.ctx.sandbox.isolated else inner_ws

@@ -103,7 +103,8 @@ class RRunner(StatelessRunner):
         self.version = version
 
     @classmethod
-    def probe(cls, ctx: Context) -> RRunner | str:
+    def probe(cls) -> dict[str, str] | str:
+        """The constructor's ``binary`` and ``version``, or what to install."""
         binary = shutil.which("Rscript")
         if binary is None:
             return INSTALL_HINT
@@ -114,7 +115,7 @@ class RRunner(StatelessRunner):
         text = (proc.stdout + proc.stderr).strip()
         # "Rscript (R) version 4.2.2 (2022-10-31)"
         version = "R " + text.split("version", 1)[1].split()[0] if "version" in text else "R"
-        return cls(ctx, binary, version)
+        return {"binary": binary, "version": version}
 
     async def execute(self, call: Call) -> None:
         collector, workspace = call.collector, call.workspace
