@@ -175,7 +175,7 @@ async def run(n: int, nq: int, n_inserts: int, db: Path, model: str, sample: int
             rows.append(
                 (f"hybrid top-10 right after an insert @ {size:,}", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms")
             )
-            for label, archive in (("bm25", text_only), ("hybrid (default)", hybrid)):
+            for label, archive in (("bm25", text_only), (f"hybrid ({model})", hybrid)):
                 p50, p99, avg = await timed(lambda q, a=archive: a.search(q, top_k=10), queries)
                 rows.append(
                     (f"{label} top-10 @ {size:,}", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms  ({avg:.1f} hits)")
