@@ -56,9 +56,9 @@ class KernelPool:
         failures = 0
         while not self._closing:
             if len(self._ready) < self.size:
-                # Let the call that just took a kernel finish first: starting one forks the
-                # server and costs CPU that would otherwise land on that call's latency.
-                await anyio.sleep(BACKGROUND_DELAY)
+                # Let the call that just took a kernel finish first when starting one costs
+                # CPU that would land on that call's latency (a boot; not a fork-server fork).
+                await anyio.sleep(self.factory.refill_delay)
                 try:
                     kernel = await self.factory.start()
                 except Exception as exc:
