@@ -74,12 +74,11 @@ class ForkKernelFactory:
     rebinds_warm_kernels = True  # its kernels are local sandboxes, like ``KernelFactory``'s
 
     @property
-    def refill_delay(self) -> float:
-        """Nothing while the template is up: a fork costs the server little and runs in other
-        processes, so the pool starts the next kernel while the current call runs (back-to-back
-        fresh calls then find one ready); a normal start's delay otherwise."""
+    def cheap_starts(self) -> bool:
+        """True while the template is up: a fork costs the server little and runs in other
+        processes (the pool then refills at once and in parallel)."""
         template = self.server.current
-        return 0.0 if template is not None and template.gone is None else self.base.refill_delay
+        return template is not None and template.gone is None
 
     def __init__(self, base: KernelFactory, *, preload: Sequence[str] = DEFAULT_PRELOAD) -> None:
         self.base = base

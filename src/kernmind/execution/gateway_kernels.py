@@ -237,7 +237,7 @@ class GatewayKernelFactory:
     """Starts kernels on the gateway (the ``KernelFactory.start`` of remote kernels)."""
 
     rebinds_warm_kernels = False  # a kernel's directory is fixed at its start (KERNEL_WORKING_DIR)
-    refill_delay = 0.25  # the gateway boots kernels: as KernelFactory's
+    cheap_starts = False  # the gateway boots kernels
 
     def __init__(
         self,

@@ -385,9 +385,7 @@ class KernelFactory:
     """Starts kernels: sandbox-wrapped, IPC transport, set up and warm."""
 
     rebinds_warm_kernels = True  # a warm kernel's empty directory can be moved into a session's home
-    # The pool waits this long before starting a kernel for itself, so that a boot (≈ 1 s of
-    # CPU) does not land on the call that just took one.
-    refill_delay = 0.25
+    cheap_starts = False  # a start boots an interpreter (≈ 1 s of CPU): the pool spaces them out
 
     def __init__(
         self,
