@@ -73,6 +73,13 @@ class ForkKernelFactory:
 
     rebinds_warm_kernels = True  # its kernels are local sandboxes, like ``KernelFactory``'s
 
+    @property
+    def cheap_starts(self) -> bool:
+        """True while the template is up: a fork costs the server little and runs in other
+        processes (the pool then refills at once and in parallel)."""
+        template = self.server.current
+        return template is not None and template.gone is None
+
     def __init__(self, base: KernelFactory, *, preload: Sequence[str] = DEFAULT_PRELOAD) -> None:
         self.base = base
         self.server = ForkServer(

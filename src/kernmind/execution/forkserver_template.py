@@ -164,10 +164,11 @@ def start_app(argv: list[str], setup: str):  # -> IPKernelApp
     inline = sys.modules.get("matplotlib_inline.backend_inline")
     if inline is not None:  # preloaded before IPython existed: hook it into this shell now
         inline._enable_matplotlib_integration()
-    if setup:
-        result = app.shell.run_cell(setup, store_history=False, silent=True)
-        if not result.success:
-            raise RuntimeError(f"the setup cell failed: {result.error_in_exec or result.error_before_exec!r}")
+    if setup:  # plain Python: ``ex`` skips run_cell's input transforms (≈ 10 ms for this cell)
+        try:
+            app.shell.ex(setup)
+        except Exception as exc:
+            raise RuntimeError(f"the setup cell failed: {exc!r}") from exc
     return app
 
 

@@ -237,6 +237,7 @@ class GatewayKernelFactory:
     """Starts kernels on the gateway (the ``KernelFactory.start`` of remote kernels)."""
 
     rebinds_warm_kernels = False  # a kernel's directory is fixed at its start (KERNEL_WORKING_DIR)
+    cheap_starts = False  # the gateway boots kernels
 
     def __init__(
         self,

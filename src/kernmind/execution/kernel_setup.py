@@ -9,7 +9,9 @@ It cannot import kernmind (the kernel may run on another Python), so it is plain
   the class-level cap below: the cap now removes it before every cell.)
 - No colours and plain tracebacks: smaller output and no ANSI codes (and IPython's verbose
   traceback formatting costs ~100 ms per error).
-- Inline PNG figures.
+- Inline PNG figures (set in the shell's config and on the backend's instance when it
+  exists: ``%config`` would load every lazy magic to find it, ≈ 30 ms of each fresh
+  kernel's start; matplotlib is not imported for it).
 - **An output cap inside the kernel.** The server keeps a head and a tail of every call's
   output within its budget, but without a cap in the kernel, every byte printed would
   still cross the zmq socket and be parsed, and ipykernel buffers it in memory: a loop
@@ -33,7 +35,11 @@ get_ipython()._tee = lambda channel, _null=__import__("contextlib").nullcontext:
 get_ipython().events.register("post_run_cell", lambda *_: get_ipython().history_manager.outputs.clear())
 get_ipython().run_line_magic('colors', 'nocolor')
 get_ipython().run_line_magic('xmode', 'Plain')
-get_ipython().run_line_magic('config', "InlineBackend.figure_formats = ['png']")
+get_ipython().config.InlineBackend.figure_formats = {{"png"}}  # for an inline backend made later
+_kernmind_inline = __import__("sys").modules.get("matplotlib_inline.config")
+if _kernmind_inline is not None and _kernmind_inline.InlineBackend.initialized():
+    _kernmind_inline.InlineBackend.instance().figure_formats = {{"png"}}
+del _kernmind_inline
 
 
 def _kernmind_cap_output(head, tail_size):

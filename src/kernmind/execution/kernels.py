@@ -385,6 +385,7 @@ class KernelFactory:
     """Starts kernels: sandbox-wrapped, IPC transport, set up and warm."""
 
     rebinds_warm_kernels = True  # a warm kernel's empty directory can be moved into a session's home
+    cheap_starts = False  # a start boots an interpreter (≈ 1 s of CPU): the pool spaces them out
 
     def __init__(
         self,

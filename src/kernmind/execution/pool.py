@@ -2,8 +2,9 @@
 
 New sessions, ``reset`` and ``--stateless`` calls take a kernel from here instead of
 waiting ~1 s for one to boot. A background task keeps ``size`` kernels ready, starting
-them one at a time (the machine may have two cores, and a call may be running), and
-retries with a back-off when starting fails. Kernels that are done with are shut down in
+them one at a time (the machine may have two cores, and a call may be running), or, when
+starts are cheap (fork-server forks), at once and side by side; it retries with a back-off
+when starting fails. Kernels that are done with are shut down in
 the background too, so a caller never waits for a kernel to die.
 
 When the pool is empty, ``acquire`` starts a kernel for the caller directly.
@@ -41,6 +42,8 @@ class KernelPool:
         self._wake = anyio.Event()
         self._tg: TaskGroup | None = None
         self._closing = False
+        self._starting = 0  # kernels the refill is starting now
+        self._failures = 0  # starts failed in a row (for the back-off)
         self.last_error: str | None = None
 
     @property
@@ -53,30 +56,42 @@ class KernelPool:
         tg.start_soon(self._refill_loop)
 
     async def _refill_loop(self) -> None:
-        failures = 0
+        assert self._tg is not None
         while not self._closing:
-            if len(self._ready) < self.size:
-                # Let the call that just took a kernel finish first: starting one forks the
-                # server and costs CPU that would otherwise land on that call's latency.
-                await anyio.sleep(BACKGROUND_DELAY)
-                try:
-                    kernel = await self.factory.start()
-                except Exception as exc:
-                    failures += 1
-                    self.last_error = str(exc)
-                    delay = min(30.0, 0.5 * 2**failures)
-                    log.warning("could not start a warm kernel (retry in %.0fs): %s", delay, exc)
-                    await anyio.sleep(delay)
-                    continue
-                failures = 0
-                self.last_error = None
-                if self._closing:
-                    await _shutdown_and_remove(kernel)
-                    return
-                self._ready.append(kernel)
+            # Cheap starts (fork-server forks) run at once and side by side, so back-to-back
+            # fresh calls find a kernel ready; boots run one at a time (they would starve
+            # the call at hand of CPU).
+            parallel = self.size if self.factory.cheap_starts else 1
+            if len(self._ready) + self._starting < self.size and self._starting < parallel:
+                self._starting += 1
+                self._tg.start_soon(self._start_one)
                 continue
             self._wake = anyio.Event()
             await self._wake.wait()
+
+    async def _start_one(self) -> None:
+        try:
+            if not self.factory.cheap_starts:
+                # Let the call that just took a kernel finish first: a boot's CPU would land on it.
+                await anyio.sleep(BACKGROUND_DELAY)
+            try:
+                kernel = await self.factory.start()
+            except Exception as exc:
+                self._failures += 1
+                self.last_error = str(exc)
+                delay = min(30.0, 0.5 * 2**self._failures)
+                log.warning("could not start a warm kernel (retry in %.0fs): %s", delay, exc)
+                await anyio.sleep(delay)
+                return
+            self._failures = 0
+            self.last_error = None
+            if self._closing:
+                await _shutdown_and_remove(kernel)
+                return
+            self._ready.append(kernel)
+        finally:
+            self._starting -= 1
+            self._wake.set()
 
     async def acquire(self, home: Workspace | None = None, layer: Layer | None = None) -> Kernel:
         """A ready kernel: with its own fresh workspace, or bound to ``home``; the packages of
