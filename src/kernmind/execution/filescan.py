@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import heapq
 import os
+import stat
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,17 +67,31 @@ def display_name(name: str) -> str:
     return "".join(out)
 
 
-def scan_tree(root: Path, *, since_ns: int | None = None, budget_s: float | None = None) -> Scan:
-    """Regular files under ``root`` (symlinks and special files skipped).
+def scan_tree(
+    root: Path, *, since_ns: int | None = None, budget_s: float | None = None, under: Sequence[str] = ()
+) -> Scan:
+    """Regular files under ``root`` (symlinks and special files skipped), keyed by their path
+    relative to ``root``.
 
+    With ``under`` (the file-system components of a directory inside ``root``), only that
+    directory is walked; none of its components may be a symlink (nothing is found otherwise).
     With ``budget_s``, stop after that long (``complete`` false); with ``since_ns`` too,
     directories changed since then are walked first.
     """
     started = time.perf_counter()
     deadline = started + budget_s if budget_s is not None else None
     result = Scan()
+    start = str(root)
+    for part in under:
+        start = os.path.join(start, part)
+        try:
+            if not stat.S_ISDIR(os.lstat(start).st_mode):
+                return result
+        except OSError:
+            return result
+    prefix = "".join(f"{display_name(p)}/" for p in under)
     # (priority, tie-breaker, path, display prefix): most recently changed first.
-    queue: list[tuple[int, int, str, str]] = [(0, 0, str(root), "")]
+    queue: list[tuple[int, int, str, str]] = [(0, 0, start, prefix)]
     order = 0
     seen = 0
     while queue:

@@ -298,9 +298,11 @@ class Workspace:
         """Regular files under ``prefix`` whose path (or name) matches the glob ``pattern``,
         sorted by path: the page ``[offset, offset+limit)`` and how many matched in all."""
         prefix = prefix.strip("/")
+        under: list[str] = []
         if prefix:
-            prefix = self.parts(prefix)[0] + "/"
-        files = self.scan().files
+            shown, under = self.parts(prefix)
+            prefix = shown + "/"
+        files = scan_tree(self.root, under=under).files  # only the directory asked about is walked
         matched = sorted(
             rel
             for rel in files
