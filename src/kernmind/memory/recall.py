@@ -15,11 +15,12 @@ Design
   (benchmarks/bench_recall.py), the classic ``k = 60``, 1:1 fusion let full-text hits on
   incidental words push the answer out of the top 5 (recall@5 42 % vs 67 % for vectors
   alone), while 10 / 2:1 keeps meaning's recall and still puts exact word matches first.
-  The two lists are drawn side by side (the full-text query in the database's thread, the
-  vector scoring in numpy, which releases the GIL); the vector index applies filters in
+  The two lists are drawn side by side (the full-text query in the database's thread while
+  the query is embedded and scored in numpy, which releases the GIL); the vector index applies filters in
   memory (vector_index.py); only the rows of the page that full text did not already
   return are fetched.
-* New texts are embedded when they are stored (≈ 0.2 ms with the local model). Texts
+* New texts are embedded when they are stored (≈ 10 ms with the default model, ≈ 0.2 ms
+  with the static one). Texts
   without a vector of the current model — stored while an endpoint was down, written before
   meaning search existed, or embedded by another model before a switch — are embedded by a
   background task (:meth:`Recall.backfill`) in batches; until it is done a search says how
@@ -166,27 +167,33 @@ class Recall:
         """Best-first rows for a query that has search terms, by full text fused with meaning."""
         if self.embedder is None or self.index is None:
             return Ranked(list(await self.corpus.search_text(query, where, top_k, offset)), "bm25")
-        try:
-            [qvec] = await self.embedder.embed([query])
-        except EmbeddingUnavailable as exc:
-            rows = await self.corpus.search_text(query, where, top_k, offset)
-            return Ranked(list(rows), "bm25", f"meaning search unavailable ({exc}); ranked by full text only")
         depth = max(offset + top_k, MIN_DEPTH)
-        await self.index.refresh()
         text_rows: list[Any] = []
         vec_ids: list[int] = []
+        unavailable: EmbeddingUnavailable | None = None
 
         async def by_text() -> None:
             nonlocal text_rows
             text_rows = list(await self.corpus.search_text(query, where, depth))
 
         async def by_meaning() -> None:
-            nonlocal vec_ids
+            nonlocal vec_ids, unavailable
+            assert self.embedder is not None and self.index is not None
+            try:
+                [qvec] = await self.embedder.embed([query])
+            except EmbeddingUnavailable as exc:
+                unavailable = exc
+                return
+            await self.index.refresh()
             vec_ids = await self._nearest(qvec, where, depth)
 
-        async with anyio.create_task_group() as tg:  # the database and numpy work side by side
+        # the database ranks by full text while the query is embedded and scored (numpy releases the GIL)
+        async with anyio.create_task_group() as tg:
             tg.start_soon(by_text)
             tg.start_soon(by_meaning)
+        if unavailable is not None:
+            note = f"meaning search unavailable ({unavailable}); ranked by full text only"
+            return Ranked(text_rows[offset : offset + top_k], "bm25", note)
         fused = rrf([[r.id for r in text_rows], vec_ids], [TEXT_WEIGHT, MEANING_WEIGHT])[
             offset : offset + top_k
         ]
