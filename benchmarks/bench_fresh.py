@@ -37,7 +37,11 @@ PANDAS = "import pandas as pd\n1+1"
 
 
 def params(data_dir: str, fork: bool, sandbox: str, *extra: str) -> StdioServerParameters:
+    # This environment (PYTHONPATH included: pointing it at another checkout's src measures
+    # that code), without KERNMIND_* settings.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNMIND_")}
     return StdioServerParameters(
+        env=env,
         command=sys.executable,
         args=["-m", "kernmind", "serve", "--data-dir", data_dir, "--sandbox", sandbox,
               "--fork-server" if fork else "--no-fork-server", "--log-level", "WARNING", *extra],
