@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 import pytest
 
+import kernmind
 from kernmind.execution.forkserver_kernels import ForkKernelFactory, describe, fork_server_report
 from kernmind.execution.kernels import Kernel, KernelFactory, PythonRuntime
 from kernmind.execution.results import OutputCollector
@@ -488,7 +489,11 @@ def test_fork_server_as_a_normal_user() -> None:
         workspaces.mkdir()
         os.chown(workspaces, user.pw_uid, user.pw_gid)
         runtime = PythonRuntime.probe(None)
-        prepare = readable_prefix_mounts([*runtime.paths, sys.executable])
+        # kernmind itself too: an editable install reads the checkout (its src/ and kernels/), which may be
+        # a 0700 directory
+        package = Path(kernmind.__file__).resolve()
+        source = [str(package.parents[1]), *[str(p) for p in [package.parents[2] / "kernels"] if p.is_dir()]]
+        prepare = readable_prefix_mounts([*runtime.paths, sys.executable, *source])
         inner = (
             f"setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups "
             f"env -i PATH=/usr/bin:/bin HOME={shared} {sys.executable} {shared}/driver.py {workspaces}"
