@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
+import numpy as np
 import pytest
 from mcp import Client
 
 from kernmind.config import Settings
+from kernmind.memory.archival import Archive
 from kernmind.memory.database import PassageFilter
 from kernmind.memory.embeddings import StaticEmbedder
 from kernmind.memory.minilm import MiniLMEmbedder
@@ -142,3 +145,27 @@ async def test_vectors_of_many_passages_are_embedded_off_the_event_loop(tmp_path
         while n := await recall.backfill_batch():
             done += n
         assert done == 2000 and await store.passages.count_vectors(STATIC) == 2000
+
+
+async def test_the_next_page_of_a_search_does_not_embed_the_query_again(tmp_path: Path) -> None:
+    """Pages of one search come from one ranking and one query embedding (≈ 10 ms each saved)."""
+
+    class Counting(StaticEmbedder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked: list[str] = []
+
+        def embed_now(self, texts: Sequence[str]) -> np.ndarray:
+            self.asked.extend(texts)
+            return super().embed_now(texts)
+
+    embedder = Counting()
+    async with MemoryStore(db_location(tmp_path)) as store:
+        archive = Archive(store.passages, embedder)
+        for text in [*OTHERS, NOTE]:
+            await archive.insert(text)
+        first = await archive.search(QUESTION, top_k=2)
+        second = await archive.search(QUESTION, top_k=2, page=1)
+    assert embedder.asked.count(QUESTION) == 1
+    assert first.mode == second.mode == "hybrid"
+    assert not {r.id for r in first.results} & {r.id for r in second.results}

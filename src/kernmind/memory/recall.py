@@ -56,6 +56,7 @@ TEXT_WEIGHT = 1.0
 MEANING_WEIGHT = 2.0
 BACKFILL_BATCH = 256
 MIN_DEPTH = 50  # pages within the first 50 results are slices of one ranking
+RECENT_QUERIES = 64  # query vectors kept for the next page of the same search
 THREAD_FLOATS = 4_000_000  # score more (≈ 16k × 256, ≈ 1 ms) in a worker thread, off the event loop
 
 
@@ -123,6 +124,7 @@ class Recall:
         self._wake = anyio.Event()
         self._wake.set()  # look for a backlog once at start
         self.backlog = embedder is not None  # whether texts without a current vector may exist
+        self._queries: dict[str, list[float]] = {}  # recent query -> vector, oldest first
 
     async def vector_for(self, text: str) -> Vector:
         """The vector to store with a new text, or why there is none."""
@@ -180,7 +182,7 @@ class Recall:
             nonlocal vec_ids, unavailable
             assert self.embedder is not None and self.index is not None
             try:
-                [qvec] = await self.embedder.embed([query])
+                qvec = await self.query_vector(query)
             except EmbeddingUnavailable as exc:
                 unavailable = exc
                 return
@@ -206,6 +208,17 @@ class Recall:
                 row.score = score
                 rows.append(row)
         return Ranked(rows, "hybrid", await self._coverage_note())
+
+    async def query_vector(self, query: str) -> list[float]:
+        """The query's vector; the last few are kept, so the next page of a search (or the same
+        question asked again) does not embed it again (≈ 10 ms with the default model)."""
+        assert self.embedder is not None
+        if (vector := self._queries.pop(query, None)) is None:
+            [vector] = await self.embedder.embed([query])
+        self._queries[query] = vector  # most recent last
+        while len(self._queries) > RECENT_QUERIES:
+            self._queries.pop(next(iter(self._queries)))
+        return vector
 
     async def _nearest(self, qvec: Sequence[float], where: Any, depth: int) -> list[int]:
         """The ``depth`` texts nearest in meaning that pass the filter, best first."""
