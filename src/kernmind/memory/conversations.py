@@ -38,9 +38,8 @@ from kernmind.memory.embeddings import make_embedder
 from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.fulltext import NO_TERMS_NOTE, index_text, query_terms
 from kernmind.memory.recall import Recall
-from kernmind.memory.records import MessageRow, now_ts, time_range
+from kernmind.memory.records import Facets, MessageRow, now_ts, time_range
 from kernmind.memory.texts import TextTable
-from kernmind.memory.vector_index import Facets
 
 log = logging.getLogger(__name__)
 

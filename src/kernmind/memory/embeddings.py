@@ -38,13 +38,15 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.to_thread
-import numpy as np
 
 from kernmind.config import Settings
+
+if TYPE_CHECKING:
+    import numpy as np  # imported where vectors are made: numpy is not on the launch path
 
 log = logging.getLogger(__name__)
 
@@ -140,10 +142,11 @@ class StaticEmbedder(LocalEmbedder):
         super().__init__()
         self.dim = dim
         self.model = "wordllama/l2_supercat_256" + (f"@{dim}" if dim != 256 else "")
-        self._table = np.zeros((0, dim), dtype=np.float32)
+        self._table: np.ndarray | None = None
         self._tokenizer: Any = None
 
     def load_from(self, root: Path) -> None:
+        import numpy as np
         from safetensors.numpy import load_file
         from tokenizers import Tokenizer
 
@@ -154,7 +157,10 @@ class StaticEmbedder(LocalEmbedder):
         self._tokenizer, self._table = tokenizer, table
 
     def embed_now(self, texts: Sequence[str]) -> np.ndarray:
+        import numpy as np
+
         table = self._table
+        assert table is not None, "load() first"
         out = np.zeros((len(texts), table.shape[1]), dtype=np.float32)
         for i, enc in enumerate(self._tokenizer.encode_batch(list(texts), add_special_tokens=False)):
             if enc.ids:
@@ -231,6 +237,8 @@ def make_embedder(settings: Settings) -> Embedder | None:
 
 
 def to_blob(vector: Sequence[float] | np.ndarray) -> bytes:
+    import numpy as np
+
     v = np.asarray(vector, dtype=np.float32)
     norm = float(np.linalg.norm(v))
     if norm > 0:

@@ -43,11 +43,12 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from kernmind.memory.embeddings import EmbeddingUnavailable, LocalEmbedder
+
+if TYPE_CHECKING:
+    import numpy as np  # imported by the functions that compute: numpy is not on the launch path
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class Layer:
 
 
 def layer_norm(x: np.ndarray, norm: tuple[np.ndarray, np.ndarray], eps: float = 1e-12) -> np.ndarray:
+    import numpy as np
+
     mean = x.mean(-1, keepdims=True)
     centred = x - mean
     var = (centred * centred).mean(-1, keepdims=True)
@@ -91,6 +94,8 @@ def layer_norm(x: np.ndarray, norm: tuple[np.ndarray, np.ndarray], eps: float = 
 
 def gelu(x: np.ndarray) -> np.ndarray:
     """BERT's exact GELU, x·Φ(x), with erf from Abramowitz & Stegun 7.1.26 (error < 1.5e-7)."""
+    import numpy as np
+
     z = np.abs(x) * np.float32(0.7071067811865476)
     t = 1 / (1 + np.float32(0.3275911) * z)
     poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t
@@ -132,6 +137,8 @@ class MiniLMEmbedder(LocalEmbedder):
         _one_blas_thread()
 
     def embed_now(self, texts: Sequence[str]) -> np.ndarray:
+        import numpy as np
+
         encodings = self._tokenizer.encode_batch(list(texts))
         out = np.zeros((len(texts), 384), dtype=np.float32)
         by_length = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
@@ -151,6 +158,8 @@ class MiniLMEmbedder(LocalEmbedder):
 
     def encode(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Unit sentence vectors for a padded batch of token ids (``mask``: 1 for real tokens)."""
+        import numpy as np
+
         e = self._embeddings
         batch, width = ids.shape
         x = (
@@ -189,6 +198,7 @@ class Model:
 def read_model(folder: Path) -> Model:
     """The model's files in ``folder``, checked and laid out for the forward pass; read once per
     process (the weights never change, and every server or store in the process shares them)."""
+    import numpy as np
     from safetensors.numpy import load_file
     from tokenizers import Tokenizer
 

@@ -30,9 +30,8 @@ from typing import Any
 from kernmind.memory.database import Database, PassageFilter, Tx, namespace_and_time_sql
 from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.fulltext import index_text
-from kernmind.memory.records import PassageIn, PassageRow, now_ts
+from kernmind.memory.records import Facets, PassageIn, PassageRow, now_ts
 from kernmind.memory.texts import TextTable
-from kernmind.memory.vector_index import Facets
 
 MAX_ROW_ID = 2**63 - 1  # SQLite's (and PostgreSQL's bigint) largest integer
 MAX_TAG_CHARS = 100

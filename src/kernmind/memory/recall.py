@@ -40,14 +40,17 @@ import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, to_blob
-from kernmind.memory.vector_index import Facets, Generation, StoredVector, VectorIndex, nearest
+from kernmind.memory.records import Facets, Generation, StoredVector
+
+if TYPE_CHECKING:
+    from kernmind.memory.vector_index import VectorIndex
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +123,11 @@ class Recall:
         self.corpus = corpus
         self.embedder = embedder
         self.what = what
-        self.index = VectorIndex(corpus, embedder.model) if embedder is not None else None
+        self.index: VectorIndex | None = None
+        if embedder is not None:
+            from kernmind.memory.vector_index import VectorIndex  # numpy: not on the launch path
+
+            self.index = VectorIndex(corpus, embedder.model)
         self._wake = anyio.Event()
         self._wake.set()  # look for a backlog once at start
         self.backlog = embedder is not None  # whether texts without a current vector may exist
@@ -224,6 +231,8 @@ class Recall:
         """The ``depth`` texts nearest in meaning that pass the filter, best first."""
         assert self.index is not None and self.embedder is not None
         candidates = self.index.candidates(self.corpus.facets(where))
+        from kernmind.memory.vector_index import nearest
+
         find = functools.partial(nearest, candidates, qvec, depth, self.embedder.min_similarity)
         if candidates is not None and candidates.matrix.size > THREAD_FLOATS:
             return await anyio.to_thread.run_sync(find)  # ≈ 7 ms of numpy at 100k × 256: off the event loop

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from kernmind.memory.errors import MemoryRefusal
 
@@ -121,3 +122,47 @@ class MessageRow:
     content: str
     created_at: float
     score: float | None = None
+
+
+# --- what the vector index reads from a corpus (vector_index.py) -----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A corpus's change counters (see the module docstring)."""
+
+    changes: int
+    rewrites: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredVector:
+    id: int
+    blob: bytes  # little-endian float32, L2-normalised
+    created_at: float
+    labels: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Facets:
+    """What a filter asks of a text in the index's terms: any (or all) of some labels, and a
+    creation time in [start, end)."""
+
+    labels: tuple[str, ...] = ()
+    all_labels: bool = False
+    start: float | None = None
+    end: float | None = None
+
+    @property
+    def narrows(self) -> bool:
+        return bool(self.labels) or self.start is not None or self.end is not None
+
+
+class VectorSource(Protocol):
+    async def generation(self) -> Generation: ...
+
+    async def vectors_after(self, model: str, after_id: int) -> list[StoredVector]: ...
+
+    async def vector_ids(self, model: str) -> list[int]: ...
+
+    async def vectors_of(self, model: str, ids: Sequence[int]) -> list[StoredVector]: ...

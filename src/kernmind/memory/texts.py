@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kernmind.memory.database import Database, Tx
-from kernmind.memory.vector_index import Facets, Generation, StoredVector
+from kernmind.memory.records import Facets, Generation, StoredVector
 
 ID_CHUNK = 500  # ids per ``IN (…)`` list
 

@@ -36,55 +36,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import anyio
 import numpy as np
 
+from kernmind.memory.records import Facets, Generation, StoredVector, VectorSource
+
 log = logging.getLogger(__name__)
 
 GATHER_SHARE = 0.5  # a filter keeping fewer rows than this share scores only those rows
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """A corpus's change counters (see the module docstring)."""
-
-    changes: int
-    rewrites: int
-
-
-@dataclass(frozen=True, slots=True)
-class StoredVector:
-    id: int
-    blob: bytes  # little-endian float32, L2-normalised
-    created_at: float
-    labels: list[str]
-
-
-@dataclass(frozen=True, slots=True)
-class Facets:
-    """What a filter asks of a text in the index's terms: any (or all) of some labels, and a
-    creation time in [start, end)."""
-
-    labels: tuple[str, ...] = ()
-    all_labels: bool = False
-    start: float | None = None
-    end: float | None = None
-
-    @property
-    def narrows(self) -> bool:
-        return bool(self.labels) or self.start is not None or self.end is not None
-
-
-class VectorSource(Protocol):
-    async def generation(self) -> Generation: ...
-
-    async def vectors_after(self, model: str, after_id: int) -> list[StoredVector]: ...
-
-    async def vector_ids(self, model: str) -> list[int]: ...
-
-    async def vectors_of(self, model: str, ids: Sequence[int]) -> list[StoredVector]: ...
 
 
 class DimensionChanged(Exception):
