@@ -2,14 +2,15 @@
 
 The domain (no MCP in it):
     errors       MemoryRefusal: a refusal in domain words that each surface renders in its own.
-    records      the rows every layer passes around (blocks, history, passages) and time helpers.
+    records      the rows every layer passes around (blocks, history, passages, stored vectors and
+                 the filters on them) and time helpers.
     blocks       the rules of blocks: labels, limits, read-only, versions, and the edits themselves.
     block_store  blocks of one namespace in a transaction: versions, history, undo, seeding.
     passages     archival passages of one namespace: storing, deleting, tags, vector bookkeeping.
     fulltext     how text becomes search terms (word forms; CJK/Thai character bigrams).
     archival     archival passages: store (embedding on insert), search, delete.
-    embeddings   embedders (the bundled local model, OpenAI-compatible).
-    minilm       the opt-in contextual model: all-MiniLM-L6-v2 computed in numpy, offline.
+    embeddings   the embedder interface, the static model, the OpenAI-compatible client.
+    minilm       the default model: all-MiniLM-L6-v2 computed in numpy, offline, files checked.
     vector_index the in-memory vector index: exact search, filters in memory, coherent with writers.
     texts        what searchable tables share: counting texts, keeping their vectors, change counters.
     recall       hybrid search for any corpus (bm25 + vectors, weighted RRF), background backfill.
