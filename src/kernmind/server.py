@@ -31,9 +31,11 @@ kernmind gives you a sandboxed place to run code and a memory that lasts.
   stores and searches long-term passages."""
 
 
-def create_server(settings: Settings | None = None) -> MCPServer:
+def create_server(settings: Settings | None = None, executor: Executor | None = None) -> MCPServer:
+    """The server; ``executor``: one made earlier from the same settings (``kernmind serve``
+    makes it before importing the SDK, to start the fork-server template sooner)."""
     settings = settings or Settings()
-    executor = Executor(settings)
+    executor = executor or Executor(settings)
     memory = MemoryTools(settings)
 
     @contextlib.asynccontextmanager

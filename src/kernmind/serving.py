@@ -432,9 +432,9 @@ def serve(settings: Settings) -> int:
     """Run ``kernmind serve``; returns the process exit code."""
     from kernmind.execution import startup
 
-    startup.prefetch(settings)  # probes run while the SDK imports (startup.py)
+    startup.prefetch(settings)  # probes run on threads (startup.py)
+    from kernmind.execution.executor import Executor
     from kernmind.execution.sandbox import SandboxUnavailable
-    from kernmind.server import create_server
 
     sock: socket.socket | None = None
     if settings.transport == "http":
@@ -448,7 +448,13 @@ def serve(settings: Settings) -> int:
             print(f"kernmind: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
             return EXIT_FAILED
     try:
-        server = create_server(settings)
+        # The executor (no SDK in it) first: its fork-server template then imports ipykernel,
+        # pandas & co. on the other core while this one imports the SDK.
+        executor = Executor(settings)
+        executor.prelaunch()
+        from kernmind.server import create_server
+
+        server = create_server(settings, executor)
     except SandboxUnavailable as exc:
         if sock is not None:
             sock.close()

@@ -100,7 +100,7 @@ async def base(tmp_path_factory: pytest.TempPathFactory) -> KernelFactory:
 async def factory(base: KernelFactory) -> AsyncIterator[ForkKernelFactory]:
     forks = ForkKernelFactory(base)
     async with forks.running():
-        assert await forks.server.template(wait=120) is not None, forks.status()
+        assert await forks.server.settled(wait=120) is not None, forks.status()
         yield forks
 
 
@@ -306,9 +306,44 @@ async def test_kernels_survive_the_template_and_a_dead_template_is_replaced(base
             await kernel.shutdown()
 
 
-async def test_an_unusable_template_falls_back_to_normal_kernels(tmp_path: Path) -> None:
-    """A preload that starts a thread makes forking unsafe: the template is refused, kernels
-    still start (the normal way), and the reason is reported."""
+async def test_kernels_are_forked_while_the_template_still_preloads(tmp_path: Path) -> None:
+    """The template forks as soon as ipykernel is in; heavy modules come one at a time between
+    requests, so a kernel asked for meanwhile does not wait for them all (the first ``run_code``
+    after a launch does not wait for pandas)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for name in ("slow_one", "slow_two"):
+        (lib / f"{name}.py").write_text("import time\ntime.sleep(3)\n")
+    base = KernelFactory.standalone(
+        Sandbox.detect("required"),
+        PythonRuntime.probe(None),
+        tmp_path / "ws",
+        extra_env={"PYTHONPATH": str(lib)},
+    )
+    forks = ForkKernelFactory(base, preload=["slow_one", "slow_two"])
+    async with forks.running():
+        template = await forks.server.template(wait=120)
+        assert template is not None and forks.status()["preloading"] == ["slow_one", "slow_two"]
+        kernel = await forks.fork(template)  # asked for while slow_one imports
+        try:
+            code = "import sys\nprint('slow_one' in sys.modules, 'slow_two' in sys.modules)"
+            assert "".join((await run(kernel, code)).logs().stdout) == "True False\n"
+        finally:
+            await kernel.shutdown()
+        assert await forks.server.settled(wait=120) is template
+        status = forks.status()
+        assert status["preloaded"] == ["slow_one", "slow_two"] and status["preloading"] == []
+        kernel = await forks.fork(template)
+        try:
+            assert "".join((await run(kernel, code)).logs().stdout) == "True True\n"
+        finally:
+            await kernel.shutdown()
+
+
+async def test_a_preload_that_starts_a_thread_is_dropped(tmp_path: Path) -> None:
+    """A preload that starts a thread makes forking unsafe: no kernel is forked from that
+    template, it is replaced by one without the preloads, kernels still start, and the
+    reason is reported."""
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "starts_a_thread.py").write_text(
@@ -327,8 +362,17 @@ async def test_an_unusable_template_falls_back_to_normal_kernels(tmp_path: Path)
             assert "".join((await run(kernel, "print(6 * 7)")).logs().stdout) == "42\n"
         finally:
             await kernel.shutdown()
+        template = await forks.server.settled(wait=120)
+        assert template is not None and threads_of(template.proc.pid) == 1
         status = forks.status()
-        assert status["active"] is False and "threads" in status["reason"]
+        assert status["active"] is True and status["preloaded"] == []
+        assert "threads" in status["preloads_dropped"] and "starts_a_thread" in status["preloads_dropped"]
+        kernel = await forks.fork(template)
+        try:
+            code = "import sys\nprint('starts_a_thread' in sys.modules)"
+            assert "".join((await run(kernel, code)).logs().stdout) == "False\n"
+        finally:
+            await kernel.shutdown()
 
 
 async def test_preloads_too_big_for_the_memory_limit_are_dropped(tmp_path: Path) -> None:
@@ -339,9 +383,10 @@ async def test_preloads_too_big_for_the_memory_limit_are_dropped(tmp_path: Path)
     )
     forks = ForkKernelFactory(base)
     async with forks.running():
-        template = await forks.server.template(wait=120)
+        template = await forks.server.settled(wait=120)
         assert template is not None
         assert forks.status()["preloaded"] == []
+        assert "256 MiB memory limit" in forks.status()["preloads_dropped"]
         kernel = await forks.fork(template)
         try:
             assert "".join((await run(kernel, "import pandas\nprint('ok')")).logs().stdout) == "ok\n"

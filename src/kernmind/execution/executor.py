@@ -184,6 +184,12 @@ class Executor:
             settings.jobs_dir, output_budget=settings.max_output_chars, rich_budget=settings.max_result_bytes
         )
 
+    def prelaunch(self) -> None:
+        """Start what the first ``run_code`` will wait for (the fork-server template) now,
+        before the event loop runs; ``running()`` adopts it."""
+        if isinstance(self.factory, ForkKernelFactory):
+            self.factory.prelaunch()
+
     def _new_workspace(self, uid: int | None) -> Workspace:
         ws = Workspace(self.rundir.new_dir("ws-"), owner_uid=uid)
         ws.create()

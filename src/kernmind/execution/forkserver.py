@@ -31,7 +31,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,14 +72,17 @@ class TemplateProcess:
         self.proc = proc
         self.sock = sock
         self.home = home
-        self.hello: dict[str, Any] = {}
+        self.hello: dict[str, Any] = {}  # what it said at hello, updated when its preloads are done
+        self.preloading = True
+        self._preloaded: anyio.Event | None = None  # made on the event loop, by read_hello
         self._ids = itertools.count(1)
         self._waiting: dict[str, tuple[anyio.Event, list[dict[str, Any]]]] = {}
         self.gone: str | None = None  # why it stopped, once it has
 
     @classmethod
     def launch(cls, python: str, env: Mapping[str, str], config: dict[str, Any]) -> TemplateProcess:
-        """Start the template (call from the event loop's thread: the template dies with it)."""
+        """Start the template (call from the thread that runs, or will run, the event loop: the
+        template dies with the thread that started it)."""
         home = Path(tempfile.mkdtemp(prefix="kmt-"))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -108,15 +111,33 @@ class TemplateProcess:
         return cls(proc, ours, home)
 
     async def read_hello(self, timeout: float) -> dict[str, Any]:
+        self._preloaded = anyio.Event()
         with anyio.fail_after(timeout):
             self.hello = await self._receive()
+        self.hello["forkable_seconds"] = self.hello.get("seconds")
+        if not self.hello.get("pending"):
+            self.preloading = False
+            self._preloaded.set()
         return self.hello
 
-    async def serve_replies(self) -> None:
-        """Dispatch replies until the template goes away; then fail every waiting request."""
+    async def wait_preloaded(self) -> None:
+        """Until the template has imported its heavy modules (or gone)."""
+        if self._preloaded is not None:
+            await self._preloaded.wait()
+
+    async def serve_replies(self, on_preloaded: Callable[[TemplateProcess], None]) -> None:
+        """Dispatch replies until the template goes away; then fail every waiting request.
+        ``on_preloaded`` hears when the heavy modules are in (``hello`` then says which)."""
         try:
-            while True:
+            while self.gone is None:  # set by the callback when the template is being replaced
                 reply = await self._receive()
+                if reply.get("op") == "preloaded":
+                    self.hello.update(reply)
+                    self.preloading = False
+                    on_preloaded(self)
+                    if self._preloaded is not None:
+                        self._preloaded.set()
+                    continue
                 entry = self._waiting.pop(str(reply.get("id")), None)
                 if entry is not None:
                     entry[1].append(reply)
@@ -124,6 +145,8 @@ class TemplateProcess:
         except (TemplateGone, OSError, ValueError) as exc:
             self.gone = str(exc) or "the template closed its socket"
         finally:
+            if self._preloaded is not None:
+                self._preloaded.set()
             for event, box in self._waiting.values():
                 box.append({"ok": False, "error": f"the fork-server template stopped: {self.gone}"})
                 event.set()
@@ -194,9 +217,19 @@ class ForkServer:
     current: TemplateProcess | None = None
     last_error: str | None = None
     starts: int = 0
+    dropped: str | None = None  # why the preloads were dropped, if they were
+    _early: TemplateProcess | None = None  # launched by ``prelaunch``, adopted by ``running``
     _tg: TaskGroup | None = None
     _starting: anyio.Event | None = None
     _last_start: float = field(default=-RESTART_BACKOFF)
+
+    def prelaunch(self) -> None:
+        """Launch the template now, before the event loop runs (``kernmind serve`` does this
+        before it imports the MCP SDK, so the template's imports overlap the SDK's);
+        ``running()`` adopts it. Call from the thread that will run the event loop."""
+        if self._early is None and self.current is None:
+            self._early = TemplateProcess.launch(self.python, self.env, self._config())
+            self._last_start = time.monotonic()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[ForkServer]:
@@ -208,34 +241,45 @@ class ForkServer:
                 yield self
             finally:
                 self._tg = None
-                if self.current is not None:
-                    self.current.stop()
+                for template in (self.current, self._early):
+                    if template is not None:
+                        template.stop()
+                self._early = None
                 tg.cancel_scope.cancel()
 
-    def _kick(self) -> None:
-        """Start a template in the background unless one runs, is starting, or started lately."""
+    def _config(self) -> dict[str, Any]:
+        return {"preload": list(self.preload), "setup": self.setup, "kernel_args": self.kernel_args}
+
+    def _kick(self, *, now: bool = False) -> None:
+        """Start a template in the background unless one runs, is starting, or started lately
+        (``now``: even then; a prelaunched one is adopted at once)."""
         alive = self.current is not None and self.current.gone is None
-        recent = time.monotonic() - self._last_start < RESTART_BACKOFF
+        recent = time.monotonic() - self._last_start < RESTART_BACKOFF and self._early is None and not now
         if self._tg is None or alive or self._starting is not None or recent:
             return
         self._last_start = time.monotonic()
         self._starting = anyio.Event()
         self._tg.start_soon(self._start_template)
 
-    def _too_big(self, hello: dict[str, Any]) -> bool:
+    def _too_big(self, facts: dict[str, Any]) -> str | None:
         """Preloads that would use over half of each kernel's memory limit are dropped: every
         fork starts with the template's data counted against its RLIMIT_DATA."""
-        data = float(hello.get("data_mib") or 0)
+        data = float(facts.get("data_mib") or 0)
         if not self.preload or self.memory_limit_mb is None or data <= self.memory_limit_mb / 2:
-            return False
-        log.warning(
-            "fork-server template with %s uses %.0f MiB of each kernel's %d MiB memory limit; "
-            "starting it without them (raise --memory-mb or shorten --preload)",
-            ", ".join(self.preload),
-            data,
-            self.memory_limit_mb,
+            return None
+        return (
+            f"the fork-server template with {', '.join(self.preload)} uses {data:.0f} MiB of each "
+            f"kernel's {self.memory_limit_mb} MiB memory limit (raise --memory-mb or shorten --preload)"
         )
-        return True
+
+    @staticmethod
+    def _threads_problem(facts: dict[str, Any], preload: Sequence[str]) -> str | None:
+        if facts.get("threads") == 1:
+            return None
+        return (
+            f"the template runs {facts.get('threads')} threads after its preloads "
+            f"({', '.join(preload) or 'none'}): forking it is unsafe (remove the module that starts them)"
+        )
 
     async def _start_template(self) -> None:
         assert self._starting is not None
@@ -247,26 +291,18 @@ class ForkServer:
 
     async def _start_template_now(self) -> None:
         if self.current is not None:
-            log.warning("fork-server template stopped (%s); starting a new one", self.current.gone)
+            if self.current.gone != "replaced":
+                log.warning("fork-server template stopped (%s); starting a new one", self.current.gone)
             self.current.stop()
             self.current = None
-        config = {"preload": list(self.preload), "setup": self.setup, "kernel_args": self.kernel_args}
-        template = None
+        template, self._early = self._early, None
         try:
-            template = TemplateProcess.launch(self.python, self.env, config)
+            template = template or TemplateProcess.launch(self.python, self.env, self._config())
             hello = await template.read_hello(HELLO_TIMEOUT)
             if not hello.get("ok"):
                 raise RuntimeError(hello.get("error", "the template failed to start"))
-            if hello.get("threads") != 1:
-                raise RuntimeError(
-                    f"the template runs {hello.get('threads')} threads after its preloads "
-                    f"({', '.join(self.preload)}); forking it is unsafe — remove the module that starts them"
-                )
-            if self._too_big(hello):
-                template.stop()
-                template = None
-                self.preload = ()
-                return await self._start_template_now()
+            if problem := self._threads_problem(hello, ()):
+                raise RuntimeError(problem)
         except Exception as exc:
             self.last_error = f"fork-server template unavailable: {exc}"
             log.warning("%s; kernels start the normal way", self.last_error)
@@ -276,15 +312,35 @@ class ForkServer:
             self.current = template
             self.last_error = None
             self.starts += 1
-            failed = hello.get("failed") or []
             log.info(
-                "fork-server template ready in %.1f s (preloaded %s%s)",
+                "fork-server template ready in %.1f s%s",
                 hello.get("seconds", 0),
-                ", ".join(hello.get("preloaded", [])) or "nothing",
-                f"; could not import {', '.join(failed)}" if failed else "",
+                f" (preloading {', '.join(hello['pending'])})" if hello.get("pending") else "",
             )
+            if not template.preloading:
+                self._preloaded(template)
             assert self._tg is not None
-            self._tg.start_soon(template.serve_replies)
+            self._tg.start_soon(template.serve_replies, self._preloaded)
+
+    def _preloaded(self, template: TemplateProcess) -> None:
+        """The template's heavy modules are in: if they made it unsafe (a thread) or too big to
+        fork, it is replaced by one without them, and ``status()`` says why."""
+        facts = template.hello
+        problem = self._threads_problem(facts, self.preload) or self._too_big(facts)
+        if problem:
+            log.warning("%s; starting the fork-server template without them", problem)
+            self.dropped = problem
+            template.gone = "replaced"
+            self.preload = ()
+            self._kick(now=True)
+            return
+        failed = facts.get("failed") or []
+        log.info(
+            "fork-server template preloaded %s in %.1f s%s",
+            ", ".join(facts.get("preloaded", [])) or "nothing",
+            facts.get("seconds", 0),
+            f"; could not import {', '.join(failed)}" if failed else "",
+        )
 
     async def template(self, wait: float = 0.0) -> TemplateProcess | None:
         """The live template, starting one if needed; waits up to ``wait`` s for one starting."""
@@ -298,14 +354,28 @@ class ForkServer:
         self._kick()
         return None
 
+    async def settled(self, wait: float) -> TemplateProcess | None:
+        """The live template once its heavy modules are in (or were dropped), waiting up to
+        ``wait`` s; None when there is none (``status()`` says why)."""
+        with anyio.move_on_after(wait):
+            while (template := await self.template(wait=wait)) is not None:
+                await template.wait_preloaded()
+                if template.gone is None and not template.preloading:
+                    return template
+                await anyio.sleep(0.05)  # replaced (too big) or gone: look again
+        return None
+
     def status(self) -> dict[str, Any]:
         current = self.current
         active = current is not None and current.gone is None
         info: dict[str, Any] = {"active": active, "starts": self.starts}
+        if self.dropped:
+            info["preloads_dropped"] = self.dropped
         if active and current is not None:
             info |= {
                 "pid": current.proc.pid,
                 "preloaded": current.hello.get("preloaded", []),
+                "preloading": current.hello.get("pending", []) if current.preloading else [],
                 "start_seconds": current.hello.get("seconds"),
             }
         elif self.last_error or (current is not None and current.gone):

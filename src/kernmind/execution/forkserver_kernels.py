@@ -50,6 +50,7 @@ from kernmind.execution.kernels import (
     START_TIMEOUT,
     Kernel,
     KernelFactory,
+    import_kernel_manager,
 )
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.workspace import Workspace
@@ -92,7 +93,8 @@ class ForkKernelFactory:
         )
         self._welcome = _ipykernel_major(base.runtime.ipykernel) >= 7
         # One zmq context (one I/O thread) for every forked kernel's manager and client,
-        # instead of two per kernel; made and destroyed by ``running()``.
+        # instead of two per kernel; made with the first fork (zmq loads after the
+        # handshake), destroyed when ``running()`` ends.
         self._zmq: zmq.asyncio.Context | None = None
         self._users = 0  # how many ``running()`` blocks are open
         self._said: str | None = None  # the last fallback reason logged
@@ -108,16 +110,26 @@ class ForkKernelFactory:
                 self._users -= 1
             return
         self._users = 1
-        import zmq.asyncio
-
-        self._zmq = context = zmq.asyncio.Context()
         try:
             async with self.server.running():
                 yield self
         finally:
             self._users = 0
-            context.destroy(linger=0)
-            self._zmq = None
+            if self._zmq is not None:
+                self._zmq.destroy(linger=0)
+                self._zmq = None
+
+    def prelaunch(self) -> None:
+        """Launch the template now (see ``ForkServer.prelaunch``); ``running()`` adopts it."""
+        if not self.base.runtime.error:
+            self.server.prelaunch()
+
+    def _context(self) -> zmq.asyncio.Context:
+        if self._zmq is None:
+            import zmq.asyncio
+
+            self._zmq = zmq.asyncio.Context()
+        return self._zmq
 
     def status(self) -> dict[str, Any]:
         return self.server.status()
@@ -146,6 +158,7 @@ class ForkKernelFactory:
     async def fork(self, template: TemplateProcess, workspace: Workspace | None = None) -> Kernel:
         """Launch a placeholder sandbox, have the template fork a kernel into it, connect."""
         base = self.base
+        await import_kernel_manager()
         uid = base.sandbox.allocate_uid()
         ws = workspace or base.new_workspace(uid)
         if workspace is not None and uid is not None:
@@ -179,7 +192,7 @@ class ForkKernelFactory:
             wrap=wrap,
             python=base.runtime.executable,
             spec=base.spec,
-            context=self._zmq,
+            context=self._context(),
             transport="ipc",
             ip=str(runtime_dir / "k"),
             connection_file=str(runtime_dir / "connection.json"),
@@ -217,7 +230,7 @@ class ForkKernelFactory:
                     raise ForkFailed(f"fork failed: {reply.get('error')}")
                 # The manager's own Session, not a clone: a clone restarts the message counter,
                 # so an interrupt_request could reuse the running execute_request's msg_id.
-                kc = km.client(context=self._zmq, session=km.session)
+                kc = km.client(context=self._context(), session=km.session)
                 kc.start_channels(hb=False)  # liveness comes from the process, not heartbeats
                 kernel.kc = kc
                 if self._welcome:
@@ -353,12 +366,13 @@ async def fork_server_report(base: KernelFactory, preload: Sequence[str] = DEFAU
     factory = ForkKernelFactory(base, preload=preload)
     started = time.perf_counter()
     async with factory.running():
-        template = await factory.server.template(wait=TEMPLATE_WAIT)
+        template = await factory.server.settled(wait=TEMPLATE_WAIT)
         if template is None:
             return {"active": False, "reason": factory.status().get("reason")}
         report: dict[str, Any] = {
             "active": True,
             "template_start_s": round(time.perf_counter() - started, 2),
+            "template_forks_s": template.hello.get("forkable_seconds"),
             "preloaded": template.hello.get("preloaded", []),
         }
         times, kernels = [], []
@@ -390,5 +404,5 @@ def describe(report: dict[str, Any]) -> str:
     preloaded = ", ".join(report["preloaded"]) or "no heavy modules"
     return (
         f"active — a fresh kernel in {report['fork_ms']:.0f} ms "
-        f"(template ready in {report['template_start_s']} s with {preloaded})"
+        f"(template forks after {report.get('template_forks_s')} s, ready in {report['template_start_s']} s with {preloaded})"
     )

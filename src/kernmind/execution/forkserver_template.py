@@ -6,13 +6,17 @@ standard library and ipykernel: it must not import kernmind.
 Design
 - Started once per kernel environment by ``forkserver.py``, outside any sandbox, as the
   server's user, with a clean environment, in a private empty directory. It imports
-  ipykernel, the configured heavy modules (numpy, pandas, matplotlib, … whatever is
-  installed) and every module a kernel's start-up and first cell import (found by a probe
-  fork that starts a throwaway kernel and runs the setup cell), then freezes the heap
-  (``gc.freeze``) so children share it copy-on-write.
-- At fork time it holds no thread (the probe fork also makes OpenBLAS park its threads),
-  no zmq context, no event loop and one plain socket (the control socket). ``hello``
-  reports the thread count and the server refuses a template with more than one thread.
+  ipykernel and every module a kernel's start-up and first cell import (found by a probe
+  fork that starts a throwaway kernel and runs the setup cell), freezes the heap
+  (``gc.freeze``) so children share it copy-on-write, and says ``hello``: from then on it
+  forks kernels. Between requests it then imports the configured heavy modules (numpy,
+  pandas, matplotlib, … whatever is installed) one at a time, probes again, freezes again
+  and says ``preloaded``. A kernel asked for meanwhile is forked at once: the first
+  ``run_code`` after a launch does not wait for pandas.
+- At fork time it holds no thread (a throwaway fork makes OpenBLAS park its threads), no
+  zmq context, no event loop and one plain socket (the control socket). A spawn is refused
+  while the template runs more than one thread; ``hello`` and ``preloaded`` report the
+  count and the server refuses a template with more than one thread.
 - A kernel is made inside a sandbox the server has already started (bubblewrap running a
   placeholder, exactly as a normal kernel's sandbox; see ``forkserver.py``). The server
   passes descriptors for the placeholder's namespaces and the write end of a pipe the
@@ -31,7 +35,9 @@ Design
 - Kernels do not depend on the template after ``ready``: they survive its death.
 
 Protocol (SOCK_SEQPACKET, one JSON object per packet, descriptors as SCM_RIGHTS):
-- template → server, once: ``{"op": "hello", "pid", "threads", "data_mib", "preloaded", "failed", "seconds"}``
+- template → server, once: ``{"op": "hello", "pid", "threads", "data_mib", "preloaded", "pending",
+  "failed", "seconds"}`` (``pending``: heavy modules still to import), then once they are:
+  ``{"op": "preloaded", "threads", "data_mib", "preloaded", "failed", "seconds"}``.
 - server → template, first: ``{"server_pid", "preload": [modules], "setup", "kernel_args"}``
 - ``{"op": "spawn", "id", "argv", "cwd", "uid", "placeholder_pid", "namespaces": [names]}``
   with descriptors ``[exit_pipe, placeholder_pidfd, *namespace_fds]`` → ``{"id", "ok": true,
@@ -347,11 +353,50 @@ def wait_for(kernel: int, placeholder: int) -> int:
 
 
 class Template:
-    def __init__(self, control: socket.socket, setup: str, import_env: dict[str, str]) -> None:
+    """The serving loop. Forks come first: heavy modules are imported one at a time while no
+    request waits and no kernel is being made, so a kernel asked for during the preloads is
+    forked at once (it imports what is not preloaded yet itself)."""
+
+    def __init__(
+        self, control: socket.socket, config: dict, environment: dict[str, str], started: float
+    ) -> None:
         self.control = control
-        self.setup = setup
-        self.import_env = import_env
+        self.setup: str = config["setup"]
+        self.kernel_args: list[str] = config["kernel_args"]
+        self.environment = environment  # os.environ before any preload
+        self.todo: list[str] = list(config["preload"])  # heavy modules still to import
+        self.preloading = bool(self.todo)
+        self.loaded: list[str] = []
+        self.failed: list[str] = []
+        self.started = started
         self.pending: dict[int, dict] = {}  # status pipe -> {"id", "pid", "buffer"}
+        freeze()
+
+    def facts(self) -> dict:
+        return {
+            "threads": thread_count(),
+            "data_mib": round(data_mib(), 1),
+            "preloaded": list(self.loaded),
+            "pending": list(self.todo) if self.preloading else [],
+            "failed": list(self.failed),
+            "modules": len(sys.modules),
+            "seconds": round(time.monotonic() - self.started, 3),
+        }
+
+    def preload_next(self) -> None:
+        if self.todo:
+            loaded, failed = preload([self.todo.pop(0)])
+            self.loaded += loaded
+            self.failed += failed
+            settle_threads()
+            return
+        backend = os.environ.get("MPLBACKEND", "")
+        if "matplotlib" in sys.modules and backend.startswith("module://"):
+            preload([backend.removeprefix("module://")])  # the backend pyplot loads on the first plot
+        preload(discover_kernel_modules(self.setup, self.kernel_args))
+        freeze()
+        self.preloading = False
+        self.send({"op": "preloaded", **self.facts()})
 
     def send(self, message: dict, fds: list[int] | None = None) -> None:
         data = json.dumps(message).encode()
@@ -364,8 +409,13 @@ class Template:
         expected = 2 + len(request.get("namespaces", []))
         if len(fds) != expected:
             raise ValueError(f"expected {expected} descriptors, got {len(fds)}")
+        threads = settle_threads()
+        if threads != 1:
+            raise RuntimeError(
+                f"the template runs {threads} threads (a preloaded module started them): forking it is unsafe"
+            )
         request["setup"] = self.setup
-        request["import_env"] = self.import_env
+        request["import_env"] = {k: v for k, v in os.environ.items() if self.environment.get(k) != v}
         read_end, write_end = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -425,7 +475,11 @@ class Template:
 
     def serve(self) -> None:
         while True:
-            readable, _, _ = select.select([self.control, *self.pending], [], [], 1.0)
+            idle = self.preloading and not self.pending  # then import the next preload unless asked
+            readable, _, _ = select.select([self.control, *self.pending], [], [], 0 if idle else 1.0)
+            if idle and not readable:
+                self.preload_next()
+                continue
             for item in readable:
                 if item is self.control:
                     message, fds, _, _ = socket.recv_fds(self.control, MAX_PACKET, 64)
@@ -435,6 +489,24 @@ class Template:
                 else:
                     self.status_readable(item)
             reap()
+
+
+def freeze() -> None:
+    """Move everything imported so far out of the collector's reach: children then share those
+    pages instead of copying them when a collection touches their headers."""
+    gc.collect()
+    gc.freeze()
+
+
+def settle_threads() -> int:
+    """The template's thread count, after letting libraries that park their threads at fork time
+    (OpenBLAS) do so with a throwaway fork."""
+    if thread_count() > 1:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    return thread_count()
 
 
 def reap() -> None:
@@ -457,33 +529,15 @@ def main() -> None:
         del sys.path[0]  # this script's directory is not a place kernels import from
     started = time.monotonic()
     environment = dict(os.environ)
-    loaded, failed = preload(["ipykernel.kernelapp", *config["preload"]])
-    if "ipykernel.kernelapp" in failed:
+    _, failed = preload(["ipykernel.kernelapp"])
+    if failed:
         control.send(
             json.dumps({"op": "hello", "ok": False, "error": "ipykernel cannot be imported"}).encode()
         )
         return
-    backend = os.environ.get("MPLBACKEND", "")
-    if "matplotlib" in sys.modules and backend.startswith("module://"):
-        preload([backend.removeprefix("module://")])  # the backend pyplot loads on the first plot
     preload(discover_kernel_modules(config["setup"], config["kernel_args"]))
-    gc.collect()
-    gc.freeze()
-    import_env = {k: v for k, v in os.environ.items() if environment.get(k) != v}
-    template = Template(control, config["setup"], import_env)
-    template.send(
-        {
-            "op": "hello",
-            "ok": True,
-            "pid": os.getpid(),
-            "threads": thread_count(),
-            "data_mib": round(data_mib(), 1),
-            "preloaded": loaded[1:],
-            "failed": failed,
-            "modules": len(sys.modules),
-            "seconds": round(time.monotonic() - started, 3),
-        }
-    )
+    template = Template(control, config, environment, started)
+    template.send({"op": "hello", "ok": True, "pid": os.getpid(), **template.facts()})
     template.serve()
 
 

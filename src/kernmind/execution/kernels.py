@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import json
 import logging
 import os
@@ -63,6 +64,14 @@ START_TIMEOUT = 60.0
 
 OutcomeKind = Literal["ok", "error", "died", "deadline", "closed"]
 NewWorkspace = Callable[[int | None], Workspace]
+
+
+async def import_kernel_manager() -> None:
+    """Import ``kernel_manager`` (jupyter_client and zmq: ≈ 0.2 s) on a worker thread the first
+    time a kernel starts, so the event loop keeps answering requests meanwhile."""
+    name = "kernmind.execution.kernel_manager"
+    if name not in sys.modules:
+        await anyio.to_thread.run_sync(importlib.import_module, name)
 
 
 def kernelspec_dir() -> Path:
@@ -492,6 +501,7 @@ class KernelFactory:
         """Launch, connect, wait for ready, run the setup cell. Raises RuntimeUnavailable on failure."""
         if self.runtime.error:
             raise RuntimeUnavailable(self.runtime.error)
+        await import_kernel_manager()
         uid = self.sandbox.allocate_uid()
         ws = workspace or self.new_workspace(uid)
         if workspace is not None and uid is not None:

@@ -1,7 +1,8 @@
 """A warm pool of pre-started, set-up kernels.
 
 New sessions, ``reset`` and ``--stateless`` calls take a kernel from here instead of
-waiting ~1 s for one to boot. A background task keeps ``size`` kernels ready, starting
+waiting ~1 s for one to boot. A background task keeps ``size`` kernels ready (from a second
+after start: the handshake and a first call go first), starting
 them one at a time (the machine may have two cores, and a call may be running), or, when
 starts are cheap (fork-server forks), at once and side by side; it retries with a back-off
 when starting fails. Kernels that are done with are shut down in
@@ -32,6 +33,7 @@ from kernmind.execution.workspace import Workspace, off_loop, own_tree
 log = logging.getLogger(__name__)
 
 BACKGROUND_DELAY = 0.25  # seconds background kernel work waits, so it doesn't slow the call at hand
+STARTUP_DELAY = 1.0  # seconds after start before the first refill: the handshake and a first call go first
 
 
 class KernelPool:
@@ -50,13 +52,16 @@ class KernelPool:
     def ready_count(self) -> int:
         return len(self._ready)
 
-    async def run(self, tg: TaskGroup) -> None:
-        """Start the refill loop in ``tg`` (the executor's task group)."""
+    async def run(self, tg: TaskGroup, *, delay: float = STARTUP_DELAY) -> None:
+        """Start the refill loop in ``tg`` (the executor's task group), after ``delay`` seconds."""
         self._tg = tg
-        tg.start_soon(self._refill_loop)
+        tg.start_soon(self._refill_loop, delay)
 
-    async def _refill_loop(self) -> None:
+    async def _refill_loop(self, delay: float) -> None:
         assert self._tg is not None
+        # A server just launched is answering its handshake (and maybe a first call, which
+        # starts its own kernel): filling the pool now would take CPU from them.
+        await anyio.sleep(delay)
         while not self._closing:
             # Cheap starts (fork-server forks) run at once and side by side, so back-to-back
             # fresh calls find a kernel ready; boots run one at a time (they would starve

@@ -123,15 +123,19 @@ class Recall:
         self.corpus = corpus
         self.embedder = embedder
         self.what = what
-        self.index: VectorIndex | None = None
-        if embedder is not None:
-            from kernmind.memory.vector_index import VectorIndex  # numpy: not on the launch path
-
-            self.index = VectorIndex(corpus, embedder.model)
         self._wake = anyio.Event()
         self._wake.set()  # look for a backlog once at start
         self.backlog = embedder is not None  # whether texts without a current vector may exist
         self._queries: dict[str, list[float]] = {}  # recent query -> vector, oldest first
+
+    @functools.cached_property
+    def index(self) -> VectorIndex | None:
+        """The in-memory vector index, made on first use (it brings numpy: not on the launch path)."""
+        if self.embedder is None:
+            return None
+        from kernmind.memory.vector_index import VectorIndex
+
+        return VectorIndex(self.corpus, self.embedder.model)
 
     async def vector_for(self, text: str) -> Vector:
         """The vector to store with a new text, or why there is none."""
