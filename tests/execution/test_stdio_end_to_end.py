@@ -56,3 +56,30 @@ def test_doctor_reports_a_working_setup(tmp_path: Path) -> None:
     assert "python         ok" in proc.stdout
     assert str(tmp_path / "kernmind.db") in proc.stdout
     assert "meaning search ok — sentence-transformers/all-MiniLM-L6-v2 loaded in" in proc.stdout
+
+
+def templates_of_server(data_dir: Path) -> list[int]:
+    """Fork-server templates whose parent is the `kernmind serve` using ``data_dir``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent = Path(f"/proc/{ppid}/cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"forkserver_template.py" in cmdline and str(data_dir).encode() in parent:
+            found.append(int(entry.name))
+    return found
+
+
+async def test_serve_launches_the_fork_server_template_once_before_the_handshake(tmp_path: Path) -> None:
+    """`kernmind serve` starts the template before it imports the SDK (the first run_code does
+    not wait for a late one); the lifespan adopts that template instead of starting another."""
+    async with Client(server_params(tmp_path)) as client:
+        assert templates_of_server(tmp_path)  # already there when the handshake is answered
+        first = structured(await client.call_tool("run_code", {"code": "6 * 7", "reset": True}))
+        assert first["results"][0]["text"] == "42"
+        assert len(templates_of_server(tmp_path)) == 1
