@@ -26,15 +26,27 @@ MAX_ENTRIES = 500
 MAX_BYTES = 64 * 1024 * 1024
 
 
+# (size, lines) of each history file as our last write left it: the next append counts on from
+# there instead of reading the whole file again (up to MAX_BYTES) after every call.
+_lines_after_write: dict[Path, tuple[int, int]] = {}
+
+
 def record(path: Path, code: str, result: RunResult) -> None:
     """Append one call (blocking: call it off the event loop)."""
     line = json.dumps({"code": code, "result": result.model_dump(mode="json", by_alias=True)}) + "\n"
     try:
         with open(path, "a", encoding="utf-8") as fh:
+            before = fh.tell()
             fh.write(line)
             size = fh.tell()
-        if size > MAX_BYTES or _count_lines(path) > MAX_ENTRIES:
+        known = _lines_after_write.pop(path, None)
+        lines = known[1] + 1 if known is not None and known[0] == before else _count_lines(path)
+        if size > MAX_BYTES or lines > MAX_ENTRIES:
             _trim(path)
+        else:
+            _lines_after_write[path] = (size, lines)
+            while len(_lines_after_write) > 1024:
+                _lines_after_write.pop(next(iter(_lines_after_write)))
     except OSError as exc:
         log.warning("could not record the call in %s: %s", path, exc)
 

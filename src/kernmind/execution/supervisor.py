@@ -157,6 +157,8 @@ async def _watch_quota(call: Call, limit: int) -> None:
             continue
         if baseline is None:
             baseline = await workspace.abaseline()
+            await anyio.sleep(QUOTA_PERIOD)  # a call shorter than this costs no walk of the directory
+            continue
         t = time.perf_counter()
         used = await workspace.ausage()
         took = time.perf_counter() - t
