@@ -391,10 +391,7 @@ class Executor:
         async with self.sessions.hold(session_id, owner=owner, job_id=job_id) as session:
             result = await self._supervise(runner, session, code, reset, limit, notes, progress, collector)
             result.job_id = job_id
-            home = session.home
-            if home is not None and not session.closed:
-                with anyio.CancelScope(shield=True):
-                    await off_loop(lambda: history.record(home.history, code, result), timeout=None)
+            session.last_call = (code, result)  # the registry adds it to the session's history
             return result
 
     def start_job(

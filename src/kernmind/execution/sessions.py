@@ -48,6 +48,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from kernmind.execution import history
 from kernmind.execution.errors import SessionError
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.store import LOCAL_OWNER, Meta, SessionHome, SessionStore, StoredSession, ago
@@ -94,6 +95,7 @@ class Session:
     packages: Layer | None = None  # what install_packages put here (see packages/layer.py)
     new_layer: Callable[[], Layer] | None = field(default=None, repr=False)
     running: anyio.CancelScope | None = None  # the call in progress
+    last_call: tuple[str, Any] | None = None  # (code, RunResult) to add to the history on release
 
     @property
     def key(self) -> tuple[str, str]:
@@ -367,7 +369,9 @@ class SessionRegistry:
             await _drop_packages(session)
 
     async def _touch(self, session: Session) -> None:
-        """Record the call in the session's meta (last used, size from the call's scan)."""
+        """Record the call in the session's home: its history (for export_notebook) and meta
+        (last used, size from the call's scan), in one trip off the event loop."""
+        call, session.last_call = session.last_call, None
         if session.home is None or session.meta is None or session.closed:
             return
         meta = session.meta
@@ -376,8 +380,14 @@ class SessionRegistry:
         if scan is not None and scan.complete:
             meta.bytes, meta.files = scan.bytes_used, len(scan.files)
         home = session.home
+
+        def save() -> None:
+            if call is not None:
+                history.record(home.history, *call)
+            home.save_meta(meta)
+
         with anyio.CancelScope(shield=True):
-            await off_loop(lambda: home.save_meta(meta), timeout=None)
+            await off_loop(save, timeout=None)
 
     # --- unloading and closing --------------------------------------------------------------
     async def unload(self, session: Session) -> None:
