@@ -15,8 +15,15 @@ death (they belong to their sandboxes, like every kernel).
 Error policy: ``ForkServer.template()`` returns None while no usable template exists
 (not started, starting, dead, or refused) and ``status()`` says why, so callers fall back
 to starting kernels the normal way. A template that dies is restarted on the next request,
-at most once per ``RESTART_BACKOFF`` seconds. A template with more than one thread after
-its preloads is refused (forking it would copy locks held by the other threads).
+at most once per ``RESTART_BACKOFF`` seconds. A template with more than one thread at
+``hello`` is refused (forking it would copy locks held by the other threads); when its
+preloads leave it with a thread, or too big for each kernel's memory limit, it is replaced
+by one without them (``status()["preloads_dropped"]`` says why).
+
+The template forks from ``hello`` on and imports its preloads between requests
+(``preloaded`` tells when they are in); ``template()`` returns it from ``hello``,
+``settled()`` once the preloads are in. ``prelaunch()`` starts it before the event loop
+runs (``kernmind serve``), ``running()`` adopts it.
 """
 
 from __future__ import annotations

@@ -375,6 +375,8 @@ async def fork_server_report(base: KernelFactory, preload: Sequence[str] = DEFAU
             "template_forks_s": template.hello.get("forkable_seconds"),
             "preloaded": template.hello.get("preloaded", []),
         }
+        if dropped := factory.status().get("preloads_dropped"):
+            report["preloads_dropped"] = dropped
         times, kernels = [], []
         try:
             for _ in range(3):
@@ -402,6 +404,8 @@ def describe(report: dict[str, Any]) -> str:
     if not report.get("ok"):
         return "FAILED — a forked kernel did not answer 1 + 1 (kernels start the normal way)"
     preloaded = ", ".join(report["preloaded"]) or "no heavy modules"
+    if report.get("preloads_dropped"):
+        preloaded += f"; preloads dropped: {report['preloads_dropped']}"
     return (
         f"active — a fresh kernel in {report['fork_ms']:.0f} ms "
         f"(template forks after {report.get('template_forks_s')} s, ready in {report['template_start_s']} s with {preloaded})"

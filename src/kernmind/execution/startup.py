@@ -3,9 +3,11 @@
 ``kernmind serve`` spends its first second importing the MCP SDK, on one core. The probes
 the executor needs before it can list its tools (is bubblewrap usable, which language
 runtimes are installed and their versions: ``java -version`` alone starts a JVM) mostly wait
-on child processes, so ``prefetch(settings)`` starts them on daemon threads before that
-import; ``Sandbox.detect`` and ``runners.discover`` then find their outcomes, or wait for
-the probe still running. Nothing here changes what is probed or decided, only when.
+on child processes, so ``prefetch(settings)`` starts them on daemon threads first;
+``Sandbox.detect`` and ``runners.discover`` then find their outcomes, or wait for the probe
+still running. Nothing here changes what is probed or decided, only when. (``serve`` then
+builds the executor and launches the fork-server template, and only then imports the SDK:
+serving.py.)
 """
 
 from __future__ import annotations
