@@ -167,10 +167,16 @@ def server_pid(data_dir: str) -> int:
     raise RuntimeError("server process not found")
 
 
+PRELOAD_SECONDS = 6.0  # enough for the template's preloads on a busy 2-core machine
+
+
 async def idle_memory(fork: bool, sandbox: str, kernels: int) -> dict[str, float]:
     """MiB per idle kernel (USS and PSS of all its processes), and the template's USS."""
     with tempfile.TemporaryDirectory() as tmp:
         async with Client(params(tmp, fork, sandbox, "--pool-size", "0")) as client:
+            # The template forks from its first half second but imports pandas & co. after that:
+            # a kernel forked before they are in imports them itself. Measure the steady state.
+            await anyio.sleep(PRELOAD_SECONDS)
             for i in range(kernels):
                 await call(client, "import pandas as pd\n1+1", session_id=f"idle{i}")
             await anyio.sleep(2)
