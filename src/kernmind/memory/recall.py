@@ -188,13 +188,20 @@ class Recall:
         async def by_meaning() -> None:
             nonlocal vec_ids, unavailable
             assert self.embedder is not None and self.index is not None
-            try:
-                qvec = await self.query_vector(query)
-            except EmbeddingUnavailable as exc:
-                unavailable = exc
-                return
-            await self.index.refresh()
-            vec_ids = await self._nearest(qvec, where, depth)
+            qvec: list[float] | None = None
+
+            async def embed() -> None:
+                nonlocal qvec, unavailable
+                try:
+                    qvec = await self.query_vector(query)
+                except EmbeddingUnavailable as exc:
+                    unavailable = exc
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(embed)
+                await self.index.refresh()  # the index reads what changed while the query is embedded
+            if qvec is not None:
+                vec_ids = await self._nearest(qvec, where, depth)
 
         # the database ranks by full text while the query is embedded and scored (numpy releases the GIL)
         async with anyio.create_task_group() as tg:
