@@ -174,6 +174,7 @@ def build_graph(w: dict[str, np.ndarray], *, int8: bool = True) -> Any:
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
+    w = dict(w)  # the fused query/key/value weights are added below; the caller's dict stays as it was
     inits: list[Any] = []
     nodes: list[Any] = []
 
@@ -190,7 +191,8 @@ def build_graph(w: dict[str, np.ndarray], *, int8: bool = True) -> Any:
         bias = const(f"{name}.b", w[f"{prefix}.bias"])
         if not int8:
             return op("Add", [op("MatMul", [x, const(f"{name}.w", weight)], f"{name}.mm"), bias], name)
-        scale = (np.abs(weight).max(axis=0) / 127).astype(np.float32)
+        largest = np.abs(weight).max(axis=0)
+        scale = (np.where(largest > 0, largest, 1) / 127).astype(np.float32)  # an all-zero column stays 0
         q = np.clip(np.rint(weight / scale), -127, 127).astype(np.int8)
         zero = const(f"{name}.zero", np.zeros(weight.shape[1], np.int8))
         ins = [x, const(f"{name}.q", q), const(f"{name}.scale", scale), zero, bias]
