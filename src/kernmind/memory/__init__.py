@@ -10,7 +10,7 @@ The domain (no MCP in it):
     fulltext     how text becomes search terms (word forms; CJK/Thai character bigrams).
     archival     archival passages: store (embedding on insert), search, delete.
     embeddings   the embedder interface, the static model, the OpenAI-compatible client.
-    minilm       the default model: all-MiniLM-L6-v2 computed in numpy, offline, files checked.
+    minilm       the default model: all-MiniLM-L6-v2 as an int8 ONNX graph, offline, files checked.
     vector_index the in-memory vector index: exact search, filters in memory, coherent with writers.
     texts        what searchable tables share: counting texts, keeping their vectors, change counters.
     recall       hybrid search for any corpus (bm25 + vectors, weighted RRF), background backfill.

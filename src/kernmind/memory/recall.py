@@ -15,12 +15,13 @@ Design
   (benchmarks/bench_recall.py), the classic ``k = 60``, 1:1 fusion let full-text hits on
   incidental words push the answer out of the top 5 (recall@5 42 % vs 67 % for vectors
   alone), while 10 / 2:1 keeps meaning's recall and still puts exact word matches first.
-  The two lists are drawn side by side (the full-text query in the database's thread while
-  the query is embedded and scored in numpy, which releases the GIL); the vector index applies filters in
-  memory (vector_index.py); only the rows of the page that full text did not already
-  return are fetched.
-* New texts are embedded when they are stored (≈ 10 ms with the default model, ≈ 0.2 ms
-  with the static one). Texts
+  The two lists are drawn side by side: the full-text query runs in the database's thread
+  while the query is embedded in a worker thread (ONNX Runtime releases the GIL) and the
+  vector index reads what changed since the last search; then the query is scored against the
+  index, which applies filters in memory (vector_index.py); only the rows of the page that
+  full text did not already return are fetched.
+* New texts are embedded when they are stored (≈ 2–3 ms for a short note with the default
+  model, ≈ 0.2 ms with the static one). Texts
   without a vector of the current model — stored while an endpoint was down, written before
   meaning search existed, or embedded by another model before a switch — are embedded by a
   background task (:meth:`Recall.backfill`) in batches; until it is done a search says how
@@ -192,15 +193,22 @@ class Recall:
         async def by_meaning() -> None:
             nonlocal vec_ids, unavailable
             assert self.embedder is not None and self.index is not None
-            try:
-                qvec = await self.query_vector(query)
-            except EmbeddingUnavailable as exc:
-                unavailable = exc
-                return
-            await self.index.refresh()
-            vec_ids = await self._nearest(qvec, where, depth)
+            qvec: list[float] | None = None
 
-        # the database ranks by full text while the query is embedded and scored (numpy releases the GIL)
+            async def embed() -> None:
+                nonlocal qvec, unavailable
+                try:
+                    qvec = await self.query_vector(query)
+                except EmbeddingUnavailable as exc:
+                    unavailable = exc
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(embed)
+                await self.index.refresh()  # the index reads what changed while the query is embedded
+            if qvec is not None:
+                vec_ids = await self._nearest(qvec, where, depth)
+
+        # the database ranks by full text while the query is embedded (ONNX Runtime releases the GIL)
         async with anyio.create_task_group() as tg:
             tg.start_soon(by_text)
             tg.start_soon(by_meaning)
@@ -222,7 +230,7 @@ class Recall:
 
     async def query_vector(self, query: str) -> list[float]:
         """The query's vector; the last few are kept, so the next page of a search (or the same
-        question asked again) does not embed it again (≈ 10 ms with the default model)."""
+        question asked again) does not embed it again (≈ 2–3 ms with the default model)."""
         assert self.embedder is not None
         if (vector := self._queries.pop(query, None)) is None:
             [vector] = await self.embedder.embed([query])
