@@ -10,7 +10,7 @@ code the ``archival_memory_*`` tools call. A second set of "keyword" queries (th
 words of each note) checks that fusing in meaning does not hurt exact lookups.
 Reported: recall@1 and recall@5 per ranking (bm25 alone, vectors alone, default hybrid), and
 what the model costs: insert p50 (embedding included) and query embedding p50.
-``--embedding-model minilm`` measures the opt-in contextual model instead of the default.
+``--embedding-model static`` measures the fast static model instead of the default (all-MiniLM-L6-v2).
 
 Target (issue 14): recall@5 >= 85 % with default settings.
 """
@@ -111,7 +111,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--distractors", type=int, default=600, help="distractor notes (default 600)")
     ap.add_argument(
-        "--embedding-model", default="local", help="local (default), minilm, or an endpoint model name"
+        "--embedding-model", default="local", help="local (default, all-MiniLM-L6-v2), static, or an endpoint model name"
     )
     args = ap.parse_args()
     print(f"paraphrase recall: {len(PAIRS)} pairs among {args.distractors} distractors", file=sys.stderr)
