@@ -111,7 +111,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--distractors", type=int, default=600, help="distractor notes (default 600)")
     ap.add_argument(
-        "--embedding-model", default="local", help="local (default, all-MiniLM-L6-v2), static, or an endpoint model name"
+        "--embedding-model",
+        default="local",
+        help="local (default, all-MiniLM-L6-v2), static, or an endpoint model name",
     )
     args = ap.parse_args()
     print(f"paraphrase recall: {len(PAIRS)} pairs among {args.distractors} distractors", file=sys.stderr)
