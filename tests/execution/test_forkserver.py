@@ -307,9 +307,9 @@ async def test_kernels_survive_the_template_and_a_dead_template_is_replaced(base
 
 
 async def test_kernels_are_forked_while_the_template_still_preloads(tmp_path: Path) -> None:
-    """The template forks as soon as ipykernel is in; heavy modules come one at a time between
-    requests, so a kernel asked for meanwhile does not wait for them all (the first ``run_code``
-    after a launch does not wait for pandas)."""
+    """The template can fork as soon as ipykernel is in: while it imports the heavy modules, a
+    snapshot of it taken before them forks kernels, so a kernel asked for meanwhile waits for
+    none of them (the first ``run_code`` after a launch does not wait for pandas)."""
     lib = tmp_path / "lib"
     lib.mkdir()
     for name in ("slow_one", "slow_two"):
@@ -324,13 +324,35 @@ async def test_kernels_are_forked_while_the_template_still_preloads(tmp_path: Pa
     async with forks.running():
         template = await forks.server.template(wait=120)
         assert template is not None and forks.status()["preloading"] == ["slow_one", "slow_two"]
-        kernel = await forks.fork(template)  # asked for while slow_one imports
+        early = await forks.fork(template)  # asked for while slow_one imports (3 s)
         try:
             code = "import sys\nprint('slow_one' in sys.modules, 'slow_two' in sys.modules)"
-            assert "".join((await run(kernel, code)).logs().stdout) == "True False\n"
+            assert "".join((await run(early, code)).logs().stdout) == "False False\n"
+            assert forks.status()["preloading"], "the kernel came from the snapshot, before any preload"
+            assert await forks.server.settled(wait=120) is template
+
+            # The snapshot exits once the preloads are in; the early kernel lives on, its waiter
+            # adopted by the template (a subreaper), so it stays below the server.
+            def adopted_waiter() -> bool:
+                """The template's only child is the kernel's waiter (the kernel below it, nothing
+                below that), not the snapshot (which would have the waiter and the kernel below it)."""
+                kids = children_of(template.proc.pid)
+                below = children_of(kids[0]) if len(kids) == 1 else []
+                return len(below) == 1 and children_of(below[0]) == []
+
+            for _ in range(100):
+                if adopted_waiter():
+                    break
+                await anyio.sleep(0.1)
+            assert adopted_waiter(), [(k, children_of(k)) for k in children_of(template.proc.pid)]
+            assert "".join((await run(early, "print(6 * 7)")).logs().stdout) == "42\n"
         finally:
-            await kernel.shutdown()
-        assert await forks.server.settled(wait=120) is template
+            await early.shutdown()
+        for _ in range(100):  # its waiter exits with it
+            if not children_of(template.proc.pid):
+                break
+            await anyio.sleep(0.1)
+        assert children_of(template.proc.pid) == []
         status = forks.status()
         assert status["preloaded"] == ["slow_one", "slow_two"] and status["preloading"] == []
         kernel = await forks.fork(template)

@@ -72,19 +72,123 @@ class TemplateGone(RuntimeError):
     """The template process died or closed its socket while a request was waiting."""
 
 
+class Channel:
+    """One control socket to a template process: requests go out with ids, and ``serve``
+    hands each reply to the request awaiting it (other messages to ``on_message``)."""
+
+    def __init__(self, sock: socket.socket, describe_exit: Callable[[], str]) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.describe_exit = describe_exit
+        self.gone: str | None = None  # why it stopped, once it has
+        self.retiring = False  # stop serving once no request waits (the snapshot, after preloads)
+        self._ids = itertools.count(1)
+        self._waiting: dict[str, tuple[anyio.Event, list[dict[str, Any]]]] = {}
+        self._serving: anyio.CancelScope | None = None
+
+    async def receive(self) -> tuple[dict[str, Any], list[int]]:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, MAX_PACKET, 4)
+            except BlockingIOError:
+                await anyio.wait_readable(self.sock)
+                continue
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                raise TemplateGone(f"the template exited ({self.describe_exit()})")
+            return json.loads(data), fds
+
+    async def serve(self, on_message: Callable[[dict[str, Any]], None]) -> None:
+        """Dispatch replies until the process goes away (or this channel retires); then fail
+        every waiting request and close the socket."""
+        try:
+            with anyio.CancelScope() as self._serving:
+                while self.gone is None and not (self.retiring and not self._waiting):
+                    message, fds = await self.receive()
+                    for fd in fds:  # only hello carries one; never leak them
+                        os.close(fd)
+                    entry = self._waiting.pop(str(message.get("id")), None)
+                    if entry is not None:
+                        entry[1].append(message)
+                        entry[0].set()
+                    elif "id" not in message:
+                        on_message(message)
+        except (TemplateGone, OSError, ValueError) as exc:
+            self.gone = str(exc) or "the template closed its socket"
+        finally:
+            self.gone = self.gone or "retired"
+            for event, box in self._waiting.values():
+                box.append({"ok": False, "error": f"the fork-server template stopped: {self.gone}"})
+                event.set()
+            self._waiting.clear()
+            self.close()
+
+    def abandon(self, why: str) -> None:
+        """Stop now: waiting requests fail with ``why``, the socket closes."""
+        self.gone = why
+        if self._serving is not None:
+            self._serving.cancel()
+
+    def retire(self) -> None:
+        """Serve the requests already sent, then close (at once when none waits)."""
+        self.retiring = True
+        if not self._waiting and self._serving is not None:
+            self._serving.cancel()
+
+    async def request(self, message: dict[str, Any], fds: Sequence[int] = ()) -> dict[str, Any]:
+        """Send one request and wait for its reply (the caller bounds the wait)."""
+        if self.gone is not None:
+            raise TemplateGone(self.gone)
+        request_id = str(next(self._ids))
+        event, box = anyio.Event(), []
+        self._waiting[request_id] = (event, box)
+        try:
+            data = json.dumps({**message, "id": request_id}).encode()
+            while True:
+                try:
+                    if fds:
+                        socket.send_fds(self.sock, [data], list(fds))
+                    else:
+                        self.sock.send(data)
+                    break
+                except BlockingIOError:
+                    await anyio.wait_writable(self.sock)
+            await event.wait()
+        finally:
+            self._waiting.pop(request_id, None)
+            if self.retiring and not self._waiting and self._serving is not None:
+                self._serving.cancel()
+        return box[0]
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
 class TemplateProcess:
-    """One running template: its process, its control socket and the replies awaited on it."""
+    """One running template: its process, its control channel and, while it preloads, the
+    channel of its snapshot (a copy forked before the heavy imports, which serves spawns
+    meanwhile, so no kernel waits for pandas to import)."""
 
     def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket, home: Path) -> None:
         self.proc = proc
-        self.sock = sock
         self.home = home
+        self.control = Channel(sock, self.exit_status)
+        self.snapshot: Channel | None = None
         self.hello: dict[str, Any] = {}  # what it said at hello, updated when its preloads are done
         self.preloading = True
         self._preloaded: anyio.Event | None = None  # made on the event loop, by read_hello
-        self._ids = itertools.count(1)
-        self._waiting: dict[str, tuple[anyio.Event, list[dict[str, Any]]]] = {}
-        self.gone: str | None = None  # why it stopped, once it has
+        self._gone: str | None = None
+
+    @property
+    def gone(self) -> str | None:
+        """Why the template stopped (its process or its control channel), once it has."""
+        return self._gone or self.control.gone
+
+    @gone.setter
+    def gone(self, why: str) -> None:
+        self._gone = why
 
     @classmethod
     def launch(cls, python: str, env: Mapping[str, str], config: dict[str, Any]) -> TemplateProcess:
@@ -113,18 +217,20 @@ class TemplateProcess:
             raise
         finally:
             theirs.close()
-        ours.setblocking(False)
         ours.send(json.dumps({**config, "server_pid": os.getpid()}).encode())
         return cls(proc, ours, home)
 
     async def read_hello(self, timeout: float) -> dict[str, Any]:
         self._preloaded = anyio.Event()
         with anyio.fail_after(timeout):
-            self.hello = await self._receive()
+            self.hello, fds = await self.control.receive()
+        if fds:  # the snapshot's socket, sent while the template still has preloads to import
+            self.snapshot = Channel(socket.socket(fileno=fds[0]), self.exit_status)
+            for fd in fds[1:]:
+                os.close(fd)
         self.hello["forkable_seconds"] = self.hello.get("seconds")
         if not self.hello.get("pending"):
-            self.preloading = False
-            self._preloaded.set()
+            self._done_preloading()
         return self.hello
 
     async def wait_preloaded(self) -> None:
@@ -133,77 +239,51 @@ class TemplateProcess:
             await self._preloaded.wait()
 
     async def serve_replies(self, on_preloaded: Callable[[TemplateProcess], None]) -> None:
-        """Dispatch replies until the template goes away; then fail every waiting request.
-        ``on_preloaded`` hears when the heavy modules are in (``hello`` then says which)."""
+        """Dispatch replies on both channels until the template goes away; ``on_preloaded``
+        hears when the heavy modules are in (``hello`` then says which)."""
+
+        def on_message(message: dict[str, Any]) -> None:
+            if message.get("op") == "preloaded":
+                self.hello.update(message)
+                self._done_preloading()
+                on_preloaded(self)
+
         try:
-            while self.gone is None:  # set by the callback when the template is being replaced
-                reply = await self._receive()
-                if reply.get("op") == "preloaded":
-                    self.hello.update(reply)
-                    self.preloading = False
-                    on_preloaded(self)
-                    if self._preloaded is not None:
-                        self._preloaded.set()
-                    continue
-                entry = self._waiting.pop(str(reply.get("id")), None)
-                if entry is not None:
-                    entry[1].append(reply)
-                    entry[0].set()
-        except (TemplateGone, OSError, ValueError) as exc:
-            self.gone = str(exc) or "the template closed its socket"
+            async with anyio.create_task_group() as tg:
+                if self.snapshot is not None:
+                    tg.start_soon(self.snapshot.serve, on_message)
+                await self.control.serve(on_message)
+                tg.cancel_scope.cancel()
         finally:
-            if self._preloaded is not None:
-                self._preloaded.set()
-            for event, box in self._waiting.values():
-                box.append({"ok": False, "error": f"the fork-server template stopped: {self.gone}"})
-                event.set()
-            self._waiting.clear()
+            self._done_preloading()
+
+    def _done_preloading(self) -> None:
+        self.preloading = False
+        if self.snapshot is not None:
+            self.snapshot.retire()
+        if self._preloaded is not None:
+            self._preloaded.set()
 
     async def request(self, message: dict[str, Any], fds: Sequence[int] = ()) -> dict[str, Any]:
-        """Send one request and wait for its reply (the caller bounds the wait)."""
+        """Send one request (to the snapshot while the template imports its preloads) and wait
+        for its reply (the caller bounds the wait)."""
         if self.gone is not None:
             raise TemplateGone(self.gone)
-        request_id = str(next(self._ids))
-        event, box = anyio.Event(), []
-        self._waiting[request_id] = (event, box)
-        try:
-            data = json.dumps({**message, "id": request_id}).encode()
-            while True:
-                try:
-                    if fds:
-                        socket.send_fds(self.sock, [data], list(fds))
-                    else:
-                        self.sock.send(data)
-                    break
-                except BlockingIOError:
-                    await anyio.wait_writable(self.sock)
-            await event.wait()
-        finally:
-            self._waiting.pop(request_id, None)
-        return box[0]
-
-    async def _receive(self) -> dict[str, Any]:
-        while True:
-            try:
-                data, fds, _, _ = socket.recv_fds(self.sock, MAX_PACKET, 4)
-            except BlockingIOError:
-                await anyio.wait_readable(self.sock)
-                continue
-            for fd in fds:  # the template never sends any; never leak them
-                os.close(fd)
-            if not data:
-                raise TemplateGone(f"the template exited ({self.exit_status()})")
-            return json.loads(data)
+        snapshot = self.snapshot
+        if self.preloading and snapshot is not None and snapshot.gone is None and not snapshot.retiring:
+            return await snapshot.request(message, fds)
+        return await self.control.request(message, fds)
 
     def exit_status(self) -> str:
         code = self.proc.poll()
         return "still running" if code is None else f"exit status {code}"
 
     def stop(self) -> None:
-        """Close the socket (the template exits) and make sure the process is gone."""
+        """Close the sockets (the template and its snapshot exit) and make sure the process is gone."""
         self.gone = self.gone or "stopped"
-        with contextlib.suppress(OSError):
-            self.sock.close()
+        for channel in (self.control, self.snapshot):
+            if channel is not None:
+                channel.close()
         if self.proc.poll() is None:
             self.proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -337,7 +417,7 @@ class ForkServer:
         if problem:
             log.warning("%s; starting the fork-server template without them", problem)
             self.dropped = problem
-            template.gone = "replaced"
+            template.control.abandon("replaced")
             self.preload = ()
             self._kick(now=True)
             return

@@ -11,8 +11,10 @@ Design
   (``gc.freeze``) so children share it copy-on-write, and says ``hello``: from then on it
   forks kernels. Between requests it then imports the configured heavy modules (numpy,
   pandas, matplotlib, … whatever is installed) one at a time, probes again, freezes again
-  and says ``preloaded``. A kernel asked for meanwhile is forked at once: the first
-  ``run_code`` after a launch does not wait for pandas.
+  and says ``preloaded``. Meanwhile a *snapshot* (a fork of the template taken just before
+  the heavy imports, with a control socket of its own, sent to the server with ``hello``)
+  serves spawns, so the first ``run_code`` after a launch waits for no import; the server
+  closes the snapshot's socket once the preloads are in, and it exits.
 - At fork time it holds no thread (a throwaway fork makes OpenBLAS park its threads), no
   zmq context, no event loop and one plain socket (the control socket). A spawn is refused
   while the template runs more than one thread; ``hello`` and ``preloaded`` report the
@@ -36,8 +38,10 @@ Design
 
 Protocol (SOCK_SEQPACKET, one JSON object per packet, descriptors as SCM_RIGHTS):
 - template → server, once: ``{"op": "hello", "pid", "threads", "data_mib", "preloaded", "pending",
-  "failed", "seconds"}`` (``pending``: heavy modules still to import), then once they are:
-  ``{"op": "preloaded", "threads", "data_mib", "preloaded", "failed", "seconds"}``.
+  "failed", "seconds"}`` (``pending``: heavy modules still to import; then the snapshot's
+  socket comes with it as a descriptor), and once they are in:
+  ``{"op": "preloaded", "threads", "data_mib", "preloaded", "failed", "seconds"}``. The
+  snapshot speaks the same protocol (spawn, ping) on its socket.
 - server → template, first: ``{"server_pid", "preload": [modules], "setup", "kernel_args"}``
 - ``{"op": "spawn", "id", "argv", "cwd", "uid", "placeholder_pid", "namespaces": [names]}``
   with descriptors ``[exit_pipe, placeholder_pidfd, *namespace_fds]`` → ``{"id", "ok": true,
@@ -67,7 +71,7 @@ import sys
 import tempfile
 import time
 
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER = 1, 4, 24, 36
 PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
 NS_GET_USERNS, NS_GET_PARENT = 0xB701, 0xB702
 CLONE_FLAGS = {
@@ -354,8 +358,8 @@ def wait_for(kernel: int, placeholder: int) -> int:
 
 class Template:
     """The serving loop. Forks come first: heavy modules are imported one at a time while no
-    request waits and no kernel is being made, so a kernel asked for during the preloads is
-    forked at once (it imports what is not preloaded yet itself)."""
+    request waits and no kernel is being made (the server sends spawns to the snapshot
+    meanwhile; a kernel forked before a module is in imports it itself if it needs it)."""
 
     def __init__(
         self, control: socket.socket, config: dict, environment: dict[str, str], started: float
@@ -371,6 +375,24 @@ class Template:
         self.started = started
         self.pending: dict[int, dict] = {}  # status pipe -> {"id", "pid", "buffer"}
         freeze()
+
+    def fork_snapshot(self) -> int:
+        """A copy of this template as it is now (no heavy module yet) that serves spawns on a
+        socket of its own while this one imports them; returns the server's end of that socket.
+        The copy exits when the server closes it, and dies with this template."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                self.control.close()
+                ours.close()
+                libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                config = {"setup": self.setup, "kernel_args": self.kernel_args, "preload": []}
+                Template(theirs, config, self.environment, self.started).serve()
+            finally:
+                os._exit(0)
+        theirs.close()
+        return ours.detach()
 
     def facts(self) -> dict:
         return {
@@ -400,10 +422,13 @@ class Template:
 
     def send(self, message: dict, fds: list[int] | None = None) -> None:
         data = json.dumps(message).encode()
-        if fds:
-            socket.send_fds(self.control, [data], fds)
-        else:
-            self.control.send(data)
+        try:
+            if fds:
+                socket.send_fds(self.control, [data], fds)
+            else:
+                self.control.send(data)
+        except (BrokenPipeError, ConnectionResetError):
+            sys.exit(0)  # the server is gone (it stopped while we imported): so are we
 
     def spawn(self, request: dict, fds: list[int]) -> None:
         expected = 2 + len(request.get("namespaces", []))
@@ -522,6 +547,9 @@ def reap() -> None:
 def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # Waiters forked by the snapshot come back to this process when the snapshot exits, so every
+    # kernel stays below the server in the process tree (and is reaped here).
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     config = json.loads(control.recv(MAX_PACKET) or b"{}")
     if os.getppid() != config.get("server_pid"):
         sys.exit(1)  # the server died before we could tie ourselves to it
@@ -537,7 +565,10 @@ def main() -> None:
         return
     preload(discover_kernel_modules(config["setup"], config["kernel_args"]))
     template = Template(control, config, environment, started)
-    template.send({"op": "hello", "ok": True, "pid": os.getpid(), **template.facts()})
+    snapshot = [template.fork_snapshot()] if template.preloading else []
+    template.send({"op": "hello", "ok": True, "pid": os.getpid(), **template.facts()}, snapshot)
+    for fd in snapshot:
+        os.close(fd)
     template.serve()
 
 
