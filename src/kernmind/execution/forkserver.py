@@ -7,8 +7,8 @@ sandbox (see ``forkserver_kernels.py``), at a few tens of milliseconds of CPU.
 
 This module owns the template process: starting it (a clean environment, a private 0700
 directory as its working directory and home, its control socket as the only extra
-descriptor), the request/reply protocol over that SOCK_SEQPACKET socket (JSON packets,
-descriptors as SCM_RIGHTS; one reader task dispatches replies to waiting requests), and
+descriptor), its channels (``forkserver_channel.py``: the template's control socket and,
+while it imports its preloads, its snapshot's, which serves spawns meanwhile), and
 restarting it when it dies. Kernels already made do not depend on it: they survive its
 death (they belong to their sandboxes, like every kernel).
 
@@ -20,8 +20,8 @@ at most once per ``RESTART_BACKOFF`` seconds. A template with more than one thre
 preloads leave it with a thread, or too big for each kernel's memory limit, it is replaced
 by one without them (``status()["preloads_dropped"]`` says why).
 
-The template forks from ``hello`` on and imports its preloads between requests
-(``preloaded`` tells when they are in); ``template()`` returns it from ``hello``,
+The template forks from ``hello`` on (its snapshot does, while it imports its preloads;
+``preloaded`` tells when they are in and the snapshot is retired); ``template()`` returns it from ``hello``,
 ``settled()`` once the preloads are in. ``prelaunch()`` starts it before the event loop
 runs (``kernmind serve``), ``running()`` adopts it.
 """
@@ -29,7 +29,6 @@ runs (``kernmind serve``), ``running()`` adopts it.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
 import os
@@ -46,12 +45,12 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from kernmind.execution.forkserver_channel import Channel, TemplateGone
 from kernmind.execution.sandbox import THREAD_STACK_MB
 
 log = logging.getLogger(__name__)
 
 TEMPLATE_SCRIPT = Path(__file__).with_name("forkserver_template.py")
-MAX_PACKET = 1 << 20
 HELLO_TIMEOUT = 120.0  # importing pandas & co. on a busy 2-core machine can take a while
 RESTART_BACKOFF = 5.0
 DEFAULT_PRELOAD = ("numpy", "pandas", "matplotlib.pyplot")
@@ -66,104 +65,6 @@ def template_dirs(home: Path) -> dict[str, str]:
         "XDG_CACHE_HOME": str(home / "cache"),
         "JUPYTER_RUNTIME_DIR": str(home / "jupyter"),
     }
-
-
-class TemplateGone(RuntimeError):
-    """The template process died or closed its socket while a request was waiting."""
-
-
-class Channel:
-    """One control socket to a template process: requests go out with ids, and ``serve``
-    hands each reply to the request awaiting it (other messages to ``on_message``)."""
-
-    def __init__(self, sock: socket.socket, describe_exit: Callable[[], str]) -> None:
-        sock.setblocking(False)
-        self.sock = sock
-        self.describe_exit = describe_exit
-        self.gone: str | None = None  # why it stopped, once it has
-        self.retiring = False  # stop serving once no request waits (the snapshot, after preloads)
-        self._ids = itertools.count(1)
-        self._waiting: dict[str, tuple[anyio.Event, list[dict[str, Any]]]] = {}
-        self._serving: anyio.CancelScope | None = None
-
-    async def receive(self) -> tuple[dict[str, Any], list[int]]:
-        while True:
-            try:
-                data, fds, _, _ = socket.recv_fds(self.sock, MAX_PACKET, 4)
-            except BlockingIOError:
-                await anyio.wait_readable(self.sock)
-                continue
-            if not data:
-                for fd in fds:
-                    os.close(fd)
-                raise TemplateGone(f"the template exited ({self.describe_exit()})")
-            return json.loads(data), fds
-
-    async def serve(self, on_message: Callable[[dict[str, Any]], None]) -> None:
-        """Dispatch replies until the process goes away (or this channel retires); then fail
-        every waiting request and close the socket."""
-        try:
-            with anyio.CancelScope() as self._serving:
-                while self.gone is None and not (self.retiring and not self._waiting):
-                    message, fds = await self.receive()
-                    for fd in fds:  # only hello carries one; never leak them
-                        os.close(fd)
-                    entry = self._waiting.pop(str(message.get("id")), None)
-                    if entry is not None:
-                        entry[1].append(message)
-                        entry[0].set()
-                    elif "id" not in message:
-                        on_message(message)
-        except (TemplateGone, OSError, ValueError) as exc:
-            self.gone = str(exc) or "the template closed its socket"
-        finally:
-            self.gone = self.gone or "retired"
-            for event, box in self._waiting.values():
-                box.append({"ok": False, "error": f"the fork-server template stopped: {self.gone}"})
-                event.set()
-            self._waiting.clear()
-            self.close()
-
-    def abandon(self, why: str) -> None:
-        """Stop now: waiting requests fail with ``why``, the socket closes."""
-        self.gone = why
-        if self._serving is not None:
-            self._serving.cancel()
-
-    def retire(self) -> None:
-        """Serve the requests already sent, then close (at once when none waits)."""
-        self.retiring = True
-        if not self._waiting and self._serving is not None:
-            self._serving.cancel()
-
-    async def request(self, message: dict[str, Any], fds: Sequence[int] = ()) -> dict[str, Any]:
-        """Send one request and wait for its reply (the caller bounds the wait)."""
-        if self.gone is not None:
-            raise TemplateGone(self.gone)
-        request_id = str(next(self._ids))
-        event, box = anyio.Event(), []
-        self._waiting[request_id] = (event, box)
-        try:
-            data = json.dumps({**message, "id": request_id}).encode()
-            while True:
-                try:
-                    if fds:
-                        socket.send_fds(self.sock, [data], list(fds))
-                    else:
-                        self.sock.send(data)
-                    break
-                except BlockingIOError:
-                    await anyio.wait_writable(self.sock)
-            await event.wait()
-        finally:
-            self._waiting.pop(request_id, None)
-            if self.retiring and not self._waiting and self._serving is not None:
-                self._serving.cancel()
-        return box[0]
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
 
 
 class TemplateProcess:
