@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import httpx2
 import pytest
 
 from kernmind.agent import (
@@ -151,15 +152,17 @@ async def test_http_server_from_mcp_config(llm: ScriptedOpenAI, tmp_path: Path) 
     ]
     proc = await anyio.open_process(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        with anyio.fail_after(30):
-            while True:
-                try:
-                    stream = await anyio.connect_tcp("127.0.0.1", port)
-                except OSError:
+        # Serving, not merely listening: the port is bound before the server has imported the SDK,
+        # so a connect succeeds seconds before an MCP request is answered on a busy machine.
+        async with httpx2.AsyncClient(timeout=5) as http:
+            with anyio.fail_after(60):
+                while True:
+                    try:
+                        if (await http.get(f"http://127.0.0.1:{port}/mcp")).status_code == 401:
+                            break
+                    except httpx2.HTTPError:
+                        pass
                     await anyio.sleep(0.1)
-                    continue
-                await stream.aclose()
-                break
         cfg = tmp_path / "mcp.json"
         entry = {"url": f"http://127.0.0.1:{port}/mcp", "headers": {"Authorization": "Bearer s3cret"}}
         cfg.write_text(json.dumps({"mcpServers": {"remote": entry}}))
