@@ -19,6 +19,8 @@ Design
   table (one agent per file, the usual case) and nothing else filters, the ranking does not
   even read each match's row to check its namespace (≈ 2 µs a match), and the page's rows
   are checked instead (a namespace created in between can only shorten that one page).
+  Texts hidden from searches (``hidden_column`` not NULL: superseded passages) are a filter
+  too: while any exist in the table, a search that hides them takes the filtered path.
 * A query with no terms at all lists the newest passages (score ``None``); callers that
   got a non-empty query without terms say so instead of calling this (archival.py).
 
@@ -47,7 +49,8 @@ class FTS5Ranking:
     """bm25 search over one table ``p`` and its FTS5 index ``{table}_fts``.
 
     ``columns`` are selected from ``p`` (the row's id first), ``conditions(namespace, where)``
-    gives the filter's SQL and parameters, and ``make_row(row, score)`` builds a result.
+    gives the filter's SQL and parameters, and ``make_row(row, score)`` builds a result. With a
+    ``hidden_column``, ``where.hides`` says whether the conditions leave hidden rows out.
     """
 
     def __init__(
@@ -57,9 +60,11 @@ class FTS5Ranking:
         columns: str,
         conditions: Callable[[str, Any], tuple[str, list[Any]]],
         make_row: Callable[[Row, float | None], Any],
+        hidden_column: str | None = None,
     ) -> None:
         self.db = db
         self.table = table
+        self.hidden_column = hidden_column
         self.conditions = conditions
         self.make_row = make_row
         fts = f"{table}_fts"
@@ -75,9 +80,11 @@ class FTS5Ranking:
             f"WHERE {fts} MATCH ? ORDER BY score, rowid DESC LIMIT ? OFFSET ?) s "
             f"JOIN {table} p ON p.id = s.id WHERE 1 = 1{{where}} ORDER BY s.score, s.id DESC"
         )
+        # a partial index on the hidden column makes its EXISTS one probe (sqlite.py's migrations)
+        hidden = f"EXISTS (SELECT 1 FROM {table} WHERE {hidden_column} IS NOT NULL)" if hidden_column else "0"
         self._shape = (
             f"SELECT (SELECT max(id) FROM {table}), EXISTS (SELECT 1 FROM {table} WHERE namespace < ?) "
-            f"OR EXISTS (SELECT 1 FROM {table} WHERE namespace > ?)"
+            f"OR EXISTS (SELECT 1 FROM {table} WHERE namespace > ?), {hidden}"
         )
         self._newest_matching = (
             f"SELECT {columns}, bm25({fts}) FROM {fts} JOIN {table} p ON p.id = {fts}.rowid "
@@ -99,10 +106,11 @@ class FTS5Ranking:
             shape = await tx.one(self._shape, (namespace, namespace))
             assert shape is not None
             total, shared = int(shape[0] or 0), bool(shape[1])
+            narrows = where.narrows or (bool(shape[2]) and where.hides)
 
             async def ranked(match_terms: list[str], limit: int, offset: int) -> list[Row]:
                 match = fts_match(match_terms)
-                if shared or where.narrows:
+                if shared or narrows:
                     return await tx.all(
                         self._ranked.format(where=conditions), [match, *params, limit, offset]
                     )
