@@ -300,3 +300,31 @@ async def test_a_database_of_the_previous_schema_gets_occurred_at_and_duplicate_
         settings, "SELECT count(*) FROM passages WHERE occurred_at IS NULL OR content_key IS NULL"
     )
     assert schema == [(0,)]
+    check_full_text_index(settings.db_location)
+
+
+def check_full_text_index(location: str) -> None:
+    """SQLite: the full-text index matches the passages (its hidden-state column included)."""
+    if not on_postgres():
+        with sqlite3.connect(location) as con:
+            con.execute("INSERT INTO passages_fts(passages_fts) VALUES ('integrity-check')")
+        con.close()
+
+
+async def test_superseding_undoing_and_deleting_keep_the_full_text_index_whole(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, embedding_model="none")
+    async with Client(create_server(settings)) as client:
+        a = await insert(client, "the hidden word is walrus")
+        b = await insert(client, "the hidden word is narwhal", supersedes=[a["id"]])
+        c = await insert(client, "the hidden word is beluga", supersedes=[b["id"]])
+        assert [r["id"] for r in await search(client, "hidden walrus narwhal beluga")] == [c["id"]]
+        assert {r["id"] for r in await search(client, "walrus narwhal", include_superseded=True)} == {
+            a["id"],
+            b["id"],
+        }
+        check_full_text_index(settings.db_location)
+        await ok(client, "archival_memory_delete", id=b["id"])  # a now superseded by c
+        check_full_text_index(settings.db_location)
+        await ok(client, "archival_memory_delete", id=c["id"])  # a live again
+        assert [r["id"] for r in await search(client, "walrus")] == [a["id"]]
+        check_full_text_index(settings.db_location)

@@ -19,8 +19,11 @@ Design
   table (one agent per file, the usual case) and nothing else filters, the ranking does not
   even read each match's row to check its namespace (≈ 2 µs a match), and the page's rows
   are checked instead (a namespace created in between can only shorten that one page).
-  Texts hidden from searches (``hidden_column`` not NULL: superseded passages) are a filter
-  too: while any exist in the table, a search that hides them takes the filtered path.
+* Texts hidden from searches unless asked (superseded passages) carry the token ``hidden`` in
+  a second index column, ``state`` (``hidden_state``; sqlite.py's triggers keep it current),
+  so a search that leaves them out says so in its ``MATCH`` (``body : (…) NOT state : hidden``)
+  and keeps the plan that reads no row per match; the query's own terms only ever match
+  ``body``.
 * A query with no terms at all lists the newest passages (score ``None``); callers that
   got a non-empty query without terms say so instead of calling this (archival.py).
 
@@ -49,8 +52,9 @@ class FTS5Ranking:
     """bm25 search over one table ``p`` and its FTS5 index ``{table}_fts``.
 
     ``columns`` are selected from ``p`` (the row's id first), ``conditions(namespace, where)``
-    gives the filter's SQL and parameters, and ``make_row(row, score)`` builds a result. With a
-    ``hidden_column``, ``where.hides`` says whether the conditions leave hidden rows out.
+    gives the filter's SQL and parameters, and ``make_row(row, score)`` builds a result. With
+    ``hidden_state`` the index has the ``state`` column, and ``where.hides`` says whether a
+    search leaves hidden rows out (the conditions say so too, for the rows they read).
     """
 
     def __init__(
@@ -60,11 +64,11 @@ class FTS5Ranking:
         columns: str,
         conditions: Callable[[str, Any], tuple[str, list[Any]]],
         make_row: Callable[[Row, float | None], Any],
-        hidden_column: str | None = None,
+        hidden_state: bool = False,
     ) -> None:
         self.db = db
         self.table = table
-        self.hidden_column = hidden_column
+        self.hidden_state = hidden_state
         self.conditions = conditions
         self.make_row = make_row
         fts = f"{table}_fts"
@@ -80,11 +84,9 @@ class FTS5Ranking:
             f"WHERE {fts} MATCH ? ORDER BY score, rowid DESC LIMIT ? OFFSET ?) s "
             f"JOIN {table} p ON p.id = s.id WHERE 1 = 1{{where}} ORDER BY s.score, s.id DESC"
         )
-        # a partial index on the hidden column makes its EXISTS one probe (sqlite.py's migrations)
-        hidden = f"EXISTS (SELECT 1 FROM {table} WHERE {hidden_column} IS NOT NULL)" if hidden_column else "0"
         self._shape = (
             f"SELECT (SELECT max(id) FROM {table}), EXISTS (SELECT 1 FROM {table} WHERE namespace < ?) "
-            f"OR EXISTS (SELECT 1 FROM {table} WHERE namespace > ?), {hidden}"
+            f"OR EXISTS (SELECT 1 FROM {table} WHERE namespace > ?)"
         )
         self._newest_matching = (
             f"SELECT {columns}, bm25({fts}) FROM {fts} JOIN {table} p ON p.id = {fts}.rowid "
@@ -106,11 +108,15 @@ class FTS5Ranking:
             shape = await tx.one(self._shape, (namespace, namespace))
             assert shape is not None
             total, shared = int(shape[0] or 0), bool(shape[1])
-            narrows = where.narrows or (bool(shape[2]) and where.hides)
+
+            hides = self.hidden_state and where.hides  # only passage filters say whether they hide
+
+            def matching(expression: str) -> str:
+                return self._match(expression, hides=hides)
 
             async def ranked(match_terms: list[str], limit: int, offset: int) -> list[Row]:
-                match = fts_match(match_terms)
-                if shared or narrows:
+                match = matching(fts_match(match_terms))
+                if shared or where.narrows:
                     return await tx.all(
                         self._ranked.format(where=conditions), [match, *params, limit, offset]
                     )
@@ -125,12 +131,19 @@ class FTS5Ranking:
                 head = await ranked(selective, offset + limit, 0)
                 rows = head[offset:]
                 if len(rows) < limit:
-                    match = f"({fts_match(common)}) NOT ({fts_match(selective)})"
+                    match = matching(f"({fts_match(common)}) NOT ({fts_match(selective)})")
                     rows += await tx.all(
                         self._newest_matching.format(where=conditions),
                         [match, *params, limit - len(rows), max(0, offset - len(head))],
                     )
         return [self.make_row(r[:-1], None if r[-1] is None else -float(r[-1])) for r in rows]
+
+    def _match(self, expression: str, *, hides: bool = False) -> str:
+        """A MATCH expression over the text (with ``hidden_state``: its ``body`` column, and
+        without hidden rows when ``hides``)."""
+        if not self.hidden_state:
+            return expression
+        return f"body : ({expression})" + (" NOT state : hidden" if hides else "")
 
     async def _split_terms(self, tx: Tx, terms: list[str], total: int) -> tuple[list[str], list[str]] | None:
         """(rarer terms, common terms) when the query has both; None when there is nothing to split."""
@@ -141,7 +154,7 @@ class FTS5Ranking:
             return None
         args: list[Any] = []
         for t in terms:
-            args += [fts_match([t]), threshold + 1]
+            args += [self._match(fts_match([t])), threshold + 1]
         dfs = await tx.one("SELECT " + ", ".join(self._count_term for _ in terms), args)
         assert dfs is not None
         selective = [t for t, df in zip(terms, dfs, strict=True) if df <= threshold]

@@ -185,7 +185,9 @@ MIGRATIONS: list[str] = [
     """,
     # 6: facts in time and facts that replace others (passages.py): when a passage's fact happened
     # (stored ones: when they were stored), the passage that superseded it, and the digest of its
-    # normalised text for exact-duplicate look-ups (filled by _fill_content_keys)
+    # normalised text for exact-duplicate look-ups (filled by _fill_content_keys). The full-text
+    # index gets a second column, state, holding "hidden" while a passage is superseded, so
+    # searches leave those out inside MATCH (fts5.py); it is rebuilt by _fill_content_keys.
     """
     ALTER TABLE passages ADD COLUMN occurred_at REAL;
     UPDATE passages SET occurred_at = created_at;
@@ -194,6 +196,39 @@ MIGRATIONS: list[str] = [
     CREATE INDEX passages_by_occurrence ON passages (namespace, occurred_at);
     CREATE INDEX passages_by_content_key ON passages (namespace, content_key);
     CREATE INDEX passages_superseded ON passages (superseded_by) WHERE superseded_by IS NOT NULL;
+    DROP TRIGGER passages_ai;
+    DROP TRIGGER passages_ad;
+    DROP TABLE passages_fts;
+    DROP VIEW passages_search;
+    CREATE VIEW passages_search AS SELECT id, coalesce(search_text, content) AS body,
+        CASE WHEN superseded_by IS NULL THEN NULL ELSE 'hidden' END AS state FROM passages;
+    CREATE VIRTUAL TABLE passages_fts USING fts5(
+        body, state, content='passages_search', content_rowid='id', tokenize='porter unicode61'
+    );
+    CREATE TRIGGER passages_ai AFTER INSERT ON passages BEGIN
+        INSERT INTO passages_fts(rowid, body, state) VALUES (
+            new.id, coalesce(new.search_text, new.content),
+            CASE WHEN new.superseded_by IS NULL THEN NULL ELSE 'hidden' END
+        );
+    END;
+    CREATE TRIGGER passages_ad AFTER DELETE ON passages BEGIN
+        INSERT INTO passages_fts(passages_fts, rowid, body, state) VALUES (
+            'delete', old.id, coalesce(old.search_text, old.content),
+            CASE WHEN old.superseded_by IS NULL THEN NULL ELSE 'hidden' END
+        );
+        DELETE FROM passage_tags WHERE passage_id = old.id;
+    END;
+    CREATE TRIGGER passages_au AFTER UPDATE OF superseded_by ON passages
+    WHEN (old.superseded_by IS NULL) <> (new.superseded_by IS NULL) BEGIN
+        INSERT INTO passages_fts(passages_fts, rowid, body, state) VALUES (
+            'delete', old.id, coalesce(old.search_text, old.content),
+            CASE WHEN old.superseded_by IS NULL THEN NULL ELSE 'hidden' END
+        );
+        INSERT INTO passages_fts(rowid, body, state) VALUES (
+            new.id, coalesce(new.search_text, new.content),
+            CASE WHEN new.superseded_by IS NULL THEN NULL ELSE 'hidden' END
+        );
+    END;
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -209,12 +244,13 @@ async def _fill_search_text(db: aiosqlite.Connection) -> None:
 
 
 async def _fill_content_keys(db: aiosqlite.Connection) -> None:
-    """After migration 6: the duplicate digest of every stored passage."""
+    """After migration 6: the duplicate digest of every stored passage, then the index rebuilt."""
     async with db.execute("SELECT id, content FROM passages") as cur:
         rows = await cur.fetchall()
     await db.executemany(
         "UPDATE passages SET content_key = ? WHERE id = ?", [(content_key(c), i) for i, c in rows]
     )
+    await db.execute("INSERT INTO passages_fts(passages_fts) VALUES ('rebuild')")
 
 
 # Python steps that run after a migration's SQL, by the version the migration produces.
@@ -278,7 +314,7 @@ class SQLiteDatabase:
         self._conn: aiosqlite.Connection | None = None
         self._lock = anyio.Lock()
         self.passage_text = FTS5Ranking(
-            self, "passages", PASSAGE_COLUMNS, filter_sql, passage_row, hidden_column="superseded_by"
+            self, "passages", PASSAGE_COLUMNS, filter_sql, passage_row, hidden_state=True
         )
         self.message_text = FTS5Ranking(self, "messages", MESSAGE_COLUMNS, message_filter_sql, message_row)
 
