@@ -7,10 +7,12 @@ The store is bench_memory.py's (synthetic passages, vectors of the default model
 sample). Then, in one run:
 
 * **insert**: the 48 real notes of the paraphrase set go through ``Archive.insert`` (what the
-  tool calls); beside each, the two checks an insert now makes are timed alone — the exact
-  duplicate look-up (``Passages.live_duplicate``: one indexed query) and the near-duplicate
-  search (``Archive.near_duplicates``: the vector index's refresh and one matrix-vector
-  product) — and the embedding alone, as the baseline they add to.
+  tool calls), and, as the baseline, through what an insert did before these checks existed
+  (embed, then ``Passages.add``; the text marked so that it is no duplicate); beside each,
+  the embedding alone and the two checks an insert now makes, alone — the exact-duplicate
+  look-up (``Passages.live_duplicate``: one indexed query) and the near-duplicate search
+  (``Archive.near_duplicates``: the vector index's refresh and one matrix-vector product,
+  which an insert runs beside its write). All interleaved note by note.
 * **search**: bm25 and hybrid top-10 p50 with no superseded passage, then with ``--share`` of
   the passages superseded, alternating ``--rounds`` times (the same queries; the switch is one
   UPDATE counted as a rewrite, as a supersede is). Hiding superseded passages costs full
@@ -37,6 +39,7 @@ from bench_memory import bulk_load, make_passages, make_queries, make_words, pct
 from kernmind.config import Settings
 from kernmind.memory.archival import Archive
 from kernmind.memory.embeddings import LocalEmbedder, make_embedder, to_blob
+from kernmind.memory.records import PassageIn
 from kernmind.memory.store import MemoryStore
 from paraphrase_set import PAIRS
 
@@ -77,25 +80,44 @@ async def run(n: int, nq: int, share: float, rounds: int, model: str) -> list[tu
             await hybrid.recall.index.refresh()  # type: ignore[union-attr]
             notes = [note for note, _ in PAIRS]
             vectors = {note: to_blob(v) for note, v in zip(notes, emb.embed_now(notes), strict=True)}
-            for name, fn in (
-                ("embedding a real note alone (baseline)", lambda t: emb.embed([t])),
-                ("exact-duplicate look-up", store.passages.live_duplicate),
-                ("near-duplicate search", lambda t: hybrid.near_duplicates(vectors[t])),
-                ("insert one real note (all of it)", hybrid.insert),
-            ):
-                med, p99 = await p50(fn, notes)
-                rows.append((f"{name} @ {n:,}", f"p50 {med:.2f} ms  p99 {p99:.2f} ms"))
+
+            async def before(note: str) -> None:  # what an insert did before: embed, then store
+                [v] = await emb.embed([note + " (before)"])
+                await store.passages.add([PassageIn(note + " (before)", [], None, to_blob(v), emb.model)])
+
+            steps: dict[str, Callable[[str], Awaitable[Any]]] = {
+                "embedding a real note alone": lambda t: emb.embed([t]),
+                "exact-duplicate look-up": store.passages.live_duplicate,
+                "near-duplicate search": lambda t: hybrid.near_duplicates(vectors[t]),
+                "insert before: embed + store, no checks (baseline)": before,
+                "insert now: Archive.insert, checks included": hybrid.insert,
+            }
+            times: dict[str, list[float]] = {name: [] for name in steps}
+            for note in notes:  # interleaved, so load changes hit every step alike
+                for name, fn in steps.items():
+                    t0 = time.perf_counter()
+                    await fn(note)
+                    times[name].append((time.perf_counter() - t0) * 1000)
+            for name, ts in times.items():
+                rows.append(
+                    (f"{name} @ {n:,}", f"p50 {statistics.median(ts):.2f} ms  p99 {pct(ts, 0.99):.2f} ms")
+                )
+            ratio = statistics.median(
+                times["insert now: Archive.insert, checks included"]
+            ) / statistics.median(times["insert before: embed + store, no checks (baseline)"])
+            rows.append((f"insert now / before @ {n:,}", f"{ratio:.2f}×"))
             anchor = (await hybrid.insert("the passage every superseded one points at")).id
-            times: dict[tuple[str, bool], list[float]] = {}
+            by_state: dict[tuple[str, bool], list[float]] = {}
             for _ in range(rounds):
                 for hidden in (False, True):
                     await set_superseded(store, share, anchor if hidden else None)
                     for label, archive in (("bm25", text_only), (f"hybrid ({model})", hybrid)):
                         await archive.search(queries[0] + " warm", top_k=10)
                         med, _ = await p50(lambda q, a=archive: a.search(q, top_k=10), queries)
-                        times.setdefault((label, hidden), []).append(med)
+                        by_state.setdefault((label, hidden), []).append(med)
             for label in ("bm25", f"hybrid ({model})"):
-                none, some = statistics.median(times[(label, False)]), statistics.median(times[(label, True)])
+                none = statistics.median(by_state[(label, False)])
+                some = statistics.median(by_state[(label, True)])
                 rows.append(
                     (
                         f"{label} top-10 @ {n:,}: none / {share:.0%} superseded",

@@ -42,10 +42,11 @@ from kernmind.memory.embeddings import Embedder
 from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.fulltext import NO_TERMS_NOTE, query_terms
 from kernmind.memory.passages import Passages, Stored, check_ids, normalize_tags
-from kernmind.memory.recall import THREAD_FLOATS, Recall, Vector
+from kernmind.memory.recall import Recall, Vector
 from kernmind.memory.records import Facets, PassageIn, PassageRow, iso, parse_when, time_range
 
 NEAR_DUPLICATES = 3  # live passages a note names at most
+NEAR_THREAD_FLOATS = 250_000  # a bigger index is scored in a worker thread, beside the insert's write
 SNIPPET_CHARS = 80
 
 
@@ -96,12 +97,25 @@ class Archive:
         if duplicate is not None and not wanted:
             return self._outcome(duplicate, tags, occurred, Vector(None, None, None), [])
         vector = Vector(None, None, None) if duplicate is not None else await self.recall.vector_for(content)
-        similar = await self.near_duplicates(vector.blob, exclude=wanted)
-        stored = await self.passages.store(
-            PassageIn(content, list(tags), None, vector.blob, vector.model, occurred), wanted
-        )
+        similar: list[PassageRow] = []
+
+        async def look_for_similar() -> None:
+            nonlocal similar
+            similar = await self.near_duplicates(vector.blob, exclude=wanted, spare=1)
+
+        # the meaning search runs beside the write (a worker thread and the database's): an insert
+        # costs the longer of the two, not their sum (benchmarks/bench_supersede.py)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(look_for_similar)
+                stored = await self.passages.store(
+                    PassageIn(content, list(tags), None, vector.blob, vector.model, occurred), wanted
+                )
+        except* MemoryRefusal as refused:  # the search was cancelled; the refusal is the answer
+            raise refused.exceptions[0] from None
         if stored.duplicate_of is not None:
             similar = []
+        similar = [r for r in similar if r.id != stored.id][:NEAR_DUPLICATES]  # the index may hold it already
         return self._outcome(stored, tags, occurred, vector, similar)
 
     def _outcome(
@@ -151,8 +165,11 @@ class Archive:
             " ".join(notes) or None,
         )
 
-    async def near_duplicates(self, blob: bytes | None, *, exclude: Sequence[int] = ()) -> list[PassageRow]:
-        """Live passages at least the embedder's ``duplicate_similarity`` close to a vector (best first)."""
+    async def near_duplicates(
+        self, blob: bytes | None, *, exclude: Sequence[int] = (), spare: int = 0
+    ) -> list[PassageRow]:
+        """Live passages at least the embedder's ``duplicate_similarity`` close to a vector, best
+        first: at most NEAR_DUPLICATES, plus ``spare`` for the caller to drop."""
         # objects that only embed (a benchmark's function) have no calibrated figure: no check
         threshold = getattr(self.embedder, "duplicate_similarity", None)
         index = self.recall.index
@@ -164,13 +181,16 @@ class Archive:
 
         await index.refresh()
         candidates = index.candidates(Facets(live_only=True))
+        if candidates is None:
+            return []
         query = np.frombuffer(blob, dtype="<f4")
-        k = NEAR_DUPLICATES + len(exclude)
-        if candidates is not None and candidates.matrix.size > THREAD_FLOATS:
+        k = NEAR_DUPLICATES + spare + len(exclude)
+        if candidates.matrix.size > NEAR_THREAD_FLOATS:
             ids = await anyio.to_thread.run_sync(nearest, candidates, query, k, threshold)
         else:
             ids = nearest(candidates, query, k, threshold)
-        ids = [i for i in ids if i not in set(exclude)][:NEAR_DUPLICATES]
+        skip = set(exclude)
+        ids = [i for i in ids if i not in skip][: NEAR_DUPLICATES + spare]
         rows = await self.passages.get(ids)
         return [rows[i] for i in ids if i in rows and rows[i].superseded_by is None]
 
