@@ -136,7 +136,7 @@ class Archive:
             notes.append(
                 f"Passage {stored.id} already says this (case and spacing aside), so nothing new was stored"
                 + (f"; {' and '.join(differs)}" if differs else "")
-                + ". To record a change, insert the new text with supersedes=[id]."
+                + f". To record a change of this fact, insert the new text with supersedes=[{stored.id}]."
             )
         if stored.superseded:
             notes.append(
