@@ -12,7 +12,6 @@ import anyio
 import pytest
 from mcp import Client
 
-from kernmind.config import Settings
 from kernmind.server import create_server
 
 from .conftest import EmbeddingServer, make_settings, ok, refused, run_sql
@@ -103,17 +102,17 @@ async def test_paging(client: Client) -> None:
     assert await search(client, "meeting", top_k=10, page=3) == []
 
 
-async def test_date_filters(settings_db_client: tuple[Client, Settings]) -> None:
-    client, settings = settings_db_client
-    old = await ok(client, "archival_memory_insert", content="trip to Rome in spring")
+async def test_date_filters(client: Client) -> None:
+    """start_datetime / end_datetime filter on when the fact occurred, not on when it was stored."""
+    old = await ok(
+        client, "archival_memory_insert", content="trip to Rome in spring", occurred_at="2024-03-10T12:00:00Z"
+    )
     new = await ok(client, "archival_memory_insert", content="trip to Oslo in winter")
-    # Backdate the first passage to 2024-03-10 (what an import of old memories would hold).
-    await run_sql(settings, "UPDATE passages SET created_at = ? WHERE id = ?", 1710072000.0, old["id"])
     got = await search(client, "trip", start_datetime="2025-01-01")
     assert [r["id"] for r in got] == [new["id"]]
     got = await search(client, "trip", end_datetime="2024-03-10")  # a date alone includes that day
     assert [r["id"] for r in got] == [old["id"]]
-    assert got[0]["created_at"].startswith("2024-03-10T12:00:00")
+    assert got[0]["occurred_at"].startswith("2024-03-10T12:00:00") and got[0]["created_at"] > "2025"
     got = await search(
         client, "trip", start_datetime="2024-03-01T00:00:00Z", end_datetime="2024-04-01T00:00:00+00:00"
     )
@@ -124,13 +123,6 @@ async def test_date_filters(settings_db_client: tuple[Client, Settings]) -> None
         client, "archival_memory_search", query="trip", start_datetime="2025-02-01", end_datetime="2025-01-01"
     )
     assert "before" in text
-
-
-@pytest.fixture
-async def settings_db_client(tmp_path: Path):
-    settings = make_settings(tmp_path)
-    async with Client(create_server(settings)) as c:
-        yield c, settings
 
 
 async def test_content_cap_and_empty_content(tmp_path: Path) -> None:

@@ -216,3 +216,131 @@ def test_migrate_moves_a_namespace_with_history_vectors_and_conversations(
     anyio.run(check)
     assert main(argv) == 1  # the destination holds the namespace now: refused, unchanged
     assert "already holds memory" in capsys.readouterr().err
+
+
+def seed_history(db: str, agent: str) -> dict[str, int]:
+    """Passages with occurred_at and a supersede chain (lyon <- porto <- oslo) beside a live one."""
+
+    async def go() -> dict[str, int]:
+        async with MemoryStore(db, agent) as store:
+            ids = {}
+            for name, text, when, replaces in [
+                ("lyon", "Ana lives in Lyon", 1_600_000_000.0, []),
+                ("porto", "Ana moved to Porto", 1_650_000_000.0, ["lyon"]),
+                ("oslo", "Ana moved to Oslo", 1_700_000_000.0, ["porto"]),
+                ("tea", "Ana likes tea", 1_610_000_000.0, []),
+            ]:
+                stored = await store.passages.store(
+                    PassageIn(text, ["ana"], occurred_at=when), [ids[r] for r in replaces]
+                )
+                ids[name] = stored.id
+            return ids
+
+    return anyio.run(go)
+
+
+def facts(db: str, agent: str) -> list[tuple[str, float, str | None]]:
+    """(content, occurred_at, content of the passage that superseded it) for every passage."""
+
+    async def go() -> list[tuple[str, float, str | None]]:
+        async with MemoryStore(db, agent) as store:
+            rows = await store.passages.all()
+        by_id = {r.id: r.content for r in rows}
+        return sorted((r.content, r.occurred_at, by_id.get(r.superseded_by or 0)) for r in rows)
+
+    return anyio.run(go)
+
+
+def test_export_import_and_migrate_carry_when_and_what_replaced_what(tmp_path: Path) -> None:
+    db = db_location(tmp_path)
+    seed_history(db, "alice")
+    expected = [
+        ("Ana likes tea", 1_610_000_000.0, None),
+        ("Ana lives in Lyon", 1_600_000_000.0, "Ana moved to Porto"),
+        ("Ana moved to Oslo", 1_700_000_000.0, None),
+        ("Ana moved to Porto", 1_650_000_000.0, "Ana moved to Oslo"),
+    ]
+    assert facts(db, "alice") == expected
+    out = tmp_path / "alice.json"
+    assert main(["memory", "export", "--db", db, "--agent", "alice", "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["format_version"] == 2
+    lyon = next(p for p in doc["passages"] if p["content"] == "Ana lives in Lyon")
+    assert lyon["occurred_at"] == "2020-09-13T12:26:40.000000Z" and isinstance(lyon["superseded_by"], int)
+
+    db2 = another_db_location(tmp_path, "other.db")
+    seed_history(db2, "bob")  # ids in the second database differ from the export's
+    assert main(["memory", "import", str(out), "--db", db2, "--agent", "carol"]) == 0
+    assert facts(db2, "carol") == expected
+    assert main(["memory", "import", str(out), "--db", db2, "--agent", "carol", "--replace"]) == 0
+    assert facts(db2, "carol") == expected  # a second import adds nothing and links nothing new
+    assert facts(db2, "bob") == expected  # the other namespace is untouched
+
+    dest = another_db_location(tmp_path, "dest.db")
+    argv = ["memory", "migrate", "--from", db, "--to", dest, "--agent", "alice"]
+    assert main(argv) == 0
+    assert facts(dest, "alice") == expected
+
+    # the moved passages behave: exact duplicates are found by their recomputed digests
+    async def duplicate() -> int | None:
+        async with MemoryStore(dest, "alice") as store:
+            return (await store.passages.store(PassageIn("ANA LIKES TEA"))).duplicate_of
+
+    assert anyio.run(duplicate) is not None
+
+
+def test_a_version_one_export_imports_with_occurred_at_from_created_at(tmp_path: Path) -> None:
+    doc = {
+        "format": "kernmind-memory",
+        "format_version": 1,
+        "blocks": [],
+        "passages": [
+            {"content": "met Ada in Paris", "tags": ["travel"], "created_at": "2024-03-10T12:00:00Z"}
+        ],
+    }
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(doc))
+    db = db_location(tmp_path)
+    assert main(["memory", "import", str(path), "--db", db]) == 0
+    assert facts(db, "default") == [("met Ada in Paris", 1710072000.0, None)]
+
+
+def test_an_export_whose_supersede_links_loop_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = {
+        "format": "kernmind-memory",
+        "passages": [
+            {"id": 1, "content": "a", "created_at": "2024-03-10T12:00:00Z", "superseded_by": 2},
+            {"id": 2, "content": "b", "created_at": "2024-03-10T12:00:00Z", "superseded_by": 1},
+        ],
+    }
+    path = tmp_path / "loop.json"
+    path.write_text(json.dumps(doc))
+    db = db_location(tmp_path)
+    assert main(["memory", "import", str(path), "--db", db]) == 1
+    assert "loop" in capsys.readouterr().err
+    assert facts(db, "default") == []
+    doc["passages"][1]["id"] = 1
+    path.write_text(json.dumps(doc))
+    assert main(["memory", "import", str(path), "--db", db]) == 1
+    assert "more than once" in capsys.readouterr().err
+
+
+def test_search_from_the_shell_shows_superseded_passages_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = db_location(tmp_path)
+    ids = seed_history(db, "default")
+    capsys.readouterr()
+    assert main(["memory", "search", "Ana moved", "--db", db, "--embedding-model", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "Ana moved to Oslo" in out and "Porto" not in out
+    assert (
+        main(
+            ["memory", "search", "Ana moved", "--include-superseded", "--db", db, "--embedding-model", "none"]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert f"superseded by #{ids['oslo']}" in out and "2022-04-15T" in out

@@ -200,3 +200,41 @@ async def test_concurrent_searches_take_new_rows_in_once(tmp_path: Path, embedde
         assert index is not None and len(index) == 50
         ids = index.candidates().ids  # type: ignore[union-attr]
         assert (np.diff(ids) > 0).all()
+
+
+async def test_time_facets_read_occurred_at_and_superseding_elsewhere_hides_rows(
+    tmp_path: Path, embedder: StaticEmbedder
+) -> None:
+    """The index's time is when a fact occurred (not when it was stored), and passages another
+    process supersedes drop out of live-only candidates at the next refresh (and come back when the
+    superseding passage is deleted)."""
+    items = notes(40)
+    for i, p in enumerate(items):
+        p.created_at, p.occurred_at = 1_800_000_000.0 + i, 1_500_000_000.0 + i * 86400  # stored later
+    location = db_location(tmp_path)
+    async with MemoryStore(location) as a_store, MemoryStore(location) as b_store:
+        ids = await store_embedded(a_store, embedder, items)
+        index = Archive(a_store.passages, embedder).recall.index
+        assert index is not None
+        await index.refresh()
+        start, end = 1_500_000_000.0 + 10 * 86400, 1_500_000_000.0 + 20 * 86400
+        snap = index.candidates(Facets(start=start, end=end))
+        assert snap is not None and snap.rows is not None
+        assert snap.ids[snap.rows].tolist() == ids[10:20]
+        assert index.candidates(Facets(start=1_800_000_000.0)) is None  # nothing *occurred* then
+
+        [vec] = embedder.embed_now(["the corrected note"])
+        newer = await b_store.passages.store(
+            PassageIn("the corrected note", embedding=to_blob(vec), embedding_model=embedder.model),
+            [ids[3], ids[5]],
+        )
+        await index.refresh()
+        live = index.candidates(Facets(live_only=True))
+        assert live is not None and live.rows is not None
+        assert set(live.ids[live.rows].tolist()) == (set(ids) - {ids[3], ids[5]}) | {newer.id}
+        every = index.candidates(Facets())
+        assert every is not None and every.rows is None and len(every.ids) == 41
+        await b_store.passages.delete(newer.id)
+        await index.refresh()
+        back = index.candidates(Facets(live_only=True))
+        assert back is not None and back.rows is None and back.ids.tolist() == ids

@@ -6,9 +6,10 @@ The domain (no MCP in it):
                  the filters on them) and time helpers.
     blocks       the rules of blocks: labels, limits, read-only, versions, and the edits themselves.
     block_store  blocks of one namespace in a transaction: versions, history, undo, seeding.
-    passages     archival passages of one namespace: storing, deleting, tags, vector bookkeeping.
+    passages     archival passages of one namespace: storing, deleting, tags, times, exact
+                 duplicates, superseding (chains, undo by delete), vector bookkeeping.
     fulltext     how text becomes search terms (word forms; CJK/Thai character bigrams).
-    archival     archival passages: store (embedding on insert), search, delete.
+    archival     archival passages: store (embedding, near-duplicate notes), search, delete.
     embeddings   the embedder interface, the static model, the OpenAI-compatible client.
     minilm       the default model: all-MiniLM-L6-v2 as an int8 ONNX graph, offline, files checked.
     vector_index the in-memory vector index: exact search, filters in memory, coherent with writers.

@@ -10,26 +10,44 @@ Design
   vector rankings. Passages stored without a vector are embedded in the background.
 * An empty query lists the newest passages (``mode: "recent"``); a query with no searchable
   words (only emoji or punctuation) matches nothing and says so.
+* Time: a passage has ``occurred_at``, when its fact happened or was said (the caller's ISO
+  date or datetime; default: when it is stored), and ``start_datetime`` / ``end_datetime``
+  filter on it, not on when it was stored.
+* Facts that change: an insert may name the passages it ``supersedes``; they stay stored but
+  searches leave them out unless ``include_superseded`` (passages.py keeps the chains, and
+  undoes them when the newer passage is deleted). An insert whose text a live passage already
+  holds (case and whitespace aside) stores nothing and returns that passage
+  (``duplicate_of``). An insert close in meaning to live passages — cosine similarity at or
+  above the embedder's ``duplicate_similarity``, a figure calibrated per model
+  (benchmarks/bench_duplicates.py) — is stored, and its note names them, so the agent can
+  supersede them by inserting the same text again with ``supersedes``.
 
 Error policy
 ------------
-Bad arguments (empty or oversized content, malformed dates, unknown id) raise
-``MemoryRefusal`` with what to do instead; an unavailable embedder never fails a call.
+Bad arguments (empty or oversized content, malformed dates, unknown ids, superseding a passage
+that is already superseded) raise ``MemoryRefusal`` with what to do instead, and nothing is
+stored; an unavailable embedder never fails a call (it only skips the near-duplicate check).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+import anyio.to_thread
 
 from kernmind.memory.database import PassageFilter
 from kernmind.memory.embeddings import Embedder
 from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.fulltext import NO_TERMS_NOTE, query_terms
-from kernmind.memory.passages import Passages, normalize_tags
-from kernmind.memory.recall import Recall
-from kernmind.memory.records import PassageIn, PassageRow, time_range
+from kernmind.memory.passages import Passages, Stored, check_ids, normalize_tags
+from kernmind.memory.recall import Recall, Vector
+from kernmind.memory.records import Facets, PassageIn, PassageRow, iso, parse_when, time_range
+
+NEAR_DUPLICATES = 3  # live passages a note names at most
+NEAR_THREAD_FLOATS = 250_000  # a bigger index is scored in a worker thread, beside the insert's write
+SNIPPET_CHARS = 80
 
 
 @dataclass(slots=True)
@@ -43,7 +61,11 @@ class SearchOutcome:
 class InsertOutcome:
     id: int
     created_at: float
+    occurred_at: float
     embedded: bool
+    duplicate_of: int | None = None
+    superseded: list[int] = field(default_factory=list)
+    similar: list[int] = field(default_factory=list)  # live passages close in meaning (near-duplicates)
     note: str | None = None
 
 
@@ -58,15 +80,122 @@ class Archive:
     def embedder(self) -> Embedder | None:
         return self.recall.embedder
 
-    async def insert(self, content: str, tags: Sequence[str] = ()) -> InsertOutcome:
+    async def insert(
+        self,
+        content: str,
+        tags: Sequence[str] = (),
+        *,
+        occurred_at: str | None = None,
+        supersedes: Sequence[int] = (),
+    ) -> InsertOutcome:
+        """Store a passage (see the module docstring for duplicates and superseding)."""
         self.passages.check(content)
-        vector = await self.recall.vector_for(content)
-        [(pid, ts)] = await self.passages.add(
-            [PassageIn(content, list(tags), None, vector.blob, vector.model)]
-        )
-        return InsertOutcome(pid, ts, vector.blob is not None, vector.note)
+        occurred = parse_when(occurred_at) if occurred_at and occurred_at.strip() else None
+        wanted = check_ids(supersedes)
+        normalize_tags(tags)  # refuse bad tags before embedding
+        duplicate = await self.passages.live_duplicate(content)
+        if duplicate is not None and not wanted:
+            return self._outcome(duplicate, tags, occurred, Vector(None, None, None), [])
+        vector = Vector(None, None, None) if duplicate is not None else await self.recall.vector_for(content)
+        similar: list[PassageRow] = []
 
-    async def delete(self, passage_id: int) -> PassageRow:
+        async def look_for_similar() -> None:
+            nonlocal similar
+            similar = await self.near_duplicates(vector.blob, exclude=wanted, spare=1)
+
+        # the meaning search runs beside the write (a worker thread and the database's): an insert
+        # costs the longer of the two, not their sum (benchmarks/bench_supersede.py)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(look_for_similar)
+                stored = await self.passages.store(
+                    PassageIn(content, list(tags), None, vector.blob, vector.model, occurred), wanted
+                )
+        except* MemoryRefusal as refused:  # the search was cancelled; the refusal is the answer
+            raise refused.exceptions[0] from None
+        if stored.duplicate_of is not None:
+            similar = []
+        similar = [r for r in similar if r.id != stored.id][:NEAR_DUPLICATES]  # the index may hold it already
+        return self._outcome(stored, tags, occurred, vector, similar)
+
+    def _outcome(
+        self,
+        stored: Stored,
+        tags: Sequence[str],
+        occurred: float | None,
+        vector: Vector,
+        similar: list[PassageRow],
+    ) -> InsertOutcome:
+        notes = [vector.note] if vector.note else []
+        if stored.duplicate_of is not None:
+            differs = []
+            if normalize_tags(tags) and set(normalize_tags(tags)) != set(stored.tags):
+                differs.append(f"its tags stay {stored.tags}")
+            if occurred is not None and occurred != stored.occurred_at:
+                differs.append(f"its occurred_at stays {iso(stored.occurred_at)}")
+            notes.append(
+                f"Passage {stored.id} already says this (case and spacing aside), so nothing new was stored"
+                + (f"; {' and '.join(differs)}" if differs else "")
+                + f". To record a change of this fact, insert the new text with supersedes=[{stored.id}]."
+            )
+        if stored.superseded:
+            notes.append(
+                f"Passage{'s' if len(stored.superseded) > 1 else ''} {_ids(stored.superseded)} "
+                f"{'are' if len(stored.superseded) > 1 else 'is'} now superseded by passage {stored.id}: kept, "
+                "but left out of searches unless include_superseded=true. Deleting passage "
+                f"{stored.id} makes {'them' if len(stored.superseded) > 1 else 'it'} live again."
+            )
+        if similar:
+            listed = "; ".join(f"{r.id}: {_snippet(r.content)!r}" for r in similar)
+            ids = [r.id for r in similar]
+            notes.append(
+                f"Close in meaning to live passage{'s' if len(ids) > 1 else ''} {listed}. If this replaces "
+                f"{'them' if len(ids) > 1 else 'it'}, call archival_memory_insert again with the same content and "
+                f"supersedes={ids} (nothing new is stored; {'they are' if len(ids) > 1 else 'it is'} marked "
+                f"superseded by passage {stored.id}); if not, nothing to do."
+            )
+        return InsertOutcome(
+            stored.id,
+            stored.created_at,
+            stored.occurred_at,
+            stored.embedded,
+            stored.duplicate_of,
+            stored.superseded,
+            [r.id for r in similar],
+            " ".join(notes) or None,
+        )
+
+    async def near_duplicates(
+        self, blob: bytes | None, *, exclude: Sequence[int] = (), spare: int = 0
+    ) -> list[PassageRow]:
+        """Live passages at least the embedder's ``duplicate_similarity`` close to a vector, best
+        first: at most NEAR_DUPLICATES, plus ``spare`` for the caller to drop."""
+        # objects that only embed (a benchmark's function) have no calibrated figure: no check
+        threshold = getattr(self.embedder, "duplicate_similarity", None)
+        index = self.recall.index
+        if blob is None or threshold is None or index is None:
+            return []
+        import numpy as np
+
+        from kernmind.memory.vector_index import nearest
+
+        await index.refresh()
+        candidates = index.candidates(Facets(live_only=True))
+        if candidates is None:
+            return []
+        query = np.frombuffer(blob, dtype="<f4")
+        k = NEAR_DUPLICATES + spare + len(exclude)
+        if candidates.matrix.size > NEAR_THREAD_FLOATS:
+            ids = await anyio.to_thread.run_sync(nearest, candidates, query, k, threshold)
+        else:
+            ids = nearest(candidates, query, k, threshold)
+        skip = set(exclude)
+        ids = [i for i in ids if i not in skip][: NEAR_DUPLICATES + spare]
+        rows = await self.passages.get(ids)
+        return [rows[i] for i in ids if i in rows and rows[i].superseded_by is None]
+
+    async def delete(self, passage_id: int) -> tuple[PassageRow, list[int]]:
+        """Delete a passage; (what it was, the passages it superseded, live again now)."""
         return await self.passages.delete(passage_id)
 
     async def search(
@@ -79,6 +208,7 @@ class Archive:
         start_datetime: str | None = None,
         end_datetime: str | None = None,
         page: int = 0,
+        include_superseded: bool = False,
     ) -> SearchOutcome:
         if tag_match_mode not in ("any", "all"):
             raise MemoryRefusal("tag_match_mode must be 'any' or 'all', got {mode!r}.", mode=tag_match_mode)
@@ -87,7 +217,7 @@ class Archive:
         if page < 0:
             raise MemoryRefusal("page must be 0 or more, got {page}.", page=page)
         start, end = time_range(start_datetime, end_datetime)
-        where = PassageFilter(tuple(normalize_tags(tags)), tag_match_mode, start, end)
+        where = PassageFilter(tuple(normalize_tags(tags)), tag_match_mode, start, end, include_superseded)
         offset = page * top_k
         if not query.strip():
             return SearchOutcome(await self.passages.search_text("", where, top_k, offset), "recent")
@@ -95,3 +225,12 @@ class Archive:
             return SearchOutcome([], "bm25", NO_TERMS_NOTE)
         ranked = await self.recall.rank(query, where, top_k, offset)
         return SearchOutcome(ranked.rows, ranked.mode, ranked.note)
+
+
+def _ids(ids: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in ids)
+
+
+def _snippet(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= SNIPPET_CHARS else flat[: SNIPPET_CHARS - 1] + "…"

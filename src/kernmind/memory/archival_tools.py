@@ -24,9 +24,10 @@ from mcp.server.mcpserver import MCPServer
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field
 
+from kernmind.memory.archival import InsertOutcome
 from kernmind.memory.block_results import clip
 from kernmind.memory.conversations import MessageSearch, search_messages
-from kernmind.memory.records import iso
+from kernmind.memory.records import PassageRow, iso
 
 if TYPE_CHECKING:
     from kernmind.memory.tools import MemoryTools
@@ -38,15 +39,46 @@ class Passage(BaseModel):
     id: int
     content: str
     tags: list[str]
-    created_at: str
+    created_at: str = Field(description="when it was stored")
+    occurred_at: str = Field(description="when the fact happened or was said (what date filters read)")
     score: float | None = Field(description="higher is better (bm25, or fused rank score in hybrid mode)")
+    superseded_by: int | None = Field(
+        default=None,
+        description="the passage that replaced this one (only with include_superseded); null: current",
+    )
+
+    @classmethod
+    def of(cls, r: PassageRow) -> Passage:
+        return cls(
+            id=r.id, content=r.content, tags=r.tags, created_at=iso(r.created_at),
+            occurred_at=iso(r.occurred_at), score=r.score, superseded_by=r.superseded_by,
+        )  # fmt: skip
 
 
 class ArchivalInsertResult(BaseModel):
-    id: int
+    id: int = Field(
+        description="the passage holding the text: the new one, or the duplicate that already did"
+    )
     created_at: str
-    embedded: bool = Field(description="whether the passage got an embedding (meaning search)")
+    occurred_at: str
+    duplicate_of: int | None = Field(
+        description="set when a live passage already said this (case and whitespace aside): nothing new was stored"
+    )
+    superseded: list[int] = Field(description="passages this one now supersedes")
+    similar: list[int] = Field(
+        default_factory=list,
+        description="live passages close in meaning (possible restatements or older versions): see note",
+    )
+    embedded: bool = Field(description="whether the passage has an embedding (meaning search)")
     note: str | None = None
+
+    @classmethod
+    def of(cls, out: InsertOutcome) -> ArchivalInsertResult:
+        return cls(
+            id=out.id, created_at=iso(out.created_at), occurred_at=iso(out.occurred_at),
+            duplicate_of=out.duplicate_of, superseded=out.superseded, similar=out.similar,
+            embedded=out.embedded, note=out.note,
+        )  # fmt: skip
 
 
 class ArchivalSearchResult(BaseModel):
@@ -63,6 +95,9 @@ class ArchivalDeleteResult(BaseModel):
     id: int
     deleted: bool
     content: str
+    restored: list[int] = Field(
+        default_factory=list, description="passages this one had superseded, live (searchable) again"
+    )
 
 
 class Message(BaseModel):
@@ -108,24 +143,50 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
     @server.tool(
         description=(
             "Store a passage in long-term archival memory (searchable later by words, and by meaning "
-            "when embeddings are configured). Tag it for filtering."
+            "when embeddings are configured). Tag it for filtering. Give occurred_at when the fact happened "
+            "or was said at another time than now (date filters in search read it). When a fact changes "
+            "(a new address, a changed plan), pass the ids of the passages it replaces in supersedes: they "
+            "are kept but left out of searches (deleting the new passage brings them back). Text a current "
+            "passage already holds is not stored twice; the result's note names passages close in meaning."
         ),
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False),
     )
     async def archival_memory_insert(
         content: Annotated[str, Field(description="The text to remember.")],
         tags: Annotated[list[str], Field(description="Tags for filtering searches.")] = [],  # noqa: B006
+        occurred_at: Annotated[
+            str | None,
+            Field(
+                description=(
+                    "When the fact happened or was said: ISO date ('2023-05-07') or datetime "
+                    "('2023-05-07T18:30:00Z'; without an offset it is UTC). Default: now."
+                )
+            ),
+        ] = None,
+        supersedes: Annotated[
+            list[int],
+            Field(
+                description=(
+                    "Ids of current passages this one replaces (from archival_memory_search). They stay "
+                    "stored, marked superseded_by this passage, and searches leave them out unless "
+                    "include_superseded is true. A passage already superseded cannot be superseded again: "
+                    "name its newer version."
+                )
+            ),
+        ] = [],  # noqa: B006
     ) -> ArchivalInsertResult:
-        out = await call(memory_tools.archive.insert(content, tags))
-        return ArchivalInsertResult(
-            id=out.id, created_at=iso(out.created_at), embedded=out.embedded, note=out.note
+        out = await call(
+            memory_tools.archive.insert(content, tags, occurred_at=occurred_at, supersedes=supersedes)
         )
+        return ArchivalInsertResult.of(out)
 
     @server.tool(
         description=(
             "Search archival memory, best match first. Full-text ranking matches word forms and "
             "passages with only some of the words; with embeddings configured it also ranks by meaning. "
-            "Filters (tags, dates) apply before top_k and paging. An empty query lists the newest passages."
+            "Filters (tags, dates) apply before top_k and paging; the dates are when the facts happened "
+            "(occurred_at). Passages replaced by newer ones (superseded) are left out unless "
+            "include_superseded is true. An empty query lists the newest passages."
         ),
         annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
     )
@@ -138,15 +199,26 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
         top_k: Annotated[int, Field(description="Results per page.", ge=1, le=100)] = 10,
         start_datetime: Annotated[
             str | None,
-            Field(description="Only passages created at or after this ISO date/datetime (UTC)."),
+            Field(description="Only passages whose fact occurred at or after this ISO date/datetime (UTC)."),
         ] = None,
         end_datetime: Annotated[
             str | None,
             Field(
-                description="Only passages created before this ISO datetime (a date alone includes that day)."
+                description=(
+                    "Only passages whose fact occurred before this ISO datetime (a date alone includes that day)."
+                )
             ),
         ] = None,
         page: Annotated[int, Field(description="Page of results, from 0.", ge=0)] = 0,
+        include_superseded: Annotated[
+            bool,
+            Field(
+                description=(
+                    "Also return passages replaced by newer ones (each says superseded_by): the history of "
+                    "a fact that changed."
+                )
+            ),
+        ] = False,
     ) -> ArchivalSearchResult:
         out = await call(
             memory_tools.archive.search(
@@ -157,13 +229,11 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
                 start_datetime=start_datetime,
                 end_datetime=end_datetime,
                 page=page,
+                include_superseded=include_superseded,
             )
         )
         return ArchivalSearchResult(
-            results=[
-                Passage(id=r.id, content=r.content, tags=r.tags, created_at=iso(r.created_at), score=r.score)
-                for r in out.results
-            ],
+            results=[Passage.of(r) for r in out.results],
             mode=out.mode,
             note=out.note,
             page=page,
@@ -171,14 +241,17 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
         )
 
     @server.tool(
-        description="Delete a passage from archival memory by id (from archival_memory_search).",
+        description=(
+            "Delete a passage from archival memory by id (from archival_memory_search). Passages it had "
+            "superseded become current again."
+        ),
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False),
     )
     async def archival_memory_delete(
         id: Annotated[int, Field(description="The passage id.")],
     ) -> ArchivalDeleteResult:
-        row = await call(memory_tools.archive.delete(id))
-        return ArchivalDeleteResult(id=row.id, deleted=True, content=row.content)
+        row, restored = await call(memory_tools.archive.delete(id))
+        return ArchivalDeleteResult(id=row.id, deleted=True, content=row.content, restored=restored)
 
 
 def register_conversation_search(memory_tools: MemoryTools, server: MCPServer) -> None:

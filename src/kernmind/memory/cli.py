@@ -3,7 +3,7 @@
 Usage::
 
     kernmind memory show [LABEL]                 every block (a table), or one block's value
-    kernmind memory search QUERY [--top-k N] [--tag T …]
+    kernmind memory search QUERY [--top-k N] [--tag T …] [--include-superseded]
     kernmind memory export [-o FILE] [--with-history]
     kernmind memory import FILE|- [--replace]
     kernmind memory migrate --from sqlite:PATH --to postgresql://… [--agent NAME]
@@ -76,6 +76,9 @@ def add_parser(sub: Any, settings_flags: argparse.ArgumentParser) -> None:
     search.add_argument(
         "--tag", action="append", dest="tags", help="only passages with this tag (repeatable)"
     )
+    search.add_argument(
+        "--include-superseded", action="store_true", help="also show passages that newer ones replaced"
+    )
     export = actions.add_parser("export", parents=[settings_flags], help="write the namespace as JSON")
     export.add_argument("-o", "--output", help="write here instead of stdout")
     export.add_argument("--with-history", action="store_true", help="include every block's change history")
@@ -115,7 +118,9 @@ async def _show(settings: Settings, label: str | None) -> str:
     return "\n".join(lines)
 
 
-async def _search(settings: Settings, query: str, top_k: int, tags: list[str] | None) -> str:
+async def _search(
+    settings: Settings, query: str, top_k: int, tags: list[str] | None, include_superseded: bool = False
+) -> str:
     async with MemoryStore.from_settings(settings) as store:
         embedder = make_embedder(settings)
         archive = Archive(store.passages, embedder)
@@ -126,7 +131,7 @@ async def _search(settings: Settings, query: str, top_k: int, tags: list[str] | 
             except EmbeddingUnavailable as exc:
                 print(f"kernmind memory search: meaning search unavailable ({exc})", file=sys.stderr)
         try:
-            out = await archive.search(query, tags=tags, top_k=top_k)
+            out = await archive.search(query, tags=tags, top_k=top_k, include_superseded=include_superseded)
         finally:
             if embedder is not None:
                 await embedder.aclose()
@@ -134,7 +139,9 @@ async def _search(settings: Settings, query: str, top_k: int, tags: list[str] | 
     for r in out.results:
         score = "" if r.score is None else f"  score {r.score:.4f}"
         tag_text = f"  tags {', '.join(r.tags)}" if r.tags else ""
-        lines.append(f"\n#{r.id}  {iso(r.created_at)}{score}{tag_text}\n{r.content}")
+        stored = f"  (stored {iso(r.created_at)})" if r.occurred_at != r.created_at else ""
+        replaced = f"  superseded by #{r.superseded_by}" if r.superseded_by is not None else ""
+        lines.append(f"\n#{r.id}  {iso(r.occurred_at)}{stored}{score}{tag_text}{replaced}\n{r.content}")
     return "\n".join(lines)
 
 
@@ -193,7 +200,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             print(anyio.run(_show, settings, args.label))
             return 0
         if args.action == "search":
-            print(anyio.run(_search, settings, args.query, args.top_k, args.tags))
+            print(anyio.run(_search, settings, args.query, args.top_k, args.tags, args.include_superseded))
             return 0
         if args.action == "export":
             return _run_export(args, settings)

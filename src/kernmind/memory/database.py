@@ -46,16 +46,24 @@ class Tx(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class PassageFilter:
-    """Which passages a search may return: tags (any/all of them) and a creation-time range."""
+    """Which passages a search may return: tags (any/all of them), a range of when they happened
+    (``occurred_at``), and whether superseded passages are included."""
 
     tags: tuple[str, ...] = ()
     tag_match_mode: Literal["any", "all"] = "any"
     start: float | None = None
     end: float | None = None
+    include_superseded: bool = False
 
     @property
     def narrows(self) -> bool:
+        """Whether tags or times narrow the passages (hiding superseded ones is :attr:`hides`)."""
         return bool(self.tags) or self.start is not None or self.end is not None
+
+    @property
+    def hides(self) -> bool:
+        """Whether superseded passages are left out (a condition only where some exist)."""
+        return not self.include_superseded
 
 
 def redacted_location(location: str) -> str:
@@ -63,15 +71,18 @@ def redacted_location(location: str) -> str:
     return re.sub(r"^([a-z]+://[^:/@]*:)[^@]*@", r"\1***@", location)
 
 
-def namespace_and_time_sql(namespace: str, start: float | None, end: float | None) -> tuple[str, list[Any]]:
-    """SQL conditions on a table ``p``: rows of ``namespace`` created in [start, end)."""
+def namespace_and_time_sql(
+    namespace: str, start: float | None, end: float | None, column: str = "created_at"
+) -> tuple[str, list[Any]]:
+    """SQL conditions on a table ``p``: rows of ``namespace`` whose time ``column`` (a trusted
+    name: ``created_at``, a passage's ``occurred_at``) is in [start, end)."""
     sql = " AND p.namespace = ?"
     params: list[Any] = [namespace]
     if start is not None:
-        sql += " AND p.created_at >= ?"
+        sql += f" AND p.{column} >= ?"
         params.append(start)
     if end is not None:
-        sql += " AND p.created_at < ?"
+        sql += f" AND p.{column} < ?"
         params.append(end)
     return sql, params
 

@@ -59,6 +59,9 @@ class Embedder(Protocol):
     model: str
     # cosine similarity below which a text is "unrelated" for this model (None: rank everything)
     min_similarity: float | None
+    # cosine similarity from which a new passage is reported as a near-duplicate of a stored one,
+    # calibrated per model with benchmarks/bench_duplicates.py (None: not calibrated, no report)
+    duplicate_similarity: float | None
 
     async def ready(self) -> None:
         """Load what embedding needs (a model file); raises EmbeddingUnavailable if it cannot."""
@@ -79,6 +82,7 @@ class LocalEmbedder:
     inline_texts: int  # embed up to this many texts on the event loop (cheaper than a thread hop)
     model: str
     min_similarity: float | None
+    duplicate_similarity: float | None = None  # set by a model calibrated with bench_duplicates.py
 
     def __init__(self) -> None:
         self._loaded = False
@@ -137,6 +141,9 @@ class StaticEmbedder(LocalEmbedder):
     # Below this cosine similarity a note is unrelated to a query: on the paraphrase benchmark 99 % of
     # unrelated (query, note) pairs score under 0.20 and 95 % under 0.12, and cutting at 0.12 cost no hit.
     min_similarity = 0.12
+    # Near-duplicate reports (benchmarks/bench_duplicates.py): the best F0.5 for paraphrases vs related
+    # facts; a bag of tokens cannot tell "X" from "not X", so negations are reported too.
+    duplicate_similarity = 0.83
     WEIGHTS = "weights/l2_supercat_256.safetensors"
     TOKENIZER = "tokenizers/l2_supercat_tokenizer_config.json"
 
@@ -174,6 +181,7 @@ class OpenAIEmbedder:
     """Embeddings from an OpenAI-compatible endpoint, with a circuit breaker."""
 
     min_similarity = None  # scales differ between models: rank everything
+    duplicate_similarity = None  # likewise: no near-duplicate reports without a calibration
 
     def __init__(
         self,

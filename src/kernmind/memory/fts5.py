@@ -19,6 +19,11 @@ Design
   table (one agent per file, the usual case) and nothing else filters, the ranking does not
   even read each match's row to check its namespace (≈ 2 µs a match), and the page's rows
   are checked instead (a namespace created in between can only shorten that one page).
+* Texts hidden from searches unless asked (superseded passages) carry the token ``hidden`` in
+  a second index column, ``state`` (``hidden_state``; sqlite.py's triggers keep it current),
+  so a search that leaves them out says so in its ``MATCH`` (``body : (…) NOT state : hidden``)
+  and keeps the plan that reads no row per match; the query's own terms only ever match
+  ``body``.
 * A query with no terms at all lists the newest passages (score ``None``); callers that
   got a non-empty query without terms say so instead of calling this (archival.py).
 
@@ -47,7 +52,9 @@ class FTS5Ranking:
     """bm25 search over one table ``p`` and its FTS5 index ``{table}_fts``.
 
     ``columns`` are selected from ``p`` (the row's id first), ``conditions(namespace, where)``
-    gives the filter's SQL and parameters, and ``make_row(row, score)`` builds a result.
+    gives the filter's SQL and parameters, and ``make_row(row, score)`` builds a result. With
+    ``hidden_state`` the index has the ``state`` column, and ``where.hides`` says whether a
+    search leaves hidden rows out (the conditions say so too, for the rows they read).
     """
 
     def __init__(
@@ -57,9 +64,11 @@ class FTS5Ranking:
         columns: str,
         conditions: Callable[[str, Any], tuple[str, list[Any]]],
         make_row: Callable[[Row, float | None], Any],
+        hidden_state: bool = False,
     ) -> None:
         self.db = db
         self.table = table
+        self.hidden_state = hidden_state
         self.conditions = conditions
         self.make_row = make_row
         fts = f"{table}_fts"
@@ -100,8 +109,13 @@ class FTS5Ranking:
             assert shape is not None
             total, shared = int(shape[0] or 0), bool(shape[1])
 
+            hides = self.hidden_state and where.hides  # only passage filters say whether they hide
+
+            def matching(expression: str) -> str:
+                return self._match(expression, hides=hides)
+
             async def ranked(match_terms: list[str], limit: int, offset: int) -> list[Row]:
-                match = fts_match(match_terms)
+                match = matching(fts_match(match_terms))
                 if shared or where.narrows:
                     return await tx.all(
                         self._ranked.format(where=conditions), [match, *params, limit, offset]
@@ -117,12 +131,19 @@ class FTS5Ranking:
                 head = await ranked(selective, offset + limit, 0)
                 rows = head[offset:]
                 if len(rows) < limit:
-                    match = f"({fts_match(common)}) NOT ({fts_match(selective)})"
+                    match = matching(f"({fts_match(common)}) NOT ({fts_match(selective)})")
                     rows += await tx.all(
                         self._newest_matching.format(where=conditions),
                         [match, *params, limit - len(rows), max(0, offset - len(head))],
                     )
         return [self.make_row(r[:-1], None if r[-1] is None else -float(r[-1])) for r in rows]
+
+    def _match(self, expression: str, *, hides: bool = False) -> str:
+        """A MATCH expression over the text (with ``hidden_state``: its ``body`` column, and
+        without hidden rows when ``hides``)."""
+        if not self.hidden_state:
+            return expression
+        return f"body : ({expression})" + (" NOT state : hidden" if hides else "")
 
     async def _split_terms(self, tx: Tx, terms: list[str], total: int) -> tuple[list[str], list[str]] | None:
         """(rarer terms, common terms) when the query has both; None when there is nothing to split."""
@@ -133,7 +154,7 @@ class FTS5Ranking:
             return None
         args: list[Any] = []
         for t in terms:
-            args += [fts_match([t]), threshold + 1]
+            args += [self._match(fts_match([t])), threshold + 1]
         dfs = await tx.one("SELECT " + ", ".join(self._count_term for _ in terms), args)
         assert dfs is not None
         selective = [t for t, df in zip(terms, dfs, strict=True) if df <= threshold]

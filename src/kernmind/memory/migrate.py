@@ -8,7 +8,8 @@ still works after the move), passages with their tags and vectors (no re-embeddi
 conversations with their messages and vectors. Rows are read from the source through its
 backend and written to the destination through its own, inside one write transaction on
 the destination: all or nothing. Ids of passages and messages are assigned anew by the
-destination (tags follow their passage).
+destination (tags follow their passage, and ``superseded_by`` its successor's new id); a
+passage keeps when its fact occurred, and its duplicate digest is computed again.
 
 ``sqlite:PATH``, a plain path, and ``postgresql://…`` name databases, so either direction works.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from kernmind.memory.errors import MemoryRefusal
+from kernmind.memory.passages import content_key
 from kernmind.memory.store import open_database
 
 # table -> (columns copied as they are, the order that keeps history in sequence)
@@ -36,7 +38,7 @@ TABLES: dict[str, tuple[str, str]] = {
         "id",
     ),
 }
-PASSAGE_COLUMNS = "content, search_text, tags, created_at, embedding, embedding_model"
+PASSAGE_COLUMNS = "content, search_text, tags, created_at, occurred_at, embedding, embedding_model"
 
 
 def database_location(text: str) -> str:
@@ -66,7 +68,8 @@ async def _copy(src: Any, dst: Any, namespace: str) -> dict[str, int]:
             for t, (c, order) in TABLES.items()
         }
         passages = await tx.all(
-            f"SELECT id, {PASSAGE_COLUMNS} FROM passages WHERE namespace = ? ORDER BY id", (namespace,)
+            f"SELECT id, superseded_by, {PASSAGE_COLUMNS} FROM passages WHERE namespace = ? ORDER BY id",
+            (namespace,),
         )
         tags = await tx.all("SELECT passage_id, tag FROM passage_tags WHERE namespace = ?", (namespace,))
     stats = {name: len(r) for name, r in rows.items()} | {"passages": len(passages)}
@@ -100,13 +103,18 @@ async def _copy(src: Any, dst: Any, namespace: str) -> dict[str, int]:
                 [(namespace, *r) for r in rows[table]],
             )
         new_ids: dict[int, int] = {}
-        for old_id, *values in passages:
+        for old_id, _successor, *values in passages:
             row = await tx.one(
-                f"INSERT INTO passages (namespace, {PASSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                (namespace, *values),
+                f"INSERT INTO passages (namespace, content_key, {PASSAGE_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (namespace, content_key(values[0]), *values),
             )
             assert row is not None
             new_ids[old_id] = int(row[0])
+        await tx.many(
+            "UPDATE passages SET superseded_by = ? WHERE id = ?",
+            [(new_ids[successor], new_ids[pid]) for pid, successor, *_ in passages if successor in new_ids],
+        )
         await tx.many(
             "INSERT INTO passage_tags (passage_id, namespace, tag) VALUES (?, ?, ?)",
             [(new_ids[pid], namespace, tag) for pid, tag in tags],

@@ -88,6 +88,9 @@ class MiniLMEmbedder(LocalEmbedder):
     # Below this cosine similarity a note is unrelated to a query: on the paraphrase benchmark 95 % of
     # unrelated (question, note) pairs score under 0.21, and the lowest true pair scores 0.22.
     min_similarity = 0.2
+    # At or above this cosine similarity an insert is reported as a near-duplicate of a stored
+    # passage: the best F0.5 for paraphrases vs related-but-different facts (benchmarks/bench_duplicates.py)
+    duplicate_similarity = 0.87
 
     def __init__(self, *, int8: bool = True) -> None:
         super().__init__()

@@ -1,15 +1,30 @@
-"""Archival passages of one namespace: storing, deleting, fetching, and their vectors' bookkeeping.
+"""Archival passages of one namespace: storing, replacing, deleting, fetching, and their vectors' bookkeeping.
 
 Design
 ------
 * A passage is its text, its tags (a JSON list on the row, plus one ``passage_tags`` row
-  per tag so tag filters use an index) and its creation time; ``search_text`` holds what
-  the full-text index needs beyond the text itself (fulltext.py).
+  per tag so tag filters use an index), when it was stored (``created_at``) and when the
+  fact happened or was said (``occurred_at``: given by the caller, else the time it was
+  stored; time filters read it); ``search_text`` holds what the full-text index needs beyond
+  the text itself (fulltext.py).
+* **Exact duplicates.** ``content_key`` is a digest of the text with case, Unicode forms
+  and whitespace runs folded (:func:`normalized`); :meth:`Passages.store` looks it up among
+  the namespace's live passages in the same write transaction as the insert, so an equal
+  text is never stored twice, even by two writers at once.
+* **Superseding.** ``superseded_by`` names the passage that replaced this one (NULL: live).
+  A superseded passage is kept, left out of searches unless they ask for it
+  (:attr:`PassageFilter.hides`). Only live passages can be superseded, so replacements form
+  chains (v1 <- v2 <- v3, each pointing at its direct successor) that never branch back or
+  loop. Deleting a passage splices it out of its chain: the passages it superseded now
+  point at its own successor, or become live again when it was the live end — deleting
+  the newest version restores the previous one, and no passage is ever left pointing at
+  nothing (the column's foreign key, ``ON DELETE SET NULL``, guards the same for any other
+  delete).
 * Each passage may carry a vector and the name of the model that made it; only vectors of
   the current model are searched, and passages whose vector is missing or from another
   model are what the embedder backfills (archival.py), so switching models re-embeds
   instead of mixing spaces.
-* Every change bumps the namespace's ``archive_gen`` counter (a delete also
+* Every change bumps the namespace's ``archive_gen`` counter (a delete or a supersede also
   ``archive_rewrites``), which the in-memory vector index compares to see writes made by
   other processes (texts.py, vector_index.py).
 * :func:`filter_sql` turns a :class:`PassageFilter` into SQL conditions on ``passages p``,
@@ -17,24 +32,64 @@ Design
 
 Error policy
 ------------
-Content that is empty or longer than ``max_chars``, over-long tags, and ids that are not
-passages of this namespace are refused (:class:`MemoryRefusal`); nothing is stored then.
+Content that is empty or longer than ``max_chars``, over-long tags, ids that are not
+passages of this namespace, and superseding a passage that is already superseded are
+refused (:class:`MemoryRefusal`); nothing is stored then.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import unicodedata
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from kernmind.memory.database import Database, PassageFilter, Tx, namespace_and_time_sql
 from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.fulltext import index_text
 from kernmind.memory.records import Facets, PassageIn, PassageRow, now_ts
-from kernmind.memory.texts import TextTable
+from kernmind.memory.texts import TextTable, chunks, marks
 
 MAX_ROW_ID = 2**63 - 1  # SQLite's (and PostgreSQL's bigint) largest integer
 MAX_TAG_CHARS = 100
+MAX_SUPERSEDES = 100  # ids one insert may supersede
+_SPACES = re.compile(r"\s+")
+
+
+def normalized(content: str) -> str:
+    """The text as duplicates are compared: Unicode-compatible forms (NFKC), case folded,
+    whitespace runs as one space, no leading or trailing space."""
+    return _SPACES.sub(" ", unicodedata.normalize("NFKC", content).casefold()).strip()
+
+
+def content_key(content: str) -> str:
+    """What the ``content_key`` column holds: a digest of :func:`normalized` (indexed, fixed size)."""
+    return hashlib.sha256(normalized(content).encode()).hexdigest()[:32]
+
+
+def check_ids(ids: Iterable[int], what: str = "supersedes") -> list[int]:
+    """Passage ids as a caller sent them: whole numbers in range, each once, at most MAX_SUPERSEDES."""
+    out = list(dict.fromkeys(ids))
+    bad = [i for i in out if isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= MAX_ROW_ID]
+    if bad:
+        raise MemoryRefusal(
+            "{remember} refused: {what} holds {bad}, which are not passage ids (whole numbers from 1, as "
+            "{remember} and {search} return them). Nothing was stored.",
+            what=what,
+            bad=bad,
+        )
+    if len(out) > MAX_SUPERSEDES:
+        raise MemoryRefusal(
+            "{remember} refused: {what} names {n} passages; one insert supersedes at most {max}. "
+            "Nothing was stored.",
+            what=what,
+            n=len(out),
+            max=MAX_SUPERSEDES,
+        )
+    return out
 
 
 def normalize_tags(tags: Iterable[str] | None) -> list[str]:
@@ -64,7 +119,9 @@ def filter_sql(
     phrases them as ``p.id IN (…)`` so the engine can start from the tag index when listing
     every match.
     """
-    sql, params = namespace_and_time_sql(namespace, where.start, where.end)
+    sql, params = namespace_and_time_sql(namespace, where.start, where.end, "occurred_at")
+    if where.hides:
+        sql += " AND p.superseded_by IS NULL"
     wanted = normalize_tags(where.tags)
     if not wanted:
         return sql, params
@@ -85,11 +142,26 @@ def filter_sql(
     return sql, [*params, *wanted]
 
 
-PASSAGE_COLUMNS = "p.id, p.content, p.tags, p.created_at"
+PASSAGE_COLUMNS = "p.id, p.content, p.tags, p.created_at, p.occurred_at, p.superseded_by"
 
 
 def passage_row(r: Sequence[Any], score: float | None = None) -> PassageRow:
-    return PassageRow(r[0], r[1], json.loads(r[2]), r[3], score)
+    """A row of :data:`PASSAGE_COLUMNS` as a :class:`PassageRow`."""
+    return PassageRow(r[0], r[1], json.loads(r[2]), r[3], r[4], score, r[5])
+
+
+@dataclass(slots=True)
+class Stored:
+    """What :meth:`Passages.store` did: the passage that now holds the text (new, or the live
+    duplicate that already held it) and the passages it superseded."""
+
+    id: int
+    created_at: float
+    occurred_at: float
+    duplicate_of: int | None = None
+    superseded: list[int] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)  # the stored passage's (a duplicate keeps its own)
+    embedded: bool = False  # whether the stored passage has a vector
 
 
 class Passages(TextTable):
@@ -116,7 +188,8 @@ class Passages(TextTable):
             )
 
     async def add(self, items: Sequence[PassageIn]) -> list[tuple[int, float]]:
-        """Store passages in one transaction; (id, created_at) for each."""
+        """Store passages in one transaction, as they are (no duplicate check: bulk loads,
+        benchmarks); (id, created_at) for each."""
         for item in items:
             self.check(item.content)
         async with self.db.write() as tx:
@@ -128,12 +201,13 @@ class Passages(TextTable):
         """One passage inside the caller's transaction (which must also bump the generation)."""
         tags = normalize_tags(item.tags)
         ts = item.created_at if item.created_at is not None else now_ts()
+        occurred = item.occurred_at if item.occurred_at is not None else ts
         row = await tx.one(
-            "INSERT INTO passages (namespace, content, search_text, tags, created_at, embedding, embedding_model) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            "INSERT INTO passages (namespace, content, search_text, tags, created_at, occurred_at, content_key, "
+            "embedding, embedding_model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
             (
-                self.namespace, item.content, index_text(item.content), json.dumps(tags), ts,
-                item.embedding, item.embedding_model,
+                self.namespace, item.content, index_text(item.content), json.dumps(tags), ts, occurred,
+                content_key(item.content), item.embedding, item.embedding_model,
             ),
         )  # fmt: skip
         assert row is not None
@@ -145,7 +219,8 @@ class Passages(TextTable):
             )
         return pid, ts
 
-    async def delete(self, passage_id: int) -> PassageRow:
+    async def delete(self, passage_id: int) -> tuple[PassageRow, list[int]]:
+        """Delete a passage; (what it was, the passages that are live again because it is gone)."""
         if not 1 <= passage_id <= MAX_ROW_ID:
             raise MemoryRefusal(
                 "{forget} refused: {id} is not a passage id (ids are whole numbers from 1 to {max}, as "
@@ -155,7 +230,7 @@ class Passages(TextTable):
             )
         async with self.db.write() as tx:
             r = await tx.one(
-                "SELECT id, content, tags, created_at FROM passages WHERE id = ? AND namespace = ?",
+                f"SELECT {PASSAGE_COLUMNS} FROM passages p WHERE p.id = ? AND p.namespace = ?",
                 (passage_id, self.namespace),
             )
             if r is None:
@@ -163,29 +238,116 @@ class Passages(TextTable):
                     "{forget} refused: there is no passage with id {id} in this memory. Find the id with {search}.",
                     id=passage_id,
                 )
+            row = passage_row(r)
+            replaced = await tx.all(
+                "SELECT id FROM passages WHERE superseded_by = ? AND namespace = ? ORDER BY id",
+                (passage_id, self.namespace),
+            )
+            # splice it out of its chain: what it superseded now points at its successor (None: live again)
+            await tx.run(
+                "UPDATE passages SET superseded_by = ? WHERE superseded_by = ? AND namespace = ?",
+                (row.superseded_by, passage_id, self.namespace),
+            )
             await tx.run("DELETE FROM passages WHERE id = ?", (passage_id,))
             await self.bump_generation(tx, rewrite=True)
-        return passage_row(r)
+        return row, [] if row.superseded_by is not None else [int(x[0]) for x in replaced]
 
     async def get(self, ids: Sequence[int]) -> dict[int, PassageRow]:
         return {r[0]: passage_row(r) for r in await self.rows_by_id(PASSAGE_COLUMNS, ids)}
 
     async def all(self) -> list[PassageRow]:
+        """Every passage of the namespace, superseded ones included, oldest first."""
         async with self.db.read() as tx:
             rows = await tx.all(
-                "SELECT id, content, tags, created_at FROM passages WHERE namespace = ? ORDER BY id",
+                f"SELECT {PASSAGE_COLUMNS} FROM passages p WHERE p.namespace = ? ORDER BY p.id",
                 (self.namespace,),
             )
         return [passage_row(r) for r in rows]
 
-    async def exists_in(self, tx: Tx, content: str, tags: list[str], created_at: float) -> bool:
-        return (
-            await tx.one(
-                "SELECT 1 FROM passages WHERE namespace = ? AND created_at = ? AND content = ? AND tags = ?",
-                (self.namespace, created_at, content, json.dumps(tags)),
-            )
-            is not None
+    async def find_in(self, tx: Tx, content: str, tags: list[str], created_at: float) -> int | None:
+        """The id of a passage with exactly this content, tags and creation time (an import's twin)."""
+        row = await tx.one(
+            "SELECT id FROM passages WHERE namespace = ? AND created_at = ? AND content = ? AND tags = ? "
+            "ORDER BY id LIMIT 1",
+            (self.namespace, created_at, content, json.dumps(tags)),
         )
+        return None if row is None else int(row[0])
+
+    # ---------------------------------------------------------------- duplicates and superseding
+
+    async def live_duplicate(self, content: str, tx: Tx | None = None) -> Stored | None:
+        """The oldest live passage whose text equals ``content`` (case and whitespace aside)."""
+        if tx is None:
+            async with self.db.read() as rtx:
+                return await self.live_duplicate(content, rtx)
+        want = normalized(content)
+        rows = await tx.all(
+            "SELECT id, content, tags, created_at, occurred_at, embedding IS NOT NULL FROM passages "
+            "WHERE namespace = ? AND content_key = ? AND superseded_by IS NULL ORDER BY id",
+            (self.namespace, content_key(content)),
+        )
+        for r in rows:
+            if normalized(r[1]) == want:  # the digest narrows; the text decides
+                return Stored(int(r[0]), r[3], r[4], int(r[0]), [], json.loads(r[2]), bool(r[5]))
+        return None
+
+    async def store(self, item: PassageIn, supersedes: Sequence[int] = ()) -> Stored:
+        """Store one passage unless a live passage already says the same (then that one is
+        returned, with ``duplicate_of``), and mark ``supersedes`` as replaced by whichever
+        holds the text — all in one transaction, or nothing when any id is refused."""
+        self.check(item.content)
+        wanted = check_ids(supersedes)
+        async with self.db.write() as tx:
+            out = await self.live_duplicate(item.content, tx)
+            targets = [i for i in wanted if out is None or i != out.id]  # a passage never supersedes itself
+            await self._check_supersedable(tx, targets)
+            if out is None:
+                pid, created = await self.add_in(tx, item)
+                out = Stored(
+                    pid, created, item.occurred_at if item.occurred_at is not None else created,
+                    tags=normalize_tags(item.tags), embedded=item.embedding is not None,
+                )  # fmt: skip
+            elif not targets:
+                return out  # nothing written
+            if targets:
+                for chunk in chunks(targets):
+                    await tx.run(
+                        f"UPDATE passages SET superseded_by = ? WHERE namespace = ? AND id IN ({marks(chunk)})",
+                        (out.id, self.namespace, *chunk),
+                    )
+            out.superseded = targets
+            await self.bump_generation(tx, rewrite=bool(targets))
+        return out
+
+    async def _check_supersedable(self, tx: Tx, ids: Sequence[int]) -> None:
+        """Refuse ids that are not live passages of this namespace."""
+        if not ids:
+            return
+        found: dict[int, int | None] = {}
+        for chunk in chunks(ids):
+            rows = await tx.all(
+                f"SELECT id, superseded_by FROM passages WHERE namespace = ? AND id IN ({marks(chunk)})",
+                (self.namespace, *chunk),
+            )
+            found.update((int(r[0]), r[1]) for r in rows)
+        unknown = [i for i in ids if i not in found]
+        if unknown:
+            raise MemoryRefusal(
+                "{remember} refused: supersedes names {ids}, but there is no passage with {that} in this memory. "
+                "Nothing was stored. Find the ids of the passages this one replaces with {search}.",
+                ids=unknown,
+                that="that id" if len(unknown) == 1 else "those ids",
+            )
+        replaced = {i: found[i] for i in ids if found[i] is not None}
+        if replaced:
+            raise MemoryRefusal(
+                "{remember} refused: {detail}. Only live passages can be superseded: supersede the newer "
+                "passage instead (the newest of its chain; {search} with include_superseded=true shows each "
+                "passage's superseded_by). Nothing was stored.",
+                detail="; ".join(
+                    f"passage {i} is already superseded by passage {by}" for i, by in replaced.items()
+                ),
+            )
 
     async def search_text(
         self, query: str, where: PassageFilter, limit: int, offset: int = 0
@@ -198,5 +360,8 @@ class Passages(TextTable):
     def labels(self, value: str) -> list[str]:
         return list(json.loads(value))
 
+    time_column = "occurred_at"
+    hidden_column = "superseded_by"
+
     def facets(self, where: PassageFilter) -> Facets:
-        return Facets(where.tags, where.tag_match_mode == "all", where.start, where.end)
+        return Facets(where.tags, where.tag_match_mode == "all", where.start, where.end, where.hides)

@@ -19,7 +19,8 @@ Design
   matching more terms rank higher. Vectors are ``bytea`` searched exactly in numpy, as with
   SQLite (Debian 12's main repository has no pgvector).
 * Schema versions live in ``kernmind_schema``; migrations run under an advisory lock, so
-  replicas starting together migrate once.
+  replicas starting together migrate once. A migration is SQL, optionally followed by a
+  Python step (``AFTER_MIGRATION``), in the same transaction.
 * Replicas: :meth:`PostgresDatabase.announce` sends ``NOTIFY kernmind_memory`` after a block
   changes, and :meth:`PostgresDatabase.listen` yields what other processes announced, so
   resource-change notifications reach subscribers of every replica.
@@ -37,7 +38,7 @@ import functools
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import psycopg
@@ -46,7 +47,7 @@ from psycopg_pool import AsyncConnectionPool
 from kernmind.memory.conversations import MESSAGE_COLUMNS, message_filter_sql, message_row
 from kernmind.memory.database import Row, redacted_location
 from kernmind.memory.fulltext import query_terms
-from kernmind.memory.passages import PASSAGE_COLUMNS, filter_sql, passage_row
+from kernmind.memory.passages import PASSAGE_COLUMNS, content_key, filter_sql, passage_row
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +139,38 @@ MIGRATIONS: list[str] = [
     ALTER TABLE namespaces ADD COLUMN archive_rewrites BIGINT NOT NULL DEFAULT 0,
         ADD COLUMN conversation_rewrites BIGINT NOT NULL DEFAULT 0;
     """,
+    # 3: facts in time and facts that replace others (passages.py): when a passage's fact happened
+    # (stored ones: when they were stored), the passage that superseded it, and the digest of its
+    # normalised text for exact-duplicate look-ups (filled by _fill_content_keys)
+    """
+    ALTER TABLE passages ADD COLUMN occurred_at DOUBLE PRECISION,
+        ADD COLUMN superseded_by BIGINT REFERENCES passages(id) ON DELETE SET NULL,
+        ADD COLUMN content_key TEXT;
+    UPDATE passages SET occurred_at = created_at;
+    ALTER TABLE passages ALTER COLUMN occurred_at SET NOT NULL;
+    CREATE INDEX passages_by_occurrence ON passages (namespace, occurred_at);
+    CREATE INDEX passages_by_content_key ON passages (namespace, content_key);
+    CREATE INDEX passages_superseded ON passages (superseded_by) WHERE superseded_by IS NOT NULL;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+async def _fill_content_keys(conn: psycopg.AsyncConnection[Any]) -> None:
+    """After migration 3: the duplicate digest of every stored passage (computed in Python, as on insert)."""
+    cur = await conn.execute("SELECT id, content FROM passages")
+    rows = await cur.fetchall()
+    async with conn.cursor() as c:
+        await c.executemany(
+            "UPDATE passages SET content_key = %s WHERE id = %s",
+            [(content_key(text), pid) for pid, text in rows],
+        )
+
+
+# Python steps that run after a migration's SQL, by the version the migration produces.
+AFTER_MIGRATION: dict[int, Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]] = {
+    3: _fill_content_keys
+}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -267,6 +298,8 @@ class PostgresDatabase:
                 )
             for version in range(current, SCHEMA_VERSION):
                 await conn.execute(MIGRATIONS[version])  # type: ignore[arg-type]
+                if (step := AFTER_MIGRATION.get(version + 1)) is not None:
+                    await step(conn)
                 await conn.execute("INSERT INTO kernmind_schema (version) VALUES (%s)", (version + 1,))
             if current and current < SCHEMA_VERSION:
                 log.info(

@@ -101,17 +101,20 @@ class PassageRow:
     id: int
     content: str
     tags: list[str]
-    created_at: float
+    created_at: float  # when it was stored
+    occurred_at: float  # when the fact happened or was said (what time filters read)
     score: float | None = None
+    superseded_by: int | None = None  # the passage that replaced it (None: live)
 
 
 @dataclass(slots=True)
 class PassageIn:
     content: str
     tags: list[str] = field(default_factory=list)
-    created_at: float | None = None
+    created_at: float | None = None  # None: now
     embedding: bytes | None = None
     embedding_model: str | None = None
+    occurred_at: float | None = None  # None: the same as created_at
 
 
 @dataclass(slots=True)
@@ -139,23 +142,25 @@ class Generation:
 class StoredVector:
     id: int
     blob: bytes  # little-endian float32, L2-normalised
-    created_at: float
+    at: float  # the time filters read: a passage's occurred_at, a message's created_at
     labels: list[str]
 
 
 @dataclass(frozen=True, slots=True)
 class Facets:
-    """What a filter asks of a text in the index's terms: any (or all) of some labels, and a
-    creation time in [start, end)."""
+    """What a filter asks of a text in the index's terms: any (or all) of some labels, a time
+    (``StoredVector.at``) in [start, end), and, with ``live_only``, none of the texts a later
+    one replaced (the corpus's hidden ids: superseded passages)."""
 
     labels: tuple[str, ...] = ()
     all_labels: bool = False
     start: float | None = None
     end: float | None = None
+    live_only: bool = False
 
     @property
     def narrows(self) -> bool:
-        return bool(self.labels) or self.start is not None or self.end is not None
+        return bool(self.labels) or self.start is not None or self.end is not None or self.live_only
 
 
 class VectorSource(Protocol):
@@ -166,3 +171,7 @@ class VectorSource(Protocol):
     async def vector_ids(self, model: str) -> list[int]: ...
 
     async def vectors_of(self, model: str, ids: Sequence[int]) -> list[StoredVector]: ...
+
+    async def hidden_ids(self) -> list[int]:
+        """Texts that searches leave out unless asked (superseded passages); read again after a rewrite."""
+        ...

@@ -44,7 +44,7 @@ from kernmind.memory.conversations import MESSAGE_COLUMNS, message_filter_sql, m
 from kernmind.memory.database import Row
 from kernmind.memory.fts5 import FTS5Ranking
 from kernmind.memory.fulltext import index_text
-from kernmind.memory.passages import PASSAGE_COLUMNS, filter_sql, passage_row
+from kernmind.memory.passages import PASSAGE_COLUMNS, content_key, filter_sql, passage_row
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,53 @@ MIGRATIONS: list[str] = [
     ALTER TABLE namespaces ADD COLUMN archive_rewrites INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE namespaces ADD COLUMN conversation_rewrites INTEGER NOT NULL DEFAULT 0;
     """,
+    # 6: facts in time and facts that replace others (passages.py): when a passage's fact happened
+    # (stored ones: when they were stored), the passage that superseded it, and the digest of its
+    # normalised text for exact-duplicate look-ups (filled by _fill_content_keys). The full-text
+    # index gets a second column, state, holding "hidden" while a passage is superseded, so
+    # searches leave those out inside MATCH (fts5.py); it is rebuilt by _fill_content_keys.
+    """
+    ALTER TABLE passages ADD COLUMN occurred_at REAL;
+    UPDATE passages SET occurred_at = created_at;
+    ALTER TABLE passages ADD COLUMN superseded_by INTEGER REFERENCES passages(id) ON DELETE SET NULL;
+    ALTER TABLE passages ADD COLUMN content_key TEXT;
+    CREATE INDEX passages_by_occurrence ON passages (namespace, occurred_at);
+    CREATE INDEX passages_by_content_key ON passages (namespace, content_key);
+    CREATE INDEX passages_superseded ON passages (superseded_by) WHERE superseded_by IS NOT NULL;
+    DROP TRIGGER passages_ai;
+    DROP TRIGGER passages_ad;
+    DROP TABLE passages_fts;
+    DROP VIEW passages_search;
+    CREATE VIEW passages_search AS SELECT id, coalesce(search_text, content) AS body,
+        CASE WHEN superseded_by IS NULL THEN NULL ELSE 'hidden' END AS state FROM passages;
+    CREATE VIRTUAL TABLE passages_fts USING fts5(
+        body, state, content='passages_search', content_rowid='id', tokenize='porter unicode61'
+    );
+    CREATE TRIGGER passages_ai AFTER INSERT ON passages BEGIN
+        INSERT INTO passages_fts(rowid, body, state) VALUES (
+            new.id, coalesce(new.search_text, new.content),
+            CASE WHEN new.superseded_by IS NULL THEN NULL ELSE 'hidden' END
+        );
+    END;
+    CREATE TRIGGER passages_ad AFTER DELETE ON passages BEGIN
+        INSERT INTO passages_fts(passages_fts, rowid, body, state) VALUES (
+            'delete', old.id, coalesce(old.search_text, old.content),
+            CASE WHEN old.superseded_by IS NULL THEN NULL ELSE 'hidden' END
+        );
+        DELETE FROM passage_tags WHERE passage_id = old.id;
+    END;
+    CREATE TRIGGER passages_au AFTER UPDATE OF superseded_by ON passages
+    WHEN (old.superseded_by IS NULL) <> (new.superseded_by IS NULL) BEGIN
+        INSERT INTO passages_fts(passages_fts, rowid, body, state) VALUES (
+            'delete', old.id, coalesce(old.search_text, old.content),
+            CASE WHEN old.superseded_by IS NULL THEN NULL ELSE 'hidden' END
+        );
+        INSERT INTO passages_fts(rowid, body, state) VALUES (
+            new.id, coalesce(new.search_text, new.content),
+            CASE WHEN new.superseded_by IS NULL THEN NULL ELSE 'hidden' END
+        );
+    END;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -196,8 +243,21 @@ async def _fill_search_text(db: aiosqlite.Connection) -> None:
     await db.execute("INSERT INTO passages_fts(passages_fts) VALUES ('rebuild')")
 
 
+async def _fill_content_keys(db: aiosqlite.Connection) -> None:
+    """After migration 6: the duplicate digest of every stored passage, then the index rebuilt."""
+    async with db.execute("SELECT id, content FROM passages") as cur:
+        rows = await cur.fetchall()
+    await db.executemany(
+        "UPDATE passages SET content_key = ? WHERE id = ?", [(content_key(c), i) for i, c in rows]
+    )
+    await db.execute("INSERT INTO passages_fts(passages_fts) VALUES ('rebuild')")
+
+
 # Python steps that run after a migration's SQL, by the version the migration produces.
-AFTER_MIGRATION: dict[int, Callable[[aiosqlite.Connection], Awaitable[None]]] = {2: _fill_search_text}
+AFTER_MIGRATION: dict[int, Callable[[aiosqlite.Connection], Awaitable[None]]] = {
+    2: _fill_search_text,
+    6: _fill_content_keys,
+}
 
 
 def _is_busy(exc: BaseException) -> bool:
@@ -253,7 +313,9 @@ class SQLiteDatabase:
         self.busy_timeout_ms = busy_timeout_ms
         self._conn: aiosqlite.Connection | None = None
         self._lock = anyio.Lock()
-        self.passage_text = FTS5Ranking(self, "passages", PASSAGE_COLUMNS, filter_sql, passage_row)
+        self.passage_text = FTS5Ranking(
+            self, "passages", PASSAGE_COLUMNS, filter_sql, passage_row, hidden_state=True
+        )
         self.message_text = FTS5Ranking(self, "messages", MESSAGE_COLUMNS, message_filter_sql, message_row)
 
     relays_changes = False  # servers sharing a file see each other's writes, not their notifications

@@ -3,8 +3,13 @@
 Design
 ------
 An export holds the namespace's blocks (value, description, limit, read-only, version,
-times), passages (content, tags, creation time) and recorded conversations (each with its
-messages: role, text, tool-call details, time), optionally every block's history.
+times), passages (id, content, tags, when stored, when the fact occurred, and the id of the
+passage that superseded it, if any) and recorded conversations (each with its messages:
+role, text, tool-call details, time), optionally every block's history. Format version 2
+added the passages' ``id``, ``occurred_at`` and ``superseded_by``; a version-1 document
+imports as before (occurred_at = created_at, every passage live). Passage ids only tie
+``superseded_by`` to its passage inside the document: an import assigns new ids and links
+each imported passage to the new id of its successor.
 Conversations keep their ids, so importing the same export twice adds them once.
 Vectors are not exported: the importing server embeds passages in the background with its
 own model. An import loads a document into a namespace (which may differ from the
@@ -13,8 +18,9 @@ exported one) in one transaction: all or nothing.
 Error policy
 ------------
 A document that is not an export, an invalid label, a block larger than this server's
-ceiling, or a block whose label exists (unless ``overwrite``, or it is an untouched
-default block) is refused with :class:`MemoryRefusal`; nothing is imported then.
+ceiling, a block whose label exists (unless ``overwrite``, or it is an untouched
+default block), a passage id given twice, or ``superseded_by`` links that loop are refused
+with :class:`MemoryRefusal`; nothing is imported then.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from kernmind.memory.records import PassageIn, iso, now_ts, parse_when
 from kernmind.memory.store import MemoryStore
 
 FORMAT = "kernmind-memory"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 async def export_namespace(store: MemoryStore, *, with_history: bool = False) -> dict[str, Any]:
@@ -55,7 +61,15 @@ async def export_namespace(store: MemoryStore, *, with_history: bool = False) ->
             for b in blocks
         ],
         "passages": [
-            {"content": p.content, "tags": p.tags, "created_at": iso(p.created_at)} for p in passages
+            {
+                "id": p.id,
+                "content": p.content,
+                "tags": p.tags,
+                "created_at": iso(p.created_at),
+                "occurred_at": iso(p.occurred_at),
+                "superseded_by": p.superseded_by,
+            }
+            for p in passages
         ],
         "conversations": [
             {
@@ -88,7 +102,8 @@ async def import_namespace(
     A block whose label exists is refused unless ``overwrite`` or the block is an untouched
     default (empty, version 1); then its value, description, limit and read-only flag are
     overwritten as a new version, recorded as op ``import``. Passages identical to one
-    already stored (same content, tags and time) are skipped.
+    already stored (same content, tags and time) are skipped, and keep their own
+    ``superseded_by``; each passage the import adds is linked to its successor's new id.
     """
     if doc.get("format") != FORMAT:
         raise MemoryRefusal('not a kernmind memory export (missing "format": "kernmind-memory").')
@@ -105,16 +120,19 @@ async def import_namespace(
         for m in c.get("messages") or []:
             check_roles([str(m.get("role"))])
     blocks, passages = store.blocks, store.passages
+    docs = doc.get("passages") or []
     items = [
         PassageIn(
             str(p.get("content", "")),
             [str(t) for t in p.get("tags") or []],
             parse_when(str(p["created_at"])) if p.get("created_at") else None,
+            occurred_at=parse_when(str(p["occurred_at"])) if p.get("occurred_at") else None,
         )
-        for p in doc.get("passages") or []
+        for p in docs
     ]
     for item in items:
         passages.check(item.content)
+    doc_ids, successors = supersede_links(docs)
     async with store.db.write() as tx:
         for b in doc.get("blocks") or []:
             label = str(b["label"])
@@ -152,16 +170,30 @@ async def import_namespace(
             meta = {"description": description, "limit": limit, "read_only": read_only}
             await blocks.record(tx, label, row.version + 1, Verb.IMPORT, row.value, value, meta, ts)
             stats["blocks_replaced"] += 1
-        for item in items:
+        new_ids: dict[int, int] = {}  # document id -> id here
+        added: set[int] = set()  # document ids of passages this import adds
+        for doc_id, item in zip(doc_ids, items, strict=True):
             item.tags = normalize_tags(item.tags)
-            if item.created_at is not None and await passages.exists_in(
-                tx, item.content, item.tags, item.created_at
-            ):
+            twin = None
+            if item.created_at is not None:
+                twin = await passages.find_in(tx, item.content, item.tags, item.created_at)
+            if twin is not None:
                 stats["passages_skipped"] += 1
-                continue
-            await passages.add_in(tx, item)
-            stats["passages_added"] += 1
-        await passages.bump_generation(tx)
+            else:
+                twin, _ = await passages.add_in(tx, item)
+                stats["passages_added"] += 1
+                if doc_id is not None:
+                    added.add(doc_id)
+            if doc_id is not None:
+                new_ids[doc_id] = twin
+        linked = 0
+        for doc_id, successor in successors.items():
+            if doc_id in added and successor in new_ids:
+                linked += await tx.run(
+                    "UPDATE passages SET superseded_by = ? WHERE id = ? AND namespace = ?",
+                    (new_ids[successor], new_ids[doc_id], store.namespace),
+                )
+        await passages.bump_generation(tx, rewrite=linked > 0)
         for c in conversations:
             cid = str(c.get("id") or uuid.uuid4().hex)
             started = parse_when(str(c["started_at"])) if c.get("started_at") else now_ts()
@@ -176,3 +208,33 @@ async def import_namespace(
             stats["conversations_added"] += 1
         await store.conversations.bump_generation(tx)
     return stats
+
+
+def supersede_links(docs: list[Any]) -> tuple[list[int | None], dict[int, int]]:
+    """Each exported passage's document id (None: a version-1 document), and the
+    ``superseded_by`` links between them; refuses ids given twice and links that loop."""
+    ids: list[int | None] = []
+    for p in docs:
+        raw = p.get("id")
+        ids.append(raw if isinstance(raw, int) and not isinstance(raw, bool) else None)
+    seen = [i for i in ids if i is not None]
+    if len(seen) != len(set(seen)):
+        twice = sorted({i for i in seen if seen.count(i) > 1})
+        raise MemoryRefusal(
+            "passage ids {twice} appear more than once in the export; nothing was imported.", twice=twice
+        )
+    links = {
+        i: p["superseded_by"]
+        for i, p in zip(ids, docs, strict=True)
+        if i is not None and isinstance(p.get("superseded_by"), int) and p["superseded_by"] != i
+    }
+    for start in links:
+        at, steps = start, 0
+        while at in links:
+            at, steps = links[at], steps + 1
+            if steps > len(links):
+                raise MemoryRefusal(
+                    "the superseded_by links of passage {id} in the export go round in a loop; nothing was imported.",
+                    id=start,
+                )
+    return ids, links

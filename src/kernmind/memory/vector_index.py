@@ -9,10 +9,14 @@ Design
   picked with ``argpartition`` (no full sort). Rows are kept in id order in buffers that grow
   by half again when full, so appending does not copy the matrix.
 * Next to each vector the index keeps what filters ask about, all of it fixed when a text is
-  stored: its creation time and its labels (a passage's tags, a message's role), the labels
-  as an inverted list (label -> ids). A filtered search therefore builds its candidate rows
-  from the lists of the labels asked for and the time range, in memory, and scores only
-  those rows; no per-query database round trip lists every tagged passage.
+  stored: its time (``StoredVector.at``: when a passage's fact happened, when a message was
+  said) and its labels (a passage's tags, a message's role), the labels as an inverted list
+  (label -> ids). A filtered search therefore builds its candidate rows from the lists of
+  the labels asked for and the time range, in memory, and scores only those rows; no
+  per-query database round trip lists every tagged passage.
+* What can change after a text is stored — whether searches leave it out (a superseded
+  passage) — is kept as the sorted list of hidden ids, read again whenever ``rewrites``
+  moves (hiding or revealing a text is a rewrite); ``Facets.live_only`` drops those rows.
 * Coherence comes from two counters per corpus that every writer bumps in its own
   transaction (texts.py): ``changes`` on every write, and ``rewrites`` on writes that do more
   than append (a delete, vectors stored for existing texts, a namespace replaced). A refresh
@@ -81,7 +85,7 @@ class Candidates:
 
 
 class VectorIndex:
-    """One corpus's vectors for one model, with their creation times and labels, in id order."""
+    """One corpus's vectors for one model, with their times and labels, in id order."""
 
     def __init__(self, corpus: VectorSource, model: str) -> None:
         self.corpus = corpus
@@ -92,9 +96,10 @@ class VectorIndex:
 
     def _clear(self) -> None:
         self._ids = Column(np.int64)
-        self._created = Column(np.float64)
+        self._times = Column(np.float64)
         self._labels: dict[str, Column] = {}
         self._buf = np.zeros((0, 0), dtype=np.float32)
+        self._hidden = np.zeros(0, dtype=np.int64)  # sorted; replaced, never modified (snapshots)
 
     def __len__(self) -> int:
         return self._ids.n
@@ -110,6 +115,7 @@ class VectorIndex:
             return
         try:
             if self._gen is None or gen.rewrites != self._gen.rewrites:
+                self._hidden = np.sort(np.asarray(await self.corpus.hidden_ids(), dtype=np.int64))
                 await self._reconcile()
             else:
                 ids = self._ids.view()
@@ -128,25 +134,25 @@ class VectorIndex:
         ids = self._ids.view()
         keep = np.isin(ids, stored, assume_unique=True)
         if not keep.all():
-            self._rebuild(ids[keep], self._buf[: len(ids)][keep], self._created.view()[keep])
+            self._rebuild(ids[keep], self._buf[: len(ids)][keep], self._times.view()[keep])
         missing = np.setdiff1d(stored, self._ids.view(), assume_unique=True)
         if not len(missing):
             return
         rows = await self.corpus.vectors_of(self.model, missing.tolist())
         ids = self._ids.view()
         if len(ids) and rows and rows[0].id < ids[-1]:  # not only newer rows: merge in id order
-            new_ids, mat, created = self._decode(rows)
+            new_ids, mat, times = self._decode(rows)
             order = np.argsort(np.concatenate([ids, new_ids]), kind="stable")
             self._rebuild(
                 np.concatenate([ids, new_ids])[order],
                 np.vstack([self._buf[: len(ids)], mat])[order],
-                np.concatenate([self._created.view(), created])[order],
+                np.concatenate([self._times.view(), times])[order],
             )
             self._add_labels(rows)
         else:
             self._append(rows)
 
-    def _rebuild(self, ids: np.ndarray, matrix: np.ndarray, created: np.ndarray) -> None:
+    def _rebuild(self, ids: np.ndarray, matrix: np.ndarray, times: np.ndarray) -> None:
         """Keep only ``ids`` (labels of other ids are dropped)."""
         labels = {}
         for label, col in self._labels.items():
@@ -154,7 +160,7 @@ class VectorIndex:
             if len(kept):
                 labels[label] = Column(np.int64, kept)
         self._ids = Column(np.int64, ids)
-        self._created = Column(np.float64, created)
+        self._times = Column(np.float64, times)
         self._buf = np.array(matrix, dtype=np.float32, order="C")
         self._labels = labels
 
@@ -164,13 +170,13 @@ class VectorIndex:
             raise DimensionChanged(f"{self.model} vectors changed length ({self._buf.shape[1]} -> {dim})")
         ids = np.fromiter((r.id for r in rows), dtype=np.int64, count=len(rows))
         matrix = np.frombuffer(b"".join(r.blob for r in rows), dtype="<f4").reshape(len(rows), dim)
-        created = np.fromiter((r.created_at for r in rows), dtype=np.float64, count=len(rows))
-        return ids, matrix.astype(np.float32), created
+        times = np.fromiter((r.at for r in rows), dtype=np.float64, count=len(rows))
+        return ids, matrix.astype(np.float32), times
 
     def _append(self, rows: list[StoredVector]) -> None:
         if not rows:
             return
-        ids, matrix, created = self._decode(rows)
+        ids, matrix, times = self._decode(rows)
         n = len(self)
         need = n + len(ids)
         if need > len(self._buf) or self._buf.shape[1] != matrix.shape[1]:
@@ -179,7 +185,7 @@ class VectorIndex:
                 buf[:n] = self._buf[:n]
             self._buf = buf
         self._buf[n:need] = matrix  # rows past every snapshot's end
-        self._created.extend(created)
+        self._times.extend(times)
         self._add_labels(rows)
         self._ids.extend(ids)  # last: a snapshot's length is the ids' length
 
@@ -197,14 +203,20 @@ class VectorIndex:
         matrix = self._buf[: len(ids)]
         if not len(ids):
             return None
-        if facets is None or not facets.narrows:
+        hidden = self._hidden if facets is not None and facets.live_only else self._hidden[:0]
+        if facets is None or not (
+            facets.labels or facets.start is not None or facets.end is not None or len(hidden)
+        ):
             return Candidates(ids, matrix)
         keep = np.ones(len(ids), dtype=bool) if not facets.labels else self._with_labels(ids, facets)
-        created = self._created.view()
+        times = self._times.view()[: len(ids)]
         if facets.start is not None:
-            keep &= created >= facets.start
+            keep &= times >= facets.start
         if facets.end is not None:
-            keep &= created < facets.end
+            keep &= times < facets.end
+        if len(hidden):
+            pos = np.minimum(np.searchsorted(ids, hidden), len(ids) - 1)
+            keep[pos[ids[pos] == hidden]] = False
         rows = np.flatnonzero(keep)
         if not len(rows):
             return None
