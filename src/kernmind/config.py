@@ -23,6 +23,8 @@ Derived paths (database, workspaces) are resolved once by :attr:`Settings.db_loc
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -30,7 +32,7 @@ from typing import Annotated, Literal
 
 import platformdirs
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MIN_MEMORY_MB = 256  # measured: ipykernel + numpy + pandas + matplotlib map ≈ 185 MiB of RLIMIT_DATA
 SandboxMode = Literal["auto", "bwrap", "none", "required"]
@@ -61,6 +63,7 @@ class Cli:
     metavar: str | None = None
     shown_default: str | None = None  # Markdown: how README and --help show a computed default
     env_only: bool = False  # no flag (secrets); the KERNMIND_* variable still works
+    repeatable: bool = False  # a list given as the flag once per item (the variable: JSON or commas)
 
 
 def default_data_dir() -> Path:
@@ -276,6 +279,13 @@ class Settings(BaseSettings):
         description="principals and their tokens (stored hashed; `kernmind tokens add NAME` makes one): "
         "each token's principal owns its sessions and memory; revoking takes effect at once",
     )
+    allowed_origin: Annotated[
+        list[str], NoDecode, Cli(Group.TRANSPORT, metavar="ORIGIN", repeatable=True, shown_default="—")
+    ] = Field(
+        default_factory=list,
+        description="a browser origin (`https://app.example.com`) whose requests the HTTP transport accepts "
+        "besides the server's own (repeatable); requests without an `Origin` header are not affected",
+    )
     max_request_mb: Annotated[int, Cli(Group.TRANSPORT, metavar="MB")] = Field(
         default=32,
         ge=1,
@@ -320,6 +330,28 @@ class Settings(BaseSettings):
         if self.packages == "allowlist" and self.package_allowlist is None:
             raise ValueError("--packages allowlist needs --package-allowlist FILE (one package name a line)")
         return self
+
+    @field_validator("allowed_origin", mode="before")
+    @classmethod
+    def _origin_list(cls, value: object) -> object:
+        """The variable holds a JSON list or comma-separated origins."""
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [o for o in re.split(r"[,\s]+", text) if o]
+        return value
+
+    @field_validator("allowed_origin", mode="after")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        from kernmind.http_guard import normal_origin
+
+        for origin in value:
+            if normal_origin(origin) is None:
+                raise ValueError(
+                    f"{origin[:100]!r} is not an origin: write scheme://host[:port] with http or https and "
+                    "nothing after the port (e.g. https://app.example.com or http://localhost:5173)"
+                )
+        return value
 
     @field_validator("db", mode="before")
     @classmethod

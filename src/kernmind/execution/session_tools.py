@@ -22,7 +22,7 @@ from kernmind.execution.jobs import Job
 from kernmind.execution.results import Logs, RunResult
 from kernmind.execution.sessions import check_session_id
 from kernmind.execution.workspace import off_loop
-from kernmind.principals import NAME_RE, Principal, principal_of
+from kernmind.principals import OWNER_RE, Principal, principal_of
 
 if TYPE_CHECKING:
     from kernmind.execution.executor import Executor
@@ -99,9 +99,9 @@ def address(caller: Principal, session_id: str | None) -> tuple[str, str | None]
     """(owner, session id) a caller means: its own session, or, for an admin, ``owner/session_id``."""
     if caller.admin and session_id and "/" in session_id:
         owner, _, sid = session_id.partition("/")
-        if NAME_RE.match(owner):
+        if OWNER_RE.match(owner):
             return owner, sid
-    return caller.name, session_id
+    return caller.owner, session_id
 
 
 def iso(epoch: float | None) -> str | None:
@@ -154,7 +154,7 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
     )
     async def list_sessions(ctx: Context) -> SessionList:
         caller = principal_of(ctx)
-        owner = None if caller.admin else caller.name
+        owner = None if caller.admin else caller.owner
         rows = await off_loop(lambda: ex.session_summaries(owner), timeout=None)
         for row in rows:
             row["last_used"] = iso(row.get("last_used")) or ""
@@ -213,7 +213,7 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
         job_id: Annotated[str, Field(description="The job_id run_code returned.", max_length=80)],
         ctx: Context,
     ) -> Annotated[CallToolResult, JobStatus]:
-        owner = principal_of(ctx).name
+        owner = principal_of(ctx).owner
         with model_errors():
             job = await off_loop(lambda: ex.jobs.get(job_id, owner=owner), timeout=None)
         return job_answer(job, run_result_content)
@@ -224,7 +224,7 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
         ctx: Context,
     ) -> Annotated[CallToolResult, JobStatus]:
         with model_errors():
-            job = await ex.jobs.cancel(job_id, owner=principal_of(ctx).name)
+            job = await ex.jobs.cancel(job_id, owner=principal_of(ctx).owner)
         if job.state == "running" and job.collector is None:
             raise ToolError(
                 f"job {job_id} runs in another kernmind server (pid {job.server_pid}); cancel it there."

@@ -129,9 +129,9 @@ class MemoryTools:
             await root.close()
 
     def namespace_for(self, principal: Principal) -> str:
-        if principal.name == LOCAL.name:
+        if principal.owner == LOCAL.name:
             return self.settings.agent
-        return f"{principal.name}/{self.settings.agent}"
+        return f"{principal.owner}/{self.settings.agent}"
 
     async def open_space(self, principal: Principal) -> None:
         """Make ``principal``'s namespace ready (a no-op once it is)."""
