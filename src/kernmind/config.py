@@ -34,6 +34,7 @@ import platformdirs
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+PER_PRINCIPAL_DEFAULT = "half of `{flag}` (at least 1) with a tokens file; all of it otherwise"
 MIN_MEMORY_MB = 256  # measured: ipykernel + numpy + pandas + matplotlib map ≈ 185 MiB of RLIMIT_DATA
 SandboxMode = Literal["auto", "bwrap", "none", "required"]
 Transport = Literal["stdio", "http"]
@@ -106,7 +107,19 @@ class Settings(BaseSettings):
         default=2, ge=0, le=32, description="pre-started kernels kept warm (0–32)"
     )
     max_sessions: Annotated[int, Cli(metavar="N")] = Field(
-        default=16, ge=1, le=256, description="cap on live sessions"
+        default=16,
+        ge=1,
+        le=256,
+        description="cap on live sessions of all principals together (see the next row for one principal's)",
+    )
+    max_sessions_per_principal: Annotated[
+        int | None, Cli(metavar="N", shown_default=PER_PRINCIPAL_DEFAULT.format(flag="--max-sessions"))
+    ] = Field(
+        default=None,
+        ge=1,
+        description="live sessions one principal may have; background jobs and `--stateless` calls in "
+        "flight count too. Past it (or past `--max-sessions`) the least recently used idle session is "
+        "unloaded to make room (variables saved, files kept); only when none is idle is a call refused",
     )
     idle_timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
         default=3600.0,
@@ -115,11 +128,21 @@ class Settings(BaseSettings):
         "its files kept)",
     )
     max_stored_sessions: Annotated[int, Cli(metavar="N")] = Field(
-        default=100, ge=1, description="cap on stored sessions (live or not) per data dir"
+        default=100,
+        ge=1,
+        description="cap on stored sessions (live or not) per data dir, all principals together",
     )
+    max_stored_sessions_per_principal: Annotated[
+        int | None, Cli(metavar="N", shown_default=PER_PRINCIPAL_DEFAULT.format(flag="--max-stored-sessions"))
+    ] = Field(default=None, ge=1, description="stored sessions one principal may keep")
     max_stored_mb: Annotated[int, Cli(metavar="MIB")] = Field(
-        default=20480, ge=1, description="cap on the total size of stored sessions' files (MiB)"
+        default=20480,
+        ge=1,
+        description="cap on the total size of stored sessions' files (MiB), all principals together",
     )
+    max_stored_mb_per_principal: Annotated[
+        int | None, Cli(metavar="MIB", shown_default=PER_PRINCIPAL_DEFAULT.format(flag="--max-stored-mb"))
+    ] = Field(default=None, ge=1, description="total size of one principal's stored sessions' files (MiB)")
     snapshot_mb: Annotated[int, Cli(metavar="MIB")] = Field(
         default=1024,
         ge=0,
@@ -373,6 +396,30 @@ class Settings(BaseSettings):
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
+
+    @property
+    def several_principals(self) -> bool:
+        """Whether principals share this server: a tokens file (``--tokens``, or the data dir's)."""
+        from kernmind.principals import tokens_file_in_use
+
+        return tokens_file_in_use(self.tokens_file, self.data_dir) is not None
+
+    def _share(self, given: int | None, whole: int) -> int:
+        if given is not None:
+            return min(given, whole)
+        return max(1, whole // 2) if self.several_principals else whole
+
+    @property
+    def principal_max_sessions(self) -> int:
+        return self._share(self.max_sessions_per_principal, self.max_sessions)
+
+    @property
+    def principal_max_stored_sessions(self) -> int:
+        return self._share(self.max_stored_sessions_per_principal, self.max_stored_sessions)
+
+    @property
+    def principal_max_stored_mb(self) -> int:
+        return self._share(self.max_stored_mb_per_principal, self.max_stored_mb)
 
     @property
     def db_is_postgres(self) -> bool:

@@ -55,8 +55,13 @@ class SessionSummary(BaseModel):
 
 class SessionList(BaseModel):
     sessions: list[SessionSummary]
-    max_sessions: int = Field(description="live sessions at once (--max-sessions)")
+    max_sessions: int = Field(description="live sessions at once, all principals together (--max-sessions)")
+    max_sessions_per_principal: int = Field(
+        description="live sessions one principal may have; past it the least recently used idle one is "
+        "unloaded (variables saved, files kept)"
+    )
     max_stored_sessions: int
+    max_stored_sessions_per_principal: int
     warm_kernels: int = Field(description="pre-started kernels ready for new sessions")
     pool_error: str | None = Field(
         default=None, description="why warm kernels are failing to start, if they are"
@@ -162,7 +167,9 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
         return SessionList(
             sessions=[SessionSummary(**r) for r in rows],
             max_sessions=settings.max_sessions,
+            max_sessions_per_principal=ex.sessions.caps.per_owner,
             max_stored_sessions=settings.max_stored_sessions,
+            max_stored_sessions_per_principal=ex.store.per_owner_sessions,
             warm_kernels=ex.pool.ready_count,
             pool_error=ex.pool.last_error,
         )
