@@ -336,6 +336,12 @@ class Settings(BaseSettings):
     memory_block_max_limit: Annotated[int, Cli(Group.MEMORY, metavar="CHARS")] = Field(
         default=100_000, ge=1, le=10_000_000, description="the largest `limit` a block may be given"
     )
+    memory_max_blocks: Annotated[int, Cli(Group.MEMORY, metavar="N")] = Field(
+        default=200,
+        ge=1,
+        le=100_000,
+        description="most blocks one memory namespace may hold (a create past it is refused with a sentence)",
+    )
     memory_default_blocks: Annotated[
         dict[str, str], Cli(Group.MEMORY, metavar="JSON", shown_default="`persona`, `human`")
     ] = Field(

@@ -18,6 +18,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
+from kernmind import input_limits as limits
 from kernmind.execution.jobs import Job
 from kernmind.execution.results import Logs, RunResult
 from kernmind.execution.sessions import check_session_id
@@ -200,9 +201,13 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
     async def export_notebook(
         ctx: Context,
         session_id: Annotated[str | None, Field(description="Session; omit for the default session.")] = None,
-        path: Annotated[str, Field(description="Where to write it, relative to the working directory.")] = (
-            "session.ipynb"
-        ),
+        path: Annotated[
+            str,
+            Field(
+                description="Where to write it, relative to the working directory.",
+                max_length=limits.PATH_CHARS,
+            ),
+        ] = ("session.ipynb"),
     ) -> NotebookResult:
         with model_errors():
             owner, sid = address(principal_of(ctx), session_id)

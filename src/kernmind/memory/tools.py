@@ -46,10 +46,7 @@ from mcp_types import EmptyResult, SubscribeRequestParams, UnsubscribeRequestPar
 
 from kernmind.config import Settings
 from kernmind.memory.archival import Archive
-from kernmind.memory.block_results import (
-    BlockInfo,
-    render_blocks,
-)
+from kernmind.memory.block_results import BlockList, render_blocks
 from kernmind.memory.database import Database
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, make_embedder
 from kernmind.memory.errors import BLOCK_TOOL_WORDS, MemoryRefusal, Words
@@ -61,6 +58,7 @@ from kernmind.sdk_compat import lowlevel_server, session_connection, subscriptio
 log = logging.getLogger(__name__)
 
 BLOCKS_URI = "memory://blocks"
+LISTING_MAX = 1000  # blocks read for the memory://blocks listing (it shows what fits the budget)
 WARM_UP_DELAY = 1.0  # seconds after start before the embedding model loads
 T = TypeVar("T")
 
@@ -296,11 +294,20 @@ class MemoryTools:
             mime_type="application/json",
         )
         async def blocks_listing() -> str:
-            rows = await self.store.blocks.list()
-            return json.dumps(
-                {"blocks": [{**BlockInfo.of(r).model_dump(), "uri": block_uri(r.label)} for r in rows]},
-                indent=2,
-            )
+            blocks = self.store.blocks
+            rows, total = await blocks.list(0, LISTING_MAX), await blocks.count()
+            page = BlockList.page(rows, offset=0, total=total, budget=self.settings.max_output_chars * 3 // 4)
+            listing: dict[str, Any] = {
+                "blocks": [{**b.model_dump(), "uri": block_uri(b.label)} for b in page.blocks],
+                "total": total,
+            }
+            if page.next_offset is not None:
+                listing["note"] = (
+                    f"The first {len(page.blocks)} of {total} blocks, to stay within the output budget: "
+                    f"the memory_list tool pages through the rest (memory_list(offset={page.next_offset})), "
+                    f"and {BLOCKS_URI}/<label> reads any block."
+                )
+            return json.dumps(listing, indent=2)
 
         @server.resource(
             BLOCKS_URI + "/{+label}",
@@ -322,4 +329,6 @@ class MemoryTools:
             description="All memory blocks rendered the way an agent's system prompt shows them (<memory_blocks>).",
         )
         async def memory_prompt() -> str:
-            return render_blocks(await self.store.blocks.list())
+            blocks = self.store.blocks
+            rows, total = await blocks.list(0, LISTING_MAX), await blocks.count()
+            return render_blocks(rows, budget=self.settings.max_output_chars, total=total)
