@@ -22,6 +22,8 @@ Nothing here refuses anything except through the block rules (blocks.py): a
 
 from __future__ import annotations
 
+import json
+
 from pydantic import BaseModel, Field
 
 from kernmind.memory.blocks import line_count, resolve_range
@@ -31,6 +33,7 @@ WRITE_ECHO_CHARS = 5000  # a write echoes the whole value up to this size (Letta
 EXCERPT_CHARS = 2000  # otherwise it shows at most this much around the change
 EXCERPT_CONTEXT_LINES = 2
 HISTORY_CLIP_CHARS = 2000  # old/new values in memory_history are clipped to this
+PAGE_ENVELOPE_CHARS = 400  # a memory_list page's fields besides its blocks (total, next_offset, note)
 
 
 def numbered(lines: list[str], first: int) -> str:
@@ -150,10 +153,10 @@ class BlockList(BaseModel):
     def page(cls, rows: list[BlockRow], *, offset: int, total: int, budget: int) -> BlockList:
         """``rows`` from ``offset`` on, as many as fit in ``budget`` characters of JSON (at least one)."""
         shown: list[BlockInfo] = []
-        size = 0
+        size = PAGE_ENVELOPE_CHARS
         for row in rows:
             info = BlockInfo.of(row)
-            size += len(info.model_dump_json()) + 2
+            size += len(json.dumps(info.model_dump())) + 2
             if shown and size > budget:
                 break
             shown.append(info)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import textwrap
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -46,11 +47,12 @@ from mcp_types import EmptyResult, SubscribeRequestParams, UnsubscribeRequestPar
 
 from kernmind.config import Settings
 from kernmind.memory.archival import Archive
-from kernmind.memory.block_results import BlockList, render_blocks
+from kernmind.memory.block_results import BlockInfo, render_blocks
 from kernmind.memory.database import Database
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, make_embedder
 from kernmind.memory.errors import BLOCK_TOOL_WORDS, MemoryRefusal, Words
 from kernmind.memory.recall import Recall
+from kernmind.memory.records import BlockRow
 from kernmind.memory.store import MemoryStore
 from kernmind.principals import LOCAL, Principal, current_principal
 from kernmind.sdk_compat import lowlevel_server, session_connection, subscription_bus
@@ -296,18 +298,7 @@ class MemoryTools:
         async def blocks_listing() -> str:
             blocks = self.store.blocks
             rows, total = await blocks.list(0, LISTING_MAX), await blocks.count()
-            page = BlockList.page(rows, offset=0, total=total, budget=self.settings.max_output_chars * 3 // 4)
-            listing: dict[str, Any] = {
-                "blocks": [{**b.model_dump(), "uri": block_uri(b.label)} for b in page.blocks],
-                "total": total,
-            }
-            if page.next_offset is not None:
-                listing["note"] = (
-                    f"The first {len(page.blocks)} of {total} blocks, to stay within the output budget: "
-                    f"the memory_list tool pages through the rest (memory_list(offset={page.next_offset})), "
-                    f"and {BLOCKS_URI}/<label> reads any block."
-                )
-            return json.dumps(listing, indent=2)
+            return blocks_listing_json(rows, total, self.settings.max_output_chars)
 
         @server.resource(
             BLOCKS_URI + "/{+label}",
@@ -332,3 +323,24 @@ class MemoryTools:
             blocks = self.store.blocks
             rows, total = await blocks.list(0, LISTING_MAX), await blocks.count()
             return render_blocks(rows, budget=self.settings.max_output_chars, total=total)
+
+
+def blocks_listing_json(rows: list[BlockRow], total: int, budget: int) -> str:
+    """The ``memory://blocks`` listing: the first blocks that fit ``budget`` characters, and a note
+    on how to read the rest when they do not all fit."""
+    items: list[dict[str, Any]] = []
+    size = 400  # the envelope and the note
+    for row in rows:
+        item = {**BlockInfo.of(row).model_dump(), "uri": block_uri(row.label)}
+        size += len(textwrap.indent(json.dumps(item, indent=2), "    ")) + 2
+        if items and size > budget:
+            break
+        items.append(item)
+    listing: dict[str, Any] = {"blocks": items, "total": total}
+    if len(items) < total:
+        listing["note"] = (
+            f"The first {len(items)} of {total} blocks, to stay within the output budget: the memory_list "
+            f"tool pages through the rest (memory_list(offset={len(items)})), and {BLOCKS_URI}/<label> "
+            "reads any block."
+        )
+    return json.dumps(listing, indent=2)
