@@ -54,7 +54,7 @@ from anyio.abc import TaskGroup
 from kernmind.execution import history
 from kernmind.execution.errors import SessionError
 from kernmind.execution.packages.layer import Layer
-from kernmind.execution.session_caps import Caps
+from kernmind.execution.session_caps import Caps, MakingRoom
 from kernmind.execution.store import LOCAL_OWNER, Meta, SessionHome, SessionStore, StoredSession, ago
 from kernmind.execution.workspace import Workspace, off_loop
 
@@ -141,7 +141,7 @@ class Hooks:
     autosave: Hook  # checkpoint a live, idle session
 
 
-class SessionRegistry:
+class SessionRegistry(MakingRoom):
     def __init__(
         self,
         *,
@@ -333,44 +333,6 @@ class SessionRegistry:
                     return await self._bring_in(owner, sid, stored)
                 self._start_unloading(victim)
             await self._make_room(victim)
-
-    def check_room(self, owner: str, sid: str | None) -> None:
-        """Refuse now (``SessionError``) when a session ``sid`` (a stateless slot: None) of ``owner``
-        could not be had, even by unloading an idle session: for background jobs, before they start."""
-        key = (owner, sid) if sid is not None else None
-        if key is not None and (key in self.sessions or key in self.jobs):
-            return
-        self.caps.room(self.sessions, self.jobs, owner, key)
-
-    def take_slot(self, owner: str) -> None:
-        """A ``--stateless`` call or job starts: count it against ``owner`` (``SessionError`` at a cap;
-        a stateless server has no live sessions to unload). ``give_slot`` when it ends."""
-        self.caps.room(self.sessions, self.jobs, owner, None)
-        self.caps.slots[owner] = self.caps.slots.get(owner, 0) + 1
-
-    def give_slot(self, owner: str) -> None:
-        left = self.caps.slots.get(owner, 0) - 1
-        if left > 0:
-            self.caps.slots[owner] = left
-        else:
-            self.caps.slots.pop(owner, None)
-
-    def _start_unloading(self, victim: Session) -> None:
-        """Take ``victim`` out of the live sessions now (it no longer counts; a call that waits for
-        it sees it closed and waits for the unloading to end before loading it again)."""
-        self.sessions.pop(victim.key, None)
-        victim.closed = True
-        self._unloading[victim.key] = anyio.Event()
-
-    async def _make_room(self, victim: Session) -> None:
-        log.info(
-            "unloading idle session %r of %r to make room (its variables are saved)", victim.id, victim.owner
-        )
-        victim.pending_notes.clear()
-        try:
-            await self.unload(victim)
-        finally:
-            self._unloading.pop(victim.key).set()
 
     async def _bring_in(self, owner: str, sid: str, stored: bool) -> Session:
         """Make ``(owner, sid)`` live (the caller holds ``_loading`` and has checked the caps)."""
