@@ -300,7 +300,8 @@ class Settings(BaseSettings):
     ] = Field(
         default=None,
         description="principals and their tokens (stored hashed; `kernmind tokens add NAME` makes one): "
-        "each token's principal owns its sessions and memory; revoking takes effect at once",
+        "each token's principal owns its sessions, memory and jobs; revoking takes effect at once and keeps "
+        "the data apart (`tokens add NAME --adopt` gives it to a new token)",
     )
     allowed_origin: Annotated[
         list[str], NoDecode, Cli(Group.TRANSPORT, metavar="ORIGIN", repeatable=True, shown_default="—")
