@@ -19,7 +19,7 @@ Design
   have none: their key is their name, so every existing principal keeps its data. Data
   under a name that no entry records (revoked before revocations were recorded) is found by
   the ``data_under`` check that ``kernmind tokens add`` passes, and recorded as revoked.
-- The HTTP middleware (``serving.py``) puts the principal into the ASGI scope;
+- The HTTP middleware (``http_auth.py``) puts the principal into the ASGI scope;
   ``identify_callers(server)`` wraps the server's ``tools/call``, ``resources/read`` and
   ``prompts/get`` handlers so that, while one runs, ``current_principal()`` is the caller
   (read from the request the SDK passes along). A request without one (stdio, in-process)
@@ -27,7 +27,8 @@ Design
   ``current_principal()``; tools holding a ``Context`` may use ``principal_of(ctx)``.
 
 What a principal owns is decided by the parts that keep things: sessions are keyed by
-(owner, session id), memory namespaces live inside the principal's space. Another
+(owner, session id), memory namespaces live inside the principal's space, jobs are filed
+under their owner — the owner being always ``Principal.owner``, the data key, never the name. Another
 principal's session is simply not there ("no session named X", never "forbidden").
 An ``admin`` sees and manages everything, naming another's session ``owner/session_id``.
 
