@@ -156,3 +156,28 @@ def test_building_the_serve_command_line_imports_no_other_subcommand() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_allowed_origin_is_repeatable_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = parse("serve", "--allowed-origin", "https://a.example", "--allowed-origin", "http://localhost:5173")
+    assert s.allowed_origin == ["https://a.example", "http://localhost:5173"]
+    args, _ = settings_as_args(s, [Group.TRANSPORT])
+    assert args == ["--allowed-origin", "https://a.example", "--allowed-origin", "http://localhost:5173"]
+    monkeypatch.setenv("KERNMIND_ALLOWED_ORIGIN", "https://b.example, https://c.example")
+    assert Settings().allowed_origin == ["https://b.example", "https://c.example"]
+    monkeypatch.setenv("KERNMIND_ALLOWED_ORIGIN", '["https://d.example"]')
+    assert Settings().allowed_origin == ["https://d.example"]
+    for bad in ("*", "https://a.example/path", "ftp://a.example", "null"):
+        with pytest.raises(ValueError, match="is not an origin"):
+            Settings(allowed_origin=[bad])
+
+
+def test_per_principal_caps_default_to_half_with_a_tokens_file(tmp_path: Path) -> None:
+    alone = Settings(data_dir=tmp_path / "alone", max_sessions=16, max_stored_sessions=100)
+    assert (alone.principal_max_sessions, alone.principal_max_stored_sessions) == (16, 100)
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "tokens.json").write_text('{"tokens": []}')
+    shared = Settings(data_dir=tmp_path / "shared", max_sessions=16, max_stored_mb=1000)
+    assert (shared.principal_max_sessions, shared.principal_max_stored_mb) == (8, 500)
+    given = Settings(data_dir=tmp_path / "shared", max_sessions=4, max_sessions_per_principal=10)
+    assert given.principal_max_sessions == 4  # never above the server-wide bound

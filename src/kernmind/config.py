@@ -23,6 +23,8 @@ Derived paths (database, workspaces) are resolved once by :attr:`Settings.db_loc
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -30,8 +32,9 @@ from typing import Annotated, Literal
 
 import platformdirs
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+PER_PRINCIPAL_DEFAULT = "half of `{flag}` (at least 1) with a tokens file; all of it otherwise"
 MIN_MEMORY_MB = 256  # measured: ipykernel + numpy + pandas + matplotlib map ≈ 185 MiB of RLIMIT_DATA
 SandboxMode = Literal["auto", "bwrap", "none", "required"]
 Transport = Literal["stdio", "http"]
@@ -61,6 +64,7 @@ class Cli:
     metavar: str | None = None
     shown_default: str | None = None  # Markdown: how README and --help show a computed default
     env_only: bool = False  # no flag (secrets); the KERNMIND_* variable still works
+    repeatable: bool = False  # a list given as the flag once per item (the variable: JSON or commas)
 
 
 def default_data_dir() -> Path:
@@ -103,7 +107,19 @@ class Settings(BaseSettings):
         default=2, ge=0, le=32, description="pre-started kernels kept warm (0–32)"
     )
     max_sessions: Annotated[int, Cli(metavar="N")] = Field(
-        default=16, ge=1, le=256, description="cap on live sessions"
+        default=16,
+        ge=1,
+        le=256,
+        description="cap on live sessions of all principals together (see the next row for one principal's)",
+    )
+    max_sessions_per_principal: Annotated[
+        int | None, Cli(metavar="N", shown_default=PER_PRINCIPAL_DEFAULT.format(flag="--max-sessions"))
+    ] = Field(
+        default=None,
+        ge=1,
+        description="live sessions one principal may have; background jobs and `--stateless` calls in "
+        "flight count too. Past it (or past `--max-sessions`) the least recently used idle session is "
+        "unloaded to make room (variables saved, files kept); only when none is idle is a call refused",
     )
     idle_timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
         default=3600.0,
@@ -112,11 +128,21 @@ class Settings(BaseSettings):
         "its files kept)",
     )
     max_stored_sessions: Annotated[int, Cli(metavar="N")] = Field(
-        default=100, ge=1, description="cap on stored sessions (live or not) per data dir"
+        default=100,
+        ge=1,
+        description="cap on stored sessions (live or not) per data dir, all principals together",
     )
+    max_stored_sessions_per_principal: Annotated[
+        int | None, Cli(metavar="N", shown_default=PER_PRINCIPAL_DEFAULT.format(flag="--max-stored-sessions"))
+    ] = Field(default=None, ge=1, description="stored sessions one principal may keep")
     max_stored_mb: Annotated[int, Cli(metavar="MIB")] = Field(
-        default=20480, ge=1, description="cap on the total size of stored sessions' files (MiB)"
+        default=20480,
+        ge=1,
+        description="cap on the total size of stored sessions' files (MiB), all principals together",
     )
+    max_stored_mb_per_principal: Annotated[
+        int | None, Cli(metavar="MIB", shown_default=PER_PRINCIPAL_DEFAULT.format(flag="--max-stored-mb"))
+    ] = Field(default=None, ge=1, description="total size of one principal's stored sessions' files (MiB)")
     snapshot_mb: Annotated[int, Cli(metavar="MIB")] = Field(
         default=1024,
         ge=0,
@@ -274,7 +300,15 @@ class Settings(BaseSettings):
     ] = Field(
         default=None,
         description="principals and their tokens (stored hashed; `kernmind tokens add NAME` makes one): "
-        "each token's principal owns its sessions and memory; revoking takes effect at once",
+        "each token's principal owns its sessions, memory and jobs; revoking takes effect at once and keeps "
+        "the data apart (`tokens add NAME --adopt` gives it to a new token)",
+    )
+    allowed_origin: Annotated[
+        list[str], NoDecode, Cli(Group.TRANSPORT, metavar="ORIGIN", repeatable=True, shown_default="—")
+    ] = Field(
+        default_factory=list,
+        description="a browser origin (`https://app.example.com`) whose requests the HTTP transport accepts "
+        "besides the server's own (repeatable); requests without an `Origin` header are not affected",
     )
     max_request_mb: Annotated[int, Cli(Group.TRANSPORT, metavar="MB")] = Field(
         default=32,
@@ -303,6 +337,12 @@ class Settings(BaseSettings):
     memory_block_max_limit: Annotated[int, Cli(Group.MEMORY, metavar="CHARS")] = Field(
         default=100_000, ge=1, le=10_000_000, description="the largest `limit` a block may be given"
     )
+    memory_max_blocks: Annotated[int, Cli(Group.MEMORY, metavar="N")] = Field(
+        default=200,
+        ge=1,
+        le=100_000,
+        description="most blocks one memory namespace may hold (a create past it is refused with a sentence)",
+    )
     memory_default_blocks: Annotated[
         dict[str, str], Cli(Group.MEMORY, metavar="JSON", shown_default="`persona`, `human`")
     ] = Field(
@@ -320,6 +360,28 @@ class Settings(BaseSettings):
         if self.packages == "allowlist" and self.package_allowlist is None:
             raise ValueError("--packages allowlist needs --package-allowlist FILE (one package name a line)")
         return self
+
+    @field_validator("allowed_origin", mode="before")
+    @classmethod
+    def _origin_list(cls, value: object) -> object:
+        """The variable holds a JSON list or comma-separated origins."""
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [o for o in re.split(r"[,\s]+", text) if o]
+        return value
+
+    @field_validator("allowed_origin", mode="after")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        from kernmind.http_guard import normal_origin
+
+        for origin in value:
+            if normal_origin(origin) is None:
+                raise ValueError(
+                    f"{origin[:100]!r} is not an origin: write scheme://host[:port] with http or https and "
+                    "nothing after the port (e.g. https://app.example.com or http://localhost:5173)"
+                )
+        return value
 
     @field_validator("db", mode="before")
     @classmethod
@@ -341,6 +403,30 @@ class Settings(BaseSettings):
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
+
+    @property
+    def several_principals(self) -> bool:
+        """Whether principals share this server: a tokens file (``--tokens``, or the data dir's)."""
+        from kernmind.principals import tokens_file_in_use
+
+        return tokens_file_in_use(self.tokens_file, self.data_dir) is not None
+
+    def _share(self, given: int | None, whole: int) -> int:
+        if given is not None:
+            return min(given, whole)
+        return max(1, whole // 2) if self.several_principals else whole
+
+    @property
+    def principal_max_sessions(self) -> int:
+        return self._share(self.max_sessions_per_principal, self.max_sessions)
+
+    @property
+    def principal_max_stored_sessions(self) -> int:
+        return self._share(self.max_stored_sessions_per_principal, self.max_stored_sessions)
+
+    @property
+    def principal_max_stored_mb(self) -> int:
+        return self._share(self.max_stored_mb_per_principal, self.max_stored_mb)
 
     @property
     def db_is_postgres(self) -> bool:

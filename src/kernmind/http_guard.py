@@ -1,4 +1,14 @@
-"""JSON-RPC requests that MCP cannot serve, refused in words before the SDK's HTTP app.
+"""HTTP requests refused in words before the SDK's HTTP app: foreign browser origins and
+JSON-RPC that MCP cannot serve.
+
+:class:`OriginGuard` answers a request whose ``Origin`` header is not one the server accepts
+with a 403 before anything else sees it. A browser sends ``Origin`` with every cross-site
+request, so this is what stops a web page on another origin (``http://localhost:3000``,
+or a site that rebinds its DNS to 127.0.0.1) from driving the server with the user's
+browser. Accepted: the server's own origin (``http://<host>:<port>`` for the address it
+listens on; for a loopback address ``127.0.0.1``, ``localhost`` and ``[::1]`` on that
+port; for a wildcard address, the request's own ``Host``), and the origins the operator adds
+with ``--allowed-origin``. A request without ``Origin`` (every non-browser client) passes.
 
 The SDK's Streamable HTTP app answers some malformed POSTs badly for a client: a JSON-RPC
 batch gets pydantic's raw union-validation text (handshake era), a request whose ``id`` is
@@ -23,6 +33,7 @@ Error policy: refusals never reach the server's tools or state; the server keeps
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -34,6 +45,75 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 INVALID_REQUEST = -32600
 MIB = 1024 * 1024
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def normal_origin(origin: str) -> str | None:
+    """``scheme://host[:port]`` in lower case without a default port, or None when it is not one."""
+    match = re.fullmatch(
+        r"(https?)://(\[[0-9a-f:.]+\]|[a-z0-9.-]+)(?::(\d{1,5}))?", origin.strip(), flags=re.IGNORECASE
+    )
+    if match is None:
+        return None
+    scheme, host, port = match.group(1).lower(), match.group(2).lower(), match.group(3)
+    if port is not None:
+        number = int(port)
+        if number > 65535:
+            return None
+        port = None if (scheme, number) in (("http", 80), ("https", 443)) else str(number)
+    return f"{scheme}://{host}" + (f":{port}" if port else "")
+
+
+def own_origins(host: str, port: int, loopback: bool) -> set[str]:
+    """The origins of a server listening on ``host:port`` (empty for a wildcard address)."""
+    if host in WILDCARD_HOSTS:
+        return set()
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    names = {shown, *LOOPBACK_NAMES} if loopback else {shown}
+    return {o for name in names if (o := normal_origin(f"http://{name}:{port}")) is not None}
+
+
+class OriginGuard:
+    """ASGI middleware: refuse requests from browser origins the server does not accept."""
+
+    def __init__(self, app: ASGIApp, *, own: set[str], allowed: list[str], same_host: bool) -> None:
+        self.app = app
+        self.own = own
+        self.accepted = own | {o for a in allowed if (o := normal_origin(a)) is not None}
+        self.same_host = same_host  # a wildcard bind: the request's own Host is the server's origin
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        origin = host = None
+        for key, value in scope.get("headers", []):
+            if key.lower() == b"origin":
+                origin = value.decode("latin-1")
+            elif key.lower() == b"host":
+                host = value.decode("latin-1")
+        if origin is None or self.accepts(origin, host):
+            await self.app(scope, receive, send)
+            return
+        shown = origin if len(origin) <= 100 else origin[:97] + "…"
+        own = ", ".join(sorted(self.own)) or "the address clients connect to"
+        await _refuse(
+            send,
+            403,
+            f"Requests from the browser origin {shown!r} are not accepted: this server accepts browser "
+            f"requests only from its own origin ({own}) and from origins its operator adds with "
+            "--allowed-origin ORIGIN. Nothing was done. Clients that are not browsers send no Origin "
+            "header and are not affected.",
+        )
+
+    def accepts(self, origin: str, host: str | None) -> bool:
+        normal = normal_origin(origin)
+        if normal is None:
+            return False
+        if normal in self.accepted:
+            return True
+        return self.same_host and host is not None and normal.split("://", 1)[1] == host.strip().lower()
 
 
 class JsonRpcGuard:

@@ -10,7 +10,16 @@ Design
   its roles and when it was made. ``kernmind tokens add NAME`` prints the new token once.
 - Revocation needs no restart: the file is re-read whenever its modification time, size
   or inode changes (checked on each request; a ``stat`` costs microseconds).
-- The HTTP middleware (``serving.py``) puts the principal into the ASGI scope;
+- **A principal's data has a key of its own** (``Principal.owner``): sessions, memory
+  namespaces and background jobs are kept under it, not under the name. Revoking moves the
+  entry to the file's ``revoked`` list (its digest dropped, its key kept; nothing is
+  deleted), and a later ``tokens add`` of that name gets a fresh key (``bob~2``): the old
+  data is never reached by the new token unless an admin says so with ``tokens add NAME
+  --adopt``, which gives the new token the revoked key. Entries written before keys existed
+  have none: their key is their name, so every existing principal keeps its data. Data
+  under a name that no entry records (revoked before revocations were recorded) is found by
+  the ``data_under`` check that ``kernmind tokens add`` passes, and recorded as revoked.
+- The HTTP middleware (``http_auth.py``) puts the principal into the ASGI scope;
   ``identify_callers(server)`` wraps the server's ``tools/call``, ``resources/read`` and
   ``prompts/get`` handlers so that, while one runs, ``current_principal()`` is the caller
   (read from the request the SDK passes along). A request without one (stdio, in-process)
@@ -18,7 +27,8 @@ Design
   ``current_principal()``; tools holding a ``Context`` may use ``principal_of(ctx)``.
 
 What a principal owns is decided by the parts that keep things: sessions are keyed by
-(owner, session id), memory namespaces live inside the principal's space. Another
+(owner, session id), memory namespaces live inside the principal's space, jobs are filed
+under their owner — the owner being always ``Principal.owner``, the data key, never the name. Another
 principal's session is simply not there ("no session named X", never "forbidden").
 An ``admin`` sees and manages everything, naming another's session ``owner/session_id``.
 
@@ -49,6 +59,9 @@ log = logging.getLogger(__name__)
 SCOPE_KEY = "kernmind.principal"  # where the HTTP middleware leaves the caller in the ASGI scope
 ADMIN = "admin"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# A data key: a name, or a name and a generation (``bob~2``); "~" is not allowed in names, so a
+# key of one principal can never be another principal's name.
+OWNER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}(~[1-9][0-9]{0,5})?$")
 
 
 class TokenFileError(ValueError):
@@ -59,14 +72,29 @@ class TokenFileError(ValueError):
 class Principal:
     name: str
     roles: tuple[str, ...] = ()
+    key: str = ""  # what its data is kept under ("": its name; see the module docstring)
 
     @property
     def admin(self) -> bool:
         return ADMIN in self.roles
 
+    @property
+    def owner(self) -> str:
+        """The owner of this principal's sessions, memory namespace and jobs."""
+        return self.key or self.name
+
 
 LOCAL = Principal("local", (ADMIN,))
 SHARED_TOKEN = Principal("default", (ADMIN,))
+
+
+def owner_of(entry: dict[str, Any]) -> str:
+    """The data key of a tokens-file entry (live or revoked)."""
+    return str(entry.get("owner") or entry["name"])
+
+
+def now_text() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def digest(token: str | bytes) -> str:
@@ -93,31 +121,39 @@ class TokenFile:
     _stamp: tuple[int, int, int] | None = field(default=None, repr=False)
     _by_digest: dict[str, Principal] = field(default_factory=dict, repr=False)
     _entries: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    _revoked: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     # --- reading ---------------------------------------------------------------------
     def entries(self) -> list[dict[str, Any]]:
         self.refresh(strict=True)
         return [dict(e) for e in self._entries]
 
+    def revoked(self) -> list[dict[str, Any]]:
+        """Revoked principals, oldest first: name, owner (their data's key), roles, created, revoked."""
+        self.refresh(strict=True)
+        return [dict(e) for e in self._revoked]
+
     def refresh(self, *, strict: bool = False) -> None:
         """Re-read the file if it changed; a missing file means no principals."""
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            self._stamp, self._entries, self._by_digest = None, [], {}
+            self._stamp, self._entries, self._revoked, self._by_digest = None, [], [], {}
             return
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp == self._stamp:
             return
         try:
-            entries = _parse(self.path.read_bytes(), self.path)
+            entries, revoked = _parse(self.path.read_bytes(), self.path)
         except (OSError, TokenFileError) as exc:
             if strict or self._stamp is None:
                 raise TokenFileError(str(exc)) from exc
             log.error("tokens file %s is unusable, keeping the previous contents: %s", self.path, exc)
             return
-        self._entries = entries
-        self._by_digest = {e["sha256"]: Principal(e["name"], tuple(e.get("roles", ()))) for e in entries}
+        self._entries, self._revoked = entries, revoked
+        self._by_digest = {
+            e["sha256"]: Principal(e["name"], tuple(e.get("roles", ())), owner_of(e)) for e in entries
+        }
         self._stamp = stamp
 
     def principal_for(self, token: str | bytes) -> Principal | None:
@@ -130,35 +166,88 @@ class TokenFile:
         return found
 
     # --- writing (kernmind tokens) ----------------------------------------------------------
-    def add(self, name: str, roles: list[str]) -> str:
-        """Make a token for a new principal ``name``; returns the token (shown once)."""
+    def add(
+        self,
+        name: str,
+        roles: list[str],
+        *,
+        adopt: str | None = None,
+        data_under: Callable[[str], bool] | None = None,
+    ) -> str:
+        """Make a token for a new principal ``name``; returns the token (shown once).
+
+        Its data key is fresh (the name, or ``name~N`` when that key was used before), unless
+        ``adopt`` names a revoked principal (its name, or its key) whose data it takes over.
+        ``data_under(key)`` says whether data is stored under a key; a key with data that no
+        entry records is recorded as revoked (data from before revocations were recorded)."""
         check_name(name)
-        entries = self.entries() if self.path.exists() else []
+        exists = self.path.exists()
+        entries = self.entries() if exists else []
+        revoked = self.revoked() if exists else []
         if any(e["name"] == name for e in entries):
             raise TokenFileError(
                 f"a principal named {name!r} exists already; revoke it first to replace its token."
             )
+        if adopt is not None:
+            record = _revoked_record(revoked, adopt, self.path)
+            revoked.remove(record)
+            key = owner_of(record)
+        else:
+            key = self._fresh_key(name, entries, revoked, data_under)
         token = "km_" + secrets.token_urlsafe(32)
-        now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        entries.append({"name": name, "sha256": digest(token), "roles": sorted(set(roles)), "created": now})
-        self._write(entries)
+        entry = {"name": name, "sha256": digest(token), "roles": sorted(set(roles)), "created": now_text()}
+        if key != name:
+            entry["owner"] = key
+        entries.append(entry)
+        self._write(entries, revoked)
         return token
 
-    def revoke(self, name: str) -> None:
+    @staticmethod
+    def _fresh_key(
+        name: str,
+        entries: list[dict[str, Any]],
+        revoked: list[dict[str, Any]],
+        data_under: Callable[[str], bool] | None,
+    ) -> str:
+        used = {owner_of(e) for e in entries} | {owner_of(e) for e in revoked}
+        generation = 1
+        while True:
+            key = name if generation == 1 else f"{name}~{generation}"
+            if key not in used:
+                if data_under is None or not data_under(key):
+                    return key
+                # Data that no entry records: a principal revoked before revocations were recorded.
+                revoked.append({"name": name, "owner": key, "roles": [], "created": None, "revoked": None})
+            generation += 1
+
+    def revoke(self, name: str) -> dict[str, Any]:
+        """Revoke ``name``: its token stops working; its data stays, under its key (returned record)."""
         entries = self.entries()
-        kept = [e for e in entries if e["name"] != name]
-        if len(kept) == len(entries):
+        gone = [e for e in entries if e["name"] == name]
+        if not gone:
             known = ", ".join(e["name"] for e in entries) or "none"
             raise TokenFileError(f"no principal named {name!r} in {self.path}; principals: {known}.")
-        self._write(kept)
+        entry = gone[0]
+        record = {
+            "name": name,
+            "owner": owner_of(entry),
+            "roles": entry.get("roles", []),
+            "created": entry.get("created"),
+            "revoked": now_text(),
+        }
+        self._write([e for e in entries if e is not entry], [*self.revoked(), record])
+        return record
 
-    def _write(self, entries: list[dict[str, Any]]) -> None:
+    def _write(self, entries: list[dict[str, Any]], revoked: list[dict[str, Any]]) -> None:
         """Atomically replace the file (0600), so readers never see half of it."""
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd, tmp = tempfile.mkstemp(prefix=".tokens-", dir=self.path.parent)
+        doc: dict[str, Any] = {"tokens": entries}
+        if revoked:
+            doc["revoked"] = revoked
         try:
             with os.fdopen(fd, "w") as fh:
-                json.dump({"tokens": entries}, fh, indent=2)
+                json.dump(doc, fh, indent=2)
                 fh.write("\n")
             os.chmod(tmp, 0o600)
             os.replace(tmp, self.path)
@@ -168,7 +257,22 @@ class TokenFile:
         self._stamp = None
 
 
-def _parse(raw: bytes, path: Path) -> list[dict[str, Any]]:
+def _revoked_record(revoked: list[dict[str, Any]], wanted: str, path: Path) -> dict[str, Any]:
+    """The revoked principal ``wanted`` names: the latest revoked of that name, else by data key."""
+    for record in reversed(revoked):
+        if record["name"] == wanted:
+            return record
+    for record in revoked:
+        if owner_of(record) == wanted:
+            return record
+    known = ", ".join(sorted({f"{r['name']} ({owner_of(r)})" for r in revoked})) or "none"
+    raise TokenFileError(
+        f"nothing to adopt: no revoked principal {wanted!r} in {path}; revoked principals (with their "
+        f"data keys): {known}. `kernmind tokens list` shows them."
+    )
+
+
+def _parse(raw: bytes, path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     try:
         doc = json.loads(raw or b'{"tokens": []}')
     except ValueError as exc:
@@ -176,7 +280,14 @@ def _parse(raw: bytes, path: Path) -> list[dict[str, Any]]:
     entries = doc.get("tokens") if isinstance(doc, dict) else None
     if not isinstance(entries, list):
         raise TokenFileError(f'{path} must hold {{"tokens": [...]}}')
+    revoked = doc.get("revoked", [])
+    if not isinstance(revoked, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("name"), str) and OWNER_RE.match(owner_of(r))
+        for r in revoked
+    ):
+        raise TokenFileError(f'{path}: "revoked" must be a list of {{"name": …, "owner": …}} records')
     seen: set[str] = set()
+    keys: set[str] = set()
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise TokenFileError(f"{path}: entry {i} needs a name")
@@ -188,8 +299,14 @@ def _parse(raw: bytes, path: Path) -> list[dict[str, Any]]:
             raise TokenFileError(f"{path}: entry {entry['name']!r} has roles that are not a list of names")
         if entry["name"] in seen:
             raise TokenFileError(f"{path}: principal {entry['name']!r} appears twice")
+        key = entry.get("owner", entry["name"])
+        if not isinstance(key, str) or not OWNER_RE.match(key) or key in keys:
+            raise TokenFileError(
+                f"{path}: entry {entry['name']!r} has an owner key that is malformed or not its own"
+            )
         seen.add(entry["name"])
-    return entries
+        keys.add(key)
+    return entries, revoked
 
 
 @dataclass

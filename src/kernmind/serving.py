@@ -29,7 +29,9 @@ Design
   time, and puts the principal the token names into the request's scope (``principals.py``:
   sessions and memory belong to principals); anything else gets a 401. A non-loopback bind address without a token is refused
   before anything starts. On loopback the SDK's DNS-rebinding protection (Host/Origin
-  allow-lists) stays on.
+  allow-lists) stays on, with the server's own origins only; ``OriginGuard`` (http_guard.py)
+  refuses other browser origins on every address unless ``--allowed-origin`` adds them, and
+  transport sessions are bound to the principal that opened them (http_auth.py).
 
 Error policy: configuration problems (non-loopback host without a token, a port that is in
 use, a required sandbox that is missing) print one clear line to stderr and return a
@@ -41,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import logging
 import os
 import signal
@@ -58,16 +59,19 @@ import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from kernmind.config import Settings
-from kernmind.http_guard import JsonRpcGuard
-from kernmind.principals import (
-    SCOPE_KEY,
-    Authenticator,
-    Principal,
-    TokenFile,
-    TokenFileError,
-    tokens_file_in_use,
-)
+from kernmind.http_auth import BearerTokenMiddleware, authenticator, redact_session_ids
+from kernmind.http_guard import JsonRpcGuard, OriginGuard, own_origins
+from kernmind.principals import TokenFile, TokenFileError, tokens_file_in_use
 from kernmind.settings_cli import where_set
+
+__all__ = [
+    "BearerTokenMiddleware",
+    "bind_socket",
+    "build_http_app",
+    "check_http_settings",
+    "is_loopback",
+    "serve",
+]
 
 log = logging.getLogger(__name__)
 
@@ -110,74 +114,6 @@ def check_http_settings(settings: Settings) -> str | None:
         except TokenFileError as exc:
             return str(exc)
     return None
-
-
-# --- bearer-token middleware --------------------------------------------------------
-class BearerTokenMiddleware:
-    """ASGI middleware: every HTTP request needs ``Authorization: Bearer <token>`` naming a
-    principal (``--token`` or the tokens file); the principal goes into the ASGI scope for
-    the tools (``principals.principal_of``). Token digests are compared in constant time.
-    Lifespan events pass through.
-    """
-
-    def __init__(self, app: ASGIApp, auth: Authenticator | str) -> None:
-        if isinstance(auth, str):
-            auth = Authenticator(token=auth)
-        if not auth.required or auth.token == "":
-            raise ValueError("an empty token would let every request in")
-        self.app = app
-        self.auth = auth
-
-    def authorized(self, headers: list[tuple[bytes, bytes]]) -> Principal | None:
-        given = b""
-        for key, value in headers:
-            if key.lower() == b"authorization":
-                given = value
-                break
-        scheme, _, credential = given.strip().partition(b" ")
-        # Always look the credential up, so timing does not depend on the scheme either.
-        principal = self.auth.principal_for(credential.strip())
-        return principal if scheme.lower() == b"bearer" else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket"):
-            await self.app(scope, receive, send)
-            return
-        principal = self.authorized(scope.get("headers", []))
-        if principal is not None:
-            scope[SCOPE_KEY] = principal
-            await self.app(scope, receive, send)
-            return
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        body = json.dumps(
-            {
-                "error": "unauthorized",
-                "error_description": "missing, wrong or revoked bearer token; send 'Authorization: Bearer <token>'",
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b'Bearer realm="kernmind"'),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-
-def authenticator(settings: Settings) -> Authenticator:
-    """``--token`` and the tokens file (read now, so a malformed file stops the start)."""
-    tokens = None
-    if (path := tokens_file_in_use(settings.tokens_file, settings.data_dir)) is not None:
-        tokens = TokenFile(path)
-        tokens.refresh(strict=True)
-    return Authenticator(token=settings.token or None, tokens=tokens)
 
 
 # --- stdio ----------------------------------------------------------------------------
@@ -378,13 +314,32 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def build_http_app(server: Any, settings: Settings) -> ASGIApp:
-    """The SDK's Streamable HTTP app at /mcp behind the JSON-RPC guard and, with a token, its check."""
+def build_http_app(server: Any, settings: Settings, port: int | None = None) -> ASGIApp:
+    """The SDK's Streamable HTTP app at /mcp behind the JSON-RPC guard, the Origin guard and,
+    with a token, its check (``port``: the one the server listens on, if not ``--port``)."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
     max_body = settings.max_request_mb * 1024 * 1024
+    port = settings.port if port is None else port
+    loopback = is_loopback(settings.host)
+    own = own_origins(settings.host, port, loopback)
+    security = None
+    if loopback:  # the SDK's DNS-rebinding check (Host and Origin), with our list of origins
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=sorted({f"{host}:*", "127.0.0.1:*", "localhost:*", "[::1]:*"}),
+            allowed_origins=sorted(own | set(settings.allowed_origin)),
+        )
+    redact_session_ids()
     app: ASGIApp = server.streamable_http_app(
-        streamable_http_path=MCP_PATH, host=settings.host, max_request_body_size=max_body
+        streamable_http_path=MCP_PATH,
+        host=settings.host,
+        max_request_body_size=max_body,
+        transport_security=security,
     )
     app = JsonRpcGuard(app, max_body=max_body, limit_setting=where_set("max_request_mb"))
+    app = OriginGuard(app, own=own, allowed=settings.allowed_origin, same_host=not own)
     auth = authenticator(settings)
     if auth.required:
         app = BearerTokenMiddleware(app, auth)
@@ -394,8 +349,9 @@ def build_http_app(server: Any, settings: Settings) -> ASGIApp:
 async def serve_http(server: Any, settings: Settings, sock: socket.socket) -> int:
     import uvicorn
 
+    host, port = sock.getsockname()[:2]
     config = uvicorn.Config(
-        build_http_app(server, settings),
+        build_http_app(server, settings, port),
         lifespan="on",
         log_config=None,  # keep kernmind's stderr logging
         access_log=settings.log_level == "DEBUG",
@@ -403,7 +359,6 @@ async def serve_http(server: Any, settings: Settings, sock: socket.socket) -> in
         server_header=False,
     )
     uv = _uvicorn_server_class()(config)
-    host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
 
     def announce() -> None:

@@ -12,8 +12,9 @@ optional :class:`~kernmind.config.Cli` annotation) this module derives:
 - README's configuration table (:func:`markdown_table`; ``python -m kernmind.settings_cli``
   prints it, ``--write README.md`` replaces it between the markers).
 
-Type mapping: a ``Literal`` becomes ``choices``; a ``bool`` becomes ``--x/--no-x``; a dict
-or list takes JSON; everything else is passed as text and converted and checked by
+Type mapping: a ``Literal`` becomes ``choices``; a ``bool`` becomes ``--x/--no-x``; a list
+marked ``Cli(repeatable=True)`` takes the flag once per item; a dict or other list takes JSON;
+everything else is passed as text and converted and checked by
 pydantic, so a flag and its environment variable accept exactly the same values.
 
 Error policy: a value the model refuses becomes one sentence per problem naming the flag
@@ -63,7 +64,7 @@ README_END = "<!-- end of settings table -->"
 
 PIPE = "\\|"  # a literal | inside a Markdown table cell
 
-Kind = Literal["text", "choice", "bool", "json"]
+Kind = Literal["text", "choice", "bool", "json", "repeat"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class SettingSpec:
             return "choice"
         if t is bool:
             return "bool"
+        if self.cli.repeatable:
+            return "repeat"
         if get_origin(t) in (dict, list) or t in (dict, list):
             return "json"
         return "text"
@@ -124,6 +127,8 @@ class SettingSpec:
             return str(value).lower()
         if isinstance(value, float) and value.is_integer():
             return str(int(value))
+        if isinstance(value, list) and not value:
+            return None
         return str(value)
 
     def help(self) -> str:
@@ -188,6 +193,11 @@ def add_settings_arguments(
                 g.add_argument(spec.flag, action=argparse.BooleanOptionalAction, **common)
             elif spec.kind == "choice":
                 g.add_argument(spec.flag, choices=spec.choices, **common)
+            elif spec.kind == "repeat":
+                common["help"] += " (repeatable)"
+                g.add_argument(
+                    spec.flag, action="append", metavar=spec.cli.metavar or spec.name.upper(), **common
+                )
             else:
                 g.add_argument(
                     spec.flag,
@@ -224,6 +234,9 @@ def settings_as_args(settings: Settings, groups: Iterable[Group]) -> tuple[list[
             env[spec.env] = json.dumps(value) if spec.kind == "json" else str(value)
         elif spec.kind == "bool":
             args.append(spec.flag if value else "--no-" + spec.flag.removeprefix("--"))
+        elif spec.kind == "repeat":
+            for item in value:
+                args += [spec.flag, str(item)]
         elif value is not None:
             args += [spec.flag, json.dumps(value) if spec.kind == "json" else str(value)]
     return args, env
@@ -266,6 +279,8 @@ def markdown_table() -> str:
                 flag = f"`{spec.flag} {PIPE.join(spec.choices)}`"
             elif spec.kind == "bool":
                 flag = f"`{spec.flag}`"
+            elif spec.kind == "repeat":
+                flag = f"`{spec.flag} {spec.cli.metavar or spec.name.upper()}` …"
             else:
                 flag = f"`{spec.flag} {spec.cli.metavar or spec.name.upper()}`"
             shown = spec.shown_default()

@@ -1,19 +1,31 @@
-"""``kernmind tokens add NAME | list | revoke NAME``: the principals of an HTTP deployment.
+"""``kernmind tokens add NAME [--adopt [WHO]] | list | revoke NAME``: the principals of an HTTP deployment.
 
 The tokens file is ``--tokens FILE`` (``KERNMIND_TOKENS_FILE``), by default
 ``<data dir>/tokens.json``; a running server re-reads it on change, so ``revoke`` takes
 effect at once. ``add`` prints the new token once, as the last word of its last line
 (scripts can take it with ``| tail -1 | awk '{print $NF}'``); only its digest is stored.
+
+Revoking keeps the principal's data (sessions, memory, job records) under its data key
+(``principals.py``); ``list`` shows revoked principals and what data they left. A name
+added again starts empty; ``add NAME --adopt`` gives the new token the data the revoked
+``NAME`` left (``--adopt WHO``: the data of another revoked name, or of a data key).
+
+Error policy: a problem the admin can fix (unknown name, nothing to adopt, a malformed
+file) prints one line to stderr and exits 2; the file is unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+from typing import Any
+
+import anyio
 
 from kernmind.config import Settings
-from kernmind.principals import ADMIN, TokenFile, TokenFileError, default_tokens_file
+from kernmind.principals import ADMIN, TokenFile, TokenFileError, default_tokens_file, owner_of
 
 
 def tokens_path(settings: Settings) -> Path:
@@ -30,31 +42,147 @@ def add_parser(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser)
     add.add_argument(
         "--role", action="append", default=[], choices=[ADMIN], help="give it a role (repeatable)"
     )
-    actions.add_parser("list", parents=[parent], help="list principals, their roles and when they were made")
+    add.add_argument(
+        "--adopt",
+        nargs="?",
+        const=True,
+        metavar="WHO",
+        help="give the new token the data (sessions, memory, jobs) a revoked principal left: by default "
+        "the revoked principal of the same name; WHO names another revoked name or a data key",
+    )
+    actions.add_parser(
+        "list", parents=[parent], help="list principals, their roles, and revoked principals with their data"
+    )
     revoke = actions.add_parser(
-        "revoke", parents=[parent], help="remove a principal: its token stops working"
+        "revoke", parents=[parent], help="revoke a principal: its token stops working, its data is kept"
     )
     revoke.add_argument("name")
 
 
+class DataCensus:
+    """What data is stored under a data key: sessions, job records, memory (read-only look)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._memory: dict[str, tuple[int, int]] | None = None
+
+    def sessions(self, key: str) -> int:
+        return _count_dirs(self.settings.sessions_dir / key)
+
+    def jobs(self, key: str) -> int:
+        try:
+            return sum(1 for e in os.scandir(self.settings.jobs_dir / key) if e.name.endswith(".json"))
+        except OSError:
+            return 0
+
+    def memory(self, key: str) -> tuple[int, int]:
+        """(blocks, passages) in the key's memory namespaces (``key/<agent>``)."""
+        return self._memory_counts([key]).get(key, (0, 0))
+
+    def has_data(self, key: str) -> bool:
+        return bool(self.sessions(key) or self.jobs(key) or any(self.memory(key)))
+
+    def describe(self, key: str) -> str:
+        blocks, passages = self.memory(key)
+        parts = [
+            f"{n} {what}{'s' if n != 1 else ''}"
+            for n, what in (
+                (self.sessions(key), "session"),
+                (self.jobs(key), "job record"),
+                (blocks, "memory block"),
+                (passages, "archival passage"),
+            )
+            if n
+        ]
+        return "data kept: " + ", ".join(parts) if parts else "no data left"
+
+    def _memory_counts(self, keys: list[str]) -> dict[str, tuple[int, int]]:
+        if self._memory is None:
+            self._memory = {}
+        missing = [k for k in keys if k not in self._memory]
+        if missing:
+            self._memory.update(anyio.run(self._count_memory, missing))
+        return self._memory
+
+    async def _count_memory(self, keys: list[str]) -> dict[str, tuple[int, int]]:
+        settings = self.settings
+        if not settings.db_is_postgres and not settings.db_path.exists():
+            return {k: (0, 0) for k in keys}  # no database yet: nothing to look at (and none made)
+        from kernmind.memory.store import open_database
+
+        db = open_database(settings.db_location)
+        await db.open()
+        counts: dict[str, tuple[int, int]] = {}
+        try:
+            async with db.read() as tx:
+                for key in keys:
+                    prefix = key + "/"
+                    found = []
+                    for table in ("blocks", "passages"):
+                        row = await tx.one(
+                            f"SELECT count(*) FROM {table} WHERE substr(namespace, 1, ?) = ?",
+                            (len(prefix), prefix),
+                        )
+                        found.append(int(row[0]) if row else 0)
+                    counts[key] = (found[0], found[1])
+        finally:
+            await db.close()
+        return counts
+
+
+def _count_dirs(path: Path) -> int:
+    try:
+        return sum(1 for e in os.scandir(path) if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return 0
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     file = TokenFile(tokens_path(settings))
+    census = DataCensus(settings)
     try:
         if args.tokens_action == "add":
-            token = file.add(args.name, args.role)
+            adopt = args.name if args.adopt is True else args.adopt
+            token = file.add(args.name, args.role, adopt=adopt, data_under=census.has_data)
+            entry = next(e for e in file.entries() if e["name"] == args.name)
+            key = owner_of(entry)
+            if adopt is not None:
+                print(f"{args.name!r} adopts the data kept under {key!r} ({census.describe(key)})")
+            elif any(r["name"] == args.name for r in file.revoked()):
+                print(
+                    f"{args.name!r} starts empty: the data of the revoked {args.name!r} stays apart "
+                    f"(`kernmind tokens list` shows it; `tokens add {args.name} --adopt` would have given it)"
+                )
             print(f"made principal {args.name!r} in {file.path}; its token (shown only now):")
             print(f"token {token}")
         elif args.tokens_action == "list":
-            entries = file.entries()
-            if not entries:
-                print(f"no principals in {file.path}")
-            for e in entries:
-                roles = ",".join(e.get("roles", [])) or "-"
-                print(f"{e['name']:<24} roles={roles:<8} created={e.get('created', '?')}")
+            _list(file, census)
         else:
-            file.revoke(args.name)
-            print(f"revoked {args.name!r}: its token no longer works (running servers notice at once)")
+            record = file.revoke(args.name)
+            print(
+                f"revoked {args.name!r}: its token no longer works (running servers notice at once); its "
+                f"data stays under {record['owner']!r} ({census.describe(record['owner'])}); "
+                f"`kernmind tokens add {args.name} --adopt` would give it to a new token"
+            )
     except TokenFileError as exc:
         print(f"kernmind tokens: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _list(file: TokenFile, census: DataCensus) -> None:
+    entries, revoked = file.entries(), file.revoked()
+    if not entries:
+        print(f"no principals in {file.path}")
+    for e in entries:
+        print(_line(e, "live", f"created={e.get('created', '?')}"))
+    for r in revoked:
+        when = r.get("revoked") or "before this kernmind recorded revocations"
+        print(_line(r, "revoked", f"revoked={when}; {census.describe(owner_of(r))}"))
+
+
+def _line(entry: dict[str, Any], state: str, rest: str) -> str:
+    roles = ",".join(entry.get("roles", [])) or "-"
+    key = owner_of(entry)
+    data = f" data={key}" if key != entry["name"] else ""
+    return f"{entry['name']:<24} {state:<8} roles={roles:<6}{data} {rest}"

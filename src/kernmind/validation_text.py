@@ -32,6 +32,8 @@ _SENTENCES = {
     "dict_type": "must be an object",
     "literal_error": "must be {expected}",
     "enum": "must be {expected}",
+    "string_too_long": "must be at most {max_length} characters long",
+    "too_long": "must have at most {max_length} items",
 }
 
 
@@ -66,4 +68,9 @@ def problem(error: ErrorDetails) -> str:
         )
     if kind == "missing":
         return text
+    if kind in ("string_too_long", "too_long"):  # the size says more than the start of it
+        given = error["input"]
+        size = len(given) if hasattr(given, "__len__") else "more"
+        unit = "characters" if kind == "string_too_long" else "items"
+        return f"{text}; this one has {size} {unit}: shorten it and call again (nothing was done)"
     return f"{text}, got {shown(error['input'])}"

@@ -195,7 +195,8 @@ async def test_stored_session_caps_refuse_new_sessions_naming_ones_to_close(tmp_
         msg = error_text(
             await c.call_tool("upload_file", {"path": "a.txt", "content": "x", "session_id": "third"})
         )
-        assert "2 stored sessions (the cap is 2)" in msg and "close_session" in msg
+        assert "you have 2 stored sessions" in msg and "--max-stored-sessions 2" in msg, msg
+        assert "close_session" in msg and "first" in msg
         structured(await c.call_tool("close_session", {"session_id": "first"}))
         structured(await c.call_tool("upload_file", {"path": "a.txt", "content": "x", "session_id": "third"}))
         sessions = structured(await c.call_tool("list_sessions", {}))["sessions"]

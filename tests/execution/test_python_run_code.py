@@ -391,12 +391,37 @@ async def test_stateless_mode_shares_nothing_between_calls(tmp_path: Path) -> No
         assert second["results"][0]["text"] == "(False, [])"
 
 
-async def test_session_cap_gives_a_clear_error(tmp_path: Path) -> None:
+async def test_the_session_cap_unloads_the_least_recently_used_idle_session(tmp_path: Path) -> None:
     async with Client(create_server(make_settings(tmp_path, max_sessions=2, pool_size=0))) as c:
-        await run(c, "1", session_id="one")
-        await run(c, "1", session_id="two")
+        await run(c, "a = 1", session_id="one")
+        await run(c, "b = 2", session_id="two")
+        assert (await run(c, "3", session_id="three"))["results"][0]["text"] == "3"
+        states = {
+            s["session_id"]: s["state"]
+            for s in structured(await c.call_tool("list_sessions", {}))["sessions"]
+        }
+        assert states == {"one": "stored", "two": "live", "three": "live"}
+        back = await run(c, "a", session_id="one")  # unloads "two" in turn
+        assert back["results"][0]["text"] == "1"
+        assert any("resumed stored session 'one'" in n for n in back["notes"])
+
+
+async def test_session_cap_refuses_when_no_session_is_idle(tmp_path: Path) -> None:
+    async with Client(create_server(make_settings(tmp_path, max_sessions=2, pool_size=0))) as c:
+        jobs = [
+            structured(
+                await c.call_tool(
+                    "run_code", {"code": "import time; time.sleep(60)", "session_id": sid, "background": True}
+                )
+            )["job_id"]
+            for sid in ("one", "two")
+        ]
         msg = error_text(await c.call_tool("run_code", {"code": "1", "session_id": "three"}))
-        assert "too many live sessions" in msg and "close_session" in msg
+        assert "2 live sessions" in msg and "one, two" in msg, msg
+        assert "close_session" in msg and "job_cancel" in msg
+        for job in jobs:
+            structured(await c.call_tool("job_cancel", {"job_id": job}))
+        assert (await run(c, "1", session_id="three"))["results"][0]["text"] == "1"
 
 
 async def test_idle_sessions_are_unloaded_keeping_files_and_variables(tmp_path: Path) -> None:

@@ -166,6 +166,8 @@ class Executor:
             settings.sessions_dir,
             max_sessions=settings.max_stored_sessions,
             max_bytes=settings.max_stored_mb * 1024 * 1024,
+            per_owner_sessions=settings.principal_max_stored_sessions,
+            per_owner_bytes=settings.principal_max_stored_mb * 1024 * 1024,
         )
         self.sessions: SessionRegistry
         if self.remote is not None:  # sessions' files on the gateway's volume, not in the store
@@ -173,6 +175,7 @@ class Executor:
         else:
             self.sessions = SessionRegistry(
                 max_sessions=settings.max_sessions,
+                max_per_owner=settings.principal_max_sessions,
                 idle_timeout=settings.idle_timeout,
                 autosave_after=settings.autosave_seconds,
                 store=self.store,
@@ -378,6 +381,8 @@ class Executor:
         limit, notes = self.time_limit(timeout, background=job is not None)
         collector = job.collector if job is not None else None
         if self.settings.stateless:
+            if job is None:  # a background job took its slot when it started
+                self.sessions.take_slot(owner)
             session = self.sessions.ephemeral(owner)
             try:
                 result = await self._supervise(
@@ -385,6 +390,8 @@ class Executor:
                 )
             finally:
                 await self.sessions.discard(session)
+                if job is None:
+                    self.sessions.give_slot(owner)
             result.session_id, result.job_id = session_id, job.id if job else None
             return result
         job_id = job.id if job is not None else None
@@ -410,6 +417,9 @@ class Executor:
         sid = None if self.settings.stateless else check_session_id(session_id)
         if sid is not None:
             self.sessions.refuse_if_job(owner, sid)
+            self.sessions.check_room(owner, sid)  # counts against the caps from now (reserve)
+        else:
+            self.sessions.take_slot(owner)  # a --stateless job holds a sandbox until it ends
 
         async def run(job: Job) -> RunResult:
             try:
@@ -425,8 +435,15 @@ class Executor:
             finally:
                 if sid is not None:
                     self.sessions.unreserve(owner, sid, job.id)
+                else:
+                    self.sessions.give_slot(owner)
 
-        job = self.jobs.start(run, owner=owner, session_id=sid, language=runner.language, code=code)
+        try:
+            job = self.jobs.start(run, owner=owner, session_id=sid, language=runner.language, code=code)
+        except BaseException:
+            if sid is None:
+                self.sessions.give_slot(owner)
+            raise
         if sid is not None:
             self.sessions.reserve(owner, sid, job.id)
         return job

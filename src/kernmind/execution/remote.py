@@ -71,6 +71,7 @@ class RemoteKernels:
         volume); shared with the other replicas through PostgreSQL when ``--db`` is one."""
         common: dict[str, Any] = {
             "max_sessions": self.settings.max_sessions,
+            "max_per_owner": self.settings.principal_max_sessions,
             "idle_timeout": self.settings.idle_timeout,
             "autosave_after": self.settings.autosave_seconds,
             "new_workspace": self.workspaces.new,

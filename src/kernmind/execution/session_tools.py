@@ -18,11 +18,12 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
+from kernmind import input_limits as limits
 from kernmind.execution.jobs import Job
 from kernmind.execution.results import Logs, RunResult
 from kernmind.execution.sessions import check_session_id
 from kernmind.execution.workspace import off_loop
-from kernmind.principals import NAME_RE, Principal, principal_of
+from kernmind.principals import OWNER_RE, Principal, principal_of
 
 if TYPE_CHECKING:
     from kernmind.execution.executor import Executor
@@ -55,8 +56,13 @@ class SessionSummary(BaseModel):
 
 class SessionList(BaseModel):
     sessions: list[SessionSummary]
-    max_sessions: int = Field(description="live sessions at once (--max-sessions)")
+    max_sessions: int = Field(description="live sessions at once, all principals together (--max-sessions)")
+    max_sessions_per_principal: int = Field(
+        description="live sessions one principal may have; past it the least recently used idle one is "
+        "unloaded (variables saved, files kept)"
+    )
     max_stored_sessions: int
+    max_stored_sessions_per_principal: int
     warm_kernels: int = Field(description="pre-started kernels ready for new sessions")
     pool_error: str | None = Field(
         default=None, description="why warm kernels are failing to start, if they are"
@@ -99,9 +105,9 @@ def address(caller: Principal, session_id: str | None) -> tuple[str, str | None]
     """(owner, session id) a caller means: its own session, or, for an admin, ``owner/session_id``."""
     if caller.admin and session_id and "/" in session_id:
         owner, _, sid = session_id.partition("/")
-        if NAME_RE.match(owner):
+        if OWNER_RE.match(owner):
             return owner, sid
-    return caller.name, session_id
+    return caller.owner, session_id
 
 
 def iso(epoch: float | None) -> str | None:
@@ -154,7 +160,7 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
     )
     async def list_sessions(ctx: Context) -> SessionList:
         caller = principal_of(ctx)
-        owner = None if caller.admin else caller.name
+        owner = None if caller.admin else caller.owner
         rows = await off_loop(lambda: ex.session_summaries(owner), timeout=None)
         for row in rows:
             row["last_used"] = iso(row.get("last_used")) or ""
@@ -162,7 +168,9 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
         return SessionList(
             sessions=[SessionSummary(**r) for r in rows],
             max_sessions=settings.max_sessions,
+            max_sessions_per_principal=ex.sessions.caps.per_owner,
             max_stored_sessions=settings.max_stored_sessions,
+            max_stored_sessions_per_principal=ex.store.per_owner_sessions,
             warm_kernels=ex.pool.ready_count,
             pool_error=ex.pool.last_error,
         )
@@ -193,9 +201,13 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
     async def export_notebook(
         ctx: Context,
         session_id: Annotated[str | None, Field(description="Session; omit for the default session.")] = None,
-        path: Annotated[str, Field(description="Where to write it, relative to the working directory.")] = (
-            "session.ipynb"
-        ),
+        path: Annotated[
+            str,
+            Field(
+                description="Where to write it, relative to the working directory.",
+                max_length=limits.PATH_CHARS,
+            ),
+        ] = ("session.ipynb"),
     ) -> NotebookResult:
         with model_errors():
             owner, sid = address(principal_of(ctx), session_id)
@@ -213,7 +225,7 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
         job_id: Annotated[str, Field(description="The job_id run_code returned.", max_length=80)],
         ctx: Context,
     ) -> Annotated[CallToolResult, JobStatus]:
-        owner = principal_of(ctx).name
+        owner = principal_of(ctx).owner
         with model_errors():
             job = await off_loop(lambda: ex.jobs.get(job_id, owner=owner), timeout=None)
         return job_answer(job, run_result_content)
@@ -224,7 +236,7 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
         ctx: Context,
     ) -> Annotated[CallToolResult, JobStatus]:
         with model_errors():
-            job = await ex.jobs.cancel(job_id, owner=principal_of(ctx).name)
+            job = await ex.jobs.cancel(job_id, owner=principal_of(ctx).owner)
         if job.state == "running" and job.collector is None:
             raise ToolError(
                 f"job {job_id} runs in another kernmind server (pid {job.server_pid}); cancel it there."

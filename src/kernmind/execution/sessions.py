@@ -4,7 +4,10 @@ It only keeps the books; running code is the supervisor's and the runners' job, 
 session leaves on disk is the store's (``store.py``).
 
 - Calls without a session id use the ``default`` session; a named session is created on
-  first use (at most ``max_sessions`` live at once). An empty or malformed id is refused.
+  first use. An empty or malformed id is refused. Live sessions are capped per owner and
+  server-wide (``session_caps.py``): past a cap the least recently used idle session is
+  unloaded to make room (``load``), and ``--stateless`` calls take a ``slot`` that counts the
+  same way. A session being unloaded is loaded again only once its unloading has finished.
   Sessions belong to an owner (a principal, see ``principals.py``): the registry and the
   store are keyed by (owner, session id), so one owner's ids are invisible to another.
 - **Live and stored.** Every named session has a home in the store (its files, meta and
@@ -51,6 +54,7 @@ from anyio.abc import TaskGroup
 from kernmind.execution import history
 from kernmind.execution.errors import SessionError
 from kernmind.execution.packages.layer import Layer
+from kernmind.execution.session_caps import Caps, MakingRoom
 from kernmind.execution.store import LOCAL_OWNER, Meta, SessionHome, SessionStore, StoredSession, ago
 from kernmind.execution.workspace import Workspace, off_loop
 
@@ -119,6 +123,10 @@ class Session:
         notes, self.pending_notes = self.pending_notes, []
         return notes
 
+    def idle(self) -> bool:
+        """Could be unloaded now without losing anything but its interpreter (variables are saved)."""
+        return not (self.busy or self.closed or self.lock.locked() or self.home is None)
+
 
 Hook = Callable[[Session], Awaitable[None]]
 
@@ -133,11 +141,12 @@ class Hooks:
     autosave: Hook  # checkpoint a live, idle session
 
 
-class SessionRegistry:
+class SessionRegistry(MakingRoom):
     def __init__(
         self,
         *,
         max_sessions: int,
+        max_per_owner: int | None = None,
         idle_timeout: float,
         autosave_after: float,
         store: SessionStore | None,  # None: sessions live only as long as this server (a kernel gateway's)
@@ -146,6 +155,7 @@ class SessionRegistry:
         new_layer: Callable[[], Layer] | None = None,
     ) -> None:
         self.max_sessions = max_sessions
+        self.caps = Caps(per_owner=min(max_per_owner or max_sessions, max_sessions), total=max_sessions)
         self.idle_timeout = idle_timeout
         self.autosave_after = autosave_after
         self.store = store
@@ -156,6 +166,7 @@ class SessionRegistry:
         self.jobs: dict[tuple[str, str], str] = {}  # (owner, session id) -> the job that has it
         self._reaped: set[tuple[str, str]] = set()  # unstored sessions closed for idleness (for a note)
         self._loading = anyio.Lock()
+        self._unloading: dict[tuple[str, str], anyio.Event] = {}  # sessions unloaded to make room
 
     # --- lifecycle ----------------------------------------------------------------
     async def run_reaper(self, tg: TaskGroup) -> None:
@@ -298,52 +309,62 @@ class SessionRegistry:
             )
 
     async def load(self, sid: str, *, owner: str = LOCAL_OWNER, create: bool = True) -> Session:
-        """The live session ``(owner, sid)``, loading it from the store (or creating it)."""
-        session = self.sessions.get((owner, sid))
-        if session is not None:
-            return session
-        async with self._loading:
-            session = self.sessions.get((owner, sid))
+        """The live session ``(owner, sid)``, loading it from the store (or creating it); when the
+        caps are reached, an idle session is unloaded first to make room (``session_caps.py``)."""
+        key = (owner, sid)
+        while True:
+            session = self.sessions.get(key)
             if session is not None:
                 return session
-            stored = self.store is not None and self.store.exists(owner, sid)
-            if not stored and not create:
-                raise self.unknown_session(sid, owner)
-            if len(self.sessions) >= self.max_sessions:
-                live = ", ".join(sorted(s for _, s in self.sessions))
-                raise SessionError(
-                    f"too many live sessions ({len(self.sessions)}/{self.max_sessions}): {live}. Reuse one "
-                    "of them, or close one with close_session first."
-                )
-            if self.store is None:
-                return self._new_unstored(owner, sid)
-            store = self.store
-            if not stored:
-                await off_loop(lambda: store.check_room(owner, sid, set(self.sessions)), timeout=None)
-            home = store.home(owner, sid)
-            await off_loop(home.claim, timeout=None)
-            try:
-                meta = home.load_meta()
-                workspace = await off_loop(lambda: self.hooks.open_home(home), timeout=None)
-            except BaseException:
-                home.release()
-                raise
-            session = Session(
-                sid,
-                self._new_workspace,
-                owner=owner,
-                home=home,
-                meta=meta,
-                workspace=workspace,
-                new_layer=self._new_layer,
-            )
-            if stored:
-                session.resumed = True
-                session.pending_notes.append(resumed_note(meta))
-            else:
-                await off_loop(lambda: home.save_meta(meta), timeout=None)
-            self.sessions[session.key] = session
-            return session
+            if (unloading := self._unloading.get(key)) is not None:
+                await unloading.wait()
+                continue
+            async with self._loading:
+                session = self.sessions.get(key)
+                if session is not None:
+                    return session
+                if key in self._unloading:
+                    continue
+                stored = self.store is not None and self.store.exists(owner, sid)
+                if not stored and not create:
+                    raise self.unknown_session(sid, owner)
+                victim = self.caps.room(self.sessions, self.jobs, owner, key)
+                if victim is None:
+                    return await self._bring_in(owner, sid, stored)
+                self._start_unloading(victim)
+            await self._make_room(victim)
+
+    async def _bring_in(self, owner: str, sid: str, stored: bool) -> Session:
+        """Make ``(owner, sid)`` live (the caller holds ``_loading`` and has checked the caps)."""
+        if self.store is None:
+            return self._new_unstored(owner, sid)
+        store = self.store
+        if not stored:
+            await off_loop(lambda: store.check_room(owner, sid, set(self.sessions)), timeout=None)
+        home = store.home(owner, sid)
+        await off_loop(home.claim, timeout=None)
+        try:
+            meta = home.load_meta()
+            workspace = await off_loop(lambda: self.hooks.open_home(home), timeout=None)
+        except BaseException:
+            home.release()
+            raise
+        session = Session(
+            sid,
+            self._new_workspace,
+            owner=owner,
+            home=home,
+            meta=meta,
+            workspace=workspace,
+            new_layer=self._new_layer,
+        )
+        if stored:
+            session.resumed = True
+            session.pending_notes.append(resumed_note(meta))
+        else:
+            await off_loop(lambda: home.save_meta(meta), timeout=None)
+        self.sessions[session.key] = session
+        return session
 
     def _new_unstored(self, owner: str, sid: str) -> Session:
         session = Session(sid, self._new_workspace, owner=owner, new_layer=self._new_layer)

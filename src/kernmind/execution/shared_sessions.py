@@ -188,10 +188,11 @@ class SharedSessionRegistry(SessionRegistry):
 
     async def _create(self, owner: str, sid: str, tombstone: SessionRecord | None) -> SessionRecord:
         names = await self.records.names(owner)
-        if len(names) >= self.max_sessions:
+        if len(names) >= self.caps.per_owner:
             raise SessionError(
-                f"too many live sessions ({len(names)}/{self.max_sessions}): {', '.join(names)}. "
-                "Reuse one of them, or close one with close_session first."
+                f"you have {len(names)} live sessions, the most this server lets one principal have "
+                f"(--max-sessions-per-principal {self.caps.per_owner}): {', '.join(names)}. Reuse one of "
+                "them, or close one you no longer need with close_session first."
             )
         record = await self.records.create(owner, sid)
         record.note = tombstone.note if tombstone is not None else None

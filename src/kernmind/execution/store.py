@@ -29,8 +29,9 @@ nothing has to move back when the kernel stops. A crash in the middle leaves the
 split between ``files/`` and ``.attach/``, both inside the session's directory;
 ``recover()`` (run whenever a session is loaded) puts them back together.
 
-**Caps.** ``check_room`` refuses a new stored session when the number of stored sessions
-or their total size is at its cap, naming the least recently used sessions to close.
+**Caps.** ``check_room`` refuses a new stored session when the owner's stored sessions, or
+their total size, are at the owner's cap — or those of all owners together at the data
+dir's — naming the owner's least recently used sessions to close (never another owner's).
 
 Error policy: a request the model can correct (a session held by another server, caps)
 raises ``SessionError`` with a sentence; ``rm`` of a held session raises the same.
@@ -229,10 +230,20 @@ def read_meta(root: Path) -> Meta | None:
 class SessionStore:
     """Every stored session under ``<data dir>/sessions``: homes, listing, caps, removal."""
 
-    def __init__(self, root: Path, *, max_sessions: int, max_bytes: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        max_sessions: int,
+        max_bytes: int,
+        per_owner_sessions: int | None = None,
+        per_owner_bytes: int | None = None,
+    ) -> None:
         self.root = root
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
+        self.per_owner_sessions = min(per_owner_sessions or max_sessions, max_sessions)
+        self.per_owner_bytes = min(per_owner_bytes or max_bytes, max_bytes)
 
     def home(self, owner: str, session_id: str) -> SessionHome:
         return SessionHome(self.root / owner / session_id, owner, session_id)
@@ -253,28 +264,48 @@ class SessionStore:
         return sorted(found, key=lambda s: s.meta.last_used, reverse=True)
 
     def check_room(self, owner: str, session_id: str, live: set[tuple[str, str]]) -> None:
-        """Refuse a new stored session when the caps are reached, naming sessions to close."""
+        """Refuse a new stored session when a cap is reached — the owner's own, or the data dir's
+        for all owners together — naming only the owner's sessions to close."""
         stored = [s for s in self.list() if (s.meta.owner, s.meta.session_id) != (owner, session_id)]
-        used = sum(s.meta.bytes for s in stored)
-        if len(stored) < self.max_sessions and used < self.max_bytes:
+        mine = [s for s in stored if s.meta.owner == owner]
+        used, my_used = sum(s.meta.bytes for s in stored), sum(s.meta.bytes for s in mine)
+        shared = self.per_owner_sessions < self.max_sessions or self.per_owner_bytes < self.max_bytes
+        flag = "-per-principal" if shared else ""
+        if len(mine) >= self.per_owner_sessions:
+            what = (
+                f"you have {len(mine)} stored sessions, the most {'one principal' if shared else 'this server'} "
+                f"may keep (--max-stored-sessions{flag} {self.per_owner_sessions})"
+            )
+        elif my_used >= self.per_owner_bytes:
+            what = (
+                f"your stored sessions use {my_used / 2**20:.0f} MiB, the most {'one principal' if shared else 'this server'} "
+                f"may use (--max-stored-mb{flag} {self.per_owner_bytes / 2**20:.0f})"
+            )
+        elif len(stored) >= self.max_sessions:
+            what = (
+                f"this server keeps at most {self.max_sessions} stored sessions for all principals together "
+                "(--max-stored-sessions) and has reached that limit"
+            )
+        elif used >= self.max_bytes:
+            what = (
+                f"this server's stored sessions, all principals together, have reached their limit of "
+                f"{self.max_bytes / 2**20:.0f} MiB (--max-stored-mb)"
+            )
+        else:
             return
         closable = [
             s.meta.session_id
-            for s in reversed(stored)
-            if s.held_by is None and (s.meta.owner, s.meta.session_id) not in live and s.meta.owner == owner
+            for s in reversed(mine)
+            if s.held_by is None or (s.meta.owner, s.meta.session_id) in live  # not another server's
         ][:5]
-        what = (
-            f"{len(stored)} stored sessions (the cap is {self.max_sessions})"
-            if len(stored) >= self.max_sessions
-            else f"stored sessions use {used / 2**20:.0f} MiB (the cap is {self.max_bytes / 2**20:.0f} MiB)"
-        )
         hint = (
-            f"Close one you no longer need with close_session (least recently used: {', '.join(closable)})"
+            f"Close one of yours you no longer need with close_session (least recently used: {', '.join(closable)})"
             if closable
-            else "Close a session you no longer need with close_session"
+            else "Close a session of yours you no longer need with close_session"
         )
         raise SessionError(
-            f"cannot create session {session_id!r}: {what}. {hint}, or reuse an existing session_id."
+            f"cannot create session {session_id!r}: {what}. Stored sessions stay until they are closed. "
+            f"{hint}, or reuse an existing session_id."
         )
 
     def remove(self, owner: str, session_id: str) -> None:

@@ -36,6 +36,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp_types import CallToolResult, ImageContent, ResourceLink, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
+from kernmind import input_limits as limits
 from kernmind.config import Settings
 from kernmind.execution import session_tools
 from kernmind.execution.errors import RuntimeUnavailable
@@ -162,7 +163,12 @@ class ExecutionTools:
             code: Annotated[str, Field(description="The source code to run.")],
             ctx: Context,
             language: Annotated[
-                str, Field(description="Language of the code.", json_schema_extra={"enum": languages})
+                str,
+                Field(
+                    description="Language of the code.",
+                    json_schema_extra={"enum": languages},
+                    max_length=limits.LANGUAGE_CHARS,
+                ),
             ] = "python",
             session_id: Annotated[
                 str | None,
@@ -264,7 +270,13 @@ class ExecutionTools:
         @server.tool(description="Write a file into a session's working directory (text or base64).")
         async def upload_file(
             ctx: Context,
-            path: Annotated[str, Field(description="Path relative to the session's working directory.")],
+            path: Annotated[
+                str,
+                Field(
+                    description="Path relative to the session's working directory.",
+                    max_length=limits.PATH_CHARS,
+                ),
+            ],
             content: Annotated[str, Field(description="File content, as text or base64 (see encoding).")],
             encoding: Annotated[str, Field(json_schema_extra={"enum": ["utf-8", "base64"]})] = "utf-8",
             session_id: Annotated[
@@ -293,7 +305,13 @@ class ExecutionTools:
         )
         async def download_file(
             ctx: Context,
-            path: Annotated[str, Field(description="Path relative to the session's working directory.")],
+            path: Annotated[
+                str,
+                Field(
+                    description="Path relative to the session's working directory.",
+                    max_length=limits.PATH_CHARS,
+                ),
+            ],
             session_id: Annotated[
                 str | None, Field(description="Session; omit for the default session.")
             ] = None,
@@ -321,9 +339,15 @@ class ExecutionTools:
             session_id: Annotated[
                 str | None, Field(description="Session; omit for the default session.")
             ] = None,
-            path: Annotated[str, Field(description="Only files under this folder.")] = "",
+            path: Annotated[
+                str, Field(description="Only files under this folder.", max_length=limits.PATH_CHARS)
+            ] = "",
             pattern: Annotated[
-                str | None, Field(description="Glob on the path or file name, e.g. '*.png' or 'data/*.csv'.")
+                str | None,
+                Field(
+                    description="Glob on the path or file name, e.g. '*.png' or 'data/*.csv'.",
+                    max_length=limits.PATTERN_CHARS,
+                ),
             ] = None,
             offset: Annotated[int, Field(ge=0, description="Skip this many matching files.")] = 0,
             limit: Annotated[int, Field(ge=1, le=LIST_MAX, description="Files per page.")] = LIST_LIMIT,

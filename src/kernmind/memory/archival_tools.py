@@ -24,6 +24,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field
 
+from kernmind import input_limits as limits
 from kernmind.memory.archival import InsertOutcome
 from kernmind.memory.block_results import clip
 from kernmind.memory.conversations import MessageSearch, search_messages
@@ -153,14 +154,17 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
     )
     async def archival_memory_insert(
         content: Annotated[str, Field(description="The text to remember.")],
-        tags: Annotated[list[str], Field(description="Tags for filtering searches.")] = [],  # noqa: B006
+        tags: Annotated[
+            list[str], Field(description="Tags for filtering searches.", max_length=limits.TAGS)
+        ] = [],  # noqa: B006
         occurred_at: Annotated[
             str | None,
             Field(
                 description=(
                     "When the fact happened or was said: ISO date ('2023-05-07') or datetime "
                     "('2023-05-07T18:30:00Z'; without an offset it is UTC). Default: now."
-                )
+                ),
+                max_length=limits.DATE_CHARS,
             ),
         ] = None,
         supersedes: Annotated[
@@ -171,7 +175,8 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
                     "stored, marked superseded_by this passage, and searches leave them out unless "
                     "include_superseded is true. A passage already superseded cannot be superseded again: "
                     "name its newer version."
-                )
+                ),
+                max_length=limits.TAGS,
             ),
         ] = [],  # noqa: B006
     ) -> ArchivalInsertResult:
@@ -191,22 +196,28 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
         annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
     )
     async def archival_memory_search(
-        query: Annotated[str, Field(description="What to look for.")],
-        tags: Annotated[list[str] | None, Field(description="Only passages with these tags.")] = None,
+        query: Annotated[str, Field(description="What to look for.", max_length=limits.QUERY_CHARS)],
+        tags: Annotated[
+            list[str] | None, Field(description="Only passages with these tags.", max_length=limits.TAGS)
+        ] = None,
         tag_match_mode: Annotated[
             Literal["any", "all"], Field(description="'any': at least one tag; 'all': every tag.")
         ] = "any",
         top_k: Annotated[int, Field(description="Results per page.", ge=1, le=100)] = 10,
         start_datetime: Annotated[
             str | None,
-            Field(description="Only passages whose fact occurred at or after this ISO date/datetime (UTC)."),
+            Field(
+                description="Only passages whose fact occurred at or after this ISO date/datetime (UTC).",
+                max_length=limits.DATE_CHARS,
+            ),
         ] = None,
         end_datetime: Annotated[
             str | None,
             Field(
                 description=(
                     "Only passages whose fact occurred before this ISO datetime (a date alone includes that day)."
-                )
+                ),
+                max_length=limits.DATE_CHARS,
             ),
         ] = None,
         page: Annotated[int, Field(description="Page of results, from 0.", ge=0)] = 0,
@@ -264,18 +275,25 @@ def register_conversation_search(memory_tools: MemoryTools, server: MCPServer) -
         annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
     )
     async def conversation_search(
-        query: Annotated[str, Field(description="What to look for.")],
+        query: Annotated[str, Field(description="What to look for.", max_length=limits.QUERY_CHARS)],
         roles: Annotated[
             list[Literal["user", "assistant", "tool", "system"]] | None,
             Field(description="Only messages with these roles."),
         ] = None,
         limit: Annotated[int, Field(description="Most messages to return.", ge=1, le=100)] = 10,
         start_date: Annotated[
-            str | None, Field(description="Only messages at or after this ISO date/datetime (UTC).")
+            str | None,
+            Field(
+                description="Only messages at or after this ISO date/datetime (UTC).",
+                max_length=limits.DATE_CHARS,
+            ),
         ] = None,
         end_date: Annotated[
             str | None,
-            Field(description="Only messages before this ISO datetime (a date alone includes that day)."),
+            Field(
+                description="Only messages before this ISO datetime (a date alone includes that day).",
+                max_length=limits.DATE_CHARS,
+            ),
         ] = None,
     ) -> ConversationSearchResult:
         out = await memory_tools.call(

@@ -22,6 +22,8 @@ Nothing here refuses anything except through the block rules (blocks.py): a
 
 from __future__ import annotations
 
+import json
+
 from pydantic import BaseModel, Field
 
 from kernmind.memory.blocks import line_count, resolve_range
@@ -31,6 +33,7 @@ WRITE_ECHO_CHARS = 5000  # a write echoes the whole value up to this size (Letta
 EXCERPT_CHARS = 2000  # otherwise it shows at most this much around the change
 EXCERPT_CONTEXT_LINES = 2
 HISTORY_CLIP_CHARS = 2000  # old/new values in memory_history are clipped to this
+PAGE_ENVELOPE_CHARS = 400  # a memory_list page's fields besides its blocks (total, next_offset, note)
 
 
 def numbered(lines: list[str], first: int) -> str:
@@ -138,7 +141,36 @@ class Block(BlockInfo):
 
 
 class BlockList(BaseModel):
-    blocks: list[BlockInfo]
+    blocks: list[BlockInfo] = Field(description="this page of blocks, in creation order")
+    total: int = Field(description="blocks in this memory")
+    offset: int = Field(description="position of the first block of this page (0-based)")
+    next_offset: int | None = Field(
+        default=None, description="pass as offset to list the next page; null on the last page"
+    )
+    note: str | None = None
+
+    @classmethod
+    def page(cls, rows: list[BlockRow], *, offset: int, total: int, budget: int) -> BlockList:
+        """``rows`` from ``offset`` on, as many as fit in ``budget`` characters of JSON (at least one)."""
+        shown: list[BlockInfo] = []
+        size = PAGE_ENVELOPE_CHARS
+        for row in rows:
+            info = BlockInfo.of(row)
+            size += len(json.dumps(info.model_dump())) + 2
+            if shown and size > budget:
+                break
+            shown.append(info)
+        end = offset + len(shown)
+        if end >= total:
+            return cls(blocks=shown, total=total, offset=offset)
+        return cls(
+            blocks=shown,
+            total=total,
+            offset=offset,
+            next_offset=end,
+            note=f"Blocks {offset + 1}-{end} of {total}. memory_list(offset={end}) lists the next ones; "
+            "memory_read(label=...) reads one.",
+        )
 
 
 class BlockWrite(BlockInfo):
@@ -209,22 +241,71 @@ class UndoResult(BaseModel):
     message: str
 
 
-def render_block(row: BlockRow) -> str:
+def render_block(row: BlockRow, value: str | None = None) -> str:
+    """One block in the prompt layout (``value``: what to show instead of the whole value)."""
     meta = [f"- chars_current={row.chars}", f"- chars_limit={row.limit}"]
     if row.read_only:
         meta.append("- read_only=true")
     return (
         f"<{row.label}>\n<description>\n{row.description}\n</description>\n"
         f"<metadata>\n" + "\n".join(meta) + "\n</metadata>\n"
-        f"<value>\n{row.value}\n</value>\n</{row.label}>"
+        f"<value>\n{row.value if value is None else value}\n</value>\n</{row.label}>"
     )
 
 
-def render_blocks(rows: list[BlockRow]) -> str:
-    body = "\n\n".join(render_block(r) for r in rows)
+PROMPT_HEAD = (
+    "<memory_blocks>\nThe following memory blocks are currently engaged in your core memory unit:\n\n"
+)
+PROMPT_TAIL = "</memory_blocks>"
+MIN_CUT_VALUE = 1000  # a block cut to fit the budget shows at least this much of its value
+
+
+def render_blocks(rows: list[BlockRow], budget: int | None = None, total: int | None = None) -> str:
+    """Every block in the ``<memory_blocks>`` layout; with ``budget``, as many as fit in that many
+    characters (a block that does not fit whole is cut, when enough room is left to be useful),
+    and a closing line that says what was left out and how to read it (``total``: how many blocks
+    there are, when ``rows`` are only the first of them)."""
+    total = max(total or 0, len(rows))
+    parts: list[str] = []
+    size = len(PROMPT_HEAD) + len(PROMPT_TAIL)
+    reserve = 500  # room for the line about what was left out
+    shown = 0
+    for i, row in enumerate(rows):
+        text = render_block(row)
+        if budget is None or size + len(text) + 2 <= budget - (reserve if i < total - 1 else 0):
+            parts.append(text)
+            size += len(text) + 2
+            shown += 1
+            continue
+        room = budget - size - reserve - len(render_block(row, "")) - 200
+        if room >= MIN_CUT_VALUE or not parts:
+            cut = row.value[: max(room, 0)]
+            parts.append(
+                render_block(
+                    row,
+                    f"{cut}\n[value cut at {len(cut)} of {len(row.value)} characters to stay within the output "
+                    f"budget; memory_read(label={row.label!r}, view_range=[start, end]) reads the rest]",
+                )
+            )
+            shown += 1
+        break
+    if shown < total:
+        parts.append(_left_out(rows[shown:], shown, total))
+    body = "\n\n".join(parts)
+    return PROMPT_HEAD + body + ("\n\n" if body else "") + PROMPT_TAIL
+
+
+def _left_out(rest: list[BlockRow], shown: int, total: int) -> str:
+    names: list[str] = []
+    for r in rest:
+        if sum(len(n) + 2 for n in names) + len(repr(r.label)) > 200:
+            names.append("…")
+            break
+        names.append(repr(r.label))
+    if names and names[-1] != "…" and len(names) < total - shown:
+        names.append("…")
+    named = f" ({', '.join(names)})" if names else ""
     return (
-        "<memory_blocks>\nThe following memory blocks are currently engaged in your core memory unit:\n\n"
-        + body
-        + ("\n\n" if body else "")
-        + "</memory_blocks>"
+        f"[{total - shown} more of the {total} blocks are not shown here, to stay within the output budget"
+        f"{named}: memory_read(label=...) reads one, memory_list(offset={shown}) lists them]"
     )

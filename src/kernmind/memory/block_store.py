@@ -47,21 +47,45 @@ def _history(r: Row) -> HistoryRow:
 class Blocks:
     """The memory blocks of one namespace (see the module docstring)."""
 
-    def __init__(self, db: Database, namespace: str, *, default_limit: int, max_limit: int) -> None:
+    def __init__(
+        self,
+        db: Database,
+        namespace: str,
+        *,
+        default_limit: int,
+        max_limit: int,
+        max_blocks: int | None = None,
+    ) -> None:
         self.db = db
         self.namespace = namespace
         self.max_limit = max_limit
         self.default_limit = min(default_limit, max_limit)
+        self.max_blocks = max_blocks  # None: no cap (the command line's imports)
 
     # ------------------------------------------------------------ reads
 
-    async def list(self) -> list[BlockRow]:
+    async def list(self, offset: int = 0, limit: int | None = None) -> list[BlockRow]:
+        """Blocks in creation order; ``offset``/``limit`` for a page of them."""
+        page = "" if limit is None else f" LIMIT {int(limit)} OFFSET {int(offset)}"
         async with self.db.read() as tx:
             rows = await tx.all(
-                f"SELECT {_COLS} FROM blocks WHERE namespace = ? ORDER BY created_at, label",
+                f"SELECT {_COLS} FROM blocks WHERE namespace = ? ORDER BY created_at, label{page}",
                 (self.namespace,),
             )
         return [_block(r) for r in rows]
+
+    async def count(self) -> int:
+        async with self.db.read() as tx:
+            return await self._count(tx)
+
+    async def _count(self, tx: Tx) -> int:
+        row = await tx.one("SELECT count(*) FROM blocks WHERE namespace = ?", (self.namespace,))
+        return int(row[0]) if row else 0
+
+    async def _check_room(self, tx: Tx) -> None:
+        """Refuse one more block when the namespace holds ``max_blocks`` already."""
+        if self.max_blocks is not None and (count := await self._count(tx)) >= self.max_blocks:
+            raise rules.too_many_blocks(count, self.max_blocks)
 
     async def get(self, label: str) -> BlockRow:
         async with self.db.read() as tx:
@@ -163,6 +187,7 @@ class Blocks:
             existing = await self.fetch(tx, label)
             if existing is not None:
                 raise rules.already_exists(existing)
+            await self._check_room(tx)
             return await self.insert_row(tx, label, value, description, limit, read_only, Verb.CREATE)
 
     async def modify(
@@ -301,6 +326,7 @@ class Blocks:
             elif entry.op == Verb.DELETE:
                 if row is not None:
                     raise rules.recreated_since_delete(label)
+                await self._check_room(tx)
                 meta = entry.meta
                 result = await self.insert_row(
                     tx,

@@ -24,11 +24,11 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
+from kernmind import input_limits as limits
 from kernmind.memory.block_results import (
     Block,
     BlockDeleted,
     BlockHistory,
-    BlockInfo,
     BlockList,
     BlockWrite,
     HistoryEntry,
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 Label = Annotated[
     str, Field(description="The block's label, e.g. 'human' or 'persona' ('/' for folders).", max_length=200)
 ]
+LIST_MAX = 200  # blocks on one memory_list page (fewer when their descriptions fill the output budget)
 ExpectedVersion = Annotated[
     int | None,
     Field(description="Refuse the write unless the block is at this version (from memory_read/memory_list)."),
@@ -60,11 +61,19 @@ def register_block_tools(memory_tools: MemoryTools, server: MCPServer) -> None:
         return BlockWrite.after(row, message, row.previous)
 
     @server.tool(
-        description="List every memory block: label, description, chars, limit, read_only and version.",
+        description=(
+            "List the memory blocks: label, description, chars, limit, read_only and version, a page at a "
+            "time in creation order (next_offset, when not null, lists the next page)."
+        ),
         annotations=ro,
     )
-    async def memory_list() -> BlockList:
-        return BlockList(blocks=[BlockInfo.of(r) for r in await memory_tools.store.blocks.list()])
+    async def memory_list(
+        offset: Annotated[int, Field(description="Skip this many blocks (from next_offset).", ge=0)] = 0,
+        limit: Annotated[int, Field(description="Most blocks on this page.", ge=1, le=LIST_MAX)] = LIST_MAX,
+    ) -> BlockList:
+        blocks = memory_tools.store.blocks
+        rows, total = await blocks.list(offset, limit), await blocks.count()
+        return BlockList.page(rows, offset=offset, total=total, budget=memory_tools.settings.max_output_chars)
 
     @server.tool(
         description=(
@@ -92,7 +101,13 @@ def register_block_tools(memory_tools: MemoryTools, server: MCPServer) -> None:
         label: Label,
         ctx: Context,
         value: Annotated[str, Field(description="Initial value.")] = "",
-        description: Annotated[str, Field(description="What this block is for (shown to the agent).")] = "",
+        description: Annotated[
+            str,
+            Field(
+                description="What this block is for (shown to the agent).",
+                max_length=limits.DESCRIPTION_CHARS,
+            ),
+        ] = "",
         limit: Annotated[
             int | None, Field(description="Character limit (default: the server's block limit).")
         ] = None,
@@ -245,7 +260,9 @@ def register_memory_tool(memory_tools: MemoryTools, server: MCPServer) -> None:
             Field(description="What to do."),
         ],
         ctx: Context,
-        path: Annotated[str | None, Field(description="A path under /memories.")] = None,
+        path: Annotated[
+            str | None, Field(description="A path under /memories.", max_length=limits.MEMORY_PATH_CHARS)
+        ] = None,
         file_text: Annotated[str | None, Field(description="create: the file's whole text.")] = None,
         old_str: Annotated[
             str | None, Field(description="str_replace: text that occurs exactly once.")
@@ -258,8 +275,12 @@ def register_memory_tool(memory_tools: MemoryTools, server: MCPServer) -> None:
         view_range: Annotated[
             list[int] | None, Field(description="view: [start, end] lines, 1-based; end -1 = to the end.")
         ] = None,
-        old_path: Annotated[str | None, Field(description="rename: the current path.")] = None,
-        new_path: Annotated[str | None, Field(description="rename: the new path.")] = None,
+        old_path: Annotated[
+            str | None, Field(description="rename: the current path.", max_length=limits.MEMORY_PATH_CHARS)
+        ] = None,
+        new_path: Annotated[
+            str | None, Field(description="rename: the new path.", max_length=limits.MEMORY_PATH_CHARS)
+        ] = None,
         expected_version: ExpectedVersion = None,
     ) -> str:
         given = {

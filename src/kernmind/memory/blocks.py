@@ -27,6 +27,7 @@ from kernmind.memory.records import BlockRow
 _NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
 LABEL_RE = re.compile(rf"^{_NAME}(?:/{_NAME}){{0,7}}$")
 MAX_LABEL_CHARS = 200
+LABELS_NAMED = 50  # a refusal names at most this many existing labels
 # A line-number prefix as a rendered view shows it ("12→ value") or Letta's "Line 12: ".
 LINE_PREFIX_RE = re.compile(r"(?m)^\s*\d+→ ?|^Line \d+: ")
 
@@ -78,11 +79,24 @@ def already_exists(row: BlockRow) -> MemoryRefusal:
 
 
 def unknown_label(label: str, existing: Sequence[str]) -> MemoryRefusal:
+    more = len(existing) - LABELS_NAMED
     return MemoryRefusal(
-        "There is no memory block labelled {label!r}. Existing blocks: {known}. "
-        "Use one of those labels, or create the block with {create}.",
+        "There is no memory block labelled {label!r}. Existing blocks: {known}"
+        + (" and {more} more ({list} pages through them)" if more > 0 else "")
+        + ". Use one of those labels, or create the block with {create}.",
         label=label,
-        known=", ".join(repr(x) for x in existing) or "none",
+        known=", ".join(repr(x) for x in existing[:LABELS_NAMED]) or "none",
+        more=more,
+    )
+
+
+def too_many_blocks(count: int, cap: int) -> MemoryRefusal:
+    return MemoryRefusal(
+        "This memory already holds {count} blocks, the most one memory may hold ({cap}; the server's "
+        "--memory-max-blocks). Nothing was created. Delete a block you no longer need with {delete}, "
+        "keep this text in an existing block ({append}), or store it as an archival passage with {remember}.",
+        count=count,
+        cap=cap,
     )
 
 

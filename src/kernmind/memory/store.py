@@ -59,12 +59,15 @@ class MemoryStore:
         block_limit: int = 5000,
         max_block_limit: int = 100_000,
         archival_max_chars: int = 10_000,
+        max_blocks: int | None = None,
         database: SQLiteDatabase | PostgresDatabase | None = None,
     ) -> None:
         self.namespace = namespace
         self.default_blocks = dict(default_blocks or {})
         self.db = database or open_database(location)
-        self.blocks = Blocks(self.db, namespace, default_limit=block_limit, max_limit=max_block_limit)
+        self.blocks = Blocks(
+            self.db, namespace, default_limit=block_limit, max_limit=max_block_limit, max_blocks=max_blocks
+        )
         self.passages = Passages(self.db, namespace, max_chars=archival_max_chars)
         self.conversations = Conversations(self.db, namespace)
 
@@ -87,6 +90,7 @@ class MemoryStore:
             block_limit=settings.memory_block_limit,
             max_block_limit=settings.memory_block_max_limit,
             archival_max_chars=settings.archival_max_chars,
+            max_blocks=settings.memory_max_blocks,
         )
 
     @property

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import textwrap
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -46,14 +47,12 @@ from mcp_types import EmptyResult, SubscribeRequestParams, UnsubscribeRequestPar
 
 from kernmind.config import Settings
 from kernmind.memory.archival import Archive
-from kernmind.memory.block_results import (
-    BlockInfo,
-    render_blocks,
-)
+from kernmind.memory.block_results import BlockInfo, render_blocks
 from kernmind.memory.database import Database
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, make_embedder
 from kernmind.memory.errors import BLOCK_TOOL_WORDS, MemoryRefusal, Words
 from kernmind.memory.recall import Recall
+from kernmind.memory.records import BlockRow
 from kernmind.memory.store import MemoryStore
 from kernmind.principals import LOCAL, Principal, current_principal
 from kernmind.sdk_compat import lowlevel_server, session_connection, subscription_bus
@@ -61,6 +60,7 @@ from kernmind.sdk_compat import lowlevel_server, session_connection, subscriptio
 log = logging.getLogger(__name__)
 
 BLOCKS_URI = "memory://blocks"
+LISTING_MAX = 1000  # blocks read for the memory://blocks listing (it shows what fits the budget)
 WARM_UP_DELAY = 1.0  # seconds after start before the embedding model loads
 T = TypeVar("T")
 
@@ -82,7 +82,8 @@ class MemoryTools:
     """Owns the memory of one server and registers the memory surface on it.
 
     Every principal has its own namespace (``namespace_for``): ``--agent`` for the local user
-    (so existing databases keep their memory), ``<principal>/<agent>`` for the principals of an
+    (so existing databases keep their memory), ``<data key>/<agent>`` (``Principal.owner``: the
+    name, or ``bob~2`` for a name added again after a revocation) for the principals of an
     HTTP deployment. All namespaces share one open database; a namespace is made ready (its
     default blocks, searches, backfill, the replica relay) the first time its principal
     calls (``open_space``, run before each tool call, resource read and prompt).
@@ -129,9 +130,9 @@ class MemoryTools:
             await root.close()
 
     def namespace_for(self, principal: Principal) -> str:
-        if principal.name == LOCAL.name:
+        if principal.owner == LOCAL.name:
             return self.settings.agent
-        return f"{principal.name}/{self.settings.agent}"
+        return f"{principal.owner}/{self.settings.agent}"
 
     async def open_space(self, principal: Principal) -> None:
         """Make ``principal``'s namespace ready (a no-op once it is)."""
@@ -296,11 +297,9 @@ class MemoryTools:
             mime_type="application/json",
         )
         async def blocks_listing() -> str:
-            rows = await self.store.blocks.list()
-            return json.dumps(
-                {"blocks": [{**BlockInfo.of(r).model_dump(), "uri": block_uri(r.label)} for r in rows]},
-                indent=2,
-            )
+            blocks = self.store.blocks
+            rows, total = await blocks.list(0, LISTING_MAX), await blocks.count()
+            return blocks_listing_json(rows, total, self.settings.max_output_chars)
 
         @server.resource(
             BLOCKS_URI + "/{+label}",
@@ -322,4 +321,27 @@ class MemoryTools:
             description="All memory blocks rendered the way an agent's system prompt shows them (<memory_blocks>).",
         )
         async def memory_prompt() -> str:
-            return render_blocks(await self.store.blocks.list())
+            blocks = self.store.blocks
+            rows, total = await blocks.list(0, LISTING_MAX), await blocks.count()
+            return render_blocks(rows, budget=self.settings.max_output_chars, total=total)
+
+
+def blocks_listing_json(rows: list[BlockRow], total: int, budget: int) -> str:
+    """The ``memory://blocks`` listing: the first blocks that fit ``budget`` characters, and a note
+    on how to read the rest when they do not all fit."""
+    items: list[dict[str, Any]] = []
+    size = 400  # the envelope and the note
+    for row in rows:
+        item = {**BlockInfo.of(row).model_dump(), "uri": block_uri(row.label)}
+        size += len(textwrap.indent(json.dumps(item, indent=2), "    ")) + 2
+        if items and size > budget:
+            break
+        items.append(item)
+    listing: dict[str, Any] = {"blocks": items, "total": total}
+    if len(items) < total:
+        listing["note"] = (
+            f"The first {len(items)} of {total} blocks, to stay within the output budget: the memory_list "
+            f"tool pages through the rest (memory_list(offset={len(items)})), and {BLOCKS_URI}/<label> "
+            "reads any block."
+        )
+    return json.dumps(listing, indent=2)

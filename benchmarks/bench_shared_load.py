@@ -1,0 +1,229 @@
+"""A shared server under load: 8 principals making mixed calls while a ninth burns CPU.
+
+    python benchmarks/bench_shared_load.py [--clients 8] [--calls 30] [--burners 1] [--sandbox auto]
+
+One ``kernmind serve --transport http --tokens FILE`` (default settings otherwise); each
+client is its own principal with its own token, connected through the SDK's client
+(2026-07-28 era). Every client makes ``--calls`` calls in a row, cycling through a mix:
+``run_code`` ``1+1`` in its own session, ``list_sessions``, ``memory_read``,
+``memory_append``, ``archival_memory_insert``, ``archival_memory_search``, ``upload_file``
+and ``list_files``; all clients run at once. Two rounds, in the same run:
+
+- baseline: the clients alone;
+- loaded: the same, while the ninth principal keeps ``--burners`` background jobs spinning
+  (``while True: pass``, each a full core) and calls ``run_code`` with a CPU-bound loop of
+  its own in a loop.
+
+Before the rounds every client has its kernel warm (first call) and its memory open. It
+prints p50, p95 and the largest latency per round, the number of errors (any tool error or
+exception counts), the server process's own CPU per call (its kernels and sandboxes not
+included: a figure that moves less with other load on the machine than latencies do), and
+the loaded/baseline ratio of p95. The figure to keep: loaded p95
+under 100 ms, no errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from kernmind.principals import TokenFile
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def start_server(data: Path, sandbox: str, tokens_file: Path) -> tuple[subprocess.Popen[bytes], str]:
+    log = data / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNMIND_")}
+    argv = [sys.executable, "-m", "kernmind", "serve", "--data-dir", str(data / "data"), "--sandbox", sandbox]
+    argv += ["--transport", "http", "--port", "0", "--tokens", str(tokens_file)]
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env
+        )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        match = re.search(r"serving MCP on (http://\S+)", log.read_text(errors="replace"))
+        if match:
+            return proc, match.group(1)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(log.read_text(errors="replace"))
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the server process itself has used so far (not its kernels)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def client(url: str, token: str) -> Client:
+    http = httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(60, read=300)
+    )
+    return Client(streamable_http_client(url, http_client=http), mode="auto")
+
+
+Call = Callable[[], Awaitable[Any]]
+
+
+def mix(c: Client, who: str) -> list[tuple[str, Call]]:
+    def tool(name: str, arguments: dict[str, Any]) -> tuple[str, Call]:
+        async def call() -> None:
+            result = await c.call_tool(name, arguments)
+            if result.is_error:
+                raise RuntimeError(f"{name}: {result.content[0].text[:200]}")  # type: ignore[union-attr]
+
+        return name, call
+
+    return [
+        tool("run_code", {"code": "1+1", "session_id": who}),
+        tool("list_sessions", {}),
+        tool("memory_read", {"label": "human"}),
+        tool("memory_append", {"label": "human", "content": "x"}),
+        tool("archival_memory_insert", {"content": f"{who} noted a fact at {time.time()}"}),
+        tool("archival_memory_search", {"query": "fact noted"}),
+        tool("upload_file", {"path": "note.txt", "content": "hello", "session_id": who}),
+        tool("list_files", {"session_id": who}),
+    ]
+
+
+Times = dict[str, list[float]]  # tool -> latencies (s)
+
+
+def every(times: Times) -> list[float]:
+    return [t for values in times.values() for t in values]
+
+
+async def one_round(clients: list[tuple[Client, str]], calls: int) -> tuple[Times, list[str]]:
+    times: Times = {}
+    errors: list[str] = []
+
+    async def drive(c: Client, who: str) -> None:
+        steps = mix(c, who)
+        for i in range(calls):
+            name, call = steps[i % len(steps)]
+            t0 = time.perf_counter()
+            try:
+                await call()
+            except Exception as exc:
+                errors.append(f"{who} {name}: {exc}")
+                continue
+            times.setdefault(name, []).append(time.perf_counter() - t0)
+
+    async with anyio.create_task_group() as tg:
+        for c, who in clients:
+            tg.start_soon(drive, c, who)
+    return times, errors
+
+
+async def burn(c: Client, stop: anyio.Event) -> int:
+    """The ninth client: CPU-bound calls of its own, one after another, until ``stop``."""
+    n = 0
+    while not stop.is_set():
+        await c.call_tool(
+            "run_code", {"code": "sum(i * i for i in range(2_000_000))", "session_id": "burn-calls"}
+        )
+        n += 1
+    return n
+
+
+async def bench(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        file = TokenFile(root / "tokens.json")
+        names = [f"user{i}" for i in range(args.clients)]
+        tokens = {name: file.add(name, []) for name in [*names, "burner"]}
+        proc, url = start_server(root, args.sandbox, root / "tokens.json")
+        try:
+            async with AsyncExitStack() as stack:
+                clients = [(await stack.enter_async_context(client(url, tokens[n])), n) for n in names]
+                burner = await stack.enter_async_context(client(url, tokens["burner"]))
+                t0 = time.perf_counter()
+                await one_round(clients, len(mix(clients[0][0], "warm")))  # kernels warm, memory open
+                print(f"warm-up: {time.perf_counter() - t0:.1f} s")
+                cpu0 = process_cpu(proc.pid)
+                base, base_errors = await one_round(clients, args.calls)
+                cpu_base = process_cpu(proc.pid) - cpu0
+                jobs = []
+                for i in range(args.burners):
+                    r = await burner.call_tool(
+                        "run_code",
+                        {"code": "while True: pass", "session_id": f"spin-{i}", "background": True},
+                    )
+                    jobs.append(r.structured_content["job_id"])  # type: ignore[index]
+                await anyio.sleep(1)
+                stop = anyio.Event()
+                burned: list[int] = []
+                async with anyio.create_task_group() as tg:
+
+                    async def burner_task() -> None:
+                        burned.append(await burn(burner, stop))
+
+                    tg.start_soon(burner_task)
+                    cpu0 = process_cpu(proc.pid)
+                    loaded, loaded_errors = await one_round(clients, args.calls)
+                    cpu_loaded = process_cpu(proc.pid) - cpu0
+                    stop.set()
+                for job in jobs:
+                    await burner.call_tool("job_cancel", {"job_id": job})
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    load = os.getloadavg()[0]
+    print(
+        f"{args.clients} clients x {args.calls} mixed calls, sandbox {args.sandbox}, load average {load:.1f}"
+    )
+    rounds = (("baseline", base, base_errors, cpu_base), ("loaded", loaded, loaded_errors, cpu_loaded))
+    for label, times, errors, cpu in rounds:
+        flat = every(times)
+        print(
+            f"  {label:<9} n={len(flat):<4} p50 {statistics.median(flat) * 1000:6.1f} ms   "
+            f"p95 {pct(flat, 0.95) * 1000:6.1f} ms   max {max(flat) * 1000:6.1f} ms   errors {len(errors)}   "
+            f"server CPU {cpu / max(len(flat), 1) * 1000:.1f} ms/call"
+        )
+        for name, values in sorted(times.items()):
+            print(
+                f"    {name:<24} p50 {statistics.median(values) * 1000:6.1f} ms   p95 {pct(values, 0.95) * 1000:6.1f} ms"
+            )
+        for e in errors[:5]:
+            print(f"    {e}")
+    print(
+        f"  burner: {args.burners} spinning job(s) and {burned[0] if burned else 0} CPU-bound calls meanwhile"
+    )
+    print(f"  loaded / baseline p95: {pct(every(loaded), 0.95) / pct(every(base), 0.95):.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--burners", type=int, default=1, help="background jobs spinning a core each")
+    parser.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "none"])
+    args = parser.parse_args()
+    anyio.run(bench, args)
+
+
+if __name__ == "__main__":
+    main()

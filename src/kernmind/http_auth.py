@@ -1,0 +1,152 @@
+"""Who an HTTP request comes from: the bearer-token check, and transport sessions bound to it.
+
+Design
+- :class:`BearerTokenMiddleware` (ASGI): every request needs ``Authorization: Bearer
+  <token>`` naming a principal (``--token`` or the tokens file, ``principals.py``); token
+  digests are compared in constant time; anything else gets a 401. The principal goes into
+  the ASGI scope twice: under ``principals.SCOPE_KEY`` for the tools, and as the SDK's
+  ``AuthenticatedUser`` (its public auth API) so that the SDK's Streamable HTTP session
+  manager binds every ``Mcp-Session-Id`` to the principal that opened it. A request that
+  presents another principal's session id is then answered exactly like an unknown id (404,
+  "Session not found"): it can neither use nor ``DELETE`` that transport session.
+- Transport session ids are bearer secrets of a kind (whoever has one and the same token
+  speaks in that session), so they never reach the log: :func:`redact_session_ids` puts a
+  filter on the SDK's transport loggers that replaces each id with a short digest
+  (``session#1a2b3c``), which still lets an operator follow one session through the log.
+
+Error policy: a refused request gets a 401 with a JSON body saying what to send; nothing
+reaches the tools or the SDK.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from kernmind.config import Settings
+from kernmind.principals import SCOPE_KEY, Authenticator, Principal, TokenFile, tokens_file_in_use
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# The SDK modules that log transport session ids (a module's logger is named after it).
+TRANSPORT_LOGGERS = ("mcp.server.streamable_http_manager", "mcp.server.streamable_http", "mcp.server.sse")
+
+
+class BearerTokenMiddleware:
+    """ASGI middleware: the bearer token names the principal (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, auth: Authenticator | str) -> None:
+        if isinstance(auth, str):
+            auth = Authenticator(token=auth)
+        if not auth.required or auth.token == "":
+            raise ValueError("an empty token would let every request in")
+        self.app = app
+        self.auth = auth
+
+    def authorized(self, headers: list[tuple[bytes, bytes]]) -> Principal | None:
+        given = b""
+        for key, value in headers:
+            if key.lower() == b"authorization":
+                given = value
+                break
+        scheme, _, credential = given.strip().partition(b" ")
+        # Always look the credential up, so timing does not depend on the scheme either.
+        principal = self.auth.principal_for(credential.strip())
+        return principal if scheme.lower() == b"bearer" else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        principal = self.authorized(scope.get("headers", []))
+        if principal is not None:
+            scope[SCOPE_KEY] = principal
+            scope["user"] = sdk_user(principal)
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = json.dumps(
+            {
+                "error": "unauthorized",
+                "error_description": "missing, wrong or revoked bearer token; send 'Authorization: Bearer <token>'",
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b'Bearer realm="kernmind"'),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def sdk_user(principal: Principal) -> Any:
+    """The principal as the SDK's ``AuthenticatedUser``: what its session manager binds
+    transport sessions to (client id = name, subject = data key; no token kept)."""
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+    from mcp.server.auth.provider import AccessToken
+
+    return AuthenticatedUser(
+        AccessToken(token="", client_id=principal.name, scopes=list(principal.roles), subject=principal.owner)
+    )
+
+
+def authenticator(settings: Settings) -> Authenticator:
+    """``--token`` and the tokens file (read now, so a malformed file stops the start)."""
+    tokens = None
+    if (path := tokens_file_in_use(settings.tokens_file, settings.data_dir)) is not None:
+        tokens = TokenFile(path)
+        tokens.refresh(strict=True)
+    return Authenticator(token=settings.token or None, tokens=tokens)
+
+
+# --- session ids out of the log --------------------------------------------------------------
+_HEX_ID = re.compile(r"\b[0-9a-fA-F]{16,}\b")
+# Where the SDK logs an id a client sent (anything, up to 64 characters) rather than one it made.
+_GIVEN_ID = re.compile(r"((?:unknown or expired session ID|for session):? )([^\s:]{1,64})")
+
+
+def session_tag(session_id: str) -> str:
+    return "session#" + hashlib.sha256(session_id.encode(errors="replace")).hexdigest()[:6]
+
+
+def redact(text: str) -> str:
+    text = _GIVEN_ID.sub(lambda m: m.group(1) + session_tag(m.group(2)), text)
+    return _HEX_ID.sub(lambda m: session_tag(m.group(0)), text)
+
+
+class SessionIdRedaction(logging.Filter):
+    """Replace transport session ids in a log record by their tag (the record is kept)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a record that cannot be formatted: leave it to the handler
+            return True
+        redacted = redact(message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
+
+
+def redact_session_ids() -> None:
+    """Install the redaction on the SDK's transport loggers (once)."""
+    for name in TRANSPORT_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, SessionIdRedaction) for f in logger.filters):
+            logger.addFilter(SessionIdRedaction())
