@@ -32,6 +32,12 @@ if TYPE_CHECKING:
     from kernmind.memory.tools import MemoryTools
 
 MESSAGE_CLIP_CHARS = 2000
+SCORE = (
+    "how well it matches, from 0 to 1 (higher is better): the share of the query's words it holds, fused with "
+    "how close it is in meaning; null when listing the newest"
+)
+MATCH = "what matched: 'words' (the query's words), 'meaning' (no word, but close in meaning) or 'both'"
+Match = Literal["words", "meaning", "both"]
 
 
 class Passage(BaseModel):
@@ -39,7 +45,8 @@ class Passage(BaseModel):
     content: str
     tags: list[str]
     created_at: str
-    score: float | None = Field(description="higher is better (bm25, or fused rank score in hybrid mode)")
+    score: float | None = Field(description=SCORE)
+    match: Match | None = Field(default=None, description=MATCH)
 
 
 class ArchivalInsertResult(BaseModel):
@@ -71,7 +78,8 @@ class Message(BaseModel):
     role: str
     content: str = Field(description=f"the message, clipped to {MESSAGE_CLIP_CHARS} characters")
     created_at: str
-    score: float | None = Field(description="higher is better (bm25, or fused rank score in hybrid mode)")
+    score: float | None = Field(description=SCORE)
+    match: Match | None = Field(default=None, description=MATCH)
 
 
 class ConversationSearchResult(BaseModel):
@@ -96,7 +104,7 @@ class ConversationSearchResult(BaseModel):
             results.append(
                 Message(
                     id=r.id, conversation_id=r.conversation_id, role=r.role, content=text,
-                    created_at=iso(r.created_at), score=r.score,
+                    created_at=iso(r.created_at), score=r.score, match=r.match,
                 )
             )  # fmt: skip
         return cls(results=results, mode=out.mode, note=note)  # type: ignore[arg-type]
@@ -161,7 +169,14 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
         )
         return ArchivalSearchResult(
             results=[
-                Passage(id=r.id, content=r.content, tags=r.tags, created_at=iso(r.created_at), score=r.score)
+                Passage(
+                    id=r.id,
+                    content=r.content,
+                    tags=r.tags,
+                    created_at=iso(r.created_at),
+                    score=r.score,
+                    match=r.match,
+                )
                 for r in out.results
             ],
             mode=out.mode,

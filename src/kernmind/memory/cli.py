@@ -132,7 +132,7 @@ async def _search(settings: Settings, query: str, top_k: int, tags: list[str] | 
                 await embedder.aclose()
     lines = [f"{len(out.results)} result(s), ranked by {out.mode}" + (f" — {out.note}" if out.note else "")]
     for r in out.results:
-        score = "" if r.score is None else f"  score {r.score:.4f}"
+        score = "" if r.score is None else f"  score {r.score:.2f}" + (f" ({r.match})" if r.match else "")
         tag_text = f"  tags {', '.join(r.tags)}" if r.tags else ""
         lines.append(f"\n#{r.id}  {iso(r.created_at)}{score}{tag_text}\n{r.content}")
     return "\n".join(lines)

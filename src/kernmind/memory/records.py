@@ -102,7 +102,8 @@ class PassageRow:
     content: str
     tags: list[str]
     created_at: float
-    score: float | None = None
+    score: float | None = None  # search: in [0, 1], higher is better (fusion.py)
+    match: str | None = None  # search: words | meaning | both
 
 
 @dataclass(slots=True)
@@ -121,7 +122,8 @@ class MessageRow:
     role: str
     content: str
     created_at: float
-    score: float | None = None
+    score: float | None = None  # search: in [0, 1], higher is better (fusion.py)
+    match: str | None = None  # search: words | meaning | both
 
 
 # --- what the vector index reads from a corpus (vector_index.py) -----------------------------
