@@ -128,6 +128,12 @@ async def load(
     return ids
 
 
+def clock_for(corpus: Corpus) -> Callable[[], float]:
+    """ "Now" for a corpus: a day after its last text (its questions' "last week" is near its end)."""
+    now = max(corpus.times) + 86400 if corpus.times else time.time()
+    return lambda: now
+
+
 @dataclass(slots=True)
 class Tally:
     """Per (family, ranking): sums of the metrics and how many questions each is over."""
@@ -200,6 +206,7 @@ async def tuning_samples(family: Family, embedder: Embedder, cache: VectorCache,
             ids = await load(store, corpus, embedder, cache)
             index_of = {pid: i for i, pid in enumerate(ids)}
             recall = Archive(store.passages, embedder).recall
+            recall.clock = clock_for(corpus)
             for q in questions:
                 gathered = await recall.gather(q.text, PassageFilter(), DEPTH)
                 out.append(sample(family.name, q, gathered, index_of, corpus.sessions))
@@ -221,6 +228,7 @@ async def run_corpus(
     words, default = Archive(store.passages), Archive(store.passages, embedder)
     recall = default.recall
     recall.fusion = fusion
+    recall.clock = clock_for(corpus)
     index = recall.index
     assert index is not None
     await index.refresh()

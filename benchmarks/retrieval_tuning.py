@@ -7,9 +7,8 @@ each parameter set (the model's ``floor``, where unrelated texts sit, is kept: i
 embedder's ``min_similarity``, calibrated on unrelated pairs, not on recall). The objective, per family: the mean of recall@1, @5 and @10 over questions
 with an answer, minus twice any shortfall against the better of words alone and meaning alone
 on that family (the default must be at least as good as either); averaged over families. The
-"no match" cut-off is chosen last: the highest one that costs the suite at most
-``CUTOFF_COST`` of that objective, so questions about things never said return nothing as often
-as possible without losing answers.
+"no match" cut-off is chosen last: among those that cost the suite at most ``CUTOFF_COST`` of
+that objective, the lowest that answers the most questions about things never said with nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ class Sample:
     words_order: list[int]  # corpus indices in full-text order
     sessions: list[int] | None
     typical: tuple[float, float] = (0.0, 0.0)
+    fit: np.ndarray | None = None  # how well each candidate fits the time the question names
 
 
 def sample(
@@ -59,6 +59,7 @@ def sample(
         [index_of[r.id] for r in g.text.rows],
         sessions,
         g.typical,
+        np.array([g.fit.get(i, 1.0) for i in ids]) if g.fit else None,
     )
 
 
@@ -68,7 +69,7 @@ def ranked(s: Sample, fusion: Fusion, top: int = 10) -> list[int]:
         return []
     rare_by_pid = rare_shares(s.terms, fusion)
     rare = np.array([rare_by_pid.get(int(p), 0.0) for p in s.pid])
-    score, code = fused_scores(s.words, s.cosines, rare, fusion)
+    score, code = fused_scores(s.words, s.cosines, rare, fusion, s.fit)
     order = np.lexsort((-s.pid, -score))
     return [int(s.index[i]) for i in order if code[i] >= 0][:top]
 
@@ -125,11 +126,16 @@ def tune(samples: list[Sample], start: Fusion, min_similarity: float | None, log
         key=score,
     )
     log(f"rare terms: {best} -> {score(best):.4f}")
+    best = max((replace(best, time_weight=t) for t in (0.0, 0.2, 0.4, 0.5, 0.6, 0.8)), key=score)
+    log(f"time: {best} -> {score(best):.4f}")
     top = score(best)
-    for cut in np.arange(0.0, 0.41, 0.01):
+    best_cut, best_empty = best, -1.0
+    for cut in np.arange(
+        0.0, 0.41, 0.01
+    ):  # the cut-off that answers most unanswerable questions with nothing
         trial = replace(best, cutoff=round(float(cut), 2))
         per, empty = quality(samples, lambda s, f=trial: ranked(s, f))
-        if objective(per, floor) >= top - CUTOFF_COST:
+        if objective(per, floor) >= top - CUTOFF_COST and empty > best_empty:
             best_cut, best_empty = trial, empty
     log(
         f"no-match cut-off: {best_cut} -> answered with nothing on {100 * best_empty:.0f} % of unanswerable questions"

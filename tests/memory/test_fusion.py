@@ -12,7 +12,9 @@ from kernmind.memory.fusion import DEFAULT, FUSION, Fusion, fuse, fusion_for, ra
 
 pytestmark = pytest.mark.sqlite_only("pure functions: no database involved")
 
-F = Fusion(words_weight=0.35, words_power=2.0, floor=0.2, ceiling=0.7, cutoff=0.1, rare_docs=2, rare_share=0.25)
+F = Fusion(
+    words_weight=0.35, words_power=2.0, floor=0.2, ceiling=0.7, cutoff=0.1, rare_docs=2, rare_share=0.25
+)
 
 
 def test_scores_are_between_0_and_1_best_first_and_say_what_matched() -> None:
@@ -26,9 +28,12 @@ def test_scores_are_between_0_and_1_best_first_and_say_what_matched() -> None:
         for s in out:
             has_words = words.get(s.id, 0) > 0
             close = cosines.get(s.id, -1) > F.floor
-            assert s.match == {(True, True): "both", (True, False): "words", (False, True): "meaning"}[
-                (has_words, close)
-            ]
+            assert (
+                s.match
+                == {(True, True): "both", (True, False): "words", (False, True): "meaning"}[
+                    (has_words, close)
+                ]
+            )
 
 
 def test_a_perfect_match_scores_1_and_nothing_related_is_no_match() -> None:
@@ -45,7 +50,7 @@ def test_the_only_text_holding_a_rare_term_ranks_above_every_meaning_only_hit() 
     cosines = {7: 0.3, 8: 0.35, 9: 0.69, 10: 0.68}
     out = fuse(words, cosines, rare_shares(terms, F), F)
     assert out[0].id == 7
-    assert [s.id for s in fuse(words, cosines, {}, F)][0] == 9  # without the protection it would lose
+    assert fuse(words, cosines, {}, F)[0].id == 9  # without the protection it would lose
 
 
 def test_an_incidental_rare_word_does_not_protect_an_unrelated_text() -> None:

@@ -18,6 +18,9 @@ Design
   search about nothing finds only weak candidates, and those below ``cutoff`` are left out.
 * Each result says what matched: ``words`` (its words, nothing close in meaning), ``meaning``
   (no word of the query) or ``both``.
+* Time: when the query names a time ("in May 2023", "last week", "before the move": when.py), a
+  text loses up to ``time_weight`` of its score the farther its time is from it (recall.py draws
+  candidates from inside that time too, and says how well each fits).
 * Rare terms: a text holding a query term that occurs in at most ``rare_docs`` texts and carries at
   least ``rare_share`` of the query's weight (a surname, an id, a number) is an exact match the
   user is asking for: it is never left out, and it ranks above every text that matched no word —
@@ -57,6 +60,7 @@ class Fusion:
     cutoff: float  # fused scores below this are no match
     rare_docs: int  # a term in at most this many texts is rare ...
     rare_share: float  # ... and protects the texts holding it when it carries this share of the query
+    time_weight: float = 0.5  # how much of its score a text loses for being far from a time the query names
 
 
 # Chosen on the tuning half of benchmarks/bench_retrieval.py, per model (README, "Benchmarks").
@@ -95,11 +99,12 @@ def meaning_scores(cosines: np.ndarray, fusion: Fusion) -> np.ndarray:
 
 
 def fused_scores(
-    words: np.ndarray, cosines: np.ndarray, rare: np.ndarray, fusion: Fusion
+    words: np.ndarray, cosines: np.ndarray, rare: np.ndarray, fusion: Fusion, fit: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(score, match code) per candidate, from parallel arrays: words scores, cosines (NaN: no vector)
-    and the share of the query's weight carried by rare terms each holds. Match codes index
-    :data:`MATCHES`; -1 is no match (left out)."""
+    """(score, match code) per candidate, from parallel arrays: words scores, cosines (NaN: no vector),
+    the share of the query's weight carried by rare terms each holds, and how well each fits a time
+    the query names (1: in it; None: the query names none). Match codes index :data:`MATCHES`; -1
+    is no match (left out)."""
     meaning = meaning_scores(np.nan_to_num(cosines, nan=-1.0), fusion)
     score = fusion.words_weight * words**fusion.words_power + (1 - fusion.words_weight) * meaning
     code = np.where(words > 0, np.where(meaning > 0, 2, 0), np.where(meaning > 0, 1, -1))
@@ -109,6 +114,8 @@ def fused_scores(
         above = max(float(unworded.max()) if len(unworded) else 0.0, fusion.cutoff)
         score = np.where(protected, np.maximum(score, np.minimum(1.0, above + 1e-3)), score)
     code = np.where((score < fusion.cutoff) & ~protected, -1, code)
+    if fit is not None:  # a match at another time is still a match, ranked lower
+        score = score * (1 - fusion.time_weight * (1 - fit))
     return score, code
 
 
@@ -117,16 +124,19 @@ def fuse(
     cosines: Mapping[int, float],
     rare: Mapping[int, float],
     fusion: Fusion,
+    fit: Mapping[int, float] | None = None,
 ) -> list[Scored]:
     """Candidates best first with their fused score and what matched; no-matches left out.
     ``words``: words score per full-text hit; ``cosines``: similarity per candidate with a vector;
-    ``rare``: share of the query's weight in rare terms, per text holding one."""
+    ``rare``: share of the query's weight in rare terms, per text holding one; ``fit``: how well
+    each fits the time the query names (when it names one)."""
     ids = list(dict.fromkeys([*words, *cosines]))
     if not ids:
         return []
     w = np.array([words.get(i, 0.0) for i in ids], dtype=np.float64)
     c = np.array([cosines.get(i, np.nan) for i in ids], dtype=np.float64)
     r = np.array([rare.get(i, 0.0) for i in ids], dtype=np.float64)
-    score, code = fused_scores(w, c, r, fusion)
+    f = np.array([fit.get(i, 1.0) for i in ids], dtype=np.float64) if fit else None
+    score, code = fused_scores(w, c, r, fusion, f)
     order = sorted((i for i in range(len(ids)) if code[i] >= 0), key=lambda i: (-score[i], -ids[i]))
     return [Scored(ids[i], round(float(score[i]), 4), MATCHES[code[i]]) for i in order]

@@ -22,6 +22,11 @@ Design
   index, which applies filters in memory (vector_index.py); only the rows of the page that
   full text did not already return are fetched. Without an embedder, rows come in full-text
   order with their words score and ``match: words``, nothing left out.
+* A query that names a time (when.py: "in May 2023", "last week", "before the move") also draws
+  the best ``TIME_DEPTH`` candidates of each list from inside that time (an event's time is that
+  of the best match for the event's words), reads every candidate's time (``happened_at`` in
+  records.py: a passage's ``occurred_at`` where it has one, else when it was stored), and
+  fusion ranks the texts farther from that time lower. ``clock`` is "now" for relative times.
 * New texts are embedded when they are stored (≈ 2–3 ms for a short note with the default
   model, ≈ 0.2 ms with the static one). Texts
   without a vector of the current model — stored while an endpoint was down, written before
@@ -39,10 +44,12 @@ embedder never fails a call (see embeddings.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
@@ -51,14 +58,16 @@ import anyio.to_thread
 
 from kernmind.memory.database import TextHits
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, to_blob
-from kernmind.memory.records import Facets, Generation, StoredVector
+from kernmind.memory.records import Facets, Generation, StoredVector, happened_at
+from kernmind.memory.when import TimeRef, affinity, time_in
 
 if TYPE_CHECKING:  # fusion.py and vector_index.py bring numpy: imported on first search, not at launch
-    from kernmind.memory.fusion import Fusion
+    from kernmind.memory.fusion import Fusion, Scored
     from kernmind.memory.vector_index import Candidates, Scan, VectorIndex
 
 log = logging.getLogger(__name__)
 
+TIME_DEPTH = 20  # candidates drawn from inside the time a query names, besides the usual ones
 BACKFILL_BATCH = 256
 MIN_DEPTH = 50  # pages within the first 50 results are slices of one ranking
 RECENT_QUERIES = 64  # query vectors kept for the next page of the same search
@@ -103,6 +112,8 @@ class Gathered:
     cosines: dict[int, float]
     unavailable: EmbeddingUnavailable | None = None
     typical: tuple[float, float] = (0.0, 0.0)  # mean and deviation of every candidate's similarity
+    rows: dict[int, Any] = field(default_factory=dict)  # candidates' rows read so far
+    fit: dict[int, float] = field(default_factory=dict)  # how well each fits the time the query names
 
 
 @dataclass(slots=True)
@@ -131,6 +142,7 @@ class Recall:
         self.backlog = embedder is not None  # whether texts without a current vector may exist
         self._queries: dict[str, list[float]] = {}  # recent query -> vector, oldest first
         self.fusion: Fusion | None = None  # None: the model's parameters (fusion.py); benchmarks set others
+        self.clock: Callable[[], float] = time.time  # "now" for queries naming relative times ("last week")
 
     @functools.cached_property
     def index(self) -> VectorIndex | None:
@@ -188,13 +200,9 @@ class Recall:
         if gathered.unavailable is not None:
             note = f"meaning search unavailable ({gathered.unavailable}); ranked by full text only"
             return Ranked(_matched(gathered.text.rows[offset : offset + top_k]), "bm25", note)
-        from kernmind.memory.fusion import fuse, fusion_for, rare_shares
-
-        fusion = self.fusion or fusion_for(self.embedder.model)
-        words = {r.id: r.score or 0.0 for r in gathered.text.rows}
-        fused = fuse(words, gathered.cosines, rare_shares(gathered.text.terms, fusion), fusion)
+        fused = self._fuse(gathered)
         page = fused[offset : offset + top_k]
-        known = {r.id: r for r in gathered.text.rows}
+        known = gathered.rows or {r.id: r for r in gathered.text.rows}
         fetched = await self.corpus.get([s.id for s in page if s.id not in known])
         rows = []
         for scored in page:
@@ -204,9 +212,48 @@ class Recall:
                 rows.append(row)
         return Ranked(rows, "hybrid", await self._coverage_note())
 
+    def _fuse(self, gathered: Gathered) -> list[Scored]:
+        from kernmind.memory.fusion import fuse, fusion_for, rare_shares
+
+        assert self.embedder is not None
+        fusion = self.fusion or fusion_for(self.embedder.model)
+        words = {r.id: r.score or 0.0 for r in gathered.text.rows}
+        return fuse(words, gathered.cosines, rare_shares(gathered.text.terms, fusion), fusion, gathered.fit)
+
     async def gather(self, query: str, where: Any, depth: int) -> Gathered:
         """The ``depth`` best full-text hits and the ``depth`` texts nearest in meaning, with the
-        similarity of every one of them (see the module docstring)."""
+        similarity of every one of them; for a query naming a time, also the best of that time and how
+        well each candidate fits it (see the module docstring)."""
+        gathered = await self._draw(query, where, depth)
+        if gathered.unavailable is None and (ref := time_in(query, self.clock())) is not None:
+            await self._fit_time(gathered, query, where, ref)
+        return gathered
+
+    async def _fit_time(self, gathered: Gathered, query: str, where: Any, ref: TimeRef) -> None:
+        if ref.anchor is not None:  # "before the move": when the best match for "the move" happened
+            event = await self._draw(ref.anchor, where, MIN_DEPTH)
+            best = self._fuse(event)[:1]
+            rows = await self.corpus.get([s.id for s in best])
+            if not rows:
+                return
+            at = happened_at(next(iter(rows.values())))
+            ref = ref.around(at, at + 1)
+        lo, hi = ref.window
+        start = max((t for t in (where.start, lo) if t is not None), default=None)
+        end = min((t for t in (where.end, hi) if t is not None), default=None)
+        if start is None or end is None or start < end:
+            inside = await self._draw(query, dataclasses.replace(where, start=start, end=end), TIME_DEPTH)
+            have = {r.id for r in gathered.text.rows}
+            gathered.text.rows += [r for r in inside.text.rows if r.id not in have]
+            gathered.cosines = {**inside.cosines, **gathered.cosines}
+        rows = {r.id: r for r in gathered.text.rows}
+        rows.update(await self.corpus.get([pid for pid in gathered.cosines if pid not in rows]))
+        gathered.rows = rows
+        fits = affinity([happened_at(r) for r in rows.values()], ref)
+        gathered.fit = dict(zip(rows, fits, strict=True))
+
+    async def _draw(self, query: str, where: Any, depth: int) -> Gathered:
+        """The two lists, side by side (see the module docstring)."""
         assert self.embedder is not None and self.index is not None
         text = TextHits([])
         nearest: Scan | None = None

@@ -106,6 +106,13 @@ class PassageRow:
     match: str | None = None  # search: words | meaning | both
 
 
+def happened_at(row: PassageRow | MessageRow) -> float:
+    """When what a text says happened, as searches that name a time compare it (recall.py): its
+    ``occurred_at`` where the row has one, else when it was stored."""
+    occurred = getattr(row, "occurred_at", None)
+    return occurred if occurred is not None else row.created_at
+
+
 @dataclass(slots=True)
 class PassageIn:
     content: str
