@@ -48,23 +48,35 @@ def test_the_only_text_holding_a_rare_term_ranks_above_every_meaning_only_hit() 
     terms = [TermStat("kowalczyk", 1, 0.8, (7,)), TermStat("cat", 900, 0.2, None)]
     words = {7: 0.8, 8: 0.2}
     cosines = {7: 0.3, 8: 0.35, 9: 0.69, 10: 0.68}
-    out = fuse(words, cosines, rare_shares(terms, F), F)
+    out = fuse(words, cosines, rare_shares(terms, F, {"kowalczyk"}), F)
     assert out[0].id == 7
     assert fuse(words, cosines, {}, F)[0].id == 9  # without the protection it would lose
 
 
-def test_an_incidental_rare_word_does_not_protect_an_unrelated_text() -> None:
-    """'Who cannot eat nuts?': 'cannot' occurs once, in a note about colour blindness; meaning says
-    that note is unrelated, so the note about a peanut allergy stays first."""
-    terms = [TermStat("cannot", 1, 0.3, (5,)), TermStat("eat", 40, 0.3, None), TermStat("nuts", 0, 0.4, None)]
-    out = fuse({5: 0.3}, {5: 0.17, 6: 0.48}, rare_shares(terms, F), F)
+def test_an_incidental_rare_word_does_not_protect_a_text() -> None:
+    """'Who avoids planes?': 'avoids' occurs once, in a note about meat; it is no name, id or number
+    and not most of the query, so the note about a fear of flying stays first."""
+    terms = [TermStat("avoids", 1, 0.46, (5,)), TermStat("planes", 0, 0.54, None)]
+    out = fuse({5: 0.47}, {5: 0.35, 6: 0.46}, rare_shares(terms, F, set()), F)
     assert out[0].id == 6
+    assert rare_shares(terms, F, {"avoids"}) == {5: 0.46}  # written like a name, it would count
+
+
+def test_a_rare_name_does_not_protect_a_text_meaning_calls_unrelated() -> None:
+    """Unless the rare term is most of the query: 'Who cannot eat Brie?' where 'Brie' is a colleague's
+    name once and the note is about something else entirely."""
+    terms = [TermStat("brie", 1, 0.3, (5,)), TermStat("eat", 40, 0.3, None), TermStat("cannot", 0, 0.4, None)]
+    out = fuse({5: 0.3}, {5: 0.17, 6: 0.48}, rare_shares(terms, F, {"brie"}), F)
+    assert out[0].id == 6
+    alone = [TermStat("brie", 1, 0.9, (5,)), TermStat("eat", 40, 0.1, None)]
+    assert fuse({5: 0.9}, {5: 0.17, 6: 0.48}, rare_shares(alone, F, set()), F)[0].id == 5
 
 
 def test_rare_terms_count_only_up_to_the_models_limit() -> None:
     terms = [TermStat("ana", 3, 0.5, (1, 2, 3)), TermStat("lyon", 1, 0.3, (4,))]
-    assert rare_shares(terms, F) == {4: 0.3}  # 'ana' is in 3 texts, more than rare_docs = 2
-    assert rare_shares(terms, replace(F, rare_docs=3)) == {1: 0.5, 2: 0.5, 3: 0.5, 4: 0.3}
+    names = {"ana", "lyon"}
+    assert rare_shares(terms, F, names) == {4: 0.3}  # 'ana' is in 3 texts, more than rare_docs = 2
+    assert rare_shares(terms, replace(F, rare_docs=3), names) == {1: 0.5, 2: 0.5, 3: 0.5, 4: 0.3}
 
 
 @pytest.mark.parametrize("model", [*FUSION, "some-endpoint-model"])

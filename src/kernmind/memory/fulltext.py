@@ -20,6 +20,8 @@ Design
 * Stop words (PostgreSQL's English list, which its ``english`` configuration drops itself) are
   left out of the terms a query is ranked by, unless the query has nothing else: "what", "did"
   and "the" say nothing about what is wanted, and a passage matching only them is no match.
+* Terms written like names, ids or numbers (:func:`names_in`) are what a user asks for exactly;
+  fusion.py keeps texts holding a rare one of them first.
 * How much a term tells is its inverse document frequency, :func:`idf` (FTS5's bm25 formula);
   a query's words score is the share of its terms' idf a passage matches (fts5.py, postgres.py).
 
@@ -110,6 +112,22 @@ def idf(docs: int, total: int) -> float:
     term in half the texts or more counts next to nothing)."""
     value = math.log((total - docs + 0.5) / (docs + 0.5)) if total > 0 else 0.0
     return max(value, 1e-6)
+
+
+def names_in(text: str) -> set[str]:
+    """Terms of a query written like names, ids or numbers (lower-cased as :func:`query_terms` gives
+    them): a word with a digit (``INC-48213``, ``2023``), a capitalised word that does not start the
+    query (``Kowalczyk``), an all-capitals word (``NASA``)."""
+    out: set[str] = set()
+    for i, m in enumerate(WORD_RE.finditer(text)):
+        word = m.group()
+        if (
+            any(c.isdigit() for c in word)
+            or (i > 0 and word[0].isupper())
+            or (len(word) > 1 and word.isupper())
+        ):
+            out.add(word.lower())
+    return out
 
 
 def fts_match(terms: Sequence[str]) -> str:

@@ -21,12 +21,14 @@ Design
 * Time: when the query names a time ("in May 2023", "last week", "before the move": when.py), a
   text loses up to ``time_weight`` of its score the farther its time is from it (recall.py draws
   candidates from inside that time too, and says how well each fits).
-* Rare terms: a text holding a query term that occurs in at most ``rare_docs`` texts and carries at
-  least ``rare_share`` of the query's weight (a surname, an id, a number) is an exact match the
-  user is asking for: it is never left out, and it ranks above every text that matched no word —
-  unless meaning says it is unrelated (cosine at or below ``floor``) and its rare terms carry less
-  than ``RARE_ALONE`` of the query: a rare but incidental word ("cannot" in "Who cannot eat
-  nuts?") must not push a note about colour blindness above the one about a peanut allergy.
+* Rare terms: a text holding a query term that occurs in at most ``rare_docs`` texts, carries at
+  least ``rare_share`` of the query's weight and is written like a name, id or number (a surname,
+  ``INC-48213``, an invoice number: fulltext.py) or is most of the query (``RARE_ALONE``:
+  "axolotl") is an exact match the user is asking for: it is never left out, and it ranks above
+  every text that holds no such term — unless meaning says it is unrelated (cosine at or below
+  ``floor``) and the term is not most of the query. Rare but incidental words ("avoids" in "Who
+  avoids planes?", "housing" matching "house") must not push a note about meat or a garden above
+  the one about a fear of flying or a rent increase.
 * The parameters depend on the model (its cosine scale): :data:`FUSION` holds those chosen on the
   tuning half of the retrieval benchmark (``python benchmarks/bench_retrieval.py --tune`` prints
   them; ``floor`` is the model's ``min_similarity``, calibrated on unrelated pairs), :data:`DEFAULT`
@@ -39,7 +41,7 @@ Pure functions over numbers; nothing here raises for any input.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -65,10 +67,10 @@ class Fusion:
 
 # Chosen on the tuning half of benchmarks/bench_retrieval.py, per model (README, "Benchmarks").
 FUSION: dict[str, Fusion] = {
-    "sentence-transformers/all-MiniLM-L6-v2": Fusion(0.35, 2.0, 0.2, 0.7, 0.1, 2, 0.25),
-    "wordllama/l2_supercat_256": Fusion(0.35, 2.0, 0.12, 0.5, 0.1, 2, 0.25),
+    "sentence-transformers/all-MiniLM-L6-v2": Fusion(0.2, 3.0, 0.2, 0.7, 0.09, 5, 0.25, 0.9),
+    "wordllama/l2_supercat_256": Fusion(0.2, 3.0, 0.12, 0.7, 0.09, 5, 0.25, 0.9),
 }
-DEFAULT = Fusion(0.35, 2.0, 0.2, 0.7, 0.1, 2, 0.25)
+DEFAULT = Fusion(0.2, 3.0, 0.2, 0.7, 0.09, 5, 0.25, 0.9)
 RARE_ALONE = 0.5  # a rare term carrying this share of the query protects its texts whatever their meaning
 
 
@@ -83,11 +85,13 @@ class Scored:
     match: Match
 
 
-def rare_shares(terms: Sequence[TermStat], fusion: Fusion) -> dict[int, float]:
-    """Per text holding a rare term of the query: the share of the query's weight its rare terms carry."""
+def rare_shares(terms: Sequence[TermStat], fusion: Fusion, names: Collection[str] = ()) -> dict[int, float]:
+    """Per text holding a rare term of the query — one written like a name, id or number (``names``),
+    or one carrying at least ``RARE_ALONE`` of the query — the share of the query's weight its rare
+    terms carry."""
     out: dict[int, float] = {}
     for t in terms:
-        if t.ids is not None and t.docs <= fusion.rare_docs:
+        if t.ids is not None and t.docs <= fusion.rare_docs and (t.term in names or t.share >= RARE_ALONE):
             for pid in t.ids:
                 out[pid] = out.get(pid, 0.0) + t.share
     return out
@@ -110,8 +114,8 @@ def fused_scores(
     code = np.where(words > 0, np.where(meaning > 0, 2, 0), np.where(meaning > 0, 1, -1))
     protected = (rare >= fusion.rare_share) & (words > 0) & ((meaning > 0) | (rare >= RARE_ALONE))
     if protected.any():
-        unworded = score[words <= 0]
-        above = max(float(unworded.max()) if len(unworded) else 0.0, fusion.cutoff)
+        others = score[~protected]
+        above = max(float(others.max()) if len(others) else 0.0, fusion.cutoff)
         score = np.where(protected, np.maximum(score, np.minimum(1.0, above + 1e-3)), score)
     code = np.where((score < fusion.cutoff) & ~protected, -1, code)
     if fit is not None:  # a match at another time is still a match, ranked lower

@@ -26,7 +26,11 @@ Design
   the best ``TIME_DEPTH`` candidates of each list from inside that time (an event's time is that
   of the best match for the event's words), reads every candidate's time (``happened_at`` in
   records.py: a passage's ``occurred_at`` where it has one, else when it was stored), and
-  fusion ranks the texts farther from that time lower. ``clock`` is "now" for relative times.
+  fusion ranks the texts farther from that time lower. The words that named the time are left
+  out of the words and meaning the query is matched by ("How far was Leo running in May 2023?"
+  looks for "How far was Leo running?" near May 2023): "May" and "2023" in a text are no evidence
+  of when it happened, and "the move" in "before the move" would rank the move itself first.
+  ``clock`` is "now" for relative times.
 * New texts are embedded when they are stored (≈ 2–3 ms for a short note with the default
   model, ≈ 0.2 ms with the static one). Texts
   without a vector of the current model — stored while an endpoint was down, written before
@@ -58,6 +62,7 @@ import anyio.to_thread
 
 from kernmind.memory.database import TextHits
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, to_blob
+from kernmind.memory.fulltext import names_in, query_terms
 from kernmind.memory.records import Facets, Generation, StoredVector, happened_at
 from kernmind.memory.when import TimeRef, affinity, time_in
 
@@ -67,6 +72,7 @@ if TYPE_CHECKING:  # fusion.py and vector_index.py bring numpy: imported on firs
 
 log = logging.getLogger(__name__)
 
+STRIP_TIME_WORDS = True
 TIME_DEPTH = 20  # candidates drawn from inside the time a query names, besides the usual ones
 BACKFILL_BATCH = 256
 MIN_DEPTH = 50  # pages within the first 50 results are slices of one ranking
@@ -114,6 +120,7 @@ class Gathered:
     typical: tuple[float, float] = (0.0, 0.0)  # mean and deviation of every candidate's similarity
     rows: dict[int, Any] = field(default_factory=dict)  # candidates' rows read so far
     fit: dict[int, float] = field(default_factory=dict)  # how well each fits the time the query names
+    names: set[str] = field(default_factory=set)  # the query's terms written like names, ids, numbers
 
 
 @dataclass(slots=True)
@@ -218,14 +225,18 @@ class Recall:
         assert self.embedder is not None
         fusion = self.fusion or fusion_for(self.embedder.model)
         words = {r.id: r.score or 0.0 for r in gathered.text.rows}
-        return fuse(words, gathered.cosines, rare_shares(gathered.text.terms, fusion), fusion, gathered.fit)
+        rare = rare_shares(gathered.text.terms, fusion, gathered.names)
+        return fuse(words, gathered.cosines, rare, fusion, gathered.fit)
 
     async def gather(self, query: str, where: Any, depth: int) -> Gathered:
         """The ``depth`` best full-text hits and the ``depth`` texts nearest in meaning, with the
         similarity of every one of them; for a query naming a time, also the best of that time and how
         well each candidate fits it (see the module docstring)."""
+        ref = time_in(query, self.clock())
+        if ref is not None and STRIP_TIME_WORDS and query_terms(rest := query.replace(ref.words, " ")):
+            query = rest  # the time is matched by the texts' times, not by words ("May", "2023", "move")
         gathered = await self._draw(query, where, depth)
-        if gathered.unavailable is None and (ref := time_in(query, self.clock())) is not None:
+        if gathered.unavailable is None and ref is not None:
             await self._fit_time(gathered, query, where, ref)
         return gathered
 
@@ -293,7 +304,7 @@ class Recall:
 
             unscored = [r.id for r in text.rows if r.id not in cosines]
             cosines.update(similarity_of(candidates, qvec, unscored))
-        return Gathered(text, cosines, unavailable, typical)
+        return Gathered(text, cosines, unavailable, typical, names=names_in(query))
 
     async def query_vector(self, query: str) -> list[float]:
         """The query's vector; the last few are kept, so the next page of a search (or the same
