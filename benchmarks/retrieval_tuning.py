@@ -40,7 +40,6 @@ class Sample:
     terms: list  # TermStat of the query (rare terms' ids are passage ids)
     words_order: list[int]  # corpus indices in full-text order
     sessions: list[int] | None
-    typical: tuple[float, float] = (0.0, 0.0)
     fit: np.ndarray | None = None  # how well each candidate fits the time the question names
     names: set[str] | None = None
 
@@ -60,7 +59,6 @@ def sample(
         g.text.terms,
         [index_of[r.id] for r in g.text.rows],
         sessions,
-        g.typical,
         np.array([g.fit.get(i, 1.0) for i in ids]) if g.fit else None,
         g.names,
     )

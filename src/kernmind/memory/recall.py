@@ -68,7 +68,7 @@ from kernmind.memory.when import TimeRef, affinity, time_in
 
 if TYPE_CHECKING:  # fusion.py and vector_index.py bring numpy: imported on first search, not at launch
     from kernmind.memory.fusion import Fusion, Scored
-    from kernmind.memory.vector_index import Candidates, Scan, VectorIndex
+    from kernmind.memory.vector_index import Candidates, VectorIndex
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,6 @@ class Gathered:
     text: TextHits
     cosines: dict[int, float]
     unavailable: EmbeddingUnavailable | None = None
-    typical: tuple[float, float] = (0.0, 0.0)  # mean and deviation of every candidate's similarity
     rows: dict[int, Any] = field(default_factory=dict)  # candidates' rows read so far
     fit: dict[int, float] = field(default_factory=dict)  # how well each fits the time the query names
     names: set[str] = field(default_factory=set)  # the query's terms written like names, ids, numbers
@@ -267,7 +266,7 @@ class Recall:
         """The two lists, side by side (see the module docstring)."""
         assert self.embedder is not None and self.index is not None
         text = TextHits([])
-        nearest: Scan | None = None
+        nearest: list[tuple[int, float]] = []
         candidates: Candidates | None = None
         qvec: list[float] | None = None
         unavailable: EmbeddingUnavailable | None = None
@@ -297,14 +296,13 @@ class Recall:
         async with anyio.create_task_group() as tg:
             tg.start_soon(by_text)
             tg.start_soon(by_meaning)
-        cosines = dict(nearest.nearest) if nearest is not None else {}
-        typical = (nearest.mean, nearest.std) if nearest is not None else (0.0, 0.0)
+        cosines = dict(nearest)
         if qvec is not None:
             from kernmind.memory.vector_index import similarity_of
 
             unscored = [r.id for r in text.rows if r.id not in cosines]
             cosines.update(similarity_of(candidates, qvec, unscored))
-        return Gathered(text, cosines, unavailable, typical, names=names_in(query))
+        return Gathered(text, cosines, unavailable, names=names_in(query))
 
     async def query_vector(self, query: str) -> list[float]:
         """The query's vector; the last few are kept, so the next page of a search (or the same
@@ -317,14 +315,16 @@ class Recall:
             self._queries.pop(next(iter(self._queries)))
         return vector
 
-    async def _nearest(self, qvec: Sequence[float], where: Any, depth: int) -> tuple[Scan, Candidates | None]:
+    async def _nearest(
+        self, qvec: Sequence[float], where: Any, depth: int
+    ) -> tuple[list[tuple[int, float]], Candidates | None]:
         """The ``depth`` texts nearest in meaning that pass the filter, best first, with their
         similarity; and the snapshot of the index they were picked from."""
         assert self.index is not None
         candidates = self.index.candidates(self.corpus.facets(where))
-        from kernmind.memory.vector_index import scan
+        from kernmind.memory.vector_index import nearest_scored
 
-        find = functools.partial(scan, candidates, qvec, depth)
+        find = functools.partial(nearest_scored, candidates, qvec, depth)
         if candidates is not None and candidates.matrix.size > THREAD_FLOATS:
             # ≈ 7 ms of numpy at 100k × 256: off the event loop
             return await anyio.to_thread.run_sync(find), candidates

@@ -252,26 +252,12 @@ def similarity_of(
     return {int(i): float(v) for i, v in zip(wanted[found], sims, strict=True)}
 
 
-@dataclass(frozen=True, slots=True)
-class Scan:
-    """The nearest texts with their similarity, and how similar the query is to a typical text
-    (mean and standard deviation over the candidates, from an even sample of at most ``SAMPLE``)."""
-
-    nearest: list[tuple[int, float]]
-    mean: float = 0.0
-    std: float = 0.0
-
-
-SAMPLE = 4096
-
-
-def scan(
+def nearest_scored(
     candidates: Candidates | None, query: Sequence[float], k: int, min_similarity: float | None = None
-) -> Scan:
-    """The ``k`` candidates most similar to ``query`` (at least ``min_similarity``), best first, with
-    their similarity and the candidates' similarity statistics. Pure numpy: safe in a worker thread."""
+) -> list[tuple[int, float]]:
+    """:func:`nearest` with each id's cosine similarity. Pure numpy over a snapshot: safe in a worker thread."""
     if candidates is None or k <= 0 or (q := _unit(candidates, query)) is None:
-        return Scan([])
+        return []
     ids, rows = candidates.ids, candidates.rows
     if rows is None:
         sims = similarities(candidates.matrix, q)
@@ -284,19 +270,7 @@ def scan(
     best = best[np.argsort(-sims[best], kind="stable")]
     if min_similarity is not None:
         best = best[sims[best] >= min_similarity]
-    sample = sims[:: max(1, len(sims) // SAMPLE)]
-    return Scan(
-        [(int(i), float(v)) for i, v in zip(ids[best], sims[best], strict=True)],
-        float(sample.mean()),
-        float(sample.std()),
-    )
-
-
-def nearest_scored(
-    candidates: Candidates | None, query: Sequence[float], k: int, min_similarity: float | None = None
-) -> list[tuple[int, float]]:
-    """:func:`nearest` with each id's cosine similarity."""
-    return scan(candidates, query, k, min_similarity).nearest
+    return [(int(i), float(v)) for i, v in zip(ids[best], sims[best], strict=True)]
 
 
 def similarities(matrix: np.ndarray, unit_query: np.ndarray) -> np.ndarray:
