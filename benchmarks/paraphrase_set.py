@@ -1,7 +1,11 @@
 """A paraphrase recall set for archival memory: notes, questions that share no content word with
 their note, and distractor notes on the same themes.
 
-``PAIRS`` are (note, question) written by hand; ``distractors()`` builds deterministic notes from
+``PAIRS`` are (note, question) written by hand; :func:`generated_pairs` adds a few hundred more,
+made with a fixed seed from templates whose slots are filled with (note word, question paraphrase)
+pairs (a city and its country, a job and a description of it, …): each question names two
+attributes of its note in other words, and every other note of the same template shares one of
+them at most, so a question is answered by one note only. ``distractors()`` builds deterministic notes from
 templates on the same themes (pets, health, family, travel, colleagues, infrastructure, food,
 hobbies, home, money, learning), so a question's words and topic appear in many notes that do not
 answer it. ``shared_content_words`` is the check that a question really shares no content word
@@ -158,7 +162,7 @@ _STOP = set(
     "a an the is are was were be been to of in on at for by with from and or but not no do does did "
     "who what which when where why how whose has have had it its this that these those there their they "
     "he she his her him we our us you your i my me any now new get got as than then so if into after "
-    "before up down out over under about same should must can cannot will would".split()
+    "before up down out over under about same should must can cannot will would s".split()
 )
 
 
@@ -186,3 +190,87 @@ def content_stems(text: str) -> set[str]:
 
 def shared_content_words(note: str, question: str) -> set[str]:
     return content_stems(note) & content_stems(question)
+
+
+# (word in the note, its paraphrase in the question): no 5-letter stem in common (checked by the benchmark)
+CITY_COUNTRY = [
+    ("Lisbon", "Portugal"), ("Kyoto", "Japan"), ("Oslo", "Norway"), ("Nairobi", "Kenya"), ("Lima", "Peru"),
+    ("Hanoi", "Vietnam"), ("Krakow", "Poland"), ("Dublin", "Ireland"), ("Athens", "Greece"),
+    ("Cairo", "Egypt"), ("Istanbul", "Turkey"), ("Toronto", "Canada"), ("Melbourne", "Australia"),
+    ("Seoul", "Korea"), ("Mumbai", "India"), ("Bogota", "Colombia"), ("Santiago", "Chile"),
+    ("Havana", "Cuba"), ("Helsinki", "Finland"), ("Reykjavik", "Iceland"), ("Zurich", "Switzerland"),
+    ("Budapest", "Hungary"), ("Bucharest", "Romania"), ("Marrakesh", "Morocco"), ("Accra", "Ghana"),
+    ("Lagos", "Nigeria"), ("Manila", "the Philippines"), ("Jakarta", "Indonesia"), ("Bangkok", "Thailand"),
+    ("Montevideo", "Uruguay"), ("Auckland", "New Zealand"), ("Edinburgh", "Scotland"),
+    ("Copenhagen", "Denmark"), ("Stockholm", "Sweden"), ("Tallinn", "Estonia"), ("Riga", "Latvia"),
+]  # fmt: skip
+JOBS = [
+    ("dentist", "tooth doctor"), ("plumber", "pipe fitter"), ("pilot", "airline captain"),
+    ("baker", "bread maker"), ("nurse", "hospital carer"), ("lawyer", "attorney"),
+    ("architect", "building designer"), ("chef", "restaurant cook"), ("journalist", "reporter"),
+    ("veterinarian", "animal doctor"), ("electrician", "wiring technician"), ("carpenter", "woodworker"),
+    ("accountant", "bookkeeper"), ("translator", "interpreter"), ("surgeon", "doctor who operates"),
+    ("mechanic", "car repairer"), ("photographer", "camera professional"), ("programmer", "software developer"),
+    ("firefighter", "fireman"), ("librarian", "book lender"), ("pharmacist", "chemist"),
+    ("gardener", "landscaper"), ("economist", "expert on markets"), ("midwife", "birth assistant"),
+]  # fmt: skip
+SPORTS = [
+    ("surfing", "riding waves"), ("skiing", "going down snowy slopes"), ("climbing", "scaling rock walls"),
+    ("cycling", "riding a bike"), ("rowing", "paddling a boat"), ("fencing", "sword fighting"),
+    ("boxing", "throwing punches in a ring"), ("sailing", "crewing a yacht"), ("diving", "exploring underwater"),
+    ("archery", "shooting arrows"), ("judo", "a martial art"), ("golf", "hitting balls on a course"),
+    ("tennis", "racket games"), ("yoga", "stretching poses"), ("swimming", "doing laps in a pool"),
+    ("skating", "gliding on ice"),
+]  # fmt: skip
+RELATIVES = [
+    ("grandmother", "granny"), ("uncle", "father's brother"), ("aunt", "mother's sister"),
+    ("nephew", "sibling's son"), ("niece", "sibling's daughter"), ("cousin", "extended family"),
+    ("husband", "spouse"), ("wife", "spouse"), ("stepson", "partner's child"), ("brother", "sibling"),
+    ("sister", "sibling"), ("parents", "mum and dad"),
+]  # fmt: skip
+WHEN = [
+    ("in January", "at the start of the year"), ("in December", "around Christmas"),
+    ("in July", "in the summer"), ("on their birthday", "when they turned a year older"),
+    ("at Easter", "during the spring holidays"), ("last weekend", "a few days ago"),
+]  # fmt: skip
+GOODS = [
+    ("a cello", "a string instrument"), ("a motorbike", "a two-wheeled vehicle"), ("a kayak", "a small boat"),
+    ("a telescope", "stargazing equipment"), ("an espresso machine", "a coffee maker"),
+    ("a sewing machine", "tailoring equipment"), ("a drone", "a flying camera"), ("a piano", "a keyboard instrument"),
+    ("a tent", "camping gear"), ("a lawnmower", "a grass cutter"), ("a treadmill", "a running machine"),
+    ("a microscope", "lab equipment"), ("a van", "a delivery vehicle"), ("a fridge", "a refrigerator"),
+    ("an aquarium", "a fish tank"), ("a saxophone", "a brass instrument"),
+]  # fmt: skip
+PEOPLE = [
+    "Amara", "Bruno", "Celia", "Dario", "Esme", "Felix", "Gita", "Henrik", "Imani", "Jorge", "Kasia", "Lars",
+    "Malik", "Noor", "Oscar", "Pilar", "Rafael", "Saanvi", "Teodor", "Ulla", "Viktor", "Wanda", "Xavi", "Yusuf",
+]  # fmt: skip
+# (note template, question template): {a}/{b} are the note's words, {A}/{B} their paraphrases
+GENERATED = [
+    ("{name} moved to {a} to work as a {b}.", "Which {B} relocated to {A}?", CITY_COUNTRY, JOBS),
+    ("{name} spent a holiday in {a} and did some {b}.", "Who vacationed in {A} and tried {B}?", CITY_COUNTRY, SPORTS),
+    ("{name}'s {b} lives in {a}.", "Whose {B} resides in {A}?", CITY_COUNTRY, RELATIVES),
+    ("{name} bought {a} {b}.", "Who purchased {A} {B}?", GOODS, WHEN),
+    ("{name} is {an_a} who took up {b} this year.", "Which {A} started {B} recently?", JOBS, SPORTS),
+]  # fmt: skip
+
+
+def generated_pairs(per_template: int = 64, seed: int = 5) -> list[tuple[str, str]]:
+    """(note, question) pairs from :data:`GENERATED`, each (a, b) combination used once, so each
+    question has one answer; other notes of the template share its ``a`` or its ``b``."""
+    rng = random.Random(seed)
+    out: list[tuple[str, str]] = []
+    for note, question, first, second in GENERATED:
+        combos = [(x, y) for x in first for y in second]
+        rng.shuffle(combos)
+        asked: set[str] = set()  # two words may share a paraphrase (brother, sister: sibling)
+        for (a, pa), (b, pb) in combos:
+            ask = question.format(A=pa, B=pb)
+            if ask in asked:
+                continue
+            asked.add(ask)
+            an_a = ("an " if a[0] in "aeiou" else "a ") + a
+            out.append((note.format(name=rng.choice(PEOPLE), a=a, b=b, an_a=an_a), ask))
+            if len(asked) == per_template:
+                break
+    return out

@@ -28,8 +28,12 @@ async def test_common_words_do_not_drown_rare_ones(tmp_path: Path) -> None:
         ids = {r.content: r.id for r in await store.passages.search_text("zebra", PassageFilter(), 5, 0)}
         assert set(ids) == {"the zebra escaped from the zoo", "a zebra crossing"}
 
-        # "the" and "user" match >= 1000 passages here: rare words rank first, then common-only matches
+        # a stop word is left out of the query: "the zebra" is "zebra"
         got = await store.passages.search_text("the zebra", PassageFilter(), 5, 0)
+        assert {r.content for r in got} == {"the zebra escaped from the zoo", "a zebra crossing"}
+
+        # "user" matches >= 1000 passages here: rare words rank first, then common-only matches
+        got = await store.passages.search_text("user zebra", PassageFilter(), 5, 0)
         assert {got[0].content, got[1].content} == {"the zebra escaped from the zoo", "a zebra crossing"}
         assert len(got) == 5 and all("zebra" not in r.content for r in got[2:])
 
@@ -37,14 +41,14 @@ async def test_common_words_do_not_drown_rare_ones(tmp_path: Path) -> None:
         seen: list[int] = []
         for page in range(6):
             seen += [
-                r.id for r in await store.passages.search_text("the zebra", PassageFilter(), 3, page * 3)
+                r.id for r in await store.passages.search_text("user zebra", PassageFilter(), 3, page * 3)
             ]
         assert len(seen) == len(set(seen)) == 18
-        full = [r.id for r in await store.passages.search_text("the zebra", PassageFilter(), 18, 0)]
+        full = [r.id for r in await store.passages.search_text("user zebra", PassageFilter(), 18, 0)]
         assert seen == full
 
         # filters still apply before the limit on both sides of the split
-        got = await store.passages.search_text("the zebra", PassageFilter(tags=("bulk",)), 3, 0)
+        got = await store.passages.search_text("user zebra", PassageFilter(tags=("bulk",)), 3, 0)
         assert got[0].content == "the zebra escaped from the zoo"
         assert all("zebra" not in r.content for r in got[1:]) and len(got) == 3
 

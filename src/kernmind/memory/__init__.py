@@ -14,7 +14,8 @@ The domain (no MCP in it):
     minilm       the default model: all-MiniLM-L6-v2 as an int8 ONNX graph, offline, files checked.
     vector_index the in-memory vector index: exact search, filters in memory, coherent with writers.
     texts        what searchable tables share: counting texts, keeping their vectors, change counters.
-    recall       hybrid search for any corpus (bm25 + vectors, weighted RRF), background backfill.
+    recall       hybrid search for any corpus (full text + vectors), background backfill.
+    fusion       how the two rankings become one score in [0, 1]: normalised scores, rare terms, no-match cut-off.
     conversations  recorded conversations: messages, their search, the agent's recorder.
     transfer     export/import of a namespace as JSON (blocks, passages, conversations).
     store        MemoryStore: one namespace in one database (opens it, hands out the parts).

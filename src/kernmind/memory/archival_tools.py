@@ -34,6 +34,12 @@ if TYPE_CHECKING:
     from kernmind.memory.tools import MemoryTools
 
 MESSAGE_CLIP_CHARS = 2000
+SCORE = (
+    "how well it matches, from 0 to 1 (higher is better): the share of the query's words it holds, fused with "
+    "how close it is in meaning; null when listing the newest"
+)
+MATCH = "what matched: 'words' (the query's words), 'meaning' (no word, but close in meaning) or 'both'"
+Match = Literal["words", "meaning", "both"]
 
 
 class Passage(BaseModel):
@@ -42,7 +48,8 @@ class Passage(BaseModel):
     tags: list[str]
     created_at: str = Field(description="when it was stored")
     occurred_at: str = Field(description="when the fact happened or was said (what date filters read)")
-    score: float | None = Field(description="higher is better (bm25, or fused rank score in hybrid mode)")
+    score: float | None = Field(description=SCORE)
+    match: Match | None = Field(default=None, description=MATCH)
     superseded_by: int | None = Field(
         default=None,
         description="the passage that replaced this one (only with include_superseded); null: current",
@@ -52,7 +59,7 @@ class Passage(BaseModel):
     def of(cls, r: PassageRow) -> Passage:
         return cls(
             id=r.id, content=r.content, tags=r.tags, created_at=iso(r.created_at),
-            occurred_at=iso(r.occurred_at), score=r.score, superseded_by=r.superseded_by,
+            occurred_at=iso(r.occurred_at), score=r.score, match=r.match, superseded_by=r.superseded_by,
         )  # fmt: skip
 
 
@@ -107,7 +114,8 @@ class Message(BaseModel):
     role: str
     content: str = Field(description=f"the message, clipped to {MESSAGE_CLIP_CHARS} characters")
     created_at: str
-    score: float | None = Field(description="higher is better (bm25, or fused rank score in hybrid mode)")
+    score: float | None = Field(description=SCORE)
+    match: Match | None = Field(default=None, description=MATCH)
 
 
 class ConversationSearchResult(BaseModel):
@@ -132,7 +140,7 @@ class ConversationSearchResult(BaseModel):
             results.append(
                 Message(
                     id=r.id, conversation_id=r.conversation_id, role=r.role, content=text,
-                    created_at=iso(r.created_at), score=r.score,
+                    created_at=iso(r.created_at), score=r.score, match=r.match,
                 )
             )  # fmt: skip
         return cls(results=results, mode=out.mode, note=note)  # type: ignore[arg-type]

@@ -137,7 +137,7 @@ async def _search(
                 await embedder.aclose()
     lines = [f"{len(out.results)} result(s), ranked by {out.mode}" + (f" — {out.note}" if out.note else "")]
     for r in out.results:
-        score = "" if r.score is None else f"  score {r.score:.4f}"
+        score = "" if r.score is None else f"  score {r.score:.2f}" + (f" ({r.match})" if r.match else "")
         tag_text = f"  tags {', '.join(r.tags)}" if r.tags else ""
         stored = f"  (stored {iso(r.created_at)})" if r.occurred_at != r.created_at else ""
         replaced = f"  superseded by #{r.superseded_by}" if r.superseded_by is not None else ""

@@ -33,7 +33,7 @@ from kernmind.config import Settings
 
 if TYPE_CHECKING:
     from kernmind.memory.store import MemoryStore
-from kernmind.memory.database import Tx, namespace_and_time_sql
+from kernmind.memory.database import TextHits, Tx, namespace_and_time_sql
 from kernmind.memory.embeddings import make_embedder
 from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.fulltext import NO_TERMS_NOTE, index_text, query_terms
@@ -173,6 +173,9 @@ class Conversations(TextTable):
         self, query: str, where: MessageFilter, limit: int, offset: int = 0
     ) -> list[MessageRow]:
         return await self.db.message_text.search(self.namespace, query, where, limit, offset)
+
+    async def rank_text(self, query: str, where: MessageFilter, limit: int) -> TextHits:
+        return await self.db.message_text.rank(self.namespace, query, where, limit)
 
     async def get(self, ids: Sequence[int]) -> dict[int, MessageRow]:
         return {r[0]: message_row(r) for r in await self.rows_by_id(MESSAGE_COLUMNS, ids)}

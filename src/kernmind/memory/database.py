@@ -13,7 +13,8 @@ both have them) through a :class:`Tx`, and get transactions from a :class:`Datab
 
 A backend also brings its schema (migrations run on open) and its full-text search
 (:class:`FullText`), the one part whose SQL differs between engines. The SQLite backend is
-sqlite.py + fts5.py.
+sqlite.py + fts5.py. Full-text scores are comparable across backends and queries: the share of
+the query's weight (the idf of its terms, fulltext.py) a text matches, in [0, 1].
 
 Error policy
 ------------
@@ -26,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 Row = tuple[Any, ...]
@@ -87,10 +88,37 @@ def namespace_and_time_sql(
     return sql, params
 
 
+@dataclass(frozen=True, slots=True)
+class TermStat:
+    """One term of a query: in how many texts it occurs (counted up to a cap), its share of the
+    query's weight (idf), and, for a rare term, the ids of every text holding it (any namespace)."""
+
+    term: str
+    docs: int
+    share: float
+    ids: tuple[int, ...] | None = None
+
+
+@dataclass(slots=True)
+class TextHits:
+    """Full-text results: rows best first, each ``score`` the share of the query's weight it
+    matches, in [0, 1]; and the query's terms."""
+
+    rows: list[Any]
+    terms: list[TermStat] = field(default_factory=list)
+
+
+RARE_DOCS = 5  # a term in at most this many texts is rare: TermStat lists the texts holding it
+
+
 class FullText(Protocol):
     async def search(self, namespace: str, query: str, where: Any, limit: int, offset: int) -> list[Any]:
-        """Rows ranked by full-text relevance, best first (score: higher is better); an empty query
-        lists the newest."""
+        """Rows ranked by full-text relevance, best first (score: the share of the query's weight
+        matched, in [0, 1]); an empty query lists the newest (score None)."""
+        ...
+
+    async def rank(self, namespace: str, query: str, where: Any, limit: int, offset: int = 0) -> TextHits:
+        """:meth:`search` with the query's term statistics."""
         ...
 
 

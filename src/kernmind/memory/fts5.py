@@ -5,8 +5,14 @@ Design
 ------
 * The index (``passages_fts``, ``porter unicode61``: ``running`` matches ``runs``) holds
   each passage's text plus, for scripts written without spaces, its character uni- and
-  bigrams (fulltext.py). Queries are the query's terms joined with ``OR`` and ranked by
-  ``bm25``, so passages matching only some terms still rank.
+  bigrams (fulltext.py). Queries are the query's terms (stop words aside) joined with ``OR``
+  and ranked by ``bm25``, so passages matching only some terms still rank.
+* A row's score is its bm25 divided by the sum of the query's terms' idf — what a passage of
+  average length holding each term once would score — and capped at 1: about the share of
+  the query's weight it matches, comparable across queries (recall.py fuses it with meaning).
+  The terms' document counts come from one statement of capped counts (``LIMIT``: a count
+  costs at most ``COMMON_FRACTION`` of the table), which also lists the texts holding each
+  rare term (``RARE_DOCS``).
 * Tag (any/all) and date filters are SQL conditions of the same statement, applied before
   ``LIMIT``/``OFFSET`` (passages.py and conversations.py build them), so ``top_k`` and pages count only
   passages that pass them.
@@ -38,8 +44,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kernmind.memory.database import Row, Tx
-from kernmind.memory.fulltext import fts_match, query_terms
+from kernmind.memory.database import RARE_DOCS, Row, TermStat, TextHits, Tx
+from kernmind.memory.fulltext import content_terms, fts_match, idf, query_terms
 
 if TYPE_CHECKING:
     from kernmind.memory.sqlite import SQLiteDatabase
@@ -96,18 +102,27 @@ class FTS5Ranking:
             f"SELECT {columns}, NULL FROM {table} p WHERE 1 = 1{{where}} "
             "ORDER BY p.created_at DESC, p.id DESC LIMIT ? OFFSET ?"
         )
-        self._count_term = f"(SELECT count(*) FROM (SELECT 1 FROM {fts} WHERE {fts} MATCH ? LIMIT ?))"
+        # how many texts hold a term (up to a cap), and which when they are few: "count:id,id,…"
+        self._term_docs = (
+            f"(SELECT count(*) || ':' || CASE WHEN count(*) <= {RARE_DOCS} THEN coalesce(group_concat(id), '') "
+            f"ELSE '' END FROM (SELECT rowid AS id FROM {fts} WHERE {fts} MATCH ? LIMIT ?))"
+        )
 
     async def search(self, namespace: str, query: str, where: Any, limit: int, offset: int) -> list[Any]:
+        return (await self.rank(namespace, query, where, limit, offset)).rows
+
+    async def rank(self, namespace: str, query: str, where: Any, limit: int, offset: int = 0) -> TextHits:
         conditions, params = self.conditions(namespace, where)
-        terms = query_terms(query)
+        terms = content_terms(query_terms(query))
         async with self.db.read() as tx:
             if not terms:
                 rows = await tx.all(self._newest.format(where=conditions), [*params, limit, offset])
-                return [self.make_row(r[:-1], None) for r in rows]
+                return TextHits([self.make_row(r[:-1], None) for r in rows])
             shape = await tx.one(self._shape, (namespace, namespace))
             assert shape is not None
             total, shared = int(shape[0] or 0), bool(shape[1])
+            threshold = max(COMMON_MIN_DOCS, int(total * COMMON_FRACTION))
+            stats = await self._term_stats(tx, terms, total, threshold)
 
             hides = self.hidden_state and where.hides  # only passage filters say whether they hide
 
@@ -124,10 +139,11 @@ class FTS5Ranking:
                     self._ranked_alone.format(where=conditions), [match, limit, offset, *params]
                 )
 
-            if (split := await self._split_terms(tx, terms, total)) is None:
+            selective = [s.term for s in stats if s.docs <= threshold]
+            common = [s.term for s in stats if s.docs > threshold]
+            if total <= threshold or not selective or not common:
                 rows = await ranked(terms, limit, offset)
             else:
-                selective, common = split
                 head = await ranked(selective, offset + limit, 0)
                 rows = head[offset:]
                 if len(rows) < limit:
@@ -136,7 +152,11 @@ class FTS5Ranking:
                         self._newest_matching.format(where=conditions),
                         [match, *params, limit - len(rows), max(0, offset - len(head))],
                     )
-        return [self.make_row(r[:-1], None if r[-1] is None else -float(r[-1])) for r in rows]
+        whole = sum(idf(s.docs, total) for s in stats)
+        return TextHits(
+            [self.make_row(r[:-1], None if r[-1] is None else min(1.0, -float(r[-1]) / whole)) for r in rows],
+            [TermStat(s.term, s.docs, idf(s.docs, total) / whole, s.ids) for s in stats],
+        )
 
     def _match(self, expression: str, *, hides: bool = False) -> str:
         """A MATCH expression over the text (with ``hidden_state``: its ``body`` column, and
@@ -145,20 +165,16 @@ class FTS5Ranking:
             return expression
         return f"body : ({expression})" + (" NOT state : hidden" if hides else "")
 
-    async def _split_terms(self, tx: Tx, terms: list[str], total: int) -> tuple[list[str], list[str]] | None:
-        """(rarer terms, common terms) when the query has both; None when there is nothing to split."""
-        if len(terms) < 2:
-            return None
-        threshold = max(COMMON_MIN_DOCS, int(total * COMMON_FRACTION))
-        if total <= threshold:
-            return None
+    async def _term_stats(self, tx: Tx, terms: list[str], total: int, threshold: int) -> list[TermStat]:
+        """How many texts hold each term, counted up to ``threshold + 1``; the ids of rare terms' texts."""
         args: list[Any] = []
         for t in terms:
-            args += [self._match(fts_match([t])), threshold + 1]
-        dfs = await tx.one("SELECT " + ", ".join(self._count_term for _ in terms), args)
-        assert dfs is not None
-        selective = [t for t, df in zip(terms, dfs, strict=True) if df <= threshold]
-        common = [t for t, df in zip(terms, dfs, strict=True) if df > threshold]
-        if not selective or not common:
-            return None
-        return selective, common
+            args += [self._match(fts_match([t])), min(threshold, total) + 1]
+        row = await tx.one("SELECT " + ", ".join(self._term_docs for _ in terms), args)
+        assert row is not None
+        out = []
+        for term, cell in zip(terms, row, strict=True):
+            docs, _, ids = str(cell).partition(":")
+            rare = tuple(int(i) for i in ids.split(",") if i) if int(docs) <= RARE_DOCS else None
+            out.append(TermStat(term, int(docs), 0.0, rare))
+        return out

@@ -17,6 +17,13 @@ Design
   store nothing extra.
 * A query with no searchable term (only emoji, punctuation or symbols) has no terms:
   callers say so instead of pretending something matched.
+* Stop words (PostgreSQL's English list, which its ``english`` configuration drops itself) are
+  left out of the terms a query is ranked by, unless the query has nothing else: "what", "did"
+  and "the" say nothing about what is wanted, and a passage matching only them is no match.
+* Terms written like names, ids or numbers (:func:`names_in`) are what a user asks for exactly;
+  fusion.py keeps texts holding a rare one of them first.
+* How much a term tells is its inverse document frequency, :func:`idf` (FTS5's bm25 formula);
+  a query's words score is the share of its terms' idf a passage matches (fts5.py, postgres.py).
 
 Error policy
 ------------
@@ -25,6 +32,7 @@ Pure functions over strings; nothing here raises for any input.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -79,6 +87,47 @@ def query_terms(text: str) -> list[str]:
         if pos < len(word):
             seen.setdefault(word[pos:].lower(), None)
     return list(seen)[:MAX_QUERY_TERMS]
+
+
+# PostgreSQL's English stop words (snowball ``english.stop``), lower case
+STOP_WORDS = frozenset(
+    "i me my myself we our ours ourselves you your yours yourself yourselves he him his himself she her "
+    "hers herself it its itself they them their theirs themselves what which who whom this that these "
+    "those am is are was were be been being have has had having do does did doing a an the and but if "
+    "or because as until while of at by for with about against between into through during before after "
+    "above below to from up down in out on off over under again further then once here there when where "
+    "why how all any both each few more most other some such no nor not only own same so than too very s "
+    "t can will just don should now".split()
+)
+
+
+def content_terms(terms: Sequence[str]) -> list[str]:
+    """The terms a query is ranked by: its terms without stop words (all of them if that leaves none)."""
+    kept = [t for t in terms if t not in STOP_WORDS]
+    return kept or list(terms)
+
+
+def idf(docs: int, total: int) -> float:
+    """Inverse document frequency of a term found in ``docs`` of ``total`` texts (FTS5's bm25: a
+    term in half the texts or more counts next to nothing)."""
+    value = math.log((total - docs + 0.5) / (docs + 0.5)) if total > 0 else 0.0
+    return max(value, 1e-6)
+
+
+def names_in(text: str) -> set[str]:
+    """Terms of a query written like names, ids or numbers (lower-cased as :func:`query_terms` gives
+    them): a word with a digit (``INC-48213``, ``2023``), a capitalised word that does not start the
+    query (``Kowalczyk``), an all-capitals word (``NASA``)."""
+    out: set[str] = set()
+    for i, m in enumerate(WORD_RE.finditer(text)):
+        word = m.group()
+        if (
+            any(c.isdigit() for c in word)
+            or (i > 0 and word[0].isupper())
+            or (len(word) > 1 and word.isupper())
+        ):
+            out.add(word.lower())
+    return out
 
 
 def fts_match(terms: Sequence[str]) -> str:

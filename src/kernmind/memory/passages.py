@@ -47,7 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernmind.memory.database import Database, PassageFilter, Tx, namespace_and_time_sql
+from kernmind.memory.database import Database, PassageFilter, TextHits, Tx, namespace_and_time_sql
 from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.fulltext import index_text
 from kernmind.memory.records import Facets, PassageIn, PassageRow, now_ts
@@ -354,6 +354,10 @@ class Passages(TextTable):
     ) -> list[PassageRow]:
         """Full-text ranked passages (the backend's search; see fts5.py)."""
         return await self.db.passage_text.search(self.namespace, query, where, limit, offset)
+
+    async def rank_text(self, query: str, where: PassageFilter, limit: int) -> TextHits:
+        """:meth:`search_text` with the query's term statistics (for fusion with meaning)."""
+        return await self.db.passage_text.rank(self.namespace, query, where, limit)
 
     label_column = "tags"
 

@@ -15,8 +15,10 @@ Design
   visible to all.
 * Full text is a generated ``tsvector`` (``english``: stemmed, so ``running`` matches
   ``runs``) over ``coalesce(search_text, content)`` — the same CJK bigrams as SQLite — with
-  a GIN index; a query's terms are OR-ed and ranked with ``ts_rank``, so passages
-  matching more terms rank higher. Vectors are ``bytea`` searched exactly in numpy, as with
+  a GIN index; a query's terms (stop words aside) are OR-ed, and passages are ranked by the
+  share of the query's weight they match (each term weighs its idf, fulltext.py; ``ts_rank``
+  breaks ties), so a passage matching a rare word ranks above one matching a common one and
+  scores compare with SQLite's. Vectors are ``bytea`` searched exactly in numpy, as with
   SQLite (Debian 12's main repository has no pgvector).
 * Schema versions live in ``kernmind_schema``; migrations run under an advisory lock, so
   replicas starting together migrate once. A migration is SQL, optionally followed by a
@@ -45,8 +47,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from kernmind.memory.conversations import MESSAGE_COLUMNS, message_filter_sql, message_row
-from kernmind.memory.database import Row, redacted_location
-from kernmind.memory.fulltext import query_terms
+from kernmind.memory.database import RARE_DOCS, Row, TermStat, TextHits, redacted_location
+from kernmind.memory.fulltext import content_terms, idf, query_terms
 from kernmind.memory.passages import PASSAGE_COLUMNS, content_key, filter_sql, passage_row
 
 log = logging.getLogger(__name__)
@@ -213,7 +215,10 @@ def _plain(row: Sequence[Any]) -> Row:
 
 
 class TSRanking:
-    """Full text over one table's ``search_vector`` (passages or messages), ranked by ``ts_rank``."""
+    """Full text over one table's ``search_vector`` (passages or messages), ranked by the share of the
+    query's idf matched (ties by ``ts_rank``)."""
+
+    COUNT_CAP = 5000  # a term's texts are counted up to this (its idf is small beyond it anyway)
 
     def __init__(
         self,
@@ -224,28 +229,65 @@ class TSRanking:
         make_row: Callable[[Row, float | None], Any],
     ) -> None:
         self.db = db
+        self.table = table
+        self.columns = columns
         self.conditions = conditions
         self.make_row = make_row
-        self._ranked = (
-            f"SELECT {columns}, ts_rank(p.search_vector, q) AS score FROM {table} p, "
-            "to_tsquery('english', ?) q WHERE p.search_vector @@ q{where} ORDER BY score DESC, p.id DESC LIMIT ? OFFSET ?"
-        )
         self._newest = (
             f"SELECT {columns}, NULL FROM {table} p WHERE 1 = 1{{where}} "
             "ORDER BY p.created_at DESC, p.id DESC LIMIT ? OFFSET ?"
         )
+        self._term_docs = (
+            f"(SELECT count(*) FROM (SELECT 1 FROM {table} p WHERE p.search_vector @@ to_tsquery('english', ?) "
+            "LIMIT ?) s)"
+        )
+        self._term_ids = (
+            f"(SELECT string_agg(id::text, ',') FROM (SELECT p.id FROM {table} p "
+            "WHERE p.search_vector @@ to_tsquery('english', ?) LIMIT ?) s)"
+        )
 
     async def search(self, namespace: str, query: str, where: Any, limit: int, offset: int) -> list[Any]:
+        return (await self.rank(namespace, query, where, limit, offset)).rows
+
+    async def rank(self, namespace: str, query: str, where: Any, limit: int, offset: int = 0) -> TextHits:
         conditions, params = self.conditions(namespace, where)
-        terms = query_terms(query)
+        terms = content_terms(query_terms(query))
         async with self.db.read() as tx:
-            if terms:
-                rows = await tx.all(
-                    self._ranked.replace("{where}", conditions), [tsquery(terms), *params, limit, offset]
-                )
-            else:
+            if not terms:
                 rows = await tx.all(self._newest.format(where=conditions), [*params, limit, offset])
-        return [self.make_row(r[:-1], None if r[-1] is None else float(r[-1])) for r in rows]
+                return TextHits([self.make_row(r[:-1], None) for r in rows])
+            stats, total = await self._term_stats(tx, terms)
+            weights = [idf(s.docs, total) for s in stats]
+            whole = sum(weights)
+            matched = " + ".join("? * (p.search_vector @@ to_tsquery('english', ?))::int" for _ in terms)
+            sql = (
+                f"SELECT {self.columns}, ({matched}) / ? AS score FROM {self.table} p, to_tsquery('english', ?) q "
+                f"WHERE p.search_vector @@ q{conditions} ORDER BY score DESC, ts_rank(p.search_vector, q) DESC, "
+                "p.id DESC LIMIT ? OFFSET ?"
+            )
+            args: list[Any] = []
+            for w, t in zip(weights, terms, strict=True):
+                args += [w, tsquery([t])]
+            rows = await tx.all(sql, [*args, whole, tsquery(terms), *params, limit, offset])
+        return TextHits(
+            [self.make_row(r[:-1], min(1.0, float(r[-1]))) for r in rows],
+            [TermStat(s.term, s.docs, w / whole, s.ids) for s, w in zip(stats, weights, strict=True)],
+        )
+
+    async def _term_stats(self, tx: PostgresTx, terms: list[str]) -> tuple[list[TermStat], int]:
+        """Each term's count of texts (up to ``COUNT_CAP``) and, if rare, their ids; and how many texts there are."""
+        args: list[Any] = []
+        for t in terms:
+            args += [tsquery([t]), self.COUNT_CAP, tsquery([t]), RARE_DOCS + 1]
+        cells = " , ".join(f"{self._term_docs}, {self._term_ids}" for _ in terms)
+        row = await tx.one(f"SELECT (SELECT coalesce(max(id), 0) FROM {self.table}), {cells}", args)
+        assert row is not None
+        total, out = int(row[0]), []
+        for i, term in enumerate(terms):
+            docs, ids = int(row[1 + 2 * i]), row[2 + 2 * i]
+            rare = tuple(int(x) for x in ids.split(",")) if ids and docs <= RARE_DOCS else None
+            out.append(TermStat(term, docs, 0.0, rare if docs <= RARE_DOCS else None))
+        return out, total
 
 
 class PostgresDatabase:

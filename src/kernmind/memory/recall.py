@@ -6,20 +6,31 @@ Design
 * A corpus (passages.py, conversations.py) ranks its texts by full text, lists ids that
   pass a filter, fetches rows, and keeps one vector per text tagged with the model that
   made it. :class:`Recall` adds meaning on top, for any corpus.
-* Search draws two best-first lists — full-text (bm25) and exact cosine similarity over the
-  current model's vectors, filtered by the same conditions and cut at the model's
-  ``min_similarity`` (so unrelated texts are not offered as matches) — deep enough to fill the page
-  (at least 50, the same for every page within them, so pages do not overlap) and fuses them
-  by weighted reciprocal-rank fusion: ``score = Σ w / (k + rank)`` with
-  ``k = 10`` and weight 2 for meaning, 1 for full text. Measured on the paraphrase benchmark
-  (benchmarks/bench_recall.py), the classic ``k = 60``, 1:1 fusion let full-text hits on
-  incidental words push the answer out of the top 5 (recall@5 42 % vs 67 % for vectors
-  alone), while 10 / 2:1 keeps meaning's recall and still puts exact word matches first.
+* Search draws two best-first lists, filtered by the same conditions, deep enough to fill the
+  page (at least 50, the same for every page within them, so pages do not overlap): full-text
+  hits with their words score (the share of the query's weight each matches, in [0, 1]:
+  fts5.py, postgres.py) and the texts nearest in meaning with their cosine similarity (exact,
+  over the current model's vectors). Full-text hits outside the nearest get their similarity
+  from the index too, so every candidate has both scores, and fusion.py turns them into one
+  score in [0, 1] with what matched (``words``, ``meaning``, ``both``), leaves out candidates
+  below the model's "no match" cut-off, and keeps exact matches of rare terms above texts that
+  matched no word. (Weighted reciprocal-rank fusion, used before, kept only the order of each
+  list: the first meaning hit outranked the only exact full-text match of a surname.)
   The two lists are drawn side by side: the full-text query runs in the database's thread
   while the query is embedded in a worker thread (ONNX Runtime releases the GIL) and the
   vector index reads what changed since the last search; then the query is scored against the
   index, which applies filters in memory (vector_index.py); only the rows of the page that
-  full text did not already return are fetched.
+  full text did not already return are fetched. Without an embedder, rows come in full-text
+  order with their words score and ``match: words``, nothing left out.
+* A query that names a time (when.py: "in May 2023", "last week", "before the move") also draws
+  the best ``TIME_DEPTH`` candidates of each list from inside that time (an event's time is that
+  of the best match for the event's words), reads every candidate's time (``happened_at`` in
+  records.py: a passage's ``occurred_at`` where it has one, else when it was stored), and
+  fusion ranks the texts farther from that time lower. The words that named the time are left
+  out of the words and meaning the query is matched by ("How far was Leo running in May 2023?"
+  looks for "How far was Leo running?" near May 2023): "May" and "2023" in a text are no evidence
+  of when it happened, and "the move" in "before the move" would rank the move itself first.
+  ``clock`` is "now" for relative times.
 * New texts are embedded when they are stored (≈ 2–3 ms for a short note with the default
   model, ≈ 0.2 ms with the static one). Texts
   without a vector of the current model — stored while an endpoint was down, written before
@@ -37,27 +48,32 @@ embedder never fails a call (see embeddings.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from kernmind.memory.database import TextHits
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, to_blob
-from kernmind.memory.records import Facets, Generation, StoredVector
+from kernmind.memory.fulltext import names_in, query_terms
+from kernmind.memory.records import Facets, Generation, StoredVector, happened_at
+from kernmind.memory.when import TimeRef, affinity, time_in
 
-if TYPE_CHECKING:
-    from kernmind.memory.vector_index import VectorIndex
+if TYPE_CHECKING:  # fusion.py and vector_index.py bring numpy: imported on first search, not at launch
+    from kernmind.memory.fusion import Fusion, Scored
+    from kernmind.memory.vector_index import Candidates, VectorIndex
 
 log = logging.getLogger(__name__)
 
-RRF_K = 10
-TEXT_WEIGHT = 1.0
-MEANING_WEIGHT = 2.0
+STRIP_TIME_WORDS = True
+TIME_DEPTH = 20  # candidates drawn from inside the time a query names, besides the usual ones
 BACKFILL_BATCH = 256
 MIN_DEPTH = 50  # pages within the first 50 results are slices of one ranking
 RECENT_QUERIES = 64  # query vectors kept for the next page of the same search
@@ -71,6 +87,8 @@ class Hit(Protocol):
 
 class Corpus(Protocol):
     async def search_text(self, query: str, where: Any, limit: int, offset: int = 0) -> Sequence[Any]: ...
+
+    async def rank_text(self, query: str, where: Any, limit: int) -> TextHits: ...
 
     async def get(self, ids: Sequence[int]) -> dict[int, Any]: ...
 
@@ -93,16 +111,17 @@ class Corpus(Protocol):
     async def set_vectors(self, rows: Sequence[tuple[int, bytes]], model: str) -> None: ...
 
 
-def rrf(
-    rankings: Sequence[Sequence[int]], weights: Sequence[float] | None = None, k: int = RRF_K
-) -> list[tuple[int, float]]:
-    """Weighted reciprocal-rank fusion of best-first id lists -> (id, score) best first."""
-    scores: dict[int, float] = {}
-    for i, ranking in enumerate(rankings):
-        w = weights[i] if weights is not None else 1.0
-        for rank, pid in enumerate(ranking):
-            scores[pid] = scores.get(pid, 0.0) + w / (k + rank + 1)
-    return sorted(scores.items(), key=lambda kv: (-kv[1], -kv[0]))
+@dataclass(slots=True)
+class Gathered:
+    """What a fused ranking is made of: the full-text hits (with the query's term statistics) and the
+    cosine similarity of every candidate that has a vector."""
+
+    text: TextHits
+    cosines: dict[int, float]
+    unavailable: EmbeddingUnavailable | None = None
+    rows: dict[int, Any] = field(default_factory=dict)  # candidates' rows read so far
+    fit: dict[int, float] = field(default_factory=dict)  # how well each fits the time the query names
+    names: set[str] = field(default_factory=set)  # the query's terms written like names, ids, numbers
 
 
 @dataclass(slots=True)
@@ -130,6 +149,8 @@ class Recall:
         self._wake.set()  # look for a backlog once at start
         self.backlog = embedder is not None  # whether texts without a current vector may exist
         self._queries: dict[str, list[float]] = {}  # recent query -> vector, oldest first
+        self.fusion: Fusion | None = None  # None: the model's parameters (fusion.py); benchmarks set others
+        self.clock: Callable[[], float] = time.time  # "now" for queries naming relative times ("last week")
 
     @functools.cached_property
     def index(self) -> VectorIndex | None:
@@ -182,20 +203,83 @@ class Recall:
     async def rank(self, query: str, where: Any, top_k: int, offset: int) -> Ranked:
         """Best-first rows for a query that has search terms, by full text fused with meaning."""
         if self.embedder is None or self.index is None:
-            return Ranked(list(await self.corpus.search_text(query, where, top_k, offset)), "bm25")
-        depth = max(offset + top_k, MIN_DEPTH)
-        text_rows: list[Any] = []
-        vec_ids: list[int] = []
+            return Ranked(_matched(await self.corpus.search_text(query, where, top_k, offset)), "bm25")
+        gathered = await self.gather(query, where, max(offset + top_k, MIN_DEPTH))
+        if gathered.unavailable is not None:
+            note = f"meaning search unavailable ({gathered.unavailable}); ranked by full text only"
+            return Ranked(_matched(gathered.text.rows[offset : offset + top_k]), "bm25", note)
+        fused = self._fuse(gathered)
+        page = fused[offset : offset + top_k]
+        known = gathered.rows or {r.id: r for r in gathered.text.rows}
+        fetched = await self.corpus.get([s.id for s in page if s.id not in known])
+        rows = []
+        for scored in page:
+            row = known.get(scored.id) or fetched.get(scored.id)
+            if row is not None:  # None: deleted since the index refreshed
+                row.score, row.match = scored.score, scored.match
+                rows.append(row)
+        return Ranked(rows, "hybrid", await self._coverage_note())
+
+    def _fuse(self, gathered: Gathered) -> list[Scored]:
+        from kernmind.memory.fusion import fuse, fusion_for, rare_shares
+
+        assert self.embedder is not None
+        fusion = self.fusion or fusion_for(self.embedder.model)
+        words = {r.id: r.score or 0.0 for r in gathered.text.rows}
+        rare = rare_shares(gathered.text.terms, fusion, gathered.names)
+        return fuse(words, gathered.cosines, rare, fusion, gathered.fit)
+
+    async def gather(self, query: str, where: Any, depth: int) -> Gathered:
+        """The ``depth`` best full-text hits and the ``depth`` texts nearest in meaning, with the
+        similarity of every one of them; for a query naming a time, also the best of that time and how
+        well each candidate fits it (see the module docstring)."""
+        ref = time_in(query, self.clock())
+        if ref is not None and STRIP_TIME_WORDS and query_terms(rest := query.replace(ref.words, " ")):
+            query = rest  # the time is matched by the texts' times, not by words ("May", "2023", "move")
+        gathered = await self._draw(query, where, depth)
+        if gathered.unavailable is None and ref is not None:
+            await self._fit_time(gathered, query, where, ref)
+        return gathered
+
+    async def _fit_time(self, gathered: Gathered, query: str, where: Any, ref: TimeRef) -> None:
+        if ref.anchor is not None:  # "before the move": when the best match for "the move" happened
+            event = await self._draw(ref.anchor, where, MIN_DEPTH)
+            best = self._fuse(event)[:1]
+            rows = await self.corpus.get([s.id for s in best])
+            if not rows:
+                return
+            at = happened_at(next(iter(rows.values())))
+            ref = ref.around(at, at + 1)
+        lo, hi = ref.window
+        start = max((t for t in (where.start, lo) if t is not None), default=None)
+        end = min((t for t in (where.end, hi) if t is not None), default=None)
+        if start is None or end is None or start < end:
+            inside = await self._draw(query, dataclasses.replace(where, start=start, end=end), TIME_DEPTH)
+            have = {r.id for r in gathered.text.rows}
+            gathered.text.rows += [r for r in inside.text.rows if r.id not in have]
+            gathered.cosines = {**inside.cosines, **gathered.cosines}
+        rows = {r.id: r for r in gathered.text.rows}
+        rows.update(await self.corpus.get([pid for pid in gathered.cosines if pid not in rows]))
+        gathered.rows = rows
+        fits = affinity([happened_at(r) for r in rows.values()], ref)
+        gathered.fit = dict(zip(rows, fits, strict=True))
+
+    async def _draw(self, query: str, where: Any, depth: int) -> Gathered:
+        """The two lists, side by side (see the module docstring)."""
+        assert self.embedder is not None and self.index is not None
+        text = TextHits([])
+        nearest: list[tuple[int, float]] = []
+        candidates: Candidates | None = None
+        qvec: list[float] | None = None
         unavailable: EmbeddingUnavailable | None = None
 
         async def by_text() -> None:
-            nonlocal text_rows
-            text_rows = list(await self.corpus.search_text(query, where, depth))
+            nonlocal text
+            text = await self.corpus.rank_text(query, where, depth)
 
         async def by_meaning() -> None:
-            nonlocal vec_ids, unavailable
-            assert self.embedder is not None and self.index is not None
-            qvec: list[float] | None = None
+            nonlocal nearest, candidates, qvec, unavailable
+            assert self.index is not None
 
             async def embed() -> None:
                 nonlocal qvec, unavailable
@@ -208,27 +292,19 @@ class Recall:
                 tg.start_soon(embed)
                 await self.index.refresh()  # the index reads what changed while the query is embedded
             if qvec is not None:
-                vec_ids = await self._nearest(qvec, where, depth)
+                nearest, candidates = await self._nearest(qvec, where, depth)
 
         # the database ranks by full text while the query is embedded (ONNX Runtime releases the GIL)
         async with anyio.create_task_group() as tg:
             tg.start_soon(by_text)
             tg.start_soon(by_meaning)
-        if unavailable is not None:
-            note = f"meaning search unavailable ({unavailable}); ranked by full text only"
-            return Ranked(text_rows[offset : offset + top_k], "bm25", note)
-        fused = rrf([[r.id for r in text_rows], vec_ids], [TEXT_WEIGHT, MEANING_WEIGHT])[
-            offset : offset + top_k
-        ]
-        known = {r.id: r for r in text_rows}
-        fetched = await self.corpus.get([pid for pid, _ in fused if pid not in known])
-        rows = []
-        for pid, score in fused:
-            row = known.get(pid) or fetched.get(pid)
-            if row is not None:  # None: deleted since the index refreshed
-                row.score = score
-                rows.append(row)
-        return Ranked(rows, "hybrid", await self._coverage_note())
+        cosines = dict(nearest)
+        if qvec is not None:
+            from kernmind.memory.vector_index import similarity_of
+
+            unscored = [r.id for r in text.rows if r.id not in cosines]
+            cosines.update(similarity_of(candidates, qvec, unscored))
+        return Gathered(text, cosines, unavailable, names=names_in(query))
 
     async def query_vector(self, query: str) -> list[float]:
         """The query's vector; the last few are kept, so the next page of a search (or the same
@@ -241,16 +317,20 @@ class Recall:
             self._queries.pop(next(iter(self._queries)))
         return vector
 
-    async def _nearest(self, qvec: Sequence[float], where: Any, depth: int) -> list[int]:
-        """The ``depth`` texts nearest in meaning that pass the filter, best first."""
-        assert self.index is not None and self.embedder is not None
+    async def _nearest(
+        self, qvec: Sequence[float], where: Any, depth: int
+    ) -> tuple[list[tuple[int, float]], Candidates | None]:
+        """The ``depth`` texts nearest in meaning that pass the filter, best first, with their
+        similarity; and the snapshot of the index they were picked from."""
+        assert self.index is not None
         candidates = self.index.candidates(self.corpus.facets(where))
-        from kernmind.memory.vector_index import nearest
+        from kernmind.memory.vector_index import nearest_scored
 
-        find = functools.partial(nearest, candidates, qvec, depth, self.embedder.min_similarity)
+        find = functools.partial(nearest_scored, candidates, qvec, depth)
         if candidates is not None and candidates.matrix.size > THREAD_FLOATS:
-            return await anyio.to_thread.run_sync(find)  # ≈ 7 ms of numpy at 100k × 256: off the event loop
-        return find()
+            # ≈ 7 ms of numpy at 100k × 256: off the event loop
+            return await anyio.to_thread.run_sync(find), candidates
+        return find(), candidates
 
     async def _coverage_note(self) -> str | None:
         if not self.backlog or self.index is None:
@@ -264,3 +344,11 @@ class Recall:
             f"meaning search covers {covered} of {total} {self.what} so far (the rest are being embedded in the "
             f"background); full-text ranking covers all of them"
         )
+
+
+def _matched(rows: Sequence[Any]) -> list[Any]:
+    """Full-text rows as results: each matched by words."""
+    out = list(rows)
+    for row in out:
+        row.match = "words"
+    return out

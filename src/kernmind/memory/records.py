@@ -103,8 +103,16 @@ class PassageRow:
     tags: list[str]
     created_at: float  # when it was stored
     occurred_at: float  # when the fact happened or was said (what time filters read)
-    score: float | None = None
+    score: float | None = None  # search: in [0, 1], higher is better (fusion.py)
     superseded_by: int | None = None  # the passage that replaced it (None: live)
+    match: str | None = None  # search: words | meaning | both
+
+
+def happened_at(row: PassageRow | MessageRow) -> float:
+    """When what a text says happened, as searches that name a time compare it (recall.py): its
+    ``occurred_at`` where the row has one, else when it was stored."""
+    occurred = getattr(row, "occurred_at", None)
+    return occurred if occurred is not None else row.created_at
 
 
 @dataclass(slots=True)
@@ -124,7 +132,8 @@ class MessageRow:
     role: str
     content: str
     created_at: float
-    score: float | None = None
+    score: float | None = None  # search: in [0, 1], higher is better (fusion.py)
+    match: str | None = None  # search: words | meaning | both
 
 
 # --- what the vector index reads from a corpus (vector_index.py) -----------------------------

@@ -239,13 +239,37 @@ def nearest(
 ) -> list[int]:
     """Ids of the ``k`` candidates most similar to ``query`` (at least ``min_similarity``), best
     first. Pure numpy over a snapshot: safe in a worker thread."""
-    if candidates is None or k <= 0:
-        return []
+    return [pid for pid, _ in nearest_scored(candidates, query, k, min_similarity)]
+
+
+def _unit(candidates: Candidates, query: Sequence[float]) -> np.ndarray | None:
     q = np.asarray(query, dtype=np.float32)
     if q.shape[0] != candidates.matrix.shape[1]:
-        return []
+        return None
     norm = float(np.linalg.norm(q))
-    q = q / norm if norm > 0 else q
+    return q / norm if norm > 0 else q
+
+
+def similarity_of(
+    candidates: Candidates | None, query: Sequence[float], ids: Sequence[int]
+) -> dict[int, float]:
+    """Cosine similarity of ``query`` with each of ``ids`` that has a vector in the snapshot
+    (whether or not it passes the snapshot's filter: callers pass ids that do)."""
+    if candidates is None or not len(ids) or (q := _unit(candidates, query)) is None:
+        return {}
+    wanted = np.asarray(ids, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(candidates.ids, wanted), len(candidates.ids) - 1)
+    found = candidates.ids[pos] == wanted
+    sims = similarities(candidates.matrix[pos[found]], q)
+    return {int(i): float(v) for i, v in zip(wanted[found], sims, strict=True)}
+
+
+def nearest_scored(
+    candidates: Candidates | None, query: Sequence[float], k: int, min_similarity: float | None = None
+) -> list[tuple[int, float]]:
+    """:func:`nearest` with each id's cosine similarity. Pure numpy over a snapshot: safe in a worker thread."""
+    if candidates is None or k <= 0 or (q := _unit(candidates, query)) is None:
+        return []
     ids, rows = candidates.ids, candidates.rows
     if rows is None:
         sims = similarities(candidates.matrix, q)
@@ -258,7 +282,7 @@ def nearest(
     best = best[np.argsort(-sims[best], kind="stable")]
     if min_similarity is not None:
         best = best[sims[best] >= min_similarity]
-    return [int(i) for i in ids[best]]
+    return [(int(i), float(v)) for i, v in zip(ids[best], sims[best], strict=True)]
 
 
 def similarities(matrix: np.ndarray, unit_query: np.ndarray) -> np.ndarray:

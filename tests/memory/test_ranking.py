@@ -1,0 +1,361 @@
+"""How archival search ranks, with the default model on a real database: never below words alone or
+meaning alone, exact names first, nothing for what was never said, readable scores, and the same
+ranking for conversation search.
+
+The sets are small fixed samples of the three families of benchmarks/bench_retrieval.py: notes
+with questions in other words, near-duplicate facts told apart by a name or an id, and a short
+dialogue stored a turn per passage.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from mcp import Client
+
+from kernmind.memory.archival import Archive
+from kernmind.memory.minilm import MiniLMEmbedder
+from kernmind.memory.records import PassageIn
+from kernmind.memory.store import MemoryStore
+from kernmind.memory.vector_index import nearest
+from kernmind.server import create_server
+
+from .conftest import db_location, make_settings, ok
+
+pytestmark = pytest.mark.anyio
+
+PARAPHRASE = [
+    ("Maria adopted a puppy from the shelter last weekend.", "Who got a new dog?"),
+    ("Ahmed is allergic to peanuts.", "Who cannot eat nuts?"),
+    ("Lena is learning Japanese before her trip to Kyoto.", "Who is studying a foreign language for travel?"),
+    ("Kenji plays the cello in a community orchestra.", "Who is a musician?"),
+    ("Fatima is expecting twins in March.", "Who is pregnant?"),
+    ("Jonas quit smoking three months ago.", "Who gave up cigarettes?"),
+    ("Victor moved from Madrid to Oslo for a new job.", "Who relocated to Norway?"),
+    ("Chloe's son was diagnosed with asthma.", "Whose kid has a breathing condition?"),
+    ("The user dislikes emojis in replies.", "Should answers avoid pictograms?"),
+    ("Peter runs a small bakery that sells sourdough bread.", "Who owns a shop making loaves?"),
+]
+DISTRACTORS = [
+    "{name} walked the neighbour's dog in the park on {day}.",
+    "{name} bought a new collar for the cat.",
+    "{name} went to the gym three times this week.",
+    "{name} flew to Vienna for a conference on {day}.",
+    "{name} cooked lentil soup for the team lunch.",
+    "{name} asked for shorter answers with code examples.",
+    "{name} reads science fiction before bed.",
+    "{name} paid the car insurance for the year.",
+]
+NAMES = ["Alice", "Ben", "Clara", "Dmitri", "Elif", "Farid", "Greta", "Hugo", "Ines", "Jakob"]
+DAYS = ["Monday", "Tuesday", "Friday", "Sunday"]
+
+EVERYDAY = [
+    "Sam likes his coffee black with no sugar.",
+    "The dentist appointment moved to Tuesday at 3 pm.",
+    "Mum's birthday is on the 14th of March; she wants a new scarf.",
+    "The car needs new tyres before the winter trip.",
+    "Leo is vegetarian but eats fish now and then.",
+    "Pay the electricity bill before the end of the month.",
+    "The kids' football practice is on Wednesdays at 5.",
+    "Priya recommended a Thai place on Baker Street.",
+    "I left the spare house key with the neighbour at number 12.",
+    "The wifi router in the hall keeps dropping the connection.",
+    "Tom is allergic to penicillin.",
+    "The gym closes at 9 pm on Sundays.",
+    "Grandpa's hearing aid batteries are size 312.",
+    "Anna started a new job at the library in June.",
+    "The cat's flea treatment is due every four weeks.",
+    "Book the plumber for the dripping bathroom tap.",
+    "My passport expires in August next year.",
+    "Jonas lent me his drill; return it by the weekend.",
+    "The recycling goes out every other Thursday.",
+    "Maria's daughter is called Lucia and she is six.",
+    "I prefer aisle seats on long flights.",
+    "The team lunch is at the Italian place near the office.",
+    "We planted tomatoes and basil in the back garden.",
+    "Our landlord's phone number is in the blue folder.",
+    "The piano lesson was moved to Saturday morning.",
+    "Dad wants to visit the lakes in September.",
+    "The printer at work only prints double-sided now.",
+    "I keep the winter coats in the loft.",
+    "Nina's sourdough starter lives in our fridge while she travels.",
+    "The bike lock code is written on the back of the calendar.",
+]
+
+DIALOGUE = [  # (speaker, date, text): three sessions of a longer conversation
+    ("Maya", "3 March 2023", "Hi Leo! How was your week?"),
+    ("Leo", "3 March 2023", "Busy. We're launching the billing system at Copperleaf next week."),
+    ("Maya", "3 March 2023", "Good luck with the launch!"),
+    ("Leo", "3 March 2023", "Thanks. How's the flat hunt going?"),
+    ("Maya", "3 March 2023", "I've been looking at flats in Denver, the rent here in Boston is silly."),
+    ("Leo", "3 March 2023", "My brother moved to Austin last year and loves it."),
+    ("Maya", "3 March 2023", "I also signed up for a pottery class on Mill Lane."),
+    ("Leo", "3 March 2023", "I tried pottery once and gave up after a week."),
+    ("Maya", "3 March 2023", "Talk soon!"),
+    ("Leo", "3 March 2023", "Bye Maya."),
+    ("Leo", "20 March 2023", "Maya! Long time no talk."),
+    ("Maya", "20 March 2023", "I know, life got hectic."),
+    ("Maya", "20 March 2023", "We adopted a beagle from the shelter and named him Biscuit!"),
+    ("Leo", "20 March 2023", "Aww! My cousin has a corgi, she is a handful."),
+    ("Maya", "20 March 2023", "My first bowl came out completely lopsided, but I love it anyway."),
+    ("Leo", "20 March 2023", "I accepted the offer from Bluepeak! I'll be their new data analyst."),
+    ("Maya", "20 March 2023", "Congrats! What made you decide?"),
+    ("Leo", "20 March 2023", "Better pay, and I can walk to the office instead of sitting in traffic."),
+    ("Maya", "20 March 2023", "The weather has been grey and rainy all week."),
+    ("Leo", "20 March 2023", "Take care, speak next week!"),
+    ("Maya", "9 April 2023", "Guess what, I moved to Denver last weekend! Boxes everywhere."),
+    ("Leo", "9 April 2023", "How's the new neighbourhood?"),
+    ("Maya", "9 April 2023", "Quiet, and there's a farmers' market two streets away."),
+    ("Maya", "9 April 2023", "Biscuit had to go to the vet, he swallowed a sock."),
+    ("Leo", "9 April 2023", "Oh no! Our vet bills last year were insane too."),
+    ("Leo", "9 April 2023", "My manager at Bluepeak, Helen, is really supportive so far."),
+    ("Maya", "9 April 2023", "I made a set of four mugs this week, glazed in blue."),
+    ("Leo", "9 April 2023", "Did you watch the new episode of Severance?"),
+    ("Maya", "9 April 2023", "Not yet, no spoilers!"),
+    ("Leo", "9 April 2023", "Bye for now."),
+]
+DIALOGUE_QUESTIONS = [  # (question, indices of the turns that answer it)
+    ("What did Maya name the beagle?", (12,)),
+    ("What is Maya's pet called?", (12,)),
+    ("Why did Biscuit go to the vet?", (23,)),
+    ("Which city did Maya move to?", (20,)),
+    ("What is Leo's new position?", (15,)),
+    ("Why did Leo switch employers?", (17,)),
+    ("Who is Leo's manager at Bluepeak?", (25,)),
+    ("What class did Maya sign up for?", (6,)),
+    ("What is near Maya's new place?", (22,)),
+    ("What did Maya make in pottery?", (14, 26)),
+]
+
+
+def exact_set(n: int = 240, seed: int = 4) -> tuple[list[str], list[tuple[str, tuple[int, ...]]]]:
+    """Near-identical facts told apart by a surname or an id, and questions naming them."""
+    rng = random.Random(seed)
+    first = ["Ana", "Ben", "Chloe", "David", "Elena", "Farid", "Grace", "Hugo"]
+    surnames = [
+        "Kowalczyk",
+        "Nakamura",
+        "Okonkwo",
+        "Lindqvist",
+        "Petrenko",
+        "Xhqorvand",
+        "Bratuvek",
+        "Zelmiro",
+    ]
+    facts, questions = [], []
+    for i in range(n):
+        last = (
+            surnames[i] if i < len(surnames) else f"Smith{'abcdefghij'[i % 10]}{'klmnopqrst'[i // 10 % 10]}"
+        )
+        person = rng.choice(first)
+        facts.append(
+            f"{person} {last} keeps a {rng.choice(['red', 'grey', 'black'])} cat in {rng.choice(['Lyon', 'Lille'])}."
+        )
+        if i < len(surnames):
+            questions += [(last, (i,)), (f"What animal does {person} {last} keep?", (i,))]
+    for i, ticket in enumerate(["INC-48213", "REQ-77102", "CHG-30931"]):
+        facts.append(f"Ticket {ticket} was closed by the platform team after a restart.")
+        questions.append((f"Who closed {ticket}?", (len(facts) - 1,)))
+        facts.append(f"Ticket INC-{50000 + i} was closed by the platform team after a restart.")
+    return facts, questions
+
+
+def paraphrase_set() -> tuple[list[str], list[tuple[str, tuple[int, ...]]]]:
+    rng = random.Random(5)
+    notes = [n for n, _ in PARAPHRASE]
+    notes += [t.format(name=rng.choice(NAMES), day=rng.choice(DAYS)) for t in DISTRACTORS for _ in range(6)]
+    return notes, [(q, (i,)) for i, (_, q) in enumerate(PARAPHRASE)]
+
+
+def dialogue_set() -> tuple[list[str], list[tuple[str, tuple[int, ...]]]]:
+    return [f"{who} ({when}): {text}" for who, when, text in DIALOGUE], list(DIALOGUE_QUESTIONS)
+
+
+async def hits(
+    tmp_path: Path, texts: Sequence[str], questions: Sequence[tuple[str, tuple[int, ...]]], k: int
+) -> dict[str, int]:
+    """How many questions each ranking answers within its first k results."""
+    embedder = MiniLMEmbedder()
+    async with MemoryStore(db_location(tmp_path)) as store:
+        vectors = await embedder.embed(list(texts))
+        from kernmind.memory.embeddings import to_blob
+
+        ids = [
+            pid
+            for pid, _ in await store.passages.add(
+                [
+                    PassageIn(t, [], None, to_blob(v), embedder.model)
+                    for t, v in zip(texts, vectors, strict=True)
+                ]
+            )
+        ]
+        words, default = Archive(store.passages), Archive(store.passages, embedder)
+        index = default.recall.index
+        assert index is not None
+        await index.refresh()
+        out = {"words": 0, "meaning": 0, "default": 0}
+        for question, answer in questions:
+            wanted = {ids[i] for i in answer}
+            vector = await default.recall.query_vector(question)
+            got = {
+                "words": [r.id for r in (await words.search(question, top_k=k)).results],
+                "meaning": nearest(index.candidates(), vector, k, embedder.min_similarity),
+                "default": [r.id for r in (await default.search(question, top_k=k)).results],
+            }
+            for name, found in got.items():
+                out[name] += bool(wanted & set(found))
+    return out
+
+
+@pytest.mark.parametrize("family", ["paraphrase", "exact", "conversation"])
+@pytest.mark.parametrize("k", [1, 5])
+async def test_the_default_ranking_is_never_below_words_alone_or_meaning_alone(
+    tmp_path: Path, family: str, k: int
+) -> None:
+    texts, questions = {"paraphrase": paraphrase_set, "exact": exact_set, "conversation": dialogue_set}[
+        family
+    ]()
+    found = await hits(tmp_path, texts, questions, k)
+    assert found["default"] >= found["words"] and found["default"] >= found["meaning"], found
+
+
+async def test_an_exact_name_or_id_ranks_first_among_near_duplicates(tmp_path: Path) -> None:
+    texts, questions = exact_set()
+    found = await hits(tmp_path, texts, questions, 1)
+    assert found["default"] == len(questions), found
+
+
+async def test_a_question_about_something_never_mentioned_returns_nothing(tmp_path: Path) -> None:
+    async with Client(create_server(make_settings(tmp_path))) as client:
+        for text in EVERYDAY:
+            await ok(client, "archival_memory_insert", content=text)
+        for question in [
+            "Who won the chess final?",
+            "volcanic eruption seismology",
+            "Which moon of Jupiter has an ocean?",
+        ]:
+            out = await ok(client, "archival_memory_search", query=question)
+            assert out["mode"] == "hybrid" and out["results"] == [], (question, out["results"])
+        # Close to food, about Mars: with all-MiniLM-L6-v2 a shopping list is as close in meaning to this
+        # as some paraphrases are to their notes (cosine 0.37), so weak meaning matches remain, each
+        # scored well below what a real answer scores (README, "Memory": the no-match cut-off).
+        mars = (await ok(client, "archival_memory_search", query="What's for dinner on Mars?"))["results"]
+        assert all(r["match"] == "meaning" and r["score"] < 0.3 for r in mars), mars
+        found = await ok(
+            client, "archival_memory_search", query="Who avoids meat?"
+        )  # still finds what was said
+        assert found["results"][0]["content"].startswith("Leo is vegetarian")
+        assert found["results"][0]["score"] > 2 * max((r["score"] for r in mars), default=0)
+
+
+async def test_scores_read_from_0_to_1_and_say_what_matched(tmp_path: Path) -> None:
+    async with Client(create_server(make_settings(tmp_path))) as client:
+        for text in EVERYDAY:
+            await ok(client, "archival_memory_insert", content=text)
+        exact = (await ok(client, "archival_memory_search", query="dentist appointment"))["results"]
+        paraphrase = (await ok(client, "archival_memory_search", query="Who avoids meat?"))["results"]
+        words_only = (await ok(client, "archival_memory_search", query="sourdough starter travels"))[
+            "results"
+        ]
+    assert (
+        exact[0]["content"].startswith("The dentist")
+        and exact[0]["match"] == "both"
+        and exact[0]["score"] > 0.8
+    )
+    assert paraphrase[0]["match"] == "meaning" and 0.1 < paraphrase[0]["score"] < exact[0]["score"]
+    for results in (exact, paraphrase, words_only):
+        scores = [r["score"] for r in results]
+        assert all(0 <= s <= 1 for s in scores) and scores == sorted(scores, reverse=True)
+        assert {r["match"] for r in results} <= {"words", "meaning", "both"}
+
+
+async def test_without_meaning_search_scores_are_the_share_of_the_query_matched(tmp_path: Path) -> None:
+    async with Client(create_server(make_settings(tmp_path, embedding_model="none"))) as client:
+        for text in EVERYDAY:
+            await ok(client, "archival_memory_insert", content=text)
+        out = await ok(client, "archival_memory_search", query="winter coats tyres")
+    assert out["mode"] == "bm25"
+    contents = [r["content"] for r in out["results"]]
+    assert set(contents) == {
+        "I keep the winter coats in the loft.",
+        "The car needs new tyres before the winter trip.",
+    }
+    assert all(r["match"] == "words" and 0 < r["score"] < 1 for r in out["results"])
+
+
+async def test_conversation_search_ranks_like_archival_search(tmp_path: Path) -> None:
+    """The same turns stored as conversation messages and as passages come back in the same order,
+    with the same scores and the same ``match``, from both tools."""
+    from kernmind.memory.embeddings import to_blob
+
+    settings = make_settings(tmp_path)
+    texts, questions = dialogue_set()
+    embedder = MiniLMEmbedder()
+    async with MemoryStore(settings.db_location) as store:
+        conversation = await store.conversations.start()
+        for (speaker, _, _), text in zip(DIALOGUE, texts, strict=True):
+            [vector] = await embedder.embed([text])
+            role = "user" if speaker == "Maya" else "assistant"
+            await store.conversations.add(
+                conversation, role, text, embedding=to_blob(vector), embedding_model=embedder.model
+            )
+    async with Client(create_server(settings)) as client:
+        for text in texts:
+            await ok(client, "archival_memory_insert", content=text)
+        for question, _ in [*questions, ("What's for dinner on Mars?", ())]:
+            passages = (await ok(client, "archival_memory_search", query=question, top_k=5))["results"]
+            messages = (await ok(client, "conversation_search", query=question, limit=5))["results"]
+            assert [(m["content"], m["score"], m["match"]) for m in messages] == [
+                (p["content"], p["score"], p["match"]) for p in passages
+            ], question
+
+
+async def store_at(archive: Archive, dated: Sequence[tuple[str, float]]) -> list[int]:
+    """Passages stored with the given times (as an import does), with their vectors."""
+    items = []
+    for text, at in dated:
+        vector = await archive.recall.vector_for(text)
+        items.append(PassageIn(text, [], at, vector.blob, vector.model))
+    return [pid for pid, _ in await archive.passages.add(items)]
+
+
+async def test_a_question_naming_a_time_ranks_passages_of_that_time_first(tmp_path: Path) -> None:
+    import time
+    from datetime import UTC, datetime
+
+    def at(text: str) -> float:
+        return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+    now = time.time()
+    async with MemoryStore(db_location(tmp_path)) as store:
+        archive = Archive(store.passages, MiniLMEmbedder())
+        ids = await store_at(
+            archive,
+            [
+                ("Leo: Ran 8 km this morning, my legs are sore.", at("2023-03-12")),
+                ("Leo: Ran 12 km this morning, my legs are sore.", at("2023-05-14")),
+                ("Leo: Ran 15 km this morning, my legs are sore.", at("2023-07-02")),
+                ("Maya: The rent in Boston went up again, it's getting silly.", at("2023-02-03")),
+                ("Maya: I moved to Denver last weekend! Boxes everywhere.", at("2023-04-09")),
+                ("Maya: The rent in Denver is fine, and the flat is bigger.", at("2023-06-20")),
+                ("We had dinner with Sam at the Thai place.", now - 60 * 86400),
+                ("We had dinner with Sam at the Thai place.", now - 8 * 86400),
+            ],
+        )
+        found = await archive.search("How far was Leo running in May 2023?")
+        assert found.results[0].id == ids[1]
+        found = await archive.search("How far was Leo running in July 2023?")
+        assert found.results[0].id == ids[2]
+        found = await archive.search("What did Maya say about the rent before the move?")
+        assert found.results[0].id == ids[3]
+        found = await archive.search("What did Maya say about the rent after the move?")
+        assert found.results[0].id == ids[5]
+        found = await archive.search("Where did we have dinner with Sam last week?")
+        assert [r.id for r in found.results[:2]] == [ids[7], ids[6]]
+        found = await archive.search("Where did we have dinner with Sam two months ago?")
+        assert [r.id for r in found.results[:2]] == [ids[6], ids[7]]
+        undated = await archive.search("How far was Leo running?")  # no time named: every run still found
+        assert {ids[0], ids[1], ids[2]} <= {r.id for r in undated.results}
