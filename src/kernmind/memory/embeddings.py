@@ -17,8 +17,9 @@ Design
   and its import reconfigures the root logger.
 * :class:`OpenAIEmbedder` calls any OpenAI-compatible ``/embeddings`` endpoint through the
   ``openai`` package (``--embedding-model``, ``--embedding-base-url``, and the API key from
-  ``KERNMIND_EMBEDDING_API_KEY`` or ``OPENAI_API_KEY``). Any object with a ``model`` name and an
-  ``async embed(texts) -> list[list[float]]`` method works (the benchmark passes a local function).
+  ``KERNMIND_EMBEDDING_API_KEY`` or ``OPENAI_API_KEY``). Any object with a ``model`` name and
+  ``async embed(texts)`` / ``async embed_query(texts) -> list[list[float]]`` methods works (the
+  benchmarks pass local ones).
 * Queries and stored texts go through separate methods (``embed_query`` / ``embed``): a local
   model trained with prefixes (``query_prefix`` / ``passage_prefix``: e5's ``query: `` and
   ``passage: ``, bge's query instruction) gets them there; all-MiniLM-L6-v2 and the static model
