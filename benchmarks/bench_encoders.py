@@ -1,6 +1,6 @@
 """Which small offline encoder: meaning-only recall on three kinds of input, and what it costs.
 
-Run: ``python benchmarks/bench_encoders.py [--wheels DIR] [--only NAME ...]``
+Run: ``python benchmarks/bench_encoders.py [--wheels DIR] [--only NAME ...] [--interleaved]``
 
 For each encoder (encoder_candidates.py), in a fresh process of its own so load time and memory are
 its alone: load it, embed every passage of the three families (encoder_sets.py: paraphrase,
@@ -8,7 +8,9 @@ exact names/ids/numbers, conversations) one text at a time, embed every question
 rank passages by cosine similarity. Reported per family: recall@1/5/10 (meaning only: no full
 text, no fusion), then embed ms per text (p50 over the passages and over the questions), load
 seconds, the process's peak RSS, and "recall@5 per ms" (mean recall@5 over the families divided by
-the passage p50) — the trade the issue asks about.
+the passage p50) — the trade the issue asks about. ``--interleaved`` only times the chosen encoders
+against each other, loaded in one process and run in turn on the same texts (the first named is
+the baseline), which keeps a busy machine's load from favouring one of them.
 """
 
 from __future__ import annotations
@@ -59,14 +61,49 @@ def measure(name: str, wheels: Path | None) -> dict[str, object]:
     return row
 
 
+def interleaved(names: list[str], wheels: Path | None, rounds: int = 5) -> None:
+    """Per-text embedding time of several encoders loaded in one process, timed in turn on the same
+    texts (the paraphrase set's 48 notes and 48 questions), so the machine's load hits them alike."""
+    cands = {name: candidates(wheels)[name]() for name in names}
+    for cand in cands.values():
+        cand.load()
+    notes = [n for n, _ in encoder_sets.PAIRS]
+    questions = [q for _, q in encoder_sets.PAIRS]
+    times: dict[str, dict[str, list[float]]] = {n: {"note": [], "question": []} for n in cands}
+    for _ in range(rounds):
+        for note, question in zip(notes, questions, strict=True):
+            for name, cand in cands.items():
+                for kind, text, embed in (
+                    ("note", note, cand.passages),
+                    ("question", question, cand.queries),
+                ):
+                    t = time.perf_counter()
+                    embed([text])
+                    times[name][kind].append((time.perf_counter() - t) * 1000)
+    base = statistics.median(times[names[0]]["note"])
+    print("| encoder | note ms p50 | question ms p50 | note time vs the first |")
+    print("|---|---|---|---|")
+    for name, t in times.items():
+        note = statistics.median(t["note"])
+        print(
+            f"| {cands[name].name} | {note:.2f} | {statistics.median(t['question']):.2f} | {note / base:.2f}× |"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--wheels", type=Path, help="folder with the unpacked candidate wheels (encoder_candidates.py)"
     )
     ap.add_argument("--only", nargs="*", help="encoders to measure (default: all available)")
+    ap.add_argument(
+        "--interleaved", action="store_true", help="only time the --only encoders, in turn, in one process"
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.interleaved:
+        interleaved(args.only or ["minilm"], args.wheels)
+        return 0
     if args.child:
         print(json.dumps(measure(args.child, args.wheels)))
         return 0

