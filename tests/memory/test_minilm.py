@@ -176,3 +176,33 @@ def test_loading_the_model_writes_nothing_outside_kernmind(tmp_path: Path) -> No
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and "(1, 384)" in out.stdout, out.stderr
     assert [p for p in home.rglob("*")] == [] and [p for p in tmp.rglob("*")] == []
+
+
+@pytest.mark.sqlite_only("the model alone: no database involved")
+def test_the_graph_builder_reads_the_encoders_depth_from_its_weights() -> None:
+    """The builder runs any BERT-family encoder: given only MiniLM's first three layers (the shape
+    of a 3-layer model), it builds a 3-layer graph, whose sentence vectors are unit length and
+    not the 6-layer model's."""
+    from safetensors.numpy import load_file
+
+    from kernmind.memory.minilm import build_graph, import_onnxruntime, read_model
+
+    folder = MiniLMEmbedder().package_dir()
+    weights = load_file(str(folder / "model.safetensors"))
+    shallow = {
+        k: v
+        for k, v in weights.items()
+        if not k.startswith(("encoder.layer.3.", "encoder.layer.4.", "encoder.layer.5."))
+    }
+    ort = import_onnxruntime()
+    ids = np.asarray([read_model(folder).tokenizer.encode("Maria adopted a puppy.").ids], dtype=np.int64)
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    vectors = []
+    for w in (weights, shallow):
+        graph = build_graph(w, int8=False)
+        assert sum(n.op_type == "Softmax" for n in graph.graph.node) == (6 if w is weights else 3)
+        session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+        [[vector]] = session.run(None, feed)
+        vectors.append(vector)
+    assert np.isclose(np.linalg.norm(vectors[1]), 1, atol=1e-5)
+    assert float(vectors[0] @ vectors[1]) < 0.99
