@@ -40,6 +40,7 @@ import anyio
 from kernmind.config import Settings
 from kernmind.execution import history
 from kernmind.execution import runners as runners_mod
+from kernmind.execution.cgroups import CgroupSupport
 from kernmind.execution.forkserver_kernels import ForkKernelFactory
 from kernmind.execution.jobs import Job, Jobs
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
@@ -51,6 +52,7 @@ from kernmind.execution.rundir import RunDir, socket_root
 from kernmind.execution.runners.base import Call, Runner
 from kernmind.execution.runners.python import PythonRunner, SnapshotBudget
 from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.session_limits import SessionLimits
 from kernmind.execution.sessions import (
     DEFAULT_SESSION,
     LOCAL_OWNER,
@@ -109,10 +111,14 @@ class Executor:
             limits=limits_from(settings),
             gpu=settings.gpu,
         )
+        # Decided before anything is started (on cgroup v2 the server may move itself into a leaf).
+        self.cgroups = CgroupSupport.detect(settings.cgroups)
+        if not self.cgroups.active:
+            log.info("no per-session control groups (%s): per-process limits only", self.cgroups.reason)
         self.runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)
         if self.runtime.error:
             log.error("Python kernels unavailable: %s", self.runtime.error)
-        self.rundir = RunDir(settings.workspaces_dir)
+        self.rundir = RunDir(settings.workspaces_dir, cgroups=self.cgroups.server_dirs)
         sockets = socket_root(settings.workspaces_dir)
         self.socket_rundir = (
             self.rundir if sockets == self.rundir.root else RunDir(sockets, transient_root=True)
@@ -129,6 +135,7 @@ class Executor:
             output_limit=settings.max_output_chars,
             new_layer=self._new_layer,
             guard=self.guard,
+            cgroups=self.cgroups,
         )
         if settings.fork_server and not settings.kernel_gateway:
             factory = ForkKernelFactory(factory, preload=settings.preload)
@@ -210,6 +217,9 @@ class Executor:
     async def _release(self, session: Session) -> None:
         for runner in self.runners.values():
             await runner.release(session)
+        limits, session.limits = session.limits, None
+        if limits is not None:  # what is left of the session's processes goes with its group
+            await anyio.to_thread.run_sync(limits.close)
 
     async def _suspend(self, session: Session) -> None:
         if self.python is not None and self.settings.snapshot_mb > 0:
@@ -249,6 +259,7 @@ class Executor:
                                 log.warning("stopping the %s runner: %s", runner.language, exc)
                     tg.cancel_scope.cancel()
         finally:
+            self.cgroups.close()
             self.socket_rundir.close()
             self.rundir.close()
 
@@ -451,5 +462,7 @@ class Executor:
             reset=reset,
             notes=[*session.take_notes(), *notes],
         )
+        if session.limits is None:
+            session.limits = SessionLimits(self.cgroups, self.sandbox.limits)
         quota = self.settings.workspace_mb * 1024 * 1024
         return await supervise(runner, call, quota_bytes=quota, progress=progress)

@@ -1,0 +1,146 @@
+"""The workspace quota (``--workspace-mb``): measured around every call, enforced by the kernel.
+
+What counts is what a session's sandbox can write on the host's disk: its working directory
+and its kernel's runtime (socket) directory, seen inside as ``/run/kernmind``
+(``Workspace.accounted``). Sizes are disk blocks.
+
+- **After every call** the usage is measured: the call's change scan (``filescan.py``) gives
+  the working directory's size when it was complete, plus a walk of the runtime directory;
+  else the whole tree is walked.
+- **Before every call** it is measured again unless nothing of the session can have written
+  since: same processes and the same disk ``write_bytes`` (``SessionLimits.io_mark``), or no
+  process alive. A kernel thread left writing between calls is therefore caught before the
+  next call runs.
+- **While the call runs** the supervisor samples it (``supervisor._watch_quota``) and stops
+  code that grows it past the quota.
+- **Over the quota**, the session's writes are blocked by the kernel, not by polling:
+  RLIMIT_FSIZE is 0 for every process of the session and for every sandbox it starts
+  (``SessionLimits.block_writes``), so no write can grow a file — code still runs, reads,
+  deletes and truncates, so it can clean up (there is no delete tool). Once a measurement
+  finds it back under, writes are allowed again. Every result meanwhile says how far over it
+  is and names the largest files to delete.
+
+So a session ends at most one burst over its quota (what it wrote before the measurement that
+found it over) and does not grow once over.
+
+Why not a file system that enforces the quota from the first byte: measured on this kind of
+host, the kernel has no ``CONFIG_QUOTA`` (no ext4/XFS project quotas, no tmpfs quotas);
+loop-mounted images per session need root, turn the warm pool's directory moves
+(``store.rebind``: a rename into the session's home) into copies, and leave mounts behind
+when a server is killed. Project quotas remain the better tool where a host has them.
+
+What this leaves open: a server that is not root can only lower the soft RLIMIT_FSIZE (a
+hard limit, once lowered, cannot be raised again without privileges), so code that raises
+its own soft limit while over can write one more burst, found by the next measurement;
+creating directories or empty files and ``fallocate(FALLOC_FL_KEEP_SIZE)`` are not bounded
+by RLIMIT_FSIZE (a directory costs a block), and such growth between calls is not seen by
+``write_bytes`` (the measurement after the next call finds it).
+
+Error policy: a measurement that fails leaves the last one standing (logged); blocking
+skips processes that vanished.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from dataclasses import dataclass
+
+from kernmind.execution.filescan import Scan, scan_tree
+from kernmind.execution.sandbox import RUNTIME_MOUNT
+from kernmind.execution.session_limits import SessionLimits
+from kernmind.execution.workspace import Workspace, off_loop
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+LARGEST_SHOWN = 5
+
+
+@dataclass
+class Usage:
+    """What a session occupies on disk, and its largest files (for the note)."""
+
+    workspace: int
+    runtime: int
+    largest: list[tuple[str, int]]
+
+    @property
+    def total(self) -> int:
+        return self.workspace + self.runtime
+
+
+def measure(workspace: Workspace, scan: Scan | None = None) -> Usage:
+    """The workspace (from ``scan`` when it is complete, else a walk) and its runtime directories."""
+    if scan is None or not scan.complete:
+        scan = workspace.scan()
+    runtime_scans = [(root, scan_tree(root)) for root in workspace.accounted]
+    files = [(rel, st.blocks * 512) for rel, st in scan.files.items()]
+    for _, rs in runtime_scans:
+        files += [(f"{RUNTIME_MOUNT}/{rel}", st.blocks * 512) for rel, st in rs.files.items()]
+    largest = heapq.nlargest(LARGEST_SHOWN, files, key=lambda item: item[1])
+    return Usage(scan.bytes_used, sum(rs.bytes_used for _, rs in runtime_scans), largest)
+
+
+async def before_call(limits: SessionLimits, workspace: Workspace | None, quota: int) -> int | None:
+    """Measure unless nothing can have written since the last measurement; block writes when
+    over. Returns the usage the call starts from (None when unknown: no workspace yet)."""
+    if quota <= 0 or workspace is None:
+        return None
+    mark = limits.io_mark()
+    unchanged = limits.measured is not None and mark is not None and mark == limits.measured_io
+    if not unchanged:
+        try:
+            usage = await off_loop(lambda: measure(workspace), timeout=None)
+        except Exception as exc:  # the call matters more; the measurement after it decides
+            log.warning("measuring %s before a call failed: %s", workspace.root, exc)
+            return limits.measured
+        limits.measured, limits.measured_io = usage.total, mark
+    assert limits.measured is not None
+    if limits.measured > quota:
+        limits.block_writes()
+    return limits.measured
+
+
+async def after_call(limits: SessionLimits, workspace: Workspace | None, quota: int) -> list[str]:
+    """Measure after the call; block or allow writes; the notes the result carries."""
+    if quota <= 0 or workspace is None:
+        return []
+    was_blocked = limits.writes_blocked
+    try:
+        usage = await off_loop(lambda: measure(workspace, workspace.last_scan), timeout=None)
+    except Exception as exc:
+        log.warning("measuring %s after a call failed: %s", workspace.root, exc)
+        return []
+    limits.measured, limits.measured_io = usage.total, limits.io_mark()
+    if usage.total > quota:
+        limits.block_writes()
+        return [over_note(usage, quota)]
+    if was_blocked:
+        limits.allow_writes()
+        return [
+            f"the working directory is back under its {quota // MIB} MiB quota ({_mib(usage.total)} used): "
+            "writing files works again."
+        ]
+    return []
+
+
+def over_note(usage: Usage, quota: int) -> str:
+    over = usage.total - quota
+    where = f"{_mib(usage.workspace)} in the working directory"
+    if usage.runtime >= MIB:
+        where += f", {_mib(usage.runtime)} in {RUNTIME_MOUNT}"
+    largest = ", ".join(f"{path} ({_mib(size)})" for path, size in usage.largest if size > 0)
+    return (
+        f"the session is {_mib(over)} over its {quota // MIB} MiB workspace quota (--workspace-mb): "
+        f"{where}. Writing files is blocked for this session until it is back under: code still runs, "
+        f"reads and deletes. Delete at least {_mib(over)}"
+        + (f"; the largest files are {largest}" if largest else "")
+        + " (run_code, e.g. os.remove(path))."
+    )
+
+
+def _mib(n: int) -> str:
+    if n < MIB:
+        return f"{n / MIB:.2f} MiB" if n else "0 MiB"
+    return f"{n / MIB:.0f} MiB"
