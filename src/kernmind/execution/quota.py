@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 LARGEST_SHOWN = 5
+SHOWN_FROM = 64 * 1024  # smaller files are not worth naming (a kernel's connection file…)
 
 
 @dataclass
@@ -130,7 +131,7 @@ def over_note(usage: Usage, quota: int) -> str:
     where = f"{_mib(usage.workspace)} in the working directory"
     if usage.runtime >= MIB:
         where += f", {_mib(usage.runtime)} in {RUNTIME_MOUNT}"
-    largest = ", ".join(f"{path} ({_mib(size)})" for path, size in usage.largest if size > 0)
+    largest = ", ".join(f"{path} ({_mib(size)})" for path, size in usage.largest if size >= SHOWN_FROM)
     return (
         f"the session is {_mib(over)} over its {quota // MIB} MiB workspace quota (--workspace-mb): "
         f"{where}. Writing files is blocked for this session until it is back under: code still runs, "
