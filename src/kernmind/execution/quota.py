@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kernmind.execution.filescan import Scan, scan_tree
@@ -99,7 +100,7 @@ async def before_call(limits: SessionLimits, workspace: Workspace | None, quota:
         limits.measured, limits.measured_io = usage.total, mark
     assert limits.measured is not None
     if limits.measured > quota:
-        limits.block_writes()
+        _safely(limits.block_writes)
     return limits.measured
 
 
@@ -115,15 +116,23 @@ async def after_call(limits: SessionLimits, workspace: Workspace | None, quota: 
         return []
     limits.measured, limits.measured_io = usage.total, limits.io_mark()
     if usage.total > quota:
-        limits.block_writes()
+        _safely(limits.block_writes)
         return [over_note(usage, quota)]
     if was_blocked:
-        limits.allow_writes()
+        _safely(limits.allow_writes)
         return [
             f"the working directory is back under its {quota // MIB} MiB quota ({_mib(usage.total)} used): "
             "writing files works again."
         ]
     return []
+
+
+def _safely(action: Callable[[], None]) -> None:
+    """Block or allow writes; a failure is logged, never the call's end."""
+    try:
+        action()
+    except Exception as exc:
+        log.warning("changing a session's file-size limit failed: %s", exc)
 
 
 def over_note(usage: Usage, quota: int) -> str:

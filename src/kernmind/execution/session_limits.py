@@ -74,13 +74,13 @@ def fsize_limits(pid: int) -> tuple[int, int] | None:
     return None
 
 
-def set_soft_fsize(pid: int, soft: int) -> None:
-    """Set ``pid``'s soft RLIMIT_FSIZE to ``soft`` (at most its hard limit); skip a vanished process."""
+def set_soft_fsize(pid: int, soft: int | None) -> None:
+    """Set ``pid``'s soft RLIMIT_FSIZE to ``soft`` (None: up to its hard limit); skip a vanished process."""
     current = fsize_limits(pid)
     if current is None:
         return
     hard = current[1]
-    target = soft if hard == resource.RLIM_INFINITY else min(soft, hard)
+    target = hard if soft is None else soft
     if current[0] == target:
         return
     try:
@@ -90,6 +90,9 @@ def set_soft_fsize(pid: int, soft: int) -> None:
         return
     except PermissionError:
         pass
+    except (OSError, ValueError) as exc:
+        log.warning("cannot set the file-size limit of process %d: %s", pid, exc)
+        return
     # Another uid's process and no CAP_SYS_RESOURCE: as that uid, a limit may be set (root can switch).
     setpriv, prlimit = shutil.which("setpriv"), shutil.which("prlimit")
     ids = _ids(pid)
@@ -229,14 +232,14 @@ class SessionLimits:
     def allow_writes(self) -> None:
         if self.writes_blocked:
             self.writes_blocked = False
-            self._set_fsize(resource.RLIM_INFINITY)  # up to each process's hard limit
+            self._set_fsize(None)  # up to each process's hard limit
 
     def enforce(self) -> None:
         """Apply the write block to processes started since it was set (a kernel just attached)."""
         if self.writes_blocked:
             self._set_fsize(0)
 
-    def _set_fsize(self, soft: int) -> None:
+    def _set_fsize(self, soft: int | None) -> None:
         """Set the soft RLIMIT_FSIZE of every process of the session (the hard one stays)."""
         for _ in range(2):  # a process forked while we went through the list is caught the second time
             for pid in self.pids():

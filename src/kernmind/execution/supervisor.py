@@ -90,8 +90,8 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
             try:
                 await _watch_quota(call, quota_bytes, start_usage)
             except QuotaExceeded as exc:
-                if limits is not None:
-                    limits.block_writes()  # at once: what the interrupt does not stop cannot write on
+                if limits is not None:  # at once: what the interrupt does not stop cannot write on
+                    await anyio.to_thread.run_sync(limits.block_writes)
                 stop, quota = "quota", exc
                 run_scope.cancel()
 
