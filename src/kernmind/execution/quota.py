@@ -47,6 +47,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import anyio
+
 from kernmind.execution.filescan import Scan, scan_tree
 from kernmind.execution.sandbox import RUNTIME_MOUNT
 from kernmind.execution.session_limits import SessionLimits
@@ -89,18 +91,18 @@ async def before_call(limits: SessionLimits, workspace: Workspace | None, quota:
     over. Returns the usage the call starts from (None when unknown: no workspace yet)."""
     if quota <= 0 or workspace is None:
         return None
-    mark = limits.io_mark()
-    unchanged = limits.measured is not None and mark is not None and mark == limits.measured_io
-    if not unchanged:
-        try:
-            usage = await off_loop(lambda: measure(workspace), timeout=None)
-        except Exception as exc:  # the call matters more; the measurement after it decides
-            log.warning("measuring %s before a call failed: %s", workspace.root, exc)
-            return limits.measured
-        limits.measured, limits.measured_io = usage.total, mark
-    assert limits.measured is not None
-    if limits.measured > quota:
-        _safely(limits.block_writes)
+
+    def look() -> None:  # one trip off the event loop
+        mark = limits.io_mark()
+        if limits.measured is None or mark is None or mark != limits.measured_io:
+            limits.measured, limits.measured_io = measure(workspace).total, mark
+
+    try:
+        await off_loop(look, timeout=None)
+    except Exception as exc:  # the call matters more; the measurement after it decides
+        log.warning("measuring %s before a call failed: %s", workspace.root, exc)
+    if limits.measured is not None and limits.measured > quota:
+        await _safely(limits.block_writes)
     return limits.measured
 
 
@@ -109,17 +111,22 @@ async def after_call(limits: SessionLimits, workspace: Workspace | None, quota: 
     if quota <= 0 or workspace is None:
         return []
     was_blocked = limits.writes_blocked
+
+    def look() -> Usage:
+        usage = measure(workspace, workspace.last_scan)
+        limits.measured, limits.measured_io = usage.total, limits.io_mark()
+        return usage
+
     try:
-        usage = await off_loop(lambda: measure(workspace, workspace.last_scan), timeout=None)
+        usage = await off_loop(look, timeout=None)
     except Exception as exc:
         log.warning("measuring %s after a call failed: %s", workspace.root, exc)
         return []
-    limits.measured, limits.measured_io = usage.total, limits.io_mark()
     if usage.total > quota:
-        _safely(limits.block_writes)
+        await _safely(limits.block_writes)
         return [over_note(usage, quota)]
     if was_blocked:
-        _safely(limits.allow_writes)
+        await _safely(limits.allow_writes)
         return [
             f"the working directory is back under its {quota // MIB} MiB quota ({_mib(usage.total)} used): "
             "writing files works again."
@@ -127,10 +134,11 @@ async def after_call(limits: SessionLimits, workspace: Workspace | None, quota: 
     return []
 
 
-def _safely(action: Callable[[], None]) -> None:
-    """Block or allow writes; a failure is logged, never the call's end."""
+async def _safely(action: Callable[[], None]) -> None:
+    """Block or allow writes (off the event loop: it may start a helper per process); a failure is
+    logged, never the call's end."""
     try:
-        action()
+        await anyio.to_thread.run_sync(action)
     except Exception as exc:
         log.warning("changing a session's file-size limit failed: %s", exc)
 

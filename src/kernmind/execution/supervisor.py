@@ -78,7 +78,7 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
     start_usage: int | None = None
     if limits is not None:
         if limits.memory_exceeded():  # a process left running between calls went over
-            limits.stop()
+            await anyio.to_thread.run_sync(limits.stop)
             call.notes.append(f"between calls, {limits.memory_note(runner.language)}")
         start_usage = await workspace_quota.before_call(limits, session.workspace, quota_bytes)
 
@@ -102,7 +102,7 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
             while True:
                 await anyio.sleep(MEMORY_PERIOD)
                 if limits.memory_exceeded():
-                    limits.stop()
+                    await anyio.to_thread.run_sync(limits.stop)
                     stop = stop or "memory"
                     run_scope.cancel()
                     return
@@ -132,7 +132,8 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
                 if deadline.cancelled_caught:
                     stop = "timeout"
             if stop is None and limits is not None and limits.memory_exceeded():
-                limits.stop()  # the killer struck as the code ended (the kernel may have died of it)
+                # The killer struck as the code ended (the kernel may have died of it).
+                await anyio.to_thread.run_sync(limits.stop)
                 stop = "memory"
             if run_scope.cancelled_caught and stop is None:
                 stop = "closed"
