@@ -79,6 +79,7 @@ class ForkKernelFactory:
     """A ``KernelFactory`` whose kernels are forks of a warm template (``base`` is the fallback)."""
 
     rebinds_warm_kernels = True  # its kernels are local sandboxes, like ``KernelFactory``'s
+    joins_groups = True  # its kernels can start in a session's control group (``start(…, group)``)
 
     @property
     def cheap_starts(self) -> bool:

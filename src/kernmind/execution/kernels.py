@@ -412,6 +412,7 @@ class KernelFactory:
 
     rebinds_warm_kernels = True  # a warm kernel's empty directory can be moved into a session's home
     cheap_starts = False  # a start boots an interpreter (≈ 1 s of CPU): the pool spaces them out
+    joins_groups = True  # its kernels can start in a session's control group (``start(…, group)``)
 
     def __init__(
         self,

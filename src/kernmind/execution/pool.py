@@ -119,7 +119,9 @@ class KernelPool:
                 break
             self.release(candidate)
         self._wake.set()
-        group = limits.ensure_group() if limits is not None else None
+        # (A gateway's factory knows no groups: its kernels run elsewhere.)
+        local = getattr(self.factory, "joins_groups", False)
+        group = limits.ensure_group() if limits is not None and local else None
         if home is None:
             kernel = kernel or await self._start(None, group)
             await self._adopt_layer(kernel, layer)
@@ -150,7 +152,7 @@ class KernelPool:
         return kernel
 
     async def _start(self, home: Workspace | None, group: Cgroup | None) -> Kernel:
-        if group is None:  # (a gateway's factory knows no groups: its kernels run elsewhere)
+        if group is None:
             return await self.factory.start(home)
         return await self.factory.start(home, group)
 
