@@ -6,7 +6,9 @@ and its kernel's runtime (socket) directory, seen inside as ``/run/kernmind``
 
 - **After every call** the usage is measured: the call's change scan (``filescan.py``) gives
   the working directory's size when it was complete, plus a walk of the runtime directory;
-  else the whole tree is walked.
+  else (a tree too big for the scan's time budget) the whole tree is walked, unless the
+  session's processes all lived through the call and what they wrote to disk
+  (``write_bytes``) keeps the last measurement plus that under the quota.
 - **Before every call** it is measured again unless nothing of the session can have written
   since: same processes and the same disk ``write_bytes`` (``SessionLimits.io_mark``), or no
   process alive. A kernel thread left writing between calls is therefore caught before the
@@ -111,16 +113,34 @@ async def after_call(limits: SessionLimits, workspace: Workspace | None, quota: 
     if quota <= 0 or workspace is None:
         return []
     was_blocked = limits.writes_blocked
+    start, start_mark = limits.measured, limits.measured_io  # as the call started (``before_call``)
 
-    def look() -> Usage:
-        usage = measure(workspace, workspace.last_scan)
-        limits.measured, limits.measured_io = usage.total, limits.io_mark()
+    def look() -> Usage | None:
+        mark = limits.io_mark()
+        scan = workspace.last_scan  # the call's change scan, when it was complete
+        if (
+            scan is None
+            and not was_blocked
+            and start is not None
+            and start_mark is not None
+            and mark is not None
+        ):
+            # A tree too big to scan in the call's budget: when every process the call started with
+            # is still there, what they wrote to disk bounds the growth; under the quota, no walk.
+            estimate = start + max(0, mark[1] - start_mark[1])
+            if start_mark[0] <= mark[0] and estimate <= quota:
+                limits.measured, limits.measured_io = estimate, mark
+                return None
+        usage = measure(workspace, scan)
+        limits.measured, limits.measured_io = usage.total, mark
         return usage
 
     try:
         usage = await off_loop(look, timeout=None)
     except Exception as exc:
         log.warning("measuring %s after a call failed: %s", workspace.root, exc)
+        return []
+    if usage is None:
         return []
     if usage.total > quota:
         await _safely(limits.block_writes)

@@ -57,6 +57,28 @@ current_limits: ContextVar[SessionLimits | None] = ContextVar("kernmind_session_
 _warned: set[str] = set()
 
 
+def tree_pids(roots: Iterable[int]) -> list[int]:
+    """``roots`` and their descendants, walked down through ``/proc/<pid>/task/<tid>/children``
+    (a cost that grows with the tree, not with every process on the host)."""
+    found: set[int] = set()
+    todo = [r for r in roots if r]
+    while todo:
+        pid = todo.pop()
+        if pid in found:
+            continue
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        found.add(pid)
+        for tid in tasks:
+            try:
+                todo += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+            except OSError:
+                continue
+    return sorted(found)
+
+
 def fsize_limits(pid: int) -> tuple[int, int] | None:
     """(soft, hard) RLIMIT_FSIZE of ``pid`` from ``/proc/<pid>/limits`` (None: gone)."""
     try:
@@ -182,15 +204,7 @@ class SessionLimits:
         """Every process of the session now."""
         if self.group is not None:
             return self.group.pids()
-        roots = [p for pids in self.roots.values() for p in pids]
-        if not roots:
-            return []
-        from kernmind.execution.runners.core import descendants  # /proc walk; only without a group
-
-        found = set(roots)
-        for root in roots:
-            found.update(descendants(root))
-        return sorted(p for p in found if os.path.exists(f"/proc/{p}"))
+        return tree_pids(p for pids in self.roots.values() for p in pids)
 
     # --- memory --------------------------------------------------------------------------
     def memory_exceeded(self) -> bool:
