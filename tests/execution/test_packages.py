@@ -247,6 +247,7 @@ async def test_a_source_build_has_no_network_not_even_the_hosts_loopback(
         "dynamic-deps": "2.0",
         "alpha": "1.0",
         "beta": "2.0",
+        "epsilon": "1.0",
     }
     assert (
         import_from(layer, "import declared, dynamic_deps, alpha; print(dynamic_deps.VERSION)").strip()
