@@ -217,7 +217,9 @@ class Settings(BaseSettings):
         default=None, description="a directory (or URL) of wheels to install from, e.g. an offline wheelhouse"
     )
     allow_sdist: bool = Field(
-        default=False, description="allow building packages from source (the build runs inside the sandbox)"
+        default=False,
+        description="allow building packages from source (the server downloads the sources; the build "
+        "runs inside a sandbox with no network)",
     )
 
     # --- sandbox and limits ---
