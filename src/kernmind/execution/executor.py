@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from anyio.abc import TaskGroup
 
 from kernmind.config import Settings
 from kernmind.execution import history
@@ -111,6 +112,7 @@ class Executor:
             limits=limits_from(settings),
             gpu=settings.gpu,
         )
+        self._tg: TaskGroup | None = None  # while running: background clean-up of sessions' groups
         # Decided before anything is started (on cgroup v2 the server may move itself into a leaf).
         self.cgroups = CgroupSupport.detect(settings.cgroups)
         if not self.cgroups.active:
@@ -218,7 +220,18 @@ class Executor:
         for runner in self.runners.values():
             await runner.release(session)
         limits, session.limits = session.limits, None
-        if limits is not None:  # what is left of the session's processes goes with its group
+        if limits is None:
+            return
+        # What is left of the session's processes goes with its group, in the background (as its
+        # kernel's shutdown does): a --stateless call does not wait for its processes to die.
+        if self._tg is not None:
+            self._tg.start_soon(self._close_limits, limits)
+        else:
+            await self._close_limits(limits)
+
+    @staticmethod
+    async def _close_limits(limits: SessionLimits) -> None:
+        with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(limits.close)
 
     async def _suspend(self, session: Session) -> None:
@@ -242,6 +255,7 @@ class Executor:
         forks = self.factory.running() if isinstance(self.factory, ForkKernelFactory) else _nothing()
         try:
             async with forks, anyio.create_task_group() as tg:
+                self._tg = tg
                 assert self.rundir.path is not None
                 self.jobs.open(tg, self.rundir.path)
                 await self.pool.run(tg)
@@ -259,6 +273,7 @@ class Executor:
                                 log.warning("stopping the %s runner: %s", runner.language, exc)
                     tg.cancel_scope.cancel()
         finally:
+            self._tg = None
             self.cgroups.close()
             self.socket_rundir.close()
             self.rundir.close()

@@ -65,27 +65,38 @@ SHOWN_FROM = 64 * 1024  # smaller files are not worth naming (a kernel's connect
 
 @dataclass
 class Usage:
-    """What a session occupies on disk, and its largest files (for the note)."""
+    """What a session occupies on disk (the scans it was measured from, for the note)."""
 
-    workspace: int
-    runtime: int
-    largest: list[tuple[str, int]]
+    scan: Scan
+    runtime_scans: list[Scan]
+
+    @property
+    def workspace(self) -> int:
+        return self.scan.bytes_used
+
+    @property
+    def runtime(self) -> int:
+        return sum(rs.bytes_used for rs in self.runtime_scans)
 
     @property
     def total(self) -> int:
         return self.workspace + self.runtime
+
+    def largest(self) -> list[tuple[str, int]]:
+        """The largest files (paths as code sees them), worth naming to someone who must delete."""
+        files = [(rel, st.blocks * 512) for rel, st in self.scan.files.items()]
+        for rs in self.runtime_scans:
+            files += [(f"{RUNTIME_MOUNT}/{rel}", st.blocks * 512) for rel, st in rs.files.items()]
+        return [
+            f for f in heapq.nlargest(LARGEST_SHOWN, files, key=lambda item: item[1]) if f[1] >= SHOWN_FROM
+        ]
 
 
 def measure(workspace: Workspace, scan: Scan | None = None) -> Usage:
     """The workspace (from ``scan`` when it is complete, else a walk) and its runtime directories."""
     if scan is None or not scan.complete:
         scan = workspace.scan()
-    runtime_scans = [(root, scan_tree(root)) for root in workspace.accounted]
-    files = [(rel, st.blocks * 512) for rel, st in scan.files.items()]
-    for _, rs in runtime_scans:
-        files += [(f"{RUNTIME_MOUNT}/{rel}", st.blocks * 512) for rel, st in rs.files.items()]
-    largest = heapq.nlargest(LARGEST_SHOWN, files, key=lambda item: item[1])
-    return Usage(scan.bytes_used, sum(rs.bytes_used for _, rs in runtime_scans), largest)
+    return Usage(scan, [scan_tree(root) for root in workspace.accounted])
 
 
 async def before_call(limits: SessionLimits, workspace: Workspace | None, quota: int) -> int | None:
@@ -168,7 +179,7 @@ def over_note(usage: Usage, quota: int) -> str:
     where = f"{_mib(usage.workspace)} in the working directory"
     if usage.runtime >= MIB:
         where += f", {_mib(usage.runtime)} in {RUNTIME_MOUNT}"
-    largest = ", ".join(f"{path} ({_mib(size)})" for path, size in usage.largest if size >= SHOWN_FROM)
+    largest = ", ".join(f"{path} ({_mib(size)})" for path, size in usage.largest())
     return (
         f"the session is {_mib(over)} over its {quota // MIB} MiB workspace quota (--workspace-mb): "
         f"{where}. Writing files is blocked for this session until it is back under: code still runs, "
