@@ -321,3 +321,83 @@ def test_in_the_sandbox_code_cannot_change_its_file_size_limit(tmp_path: Path) -
     proc = subprocess.run(cmd.argv, env=cmd.env, capture_output=True, text=True, timeout=60)
     hard = sandbox.limits.max_file_mb * 2**20
     assert proc.stdout.strip() == f"[0, {hard}, 'refused', 'refused', 256, 27]", proc.stderr  # 27: EFBIG
+
+
+# --- cgroup v2 mechanics, on a real cgroup2 hierarchy (without controllers, where that is all there is) --
+
+UNIFIED = Path("/sys/fs/cgroup/unified")
+needs_v2_tree = pytest.mark.skipif(
+    not (UNIFIED / "cgroup.procs").exists() or not os.access(UNIFIED, os.W_OK),
+    reason="no writable cgroup2 hierarchy at /sys/fs/cgroup/unified",
+)
+
+
+@pytest.fixture
+def v2_dir() -> Iterator[Path]:
+    d = UNIFIED / f"kernmind-test-{os.getpid()}-{time.monotonic_ns()}"
+    d.mkdir()
+    try:
+        yield d
+    finally:
+        assert cgroups.remove_server_dir(d) and not d.exists()
+
+
+@needs_v2_tree
+def test_v2_groups_join_in_their_leaf_and_are_killed_and_removed_whole(v2_dir: Path) -> None:
+    """A session's processes live in the group's leaf; ``cgroup.kill`` (or signals) ends them all;
+    the group goes."""
+    (v2_dir / "s1" / cgroups.LEAF).mkdir(parents=True)
+    group = cgroups.Cgroup("v2", (v2_dir / "s1",), (v2_dir / "s1" / cgroups.LEAF / "cgroup.procs",), 0, 0)
+    sleeper = subprocess.Popen(group.join_argv(["sh", "-c", "sleep 60 & sleep 60"]))
+    deadline = time.monotonic() + 5
+    while len(group.pids()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(group.pids()) >= 2 and sleeper.pid in group.pids()
+    membership = Path(f"/proc/{sleeper.pid}/cgroup").read_text()
+    assert f"0::/{v2_dir.name}/s1/{cgroups.LEAF}" in membership
+    assert group.remove() and not (v2_dir / "s1").exists()
+    assert sleeper.wait(5) == -signal.SIGKILL
+
+
+@needs_v2_tree
+def test_v2_a_server_alone_in_its_group_moves_into_a_leaf(v2_dir: Path) -> None:
+    """A delegated group that holds only the server (and its children): the server moves into
+    ``kernmind-server``, so the group can hand controllers down."""
+    code = (
+        "import subprocess, sys\nfrom pathlib import Path\nfrom kernmind.execution import cgroups\n"
+        "child = subprocess.Popen(['sleep', '30'])\n"
+        "print(cgroups._move_into_leaf(Path(sys.argv[1])))\n"
+        "print(open('/proc/self/cgroup').read().strip().splitlines()[-1])\n"
+        "print(open(f'/proc/{child.pid}/cgroup').read().strip().splitlines()[-1])\n"
+        "child.kill()"
+    )
+    procs = v2_dir / "cgroup.procs"
+    proc = subprocess.run(
+        ["/bin/sh", "-c", 'echo 0 > "$1" && shift && exec "$@"', "join", str(procs), sys.executable, "-c", code, str(v2_dir)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    problem, own, child = proc.stdout.splitlines()
+    assert problem == "None", proc.stderr
+    assert own.endswith(f"/{v2_dir.name}/{cgroups.SERVER_LEAF}") and child == own
+
+
+@needs_v2_tree
+def test_v2_a_group_shared_with_other_processes_is_left_alone(v2_dir: Path) -> None:
+    stranger = subprocess.Popen(
+        ["/bin/sh", "-c", 'echo 0 > "$1" && exec sleep 30', "join", str(v2_dir / "cgroup.procs")]
+    )
+    try:
+        deadline = time.monotonic() + 5
+        while str(stranger.pid) not in (v2_dir / "cgroup.procs").read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        code = "import sys\nfrom pathlib import Path\nfrom kernmind.execution import cgroups\nprint(cgroups._move_into_leaf(Path(sys.argv[1])))"
+        proc = subprocess.run(
+            ["/bin/sh", "-c", 'echo 0 > "$1" && shift && exec "$@"', "join", str(v2_dir / "cgroup.procs"),
+             sys.executable, "-c", code, str(v2_dir)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert "also holds processes that are not this server's" in proc.stdout, proc.stdout + proc.stderr
+        assert not (v2_dir / cgroups.SERVER_LEAF).exists()
+    finally:
+        stranger.kill()
+        stranger.wait()
