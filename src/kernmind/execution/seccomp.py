@@ -18,12 +18,9 @@ Runs on its own (standard library only): the sandbox module and the fork-server 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import struct
-import tempfile
-from pathlib import Path
 
 RLIMIT_FSIZE = 1
 EPERM = 1
@@ -106,22 +103,15 @@ def program(machine: str | None = None) -> bytes | None:
     )
 
 
+_files: dict[bytes, str] = {}
+
+
 def filter_file(data: bytes) -> str:
-    """A file holding ``data`` that bubblewrap can read (``--seccomp FD``): named after its
-    content in the temporary directory, shared by every server of this user, checked before use."""
-    digest = hashlib.sha256(data).hexdigest()[:16]
-    path = Path(tempfile.gettempdir()) / f"kernmind-seccomp-{os.getuid()}-{digest}.bpf"
-    try:
-        if path.read_bytes() == data and path.stat().st_uid == os.getuid():
-            return str(path)
-    except OSError:
-        pass
-    fd, tmp = tempfile.mkstemp(prefix="kernmind-seccomp-", suffix=".bpf")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.chmod(tmp, 0o644)
-    try:
-        os.replace(tmp, path)
-    except OSError:  # someone else's file holds the name: keep ours under the private name
-        return tmp
-    return str(path)
+    """A path where bubblewrap (and the fork-server waiter) can read ``data`` (``--seccomp FD``):
+    an in-memory file this process keeps open, reached through ``/proc/<pid>/fd`` by its
+    children, so nothing is left on disk."""
+    if data not in _files:
+        fd = os.memfd_create("kernmind-seccomp", os.MFD_CLOEXEC)
+        os.write(fd, data)
+        _files[data] = f"/proc/{os.getpid()}/fd/{fd}"
+    return _files[data]
