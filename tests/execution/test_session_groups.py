@@ -123,6 +123,9 @@ async def test_a_forked_kernel_is_born_in_the_sessions_group(forked: tuple[Clien
     assert kernels, [(p, cmdline(p), uid_of(p)) for p in members]
     template = executor.factory.server.current  # type: ignore[union-attr]
     assert template is not None and template.proc.pid not in members  # the template itself stays outside
+    # The forked kernel loaded the sandbox's seccomp filter: it cannot change its file-size limit.
+    probe = "import resource\ntry:\n    resource.setrlimit(resource.RLIMIT_FSIZE, resource.getrlimit(resource.RLIMIT_FSIZE))\n    r = 'changed'\nexcept (ValueError, OSError):\n    r = 'refused'\nr"
+    assert (await run(client, probe))["results"][0]["text"] == "'refused'"
     assert stopped_for_memory(await run(client, SHM_HOG))
 
 
