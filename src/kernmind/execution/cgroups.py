@@ -37,10 +37,11 @@ server that dies leaves it behind; the next server started from the same group, 
 the same data directory (the run directory lists it, see ``rundir.py``), finds it, kills
 what still runs in it and removes it.
 
-Processes join a group at birth: ``join_argv`` prefixes a command line with a shell that
-writes its own pid into each ``cgroup.procs`` and ``exec``s the command (so the group holds
-it from its first instruction, whatever uid it later drops to); a fork-server waiter
-writes itself in before it forks the kernel (``forkserver_template.py``).
+Processes join a group at birth: ``Sandbox.wrap(join=group.join)`` (or ``join_argv``) puts
+a shell in front of the command that writes its own pid into each ``cgroup.procs`` and
+``exec``s the command (so the group holds it from its first instruction, whatever uid it
+later drops to); a fork-server waiter writes itself in before it forks the kernel
+(``forkserver_template.py``).
 
 Error policy: detection never raises (it returns mode ``none`` with the reason, and
 ``--cgroups required`` turns that into ``CgroupsUnavailable`` at start); making a group

@@ -188,7 +188,7 @@ class ForkKernelFactory:
 
         def wrap(cmd: list[str]) -> list[str]:
             kernel_argv[:] = cmd[cmd.index("ipykernel_launcher") + 1 :]
-            argv = base.sandbox.wrap(
+            return base.sandbox.wrap(
                 PLACEHOLDER,
                 workspace=ws.root,
                 env=env,
@@ -196,8 +196,8 @@ class ForkKernelFactory:
                 runtime_dir=runtime_dir,
                 limits=base.limits,
                 mounts=mounts,
+                join=joined.join if joined is not None else (),
             ).argv
-            return joined.join_argv(argv) if joined is not None else argv
 
         from kernmind.execution.kernel_manager import SandboxedKernelManager
 

@@ -549,7 +549,7 @@ class KernelFactory:
         layer, mounts = self.kernel_mounts()
 
         def wrap(cmd: list[str]) -> list[str]:
-            argv = self.sandbox.wrap(
+            return self.sandbox.wrap(
                 cmd,
                 workspace=ws.root,
                 env=env,
@@ -558,8 +558,8 @@ class KernelFactory:
                 uid=uid,
                 limits=self.limits,
                 mounts=mounts,
+                join=joined.join if joined is not None else (),
             ).argv
-            return joined.join_argv(argv) if joined is not None else argv
 
         from kernmind.execution.kernel_manager import SandboxedKernelManager
 

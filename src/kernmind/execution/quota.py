@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 LARGEST_SHOWN = 5
+INLINE_PROCESSES = 32  # up to this many processes, their io mark is read on the event loop
 SHOWN_FROM = 64 * 1024  # smaller files are not worth naming (a kernel's connection file…)
 
 
@@ -105,13 +106,15 @@ async def before_call(limits: SessionLimits, workspace: Workspace | None, quota:
     if quota <= 0 or workspace is None:
         return None
 
-    def look() -> None:  # one trip off the event loop
-        mark = limits.io_mark()
-        if limits.measured is None or mark is None or mark != limits.measured_io:
-            limits.measured, limits.measured_io = measure(workspace).total, mark
-
     try:
-        await off_loop(look, timeout=None)
+        # A few /proc reads: on the loop for a session of a few processes (no thread hop on the
+        # per-call path), off it for a crowd.
+        group = limits.group
+        few = group is not None and len(group.pids()) <= INLINE_PROCESSES
+        mark = limits.io_mark() if few else await off_loop(limits.io_mark, timeout=None)
+        if limits.measured is None or mark is None or mark != limits.measured_io:
+            usage = await off_loop(lambda: measure(workspace), timeout=None)
+            limits.measured, limits.measured_io = usage.total, mark
     except Exception as exc:  # the call matters more; the measurement after it decides
         log.warning("measuring %s before a call failed: %s", workspace.root, exc)
     if limits.measured is not None and limits.measured > quota:

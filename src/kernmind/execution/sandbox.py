@@ -277,6 +277,7 @@ class Sandbox:
         uid: int | None = None,
         limits: Limits | None = None,
         mounts: Sequence[Mount] = (),
+        join: Sequence[str | Path] = (),
     ) -> SandboxedCommand:
         """Wrap ``argv`` so it runs confined to ``workspace`` under the limits.
 
@@ -284,25 +285,18 @@ class Sandbox:
         the same path; ``runtime_dir`` (a kernel's socket directory) is read-write at
         ``runtime_path()`` (a fixed path, so the host's directory names stay hidden);
         ``mounts`` are server directories exposed read-only at a path of their own (for the same
-        reason). ``env`` is added to the allow-listed environment.
+        reason). ``env`` is added to the allow-listed environment. ``join`` are ``cgroup.procs``
+        files of a control group the process enters before anything else runs (``cgroups.py``).
         """
         limits = limits or self.limits
         inner_ws = self.workspace_path(workspace)
         environment = self.environment(inner_ws, env)
         if self.isolated:
             full = self._bwrap_args(argv, workspace, environment, ro_paths, runtime_dir, uid, limits, mounts)
-            outer = self._with_rlimits(full, limits, uid)
-            if self.seccomp is not None:  # bwrap reads the filter from descriptor 9 (see _bwrap_args)
-                outer = [
-                    "/bin/sh",
-                    "-c",
-                    'f=$1; shift; exec "$@" 9<"$f"',
-                    "kernmind-seccomp",
-                    self.seccomp,
-                    *outer,
-                ]
+            outer = _launcher(self._with_rlimits(full, limits, uid), self.seccomp, join)
             return SandboxedCommand(outer, dict(environment), "/")
-        return SandboxedCommand(self._with_rlimits(list(argv), limits, None), environment, str(workspace))
+        outer = _launcher(self._with_rlimits(list(argv), limits, None), None, join)
+        return SandboxedCommand(outer, environment, str(workspace))
 
     def _nproc(self, limits: Limits, uid: int | None) -> int:
         if uid is not None or self.as_root:
@@ -449,6 +443,19 @@ class Sandbox:
                 "max_open_files": self.limits.max_open_files,
             },
         }
+
+
+# One shell in front of the command, when needed: it writes its own pid into each control
+# group's cgroup.procs (so the command is in the group from its first instruction, whatever
+# uid it drops to later), opens the seccomp filter as descriptor 9 for bwrap, and execs.
+_JOIN = 'f=$1; shift; while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; '
+
+
+def _launcher(argv: list[str], seccomp: str | None, join: Sequence[str | Path]) -> list[str]:
+    if seccomp is None and not join:
+        return argv
+    run = 'exec "$@" 9<"$f"' if seccomp is not None else 'exec "$@"'
+    return ["/bin/sh", "-c", _JOIN + run, "kernmind-sandbox", seccomp or "", *map(str, join), "--", *argv]
 
 
 def _seccomp_file() -> str | None:

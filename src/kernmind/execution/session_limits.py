@@ -183,10 +183,11 @@ class SessionLimits:
             self._oom_seen = 0
         return self.group
 
-    def join_argv(self, argv: list[str]) -> list[str]:
-        """``argv`` started inside the session's group (unchanged where there is none)."""
+    def join_files(self) -> tuple[Path, ...]:
+        """The ``cgroup.procs`` files a new process of the session writes itself into (none where
+        there is no group)."""
         group = self.ensure_group()
-        return group.join_argv(argv) if group is not None else argv
+        return group.join if group is not None else ()
 
     def sandbox_limits(self, base: Limits) -> Limits:
         """The rlimits a new sandbox of this session gets (no file growth while writes are blocked)."""

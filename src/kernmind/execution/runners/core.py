@@ -258,7 +258,7 @@ class Context:
         else:
             env["PATH"] = path
         session = current_limits.get()
-        cmd = self.sandbox.wrap(
+        return self.sandbox.wrap(
             argv,
             workspace=workspace.root,
             env=env,
@@ -266,10 +266,8 @@ class Context:
             uid=workspace.owner_uid,
             mounts=mounts,
             limits=session.sandbox_limits(self.sandbox.limits) if session is not None else None,
+            join=session.join_files() if session is not None else (),
         )
-        if session is not None:
-            cmd.argv = session.join_argv(cmd.argv)
-        return cmd
 
 
 def runtime_prefix(binary: str) -> list[str]:
