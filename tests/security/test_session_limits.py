@@ -341,8 +341,9 @@ async def test_the_runtime_directory_counts_against_the_quota(alice: Client) -> 
     used = int((await run(alice, size, "runtime-dir"))["results"][0]["text"])
     again = await run(alice, code, "runtime-dir")
     assert again["status"] == "error" and "File too large" in again["error"]["value"]
-    # One burst (what was written before the sample that found it over), and not a byte more.
-    assert int((await run(alice, size, "runtime-dir"))["results"][0]["text"]) == used
+    # One burst (what was written before the sample that found it over), and not a byte more
+    # (opening fill0 again for writing truncated it: it may shrink).
+    assert int((await run(alice, size, "runtime-dir"))["results"][0]["text"]) <= used
     await run(
         alice, "import glob, os\nfor f in glob.glob('/run/kernmind/fill*'): os.remove(f)", "runtime-dir"
     )
