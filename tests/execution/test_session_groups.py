@@ -90,12 +90,24 @@ async def test_a_warm_kernel_joins_the_sessions_group_and_bash_runs_beside_it(
     normal: tuple[Client, Executor],
 ) -> None:
     client, executor = normal
-    assert (await run(client, "import os; os.getpid() > 0"))["results"][0]["text"] == "True"
+    # A session whose first process is Python: the warm kernel's own group becomes the session's.
+    await run(client, "1", session="first")
+    first = executor.sessions.live("first")
+    assert first is not None and first.limits is not None and first.limits.group is not None
+    assert any("ipykernel" in cmdline(p) for p in first.limits.group.pids())
+    # A session that ran bash first has a group already: a warm kernel's processes move into it.
+    await run(client, "true", language="bash")
     session = executor.sessions.live("s")
     assert session is not None and session.limits is not None and session.limits.group is not None
     group = session.limits.group
+    with anyio.fail_after(30):
+        while not executor.pool.ready_count:  # noqa: ASYNC110 (the pool refills in the background)
+            await anyio.sleep(0.1)
+    warm = executor.pool._ready[0].group
+    assert warm is not None and warm is not group
+    assert (await run(client, "import os; os.getpid() > 0"))["results"][0]["text"] == "True"
     assert any("ipykernel" in cmdline(p) for p in group.pids()), [cmdline(p) for p in group.pids()]
-    # The warm kernel's own group went when the session's adopted the kernel.
+    assert session.limits.group is group and not any(d.exists() for d in warm.dirs)  # adopted, removed
     job = structured(
         await client.call_tool(
             "run_code", {"code": "sleep 4", "language": "bash", "session_id": "s", "background": True}

@@ -17,9 +17,9 @@ with no warm kernel (or directories on different file systems), a kernel is star
 (``own_tree``) and the kernel is marked ``home_bound``: stopping it never deletes them.
 
 ``acquire(home, limits=…)`` also puts the kernel in the session's control group
-(``session_limits.py``): a warm kernel's processes move from the group it was started in
-into the session's (which then removes the warm one); a kernel started for the caller is
-started in the session's group.
+(``session_limits.py``): a warm kernel's own group becomes the session's when the session
+has none yet, else its processes move into the session's (which then removes the warm
+one); a kernel started for the caller is started in the session's group.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from collections import deque
 import anyio
 from anyio.abc import TaskGroup
 
-from kernmind.execution.cgroups import Cgroup
 from kernmind.execution.kernels import Kernel, KernelFactory
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.session_limits import SessionLimits
@@ -120,12 +119,11 @@ class KernelPool:
             self.release(candidate)
         self._wake.set()
         # (A gateway's factory knows no groups: its kernels run elsewhere.)
-        local = getattr(self.factory, "joins_groups", False)
-        group = limits.ensure_group() if limits is not None and local else None
+        limits = limits if getattr(self.factory, "joins_groups", False) else None
         if home is None:
-            kernel = kernel or await self._start(None, group)
+            kernel = kernel or await self._start(None, limits)
             await self._adopt_layer(kernel, layer)
-            await _join(kernel, group)
+            await _join(kernel, limits)
             return kernel
         if kernel is not None and not self.factory.rebinds_warm_kernels:
             self._ready.appendleft(kernel)  # it cannot move into another directory: start one there
@@ -139,9 +137,9 @@ class KernelPool:
                 self.release(kernel)
                 kernel = None
         if kernel is None:
-            kernel = await self._start(home, group)
+            kernel = await self._start(home, limits)
         await self._adopt_layer(kernel, layer)
-        await _join(kernel, group)
+        await _join(kernel, limits)
         kernel.workspace, kernel.home_bound = home, True
         if kernel.runtime_dir is not None:
             home.accounted = [kernel.runtime_dir]
@@ -151,7 +149,8 @@ class KernelPool:
             await off_loop(lambda: own_tree(home.root, uid), timeout=None)
         return kernel
 
-    async def _start(self, home: Workspace | None, group: Cgroup | None) -> Kernel:
+    async def _start(self, home: Workspace | None, limits: SessionLimits | None) -> Kernel:
+        group = limits.ensure_group() if limits is not None else None
         if group is None:
             return await self.factory.start(home)
         return await self.factory.start(home, group)
@@ -185,12 +184,18 @@ class KernelPool:
                     tg.start_soon(_shutdown_and_remove, k)
 
 
-async def _join(kernel: Kernel, group: Cgroup | None) -> None:
-    """Move a warm kernel's processes from its own group into the session's ``group``."""
+async def _join(kernel: Kernel, limits: SessionLimits | None) -> None:
+    """Put a warm kernel in the session's group: its own group becomes the session's when the
+    session has none yet (no process moves: the common case, a session's first call), else its
+    processes move into the session's group."""
     own = getattr(kernel, "group", None)
-    if group is not None and own is not None:
-        kernel.group = None
-        await anyio.to_thread.run_sync(group.adopt, own)
+    if limits is None or own is None:
+        return
+    kernel.group = None
+    if limits.group is None:
+        limits.take_group(own)
+    else:
+        await anyio.to_thread.run_sync(limits.group.adopt, own)
 
 
 async def _shutdown_and_remove(kernel: Kernel) -> None:

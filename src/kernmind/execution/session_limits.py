@@ -183,6 +183,11 @@ class SessionLimits:
             self._oom_seen = 0
         return self.group
 
+    def take_group(self, group: Cgroup) -> None:
+        """Make ``group`` (a warm kernel's own, with the same limits) the session's."""
+        self.group, self._group_failed = group, False
+        self._oom_seen = group.oom_kills()
+
     def join_files(self) -> tuple[Path, ...]:
         """The ``cgroup.procs`` files a new process of the session writes itself into (none where
         there is no group)."""
