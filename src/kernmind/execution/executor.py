@@ -274,7 +274,8 @@ class Executor:
                     tg.cancel_scope.cancel()
         finally:
             self._tg = None
-            self.cgroups.close()
+            with anyio.CancelScope(shield=True):  # kills what is left in the groups: off the loop
+                await anyio.to_thread.run_sync(self.cgroups.close)
             self.socket_rundir.close()
             self.rundir.close()
 
