@@ -4,7 +4,9 @@ It wires the parts together and decides each call's route in one place:
 resolve the language to a runner → hold the session (or, with ``--stateless``, make a
 throw-away one) → ``supervise(runner, call)`` (time limit, quota, progress, result).
 
-It owns the sandbox (chosen once at start), this server's run directory (``rundir.py``:
+It owns the sandbox (chosen once at start), the control groups sessions run in
+(``cgroups.py``, decided once at start; each session's ``SessionLimits`` is made with its
+first call and closed with it, see ``session_limits.py``), this server's run directory (``rundir.py``:
 throw-away workspaces and kernel sockets, cleaned after a crash by the next start), the
 session store (``store.py``: named sessions' files, variables and history, which outlive
 the server), the warm kernel pool, the session registry, the background jobs, the runners

@@ -25,10 +25,12 @@ Design
   placeholder waits on. The template forks a *waiter* (C1) that joins those namespaces
   (user namespaces outermost first, each other namespace right after the user namespace
   that owns it) and forks the *kernel* (C2), which lands inside the sandbox's pid
-  namespace. C2 starts a new session, closes every inherited descriptor, takes the
+  namespace (C1 first writes itself into the session's control group, so C2 is born in
+  it). C2 starts a new session, closes every inherited descriptor, takes the
   placeholder's rlimits and environment, drops to the sandbox uid (when the server is root) with no capabilities,
-  ``no_new_privs`` and a clean environment, reseeds random generators, starts the
-  ipykernel app on its connection file, runs the setup cell, reports ``ready`` and serves.
+  ``no_new_privs``, the sandbox's seccomp filter and a clean environment, reseeds random
+  generators, starts the ipykernel app on its connection file, runs the setup cell, reports
+  ``ready`` and serves.
   C1 waits for C2 and writes its exit status to the placeholder, which exits with it, so
   the sandbox (and everything still in it) ends when the kernel ends, and the server sees
   the status exactly as from a normal kernel; when the placeholder ends first (the server
