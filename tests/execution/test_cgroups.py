@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from kernmind.execution import cgroups, seccomp
+from kernmind.execution import cgroup_layout, cgroups, seccomp
 from kernmind.execution.cgroups import CgroupsUnavailable, CgroupSupport
 from kernmind.execution.rundir import RunDir
 from kernmind.execution.sandbox import Sandbox
@@ -191,22 +191,22 @@ CONTAINER_MOUNTINFO = "700 690 0:40 /docker/abc /sys/fs/cgroup rw - cgroup2 cgro
 
 
 def test_mountinfo_and_membership_are_read_as_hosts_write_them() -> None:
-    mounts = cgroups.read_mounts(V1_MOUNTINFO)
+    mounts = cgroup_layout.read_mounts(V1_MOUNTINFO)
     assert [(m.fstype, str(m.point)) for m in mounts] == [
         ("cgroup", "/sys/fs/cgroup/memory"),
         ("cgroup", "/sys/fs/cgroup/pids"),
         ("cgroup2", "/sys/fs/cgroup/unified"),
     ]
-    member = cgroups.read_membership("9:cpu,cpuacct:/a\n4:memory:/jobs/42\n0::/user.slice/x.scope\n")
+    member = cgroup_layout.read_membership("9:cpu,cpuacct:/a\n4:memory:/jobs/42\n0::/user.slice/x.scope\n")
     assert member == {"cpu": "/a", "cpuacct": "/a", "memory": "/jobs/42", "": "/user.slice/x.scope"}
 
 
 def test_a_group_is_found_under_a_mount_whose_root_is_not_the_hierarchys() -> None:
     """Inside a container the cgroup mount shows only the container's part of the hierarchy."""
-    (mount,) = cgroups.read_mounts(CONTAINER_MOUNTINFO)
-    assert cgroups.own_dir(mount, "/docker/abc") == Path("/sys/fs/cgroup")
-    assert cgroups.own_dir(mount, "/docker/abc/init.scope") == Path("/sys/fs/cgroup/init.scope")
-    assert cgroups.own_dir(mount, "/elsewhere") is None
+    (mount,) = cgroup_layout.read_mounts(CONTAINER_MOUNTINFO)
+    assert cgroup_layout.own_dir(mount, "/docker/abc") == Path("/sys/fs/cgroup")
+    assert cgroup_layout.own_dir(mount, "/docker/abc/init.scope") == Path("/sys/fs/cgroup/init.scope")
+    assert cgroup_layout.own_dir(mount, "/elsewhere") is None
 
 
 def test_v2_without_the_memory_controller_says_so() -> None:
@@ -216,7 +216,7 @@ def test_v2_without_the_memory_controller_says_so() -> None:
         pytest.skip("no cgroup2 mount at /sys/fs/cgroup/unified here")
     if {"memory", "pids"} <= set((unified / "cgroup.controllers").read_text().split()):
         pytest.skip("this host's cgroup2 has the controllers")
-    found = cgroups._detect_layout(
+    found = cgroup_layout.detect_layout(
         "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n", "0::/\n"
     )
     assert isinstance(found, str) and "controller(s) are not available" in found
@@ -249,10 +249,18 @@ def test_a_normal_user_without_a_delegated_subtree_falls_back_with_a_reason() ->
     lib = Path(tempfile.mkdtemp(prefix="kernmind-cg-"))
     try:
         lib.chmod(0o755)
-        shutil.copy(cgroups.__file__, lib / "kmcgroups.py")
-        (lib / "kmcgroups.py").chmod(0o644)
+        package = lib / "kernmind" / "execution"  # the two modules, standard library only
+        package.mkdir(parents=True)
+        for d in (lib / "kernmind", package):
+            d.chmod(0o755)
+            (d / "__init__.py").write_text("")
+        shutil.copy(cgroups.__file__, package / "cgroups.py")
+        shutil.copy(cgroup_layout.__file__, package / "cgroup_layout.py")
+        for f in [*(lib / "kernmind").iterdir(), *package.iterdir()]:
+            if f.is_file():
+                f.chmod(0o644)
         code = (
-            "import kmcgroups, json\ns = kmcgroups.CgroupSupport.detect()\n"
+            "import json\nfrom kernmind.execution import cgroups as kmcgroups\ns = kmcgroups.CgroupSupport.detect()\n"
             "try:\n    kmcgroups.CgroupSupport.detect('required'); r = 'started'\n"
             "except kmcgroups.CgroupsUnavailable as e:\n    r = str(e)\n"
             "print(json.dumps([s.mode, s.reason, r]))"
@@ -364,9 +372,9 @@ def test_v2_a_server_alone_in_its_group_moves_into_a_leaf(v2_dir: Path) -> None:
     """A delegated group that holds only the server (and its children): the server moves into
     ``kernmind-server``, so the group can hand controllers down."""
     code = (
-        "import subprocess, sys\nfrom pathlib import Path\nfrom kernmind.execution import cgroups\n"
+        "import subprocess, sys\nfrom pathlib import Path\nfrom kernmind.execution import cgroup_layout\n"
         "child = subprocess.Popen(['sleep', '30'])\n"
-        "print(cgroups._move_into_leaf(Path(sys.argv[1])))\n"
+        "print(cgroup_layout._move_into_leaf(Path(sys.argv[1])))\n"
         "print(open('/proc/self/cgroup').read().strip().splitlines()[-1])\n"
         "print(open(f'/proc/{child.pid}/cgroup').read().strip().splitlines()[-1])\n"
         "child.kill()"
@@ -378,7 +386,7 @@ def test_v2_a_server_alone_in_its_group_moves_into_a_leaf(v2_dir: Path) -> None:
     )  # fmt: skip
     problem, own, child = proc.stdout.splitlines()
     assert problem == "None", proc.stderr
-    assert own.endswith(f"/{v2_dir.name}/{cgroups.SERVER_LEAF}") and child == own
+    assert own.endswith(f"/{v2_dir.name}/{cgroup_layout.SERVER_LEAF}") and child == own
 
 
 @needs_v2_tree
@@ -390,14 +398,14 @@ def test_v2_a_group_shared_with_other_processes_is_left_alone(v2_dir: Path) -> N
         deadline = time.monotonic() + 5
         while str(stranger.pid) not in (v2_dir / "cgroup.procs").read_text() and time.monotonic() < deadline:
             time.sleep(0.01)
-        code = "import sys\nfrom pathlib import Path\nfrom kernmind.execution import cgroups\nprint(cgroups._move_into_leaf(Path(sys.argv[1])))"
+        code = "import sys\nfrom pathlib import Path\nfrom kernmind.execution import cgroup_layout\nprint(cgroup_layout._move_into_leaf(Path(sys.argv[1])))"
         proc = subprocess.run(
             ["/bin/sh", "-c", 'echo 0 > "$1" && shift && exec "$@"', "join", str(v2_dir / "cgroup.procs"),
              sys.executable, "-c", code, str(v2_dir)],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert "also holds processes that are not this server's" in proc.stdout, proc.stdout + proc.stderr
-        assert not (v2_dir / cgroups.SERVER_LEAF).exists()
+        assert not (v2_dir / cgroup_layout.SERVER_LEAF).exists()
     finally:
         stranger.kill()
         stranger.wait()

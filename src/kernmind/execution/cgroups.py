@@ -7,29 +7,18 @@ charged to the group of the process that wrote them. So every process a session 
 its kernel's sandbox, a fork-server kernel, each subprocess call, a JShell host — joins
 that session's group, which has ``memory`` = ``--memory-mb`` and ``pids`` = ``--max-processes``.
 
-Where groups can be made (decided once at start, ``CgroupSupport.detect``):
-
-- **cgroup v2** (one unified hierarchy with the ``memory`` and ``pids`` controllers). The
-  server's own group ``C`` is read from ``/proc/self/cgroup``. Groups are made under a base
-  that has both controllers in its ``cgroup.subtree_control``: ``C`` itself when it is the
-  hierarchy's root (a container with its own cgroup namespace); else ``C`` after the server
-  moved itself (and its children) into a leaf ``C/kernmind-server`` — possible when ``C`` is
-  writable (root, or a subtree delegated to the user, as systemd gives a user's services and
-  ``systemd-run --user -p Delegate=yes`` scopes) and holds no process but the server's own
-  (v2 allows no process in a group that hands controllers down); else, as root, a
-  ``kernmind`` group at the hierarchy's root. A session's group ``G`` carries
-  ``memory.max``, ``memory.swap.max = 0``, ``memory.oom.group = 1`` (the out-of-memory
-  killer stops the whole session, not one process of it) and ``pids.max``; its processes
-  live in the leaf ``G/procs``, so a sandbox's cgroup namespace (bwrap
-  ``--unshare-cgroup-try``) is rooted below the limits and cannot see or raise them.
-- **cgroup v1** (``memory`` and ``pids`` mounted as separate hierarchies, as on hosts that
-  boot with the legacy layout): as root, a group in each, under the server's own group in
-  that hierarchy, with ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes``
-  where swap is accounted) and ``pids.max``. v1 has no ``oom.group``: when the killer has
-  stopped one process, the supervisor stops the rest of the session (``kill``).
-- **none**: no cgroup can be made (a normal user without a delegated v2 subtree,
-  ``--cgroups none``, not Linux): the per-process rlimits stay the only limits, and
-  ``kernmind doctor`` says so.
+Where groups can be made — cgroup v2 (root, or a delegated subtree), cgroup v1 (root), or
+none — is decided once at start (``CgroupSupport.detect``; how, in ``cgroup_layout.py``).
+A session's group carries the memory and process limits: on v2 ``memory.max``,
+``memory.swap.max = 0``, ``memory.oom.group = 1`` (the out-of-memory killer stops the whole
+session) and ``pids.max``, its processes in the leaf ``G/procs`` (so a sandbox's cgroup
+namespace, bwrap ``--unshare-cgroup-try``, is rooted below the limits and cannot see or raise
+them); on v1 a group in the memory and the pids hierarchy, with ``memory.limit_in_bytes``
+(and ``memory.memsw.limit_in_bytes`` where swap is accounted) and ``pids.max``. v1 has no
+``oom.group``: when the killer has stopped one process, the supervisor stops the rest of
+the session (``kill``). Where no group can be made (``--cgroups none``, a normal user
+without a delegated v2 subtree, not Linux), the per-process rlimits stay the only limits,
+and ``kernmind doctor`` says so.
 
 Layout: each server makes one directory per hierarchy, ``kernmind-<pid>-<start time>-<random>``
 (the pid and its start time name one process), and puts every session's group in it. A
@@ -61,16 +50,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+
+from kernmind.execution.cgroup_layout import CONTROLLERS, SERVER_LEAF, Mode, detect_layout, enable_controllers
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["v2", "v1", "none"]
 SERVER_PREFIX = "kernmind-"
-SERVER_LEAF = "kernmind-server"  # v2: where the server moves itself so its group can hand controllers down
-TOP_LEVEL = "kernmind"  # v2 as root, when the server's own group cannot be used
 LEAF = "procs"  # v2: a session's processes live here, below the group that carries the limits
-CONTROLLERS = ("memory", "pids")
 JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; exec "$@"'
 KILL_WAIT = 2.0  # seconds to wait for killed processes to leave a group before giving up on it
 
@@ -200,7 +186,7 @@ class CgroupSupport:
         """Per-session groups as ``setting`` (auto|none|required) and this host allow."""
         if setting == "none":
             return cls.disabled("turned off (--cgroups none)")
-        found = _detect_layout()
+        found = detect_layout()
         if isinstance(found, str):
             if setting == "required":
                 raise CgroupsUnavailable(
@@ -218,7 +204,7 @@ class CgroupSupport:
                 server_dir.mkdir(mode=0o755, exist_ok=True)
                 made.append(server_dir)
                 if mode == "v2":
-                    _enable_controllers(server_dir)
+                    enable_controllers(server_dir)
         except OSError as exc:
             for d in made:
                 _rmdir_tree(d)
@@ -236,7 +222,7 @@ class CgroupSupport:
             if not server_dir.is_dir():  # removed under us (e.g. by hand): make it again
                 server_dir.mkdir(mode=0o755)
                 if self.mode == "v2":
-                    _enable_controllers(server_dir)
+                    enable_controllers(server_dir)
         self._count += 1
         name = f"s{self._count}-{secrets.token_hex(3)}"
         memory = memory_mb * 1024 * 1024
@@ -285,185 +271,6 @@ class CgroupSupport:
             "reason": self.reason,
             "groups_in": [str(d) for d in self.server_dirs],
         }
-
-
-# --- detection ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Mount:
-    point: Path
-    root: str  # the hierarchy's path shown at the mount point (not "/" inside some containers)
-    fstype: str
-    options: frozenset[str]
-
-
-def read_mounts(text: str) -> list[Mount]:
-    """cgroup and cgroup2 mounts from ``/proc/self/mountinfo`` text."""
-    mounts = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields, tail = left.split(), right.split()
-        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
-            continue
-        point = fields[4].replace("\\040", " ")
-        mounts.append(Mount(Path(point), fields[3], tail[0], frozenset(tail[2].split(","))))
-    return mounts
-
-
-def read_membership(text: str) -> dict[str, str]:
-    """``/proc/self/cgroup`` text as {controller (or "" for v2): path}."""
-    found: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        if controllers == "":
-            found[""] = path
-        for c in controllers.split(","):
-            if c:
-                found[c] = path
-    return found
-
-
-def own_dir(mount: Mount, path: str) -> Path | None:
-    """Where the group at hierarchy path ``path`` is under ``mount`` (None: not visible there)."""
-    root = mount.root.rstrip("/")
-    if root and path != root and not path.startswith(root + "/"):
-        return None
-    rel = path[len(root) :].lstrip("/")
-    return mount.point / rel if rel else mount.point
-
-
-def _detect_layout(
-    mountinfo: str | None = None, membership: str | None = None
-) -> tuple[Mode, tuple[Path, ...], str] | str:
-    """(mode, base directory per hierarchy, how) or why no group can be made."""
-    try:
-        mounts = read_mounts(mountinfo if mountinfo is not None else Path("/proc/self/mountinfo").read_text())
-        member = read_membership(
-            membership if membership is not None else Path("/proc/self/cgroup").read_text()
-        )
-    except OSError as exc:
-        return f"cannot read this process's cgroups ({exc.strerror or exc})"
-    problems = []
-    v2 = [m for m in mounts if m.fstype == "cgroup2"]
-    if v2 and "" in member:
-        base = _v2_base(v2[0], member[""])
-        if isinstance(base, Path):
-            return "v2", (base,), f"cgroup v2 under {base}"
-        problems.append(base)
-    v1 = {c: m for m in mounts if m.fstype == "cgroup" for c in CONTROLLERS if c in m.options}
-    if all(c in v1 for c in CONTROLLERS):
-        base_v1 = _v1_bases(v1, member)
-        if isinstance(base_v1, tuple):
-            return "v1", base_v1, "cgroup v1 memory and pids controllers"
-        problems.append(base_v1)
-    if not problems:
-        problems.append("no cgroup hierarchy with the memory and pids controllers is mounted")
-    return "; ".join(problems)
-
-
-def _v1_bases(v1: dict[str, Mount], member: dict[str, str]) -> tuple[Path, ...] | str:
-    bases = []
-    for c in CONTROLLERS:
-        path = member.get(c)
-        base = own_dir(v1[c], path) if path is not None else None
-        if base is None or not base.is_dir():
-            return f"cgroup v1: this process's {c} group is not visible under {v1[c].point}"
-        if not os.access(base, os.W_OK):
-            return (
-                f"cgroup v1: {base} is not writable (v1 groups need root; a normal user needs a "
-                "delegated cgroup v2 subtree)"
-            )
-        bases.append(base)
-    return tuple(bases)
-
-
-def _controllers(directory: Path, name: str = "cgroup.controllers") -> set[str]:
-    try:
-        return set((directory / name).read_text().split())
-    except OSError:
-        return set()
-
-
-def _v2_base(mount: Mount, path: str) -> Path | str:
-    """The v2 directory to make groups under (see the module docstring), or why there is none."""
-    own = own_dir(mount, path)
-    if own is None or not own.is_dir():
-        return f"cgroup v2: this process's group {path} is not visible under {mount.point}"
-    missing = [c for c in CONTROLLERS if c not in _controllers(own)]
-    if missing:
-        return f"cgroup v2: the {' and '.join(missing)} controller(s) are not available in {own}"
-    is_root = own == mount.point
-    if own.name.startswith(SERVER_LEAF) and _writable(own.parent):
-        if set(CONTROLLERS) <= _controllers(own.parent, "cgroup.subtree_control"):
-            return own.parent  # moved here before (an earlier start of this server in this group)
-    if is_root and _writable(own):
-        return _with_controllers(own)
-    if _writable(own):
-        moved = _move_into_leaf(own)
-        if moved is None:
-            return _with_controllers(own)
-        problem = moved
-    else:
-        problem = f"{own} is not writable (not root, and no delegated subtree)"
-    if os.geteuid() == 0 and _writable(mount.point):
-        top = mount.point / TOP_LEVEL
-        try:
-            _enable_controllers(mount.point)
-            top.mkdir(mode=0o755, exist_ok=True)
-            return _with_controllers(top)
-        except OSError as exc:
-            return f"cgroup v2: {problem}; and {top}: {exc.strerror or exc}"
-    return (
-        f"cgroup v2: {problem} (run the server as its own unit with a delegated subtree, e.g. "
-        "`systemd-run --user --scope -p Delegate=yes kernmind serve`)"
-    )
-
-
-def _with_controllers(directory: Path) -> Path | str:
-    try:
-        _enable_controllers(directory)
-    except OSError as exc:
-        return f"cgroup v2: cannot enable memory and pids in {directory}: {exc.strerror or exc}"
-    return directory
-
-
-def _enable_controllers(directory: Path) -> None:
-    have = _controllers(directory, "cgroup.subtree_control")
-    for c in CONTROLLERS:
-        if c not in have:
-            (directory / "cgroup.subtree_control").write_text(f"+{c}")
-
-
-def _move_into_leaf(own: Path) -> str | None:
-    """Move this server and its children from ``own`` into ``own/kernmind-server`` (a group that
-    hands controllers down may hold no process); a reason when ``own`` holds others' processes."""
-    mine = {os.getpid(), *_descendants(os.getpid())}
-    try:
-        present = {int(p) for p in (own / "cgroup.procs").read_text().split()}
-    except (OSError, ValueError) as exc:
-        return f"cannot read {own}/cgroup.procs: {exc}"
-    others = present - mine
-    if others:
-        return f"{own} also holds processes that are not this server's ({len(others)}, e.g. its shell)"
-    leaf = own / SERVER_LEAF
-    try:
-        leaf.mkdir(mode=0o755, exist_ok=True)
-        for pid in sorted(present):
-            with contextlib.suppress(ProcessLookupError):
-                (leaf / "cgroup.procs").write_text(str(pid))
-    except OSError as exc:
-        return f"cannot move the server into {leaf}: {exc.strerror or exc}"
-    return None
-
-
-def _writable(directory: Path) -> bool:
-    return os.access(directory, os.W_OK) and os.access(directory / "cgroup.procs", os.W_OK)
 
 
 # --- leftovers of servers that died --------------------------------------------------------
@@ -559,24 +366,3 @@ def _start_time(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat[stat.rindex(")") + 2 :].split()[19])
-
-
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(name))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
