@@ -211,8 +211,14 @@ class Fetcher:
         return out
 
     def _choose(self, key: str, candidates: Sequence[Candidate], spec: SpecifierSet) -> Version | None:
+        named = bool(spec.prereleases)  # a requirement that names a pre-release admits them
         versions = sorted(
-            {c.version for c in candidates if self._usable(c) and spec.contains(c.version)}, reverse=True
+            {
+                c.version
+                for c in candidates
+                if self._usable(c) and spec.contains(c.version, prereleases=named)
+            },
+            reverse=True,
         )
         if not versions:  # a pre-release, when nothing else matches (as resolvers do)
             versions = sorted(
