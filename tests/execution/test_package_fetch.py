@@ -118,3 +118,22 @@ def test_an_index_that_cannot_be_reached_says_which(tmp_path: Path) -> None:
     f = Fetcher(PackageSources("http://127.0.0.1:9/simple", (), ()), TARGET, {}, tmp_path)
     with pytest.raises(PackageError, match=r"cannot download http://127\.0\.0\.1:9/simple/alpha/"):
         f.fetch([Requirement("alpha")])
+
+
+def test_credentials_in_the_index_url_are_sent_and_kept_for_its_files(
+    index_files: Path, tmp_path: Path
+) -> None:
+    with SimpleIndex(index_files).running() as index:
+        url = index.url.replace("http://", "http://reader:s%40cret@")
+        seen: list[str | None] = []
+        handler = index.server.httpd.RequestHandlerClass
+        original = handler.do_GET
+
+        def spy(self):  # type: ignore[no-untyped-def]
+            seen.append(self.headers.get("Authorization"))
+            return original(self)
+
+        handler.do_GET = spy  # type: ignore[method-assign]
+        Fetcher(PackageSources(url, (), ()), TARGET, {}, tmp_path / "d").fetch([Requirement("beta")])
+    assert seen and all(a == "Basic cmVhZGVyOnNAY3JldA==" for a in seen), seen  # reader:s@cret
+    assert (tmp_path / "d" / "beta-2.0-py3-none-any.whl").exists()

@@ -32,6 +32,7 @@ projects and bytes stop a dependency tree that would not end.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -205,7 +206,9 @@ class Fetcher:
         for href, requires_python, yanked in links:
             if yanked:
                 continue
-            candidate = _candidate(urllib.parse.urljoin(final, href), requires_python)
+            # Relative links keep the index's credentials (the page was fetched without them in the URL).
+            base = url if urllib.parse.urlsplit(url).username is not None else final
+            candidate = _candidate(urllib.parse.urljoin(base, href), requires_python)
             if candidate is not None and _project_of(candidate.filename) == key:
                 out.append(candidate)
         return out
@@ -257,7 +260,14 @@ class Fetcher:
         path.chmod(0o644)
 
     def _get(self, url: str, accept: str | None = None) -> tuple[bytes, str, str]:
-        request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+        headers = {"Accept": accept} if accept else {}
+        parts = urllib.parse.urlsplit(url)
+        if parts.username is not None:  # an index URL with credentials (user:token@host), as uv takes it
+            user = urllib.parse.unquote(parts.username)
+            password = urllib.parse.unquote(parts.password or "")
+            headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+            url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+        request = urllib.request.Request(url, headers=headers)
         opener = urllib.request.build_opener(urllib.request.ProxyHandler(_proxies(self.proxy_env, url)))
         try:
             with opener.open(request, timeout=TIMEOUT) as response:
