@@ -37,6 +37,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 PER_PRINCIPAL_DEFAULT = "half of `{flag}` (at least 1) with a tokens file; all of it otherwise"
 MIN_MEMORY_MB = 256  # measured: ipykernel + numpy + pandas + matplotlib map ≈ 185 MiB of RLIMIT_DATA
 SandboxMode = Literal["auto", "bwrap", "none", "required"]
+CgroupsMode = Literal["auto", "none", "required"]
 Transport = Literal["stdio", "http"]
 PackagesMode = Literal["any", "none", "allowlist"]
 GpuMode = Literal["auto", "none"]
@@ -242,7 +243,9 @@ class Settings(BaseSettings):
         default=None, description="a directory (or URL) of wheels to install from, e.g. an offline wheelhouse"
     )
     allow_sdist: bool = Field(
-        default=False, description="allow building packages from source (the build runs inside the sandbox)"
+        default=False,
+        description="allow building packages from source (the server downloads the sources; the build "
+        "runs inside a sandbox with no network)",
     )
 
     # --- sandbox and limits ---
@@ -260,21 +263,33 @@ class Settings(BaseSettings):
     memory_mb: Annotated[int, Cli(Group.SANDBOX, metavar="MIB")] = Field(
         default=2048,
         ge=MIN_MEMORY_MB,
-        description=f"memory limit per session/process (MiB): RLIMIT_DATA, the private memory a process "
-        f"maps (heap, thread stacks, BLAS buffers); at least {MIN_MEMORY_MB}, since a kernel with numpy, "
-        "pandas and matplotlib maps ≈ 185 MiB",
+        description="memory limit per session (MiB): all its processes together with the files in its "
+        "in-memory `/tmp` and `/dev/shm`, enforced by a control group (see `--cgroups`; a session past it "
+        "is stopped and told so); each process is also held to it alone by RLIMIT_DATA (the private memory "
+        f"it maps: a single huge allocation fails with MemoryError); at least {MIN_MEMORY_MB}, since a "
+        "kernel with numpy, pandas and matplotlib maps ≈ 185 MiB",
+    )
+    cgroups: Annotated[CgroupsMode, Cli(Group.SANDBOX)] = Field(
+        default="auto",
+        description="per-session control groups for `--memory-mb` and `--max-processes`: `auto` uses "
+        "cgroup v2 (root, or a delegated subtree) or v1 (root) when it can, else per-process limits only; "
+        "`none`: per-process limits only; `required`: refuse to start without them",
     )
     cpu_seconds: Annotated[int, Cli(Group.SANDBOX, metavar="SECONDS")] = Field(
         default=3600, ge=1, description="CPU-time limit per kernel/process"
     )
     max_processes: Annotated[int, Cli(Group.SANDBOX, metavar="N")] = Field(
-        default=256, ge=16, description="processes/threads per sandbox"
+        default=256, ge=16, description="processes/threads per session (its control group) and per sandbox"
     )
     max_file_mb: Annotated[int, Cli(Group.SANDBOX, metavar="MIB")] = Field(
         default=1024, ge=1, description="largest file code may write (MiB)"
     )
     workspace_mb: Annotated[int, Cli(Group.SANDBOX, metavar="MIB")] = Field(
-        default=2048, ge=1, description="total size of a session's working directory (MiB)"
+        default=2048,
+        ge=1,
+        description="disk quota of a session (MiB): its working directory and `/run/kernmind`; measured "
+        "around every call, and over it the session's writes are blocked (RLIMIT_FSIZE 0) until it deletes "
+        "files",
     )
     max_open_files: Annotated[int, Cli(Group.SANDBOX, metavar="N")] = Field(
         default=1024, ge=64, description="open files per process"

@@ -25,6 +25,7 @@ import anyio
 from kernmind import __version__
 from kernmind.config import Settings
 from kernmind.execution import runners as runners_mod
+from kernmind.execution.cgroups import CgroupsUnavailable, CgroupSupport
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.forkserver_kernels import describe as describe_fork_server
 from kernmind.execution.forkserver_kernels import fork_server_report
@@ -47,6 +48,8 @@ async def _live_check(factory: KernelFactory | GatewayKernelFactory, gpu: bool) 
     except Exception as exc:
         return {"ok": False, "error": str(exc)}
     start_s = time.perf_counter() - started
+    group = getattr(kernel, "group", None)
+    in_group = {"in_control_group": bool(group.pids())} if group is not None else {}
     try:
         collector = OutputCollector(1000)
         t0 = time.perf_counter()
@@ -63,14 +66,34 @@ async def _live_check(factory: KernelFactory | GatewayKernelFactory, gpu: bool) 
         "kernel_start_s": round(start_s, 2),
         "execute_ms": round(exec_ms, 1),
         "value": value,
+        **in_group,
         **({"cuda_devices_in_sandbox": gpus} if gpus is not None else {}),
     }
 
 
-async def _local_check(sandbox: Sandbox, runtime: PythonRuntime) -> dict[str, Any]:
+async def _local_check(sandbox: Sandbox, runtime: PythonRuntime, cgroups: CgroupSupport) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kernmind-doctor-") as tmp:
-        factory = KernelFactory.standalone(sandbox, runtime, Path(tmp) / "run")
+        factory = KernelFactory.standalone(sandbox, runtime, Path(tmp) / "run", cgroups=cgroups)
         return await _live_check(factory, sandbox.gpu is not None)
+
+
+def _limits_report(settings: Settings) -> tuple[dict[str, Any], CgroupSupport]:
+    """Which limits hold a session: a control group (v2 or v1) per session, or per-process rlimits."""
+    try:
+        cgroups = CgroupSupport.detect(settings.cgroups)
+    except CgroupsUnavailable as exc:
+        return {"mode": "none", "reason": str(exc), "ok": False}, CgroupSupport.disabled(str(exc))
+    if cgroups.active:
+        enforced = (
+            f"per session: memory {settings.memory_mb} MiB (its processes with its /tmp and /dev/shm), "
+            f"{settings.max_processes} processes"
+        )
+    else:
+        enforced = (
+            f"per process only: RLIMIT_DATA {settings.memory_mb} MiB, RLIMIT_NPROC {settings.max_processes}; "
+            "/tmp and /dev/shm are not counted, so a session can use more"
+        )
+    return {**cgroups.describe(), "enforced": enforced}, cgroups
 
 
 async def _gateway_check(remote: RemoteKernels) -> dict[str, Any]:
@@ -139,6 +162,7 @@ def gather(settings: Settings) -> dict[str, Any]:
         report["ok"] = False
         return report
     report["sandbox"] = sandbox.describe()
+    report["session_limits"], cgroups = _limits_report(settings)
     runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)
     remote = RemoteKernels.from_settings(settings) if settings.kernel_gateway else None
     languages: dict[str, Any] = {
@@ -168,9 +192,12 @@ def gather(settings: Settings) -> dict[str, Any]:
         report["kernel_gateway"] = _gateway_report(settings, remote)
         report["live_test"] = anyio.run(_gateway_check, remote)
     else:
-        report["live_test"] = (
-            anyio.run(_local_check, sandbox, runtime) if runtime.error is None else {"ok": False}
-        )
+        try:
+            report["live_test"] = (
+                anyio.run(_local_check, sandbox, runtime, cgroups) if runtime.error is None else {"ok": False}
+            )
+        finally:
+            cgroups.close()
         report["fork_server"] = (
             anyio.run(_fork_check, sandbox, runtime, settings.preload)
             if settings.fork_server and runtime.error is None
@@ -179,7 +206,7 @@ def gather(settings: Settings) -> dict[str, Any]:
                 "reason": "turned off (--no-fork-server)" if runtime.error is None else "no Python",
             }
         )
-    report["ok"] = bool(report["live_test"].get("ok"))
+    report["ok"] = bool(report["live_test"].get("ok")) and report["session_limits"].get("ok", True)
     return report
 
 
@@ -235,6 +262,11 @@ def _print_text(report: dict[str, Any]) -> None:
         line("  gpu", f"{len(gpu['devices'])} NVIDIA device(s) passed through" if gpu else "none")
         for problem in gpu["problems"] if gpu else []:
             line("  gpu problem", problem)
+    if limits := report.get("session_limits"):
+        mode = {"v2": "cgroup v2", "v1": "cgroup v1"}.get(str(limits["mode"]), "no control groups")
+        line("session limits", f"{mode} — {limits['reason']}")
+        if "enforced" in limits:
+            line("  enforced", limits["enforced"])
     for name, info in report.get("languages", {}).items():
         if info.get("available"):
             extra = f" (ipykernel {info['ipykernel']})" if info.get("ipykernel") else ""
@@ -265,9 +297,10 @@ def _print_text(report: dict[str, Any]) -> None:
     live = report.get("live_test", {})
     if live.get("ok"):
         where = " on the gateway" if gateway else ""
+        inside = " inside its control group" if live.get("in_control_group") else ""
         line(
             "live test",
-            f"ok — kernel started{where} in {live['kernel_start_s']} s, 1 + 1 = 2 in {live['execute_ms']} ms",
+            f"ok — kernel started{where}{inside} in {live['kernel_start_s']} s, 1 + 1 = 2 in {live['execute_ms']} ms",
         )
         if "cuda_devices_in_sandbox" in live:
             line("  cuda", f"devices seen inside the sandbox: {live['cuda_devices_in_sandbox']}")

@@ -388,6 +388,7 @@ def serve(settings: Settings) -> int:
     from kernmind.execution import startup
 
     startup.prefetch(settings)  # probes run on threads (startup.py)
+    from kernmind.execution.cgroups import CgroupsUnavailable
     from kernmind.execution.executor import Executor
     from kernmind.execution.sandbox import SandboxUnavailable
 
@@ -410,7 +411,7 @@ def serve(settings: Settings) -> int:
         from kernmind.server import create_server
 
         server = create_server(settings, executor)
-    except SandboxUnavailable as exc:
+    except (SandboxUnavailable, CgroupsUnavailable) as exc:
         if sock is not None:
             sock.close()
         print(f"kernmind: {exc}", file=sys.stderr)

@@ -79,6 +79,19 @@ import base64, hashlib, os, zipfile
 
 NAME, VERSION = {name!r}, {version!r}
 DIST = NAME.replace("-", "_")
+CONNECT = {connect!r}  # a 127.0.0.1 port a hostile build tries to reach (None: it does not try)
+REQUIRES = "".join("Requires-Dist: %s\\n" % r for r in {requires!r})
+
+
+def _reach():
+    if CONNECT is None:
+        return None
+    import socket
+    try:
+        socket.create_connection(("127.0.0.1", CONNECT), timeout=5).close()
+        return "connected"
+    except OSError as exc:
+        return "refused: %s" % exc
 
 
 def _where():
@@ -97,15 +110,15 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
     info = os.path.join(metadata_directory, DIST + "-" + VERSION + ".dist-info")
     os.makedirs(info)
     with open(os.path.join(info, "METADATA"), "w") as fh:
-        fh.write("Metadata-Version: 2.1\\nName: %s\\nVersion: %s\\n" % (NAME, VERSION))
+        fh.write("Metadata-Version: 2.1\\nName: %s\\nVersion: %s\\n%s" % (NAME, VERSION, REQUIRES))
     return os.path.basename(info)
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     info = DIST + "-" + VERSION + ".dist-info"
     files = {{
-        DIST + "/__init__.py": "VERSION = %r\\nBUILT = %r\\n" % (VERSION, _where()),
-        info + "/METADATA": "Metadata-Version: 2.1\\nName: %s\\nVersion: %s\\n" % (NAME, VERSION),
+        DIST + "/__init__.py": "VERSION = %r\\nBUILT = %r\\nREACHED = %r\\n" % (VERSION, _where(), _reach()),
+        info + "/METADATA": "Metadata-Version: 2.1\\nName: %s\\nVersion: %s\\n%s" % (NAME, VERSION, REQUIRES),
         info + "/WHEEL": "Wheel-Version: 1.0\\nGenerator: in-tree\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
     }}
     name = DIST + "-" + VERSION + "-py3-none-any.whl"
@@ -122,18 +135,34 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 """
 
 
-def make_sdist(directory: Path, name: str, version: str) -> Path:
-    """Build ``name-version.tar.gz``: an sdist with an in-tree build backend (no build deps)."""
+def make_sdist(
+    directory: Path,
+    name: str,
+    version: str,
+    *,
+    connect: int | None = None,
+    requires: tuple[str, ...] = (),
+    dynamic: bool = False,
+) -> Path:
+    """Build ``name-version.tar.gz``: an sdist with an in-tree build backend (no build deps);
+    with ``connect``, its build tries to reach that port on 127.0.0.1 (``REACHED`` says how it went).
+    ``requires`` are its dependencies, declared in ``pyproject.toml`` or, ``dynamic``, known only
+    once its backend runs (as a ``setup.py`` package's)."""
     directory.mkdir(parents=True, exist_ok=True)
     dist = name.replace("-", "_")
     root = f"{dist}-{version}"
+    deps = (
+        'dynamic = ["dependencies"]\n'
+        if dynamic
+        else f"dependencies = {list(requires)!r}\n".replace("'", '"')
+    )
     files = {
         "pyproject.toml": (
             '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n\n'
-            f'[project]\nname = "{name}"\nversion = "{version}"\n'
+            f'[project]\nname = "{name}"\nversion = "{version}"\n{deps}'
         ),
         "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        "backend.py": _BACKEND.format(name=name, version=version),
+        "backend.py": _BACKEND.format(name=name, version=version, connect=connect, requires=requires),
     }
     path = directory / f"{root}.tar.gz"
     with tarfile.open(path, "w:gz") as tf:

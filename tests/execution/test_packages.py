@@ -8,6 +8,7 @@ way. Nothing here needs the internet.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from importlib.metadata import version
@@ -203,6 +204,55 @@ async def test_allowed_sdist_is_built_inside_the_sandbox(
     for path in layer.python.rglob("*"):
         assert not path.is_symlink()
         assert path.lstat().st_uid == os.getuid()
+
+
+async def test_a_source_build_has_no_network_not_even_the_hosts_loopback(
+    sandbox: Sandbox, target: PythonTarget, cache_dir: Path, tmp_path: Path
+) -> None:
+    """With a remote index, the server downloads what the build needs and the build runs with no
+    network: a hostile build backend cannot reach a port on 127.0.0.1 (as kernmind's own, or a
+    database's); benign source builds still work, their dependencies declared (fetched at once) or
+    known only to their backend (fetched when the offline resolution names them)."""
+    if not sandbox.isolated:
+        pytest.skip(f"no sandbox here: {sandbox.reason}")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    files = tmp_path / "index"
+    files.mkdir(mode=0o755)
+    make_sdist(files, "hostile", "1.0", connect=listener.getsockname()[1])
+    make_sdist(files, "declared", "1.0", requires=("alpha>=1",))
+    make_sdist(files, "dynamic-deps", "2.0", requires=("epsilon>=1",), dynamic=True)
+    make_wheel(files, "alpha", "1.0", requires=("beta>=1",))
+    make_wheel(files, "beta", "2.0")
+    make_wheel(files, "epsilon", "1.0")
+    layer = new_layer(tmp_path)
+    try:
+        with SimpleIndex(files).running() as index:
+            installer = make_installer(
+                sandbox, target, cache_dir, PackageSources(index.url, (), ()), allow_sdist=True
+            )
+            result = await installer.install(["hostile", "declared", "dynamic-deps"], "python", layer)
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody knocked
+    finally:
+        listener.close()
+    reached = import_from(layer, "import hostile; print(hostile.REACHED)").strip()
+    # The sandbox's own loopback answers nobody; the host's is not there.
+    assert reached.startswith("refused: ") and ("refused" in reached[9:] or "unreachable" in reached), reached
+    assert names(result.installed) == {
+        "hostile": "1.0",
+        "declared": "1.0",
+        "dynamic-deps": "2.0",
+        "alpha": "1.0",
+        "beta": "2.0",
+        "epsilon": "1.0",
+    }
+    assert (
+        import_from(layer, "import declared, dynamic_deps, alpha; print(dynamic_deps.VERSION)").strip()
+        == "2.0"
+    )
 
 
 async def test_policy_none_refuses_everything(

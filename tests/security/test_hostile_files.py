@@ -31,7 +31,9 @@ pytestmark = [
 ]
 
 MEMORY_VALUE = "Ada likes short answers."
-LIMITS = {"memory_mb": 512, "max_file_mb": 64, "workspace_mb": 64, "timeout": 30, "max_sessions": 64}
+# memory_mb above the 512 MiB of /tmp and /dev/shm: with per-session control groups, filling one of
+# them would otherwise hit the session's memory limit before the file system's own size.
+LIMITS = {"memory_mb": 1536, "max_file_mb": 64, "workspace_mb": 64, "timeout": 30, "max_sessions": 64}
 
 
 class Harness:

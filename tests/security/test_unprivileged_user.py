@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import kernmind.execution.sandbox as sandbox_module
+import kernmind.execution.seccomp as seccomp_module
 
 USER = "kernmind-ci"
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -67,6 +68,19 @@ report["fork"] = run(
 report["memory"] = run(
     "try:\n    x = bytearray(2 * 1024 ** 3)\n    print('allocated')\nexcept MemoryError:\n    print('MemoryError')"
 )
+# Over the workspace quota: no file may grow, and code cannot lift its own file-size limit (seccomp).
+from dataclasses import replace
+blocked = replace(sandbox.limits, writes_blocked=True)
+cmd = sandbox.wrap(["/usr/bin/python3", "-c", (
+    "import os, resource\n"
+    "try:\n    resource.setrlimit(resource.RLIMIT_FSIZE, resource.getrlimit(resource.RLIMIT_FSIZE)[1:] * 2); r = 'lifted'\n"
+    "except (ValueError, OSError):\n    r = 'refused'\n"
+    "try:\n    os.write(os.open('blocked.bin', os.O_WRONLY | os.O_CREAT), b'x'); w = 'wrote'\n"
+    "except OSError as e:\n    w = e.errno\n"
+    "print(r, w)")], workspace=ws, limits=blocked)
+proc = subprocess.run(cmd.argv, env=cmd.env, cwd=cmd.cwd, capture_output=True, text=True, timeout=60)
+report["blocked"] = proc.stdout.strip() or proc.stderr.strip()[-300:]
+report["seccomp"] = sandbox.seccomp is not None
 print(json.dumps(report))
 """
 
@@ -98,9 +112,17 @@ def test_unprivileged_sandbox_confines_code(shared_dir: Path, test_user: pwd.str
     lib = tmp_path / "lib"
     lib.mkdir(mode=0o755)
     shutil.copy(sandbox_module.__file__, lib / "kmsandbox.py")
+    # The seccomp filter's module, where the sandbox module imports it from.
+    package = lib / "kernmind" / "execution"
+    package.mkdir(parents=True, mode=0o755)
+    (lib / "kernmind").chmod(0o755)
+    (lib / "kernmind" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    shutil.copy(seccomp_module.__file__, package / "seccomp.py")
     (lib / "driver.py").write_text(DRIVER)
-    for f in lib.iterdir():
-        f.chmod(0o644)
+    for f in [*lib.iterdir(), *(lib / "kernmind").iterdir(), *package.iterdir()]:
+        if f.is_file():
+            f.chmod(0o644)
     ws = tmp_path / "ws"
     ws.mkdir()
     os.chown(ws, test_user.pw_uid, test_user.pw_gid)
@@ -132,3 +154,6 @@ def test_unprivileged_sandbox_confines_code(shared_dir: Path, test_user: pwd.str
     assert started < 100 and errno == 11  # EAGAIN
     # Memory beyond the limit is refused.
     assert report["memory"] == "MemoryError"
+    # Writes blocked (the workspace quota): the file cannot grow and the block cannot be lifted.
+    assert report["seccomp"] is True
+    assert report["blocked"] == "refused 27"  # 27: EFBIG

@@ -4,7 +4,9 @@ It wires the parts together and decides each call's route in one place:
 resolve the language to a runner → hold the session (or, with ``--stateless``, make a
 throw-away one) → ``supervise(runner, call)`` (time limit, quota, progress, result).
 
-It owns the sandbox (chosen once at start), this server's run directory (``rundir.py``:
+It owns the sandbox (chosen once at start), the control groups sessions run in
+(``cgroups.py``, decided once at start; each session's ``SessionLimits`` is made with its
+first call and closed with it, see ``session_limits.py``), this server's run directory (``rundir.py``:
 throw-away workspaces and kernel sockets, cleaned after a crash by the next start), the
 session store (``store.py``: named sessions' files, variables and history, which outlive
 the server), the warm kernel pool, the session registry, the background jobs, the runners
@@ -36,10 +38,12 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from anyio.abc import TaskGroup
 
 from kernmind.config import Settings
 from kernmind.execution import history
 from kernmind.execution import runners as runners_mod
+from kernmind.execution.cgroups import CgroupSupport
 from kernmind.execution.forkserver_kernels import ForkKernelFactory
 from kernmind.execution.jobs import Job, Jobs
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
@@ -51,6 +55,7 @@ from kernmind.execution.rundir import RunDir, socket_root
 from kernmind.execution.runners.base import Call, Runner
 from kernmind.execution.runners.python import PythonRunner, SnapshotBudget
 from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.session_limits import SessionLimits
 from kernmind.execution.sessions import (
     DEFAULT_SESSION,
     LOCAL_OWNER,
@@ -109,10 +114,15 @@ class Executor:
             limits=limits_from(settings),
             gpu=settings.gpu,
         )
+        self._tg: TaskGroup | None = None  # while running: background clean-up of sessions' groups
+        # Decided before anything is started (on cgroup v2 the server may move itself into a leaf).
+        self.cgroups = CgroupSupport.detect(settings.cgroups)
+        if not self.cgroups.active:
+            log.info("no per-session control groups (%s): per-process limits only", self.cgroups.reason)
         self.runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)
         if self.runtime.error:
             log.error("Python kernels unavailable: %s", self.runtime.error)
-        self.rundir = RunDir(settings.workspaces_dir)
+        self.rundir = RunDir(settings.workspaces_dir, cgroups=self.cgroups.server_dirs)
         sockets = socket_root(settings.workspaces_dir)
         self.socket_rundir = (
             self.rundir if sockets == self.rundir.root else RunDir(sockets, transient_root=True)
@@ -129,6 +139,7 @@ class Executor:
             output_limit=settings.max_output_chars,
             new_layer=self._new_layer,
             guard=self.guard,
+            cgroups=self.cgroups,
         )
         if settings.fork_server and not settings.kernel_gateway:
             factory = ForkKernelFactory(factory, preload=settings.preload)
@@ -213,6 +224,20 @@ class Executor:
     async def _release(self, session: Session) -> None:
         for runner in self.runners.values():
             await runner.release(session)
+        limits, session.limits = session.limits, None
+        if limits is None:
+            return
+        # What is left of the session's processes goes with its group, in the background (as its
+        # kernel's shutdown does): a --stateless call does not wait for its processes to die.
+        if self._tg is not None:
+            self._tg.start_soon(self._close_limits, limits)
+        else:
+            await self._close_limits(limits)
+
+    @staticmethod
+    async def _close_limits(limits: SessionLimits) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(limits.close)
 
     async def _suspend(self, session: Session) -> None:
         if self.python is not None and self.settings.snapshot_mb > 0:
@@ -235,6 +260,7 @@ class Executor:
         forks = self.factory.running() if isinstance(self.factory, ForkKernelFactory) else _nothing()
         try:
             async with forks, anyio.create_task_group() as tg:
+                self._tg = tg
                 assert self.rundir.path is not None
                 self.jobs.open(tg, self.rundir.path)
                 await self.pool.run(tg)
@@ -252,6 +278,9 @@ class Executor:
                                 log.warning("stopping the %s runner: %s", runner.language, exc)
                     tg.cancel_scope.cancel()
         finally:
+            self._tg = None
+            with anyio.CancelScope(shield=True):  # kills what is left in the groups: off the loop
+                await anyio.to_thread.run_sync(self.cgroups.close)
             self.socket_rundir.close()
             self.rundir.close()
 
@@ -468,5 +497,7 @@ class Executor:
             reset=reset,
             notes=[*session.take_notes(), *notes],
         )
+        if session.limits is None:
+            session.limits = SessionLimits(self.cgroups, self.sandbox.limits)
         quota = self.settings.workspace_mb * 1024 * 1024
         return await supervise(runner, call, quota_bytes=quota, progress=progress)

@@ -19,6 +19,11 @@ process behind the manager differs:
 3. We connect the client and wait for the iopub welcome message (no ``wait_for_ready``
    polling, no setup round trips).
 
+Control groups (``cgroups.py``): the placeholder's sandbox starts inside the kernel's group
+(a session's, or its own) like any sandbox, and the template's waiter writes itself into
+that group before it forks the kernel, so the kernel is born there although it is not a
+descendant of the sandbox's processes.
+
 The manager's provisioner polls and kills the sandbox process as for any kernel; when the
 kernel exits, the placeholder exits with its status, so death, exit codes, interrupts (by
 message) and shutdown behave exactly as before. Isolation therefore comes from the same
@@ -44,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from kernmind.execution.cgroups import Cgroup
 from kernmind.execution.forkserver import DEFAULT_PRELOAD, ForkServer, TemplateProcess
 from kernmind.execution.kernels import (
     _KERNEL_ARGS,
@@ -73,6 +79,7 @@ class ForkKernelFactory:
     """A ``KernelFactory`` whose kernels are forks of a warm template (``base`` is the fallback)."""
 
     rebinds_warm_kernels = True  # its kernels are local sandboxes, like ``KernelFactory``'s
+    joins_groups = True  # its kernels can start in a session's control group (``start(…, group)``)
 
     @property
     def cheap_starts(self) -> bool:
@@ -134,19 +141,20 @@ class ForkKernelFactory:
     def status(self) -> dict[str, Any]:
         return self.server.status()
 
-    async def start(self, workspace: Workspace | None = None) -> Kernel:
-        """A fresh, set-up kernel: forked when the template is up, else started normally."""
+    async def start(self, workspace: Workspace | None = None, group: Cgroup | None = None) -> Kernel:
+        """A fresh, set-up kernel (inside ``group``, a session's, or a group of its own): forked
+        when the template is up, else started normally."""
         if self.base.runtime.error:
             raise RuntimeError(self.base.runtime.error)
         template = await self.server.template(wait=TEMPLATE_WAIT)
         if template is None:
             self._fallback(self.server.status().get("reason", "no template"))
-            return await self.base.start(workspace)
+            return await self.base.start(workspace, group)
         try:
-            kernel = await self.fork(template, workspace)
+            kernel = await self.fork(template, workspace, group)
         except ForkFailed as exc:
             self._fallback(str(exc))
-            return await self.base.start(workspace)
+            return await self.base.start(workspace, group)
         self._said = None
         return kernel
 
@@ -155,10 +163,14 @@ class ForkKernelFactory:
             log.warning("fork server not used (%s): starting kernels the normal way", reason)
             self._said = reason
 
-    async def fork(self, template: TemplateProcess, workspace: Workspace | None = None) -> Kernel:
+    async def fork(
+        self, template: TemplateProcess, workspace: Workspace | None = None, group: Cgroup | None = None
+    ) -> Kernel:
         """Launch a placeholder sandbox, have the template fork a kernel into it, connect."""
         base = self.base
         await import_kernel_manager()
+        own = base.own_group(group)
+        joined = group or own
         uid = base.sandbox.allocate_uid()
         ws = workspace or base.new_workspace(uid)
         if workspace is not None and uid is not None:
@@ -184,6 +196,7 @@ class ForkKernelFactory:
                 runtime_dir=runtime_dir,
                 limits=base.limits,
                 mounts=mounts,
+                join=joined.join if joined is not None else (),
             ).argv
 
         from kernmind.execution.kernel_manager import SandboxedKernelManager
@@ -207,6 +220,7 @@ class ForkKernelFactory:
             uid=uid,
             layer=layer,
             layer_path=base.layer_path(layer),
+            group=own,
         )
         exit_read, exit_write = os.pipe()
         try:
@@ -225,9 +239,13 @@ class ForkKernelFactory:
                 await _read_ready(process.stdout)
                 placeholder = _placeholder_pid(process.pid)
                 cwd = base.sandbox.workspace_path(ws.root)
-                reply = await _spawn(template, placeholder, exit_write, kernel_argv, cwd, uid)
+                cgroup = [str(p) for p in joined.join] if joined is not None else []
+                reply = await _spawn(
+                    template, placeholder, exit_write, kernel_argv, cwd, uid, cgroup, base.sandbox.seccomp
+                )
                 if not reply.get("ok"):
                     raise ForkFailed(f"fork failed: {reply.get('error')}")
+                kernel.forked_pid = reply.get("pid")
                 # The manager's own Session, not a clone: a clone restarts the message counter,
                 # so an interrupt_request could reuse the running execute_request's msg_id.
                 kc = km.client(context=self._context(), session=km.session)
@@ -275,9 +293,16 @@ def kernel_environment(base: KernelFactory, runtime_dir: Path | None) -> dict[st
 
 
 async def _spawn(
-    template: TemplateProcess, placeholder: int, exit_write: int, argv: list[str], cwd: str, uid: int | None
+    template: TemplateProcess,
+    placeholder: int,
+    exit_write: int,
+    argv: list[str],
+    cwd: str,
+    uid: int | None,
+    cgroup: list[str],
+    seccomp: str | None,
 ) -> dict[str, Any]:
-    """Ask the template for a kernel inside ``placeholder``'s sandbox."""
+    """Ask the template for a kernel inside ``placeholder``'s sandbox (and control group)."""
     names, fds = _namespace_fds(placeholder)
     try:
         request = {
@@ -287,6 +312,8 @@ async def _spawn(
             "uid": uid,
             "placeholder_pid": placeholder,
             "namespaces": names,
+            "cgroup": cgroup,
+            "seccomp": seccomp,
         }
         return await template.request(request, [exit_write, *fds])
     finally:

@@ -25,10 +25,12 @@ Design
   placeholder waits on. The template forks a *waiter* (C1) that joins those namespaces
   (user namespaces outermost first, each other namespace right after the user namespace
   that owns it) and forks the *kernel* (C2), which lands inside the sandbox's pid
-  namespace. C2 starts a new session, closes every inherited descriptor, takes the
+  namespace (C1 first writes itself into the session's control group, so C2 is born in
+  it). C2 starts a new session, closes every inherited descriptor, takes the
   placeholder's rlimits and environment, drops to the sandbox uid (when the server is root) with no capabilities,
-  ``no_new_privs`` and a clean environment, reseeds random generators, starts the
-  ipykernel app on its connection file, runs the setup cell, reports ``ready`` and serves.
+  ``no_new_privs``, the sandbox's seccomp filter and a clean environment, reseeds random
+  generators, starts the ipykernel app on its connection file, runs the setup cell, reports
+  ``ready`` and serves.
   C1 waits for C2 and writes its exit status to the placeholder, which exits with it, so
   the sandbox (and everything still in it) ends when the kernel ends, and the server sees
   the status exactly as from a normal kernel; when the placeholder ends first (the server
@@ -43,7 +45,10 @@ Protocol (SOCK_SEQPACKET, one JSON object per packet, descriptors as SCM_RIGHTS)
   ``{"op": "preloaded", "threads", "data_mib", "preloaded", "failed", "seconds"}``. The
   snapshot speaks the same protocol (spawn, ping) on its socket.
 - server → template, first: ``{"server_pid", "preload": [modules], "setup", "kernel_args"}``
-- ``{"op": "spawn", "id", "argv", "cwd", "uid", "placeholder_pid", "namespaces": [names]}``
+- ``{"op": "spawn", "id", "argv", "cwd", "uid", "placeholder_pid", "namespaces": [names],
+  "cgroup": [cgroup.procs files], "seccomp": filter file}`` (the waiter writes itself into
+  each control group before it forks; the kernel loads the seccomp filter after dropping its
+  privileges, as bubblewrap does for every other sandbox)
   with descriptors ``[exit_pipe, placeholder_pidfd, *namespace_fds]`` → ``{"id", "ok": true,
   "pid"}`` once the kernel is ready, or ``{"id", "ok": false, "error"}``.
 - ``{"op": "ping", "id"}`` → ``{"id", "ok": true, "threads"}``.
@@ -73,6 +78,7 @@ import time
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER = 1, 4, 24, 36
 PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 NS_GET_USERNS, NS_GET_PARENT = 0xB701, 0xB702
 CLONE_FLAGS = {
     "user": 0x10000000,
@@ -223,6 +229,18 @@ def drop_privileges(uid: int | None) -> None:
     libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as after an exec: the kernel may read its own /proc
 
 
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load_seccomp(program: bytes) -> None:
+    """Load the sandbox's seccomp filter (``seccomp.py``: bubblewrap loads the same one into
+    every other sandbox); needs no_new_privs, which ``drop_privileges`` set."""
+    buffer = ctypes.create_string_buffer(program, len(program))
+    prog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp")
+
+
 def reseed() -> None:
     """Generators that a fork would otherwise share with every sibling (``random`` reseeds itself)."""
     numpy = sys.modules.get("numpy")
@@ -244,6 +262,8 @@ def become_kernel(request: dict, limits: dict[str, tuple[int, int]], status: int
     for name, value in limits.items():
         resource.setrlimit(RLIMITS[name], value)
     drop_privileges(request["uid"])
+    if request.get("seccomp_program"):
+        load_seccomp(request["seccomp_program"])
     template_mpl = os.environ.get("MPLCONFIGDIR")
     template_pythonpath = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     os.environ.clear()
@@ -312,6 +332,12 @@ def run_waiter(request: dict, fds: list[int], status: int) -> None:
             pairs = [item.partition(b"=") for item in fh.read().split(b"\0") if item]
         request["env"] = {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
         request["host_paths"] = [p for p in sys.path if p and os.path.exists(p)]
+        for procs in request.get("cgroup") or []:  # the session's control group: the kernel is born in it
+            with open(procs, "w") as fh:
+                fh.write("0")
+        if request.get("seccomp"):  # read before the kernel drops its privileges
+            with open(request["seccomp"], "rb") as fh:
+                request["seccomp_program"] = fh.read()
         enter_namespaces(request["namespaces"], ns_fds)
         signal.pidfd_send_signal(placeholder, 0)  # still alive: the pid was not reused meanwhile
         for fd in ns_fds:

@@ -18,6 +18,11 @@ size-limited ``/tmp`` (IPython's, matplotlib's and other caches go there) and it
 directory, a 0700 directory of this server's run directory (see ``rundir.py``): nothing
 is left in ``/tmp`` on the host, and a server that dies leaves nothing the next one does
 not clean.
+
+Where control groups can be made (``cgroups.py``), a kernel's sandbox starts inside one: a
+session's group when the kernel is started for a session, else a group of its own (a warm
+kernel's), which the session's group adopts when the kernel joins a session (``pool.py``).
+A kernel's own group goes with it.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
+from kernmind.execution.cgroups import Cgroup, CgroupSupport
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernel_setup import setup_code
 from kernmind.execution.packages.guard import SandboxGuard, activate_layer_code
@@ -230,6 +236,14 @@ class Kernel:
     # session's packages move in), so installs reach the running kernel.
     layer: Layer | None = None
     layer_path: str | None = None  # where the kernel sees the layer's Python packages
+    group: Cgroup | None = None  # its own control group (a warm kernel's), removed with it
+    forked_pid: int | None = None  # a fork-server kernel's process (outside the sandbox's process tree)
+
+    def root_pids(self) -> list[int]:
+        """The roots of its process trees: the sandbox the manager launched, and a forked kernel."""
+        prov = self.km.provisioner
+        process = getattr(prov, "process", None) if prov is not None else None
+        return [p for p in (getattr(process, "pid", None), self.forked_pid) if p]
 
     async def is_alive(self) -> bool:
         try:
@@ -333,7 +347,7 @@ class Kernel:
 
     async def interrupt(self, collector: OutputCollector | None = None, grace: float = 3.0) -> bool:
         """Interrupt the running code; True when the kernel went idle within ``grace`` seconds."""
-        if self.closed or self.kc is None:
+        if self.closed or self.kc is None or not await self.is_alive():
             return False
         try:
             await self.km.interrupt_kernel()
@@ -375,6 +389,9 @@ class Kernel:
 
     def _cleanup_dirs(self) -> None:
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        group, self.group = self.group, None
+        if group is not None:
+            group.remove()
 
     async def use_packages(self) -> bool:
         """Put the layer on the running interpreter's path (after its own packages), so what
@@ -395,6 +412,7 @@ class KernelFactory:
 
     rebinds_warm_kernels = True  # a warm kernel's empty directory can be moved into a session's home
     cheap_starts = False  # a start boots an interpreter (≈ 1 s of CPU): the pool spaces them out
+    joins_groups = True  # its kernels can start in a session's control group (``start(…, group)``)
 
     def __init__(
         self,
@@ -408,8 +426,10 @@ class KernelFactory:
         limits: Limits | None = None,
         new_layer: Callable[[], Layer] | None = None,
         guard: SandboxGuard | None = None,
+        cgroups: CgroupSupport | None = None,
     ) -> None:
         self.setup = setup_code(output_limit)
+        self.cgroups = cgroups  # None or inactive: kernels run with per-process limits only
         self.sandbox = sandbox
         self.runtime = runtime
         self.new_workspace = new_workspace
@@ -497,11 +517,25 @@ class KernelFactory:
     def _path(self) -> str:
         return f"{os.path.dirname(self.runtime.executable)}:/usr/local/bin:/usr/bin:/bin"
 
-    async def start(self, workspace: Workspace | None = None) -> Kernel:
-        """Launch, connect, wait for ready, run the setup cell. Raises RuntimeUnavailable on failure."""
+    def own_group(self, group: Cgroup | None) -> Cgroup | None:
+        """A group of its own for a kernel started without a session's ``group`` (a warm kernel)."""
+        if group is not None or self.cgroups is None or not self.cgroups.active:
+            return None
+        limits = self.limits or self.sandbox.limits
+        try:
+            return self.cgroups.new_group(limits.memory_mb, limits.max_processes)
+        except OSError as exc:
+            log.warning("no control group for a kernel (%s): per-process limits only", exc.strerror or exc)
+            return None
+
+    async def start(self, workspace: Workspace | None = None, group: Cgroup | None = None) -> Kernel:
+        """Launch, connect, wait for ready, run the setup cell (inside ``group``, a session's, or
+        a group of its own). Raises RuntimeUnavailable on failure."""
         if self.runtime.error:
             raise RuntimeUnavailable(self.runtime.error)
         await import_kernel_manager()
+        own = self.own_group(group)
+        joined = group or own
         uid = self.sandbox.allocate_uid()
         ws = workspace or self.new_workspace(uid)
         if workspace is not None and uid is not None:
@@ -524,6 +558,7 @@ class KernelFactory:
                 uid=uid,
                 limits=self.limits,
                 mounts=mounts,
+                join=joined.join if joined is not None else (),
             ).argv
 
         from kernmind.execution.kernel_manager import SandboxedKernelManager
@@ -546,6 +581,7 @@ class KernelFactory:
             uid=uid,
             layer=layer,
             layer_path=self.layer_path(layer),
+            group=own,
         )
         try:
             # env/cwd as the sandbox wants them; in bwrap mode the env is rebuilt inside anyway.

@@ -15,6 +15,11 @@ kernel's empty directory is moved into place (``store.rebind``: renames, no copi
 with no warm kernel (or directories on different file systems), a kernel is started with
 ``home`` bound directly. Either way the files are then handed to the kernel's sandbox uid
 (``own_tree``) and the kernel is marked ``home_bound``: stopping it never deletes them.
+
+``acquire(home, limits=…)`` also puts the kernel in the session's control group
+(``session_limits.py``): a warm kernel's own group becomes the session's when the session
+has none yet, else its processes move into the session's (which then removes the warm
+one); a kernel started for the caller is started in the session's group.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from anyio.abc import TaskGroup
 
 from kernmind.execution.kernels import Kernel, KernelFactory
 from kernmind.execution.packages.layer import Layer
+from kernmind.execution.session_limits import SessionLimits
 from kernmind.execution.store import rebind
 from kernmind.execution.workspace import Workspace, off_loop, own_tree
 
@@ -98,9 +104,12 @@ class KernelPool:
             self._starting -= 1
             self._wake.set()
 
-    async def acquire(self, home: Workspace | None = None, layer: Layer | None = None) -> Kernel:
+    async def acquire(
+        self, home: Workspace | None = None, layer: Layer | None = None, limits: SessionLimits | None = None
+    ) -> Kernel:
         """A ready kernel: with its own fresh workspace, or bound to ``home``; the packages of
-        ``layer`` (a session's) moved into the kernel's own layer."""
+        ``layer`` (a session's) moved into the kernel's own layer; in the control group of
+        ``limits`` (a session's) when there is one."""
         kernel: Kernel | None = None
         while self._ready:
             candidate = self._ready.popleft()
@@ -109,9 +118,12 @@ class KernelPool:
                 break
             self.release(candidate)
         self._wake.set()
+        # (A gateway's factory knows no groups: its kernels run elsewhere.)
+        limits = limits if getattr(self.factory, "joins_groups", False) else None
         if home is None:
-            kernel = kernel or await self.factory.start()
+            kernel = kernel or await self._start(None, limits)
             await self._adopt_layer(kernel, layer)
+            await _join(kernel, limits)
             return kernel
         if kernel is not None and not self.factory.rebinds_warm_kernels:
             self._ready.appendleft(kernel)  # it cannot move into another directory: start one there
@@ -125,8 +137,9 @@ class KernelPool:
                 self.release(kernel)
                 kernel = None
         if kernel is None:
-            kernel = await self.factory.start(home)
+            kernel = await self._start(home, limits)
         await self._adopt_layer(kernel, layer)
+        await _join(kernel, limits)
         kernel.workspace, kernel.home_bound = home, True
         if kernel.runtime_dir is not None:
             home.accounted = [kernel.runtime_dir]
@@ -135,6 +148,12 @@ class KernelPool:
             home.owner_uid = uid
             await off_loop(lambda: own_tree(home.root, uid), timeout=None)
         return kernel
+
+    async def _start(self, home: Workspace | None, limits: SessionLimits | None) -> Kernel:
+        group = limits.ensure_group() if limits is not None else None
+        if group is None:
+            return await self.factory.start(home)
+        return await self.factory.start(home, group)
 
     @staticmethod
     async def _adopt_layer(kernel: Kernel, layer: Layer | None) -> None:
@@ -163,6 +182,20 @@ class KernelPool:
             async with anyio.create_task_group() as tg:
                 for k in kernels:
                     tg.start_soon(_shutdown_and_remove, k)
+
+
+async def _join(kernel: Kernel, limits: SessionLimits | None) -> None:
+    """Put a warm kernel in the session's group: its own group becomes the session's when the
+    session has none yet (no process moves: the common case, a session's first call), else its
+    processes move into the session's group."""
+    own = getattr(kernel, "group", None)
+    if limits is None or own is None:
+        return
+    kernel.group = None
+    if limits.group is None:
+        limits.take_group(own)
+    else:
+        await anyio.to_thread.run_sync(limits.group.adopt, own)
 
 
 async def _shutdown_and_remove(kernel: Kernel) -> None:

@@ -28,7 +28,7 @@ def main() -> None:
         if which is None:
             continue
         try:
-            resource.setrlimit(which, (value, value))
+            resource.setrlimit(which, tuple(value) if isinstance(value, tuple) else (value, value))
         except (ValueError, OSError):
             pass  # e.g. macOS refuses some limits; best effort
     os.execvp(argv[0], argv)

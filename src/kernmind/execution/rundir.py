@@ -8,6 +8,10 @@ process dies, however it dies (SIGKILL, power loss), so at start a server remove
 sibling directory whose lock it can take: those servers are gone. Several servers on one
 data dir therefore never touch each other's live state.
 
+A server that makes control groups (``cgroups.py``) lists its groups' directories in
+``cgroups`` in its run directory; removing a dead server's run directory first kills what
+still runs in those groups and removes them.
+
 Unix socket paths are limited to ~107 bytes. When the data dir is too deep for that, the
 socket directories use the same scheme under a short root in ``/tmp`` instead
 (``/tmp/kernmind-<uid>-<hash of the data dir>``, not ``$TMPDIR``, which may be long).
@@ -26,9 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from kernmind.execution import cgroups
+
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
+CGROUPS_NAME = "cgroups"  # this server's control-group directories, one a line
 SOCKET_PATH_ROOM = 40  # what a kernel appends below its socket directory ("/<8 hex>/k-<port>")
 MAX_SOCKET_PATH = 100
 STALE_UNLOCKED_SECONDS = 60.0
@@ -37,9 +44,10 @@ STALE_UNLOCKED_SECONDS = 60.0
 class RunDir:
     """One server's private directory under ``root``; ``open()`` also removes dead servers' ones."""
 
-    def __init__(self, root: Path, *, transient_root: bool = False) -> None:
+    def __init__(self, root: Path, *, transient_root: bool = False, cgroups: tuple[Path, ...] = ()) -> None:
         self.root = root
         self.transient_root = transient_root  # remove the root too when the last server leaves
+        self.cgroups = cgroups  # this server's control-group directories (listed for the next server)
         self.path: Path | None = None
         self._lock_fd: int | None = None
 
@@ -54,6 +62,8 @@ class RunDir:
         fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.path, self._lock_fd = path, fd
+        if self.cgroups:
+            (path / CGROUPS_NAME).write_text("".join(f"{d}\n" for d in self.cgroups))
         return self
 
     def remove_orphans(self) -> int:
@@ -66,6 +76,7 @@ class RunDir:
             if not entry.is_dir(follow_symlinks=False) or (self.path and entry.path == str(self.path)):
                 continue
             if self._is_orphan(Path(entry.path)):
+                _remove_cgroups(Path(entry.path) / CGROUPS_NAME)
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed += 1
         return removed
@@ -108,6 +119,23 @@ class RunDir:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _remove_cgroups(listing: Path) -> None:
+    """The control groups a dead server listed: what still runs in them is killed, they go."""
+    try:
+        lines = listing.read_text().split("\n")
+    except OSError:
+        return
+    for line in lines:
+        path = Path(line.strip())
+        # Only what such a list can hold: a server's own directory under a cgroup file system.
+        if (
+            line.strip()
+            and path.name.startswith(cgroups.SERVER_PREFIX)
+            and str(path).startswith("/sys/fs/cgroup/")
+        ):
+            cgroups.remove_server_dir(path)
 
 
 def socket_root(preferred: Path) -> Path:

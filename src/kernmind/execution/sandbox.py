@@ -14,6 +14,10 @@ RLIMIT_DATA for memory (it counts what a program writes, not the address space t
 and the JVM reserve, so those runtimes keep working), RLIMIT_CPU, RLIMIT_NPROC, RLIMIT_FSIZE,
 RLIMIT_NOFILE, and no core dumps.
 
+While a session is over its workspace quota, its sandboxes start with a soft RLIMIT_FSIZE of
+0 (``Limits.writes_blocked``; the hard limit stays, so the server can lift the block), and a
+seccomp filter (``seccomp.py``, ``--seccomp``) keeps code from changing its file-size limit.
+
 RLIMIT_NPROC is not enforced for root. When the server runs as root, bwrap runs
 privileged (no user namespace) and the command inside is started through
 ``setpriv`` as a dedicated unprivileged uid, one per sandbox, with no capabilities and
@@ -77,14 +81,16 @@ class Limits:
     max_file_mb: int = 1024
     max_open_files: int = 1024
     tmp_mb: int = 512
+    writes_blocked: bool = False  # over the workspace quota: no file may grow (soft RLIMIT_FSIZE 0)
 
-    def rlimits(self, nproc: int) -> dict[str, int]:
-        """prlimit option name -> value (soft = hard)."""
+    def rlimits(self, nproc: int) -> dict[str, int | tuple[int, int]]:
+        """prlimit option name -> value (soft = hard) or (soft, hard)."""
+        fsize = self.max_file_mb * 1024 * 1024
         return {
             "data": self.memory_mb * 1024 * 1024,
             "cpu": self.cpu_seconds,
             "nproc": nproc,
-            "fsize": self.max_file_mb * 1024 * 1024,
+            "fsize": (0, fsize) if self.writes_blocked else fsize,
             "nofile": self.max_open_files,
             "core": 0,
             # The default stack of every new thread (glibc takes it from RLIMIT_STACK): thread
@@ -127,6 +133,7 @@ class Sandbox:
     setpriv: str | None = field(default_factory=lambda: shutil.which("setpriv"))
     _next_uid: int = field(default_factory=lambda: random.randrange(200_000, 900_000))
     gpu: GpuPassthrough | None = None  # NVIDIA devices passed through (``--gpu auto``), see gpu.py
+    seccomp: str | None = None  # the filter file bwrap loads (seccomp.py); None: no filter
 
     # --- construction -------------------------------------------------------
     @classmethod
@@ -148,7 +155,15 @@ class Sandbox:
             candidate = cls(
                 "bwrap", "bubblewrap works", allow_network=allow_network, limits=limits, bwrap=bwrap
             )
+            candidate.seccomp = _seccomp_file()
             problem = candidate.probe_once()
+            if problem is not None and candidate.seccomp is not None:
+                candidate.seccomp = None  # the filter must never cost the isolation itself
+                if candidate.probe_once() is None:
+                    log.warning(
+                        "bubblewrap refused kernmind's seccomp filter (%s); sandboxes run without it", problem
+                    )
+                    problem = None
             if problem is None:
                 if gpu == "auto":
                     from kernmind.execution.gpu import detect as detect_gpu
@@ -172,11 +187,20 @@ class Sandbox:
         if mode == "none" or bwrap is None or sys.platform != "linux":
             return
         candidate = cls("bwrap", "", allow_network=allow_network, limits=limits or Limits(), bwrap=bwrap)
+        candidate.seccomp = _seccomp_file()
         threading.Thread(target=candidate.probe_once, name="kernmind-sandbox-probe", daemon=True).start()
 
     def probe_once(self) -> str | None:
         """``probe()``, run once per process for this configuration."""
-        key = (self.bwrap, self.prlimit, self.setpriv, self.as_root, self.allow_network, self.limits)
+        key = (
+            self.bwrap,
+            self.prlimit,
+            self.setpriv,
+            self.as_root,
+            self.allow_network,
+            self.limits,
+            self.seccomp,
+        )
         with _probe_lock:
             if key not in _probe_outcomes:
                 _probe_outcomes[key] = self.probe()
@@ -253,6 +277,7 @@ class Sandbox:
         uid: int | None = None,
         limits: Limits | None = None,
         mounts: Sequence[Mount] = (),
+        join: Sequence[str | Path] = (),
     ) -> SandboxedCommand:
         """Wrap ``argv`` so it runs confined to ``workspace`` under the limits.
 
@@ -260,15 +285,18 @@ class Sandbox:
         the same path; ``runtime_dir`` (a kernel's socket directory) is read-write at
         ``runtime_path()`` (a fixed path, so the host's directory names stay hidden);
         ``mounts`` are server directories exposed read-only at a path of their own (for the same
-        reason). ``env`` is added to the allow-listed environment.
+        reason). ``env`` is added to the allow-listed environment. ``join`` are ``cgroup.procs``
+        files of a control group the process enters before anything else runs (``cgroups.py``).
         """
         limits = limits or self.limits
         inner_ws = self.workspace_path(workspace)
         environment = self.environment(inner_ws, env)
         if self.isolated:
             full = self._bwrap_args(argv, workspace, environment, ro_paths, runtime_dir, uid, limits, mounts)
-            return SandboxedCommand(self._with_rlimits(full, limits, uid), dict(environment), "/")
-        return SandboxedCommand(self._with_rlimits(list(argv), limits, None), environment, str(workspace))
+            outer = _launcher(self._with_rlimits(full, limits, uid), self.seccomp, join)
+            return SandboxedCommand(outer, dict(environment), "/")
+        outer = _launcher(self._with_rlimits(list(argv), limits, None), None, join)
+        return SandboxedCommand(outer, environment, str(workspace))
 
     def _nproc(self, limits: Limits, uid: int | None) -> int:
         if uid is not None or self.as_root:
@@ -278,7 +306,10 @@ class Sandbox:
     def _with_rlimits(self, argv: list[str], limits: Limits, uid: int | None) -> list[str]:
         values = limits.rlimits(self._nproc(limits, uid))
         if self.prlimit:
-            return [self.prlimit, *(f"--{k}={v}" for k, v in values.items()), "--", *argv]
+            options = (
+                f"--{k}={v[0]}:{v[1]}" if isinstance(v, tuple) else f"--{k}={v}" for k, v in values.items()
+            )
+            return [self.prlimit, *options, "--", *argv]
         # No util-linux prlimit (e.g. macOS): a tiny Python shim sets the limits and execs.
         return [sys.executable, "-m", "kernmind.execution.rlimit_exec", repr(values), "--", *argv]
 
@@ -309,6 +340,8 @@ class Sandbox:
         if not self.allow_network:
             args.append("--unshare-net")
         args += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+        if self.seccomp is not None:
+            args += ["--seccomp", "9"]
 
         made: set[str] = {"/"}  # every path that exists inside: binds and the directories made for them
         bound: set[str] = set()  # binds only: a path under one of these is already visible
@@ -401,6 +434,7 @@ class Sandbox:
             "network": "allowed" if self.allow_network else "blocked",
             "runs_as": "a dedicated uid per sandbox" if self.drops_privileges else "the server's user",
             "gpu": self.gpu.describe() if self.gpu else None,
+            "seccomp": "code cannot change its file-size limit" if self.seccomp else None,
             "limits": {
                 "memory_mb": self.limits.memory_mb,
                 "cpu_seconds": self.limits.cpu_seconds,
@@ -409,6 +443,36 @@ class Sandbox:
                 "max_open_files": self.limits.max_open_files,
             },
         }
+
+
+# One shell in front of the command, when needed: it writes its own pid into each control
+# group's cgroup.procs (so the command is in the group from its first instruction, whatever
+# uid it drops to later), opens the seccomp filter as descriptor 9 for bwrap, and execs.
+_JOIN = 'f=$1; shift; while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; '
+
+
+def _launcher(argv: list[str], seccomp: str | None, join: Sequence[str | Path]) -> list[str]:
+    if seccomp is None and not join:
+        return argv
+    run = 'exec "$@" 9<"$f"' if seccomp is not None else 'exec "$@"'
+    return ["/bin/sh", "-c", _JOIN + run, "kernmind-sandbox", seccomp or "", *map(str, join), "--", *argv]
+
+
+def _seccomp_file() -> str | None:
+    """The file holding kernmind's seccomp filter for this machine (None: none for it)."""
+    try:
+        from kernmind.execution import seccomp
+    except ImportError:  # this module copied on its own (the unprivileged-user test)
+        return None
+
+    data = seccomp.program()
+    if data is None:
+        return None
+    try:
+        return seccomp.filter_file(data)
+    except OSError as exc:
+        log.warning("cannot write the seccomp filter (%s); sandboxes run without it", exc)
+        return None
 
 
 def _dedupe(paths: Sequence[Path | str]) -> list[str]:

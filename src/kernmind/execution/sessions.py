@@ -46,7 +46,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -57,6 +57,9 @@ from kernmind.execution.packages.layer import Layer
 from kernmind.execution.session_caps import Caps, MakingRoom
 from kernmind.execution.store import LOCAL_OWNER, Meta, SessionHome, SessionStore, StoredSession, ago
 from kernmind.execution.workspace import Workspace, off_loop
+
+if TYPE_CHECKING:
+    from kernmind.execution.session_limits import SessionLimits
 
 __all__ = ["DEFAULT_SESSION", "LOCAL_OWNER", "Session", "SessionError", "SessionRegistry", "check_session_id"]
 
@@ -100,6 +103,7 @@ class Session:
     new_layer: Callable[[], Layer] | None = field(default=None, repr=False)
     running: anyio.CancelScope | None = None  # the call in progress
     last_call: tuple[str, Any] | None = None  # (code, RunResult) to add to the history on release
+    limits: SessionLimits | None = field(default=None, repr=False)  # its control group, its write block
 
     @property
     def key(self) -> tuple[str, str]:

@@ -5,10 +5,18 @@
 - **Time limit**: at ``call.timeout`` the run is cancelled and the runner interrupts the
   code; ``status: "timeout"``, and ``state_preserved`` says whether the session's state
   survived (the runner decides: interrupted cleanly, replaced, or a process killed).
-- **Workspace quota**: the working directory's disk use is checked while the code runs
-  (every 0.5 s, less often when the tree is so big that checking costs: the period is
-  kept at ≥ 5× the time one check takes); growing it past the quota stops the code with
+- **Workspace quota** (``quota.py``): measured before the call (unless nothing of the
+  session can have written since the last measurement) and after it; over the quota, the
+  session's writes are blocked by the kernel (RLIMIT_FSIZE 0) and every result says how far
+  over it is and what to delete. While the code runs, the size is sampled (every 0.5 s, less
+  often when the tree is so big that checking costs: the period is kept at ≥ 5× the time one
+  check takes); growing it past the quota blocks writes and stops the code with
   ``WorkspaceQuotaExceeded``. Code that does not grow it (clean-up) runs even when over.
+- **Session memory** (``session_limits.py``): where the session has a control group, the
+  kernel's out-of-memory killer counts for it; when it stopped a process of the session
+  (during the call, or between calls), the rest of the session is stopped too and the
+  result says so (``MemoryLimitExceeded``). While the runner runs, ``current_limits`` names
+  the session's limits, so every sandbox it starts joins the session's group.
 - **Progress**: about once a second, the latest output line (or elapsed time).
 - **Closing**: ``close_session`` cancels the call's scope; the result is ``SessionClosed``.
 - **Client cancellation** (or server shutdown): the code is interrupted, then the
@@ -26,9 +34,11 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
+from kernmind.execution import quota as workspace_quota
 from kernmind.execution.filescan import Scan, changed_since
 from kernmind.execution.results import FileInfo, RunResult
 from kernmind.execution.runners.base import Call, Runner
+from kernmind.execution.session_limits import SessionLimits, current_limits
 from kernmind.execution.workspace import QuotaExceeded, guess_mime
 
 log = logging.getLogger(__name__)
@@ -36,6 +46,7 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str, float], Awaitable[None]]
 
 QUOTA_PERIOD = 0.5  # seconds between workspace size checks while code runs (at least)
+MEMORY_PERIOD = 0.25  # seconds between looks at the session's out-of-memory count while code runs
 PREPARE_GRACE = 90.0  # seconds a runner may take to get an interpreter ready before the code starts
 SCAN_BUDGET = 0.25  # seconds the post-call change scan may take
 MAX_LISTED_FILES = 50
@@ -59,10 +70,17 @@ def _only(group: BaseExceptionGroup) -> BaseException:
 
 async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Progress | None) -> RunResult:
     started_ns = time.time_ns()
-    stop: str | None = None  # "timeout" | "quota" | "closed"
+    stop: str | None = None  # "timeout" | "quota" | "memory" | "closed"
     quota: QuotaExceeded | None = None
     interrupted: bool | None = None
     session = call.session
+    limits: SessionLimits | None = session.limits
+    start_usage: int | None = None
+    if limits is not None:
+        if limits.memory_exceeded():  # a process left running between calls went over
+            await anyio.to_thread.run_sync(limits.stop)
+            call.notes.append(f"between calls, {limits.memory_note(runner.language)}")
+        start_usage = await workspace_quota.before_call(limits, session.workspace, quota_bytes)
 
     async with anyio.create_task_group() as tg:
         run_scope = anyio.CancelScope()
@@ -70,15 +88,31 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
         async def watch_quota() -> None:
             nonlocal stop, quota
             try:
-                await _watch_quota(call, quota_bytes)
+                await _watch_quota(call, quota_bytes, start_usage)
             except QuotaExceeded as exc:
+                if limits is not None:  # at once: what the interrupt does not stop cannot write on
+                    await anyio.to_thread.run_sync(limits.block_writes)
                 stop, quota = "quota", exc
                 run_scope.cancel()
+
+        async def watch_memory() -> None:
+            nonlocal stop
+            if limits is None:
+                return
+            while True:
+                await anyio.sleep(MEMORY_PERIOD)
+                if limits.memory_exceeded():
+                    await anyio.to_thread.run_sync(limits.stop)
+                    stop = stop or "memory"
+                    run_scope.cancel()
+                    return
 
         ticker = _ProgressTicker(call, progress)
         tg.start_soon(ticker.run)
         tg.start_soon(watch_quota)
+        tg.start_soon(watch_memory)
         session.running = run_scope
+        token = current_limits.set(limits)
         try:
             with run_scope:
                 # The limit counts from when the code starts; getting an interpreter ready
@@ -88,6 +122,8 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
                     def start_clock() -> None:
                         deadline.deadline = anyio.current_time() + call.timeout
                         ticker.start()
+                        if limits is not None:
+                            limits.enforce()  # a kernel that just joined the session gets the write block
 
                     call.on_begin.append(start_clock)
                     if not getattr(runner, "prepares", False):
@@ -95,6 +131,10 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
                     await runner.execute(call)
                 if deadline.cancelled_caught:
                     stop = "timeout"
+            if stop is None and limits is not None and limits.memory_exceeded():
+                # The killer struck as the code ended (the kernel may have died of it).
+                await anyio.to_thread.run_sync(limits.stop)
+                stop = "memory"
             if run_scope.cancelled_caught and stop is None:
                 stop = "closed"
         except BaseException:
@@ -105,6 +145,7 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
                 await runner.settle(call)
             raise
         finally:
+            current_limits.reset(token)
             session.running = None
             tg.cancel_scope.cancel()
 
@@ -115,7 +156,7 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
             interrupted = await runner.interrupt(call)
         if not session.closed:
             await runner.settle(call)
-        return await _result(runner, call, stop, quota, interrupted, started_ns)
+        return await _result(runner, call, stop, quota, interrupted, started_ns, quota_bytes)
 
 
 class _ProgressTicker:
@@ -145,17 +186,16 @@ class _ProgressTicker:
                 log.debug("progress notification failed: %s", exc)
 
 
-async def _watch_quota(call: Call, limit: int) -> None:
-    """Return never; raise ``QuotaExceeded`` once the call has grown the directory past ``limit``.
-    The first sample comes a period after the start, so a short call costs no walk; the size
-    before the call comes from the last call's scan when there is one."""
+async def _watch_quota(call: Call, limit: int, before: int | None) -> None:
+    """Return never; raise ``QuotaExceeded`` once the call has grown the directory (with its
+    runtime directory) past ``limit``. The first sample comes a period after the start, so a
+    short call costs no walk (the measurement after the call covers it); ``before`` is the
+    size the call started from (measured before it; None: the first sample's)."""
     if limit <= 0:
         await anyio.sleep_forever()
     while call.session.workspace is None:  # noqa: ASYNC110 (an interpreter is being made ready; its directory comes with it)
         await anyio.sleep(QUOTA_PERIOD)
-    last = call.session.workspace.last_scan
-    before = last.bytes_used if last is not None else await call.session.workspace.ausage()
-    baseline: int | None = None
+    baseline = before
     while True:
         await anyio.sleep(QUOTA_PERIOD)
         workspace = call.session.workspace
@@ -164,8 +204,8 @@ async def _watch_quota(call: Call, limit: int) -> None:
         t = time.perf_counter()
         tree, accounted = await workspace.ausage_parts()
         took = time.perf_counter() - t
-        if baseline is None:  # the other writable directories as they are now: they hardly change
-            baseline = before + (accounted if last is not None else 0)
+        if baseline is None:
+            baseline = min(tree + accounted, limit)
         # Stop code that grows the directory past the limit, not code that merely runs
         # while it is over (so a call that deletes files, or only reads them, still works).
         if tree + accounted > max(limit, baseline):
@@ -180,6 +220,7 @@ async def _result(
     quota: QuotaExceeded | None,
     interrupted: bool | None,
     started_ns: int,
+    quota_bytes: int,
 ) -> RunResult:
     collector = call.collector
     notes = call.notes
@@ -206,6 +247,10 @@ async def _result(
         assert quota is not None
         status, state_preserved = "error", interrupted
         collector.set_error("WorkspaceQuotaExceeded", quota.message(), "")
+    elif stop == "memory":
+        assert call.session.limits is not None
+        status, state_preserved = "error", False
+        collector.set_error("MemoryLimitExceeded", call.session.limits.memory_note(runner.language), "")
     elif stop == "closed":
         status, state_preserved = "error", False
         collector.set_error(
@@ -215,6 +260,10 @@ async def _result(
         )
     files, more = await _changed_files(call, started_ns)
     notes.extend(n for n in (more, collector.omitted_note()) if n)
+    if call.session.limits is not None and not call.session.closed:
+        notes.extend(
+            await workspace_quota.after_call(call.session.limits, call.session.workspace, quota_bytes)
+        )
     return RunResult(
         status=status,  # type: ignore[arg-type]
         language=runner.language,

@@ -71,8 +71,9 @@ class QuotaExceeded(Exception):
     def message(self) -> str:
         mib = 1024 * 1024
         return (
-            f"the working directory holds {self.used // mib} MiB, over the {self.limit // mib} MiB limit; "
-            "the code was stopped. Delete files you no longer need."
+            f"the code grew the session's files to {self.used // mib} MiB, past its {self.limit // mib} MiB "
+            "workspace quota (--workspace-mb), and was stopped; writing files is blocked until files are "
+            "deleted (the notes say which)."
         )
 
 

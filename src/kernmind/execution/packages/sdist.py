@@ -1,13 +1,20 @@
-"""Builds from source (``--allow-sdist``): the whole install runs inside a sandbox.
+"""Builds from source (``--allow-sdist``): the whole install runs inside a sandbox with no network.
 
 Building an sdist runs the package's own code (its build backend, ``setup.py``), so it is
 treated like any other untrusted code: uv itself runs inside ``Sandbox.wrap`` as a fresh
 unprivileged uid, in a private scratch directory (the sandbox's ``/workspace``) with a
 private uv cache — never the shared one, which a build could otherwise poison for every
 later session. The interpreter, the uv binary, the stub wheels and local find-links
-directories are mounted read-only. The sandbox gets the network only when a configured
-package source is remote (it has to download the sdist and its build requirements);
-with a local wheelhouse the build runs with no network at all.
+directories are mounted read-only.
+
+The sandbox never has the network, loopback of the host included (its own network
+namespace: a build backend cannot reach kernmind's port, a database or the index on
+127.0.0.1). When a package source is remote, the server first downloads what the build
+needs into the scratch directory (``fetch.py``: reading files, running nothing of them)
+and the sandboxed uv resolves and builds offline from there and the local find-links
+directories. A package whose dependencies only its build can tell gets a second (and
+third) round: the offline resolution names what it did not find, the server fetches it,
+uv tries again.
 
 What the build produced is then moved into the session's layer by the server, through
 ``merge_untrusted_tree`` (regular files only, no symlinks, no setuid bits, owned by the
@@ -30,6 +37,7 @@ from pathlib import Path
 import anyio
 from packaging.requirements import Requirement
 
+from kernmind.execution.packages.fetch import Fetcher, Target, missing_projects
 from kernmind.execution.packages.layer import distributions_in, merge_untrusted_tree
 from kernmind.execution.packages.policy import PackageError, PackageSources
 from kernmind.execution.packages.python import Installed, PythonTarget, Resolution, resolve_and_install
@@ -60,7 +68,12 @@ class SandboxUv:
         )
         with anyio.fail_after(timeout):
             proc = await anyio.run_process(cmd.argv, env=cmd.env, cwd=cmd.cwd, check=False)
-        return proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+        err = proc.stderr.decode(errors="replace")
+        if proc.returncode != 0:
+            self.last_error = err
+        return proc.returncode, proc.stdout.decode(errors="replace"), err
+
+    last_error: str = ""
 
 
 async def build_in_sandbox(
@@ -79,8 +92,7 @@ async def build_in_sandbox(
 
     Returns the resolution and the paths that were not taken over (symlinks, special files).
     """
-    network = sources.remote
-    box = replace(sandbox, allow_network=network) if sandbox.isolated else sandbox
+    box = replace(sandbox, allow_network=False) if sandbox.isolated else sandbox
     uid = sandbox.allocate_uid()
     work = await anyio.to_thread.run_sync(_make_work_dir, uid, installed.base_stubs)
     try:
@@ -88,33 +100,48 @@ async def build_in_sandbox(
             "HOME": sandbox.workspace_path(work),
             "UV_NO_PROGRESS": "1",
             "UV_PYTHON_DOWNLOADS": "never",
+            "UV_OFFLINE": "1",
             "NO_COLOR": "1",
         }
-        if network:  # proxies and certificates, not the host's PATH or HOME
-            env.update({k: v for k, v in proxy_env.items() if k not in ("PATH", "HOME")})
         if target.pythonpath:
             env["PYTHONPATH"] = os.pathsep.join(target.pythonpath)
+        downloads = work / "downloads"
         ro = [uv_binary, *target.paths, *sources.local_dirs]
         runner = SandboxUv(box, uv_binary, work, ro, env, uid)
-        try:
-            resolution = await resolve_and_install(
-                runner,
-                requirements,
-                target=target,
-                installed=replace(installed, base_stubs=work / "scratch" / "base-stubs"),
-                sources=sources,
-                install_dir=work / "out",
-                cache_dir=work / "cache",
-                scratch=work / "scratch",
-                wheels_only=False,
-                timeout=timeout,
-            )
-        except PackageError as exc:
-            if exc.kind == "installer":
-                raise PackageError(
-                    "build_failed", f"building from source (inside the sandbox) failed: {exc.message}"
-                ) from None
-            raise
+        offline = PackageSources(None, (), (runner.path(downloads), *sources.local_dirs))
+        fetcher: Fetcher | None = None
+        if sources.remote:
+            python = await anyio.to_thread.run_sync(Target.probe, target.executable)
+            fetcher = Fetcher(sources, python, installed.available, downloads, proxy_env)
+            await anyio.to_thread.run_sync(fetcher.fetch, requirements)
+        await anyio.to_thread.run_sync(_make_downloads, downloads)
+        for attempt in range(FETCH_ROUNDS):
+            try:
+                resolution = await resolve_and_install(
+                    runner,
+                    requirements,
+                    target=target,
+                    installed=replace(installed, base_stubs=work / "scratch" / "base-stubs"),
+                    sources=offline,
+                    install_dir=work / "out",
+                    cache_dir=work / "cache",
+                    scratch=work / "scratch",
+                    wheels_only=False,
+                    timeout=timeout,
+                )
+                break
+            except PackageError as exc:
+                missing = [
+                    m for m in missing_projects(runner.last_error) if fetcher and m not in fetcher.fetched
+                ]
+                if fetcher is not None and missing and attempt + 1 < FETCH_ROUNDS:
+                    await anyio.to_thread.run_sync(fetcher.fetch, [Requirement(m) for m in missing])
+                    continue
+                if exc.kind == "installer":
+                    raise PackageError(
+                        "build_failed", f"building from source (inside the sandbox) failed: {exc.message}"
+                    ) from None
+                raise
         out = work / "out"
         if not out.is_dir():
             return resolution, []
@@ -126,6 +153,14 @@ async def build_in_sandbox(
     finally:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(_remove, work)
+
+
+FETCH_ROUNDS = 3  # offline resolutions, each after fetching what the previous one missed
+
+
+def _make_downloads(downloads: Path) -> None:
+    downloads.mkdir(exist_ok=True)
+    os.chmod(downloads, 0o755)
 
 
 def _make_work_dir(uid: int | None, base_stubs: Path) -> Path:

@@ -45,6 +45,7 @@ from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.runners.base import RuntimeUnavailable
 from kernmind.execution.sandbox import DEFAULT_PATH, Mount, Sandbox, SandboxedCommand
+from kernmind.execution.session_limits import current_limits
 from kernmind.execution.workspace import Workspace
 
 HELPER_PREFIX = ".km-"
@@ -241,7 +242,9 @@ class Context:
         layer: Layer | None = None,
     ) -> SandboxedCommand:
         """``argv`` in the sandbox; with ``layer``, the session's installed Python packages are
-        mounted read-only, on ``PYTHONPATH`` and (their scripts) on ``PATH``."""
+        mounted read-only, on ``PYTHONPATH`` and (their scripts) on ``PATH``. Inside a call
+        (``current_limits``), the process joins the session's control group and gets its write
+        block (``session_limits.py``)."""
         env = dict(env)
         mounts: list[Mount] = []
         path = env.get("PATH", DEFAULT_PATH)
@@ -254,8 +257,16 @@ class Context:
             env.update(self.guard.environment(self.sandbox, path))
         else:
             env["PATH"] = path
+        session = current_limits.get()
         return self.sandbox.wrap(
-            argv, workspace=workspace.root, env=env, ro_paths=ro_paths, uid=workspace.owner_uid, mounts=mounts
+            argv,
+            workspace=workspace.root,
+            env=env,
+            ro_paths=ro_paths,
+            uid=workspace.owner_uid,
+            mounts=mounts,
+            limits=session.sandbox_limits(self.sandbox.limits) if session is not None else None,
+            join=session.join_files() if session is not None else (),
         )
 
 

@@ -132,6 +132,8 @@ class PythonRunner:
 
     async def release(self, session: Session) -> None:
         kernel = session.state.pop(LANGUAGE, None)
+        if session.limits is not None:
+            session.limits.untrack(LANGUAGE)
         if kernel is not None:
             kernel.closed = True  # a call still reading from it ends now
             self.pool.release(kernel)
@@ -230,7 +232,9 @@ class PythonRunner:
 
     async def _acquire(self, session: Session) -> Kernel:
         """A kernel bound to the session's files, with its installed packages (importable at once)."""
-        kernel = await self.pool.acquire(session.workspace, layer=session.packages)
+        kernel = await self.pool.acquire(session.workspace, layer=session.packages, limits=session.limits)
+        if session.limits is not None and isinstance(kernel, Kernel):  # (a gateway's run elsewhere)
+            session.limits.track(LANGUAGE, kernel.root_pids())
         if kernel.layer is not None:
             session.packages = kernel.layer
             if not await anyio.to_thread.run_sync(kernel.layer.is_empty):

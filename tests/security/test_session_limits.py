@@ -1,0 +1,414 @@
+"""One principal cannot take more than its session's share: memory, processes, disk (issue 23).
+
+A real `kernmind serve --transport http --tokens FILE` with two principals, alice and bob,
+bubblewrap sandboxes and tight limits (`--memory-mb 300 --workspace-mb 60 --max-processes 64`).
+Alice attacks; bob (another principal, on the same server) keeps working meanwhile. Where the
+host lets the server make control groups (root in CI), a session's processes and its
+in-memory `/tmp` and `/dev/shm` share one memory limit and one process limit; a second
+server with `--cgroups none` shows the fallback (per-process limits only) and that the
+workspace quota holds without groups too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+
+from kernmind.execution.cgroups import CgroupSupport
+from kernmind.execution.sandbox import Sandbox
+from kernmind.principals import TokenFile
+from tests.conftest import structured
+from tests.transport.procs import HttpServer, http_client, start_http, wait_until
+
+SUPPORT = CgroupSupport.detect()
+GROUPS = SUPPORT.active
+SUPPORT.close()
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.xdist_group("limits"),
+    pytest.mark.skipif(Sandbox.detect("auto").backend != "bwrap", reason="bubblewrap is not usable here"),
+]
+needs_groups = pytest.mark.skipif(not GROUPS, reason=f"no control groups here: {SUPPORT.reason}")
+
+MIB = 2**20
+LIMITS = ["--memory-mb", "300", "--workspace-mb", "60", "--max-processes", "64", "--timeout", "60"]
+# No preloads: with 300 MiB the fork-server template would drop them anyway (they use over half).
+FLAGS = ["--sandbox", "required", "--preload", "[]", "--embedding-model", "none", *LIMITS]
+
+
+class Deployment:
+    def __init__(self, server: HttpServer, tokens: dict[str, str]) -> None:
+        self.server = server
+        self.tokens = tokens
+
+    def client(self, who: str) -> Client:
+        return http_client(self.server.url, {"Authorization": f"Bearer {self.tokens[who]}"}, "auto")
+
+
+def deploy(tmp: Path, *extra: str) -> Deployment:
+    tokens_file = tmp / "tokens.json"
+    file = TokenFile(tokens_file)
+    tokens = {name: file.add(name, []) for name in ("alice", "bob")}
+    return Deployment(start_http(tmp, "--tokens", str(tokens_file), *FLAGS, *extra), tokens)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    d = deploy(tmp_path_factory.mktemp("limits"))
+    try:
+        yield d
+    finally:
+        d.server.stop()
+        # The server removed every control group it made.
+        assert wait_until(lambda: not server_group_dirs(d.server.proc.pid), 10), server_group_dirs(
+            d.server.proc.pid
+        )
+
+
+@pytest.fixture(scope="module")
+def fallback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    d = deploy(tmp_path_factory.mktemp("limits-none"), "--cgroups", "none", "--no-fork-server")
+    try:
+        yield d
+    finally:
+        d.server.stop()
+
+
+@pytest.fixture
+async def alice(deployment: Deployment) -> AsyncIterator[Client]:
+    async with deployment.client("alice") as c:
+        yield c
+
+
+@pytest.fixture
+async def bob(deployment: Deployment) -> AsyncIterator[Client]:
+    async with deployment.client("bob") as c:
+        yield c
+
+
+async def run(client: Client, code: str, session: str, language: str = "python", **kw: Any) -> dict[str, Any]:
+    args = {"code": code, "session_id": session, "language": language, **kw}
+    return structured(await client.call_tool("run_code", args))
+
+
+async def bob_keeps_working(bob: Client, stop: anyio.Event, session: str = "bob-work") -> list[float]:
+    """Bob's calls while alice attacks: each must answer right (returns their durations)."""
+    times = []
+    n = 0
+    while not stop.is_set():
+        n += 1
+        started = time.monotonic()
+        out = await run(bob, f"{n} * 2", session)
+        times.append(time.monotonic() - started)
+        assert out["status"] == "ok" and out["results"][0]["text"] == str(n * 2), out
+        await anyio.sleep(0.2)
+    return times
+
+
+async def while_bob_works(bob: Client, attack: Any) -> Any:
+    """Run ``attack()`` while bob makes calls; bob's calls all answer; returns the attack's result."""
+    stop = anyio.Event()
+    result: list[Any] = []
+    async with anyio.create_task_group() as tg:
+
+        async def attack_then_stop() -> None:
+            try:
+                result.append(await attack())
+            finally:
+                stop.set()
+
+        tg.start_soon(bob_keeps_working, bob, stop)
+        tg.start_soon(attack_then_stop)
+    return result[0]
+
+
+def server_group_dirs(server_pid: int) -> list[str]:
+    """The control-group directories a server made (``kernmind-<pid>-…``) that still exist."""
+    found = []
+    for root in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
+        for dirpath, dirnames, _ in os.walk(root):
+            found += [f"{dirpath}/{d}" for d in dirnames if d.startswith(f"kernmind-{server_pid}-")]
+            if dirpath.count("/") > 6:
+                dirnames.clear()
+    return found
+
+
+def processes_in_groups(server_pid: int) -> list[int]:
+    """Live processes inside the server's control groups."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            membership = (entry / "cgroup").read_text()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"/kernmind-{server_pid}-" in membership and state not in ("Z", "X"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def stopped_for_memory(out: dict[str, Any]) -> bool:
+    error = out.get("error") or {}
+    return (
+        out["status"] == "error"
+        and error.get("name") == "MemoryLimitExceeded"
+        and "more than its 300 MiB memory limit (--memory-mb) and was stopped" in error.get("value", "")
+    )
+
+
+# --- memory: one limit for the session's processes and its in-memory files ------------------------
+
+ATTACKS = {
+    # 45 files of 10 MiB: under the 512 MiB size of the tmpfs, over the session's 300 MiB.
+    "dev_shm": "for i in range(45):\n    open(f'/dev/shm/f{i}', 'wb').write(b'x' * 10 * 2**20)",
+    "tmp": "for i in range(45):\n    open(f'/tmp/f{i}', 'wb').write(b'x' * 10 * 2**20)",
+    # Two children of 200 MiB each: each under RLIMIT_DATA, together over the session's limit.
+    "child_processes": (
+        "import subprocess, sys\n"
+        "kids = [subprocess.Popen([sys.executable, '-c', 'b = bytearray(200 * 2**20); import time; time.sleep(20)'])"
+        " for _ in range(2)]\n"
+        "[k.wait() for k in kids]"
+    ),
+    # The kernel's own data plus files in /dev/shm.
+    "kernel_and_dev_shm": (
+        "keep = bytearray(150 * 2**20)\nfor i in range(20):\n    open(f'/dev/shm/g{i}', 'wb').write(b'x' * 10 * 2**20)"
+    ),
+}
+
+
+@needs_groups
+@pytest.mark.parametrize("where", sorted(ATTACKS))
+async def test_a_session_past_its_memory_is_stopped_and_told_why(
+    alice: Client, bob: Client, where: str
+) -> None:
+    session = f"mem-{where}"
+    await run(alice, "x = 'kept?'", session)
+    out = await while_bob_works(bob, lambda: run(alice, ATTACKS[where], session))
+    assert stopped_for_memory(out), out
+    assert "/tmp and /dev/shm count together" in out["error"]["value"]
+    assert out["state_preserved"] is False
+    # The session goes on, on a fresh interpreter (its variables are gone, as the result said).
+    again = await run(alice, "'x' in dir()", session)
+    assert again["status"] == "ok" and again["results"][0]["text"] == "False"
+
+
+@needs_groups
+async def test_memory_in_another_language_is_the_sessions_too(alice: Client, bob: Client) -> None:
+    out = await while_bob_works(
+        bob, lambda: run(alice, "head -c 450000000 /dev/zero > /dev/shm/big; echo done", "mem-bash", "bash")
+    )
+    assert stopped_for_memory(out) and "done" not in "".join(out["logs"]["stdout"]), out
+    assert (await run(alice, "echo fine", "mem-bash", "bash"))["logs"]["stdout"] == ["fine\n"]
+
+
+@needs_groups
+async def test_a_process_left_running_that_outgrows_the_session_is_stopped_between_calls(
+    alice: Client,
+) -> None:
+    """A background thread that keeps filling /dev/shm after its call returned: the next call
+    says the session was stopped for its memory."""
+    code = (
+        "import threading, time\n"
+        "def fill():\n"
+        "    for i in range(45):\n"
+        "        open(f'/dev/shm/bg{i}', 'wb').write(b'x' * 10 * 2**20); time.sleep(0.02)\n"
+        "threading.Thread(target=fill, daemon=True).start()"
+    )
+    assert (await run(alice, code, "mem-between"))["status"] == "ok"
+    await anyio.sleep(4)
+    out = await run(alice, "1 + 1", "mem-between")
+    assert any(
+        "between calls, the session used more than its 300 MiB memory limit" in n for n in out["notes"]
+    ), out
+    assert out["status"] == "ok" and out["results"][0]["text"] == "2"
+
+
+# --- processes -------------------------------------------------------------------------------------
+
+
+@needs_groups
+async def test_a_fork_bomb_stays_in_its_session(deployment: Deployment, alice: Client, bob: Client) -> None:
+    """The classic bash fork bomb hits the session's process limit; bob and the server keep
+    answering; closing the session leaves no process behind."""
+    pid = deployment.server.proc.pid
+    await run(bob, "1", "bob-work")
+    before = set(processes_in_groups(pid))
+    peak: list[int] = []
+
+    async def bomb() -> dict[str, Any]:
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                while True:
+                    peak.append(len(set(processes_in_groups(pid)) - before))
+                    await anyio.sleep(0.3)
+
+            tg.start_soon(watch)
+            out = await run(alice, ":(){ :|:& };:\nsleep 4", "forks", "bash", timeout=8)
+            tg.cancel_scope.cancel()
+        return out
+
+    out = await while_bob_works(bob, bomb)
+    assert out["status"] in ("ok", "timeout", "error")
+    # Alice's bomb reached the session's limit and no further (bob's calls add a few processes).
+    assert 40 <= max(peak) <= 64 + 8, peak
+    python_bomb = (
+        "import os\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            import time; time.sleep(60); os._exit(0)\n"
+        "        n += 1\nexcept OSError as e:\n    print(n, e.errno)"
+    )
+    out = await run(alice, python_bomb, "forks-py")
+    started, errno = map(int, "".join(out["logs"]["stdout"]).split())
+    assert started < 64 and errno == 11, out  # EAGAIN at the session's pids.max
+    for session in ("forks", "forks-py"):
+        structured(await alice.call_tool("close_session", {"session_id": session}))
+    # Nothing of the bombs is left in the server's groups.
+    assert wait_until(lambda: not set(processes_in_groups(pid)) - before, 10), (
+        set(processes_in_groups(pid)) - before
+    )
+    assert (await run(bob, "6 * 7", "bob-after-bomb"))["results"][0]["text"] == "42"
+
+
+# --- the workspace quota ----------------------------------------------------------------------------
+
+WRITE_150 = "import os\nfd = os.open('f{i}', os.O_WRONLY | os.O_CREAT)\nos.write(fd, b'\\1' * 150 * 2**20)"
+
+
+async def files_mib(client: Client, session: str) -> float:
+    listing = structured(await client.call_tool("list_files", {"session_id": session}))
+    return sum(f["size"] for f in listing["files"]) / MIB
+
+
+def over_note(out: dict[str, Any]) -> str:
+    notes = [n for n in out["notes"] if "over its 60 MiB workspace quota (--workspace-mb)" in n]
+    assert len(notes) == 1, out["notes"]
+    return notes[0]
+
+
+async def check_quota_holds(alice: Client, bob: Client, session: str) -> None:
+    results = [await run(alice, WRITE_150.format(i=i), session) for i in range(5)]
+    # One burst: the first write (over the quota) is all that lands; then nothing grows.
+    assert await files_mib(alice, session) <= 151
+    for out in results[1:]:
+        assert out["status"] == "error" and "File too large" in out["error"]["value"], out
+    note = over_note(results[-1])
+    assert "is 90 MiB over" in note and "Delete at least 90 MiB" in note and "f0 (150 MiB)" in note
+    # Other languages are blocked too (a new sandbox starts with the block).
+    bash = await run(alice, "head -c 1000000 /dev/zero > more.bin; ls -s more.bin", session, "bash")
+    over_note(bash)
+    assert await files_mib(alice, session) <= 151
+    # Bob is not alice: his session writes as usual.
+    assert (await run(bob, "open('b.bin', 'wb').write(b'2' * 10 * 2**20)", "bob-disk"))["results"][0][
+        "text"
+    ] == str(10 * MIB)
+    # Over the quota, code still runs and deletes; once under, writing works again.
+    cleaned = await run(
+        alice, "import os, glob\nfor f in glob.glob('*'): os.remove(f)\nsorted(os.listdir('.'))", session
+    )
+    assert cleaned["status"] == "ok" and any("back under its 60 MiB quota" in n for n in cleaned["notes"]), (
+        cleaned
+    )
+    after = await run(alice, "open('small.txt', 'w').write('fits')", session)
+    assert after["status"] == "ok" and after["notes"] == [], after
+
+
+async def test_repeated_writes_never_leave_more_than_one_burst_over_the_quota(
+    alice: Client, bob: Client
+) -> None:
+    await check_quota_holds(alice, bob, "quota")
+
+
+async def test_the_runtime_directory_counts_against_the_quota(alice: Client) -> None:
+    """300 MB written into /run/kernmind (a host directory) is stopped and blocked like the workspace."""
+    code = "for i in range(30):\n    open(f'/run/kernmind/fill{i}', 'wb').write(b'x' * 10 * 2**20)"
+    out = await run(alice, code, "runtime-dir")
+    assert out["status"] == "error"
+    note = over_note(out)
+    assert "in /run/kernmind" in note and "/run/kernmind/fill" in note
+    size = "import os\nsum(os.path.getsize(f'/run/kernmind/{f}') for f in os.listdir('/run/kernmind'))"
+    used = int((await run(alice, size, "runtime-dir"))["results"][0]["text"])
+    again = await run(alice, code, "runtime-dir")
+    assert again["status"] == "error" and "File too large" in again["error"]["value"]
+    # One burst (what was written before the sample that found it over), and not a byte more
+    # (opening fill0 again for writing truncated it: it may shrink).
+    assert int((await run(alice, size, "runtime-dir"))["results"][0]["text"]) <= used
+    await run(
+        alice, "import glob, os\nfor f in glob.glob('/run/kernmind/fill*'): os.remove(f)", "runtime-dir"
+    )
+
+
+async def test_writes_between_calls_are_caught_before_the_next_call(alice: Client) -> None:
+    """A thread that keeps writing after its call returned: the next call measures first, finds the
+    session over and blocks it; from then on it does not grow."""
+    code = (
+        "import threading, time, os\nerrors = []\n"
+        "def write():\n"
+        "    i = 0\n"
+        "    while True:\n"
+        "        try:\n"
+        "            with open(f'bg{i % 1000}', 'wb') as f: f.write(b'x' * 5 * 2**20)\n"
+        "        except OSError as e:\n"
+        "            errors.append(e.errno)\n"
+        "        i += 1; time.sleep(0.05)\n"
+        "threading.Thread(target=write, daemon=True).start()"
+    )
+    await run(alice, code, "between")
+    await anyio.sleep(2)
+    out = await run(alice, "1 + 1", "between")
+    over_note(out)
+    size = await files_mib(alice, "between")
+    await anyio.sleep(1.5)
+    late = await run(alice, "sorted(set(errors))", "between")
+    assert await files_mib(alice, "between") <= size + 0.1  # not growing once over
+    assert "27" in late["results"][0]["text"]  # EFBIG: the thread's writes fail
+    structured(await alice.call_tool("close_session", {"session_id": "between"}))
+
+
+# --- the fallback: no control groups -------------------------------------------------------------
+
+
+async def test_without_control_groups_per_process_limits_stay_and_the_quota_still_holds(
+    fallback: Deployment,
+) -> None:
+    async with fallback.client("alice") as alice, fallback.client("bob") as bob:
+        # RLIMIT_DATA still bounds each process: a single huge allocation fails, the session lives.
+        out = await run(alice, "x = bytearray(400 * 2**20)", "fb-mem")
+        assert out["status"] == "error" and out["error"]["name"] == "MemoryError"
+        # Nothing counts the session as a whole: two 200 MiB children together are not stopped.
+        kids = ATTACKS["child_processes"].replace("time.sleep(20)", "time.sleep(1)")
+        together = await run(alice, kids, "fb-mem")
+        assert together["status"] == "ok", together
+        await check_quota_holds(alice, bob, "fb-quota")
+
+
+def test_doctor_says_which_limits_hold_a_session(tmp_path: Path) -> None:
+    def doctor(*extra: str) -> dict[str, Any]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kernmind", "doctor", "--json", "--data-dir", str(tmp_path),
+             "--no-fork-server", "--embedding-model", "none", *extra],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(proc.stdout)
+
+    off = doctor("--cgroups", "none")["session_limits"]
+    assert off["mode"] == "none" and "per process only" in off["enforced"]
+    report = doctor()
+    limits = report["session_limits"]
+    if GROUPS:
+        assert limits["mode"] in ("v1", "v2") and "per session: memory 2048 MiB" in limits["enforced"]
+        assert report["live_test"]["in_control_group"] is True
+    else:
+        assert limits["mode"] == "none" and limits["reason"]
