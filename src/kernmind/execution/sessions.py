@@ -29,10 +29,18 @@ session leaves on disk is the store's (``store.py``).
   checkpointed once (``autosave`` hook), so a server killed later loses little.
 - ``ephemeral()``: a session for one ``--stateless`` call, never registered or stored,
   discarded after the call with everything in it.
+- **Bookkeeping never stops the server.** The reaper, autosave, unloading and the record
+  of each call write to the disk, which may be full (or failing, or read-only). None of
+  them raises out of the registry: a call whose history could not be written says so in a
+  note; a meta that could not be written is kept in memory and written at the next chance
+  (the reaper's next turn, the session's next call or load), so the server recovers by
+  itself once space is freed. Only creating a new session, which needs its directory,
+  is refused (``StorageError``, with a sentence).
 
 Error policy: what the model can fix (bad id, too many sessions, unknown session, a session
-in use by another server or by a job) raises ``SessionError`` (a ``ValueError``) with an
-actionable sentence.
+in use by another server or by a job, a disk too full for a new session) raises
+``SessionError``/``StorageError`` (``ValueError``s) with an actionable sentence. The
+reaper logs what fails and goes on.
 """
 
 from __future__ import annotations
@@ -43,11 +51,12 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
 
+from kernmind.diskio import StorageError, disk_sentence, disk_trouble, with_room
 from kernmind.execution import history
 from kernmind.execution.errors import SessionError
 from kernmind.execution.packages.layer import Layer
@@ -59,6 +68,8 @@ __all__ = ["DEFAULT_SESSION", "LOCAL_OWNER", "Session", "SessionError", "Session
 log = logging.getLogger(__name__)
 
 DEFAULT_SESSION = "default"
+RESERVE_DELAY = 2.0  # seconds after start before the disk reserve is taken (diskio.Reserve)
+T = TypeVar("T")
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -89,6 +100,7 @@ class Session:
     closed: bool = False
     resumed: bool = False  # loaded from the store: its variables may come back
     dirty: bool = False  # code ran since the last checkpoint
+    meta_unsaved: bool = False  # its meta could not be written (a full disk): written at the next chance
     pending_notes: list[str] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)  # per-runner state, keyed by language
     workspace: Workspace | None = None
@@ -155,6 +167,8 @@ class SessionRegistry:
         self.sessions: dict[tuple[str, str], Session] = {}
         self.jobs: dict[tuple[str, str], str] = {}  # (owner, session id) -> the job that has it
         self._reaped: set[tuple[str, str]] = set()  # unstored sessions closed for idleness (for a note)
+        # Metas of unloaded sessions that could not be written (a full disk): written at the next chance.
+        self._unsaved: dict[tuple[str, str], tuple[SessionHome, Meta]] = {}
         self._loading = anyio.Lock()
 
     # --- lifecycle ----------------------------------------------------------------
@@ -165,13 +179,27 @@ class SessionRegistry:
         return max(0.5, min(60.0, self.idle_timeout / 4, self.autosave_after / 2))
 
     async def _reap_loop(self) -> None:
+        await anyio.sleep(min(RESERVE_DELAY, self._period()))  # after the handshake and a first call
         while True:
+            if self.store is not None and self.store.reserve is not None:
+                reserve = self.store.reserve
+                await off_loop(reserve.take, timeout=None)  # (back) once the disk has room
             await anyio.sleep(self._period())
-            now = time.monotonic()
-            for s in list(self.sessions.values()):
-                idle = now - s.last_used
-                if s.busy or s.lock.locked():
-                    continue
+            await self._reap_once()
+
+    def _with_room(self, write: Callable[[], T]) -> T:
+        """``write()``, given the store's reserve when the disk is full (blocking)."""
+        return with_room(self.store.reserve if self.store is not None else None, write)
+
+    async def _reap_once(self) -> None:
+        """One turn: unload idle sessions, autosave idle dirty ones, write what could not be
+        written before. Nothing that fails here stops the loop (or the server)."""
+        now = time.monotonic()
+        for s in list(self.sessions.values()):
+            idle = now - s.last_used
+            if s.busy or s.lock.locked():
+                continue
+            try:
                 if idle > self.idle_timeout:
                     log.info("unloading session %r after %.0fs idle (its files stay)", s.id, idle)
                     s.pending_notes.clear()
@@ -181,14 +209,29 @@ class SessionRegistry:
                         if not s.closed and not s.busy:
                             s.dirty = False
                             await self.hooks.autosave(s)
+                elif s.meta_unsaved and not s.closed:
+                    await self._save_meta(s)
+            except Exception:
+                log.exception("looking after idle session %r failed; the server goes on", s.id)
+        if self._unsaved:
+            try:
+                await self._write_unsaved()
+            except Exception:
+                log.exception("writing the metas that could not be written failed; will retry")
 
     async def unload_all(self) -> None:
-        """Server stop: save and stop every live session, keeping their files."""
+        """Server stop: save and stop every live session, keeping their files (``unload``
+        never raises, so one session's full disk does not stop the others' saves)."""
         sessions = list(self.sessions.values())
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
                 for s in sessions:
                     tg.start_soon(self.unload, s)
+            if self._unsaved:  # one last try (space may have come back meanwhile)
+                try:
+                    await self._write_unsaved()
+                except Exception as exc:
+                    log.warning("could not write every session's meta at shutdown: %s", exc)
 
     # --- queries --------------------------------------------------------------------
     def live(self, session_id: str | None, owner: str = LOCAL_OWNER) -> Session | None:
@@ -321,12 +364,20 @@ class SessionRegistry:
             if not stored:
                 await off_loop(lambda: store.check_room(owner, sid, set(self.sessions)), timeout=None)
             home = store.home(owner, sid)
-            await off_loop(home.claim, timeout=None)
             try:
-                meta = home.load_meta()
+                await off_loop(home.claim, timeout=None)
+                unsaved = self._unsaved.get((owner, sid))
+                meta = unsaved[1] if unsaved is not None else home.load_meta()
                 workspace = await off_loop(lambda: self.hooks.open_home(home), timeout=None)
-            except BaseException:
+            except BaseException as exc:
+                if not stored and home.held:  # a half-made new session of ours is no session
+                    await off_loop(home.delete, timeout=None)
                 home.release()
+                if isinstance(exc, OSError) and disk_trouble(exc):
+                    what = f"{'create' if not stored else 'load'} session {sid!r}"
+                    raise StorageError(
+                        disk_sentence(exc, what, kept="Your other sessions are intact.")
+                    ) from exc
                 raise
             session = Session(
                 sid,
@@ -340,8 +391,9 @@ class SessionRegistry:
             if stored:
                 session.resumed = True
                 session.pending_notes.append(resumed_note(meta))
-            else:
-                await off_loop(lambda: home.save_meta(meta), timeout=None)
+            self._unsaved.pop((owner, sid), None)
+            if not stored or unsaved is not None:
+                await self._save_meta(session)  # a failure is retried later: the session works meanwhile
             self.sessions[session.key] = session
             return session
 
@@ -370,28 +422,89 @@ class SessionRegistry:
 
     async def _touch(self, session: Session) -> None:
         """Record the call in the session's home: its history (for export_notebook) and meta
-        (last used, size from the call's scan), in one trip off the event loop."""
+        (last used, size from the call's scan), in one trip off the event loop. What cannot be
+        written (a full disk) is said in the call's notes; the meta is written later."""
         call, session.last_call = session.last_call, None
         if session.home is None or session.meta is None or session.closed:
             return
         meta = session.meta
         meta.last_used = time.time()
+        if session.dirty and meta.unsaved_since is None:
+            meta.unsaved_since = meta.last_used  # variables the next save must keep
         scan = session.workspace.last_scan if session.workspace else None
         if scan is not None and scan.complete:
             meta.bytes, meta.files = scan.bytes_used, len(scan.files)
         home = session.home
 
-        def save() -> None:
-            if call is not None:
-                history.record(home.history, *call)
-            home.save_meta(meta)
+        def save() -> OSError | None:
+            failed = history.record(home.history, *call) if call is not None else None
+            try:
+                self._with_room(lambda: home.save_meta(meta))
+            except OSError as exc:
+                log.warning("could not write the meta of session %r: %s", session.id, exc)
+                session.meta_unsaved = True
+                return failed or exc
+            session.meta_unsaved = False
+            return failed
 
         with anyio.CancelScope(shield=True):
-            await off_loop(save, timeout=None)
+            failed = await off_loop(save, timeout=None)
+        if failed is not None and call is not None:
+            note = disk_sentence(
+                failed,
+                "record this call in the session's history (export_notebook will miss it)",
+                kept="The call ran and its files are kept.",
+            )
+            call[1].notes.append(
+                note or f"this call could not be recorded in the session's history ({failed.strerror})."
+            )
+
+    async def _save_meta(self, session: Session) -> bool:
+        """Write the session's meta now; on failure keep it for the next chance (False)."""
+        home, meta = session.home, session.meta
+        if home is None or meta is None:
+            return True
+        try:
+            await off_loop(lambda: self._with_room(lambda: home.save_meta(meta)), timeout=None)
+        except OSError as exc:
+            log.warning("could not write the meta of session %r (will retry): %s", session.id, exc)
+            session.meta_unsaved = True
+            return False
+        session.meta_unsaved = False
+        return True
+
+    async def _write_unsaved(self) -> None:
+        """Write the metas of unloaded sessions that could not be written when they were
+        unloaded (the disk was full): take the session's lock, write, let go. A session that
+        another server has taken meanwhile keeps that server's meta."""
+        async with self._loading:
+            for key, (home, meta) in list(self._unsaved.items()):
+                if key in self.sessions:  # loaded again: its live meta is the newer one
+                    self._unsaved.pop(key, None)
+                    continue
+
+                def write(home: SessionHome = home, meta: Meta = meta) -> bool:
+                    try:
+                        home.claim()
+                    except (SessionError, OSError) as exc:  # another server has it, or it is gone
+                        log.info("not writing the meta of %r: %s", home.session_id, exc)
+                        return True
+                    try:
+                        self._with_room(lambda: home.save_meta(meta))
+                        return True
+                    except OSError as exc:
+                        log.info("the meta of %r still cannot be written: %s", home.session_id, exc)
+                        return False
+                    finally:
+                        home.release()
+
+                if await off_loop(write, timeout=None):
+                    self._unsaved.pop(key, None)
 
     # --- unloading and closing --------------------------------------------------------------
     async def unload(self, session: Session) -> None:
-        """Save and stop the session's interpreter; its files and the stored session stay."""
+        """Save and stop the session's interpreter; its files and the stored session stay.
+        Never raises: what cannot be saved is logged (and its meta written later)."""
         with anyio.CancelScope(shield=True):
             if self.sessions.get(session.key) is session:
                 del self.sessions[session.key]
@@ -402,14 +515,26 @@ class SessionRegistry:
                 await self.hooks.suspend(session)
             except Exception as exc:  # the files matter more than the snapshot
                 log.warning("saving session %r: %s", session.id, exc)
-            await _drop_packages(session)
+            try:
+                await _drop_packages(session)
+            except Exception as exc:
+                log.warning("removing the packages of session %r: %s", session.id, exc)
             home, meta, store = session.home, session.meta, self.store
             if home is not None and meta is not None and store is not None:
-                await off_loop(lambda: home.save_meta(store.refresh_size(home, meta)), timeout=None)
-                home.release()
+                try:
+                    meta = await off_loop(lambda: store.refresh_size(home, meta), timeout=None)
+                    await off_loop(lambda: self._with_room(lambda: home.save_meta(meta)), timeout=None)
+                except Exception as exc:  # a full disk: written at the next chance
+                    log.warning("could not write the meta of session %r (will retry): %s", session.id, exc)
+                    self._unsaved[session.key] = (home, meta)
+                finally:
+                    home.release()
             elif session.workspace is not None:  # not stored (sessions without a store): its files go
                 self._reaped.add(session.key)
-                await session.workspace.aremove()
+                try:
+                    await session.workspace.aremove()
+                except Exception as exc:
+                    log.warning("removing the files of session %r: %s", session.id, exc)
 
     async def close(self, session_id: str, *, owner: str = LOCAL_OWNER) -> bool:
         """Delete a session: stop the call running in it and its runners, and remove its files,
