@@ -40,6 +40,7 @@ from queue import Empty
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+import anyio.lowlevel
 
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernel_setup import setup_code
@@ -184,28 +185,93 @@ class ExecOutcome:
     execution_count: int | None = None
     exit_code: int | None = None
     detail: str | None = None  # why a kernel is gone, when "died" alone does not say it (remote kernels)
+    ignored: int = 0  # malformed messages of the kernel that were skipped (see ``Ignored``)
+    ignored_why: str | None = None  # what was wrong with the first one
+
+    def ignored_note(self) -> str | None:
+        """The note a result carries when malformed kernel messages were skipped."""
+        if not self.ignored:
+            return None
+        many = (
+            f"{self.ignored} malformed Jupyter messages"
+            if self.ignored > 1
+            else "a malformed Jupyter message"
+        )
+        return (
+            f"the kernel sent {many} during this call ({self.ignored_why}); "
+            "they were ignored and the rest of the output is shown."
+        )
+
+
+# What a message the kernel's code forged or broke raises while it is decoded or read.
+MALFORMED = (KeyError, ValueError, TypeError, AttributeError, IndexError, UnicodeError)
+
+
+class Ignored:
+    """Counts the malformed messages a loop skipped, keeping the first reason."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.why: str | None = None
+
+    def add(self, why: str) -> None:
+        self.count += 1
+        self.why = self.why or why[:200]
+
+    def into(self, outcome: ExecOutcome) -> ExecOutcome:
+        outcome.ignored, outcome.ignored_why = self.count, self.why
+        return outcome
+
+
+def message_parts(msg: Any) -> tuple[str, str | None, dict[str, Any]] | str:
+    """``(msg_type, parent msg_id, content)`` of a Jupyter message, or what is wrong with it.
+    Code in a kernel can send anything on its sockets: nothing here trusts a field's type."""
+    if not isinstance(msg, dict):
+        return "not a JSON object"
+    kind, parent, content = msg.get("msg_type"), msg.get("parent_header"), msg.get("content")
+    if not isinstance(kind, str):
+        return "no message type"
+    if parent is None:
+        parent = {}
+    if not isinstance(parent, dict) or not isinstance(content, dict):
+        return f"a {kind[:40]!r} message with a malformed header or content"
+    parent_id = parent.get("msg_id")
+    return kind, parent_id if isinstance(parent_id, str) else None, content
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def count_of(value: Any, count: int | None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else count
 
 
 def fold_output(msg: dict[str, Any], collector: OutputCollector, count: int | None) -> int | None:
     """Fold one iopub message of the running request (other than ``status``) into ``collector``;
-    the execution count, updated when the message carries one."""
-    kind = msg["msg_type"]
-    content = msg["content"]
+    the execution count, updated when the message carries one. Fields of the wrong type are
+    read as missing (see ``message_parts``)."""
+    parts = message_parts(msg)
+    if isinstance(parts, str):
+        return count
+    kind, _, content = parts
     if kind == "stream":
-        collector.stream(content.get("name", "stdout"), content.get("text", ""))
-    elif kind == "execute_result":
-        collector.display(content.get("data", {}), main=True)
-        count = content.get("execution_count", count)
-    elif kind in ("display_data", "update_display_data"):
-        collector.display(content.get("data", {}))
+        name = content.get("name")
+        collector.stream(name if name in ("stdout", "stderr") else "stdout", _text(content.get("text")))
+    elif kind in ("execute_result", "display_data", "update_display_data"):
+        data = content.get("data")
+        if isinstance(data, dict):  # (a display without a MIME bundle shows nothing)
+            collector.display(data, main=kind == "execute_result")
+        if kind == "execute_result":
+            count = count_of(content.get("execution_count"), count)
     elif kind == "error":
+        tb = content.get("traceback")
+        lines = [line for line in tb if isinstance(line, str)] if isinstance(tb, list) else []
         collector.set_error(
-            content.get("ename", "Error"),
-            content.get("evalue", ""),
-            "\n".join(content.get("traceback", [])),
+            _text(content.get("ename")) or "Error", _text(content.get("evalue")), "\n".join(lines)
         )
     elif kind == "execute_input":
-        count = content.get("execution_count", count)
+        count = count_of(content.get("execution_count"), count)
     elif kind == "clear_output":
         collector.results.clear()
     return count
@@ -270,40 +336,51 @@ class Kernel:
         next_tick = time.monotonic() + 0.5
         count: int | None = None
         had_error = False
+        ignored = Ignored()
         while True:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                return ExecOutcome("deadline", count)
+                return ignored.into(ExecOutcome("deadline", count))
             if self.closed:
-                return ExecOutcome("closed", count)
+                return ignored.into(ExecOutcome("closed", count))
             # The liveness check runs on schedule even while output keeps arriving.
             if now >= next_tick:
                 next_tick = now + 0.5
                 if not await self.is_alive():
-                    return ExecOutcome("died", count, await self.exit_code())
+                    return ignored.into(ExecOutcome("died", count, await self.exit_code()))
             wait = max(0.0, min(deadline or next_tick, next_tick) - time.monotonic())
             try:
                 msg = await kc.get_iopub_msg(timeout=wait)
             except BaseException as exc:
                 if self._stopped_under_us(exc):
-                    return ExecOutcome("closed", count)
-                if not isinstance(exc, Empty):
-                    raise
+                    return ignored.into(ExecOutcome("closed", count))
+                if isinstance(exc, Empty):
+                    continue
+                if isinstance(exc, MALFORMED):  # the message could not even be decoded
+                    ignored.add(f"{type(exc).__name__}: {exc}")
+                    await anyio.lowlevel.checkpoint()  # a flood of them must not hold the event loop
+                    continue
+                raise
+            parts = message_parts(msg)
+            if isinstance(parts, str):
+                ignored.add(parts)
+                await anyio.lowlevel.checkpoint()
                 continue
-            if msg["parent_header"].get("msg_id") != msg_id:
+            kind, parent_id, content = parts
+            if parent_id != msg_id:
                 continue
-            if msg["msg_type"] == "status":
-                if msg["content"].get("execution_state") == "idle":
+            if kind == "status":
+                if content.get("execution_state") == "idle":
                     break
                 continue
             count = fold_output(msg, collector, count)
-            had_error = had_error or msg["msg_type"] == "error"
+            had_error = had_error or kind == "error"
         reply_count = await self._reply_count(msg_id)
         if reply_count is not None:
             count = reply_count
         if count is not None:
             self.execution_count = count
-        return ExecOutcome("error" if had_error else "ok", count)
+        return ignored.into(ExecOutcome("error" if had_error else "ok", count))
 
     def _stopped_under_us(self, exc: BaseException) -> bool:
         """True when ``exc`` comes from a concurrent shutdown closing our sockets, rather than
@@ -326,9 +403,12 @@ class Kernel:
                 except BaseException as exc:
                     if self._stopped_under_us(exc):
                         return None
+                    if isinstance(exc, MALFORMED):
+                        continue
                     raise
-                if reply["parent_header"].get("msg_id") == msg_id:
-                    return reply["content"].get("execution_count")
+                parts = message_parts(reply)
+                if not isinstance(parts, str) and parts[1] == msg_id:
+                    return count_of(parts[2].get("execution_count"), None)
         return None
 
     async def interrupt(self, collector: OutputCollector | None = None, grace: float = 3.0) -> bool:
@@ -348,15 +428,18 @@ class Kernel:
             try:
                 msg = await self.kc.get_iopub_msg(timeout=max(0.0, deadline - time.monotonic()))
             except BaseException as exc:  # Empty, or channels stopped by a concurrent shutdown
+                if isinstance(exc, MALFORMED):
+                    continue
                 if isinstance(exc, Exception) or self._stopped_under_us(exc):
                     break
                 raise
-            if msg["parent_header"].get("msg_id") != self.running_msg_id:
+            parts = message_parts(msg)
+            if isinstance(parts, str) or parts[1] != self.running_msg_id:
                 continue
-            kind = msg["msg_type"]
+            kind, _, content = parts
             if kind == "stream":
-                sink.stream(msg["content"].get("name", "stdout"), msg["content"].get("text", ""))
-            elif kind == "status" and msg["content"].get("execution_state") == "idle":
+                fold_output(msg, sink, None)
+            elif kind == "status" and content.get("execution_state") == "idle":
                 return await self.is_alive()
         return False
 

@@ -90,6 +90,8 @@ class PythonRunner:
         call.begin()
         session.dirty = True
         outcome = await kernel.execute(call.code, call.collector)
+        if note := outcome.ignored_note():
+            call.notes.append(note)
         if outcome.execution_count is not None:
             call.execution_count = outcome.execution_count
         if outcome.kind == "died":
