@@ -23,6 +23,7 @@ not clean.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
 import json
@@ -33,7 +34,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty
@@ -61,6 +63,27 @@ log = logging.getLogger(__name__)
 
 KERNEL_NAME = "kernmind-python"
 START_TIMEOUT = 60.0
+MIN_START_WAIT = 1.0  # the least a start waits for a helper (a fork-server template), deadline or not
+
+# When the call that needs a kernel started wants its answer (a monotonic time): waits for a
+# helper that may hang (a stopped fork-server template) are bounded by it.
+_START_BY: ContextVar[float | None] = ContextVar("kernmind_kernel_start_by", default=None)
+
+
+@contextlib.contextmanager
+def start_within(seconds: float) -> Iterator[None]:
+    """Kernels started in this block bound their waits for helpers by ``seconds`` from now."""
+    token = _START_BY.set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _START_BY.reset(token)
+
+
+def start_wait(longest: float) -> float:
+    """How long a kernel start may wait for a helper: ``longest``, or less when a call is waiting."""
+    by = _START_BY.get()
+    return longest if by is None else max(MIN_START_WAIT, min(longest, by - time.monotonic()))
 
 
 OutcomeKind = Literal["ok", "error", "died", "deadline", "closed"]

@@ -39,7 +39,7 @@ import anyio
 
 from kernmind.execution import snapshot
 from kernmind.execution.errors import RuntimeUnavailable
-from kernmind.execution.kernels import Kernel
+from kernmind.execution.kernels import Kernel, start_within
 from kernmind.execution.pool import KernelPool
 from kernmind.execution.runners.base import Call
 from kernmind.execution.workspace import WorkspaceError, off_loop
@@ -82,7 +82,8 @@ class PythonRunner:
 
     async def execute(self, call: Call) -> None:
         session = call.session
-        kernel = await self._kernel_for(call)
+        with start_within(call.timeout):  # a hung fork server costs the call its limit, not a minute
+            kernel = await self._kernel_for(call)
         if session.resumed:
             session.resumed = False
             if not call.reset:
