@@ -360,7 +360,13 @@ class SessionStore:
             return
         if not home.root.is_dir():
             raise SessionError(f"no stored session {session_id!r} (owner {owner!r}).")
-        home.claim(check=False)  # refuses when a server has it live; a damaged one can go
+        try:
+            home.claim(check=False)  # refuses when a server has it live; a damaged one can go
+        except SessionError:
+            if is_held(home.root):
+                raise
+            shutil.rmtree(home.root, ignore_errors=True)  # its lock is not a file: nobody can hold it
+            return
         home.delete()
 
     def refresh_size(self, home: SessionHome, meta: Meta) -> Meta:
