@@ -289,8 +289,9 @@ class Jobs:
             return None
         return data if isinstance(data, dict) and data.get("id") == job_id else None
 
-    def _save(self, job: Job) -> OSError | None:
-        """Write the job's record whole; the error when it could not be written."""
+    def _save(self, job: Job, *, retry: bool = False) -> OSError | None:
+        """Write the job's record whole; the error when it could not be written (logged, at
+        debug level for a ``retry``)."""
         path = self._path(job.id, job.owner)
         assert path is not None
         try:
@@ -303,7 +304,7 @@ class Jobs:
             if job.state != "running":
                 self._prune(path.parent)
         except OSError as exc:
-            log.warning("could not record job %s: %s", job.id, exc)
+            log.log(logging.DEBUG if retry else logging.WARNING, "could not record job %s: %s", job.id, exc)
             return exc
         return None
 
@@ -313,7 +314,8 @@ class Jobs:
         for job in list(self.jobs.values()):  # (one C call: safe while the event loop adds jobs)
             if job.done is None or not job.done.is_set():
                 continue
-            if self._save(job) is None:
+            if self._save(job, retry=True) is None:
+                log.info("recorded job %s, which could not be recorded when it finished", job.id)
                 self.jobs.pop(job.id, None)
 
     @staticmethod

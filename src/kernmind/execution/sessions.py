@@ -441,7 +441,8 @@ class SessionRegistry:
             try:
                 self._with_room(lambda: home.save_meta(meta))
             except OSError as exc:
-                log.warning("could not write the meta of session %r: %s", session.id, exc)
+                level = logging.DEBUG if session.meta_unsaved else logging.WARNING
+                log.log(level, "could not write the meta of session %r: %s", session.id, exc)
                 session.meta_unsaved = True
                 return failed or exc
             session.meta_unsaved = False
@@ -467,9 +468,13 @@ class SessionRegistry:
         try:
             await off_loop(lambda: self._with_room(lambda: home.save_meta(meta)), timeout=None)
         except OSError as exc:
-            log.warning("could not write the meta of session %r (will retry): %s", session.id, exc)
+            # Said once; the retries (every reaper turn) only at debug level.
+            level = logging.DEBUG if session.meta_unsaved else logging.WARNING
+            log.log(level, "could not write the meta of session %r (will retry): %s", session.id, exc)
             session.meta_unsaved = True
             return False
+        if session.meta_unsaved:
+            log.info("wrote the meta of session %r that could not be written before", session.id)
         session.meta_unsaved = False
         return True
 
@@ -493,7 +498,7 @@ class SessionRegistry:
                         self._with_room(lambda: home.save_meta(meta))
                         return True
                     except OSError as exc:
-                        log.info("the meta of %r still cannot be written: %s", home.session_id, exc)
+                        log.debug("the meta of %r still cannot be written: %s", home.session_id, exc)
                         return False
                     finally:
                         home.release()

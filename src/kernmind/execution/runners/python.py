@@ -193,7 +193,8 @@ class PythonRunner:
         try:
             await off_loop(lambda: home.save_meta(meta), timeout=None)
         except OSError as exc:
-            log.warning("could not write the meta of session %r (will retry): %s", session.id, exc)
+            level = logging.DEBUG if session.meta_unsaved else logging.WARNING
+            log.log(level, "could not write the meta of session %r (will retry): %s", session.id, exc)
             session.meta_unsaved = True
 
     async def _restore(self, session: Session, kernel: Kernel) -> list[str]:
