@@ -31,9 +31,9 @@ session leaves on disk is the store's (``store.py``).
   discarded after the call with everything in it.
 - **Bookkeeping never stops the server.** The reaper, autosave, unloading and the record
   of each call write to the disk, which may be full (or failing, or read-only). None of
-  them raises out of the registry: a call whose history could not be written says so in a
-  note; a meta that could not be written is kept in memory and written at the next chance
-  (the reaper's next turn, the session's next call or load), so the server recovers by
+  them raises out of the registry (the reaper logs and goes on); the writing is
+  ``session_books.py``'s: a call whose history could not be written says so in a note, a
+  meta that could not be written is written at the next chance, so the server recovers by
   itself once space is freed. Only creating a new session, which needs its directory,
   is refused (``StorageError``, with a sentence).
 
@@ -51,15 +51,15 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 
-from kernmind.diskio import StorageError, disk_sentence, disk_trouble, with_room
-from kernmind.execution import history
+from kernmind.diskio import StorageError, disk_sentence, disk_trouble
 from kernmind.execution.errors import SessionError
 from kernmind.execution.packages.layer import Layer
+from kernmind.execution.session_books import Books
 from kernmind.execution.store import LOCAL_OWNER, Meta, SessionHome, SessionStore, StoredSession, ago
 from kernmind.execution.workspace import Workspace, off_loop
 
@@ -69,7 +69,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SESSION = "default"
 RESERVE_DELAY = 2.0  # seconds after start before the disk reserve is taken (diskio.Reserve)
-T = TypeVar("T")
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -167,8 +166,7 @@ class SessionRegistry:
         self.sessions: dict[tuple[str, str], Session] = {}
         self.jobs: dict[tuple[str, str], str] = {}  # (owner, session id) -> the job that has it
         self._reaped: set[tuple[str, str]] = set()  # unstored sessions closed for idleness (for a note)
-        # Metas of unloaded sessions that could not be written (a full disk): written at the next chance.
-        self._unsaved: dict[tuple[str, str], tuple[SessionHome, Meta]] = {}
+        self.books = Books(store)  # history and metas, on a disk that may be full (session_books.py)
         self._loading = anyio.Lock()
 
     # --- lifecycle ----------------------------------------------------------------
@@ -181,15 +179,9 @@ class SessionRegistry:
     async def _reap_loop(self) -> None:
         await anyio.sleep(min(RESERVE_DELAY, self._period()))  # after the handshake and a first call
         while True:
-            if self.store is not None and self.store.reserve is not None:
-                reserve = self.store.reserve
-                await off_loop(reserve.take, timeout=None)  # (back) once the disk has room
+            await self.books.take_reserve()  # (back) once the disk has room
             await anyio.sleep(self._period())
             await self._reap_once()
-
-    def _with_room(self, write: Callable[[], T]) -> T:
-        """``write()``, given the store's reserve when the disk is full (blocking)."""
-        return with_room(self.store.reserve if self.store is not None else None, write)
 
     async def _reap_once(self) -> None:
         """One turn: unload idle sessions, autosave idle dirty ones, write what could not be
@@ -210,14 +202,19 @@ class SessionRegistry:
                             s.dirty = False
                             await self.hooks.autosave(s)
                 elif s.meta_unsaved and not s.closed:
-                    await self._save_meta(s)
+                    await self.books.save_meta(s)
             except Exception:
                 log.exception("looking after idle session %r failed; the server goes on", s.id)
-        if self._unsaved:
-            try:
-                await self._write_unsaved()
-            except Exception:
-                log.exception("writing the metas that could not be written failed; will retry")
+        await self._write_unsaved()
+
+    async def _write_unsaved(self) -> None:
+        if not self.books.unsaved:
+            return
+        try:
+            async with self._loading:
+                await self.books.write_unsaved(lambda key: key in self.sessions)
+        except Exception:
+            log.exception("writing the metas that could not be written failed; will retry")
 
     async def unload_all(self) -> None:
         """Server stop: save and stop every live session, keeping their files (``unload``
@@ -227,11 +224,7 @@ class SessionRegistry:
             async with anyio.create_task_group() as tg:
                 for s in sessions:
                     tg.start_soon(self.unload, s)
-            if self._unsaved:  # one last try (space may have come back meanwhile)
-                try:
-                    await self._write_unsaved()
-                except Exception as exc:
-                    log.warning("could not write every session's meta at shutdown: %s", exc)
+            await self._write_unsaved()  # one last try (space may have come back meanwhile)
 
     # --- queries --------------------------------------------------------------------
     def live(self, session_id: str | None, owner: str = LOCAL_OWNER) -> Session | None:
@@ -366,7 +359,7 @@ class SessionRegistry:
             home = store.home(owner, sid)
             try:
                 await off_loop(home.claim, timeout=None)
-                unsaved = self._unsaved.get((owner, sid))
+                unsaved = self.books.unsaved.get((owner, sid))  # newer than the one on disk
                 meta = unsaved[1] if unsaved is not None else home.load_meta()
                 workspace = await off_loop(lambda: self.hooks.open_home(home), timeout=None)
             except BaseException as exc:
@@ -391,9 +384,9 @@ class SessionRegistry:
             if stored:
                 session.resumed = True
                 session.pending_notes.append(resumed_note(meta))
-            self._unsaved.pop((owner, sid), None)
+            self.books.take_unsaved((owner, sid))
             if not stored or unsaved is not None:
-                await self._save_meta(session)  # a failure is retried later: the session works meanwhile
+                await self.books.save_meta(session)  # a failure is retried later: the session works meanwhile
             self.sessions[session.key] = session
             return session
 
@@ -422,8 +415,7 @@ class SessionRegistry:
 
     async def _touch(self, session: Session) -> None:
         """Record the call in the session's home: its history (for export_notebook) and meta
-        (last used, size from the call's scan), in one trip off the event loop. What cannot be
-        written (a full disk) is said in the call's notes; the meta is written later."""
+        (last used, size from the call's scan); what cannot be written is said in its notes."""
         call, session.last_call = session.last_call, None
         if session.home is None or session.meta is None or session.closed:
             return
@@ -434,77 +426,7 @@ class SessionRegistry:
         scan = session.workspace.last_scan if session.workspace else None
         if scan is not None and scan.complete:
             meta.bytes, meta.files = scan.bytes_used, len(scan.files)
-        home = session.home
-
-        def save() -> OSError | None:
-            failed = history.record(home.history, *call) if call is not None else None
-            try:
-                self._with_room(lambda: home.save_meta(meta))
-            except OSError as exc:
-                level = logging.DEBUG if session.meta_unsaved else logging.WARNING
-                log.log(level, "could not write the meta of session %r: %s", session.id, exc)
-                session.meta_unsaved = True
-                return failed or exc
-            session.meta_unsaved = False
-            return failed
-
-        with anyio.CancelScope(shield=True):
-            failed = await off_loop(save, timeout=None)
-        if failed is not None and call is not None:
-            note = disk_sentence(
-                failed,
-                "record this call in the session's history (export_notebook will miss it)",
-                kept="The call ran and its files are kept.",
-            )
-            call[1].notes.append(
-                note or f"this call could not be recorded in the session's history ({failed.strerror})."
-            )
-
-    async def _save_meta(self, session: Session) -> bool:
-        """Write the session's meta now; on failure keep it for the next chance (False)."""
-        home, meta = session.home, session.meta
-        if home is None or meta is None:
-            return True
-        try:
-            await off_loop(lambda: self._with_room(lambda: home.save_meta(meta)), timeout=None)
-        except OSError as exc:
-            # Said once; the retries (every reaper turn) only at debug level.
-            level = logging.DEBUG if session.meta_unsaved else logging.WARNING
-            log.log(level, "could not write the meta of session %r (will retry): %s", session.id, exc)
-            session.meta_unsaved = True
-            return False
-        if session.meta_unsaved:
-            log.info("wrote the meta of session %r that could not be written before", session.id)
-        session.meta_unsaved = False
-        return True
-
-    async def _write_unsaved(self) -> None:
-        """Write the metas of unloaded sessions that could not be written when they were
-        unloaded (the disk was full): take the session's lock, write, let go. A session that
-        another server has taken meanwhile keeps that server's meta."""
-        async with self._loading:
-            for key, (home, meta) in list(self._unsaved.items()):
-                if key in self.sessions:  # loaded again: its live meta is the newer one
-                    self._unsaved.pop(key, None)
-                    continue
-
-                def write(home: SessionHome = home, meta: Meta = meta) -> bool:
-                    try:
-                        home.claim()
-                    except (SessionError, OSError) as exc:  # another server has it, or it is gone
-                        log.info("not writing the meta of %r: %s", home.session_id, exc)
-                        return True
-                    try:
-                        self._with_room(lambda: home.save_meta(meta))
-                        return True
-                    except OSError as exc:
-                        log.debug("the meta of %r still cannot be written: %s", home.session_id, exc)
-                        return False
-                    finally:
-                        home.release()
-
-                if await off_loop(write, timeout=None):
-                    self._unsaved.pop(key, None)
+        await self.books.after_call(session, call)
 
     # --- unloading and closing --------------------------------------------------------------
     async def unload(self, session: Session) -> None:
@@ -527,11 +449,7 @@ class SessionRegistry:
             home, meta, store = session.home, session.meta, self.store
             if home is not None and meta is not None and store is not None:
                 try:
-                    meta = await off_loop(lambda: store.refresh_size(home, meta), timeout=None)
-                    await off_loop(lambda: self._with_room(lambda: home.save_meta(meta)), timeout=None)
-                except Exception as exc:  # a full disk: written at the next chance
-                    log.warning("could not write the meta of session %r (will retry): %s", session.id, exc)
-                    self._unsaved[session.key] = (home, meta)
+                    await self.books.unloaded(session)  # (a meta it cannot write is kept for later)
                 finally:
                     home.release()
             elif session.workspace is not None:  # not stored (sessions without a store): its files go
