@@ -15,7 +15,7 @@ Design
   tools, the ``files`` of a result, the quota and the "files kept when the interpreter is
   replaced" rule are the local ones (``workspace.py``), unchanged. A kernel that cannot see
   its directory fails to start with a sentence that says how to fix the mount.
-* **Output, errors and budgets** are folded by ``kernels.fold_output``, the local loop's own
+* **Output, errors and budgets** are folded by ``kernel_messages.fold_output``, the local loop's own
   code; the gateway kernel runs the same setup cell (``kernel_setup.py``: output cap in the
   kernel, plain tracebacks, inline PNGs).
 * **Liveness without polling**: the gateway reports a kernel that died and was restarted
@@ -48,8 +48,9 @@ from kernmind.execution.gateway_client import (
     KernelGateway,
     KernelGone,
 )
+from kernmind.execution.kernel_messages import MALFORMED, Ignored, count_of, fold_output, message_parts
 from kernmind.execution.kernel_setup import setup_code
-from kernmind.execution.kernels import MALFORMED, ExecOutcome, Ignored, count_of, fold_output, message_parts
+from kernmind.execution.kernels import ExecOutcome
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.workspace import Workspace
 
