@@ -70,7 +70,7 @@ log = logging.getLogger(__name__)
 PLACEHOLDER = ["/bin/sh", "-c", 'echo ready; read -r code; exit "${code:-1}"']
 NAMESPACES = ("user", "cgroup", "ipc", "uts", "net", "pid", "mnt")
 TEMPLATE_WAIT = 60.0  # a kernel asked for while the template starts waits for it this long
-SPAWN_TIMEOUT = 20.0  # a template silent this long after a spawn request is hung: it is replaced
+SPAWN_TIMEOUT = 45.0  # a template silent this long after a spawn request is hung: it is replaced
 
 
 class ForkFailed(RuntimeError):

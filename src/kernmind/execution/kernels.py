@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 
 KERNEL_NAME = "kernmind-python"
 START_TIMEOUT = 60.0
-MIN_START_WAIT = 1.0  # the least a start waits for a helper (a fork-server template), deadline or not
+MIN_START_WAIT = 3.0  # the least a start waits for a helper (a fork-server template), deadline or not
 
 # When the call that needs a kernel started wants its answer (a monotonic time): waits for a
 # helper that may hang (a stopped fork-server template) are bounded by it.
