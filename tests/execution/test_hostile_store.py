@@ -72,7 +72,7 @@ async def test_a_files_link_is_refused_and_its_target_is_untouched(setup: tuple[
         ("upload_file", {"path": "x.txt", "content": "planted", "session_id": "linked"}),
     ):
         text = error_text(await call(client, tool, args))
-        assert "stored session 'linked' cannot be loaded: its files is a symbolic link" in text, (tool, text)
+        assert "stored session 'linked' cannot be loaded: its files/ is a symbolic link, not a directory" in text, (tool, text)
         assert "kernmind sessions rm linked" in text
         assert str(outside) not in text
     assert sorted(os.listdir(outside)) == ["secret.txt"]
@@ -83,7 +83,7 @@ async def test_a_meta_that_is_a_directory_is_refused_with_a_sentence(
 ) -> None:
     client, _, _ = setup
     text = error_text(await call(client, "run_code", {"code": "1", "session_id": "dirmeta"}))
-    assert "its meta.json is a directory, where the store keeps a file" in text, text
+    assert "its meta.json is a directory, not a file" in text, text
 
 
 async def test_fifos_in_the_store_never_hang_a_call(setup: tuple[Client, Path, Path]) -> None:

@@ -32,6 +32,7 @@ import anyio
 from kernmind.diskio import Reserve, disk_sentence, with_room
 from kernmind.execution import history
 from kernmind.execution.errors import SessionError
+from kernmind.execution.results import RunResult
 from kernmind.execution.store import Meta, SessionHome, SessionStore
 from kernmind.execution.workspace import off_loop
 
@@ -77,7 +78,7 @@ class Books:
         """Write the live session's meta; False when it is kept for the next chance."""
         return await off_loop(lambda: self._write_meta(session), timeout=None) is None
 
-    async def after_call(self, session: Session, call: tuple[str, object] | None) -> None:
+    async def after_call(self, session: Session, call: tuple[str, RunResult] | None) -> None:
         """Record a call: its history line and the session's meta, in one trip off the event
         loop. What cannot be written is said in the call's result (``call[1]``, a RunResult)."""
         home = session.home
@@ -85,14 +86,14 @@ class Books:
             return
 
         def write() -> tuple[OSError | None, OSError | None]:
-            unrecorded = history.record(home.history, *call) if call is not None else None  # type: ignore[arg-type]
+            unrecorded = history.record(home.history, *call) if call is not None else None
             return unrecorded, self._write_meta(session)
 
         with anyio.CancelScope(shield=True):
             unrecorded, unsaved = await off_loop(write, timeout=None)
         if call is None:
             return
-        notes: list[str] = call[1].notes  # type: ignore[attr-defined]
+        notes = call[1].notes
         if unrecorded is not None:
             what = "record this call in the session's history (export_notebook will miss it)"
             notes.append(

@@ -41,8 +41,8 @@ read and written through ``diskio`` (``O_NOFOLLOW``/``O_NONBLOCK``, whole-or-not
 Error policy: a request the model can correct (a session held by another server, caps, a
 damaged stored session) raises ``SessionError`` with a sentence; ``rm`` of a held session
 raises the same. Unreadable ``meta.json`` is treated as missing (it is rewritten on the next
-save). ``save_meta`` raises ``OSError`` (a full disk): the registry keeps the meta and
-writes it at the next chance (``sessions.py``).
+save). ``save_meta`` raises ``OSError`` (a full disk): the meta is kept and written at the
+next chance (``session_books.py``).
 """
 
 from __future__ import annotations
@@ -179,10 +179,10 @@ class SessionHome:
                 continue
             ok = stat.S_ISDIR(mode) if want == "directory" else stat.S_ISREG(mode)
             if not ok:
-                where = "its owner's directory" if path == self.root.parent else f"its {path.name}"
-                if path == self.root:
-                    where = "its directory"
-                raise self._damaged(f"{where} is {kind_of(mode)}, where the store keeps a {want}")
+                where = f"its {path.name}{'/' if want == 'directory' else ''}"
+                if path in (self.root, self.root.parent):
+                    where = "its directory" if path == self.root else "its owner's directory"
+                raise self._damaged(f"{where} is {kind_of(mode)}, not a {want}")
 
     def _damaged(self, why: str) -> SessionError:
         return SessionError(
