@@ -521,8 +521,6 @@ from kernmind.execution.forkserver_kernels import ForkKernelFactory
 from kernmind.execution.kernels import KernelFactory, PythonRuntime
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import Limits, Sandbox
-from kernmind.server import create_server
-from tests.conftest import make_settings, structured
 
 CODE = '''
 import json, os, socket, subprocess
