@@ -61,7 +61,10 @@ def start(data: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
         "8000000",
     ]
     import os
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env={**os.environ})
+
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env={**os.environ}
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if match := re.search(r"serving MCP on (http://\S+)", log.read_text(errors="replace")):

@@ -72,7 +72,9 @@ async def test_a_files_link_is_refused_and_its_target_is_untouched(setup: tuple[
         ("upload_file", {"path": "x.txt", "content": "planted", "session_id": "linked"}),
     ):
         text = error_text(await call(client, tool, args))
-        assert "stored session 'linked' cannot be loaded: its files/ is a symbolic link, not a directory" in text, (tool, text)
+        assert (
+            "stored session 'linked' cannot be loaded: its files/ is a symbolic link, not a directory" in text
+        ), (tool, text)
         assert "kernmind sessions rm linked" in text
         assert str(outside) not in text
     assert sorted(os.listdir(outside)) == ["secret.txt"]
