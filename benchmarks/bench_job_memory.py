@@ -60,11 +60,8 @@ def start(data: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
         "--max-result-bytes",
         "8000000",
     ]
-    import os
-
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env={**os.environ}
-    )
+    # (the server inherits this environment: PYTHONPATH measures other code, MALLOC_* other settings)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if match := re.search(r"serving MCP on (http://\S+)", log.read_text(errors="replace")):
