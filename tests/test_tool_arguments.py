@@ -135,6 +135,65 @@ async def test_a_nan_timeout_does_not_lift_the_time_limit(client: Client) -> Non
     assert time.monotonic() - t0 < 10  # refused, not run
 
 
+def scalar_arguments(schema: dict[str, Any]) -> dict[str, str]:
+    """Every number/integer/boolean argument of a schema, with its JSON type."""
+    out = {}
+    for name, prop in schema.get("properties", {}).items():
+        kinds = {prop.get("type")} | {s.get("type") for s in prop.get("anyOf", [])}
+        for kind in ("boolean", "integer", "number"):
+            if kind in kinds:
+                out[name] = kind
+    return out
+
+
+async def test_every_number_and_boolean_argument_refuses_strings_and_the_other_type(
+    client: Client, tools: dict[str, dict[str, Any]]
+) -> None:
+    """pydantic's lax mode read "60" as 60, true as 1 and "yes" as true: every tool refuses them."""
+    wrong = {
+        "number": ["60", "1", True, False],
+        "integer": ["5", "0", True],
+        "boolean": ["true", "yes", 1, 0],
+    }
+    expected = {
+        "number": "must be a number",
+        "integer": "must be an integer",
+        "boolean": "must be true or false",
+    }
+    checked = set()
+    for name, schema in tools.items():
+        for arg, kind in scalar_arguments(schema).items():
+            for bad in wrong[kind]:
+                result = await client.call_tool(name, {**required_arguments(schema), arg: bad})
+                text = error_text(result)
+                assert_sentence(text, name)
+                assert f"'{arg}' {expected[kind]}, got {bad!r}" in text, (name, arg, text)
+            checked.add((name, arg))
+    assert {("run_code", "timeout"), ("run_code", "reset"), ("run_code", "background")} <= checked
+    assert len(checked) >= 10
+
+
+async def test_a_string_timeout_is_refused_and_the_code_does_not_run(client: Client) -> None:
+    for bad in ("60", True):
+        text = error_text(
+            await client.call_tool("run_code", {"code": "open('t.txt', 'w').close()", "timeout": bad})
+        )
+        assert f"'timeout' must be a number, got {bad!r}" in text
+    check = structured(await client.call_tool("run_code", {"code": "import os; os.path.exists('t.txt')"}))
+    assert check["results"][0]["text"] == "False"
+
+
+async def test_numbers_of_the_right_type_still_pass(client: Client) -> None:
+    # an integer where a number is expected, and a list sent as a JSON string (some clients do)
+    out = structured(await client.call_tool("run_code", {"code": "6 * 7", "timeout": 30, "reset": False}))
+    assert out["results"][0]["text"] == "42"
+    text = error_text(
+        await client.call_tool("memory", {"command": "view", "path": "/memories", "view_range": ["1", 2]})
+    )
+    assert "'view_range[0]' must be an integer, got '1'" in text
+    structured(await client.call_tool("archival_memory_insert", {"content": "typed", "tags": '["a", "b"]'}))
+
+
 # --- other validation errors read as sentences -----------------------------------------------
 @pytest.mark.parametrize(
     ("tool", "arguments", "expected"),

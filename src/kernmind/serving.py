@@ -383,9 +383,32 @@ async def serve_http(server: Any, settings: Settings, sock: socket.socket) -> in
 
 
 # --- entry point --------------------------------------------------------------------------
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # glibc's mallopt parameters
+MMAP_THRESHOLD = 256 * 1024
+
+
+def return_freed_memory() -> None:
+    """Make glibc give large freed blocks back to the system. By default its threshold for
+    mapping a block of its own rises to the largest block freed so far, so after one large
+    result every later one comes from heaps that keep what was freed (one per thread that
+    touched it, up to 8 per core): a server that relayed 120 results of 3.5 MB grew by
+    hundreds of MiB with no object alive (measured: see benchmarks/bench_job_memory.py).
+    A fixed threshold (as kernels get through their environment) and two heaps keep it flat."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(M_ARENA_MAX, 2)
+    except (OSError, AttributeError):  # not glibc: its allocator has its own policy
+        pass
+
+
 def serve(settings: Settings) -> int:
     """Run ``kernmind serve``; returns the process exit code."""
     from kernmind.execution import startup
+
+    return_freed_memory()
 
     startup.prefetch(settings)  # probes run on threads (startup.py)
     from kernmind.execution.cgroups import CgroupsUnavailable

@@ -11,8 +11,13 @@ server and the registered tools come through :mod:`kernmind.sdk_compat`):
   tool's own argument model made strict: unknown names are refused (``sesion_id`` no
   longer silently runs in the default session), and non-finite numbers (``NaN``,
   ``Infinity``, the strings ``"nan"``/``"inf"``, a raw ``NaN`` literal, nested or not)
-  are refused wherever a number is accepted. A refusal is an ``isError`` result with one sentence per problem and the
-  tool's valid arguments — never pydantic's raw text; the tool does not run.
+  are refused wherever a number is accepted. Numbers and booleans must be JSON numbers and
+  booleans: pydantic's lax mode would read ``timeout: "60"`` as 60 and ``timeout: true`` as 1,
+  and ``reset: "yes"`` or ``reset: 1`` as true, so a client's type mistake ran silently with
+  a value it may not have meant; those are refused too (lists are checked item by item; a
+  list sent as a JSON string, as some clients do, is still parsed by the SDK). A refusal is an
+  ``isError`` result with one sentence per problem and the tool's valid arguments — never
+  pydantic's raw text; the tool does not run.
 
 Why here and not per tool: a new tool gets the same treatment without doing anything,
 and the rule cannot be forgotten. Tools still own their bounds (``ge=1``, a ceiling on a
@@ -26,7 +31,8 @@ import difflib
 import math
 from collections.abc import Iterator
 from functools import cache
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult, TextContent
@@ -69,6 +75,12 @@ def check_arguments(server: MCPServer, name: str, arguments: dict[str, Any]) -> 
     metadata = tool.fn_metadata
     valid = list(tool.parameters.get("properties", {}))
     problems: dict[str, str] = {}  # by argument path: one sentence each
+    fields = metadata.arg_model.model_fields
+    for arg, value in arguments.items():  # first: a wrong type explains a bound's complaint too
+        field = fields.get(arg)
+        if field is not None:
+            for path, why in _loose_scalars(field.annotation, value, (arg,)):
+                problems.setdefault(path, f"'{path}' {why}")
     try:
         _strict(metadata.arg_model).model_validate(metadata.pre_parse_json(arguments))
     except ValidationError as exc:
@@ -126,6 +138,44 @@ def _non_finite_numbers(value: Any, path: tuple[int | str, ...] = ()) -> Iterato
     elif isinstance(value, list):
         for index, item in enumerate(value):
             yield from _non_finite_numbers(item, (*path, index))
+
+
+def _loose_scalars(annotation: Any, value: Any, path: tuple[int | str, ...]) -> Iterator[tuple[str, str]]:
+    """Numbers and booleans given as something else (a string, a boolean for a number, a number
+    for a boolean), which pydantic's lax mode would convert."""
+    if value is None:
+        return
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        yield from _loose_scalars(get_args(annotation)[0], value, path)
+        return
+    if origin in (Union, UnionType):
+        options = [a for a in get_args(annotation) if a is not type(None)]
+        if len(options) == 1:
+            yield from _loose_scalars(options[0], value, path)
+        return
+    if origin is list and isinstance(value, list):
+        (item,) = get_args(annotation) or (Any,)
+        for index, element in enumerate(value):
+            yield from _loose_scalars(item, element, (*path, index))
+        return
+    kind = {bool: "bool_type", int: "int_type", float: "float_type"}.get(annotation)
+    if kind is None:
+        return
+    ok = (
+        isinstance(value, bool)
+        if annotation is bool
+        else isinstance(value, int | float) and not isinstance(value, bool)
+    )
+    if not ok and not _non_finite_text(value):  # ("NaN" gets the finite-number sentence)
+        yield location(path), problem({"type": kind, "loc": path, "msg": "", "input": value})  # type: ignore[typeddict-item]
+
+
+def _non_finite_text(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and not math.isfinite(float(value))
+    except ValueError:
+        return False
 
 
 @cache

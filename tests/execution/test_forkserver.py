@@ -23,12 +23,16 @@ from typing import Any
 
 import anyio
 import pytest
+from mcp import Client
 
 import kernmind
+from kernmind.execution.executor import Executor
 from kernmind.execution.forkserver_kernels import ForkKernelFactory, describe, fork_server_report
 from kernmind.execution.kernels import Kernel, KernelFactory, PythonRuntime
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import Limits, Sandbox
+from kernmind.server import create_server
+from tests.conftest import make_settings, structured
 
 pytestmark = [
     pytest.mark.anyio,
@@ -304,6 +308,47 @@ async def test_kernels_survive_the_template_and_a_dead_template_is_replaced(base
             assert forks.status()["starts"] == 2
         finally:
             await kernel.shutdown()
+
+
+async def test_a_stopped_template_costs_a_call_its_time_limit_and_is_replaced(tmp_path: Path) -> None:
+    """SIGSTOP the template: a call that needs a new kernel waits for the fork at most its own
+    time limit (not the minute a start may take), gets a kernel started the normal way, and
+    the stopped template is killed and replaced, so later calls fork again."""
+    settings = make_settings(tmp_path, pool_size=0)
+    executor = Executor(settings)
+    async with Client(create_server(settings, executor)) as client:
+        forks = executor.factory
+        assert isinstance(forks, ForkKernelFactory)
+        template = await forks.server.settled(wait=120)
+        assert template is not None, forks.status()
+        os.kill(template.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            out = structured(
+                await client.call_tool("run_code", {"code": "2 + 2", "session_id": "b", "timeout": 5})
+            )
+            took = time.monotonic() - t0
+        finally:
+            if template.proc.poll() is None:
+                os.kill(template.proc.pid, signal.SIGCONT)
+        assert out["status"] == "ok" and out["results"][0]["text"] == "4", out
+        assert took < 40, took  # the spawn wait was 60 s: bounded by the call's 5 s now, plus a normal start
+        assert template.proc.wait(timeout=30) is not None  # the stopped template was killed
+        for _ in range(120):
+            current = forks.server.current
+            if current is not None and current is not template and current.gone is None:
+                break
+            await anyio.sleep(0.5)
+        assert forks.status()["active"] and forks.status()["starts"] >= 2, forks.status()
+        kernel = await forked(forks)  # the new template forks
+        try:
+            assert "".join((await run(kernel, "print('forked')")).logs().stdout) == "forked\n"
+        finally:
+            await kernel.shutdown()
+        out = structured(
+            await client.call_tool("run_code", {"code": "3 + 3", "session_id": "c", "timeout": 5})
+        )
+        assert out["results"][0]["text"] == "6"
 
 
 async def test_kernels_are_forked_while_the_template_still_preloads(tmp_path: Path) -> None:

@@ -120,3 +120,31 @@ def test_doctor_says_python_runs_in_the_gateways_sandbox(
         KERNMIND_KERNEL_GATEWAY_TOKEN=kernel_gateway.token,
     ).stdout
     assert "python runs in the gateway's" in text and "live test" in text
+
+
+async def test_malformed_kernel_messages_through_the_gateway_end_in_a_clear_result(
+    tmp_path: Path, kernel_gateway: KernelGatewayServer
+) -> None:
+    """What the gateway relays is read like a local kernel's messages (fields of the wrong type
+    are skipped). Most malformed messages stop the gateway's own relay of that kernel's output
+    (jupyter_server cannot decode them): the call then ends at its time limit with a clear
+    result, the interpreter is replaced, and the server goes on."""
+    from .test_kernel_messages import FORGE
+
+    relayed = [line for line in FORGE.splitlines() if not line.startswith(("raw(", "k.iopub"))]
+    relayed += ['raw({"msg_id": "m2", "msg_type": "display_data"}, {"data": "not a bundle"})']
+    relayed += [
+        'raw({"msg_id": "m3", "msg_type": "execute_result"}, {"data": {"text/plain": 5}, "execution_count": "x"})'
+    ]
+    settings = gateway_settings(tmp_path, kernel_gateway, None, pool_size=0, sandbox="none")
+    async with Client(create_server(settings)) as client:
+        out = await run(client, "\n".join(relayed), session_id="forger")
+        assert out["status"] == "ok", out
+        assert "".join(out["logs"]["stdout"]).startswith("before\n") and "after" in "".join(
+            out["logs"]["stdout"]
+        )
+        assert (await run(client, "marker + 1", session_id="forger"))["results"][0]["text"] == "42"
+
+        cut = await run(client, FORGE, session_id="forger", timeout=5)
+        assert cut["status"] == "timeout" and "time limit of 5s reached" in " ".join(cut["notes"]), cut
+        assert (await run(client, "6 * 7", session_id="forger"))["results"][0]["text"] == "42"

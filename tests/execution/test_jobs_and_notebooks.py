@@ -18,6 +18,7 @@ import nbformat
 import pytest
 from mcp import Client
 
+from kernmind.execution.executor import Executor
 from kernmind.server import create_server
 from tests.conftest import error_text, make_settings, structured
 from tests.transport.procs import StdioServer, start_http
@@ -104,6 +105,31 @@ async def test_background_job_refusals_are_immediate(tmp_path: Path) -> None:
         assert "cobol" in msg
         assert "no job 'job-123'" in error_text(await c.call_tool("job_status", {"job_id": "job-123"}))
         assert "no job" in error_text(await c.call_tool("job_cancel", {"job_id": "nonsense"}))
+
+
+async def test_finished_jobs_leave_server_memory_and_their_results_stay_readable(tmp_path: Path) -> None:
+    """Each job displays a large HTML table; once finished, the server holds none of them in
+    memory (``Jobs.jobs``), and job_status reads every result back from its record."""
+    settings = make_settings(tmp_path, pool_size=0)
+    executor = Executor(settings)
+    code = "from IPython.display import HTML, display\ndisplay(HTML('<td>%d</td>' * 60_000 % tuple(range(60_000))))\n{n}"
+    async with Client(create_server(settings, executor)) as c:
+        ids = []
+        for n in range(3):
+            started = await c.call_tool(
+                "run_code", {"code": code.format(n=n), "session_id": f"j{n}", "background": True}
+            )
+            ids.append(structured(started)["job_id"])
+        statuses = [await wait_for_job(c, job_id) for job_id in ids]
+        assert not executor.jobs.jobs, list(executor.jobs.jobs)  # none kept in memory
+        for n, (job_id, status) in enumerate(zip(ids, statuses, strict=True)):
+            again = structured(await c.call_tool("job_status", {"job_id": job_id}))
+            for answer in (status, again):
+                assert answer["state"] == "done", answer
+                results = answer["result"]["results"]
+                assert results[-1]["text"] == str(n)
+                assert len(results[0]["html"]) > 500_000 and "<td>59999</td>" in results[0]["html"]
+        assert not executor.jobs.jobs
 
 
 NOTEBOOK_CELLS = [

@@ -291,3 +291,79 @@ async def test_files_written_while_a_kernel_runs_are_in_the_stored_home(tmp_path
         )
         assert reset["results"][0]["text"] == "'aa'"
         assert not (home.parent / ".attach").exists()
+
+
+def snapshot_of(*records: tuple[str, bytes]) -> bytes:
+    """A snapshot file in the kernel's format (see snapshot.py): records, then the module trailer."""
+    body = b"".join(
+        len(name.encode()).to_bytes(4, "little")
+        + name.encode()
+        + b"p"
+        + len(data).to_bytes(8, "little")
+        + data
+        for name, data in records
+    )
+    trailer = (0).to_bytes(4, "little") + b"m" + (2).to_bytes(8, "little") + b"{}"
+    return b"KMSNAP2\n" + body + trailer
+
+
+FORGED_REPORTS = [
+    '{"restored": 5, "failed": {}}',  # not a list
+    '{"restored": ["a"], "failed": ["b"]}',  # not a map
+    "[1, 2, 3]",  # not a report
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("report", FORGED_REPORTS)
+async def test_a_forged_restore_report_is_a_note_not_a_tool_error(tmp_path: Path, report: str) -> None:
+    """Code that a snapshot runs while it loads can print whatever the server reads as the
+    restore's report (here: it replaces ``print``); the call says the restore failed and runs."""
+    settings = make_settings(tmp_path, pool_size=0)
+    async with Client(create_server(settings)) as c:
+        await c.call_tool("run_code", {"code": "kept = 41", "session_id": "f"})
+    forge = (
+        f"import builtins, sys\nbuiltins.print = lambda *a, **k: sys.stdout.write('\\n' + {report!r} + '\\n')"
+    )
+    snap = settings.sessions_dir / "local" / "f" / "files" / ".km-state" / "namespace.pkl"
+    snap.write_bytes(snapshot_of(("forger", pickle.dumps(Evil(forge)))))
+    async with Client(create_server(settings)) as c:
+        out = structured(await c.call_tool("run_code", {"code": "6 * 7", "session_id": "f"}))
+        assert out["status"] == "ok" and out["results"][0]["text"] == "42", out
+        notes = " ".join(out["notes"])
+        assert "could not be restored" in notes and "reported nonsense" in notes, notes
+        assert structured(await c.call_tool("run_code", {"code": "1 + 1"}))["results"][0]["text"] == "2"
+
+
+def test_a_server_killed_during_the_first_save_says_so_on_resume(tmp_path: Path) -> None:
+    """The first save of a session's variables is under way (a variable takes long to pickle)
+    when the server is killed: there is no snapshot at all, and the resumed session says why."""
+    data = tmp_path / "data"
+    meta = data / "sessions" / "local" / "first" / "meta.json"
+    first = StdioServer.start(tmp_path / "a", "--autosave-seconds", "0.5", data_dir=data)
+    try:
+        run(
+            first,
+            "class Slow:\n    def __reduce__(self):\n        __import__('time').sleep(60)\n        return (int, ())\n"
+            "kept = 1\nslow = Slow()",
+            session_id="first",
+        )
+        for _ in range(300):  # the autosave starts once the session is idle
+            if meta.exists() and json.loads(meta.read_text()).get("save_started"):
+                break
+            time.sleep(0.1)
+        assert json.loads(meta.read_text())["save_started"], meta.read_text()
+        first.proc.send_signal(signal.SIGKILL)
+        first.wait(30)
+    finally:
+        first.kill()
+
+    second = StdioServer.start(tmp_path / "b", data_dir=data)
+    try:
+        out = run(second, "'kept' in globals()", session_id="first")
+        assert text(out) == "False"
+        notes = " ".join(out["notes"])
+        assert "saving this session's variables began" in notes and "never finished" in notes, notes
+        assert "could not be restored" in notes and "fresh interpreter" in notes
+    finally:
+        second.kill()

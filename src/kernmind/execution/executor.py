@@ -41,6 +41,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from kernmind.config import Settings
+from kernmind.diskio import Reserve
 from kernmind.execution import history
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.cgroups import CgroupSupport
@@ -86,6 +87,9 @@ GATEWAY_PACKAGES_REFUSAL = (
     "(--kernel-gateway), whose kernels get their packages from the gateway's kernel image. Use the "
     "packages installed there, or ask the operator to add them to that image."
 )
+
+RESERVE_NAME = ".km-reserve"
+RESERVE_BYTES = 2 * 1024 * 1024
 
 ALIASES = {
     "py": "python",
@@ -173,12 +177,15 @@ class Executor:
         hooks = Hooks(
             open_home=self._open_home, release=self._release, suspend=self._suspend, autosave=self._autosave
         )
+        # Room for the server's own records when code fills the data disk (diskio.Reserve).
+        reserve = Reserve(settings.data_dir / RESERVE_NAME, RESERVE_BYTES)
         self.store = SessionStore(
             settings.sessions_dir,
             max_sessions=settings.max_stored_sessions,
             max_bytes=settings.max_stored_mb * 1024 * 1024,
             per_owner_sessions=settings.principal_max_stored_sessions,
             per_owner_bytes=settings.principal_max_stored_mb * 1024 * 1024,
+            reserve=reserve,
         )
         self.sessions: SessionRegistry
         if self.remote is not None:  # sessions' files on the gateway's volume, not in the store
@@ -195,7 +202,10 @@ class Executor:
                 new_layer=self._new_layer,
             )
         self.jobs = Jobs(
-            settings.jobs_dir, output_budget=settings.max_output_chars, rich_budget=settings.max_result_bytes
+            settings.jobs_dir,
+            output_budget=settings.max_output_chars,
+            rich_budget=settings.max_result_bytes,
+            reserve=reserve,
         )
 
     def prelaunch(self) -> None:

@@ -15,7 +15,8 @@ death (they belong to their sandboxes, like every kernel).
 Error policy: ``ForkServer.template()`` returns None while no usable template exists
 (not started, starting, dead, or refused) and ``status()`` says why, so callers fall back
 to starting kernels the normal way. A template that dies is restarted on the next request,
-at most once per ``RESTART_BACKOFF`` seconds. A template with more than one thread at
+at most once per ``RESTART_BACKOFF`` seconds; one that stops answering is ``discard``ed
+(killed) and restarted at once. A template with more than one thread at
 ``hello`` is refused (forking it would copy locks held by the other threads); when its
 preloads leave it with a thread, or too big for each kernel's memory limit, it is replaced
 by one without them (``status()["preloads_dropped"]`` says why).
@@ -329,6 +330,16 @@ class ForkServer:
             facts.get("seconds", 0),
             f"; could not import {', '.join(failed)}" if failed else "",
         )
+
+    def discard(self, template: TemplateProcess, why: str) -> None:
+        """Give up on ``template`` (stopped or hung): fail what waits on it, start a new one."""
+        if template.gone is None:
+            log.warning("%s; replacing it", why)
+            template.control.abandon(why)
+            if template.snapshot is not None:
+                template.snapshot.abandon(why)
+        if template is self.current:
+            self._kick(now=True)
 
     async def template(self, wait: float = 0.0) -> TemplateProcess | None:
         """The live template, starting one if needed; waits up to ``wait`` s for one starting."""

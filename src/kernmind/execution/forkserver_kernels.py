@@ -29,6 +29,12 @@ kernel exits, the placeholder exits with its status, so death, exit codes, inter
 message) and shutdown behave exactly as before. Isolation therefore comes from the same
 sandbox code as every other kernel; the fork only replaces the interpreter's start-up.
 
+**A template that does not answer** (stopped with SIGSTOP, or hung) must not hold a call: the
+wait for a spawn's reply is bounded by ``SPAWN_TIMEOUT`` and, when a ``run_code`` call is
+waiting for the kernel, by that call's time limit (``kernels.start_within``). When it runs
+out, the call's kernel is started the normal way; a template found stopped (or silent for
+the whole ``SPAWN_TIMEOUT``) is discarded and a new one started (``ForkServer.discard``).
+
 Error policy: when the template is unavailable, or one fork fails, ``start`` logs why
 and starts the kernel the normal way (``KernelFactory.start``), so a broken fork server
 costs speed, never availability. Failures of the normal path raise ``RuntimeError`` as
@@ -57,6 +63,7 @@ from kernmind.execution.kernels import (
     Kernel,
     KernelFactory,
     import_kernel_manager,
+    start_wait,
 )
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.workspace import Workspace
@@ -69,6 +76,7 @@ log = logging.getLogger(__name__)
 PLACEHOLDER = ["/bin/sh", "-c", 'echo ready; read -r code; exit "${code:-1}"']
 NAMESPACES = ("user", "cgroup", "ipc", "uts", "net", "pid", "mnt")
 TEMPLATE_WAIT = 60.0  # a kernel asked for while the template starts waits for it this long
+SPAWN_TIMEOUT = 45.0  # a template silent this long after a spawn request is hung: it is replaced
 
 
 class ForkFailed(RuntimeError):
@@ -146,7 +154,7 @@ class ForkKernelFactory:
         when the template is up, else started normally."""
         if self.base.runtime.error:
             raise RuntimeError(self.base.runtime.error)
-        template = await self.server.template(wait=TEMPLATE_WAIT)
+        template = await self.server.template(wait=start_wait(TEMPLATE_WAIT))
         if template is None:
             self._fallback(self.server.status().get("reason", "no template"))
             return await self.base.start(workspace, group)
@@ -240,9 +248,13 @@ class ForkKernelFactory:
                 placeholder = _placeholder_pid(process.pid)
                 cwd = base.sandbox.workspace_path(ws.root)
                 cgroup = [str(p) for p in joined.join] if joined is not None else []
-                reply = await _spawn(
-                    template, placeholder, exit_write, kernel_argv, cwd, uid, cgroup, base.sandbox.seccomp
-                )
+                wait = start_wait(SPAWN_TIMEOUT)
+                with anyio.move_on_after(wait) as waiting:
+                    reply = await _spawn(
+                        template, placeholder, exit_write, kernel_argv, cwd, uid, cgroup, base.sandbox.seccomp
+                    )
+                if waiting.cancelled_caught:
+                    self._unanswered(template, wait)
                 if not reply.get("ok"):
                     raise ForkFailed(f"fork failed: {reply.get('error')}")
                 kernel.forked_pid = reply.get("pid")
@@ -270,6 +282,26 @@ class ForkKernelFactory:
                 if fd >= 0:
                     os.close(fd)
         return kernel
+
+    def _unanswered(self, template: TemplateProcess, waited: float) -> None:
+        """A spawn went unanswered for ``waited`` s: replace the template when it is stopped
+        or has been silent for the whole ``SPAWN_TIMEOUT`` (merely slow: keep it); raise ``ForkFailed``."""
+        stopped = _is_stopped(template.proc.pid)
+        why = f"the fork-server template did not answer within {waited:.0f}s" + (
+            " (its process is stopped)" if stopped else ""
+        )
+        if stopped or waited >= SPAWN_TIMEOUT:
+            self.server.discard(template, why)
+        raise ForkFailed(why)
+
+
+def _is_stopped(pid: int) -> bool:
+    """True when ``pid`` is stopped (SIGSTOP) or stopped by a tracer."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :][:1] in ("T", "t")
 
 
 TEMPLATE_UNSET = (

@@ -15,7 +15,7 @@ Design
   tools, the ``files`` of a result, the quota and the "files kept when the interpreter is
   replaced" rule are the local ones (``workspace.py``), unchanged. A kernel that cannot see
   its directory fails to start with a sentence that says how to fix the mount.
-* **Output, errors and budgets** are folded by ``kernels.fold_output``, the local loop's own
+* **Output, errors and budgets** are folded by ``kernel_messages.fold_output``, the local loop's own
   code; the gateway kernel runs the same setup cell (``kernel_setup.py``: output cap in the
   kernel, plain tracebacks, inline PNGs).
 * **Liveness without polling**: the gateway reports a kernel that died and was restarted
@@ -48,8 +48,9 @@ from kernmind.execution.gateway_client import (
     KernelGateway,
     KernelGone,
 )
+from kernmind.execution.kernel_messages import MALFORMED, Ignored, count_of, fold_output, message_parts
 from kernmind.execution.kernel_setup import setup_code
-from kernmind.execution.kernels import ExecOutcome, fold_output
+from kernmind.execution.kernels import ExecOutcome
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.workspace import Workspace
 
@@ -82,15 +83,25 @@ class GatewayKernel:
         if self.closed or self.lost:
             return False
         try:
-            while (msg := await self.channels.receive(timeout=0)) is not None:
+            while True:
+                try:
+                    msg = await self.channels.receive(timeout=0)
+                except MALFORMED:  # not JSON: skip it
+                    continue
+                if msg is None:
+                    break
                 self._notice_restart(msg)
         except ChannelsClosed as exc:
             self.lost = self._gateway_lost(exc)
         return self.lost is None
 
     def _notice_restart(self, msg: dict) -> bool:
-        state = msg["content"].get("execution_state") if msg["msg_type"] == "status" else None
-        if state in GONE_STATES and not msg["parent_header"]:
+        parts = message_parts(msg)
+        if isinstance(parts, str):
+            return False
+        kind, _, content = parts
+        state = content.get("execution_state") if kind == "status" else None
+        if state in GONE_STATES and not msg.get("parent_header"):
             self.lost = "the Python interpreter died while running this code " + (
                 "(the kernel gateway restarted it)"
                 if state == "restarting"
@@ -123,10 +134,11 @@ class GatewayKernel:
         count: int | None = None
         had_error = idle = replied = False
         reply_by: float | None = None
+        ignored = Ignored()
         while not (idle and replied):
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                return ExecOutcome("deadline", count)
+                return ignored.into(ExecOutcome("deadline", count))
             if reply_by is not None and now >= reply_by:
                 break  # went idle, but its reply never came: the output is complete anyway
             until = min(t for t in (deadline, reply_by, now + 3600) if t is not None)
@@ -134,28 +146,37 @@ class GatewayKernel:
                 msg = await self.channels.receive(timeout=until - now)
             except ChannelsClosed as exc:
                 if self.closed:
-                    return ExecOutcome("closed", count)
+                    return ignored.into(ExecOutcome("closed", count))
                 self.lost = self._gateway_lost(exc)
-                return ExecOutcome("died", count, detail=self.lost)
+                return ignored.into(ExecOutcome("died", count, detail=self.lost))
+            except MALFORMED as exc:  # not JSON
+                ignored.add(f"{type(exc).__name__}: {exc}")
+                continue
             if msg is None:
                 continue
             if self._notice_restart(msg):
-                return ExecOutcome("died", count, detail=self.lost)
-            if msg["parent_header"].get("msg_id") != msg_id:
+                return ignored.into(ExecOutcome("died", count, detail=self.lost))
+            parts = message_parts(msg)
+            if isinstance(parts, str):
+                ignored.add(parts)
                 continue
-            if msg["channel"] == "shell":
-                if msg["msg_type"] == "execute_reply":
+            kind, parent_id, content = parts
+            if parent_id != msg_id:
+                continue
+            channel = msg.get("channel")
+            if channel == "shell":
+                if kind == "execute_reply":
                     replied = True
-                    count = msg["content"].get("execution_count", count)
-            elif msg["msg_type"] == "status":
-                if msg["content"].get("execution_state") == "idle":
+                    count = count_of(content.get("execution_count"), count)
+            elif kind == "status":
+                if content.get("execution_state") == "idle":
                     idle, reply_by = True, time.monotonic() + REPLY_GRACE
-            elif msg["channel"] == "iopub":
+            elif channel == "iopub":
                 count = fold_output(msg, collector, count)
-                had_error = had_error or msg["msg_type"] == "error"
+                had_error = had_error or kind == "error"
         if count is not None and not silent:
             self.execution_count = count
-        return ExecOutcome("error" if had_error else "ok", count)
+        return ignored.into(ExecOutcome("error" if had_error else "ok", count))
 
     async def interrupt(self, collector: OutputCollector | None = None, grace: float = 3.0) -> bool:
         """Interrupt through the gateway; True when the running request went idle within ``grace``."""
@@ -174,13 +195,16 @@ class GatewayKernel:
             except ChannelsClosed as exc:
                 self.lost = self._gateway_lost(exc)
                 return False
+            except MALFORMED:
+                continue
             if msg is None or self._notice_restart(msg):
                 return False
-            if msg["parent_header"].get("msg_id") != self.running_msg_id or msg["channel"] != "iopub":
+            parts = message_parts(msg)
+            if isinstance(parts, str) or parts[1] != self.running_msg_id or msg.get("channel") != "iopub":
                 continue
-            if msg["msg_type"] == "stream":
+            if parts[0] == "stream":
                 fold_output(msg, sink, None)
-            elif msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
+            elif parts[0] == "status" and parts[2].get("execution_state") == "idle":
                 return True
         return False
 

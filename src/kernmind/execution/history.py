@@ -6,18 +6,23 @@ at most ``MAX_ENTRIES`` calls and ``MAX_BYTES`` bytes; past either, the oldest c
 dropped (the file is rewritten with the newest half). A result is stored as the run_code
 result was built (its output already under the call's budgets, images included).
 
-Error policy: history is a convenience; a failure to write it is logged, never raised
-into the call. Lines that do not parse are skipped when read.
+Writes go through ``diskio``: an append that fails (a full disk) is cut back off, so the file
+never ends in half a line; a trim replaces the file whole. A history file that is a link,
+a directory or a FIFO is neither followed nor waited on.
+
+Error policy: history is a convenience; a failure to write it is logged and returned (the
+call adds a note), never raised into the call. Lines that do not parse are skipped when read;
+an unreadable history reads as empty.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
+from kernmind.diskio import append_line, read_file, write_file
 from kernmind.execution.results import RunResult
 
 log = logging.getLogger(__name__)
@@ -31,14 +36,11 @@ MAX_BYTES = 64 * 1024 * 1024
 _lines_after_write: dict[Path, tuple[int, int]] = {}
 
 
-def record(path: Path, code: str, result: RunResult) -> None:
-    """Append one call (blocking: call it off the event loop)."""
+def record(path: Path, code: str, result: RunResult) -> OSError | None:
+    """Append one call (blocking: call it off the event loop); the error when it could not."""
     line = json.dumps({"code": code, "result": result.model_dump(mode="json", by_alias=True)}) + "\n"
     try:
-        with open(path, "a", encoding="utf-8") as fh:
-            before = fh.tell()
-            fh.write(line)
-            size = fh.tell()
+        before, size = append_line(path, line.encode())
         known = _lines_after_write.pop(path, None)
         lines = known[1] + 1 if known is not None and known[0] == before else _count_lines(path)
         if size > MAX_BYTES or lines > MAX_ENTRIES:
@@ -49,41 +51,42 @@ def record(path: Path, code: str, result: RunResult) -> None:
                 _lines_after_write.pop(next(iter(_lines_after_write)))
     except OSError as exc:
         log.warning("could not record the call in %s: %s", path, exc)
+        return exc
+    return None
 
 
 def read(path: Path) -> list[dict[str, Any]]:
     """The recorded calls, oldest first (``code`` and ``result``)."""
     entries: list[dict[str, Any]] = []
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(entry, dict) and isinstance(entry.get("result"), dict):
-                    entries.append(entry)
-    except FileNotFoundError:
-        return []
+    for line in _lines(path):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("result"), dict):
+            entries.append(entry)
     return entries
 
 
+def _lines(path: Path) -> list[bytes]:
+    try:
+        return read_file(path, 2 * MAX_BYTES).splitlines(keepends=True)
+    except OSError:
+        return []
+
+
 def _count_lines(path: Path) -> int:
-    with open(path, "rb") as fh:
-        return sum(1 for _ in fh)
+    return len(_lines(path))
 
 
 def _trim(path: Path) -> None:
     """Keep the newest half of the budget (by count and bytes)."""
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.readlines()
-    kept: list[str] = []
+    lines = _lines(path)
+    kept: list[bytes] = []
     size = 0
     for line in reversed(lines):
         if len(kept) >= MAX_ENTRIES // 2 or size + len(line) > MAX_BYTES // 2:
             break
         kept.append(line)
         size += len(line)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(reversed(kept)), encoding="utf-8")
-    os.replace(tmp, path)
+    write_file(path, b"".join(reversed(kept)))

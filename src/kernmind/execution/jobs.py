@@ -18,7 +18,18 @@ the job runs in that other server. A clean server stop cancels running jobs and 
 them as ``cancelled`` with their output so far. At most ``KEEP`` finished records per owner
 are kept.
 
-Error policy: an unknown job id raises ``JobError`` (a ``ValueError``) with a sentence.
+**Finished jobs leave memory.** ``jobs`` holds running jobs only: once a job's final record is
+on disk it is dropped, and ``status()`` reads it from there (a server that ran many jobs with
+large outputs does not keep every result in memory). A job whose final record could not be
+written (a full disk) stays in memory, the only copy of its result, until a later write
+succeeds (retried whenever jobs are started or looked up, and at shutdown).
+
+Records are read and written through ``diskio``: a link, a directory or a FIFO at a record's
+path is refused at once (never followed, never waited on), and a record is replaced whole.
+
+Error policy: an unknown job id, or a record that is not a readable file, raises ``JobError``
+(a ``ValueError``) with a sentence; a job that cannot be recorded when it starts (a full
+disk) is refused with a ``StorageError`` sentence and does not run.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from typing import Any, Literal
 import anyio
 from anyio.abc import TaskGroup
 
+from kernmind.diskio import NotAFile, Reserve, StorageError, disk_sentence, read_file, with_room, write_file
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.rundir import RunDir
 
@@ -90,30 +102,46 @@ class Job:
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> Job:
-        job = cls(
+        """The job a record describes (``ValueError``/``TypeError`` when it is malformed)."""
+        state = data.get("state", "lost")
+        finished, result, note, sid = (
+            data.get("finished"),
+            data.get("result"),
+            data.get("note"),
+            data.get("session_id"),
+        )
+        if state not in ("running", "done", "cancelled", "lost"):
+            raise ValueError(f"unknown state {str(state)[:20]!r}")
+        if not (finished is None or isinstance(finished, int | float)) or not (
+            result is None or isinstance(result, dict)
+        ):
+            raise TypeError("malformed finish")
+        return cls(
             id=str(data["id"]),
             owner=str(data["owner"]),
-            session_id=data.get("session_id"),
+            session_id=sid if isinstance(sid, str) else None,
             language=str(data.get("language", "python")),
             code=str(data.get("code", "")),
-            state=data.get("state", "lost"),
+            state=state,
             started=float(data.get("started", 0.0)),
-            finished=data.get("finished"),
-            result=data.get("result"),
-            note=data.get("note"),
+            finished=finished,
+            result=result,
+            note=note if isinstance(note, str) else None,
             server=str(data.get("server", "")),
             server_pid=int(data.get("server_pid", 0)),
         )
-        return job
 
 
 class Jobs:
-    def __init__(self, root: Path, *, output_budget: int, rich_budget: int) -> None:
+    def __init__(
+        self, root: Path, *, output_budget: int, rich_budget: int, reserve: Reserve | None = None
+    ) -> None:
         self.root = root
+        self.reserve = reserve  # given up for a final record when the disk is full (diskio.py)
         self.output_budget = output_budget
         self.rich_budget = rich_budget
         self.server = ""  # set by open(): this server's run directory
-        self.jobs: dict[str, Job] = {}
+        self.jobs: dict[str, Job] = {}  # running jobs, and finished ones whose record is not on disk yet
         self._tg: TaskGroup | None = None
 
     def open(self, tg: TaskGroup, server: Path) -> None:
@@ -134,8 +162,14 @@ class Jobs:
             scope=anyio.CancelScope(),
             done=anyio.Event(),
         )
+        self._retry_unwritten()
+        failed = self._save(job)
+        if failed is not None:
+            raise StorageError(
+                disk_sentence(failed, "start a background job (its record cannot be written)")
+                or f"could not start a background job: its record cannot be written ({failed.strerror})."
+            )
         self.jobs[job.id] = job
-        self._save(job)
         self._tg.start_soon(self._run, run, job)
         return job
 
@@ -159,7 +193,9 @@ class Jobs:
             job.finished = time.time()
             job.collector = None
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._save, job)
+                failed = await anyio.to_thread.run_sync(self._save, job)
+            if failed is None:  # on disk: status() reads it from there
+                self.jobs.pop(job.id, None)
             job.done.set()
 
     def _partial(self, job: Job) -> dict[str, Any]:
@@ -174,7 +210,9 @@ class Jobs:
         return data
 
     async def cancel(self, job_id: str, *, owner: str) -> Job:
-        job = self.get(job_id, owner=owner)
+        job = self.jobs.get(job_id)
+        if job is None or job.owner != owner:  # finished (or unknown): its record says so
+            job = await anyio.to_thread.run_sync(lambda: self.get(job_id, owner=owner))
         if job.state == "running" and job.scope is not None and job.done is not None:
             job.note = "cancelled with job_cancel"
             job.scope.cancel()
@@ -193,10 +231,13 @@ class Jobs:
                 assert job.done is not None
                 with anyio.move_on_after(15):
                     await job.done.wait()
+            await anyio.to_thread.run_sync(self._retry_unwritten)  # one last try for records not on disk
 
     # --- looking jobs up ------------------------------------------------------------------
     def get(self, job_id: str, *, owner: str) -> Job:
-        """The job, from memory or its record; a record left ``running`` by a dead server is lost."""
+        """The job, from memory or its record; a record left ``running`` by a dead server is lost
+        (blocking: it may read the record)."""
+        self._retry_unwritten()
         job = self.jobs.get(job_id)
         if job is not None and job.owner == owner:
             return job
@@ -206,7 +247,12 @@ class Jobs:
                 f"no job {job_id[:80]!r}; job ids look like 'job-…' and come from run_code with "
                 "background=true. Results are kept for the last jobs only."
             )
-        job = Job.from_record(data)
+        try:
+            job = Job.from_record(data)
+        except (KeyError, TypeError, ValueError):
+            raise JobError(
+                f"the record of job {job_id[:80]!r} is malformed; its result cannot be shown."
+            ) from None
         if job.state == "running":
             if RunDir.is_live(Path(job.server)):
                 job.note = (
@@ -233,27 +279,53 @@ class Jobs:
         if path is None:
             return None
         try:
-            with open(path, "rb") as fh:
-                data = json.loads(fh.read(MAX_RECORD_BYTES))
+            data = json.loads(read_file(path, MAX_RECORD_BYTES))
+        except NotAFile as exc:
+            raise JobError(
+                f"the record of job {job_id[:80]!r} is not a regular file ({exc.strerror}); kernmind does not "
+                "follow links or open special files among its records, so its result cannot be shown."
+            ) from None
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) and data.get("id") == job_id else None
 
-    def _save(self, job: Job) -> None:
+    def _save(self, job: Job, *, retry: bool = False) -> OSError | None:
+        """Write the job's record whole; the error when it could not be written (logged, at
+        debug level for a ``retry``)."""
         path = self._path(job.id, job.owner)
         assert path is not None
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps(job.record()))
-            os.replace(tmp, path)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            data = json.dumps(job.record()).encode()
+            if job.state == "running":
+                write_file(path, data, sync=False)  # rewritten when it ends
+            else:  # the result: worth the reserve
+                with_room(self.reserve, lambda: write_file(path, data))
             if job.state != "running":
                 self._prune(path.parent)
         except OSError as exc:
-            log.warning("could not record job %s: %s", job.id, exc)
+            log.log(logging.DEBUG if retry else logging.WARNING, "could not record job %s: %s", job.id, exc)
+            return exc
+        return None
+
+    def _retry_unwritten(self) -> None:
+        """Write the final records that could not be written before (a full disk), and let
+        those jobs leave memory."""
+        for job in list(self.jobs.values()):  # (one C call: safe while the event loop adds jobs)
+            if job.done is None or not job.done.is_set():
+                continue
+            if self._save(job, retry=True) is None:
+                log.info("recorded job %s, which could not be recorded when it finished", job.id)
+                self.jobs.pop(job.id, None)
 
     @staticmethod
     def _prune(folder: Path) -> None:
-        records = sorted(folder.glob("job-*.json"), key=lambda p: p.stat().st_mtime)
+        def mtime(path: Path) -> float:
+            try:
+                return path.lstat().st_mtime
+            except OSError:
+                return 0.0
+
+        records = sorted(folder.glob("job-*.json"), key=mtime)
         for old in records[:-KEEP]:
             old.unlink(missing_ok=True)

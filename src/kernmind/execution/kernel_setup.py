@@ -21,6 +21,12 @@ It cannot import kernmind (the kernel may run on another Python), so it is plain
   a marker with the number of dropped characters and the tail are written. This covers
   stdout, stderr, fd-level output (ipykernel's fd watcher calls ``write``) and forked
   children. The server then applies its own exact budget to what arrives.
+- **Lone surrogates leave the kernel as escapes.** ``print('\\ud800')`` (a string Python
+  can hold but UTF-8 cannot) made jupyter_client's packer fail in ipykernel's I/O thread:
+  the output was lost and a traceback full of host paths went to stderr instead. The
+  session's packer now retries such a message with every lone surrogate written as an
+  escape (``\\ud800``; a byte smuggled in by ``surrogateescape`` as ``\\xff``), the way the
+  server's ``results.safe_text`` shows them.
 - **The install guard** (``packages/guard.py``): ``%pip install``, ``!pip install`` and the
   like fail at once naming the ``install_packages`` tool; a ``!cmd`` that exits non-zero
   says so on stderr.
@@ -104,6 +110,50 @@ def _kernmind_cap_output(head, tail_size):
 
 _kernmind_cap_output({head}, {tail})
 del _kernmind_cap_output
+
+
+def _kernmind_safe_pack(session):
+    packer = session.pack
+
+    def text(value):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            pass
+        out = []
+        for ch in value:
+            code = ord(ch)
+            if 0xDC80 <= code <= 0xDCFF:
+                out.append("\\\\x%02x" % (code - 0xDC00))
+            elif 0xD800 <= code <= 0xDFFF:
+                out.append("\\\\u%04x" % code)
+            else:
+                out.append(ch)
+        return "".join(out)
+
+    def clean(value):
+        if isinstance(value, str):
+            return text(value)
+        if isinstance(value, dict):
+            return {{clean(k): clean(v) for k, v in value.items()}}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    def pack(obj):
+        try:
+            data = packer(obj)
+            data.decode("utf-8")  # surrogateescape lets a lone byte through: not valid UTF-8
+            return data
+        except (UnicodeEncodeError, UnicodeDecodeError):
+            return packer(clean(obj))
+
+    session.pack = pack
+
+
+_kernmind_safe_pack(get_ipython().kernel.session)
+del _kernmind_safe_pack
 """
 
 

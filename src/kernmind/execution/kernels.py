@@ -28,6 +28,7 @@ A kernel's own group goes with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
 import json
@@ -38,16 +39,19 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+import anyio.lowlevel
 
 from kernmind.execution.cgroups import Cgroup, CgroupSupport
 from kernmind.execution.errors import RuntimeUnavailable
+from kernmind.execution.kernel_messages import MALFORMED, Ignored, count_of, fold_output, message_parts
 from kernmind.execution.kernel_setup import setup_code
 from kernmind.execution.packages.guard import SandboxGuard, activate_layer_code
 from kernmind.execution.packages.layer import Layer
@@ -66,6 +70,27 @@ log = logging.getLogger(__name__)
 
 KERNEL_NAME = "kernmind-python"
 START_TIMEOUT = 60.0
+MIN_START_WAIT = 3.0  # the least a start waits for a helper (a fork-server template), deadline or not
+
+# When the call that needs a kernel started wants its answer (a monotonic time): waits for a
+# helper that may hang (a stopped fork-server template) are bounded by it.
+_START_BY: ContextVar[float | None] = ContextVar("kernmind_kernel_start_by", default=None)
+
+
+@contextlib.contextmanager
+def start_within(seconds: float) -> Iterator[None]:
+    """Kernels started in this block bound their waits for helpers by ``seconds`` from now."""
+    token = _START_BY.set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _START_BY.reset(token)
+
+
+def start_wait(longest: float) -> float:
+    """How long a kernel start may wait for a helper: ``longest``, or less when a call is waiting."""
+    by = _START_BY.get()
+    return longest if by is None else max(MIN_START_WAIT, min(longest, by - time.monotonic()))
 
 
 OutcomeKind = Literal["ok", "error", "died", "deadline", "closed"]
@@ -190,31 +215,22 @@ class ExecOutcome:
     execution_count: int | None = None
     exit_code: int | None = None
     detail: str | None = None  # why a kernel is gone, when "died" alone does not say it (remote kernels)
+    ignored: int = 0  # malformed messages of the kernel that were skipped (see ``Ignored``)
+    ignored_why: str | None = None  # what was wrong with the first one
 
-
-def fold_output(msg: dict[str, Any], collector: OutputCollector, count: int | None) -> int | None:
-    """Fold one iopub message of the running request (other than ``status``) into ``collector``;
-    the execution count, updated when the message carries one."""
-    kind = msg["msg_type"]
-    content = msg["content"]
-    if kind == "stream":
-        collector.stream(content.get("name", "stdout"), content.get("text", ""))
-    elif kind == "execute_result":
-        collector.display(content.get("data", {}), main=True)
-        count = content.get("execution_count", count)
-    elif kind in ("display_data", "update_display_data"):
-        collector.display(content.get("data", {}))
-    elif kind == "error":
-        collector.set_error(
-            content.get("ename", "Error"),
-            content.get("evalue", ""),
-            "\n".join(content.get("traceback", [])),
+    def ignored_note(self) -> str | None:
+        """The note a result carries when malformed kernel messages were skipped."""
+        if not self.ignored:
+            return None
+        many = (
+            f"{self.ignored} malformed Jupyter messages"
+            if self.ignored > 1
+            else "a malformed Jupyter message"
         )
-    elif kind == "execute_input":
-        count = content.get("execution_count", count)
-    elif kind == "clear_output":
-        collector.results.clear()
-    return count
+        return (
+            f"the kernel sent {many} during this call ({self.ignored_why}); "
+            "they were ignored and the rest of the output is shown."
+        )
 
 
 @dataclass
@@ -284,40 +300,51 @@ class Kernel:
         next_tick = time.monotonic() + 0.5
         count: int | None = None
         had_error = False
+        ignored = Ignored()
         while True:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                return ExecOutcome("deadline", count)
+                return ignored.into(ExecOutcome("deadline", count))
             if self.closed:
-                return ExecOutcome("closed", count)
+                return ignored.into(ExecOutcome("closed", count))
             # The liveness check runs on schedule even while output keeps arriving.
             if now >= next_tick:
                 next_tick = now + 0.5
                 if not await self.is_alive():
-                    return ExecOutcome("died", count, await self.exit_code())
+                    return ignored.into(ExecOutcome("died", count, await self.exit_code()))
             wait = max(0.0, min(deadline or next_tick, next_tick) - time.monotonic())
             try:
                 msg = await kc.get_iopub_msg(timeout=wait)
             except BaseException as exc:
                 if self._stopped_under_us(exc):
-                    return ExecOutcome("closed", count)
-                if not isinstance(exc, Empty):
-                    raise
+                    return ignored.into(ExecOutcome("closed", count))
+                if isinstance(exc, Empty):
+                    continue
+                if isinstance(exc, MALFORMED):  # the message could not even be decoded
+                    ignored.add(f"{type(exc).__name__}: {exc}")
+                    await anyio.lowlevel.checkpoint()  # a flood of them must not hold the event loop
+                    continue
+                raise
+            parts = message_parts(msg)
+            if isinstance(parts, str):
+                ignored.add(parts)
+                await anyio.lowlevel.checkpoint()
                 continue
-            if msg["parent_header"].get("msg_id") != msg_id:
+            kind, parent_id, content = parts
+            if parent_id != msg_id:
                 continue
-            if msg["msg_type"] == "status":
-                if msg["content"].get("execution_state") == "idle":
+            if kind == "status":
+                if content.get("execution_state") == "idle":
                     break
                 continue
             count = fold_output(msg, collector, count)
-            had_error = had_error or msg["msg_type"] == "error"
+            had_error = had_error or kind == "error"
         reply_count = await self._reply_count(msg_id)
         if reply_count is not None:
             count = reply_count
         if count is not None:
             self.execution_count = count
-        return ExecOutcome("error" if had_error else "ok", count)
+        return ignored.into(ExecOutcome("error" if had_error else "ok", count))
 
     def _stopped_under_us(self, exc: BaseException) -> bool:
         """True when ``exc`` comes from a concurrent shutdown closing our sockets, rather than
@@ -340,9 +367,12 @@ class Kernel:
                 except BaseException as exc:
                     if self._stopped_under_us(exc):
                         return None
+                    if isinstance(exc, MALFORMED):
+                        continue
                     raise
-                if reply["parent_header"].get("msg_id") == msg_id:
-                    return reply["content"].get("execution_count")
+                parts = message_parts(reply)
+                if not isinstance(parts, str) and parts[1] == msg_id:
+                    return count_of(parts[2].get("execution_count"), None)
         return None
 
     async def interrupt(self, collector: OutputCollector | None = None, grace: float = 3.0) -> bool:
@@ -362,15 +392,18 @@ class Kernel:
             try:
                 msg = await self.kc.get_iopub_msg(timeout=max(0.0, deadline - time.monotonic()))
             except BaseException as exc:  # Empty, or channels stopped by a concurrent shutdown
+                if isinstance(exc, MALFORMED):
+                    continue
                 if isinstance(exc, Exception) or self._stopped_under_us(exc):
                     break
                 raise
-            if msg["parent_header"].get("msg_id") != self.running_msg_id:
+            parts = message_parts(msg)
+            if isinstance(parts, str) or parts[1] != self.running_msg_id:
                 continue
-            kind = msg["msg_type"]
+            kind, _, content = parts
             if kind == "stream":
-                sink.stream(msg["content"].get("name", "stdout"), msg["content"].get("text", ""))
-            elif kind == "status" and msg["content"].get("execution_state") == "idle":
+                fold_output(msg, sink, None)
+            elif kind == "status" and content.get("execution_state") == "idle":
                 return await self.is_alive()
         return False
 

@@ -32,10 +32,18 @@ session leaves on disk is the store's (``store.py``).
   checkpointed once (``autosave`` hook), so a server killed later loses little.
 - ``ephemeral()``: a session for one ``--stateless`` call, never registered or stored,
   discarded after the call with everything in it.
+- **Bookkeeping never stops the server.** The reaper, autosave, unloading and the record
+  of each call write to the disk, which may be full (or failing, or read-only). None of
+  them raises out of the registry (the reaper logs and goes on); the writing is
+  ``session_books.py``'s: a call whose history could not be written says so in a note, a
+  meta that could not be written is written at the next chance, so the server recovers by
+  itself once space is freed. Only creating a new session, which needs its directory,
+  is refused (``StorageError``, with a sentence).
 
 Error policy: what the model can fix (bad id, too many sessions, unknown session, a session
-in use by another server or by a job) raises ``SessionError`` (a ``ValueError``) with an
-actionable sentence.
+in use by another server or by a job, a disk too full for a new session) raises
+``SessionError``/``StorageError`` (``ValueError``s) with an actionable sentence. The
+reaper logs what fails and goes on.
 """
 
 from __future__ import annotations
@@ -51,9 +59,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskGroup
 
-from kernmind.execution import history
+from kernmind.diskio import StorageError, disk_sentence, disk_trouble
 from kernmind.execution.errors import SessionError
 from kernmind.execution.packages.layer import Layer
+from kernmind.execution.session_books import Books
 from kernmind.execution.session_caps import Caps, MakingRoom
 from kernmind.execution.store import LOCAL_OWNER, Meta, SessionHome, SessionStore, StoredSession, ago
 from kernmind.execution.workspace import Workspace, off_loop
@@ -66,6 +75,7 @@ __all__ = ["DEFAULT_SESSION", "LOCAL_OWNER", "Session", "SessionError", "Session
 log = logging.getLogger(__name__)
 
 DEFAULT_SESSION = "default"
+RESERVE_DELAY = 2.0  # seconds after start before the disk reserve is taken (diskio.Reserve)
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -96,6 +106,7 @@ class Session:
     closed: bool = False
     resumed: bool = False  # loaded from the store: its variables may come back
     dirty: bool = False  # code ran since the last checkpoint
+    meta_unsaved: bool = False  # its meta could not be written (a full disk): written at the next chance
     pending_notes: list[str] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)  # per-runner state, keyed by language
     workspace: Workspace | None = None
@@ -169,6 +180,7 @@ class SessionRegistry(MakingRoom):
         self.sessions: dict[tuple[str, str], Session] = {}
         self.jobs: dict[tuple[str, str], str] = {}  # (owner, session id) -> the job that has it
         self._reaped: set[tuple[str, str]] = set()  # unstored sessions closed for idleness (for a note)
+        self.books = Books(store)  # history and metas, on a disk that may be full (session_books.py)
         self._loading = anyio.Lock()
         self._unloading: dict[tuple[str, str], anyio.Event] = {}  # sessions unloaded to make room
 
@@ -180,13 +192,21 @@ class SessionRegistry(MakingRoom):
         return max(0.5, min(60.0, self.idle_timeout / 4, self.autosave_after / 2))
 
     async def _reap_loop(self) -> None:
+        await anyio.sleep(min(RESERVE_DELAY, self._period()))  # after the handshake and a first call
         while True:
+            await self.books.take_reserve()  # (back) once the disk has room
             await anyio.sleep(self._period())
-            now = time.monotonic()
-            for s in list(self.sessions.values()):
-                idle = now - s.last_used
-                if s.busy or s.lock.locked():
-                    continue
+            await self._reap_once()
+
+    async def _reap_once(self) -> None:
+        """One turn: unload idle sessions, autosave idle dirty ones, write what could not be
+        written before. Nothing that fails here stops the loop (or the server)."""
+        now = time.monotonic()
+        for s in list(self.sessions.values()):
+            idle = now - s.last_used
+            if s.busy or s.lock.locked():
+                continue
+            try:
                 if idle > self.idle_timeout:
                     log.info("unloading session %r after %.0fs idle (its files stay)", s.id, idle)
                     s.pending_notes.clear()
@@ -196,14 +216,30 @@ class SessionRegistry(MakingRoom):
                         if not s.closed and not s.busy:
                             s.dirty = False
                             await self.hooks.autosave(s)
+                elif s.meta_unsaved and not s.closed:
+                    await self.books.save_meta(s)
+            except Exception:
+                log.exception("looking after idle session %r failed; the server goes on", s.id)
+        await self._write_unsaved()
+
+    async def _write_unsaved(self) -> None:
+        if not self.books.unsaved:
+            return
+        try:
+            async with self._loading:
+                await self.books.write_unsaved(lambda key: key in self.sessions)
+        except Exception:
+            log.exception("writing the metas that could not be written failed; will retry")
 
     async def unload_all(self) -> None:
-        """Server stop: save and stop every live session, keeping their files."""
+        """Server stop: save and stop every live session, keeping their files (``unload``
+        never raises, so one session's full disk does not stop the others' saves)."""
         sessions = list(self.sessions.values())
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
                 for s in sessions:
                     tg.start_soon(self.unload, s)
+            await self._write_unsaved()  # one last try (space may have come back meanwhile)
 
     # --- queries --------------------------------------------------------------------
     def live(self, session_id: str | None, owner: str = LOCAL_OWNER) -> Session | None:
@@ -346,12 +382,18 @@ class SessionRegistry(MakingRoom):
         if not stored:
             await off_loop(lambda: store.check_room(owner, sid, set(self.sessions)), timeout=None)
         home = store.home(owner, sid)
-        await off_loop(home.claim, timeout=None)
         try:
-            meta = home.load_meta()
+            await off_loop(home.claim, timeout=None)
+            unsaved = self.books.unsaved.get((owner, sid))  # newer than the one on disk
+            meta = unsaved[1] if unsaved is not None else home.load_meta()
             workspace = await off_loop(lambda: self.hooks.open_home(home), timeout=None)
-        except BaseException:
+        except BaseException as exc:
+            if not stored and home.held:  # a half-made new session of ours is no session
+                await off_loop(home.delete, timeout=None)
             home.release()
+            if isinstance(exc, OSError) and disk_trouble(exc):
+                what = f"{'create' if not stored else 'load'} session {sid!r}"
+                raise StorageError(disk_sentence(exc, what, kept="Your other sessions are intact.")) from exc
             raise
         session = Session(
             sid,
@@ -365,8 +407,9 @@ class SessionRegistry(MakingRoom):
         if stored:
             session.resumed = True
             session.pending_notes.append(resumed_note(meta))
-        else:
-            await off_loop(lambda: home.save_meta(meta), timeout=None)
+        self.books.take_unsaved((owner, sid))
+        if not stored or unsaved is not None:
+            await self.books.save_meta(session)  # a failure is retried later: the session works meanwhile
         self.sessions[session.key] = session
         return session
 
@@ -395,28 +438,23 @@ class SessionRegistry(MakingRoom):
 
     async def _touch(self, session: Session) -> None:
         """Record the call in the session's home: its history (for export_notebook) and meta
-        (last used, size from the call's scan), in one trip off the event loop."""
+        (last used, size from the call's scan); what cannot be written is said in its notes."""
         call, session.last_call = session.last_call, None
         if session.home is None or session.meta is None or session.closed:
             return
         meta = session.meta
         meta.last_used = time.time()
+        if session.dirty and meta.unsaved_since is None:
+            meta.unsaved_since = meta.last_used  # variables the next save must keep
         scan = session.workspace.last_scan if session.workspace else None
         if scan is not None and scan.complete:
             meta.bytes, meta.files = scan.bytes_used, len(scan.files)
-        home = session.home
-
-        def save() -> None:
-            if call is not None:
-                history.record(home.history, *call)
-            home.save_meta(meta)
-
-        with anyio.CancelScope(shield=True):
-            await off_loop(save, timeout=None)
+        await self.books.after_call(session, call)
 
     # --- unloading and closing --------------------------------------------------------------
     async def unload(self, session: Session) -> None:
-        """Save and stop the session's interpreter; its files and the stored session stay."""
+        """Save and stop the session's interpreter; its files and the stored session stay.
+        Never raises: what cannot be saved is logged (and its meta written later)."""
         with anyio.CancelScope(shield=True):
             if self.sessions.get(session.key) is session:
                 del self.sessions[session.key]
@@ -427,14 +465,22 @@ class SessionRegistry(MakingRoom):
                 await self.hooks.suspend(session)
             except Exception as exc:  # the files matter more than the snapshot
                 log.warning("saving session %r: %s", session.id, exc)
-            await _drop_packages(session)
+            try:
+                await _drop_packages(session)
+            except Exception as exc:
+                log.warning("removing the packages of session %r: %s", session.id, exc)
             home, meta, store = session.home, session.meta, self.store
             if home is not None and meta is not None and store is not None:
-                await off_loop(lambda: home.save_meta(store.refresh_size(home, meta)), timeout=None)
-                home.release()
+                try:
+                    await self.books.unloaded(session)  # (a meta it cannot write is kept for later)
+                finally:
+                    home.release()
             elif session.workspace is not None:  # not stored (sessions without a store): its files go
                 self._reaped.add(session.key)
-                await session.workspace.aremove()
+                try:
+                    await session.workspace.aremove()
+                except Exception as exc:
+                    log.warning("removing the files of session %r: %s", session.id, exc)
 
     async def close(self, session_id: str, *, owner: str = LOCAL_OWNER) -> bool:
         """Delete a session: stop the call running in it and its runners, and remove its files,

@@ -33,9 +33,17 @@ split between ``files/`` and ``.attach/``, both inside the session's directory;
 their total size, are at the owner's cap — or those of all owners together at the data
 dir's — naming the owner's least recently used sessions to close (never another owner's).
 
-Error policy: a request the model can correct (a session held by another server, caps)
-raises ``SessionError`` with a sentence; ``rm`` of a held session raises the same.
-Unreadable ``meta.json`` is treated as missing (it is rewritten on the next save).
+**Never followed, never waited on.** The store is the server's own, but what is on the disk
+can be anything: a session whose directory, ``files/`` or bookkeeping file is a symbolic
+link, a directory or a FIFO where a file belongs is refused when loaded (``check_layout``,
+with ``lstat``: a link is never followed into another tree), and every bookkeeping file is
+read and written through ``diskio`` (``O_NOFOLLOW``/``O_NONBLOCK``, whole-or-nothing writes).
+
+Error policy: a request the model can correct (a session held by another server, caps, a
+damaged stored session) raises ``SessionError`` with a sentence; ``rm`` of a held session
+raises the same. Unreadable ``meta.json`` is treated as missing (it is rewritten on the next
+save). ``save_meta`` raises ``OSError`` (a full disk): the meta is kept and written at the
+next chance (``session_books.py``).
 """
 
 from __future__ import annotations
@@ -46,11 +54,13 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernmind.diskio import Reserve, kind_of, read_file, write_file
 from kernmind.execution.errors import SessionError
 from kernmind.execution.filescan import scan_tree
 
@@ -77,6 +87,10 @@ class Meta:
     snapshot_at: float | None = None  # when the variables were last saved
     snapshot_skipped: dict[str, str] = field(default_factory=dict)  # name -> why it was not saved
     snapshot_clean: bool = False  # saved when the interpreter stopped (not an autosave before a crash)
+    # A save of the variables that began and has not finished (a server killed during it leaves it set).
+    save_started: float | None = None
+    save_failed: str | None = None  # why the last save of the variables failed (a full disk …)
+    unsaved_since: float | None = None  # code ran since the last save, from this time on
 
 
 @dataclass
@@ -109,10 +123,15 @@ class SessionHome:
         return self.root / HISTORY
 
     # --- holding it ----------------------------------------------------------------
-    def claim(self) -> None:
-        """Take the session for this server, or raise ``SessionError`` naming the holder."""
+    def claim(self, *, check: bool = True) -> None:
+        """Take the session for this server, or raise ``SessionError`` naming the holder (or,
+        with ``check``, what is damaged in its directory)."""
+        if check:
+            self.check_layout()
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = _open_lock(self.root / LOCK, create=True)
+        if fd is None:
+            raise self._damaged(f"its {LOCK} is not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -125,8 +144,9 @@ class SessionHome:
                 f"session {self.session_id!r} is in use by {who} on this data dir; use another "
                 "session_id, or stop that server (or wait until it closes the session)."
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        with contextlib.suppress(OSError):  # who holds it, for refusals; a full disk must not stop the claim
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
         self.recover()
         self.files.mkdir(exist_ok=True, mode=0o755)
@@ -141,6 +161,36 @@ class SessionHome:
     @property
     def held(self) -> bool:
         return self._lock_fd is not None
+
+    def check_layout(self) -> None:
+        """Refuse a session whose directory holds a link, a directory or a FIFO where the store
+        keeps something else (nothing is followed or opened to find out: ``lstat`` only)."""
+        for path, want in (
+            (self.root.parent, "directory"),
+            (self.root, "directory"),
+            (self.files, "directory"),
+            (self.root / ATTACHING, "directory"),
+            (self.root / META, "file"),
+            (self.root / HISTORY, "file"),
+            (self.root / LOCK, "file"),
+        ):
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                continue
+            ok = stat.S_ISDIR(mode) if want == "directory" else stat.S_ISREG(mode)
+            if not ok:
+                where = f"its {path.name}{'/' if want == 'directory' else ''}"
+                if path in (self.root, self.root.parent):
+                    where = "its directory" if path == self.root else "its owner's directory"
+                raise self._damaged(f"{where} is {kind_of(mode)}, not a {want}")
+
+    def _damaged(self, why: str) -> SessionError:
+        return SessionError(
+            f"stored session {self.session_id!r} cannot be loaded: {why} (kernmind never follows links "
+            "or opens special files in its store). Use another session_id; the server's operator can "
+            f"remove it with `kernmind sessions rm {self.session_id}`."
+        )
 
     def recover(self) -> None:
         """Finish a ``rebind`` that a crash interrupted: every entry back in ``files/``."""
@@ -160,9 +210,8 @@ class SessionHome:
         return read_meta(self.root) or Meta(self.owner, self.session_id)
 
     def save_meta(self, meta: Meta) -> None:
-        tmp = self.root / f".{META}.{os.getpid()}"
-        tmp.write_text(json.dumps(asdict(meta)))
-        os.replace(tmp, self.root / META)
+        """Write the meta whole (a temporary file, fsync'd, renamed); ``OSError`` when it cannot."""
+        write_file(self.root / META, json.dumps(asdict(meta)).encode())
 
     def delete(self) -> None:
         """Remove everything (the caller holds the lock)."""
@@ -197,17 +246,35 @@ def ago(seconds: float) -> str:
 
 def holder_pid(root: Path) -> int | None:
     try:
-        text = (root / LOCK).read_text().strip()
+        text = read_file(root / LOCK, 32).decode(errors="replace").strip()
     except OSError:
         return None
     return int(text) if text.isdigit() else None
 
 
+def _open_lock(path: Path, *, create: bool) -> int | None:
+    """The lock file, opened without following a link or blocking; None when it is not a
+    regular file (or, without ``create``, absent)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ENOENT):
+            return None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
 def is_held(root: Path) -> bool:
     """True when some server holds the session's lock now."""
     try:
-        fd = os.open(root / LOCK, os.O_RDWR | os.O_CLOEXEC)
+        fd = _open_lock(root / LOCK, create=False)
     except OSError:
+        return False
+    if fd is None:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -220,11 +287,16 @@ def is_held(root: Path) -> bool:
 
 def read_meta(root: Path) -> Meta | None:
     try:
-        with open(root / META, "rb") as fh:
-            data = json.loads(fh.read(MAX_META_BYTES))
-        return Meta(**{k: v for k, v in data.items() if k in Meta.__dataclass_fields__})
-    except (OSError, ValueError, TypeError):
+        data = json.loads(read_file(root / META, MAX_META_BYTES))
+        meta = Meta(**{k: v for k, v in data.items() if k in Meta.__dataclass_fields__})
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
+    numbers = (meta.created, meta.last_used, meta.bytes, meta.files)
+    if not all(isinstance(n, int | float) and not isinstance(n, bool) for n in numbers):
+        return None
+    if not isinstance(meta.snapshot_skipped, dict):
+        meta.snapshot_skipped = {}
+    return meta
 
 
 class SessionStore:
@@ -238,12 +310,14 @@ class SessionStore:
         max_bytes: int,
         per_owner_sessions: int | None = None,
         per_owner_bytes: int | None = None,
+        reserve: Reserve | None = None,
     ) -> None:
         self.root = root
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
         self.per_owner_sessions = min(per_owner_sessions or max_sessions, max_sessions)
         self.per_owner_bytes = min(per_owner_bytes or max_bytes, max_bytes)
+        self.reserve = reserve  # room for the server's own writes when the disk fills (diskio.py)
 
     def home(self, owner: str, session_id: str) -> SessionHome:
         return SessionHome(self.root / owner / session_id, owner, session_id)
@@ -311,9 +385,18 @@ class SessionStore:
     def remove(self, owner: str, session_id: str) -> None:
         """Delete a stored session that no server holds (``SessionError`` otherwise)."""
         home = self.home(owner, session_id)
+        if home.root.is_symlink():  # damaged: the link goes, never what it points to
+            home.root.unlink()
+            return
         if not home.root.is_dir():
             raise SessionError(f"no stored session {session_id!r} (owner {owner!r}).")
-        home.claim()  # refuses when a server has it live
+        try:
+            home.claim(check=False)  # refuses when a server has it live; a damaged one can go
+        except SessionError:
+            if is_held(home.root):
+                raise
+            shutil.rmtree(home.root, ignore_errors=True)  # its lock is not a file: nobody can hold it
+            return
         home.delete()
 
     def refresh_size(self, home: SessionHome, meta: Meta) -> Meta:

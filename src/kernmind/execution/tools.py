@@ -22,7 +22,8 @@ MCP), and shape the answer under the result budget:
 Error policy, in one place (``model_errors``): what the model can fix (``ValueError``: a
 bad argument, an unknown session, a path outside the workspace, a language that is not
 installed) becomes a ``ToolError`` with that sentence; an interpreter that cannot start
-becomes a ``ToolError`` that says so and points the operator at ``kernmind doctor``.
+becomes a ``ToolError`` that says so and points the operator at ``kernmind doctor``; a disk
+that is full (or failing, or read-only) becomes a ``ToolError`` saying so (``diskio``).
 Code that fails is not a tool error: it is a normal result with ``status: "error"``.
 """
 
@@ -38,6 +39,7 @@ from pydantic import BaseModel, Field
 
 from kernmind import input_limits as limits
 from kernmind.config import Settings
+from kernmind.diskio import disk_sentence
 from kernmind.execution import session_tools
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.executor import Executor
@@ -60,12 +62,31 @@ def model_errors(what: str = "the request") -> Iterator[None]:
     except ToolError:
         raise
     except RuntimeUnavailable as exc:
+        if (sentence := _disk_cause(exc, f"start {what}")) is not None:
+            raise ToolError(sentence) from exc
         raise ToolError(
             f"could not start {what}: {exc}. Try again; if it persists, the server's operator should "
             "run `kernmind doctor`."
         ) from exc
-    except ValueError as exc:  # WorkspaceError, SessionError and argument checks
+    except ValueError as exc:  # WorkspaceError, SessionError, StorageError and argument checks
         raise ToolError(str(exc)) from exc
+    except OSError as exc:  # the server's disk (full, failing, read-only): say so, keep serving
+        sentence = disk_sentence(exc, f"complete {what}")
+        if sentence is None:
+            raise
+        raise ToolError(sentence) from exc
+
+
+def _disk_cause(exc: BaseException, what: str) -> str | None:
+    """The disk sentence when a full (or failing) disk is what caused ``exc``."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the chain of causes, bounded
+        if seen is None:
+            return None
+        if (sentence := disk_sentence(seen, what)) is not None:
+            return sentence
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 class UploadResult(BaseModel):

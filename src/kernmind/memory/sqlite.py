@@ -23,7 +23,8 @@ Error policy
 ------------
 Busy/locked errors are retried for up to ``BUSY_RETRY_SECONDS``; a database written by a
 newer kernmind (a higher ``user_version``) is refused with a ``RuntimeError`` saying to
-upgrade; anything else (I/O errors, a corrupt file) propagates as-is.
+upgrade; anything else (I/O errors, a full disk, a corrupt file) propagates as-is, after the
+transaction is rolled back (the tool layer words the disk errors).
 """
 
 from __future__ import annotations
@@ -381,7 +382,10 @@ class SQLiteDatabase:
                 yield SQLiteTx(conn)
             except BaseException:
                 with anyio.CancelScope(shield=True):
-                    await conn.execute("ROLLBACK")
+                    # SQLite may have rolled back already (SQLITE_FULL, IOERR): a second ROLLBACK
+                    # would fail and hide the error that matters.
+                    if conn.in_transaction:
+                        await conn.execute("ROLLBACK")
                 raise
             with anyio.CancelScope(shield=True):
                 try:

@@ -23,7 +23,9 @@ Design
 Error policy
 ------------
 Anything the model can fix raises ``ToolError`` (an ``isError`` result with our text) saying
-what to do instead; the store guarantees a refused write changed nothing. Unexpected
+what to do instead; the store guarantees a refused write changed nothing. A write the
+database could not make because the disk is full (or failing, or read-only) is rolled back
+and answered with a sentence saying so (``diskio.disk_sentence``). Unexpected
 exceptions propagate to the SDK, which logs them and reports a generic tool error.
 """
 
@@ -46,6 +48,7 @@ from mcp.shared.subscriptions import ResourceUpdated
 from mcp_types import EmptyResult, SubscribeRequestParams, UnsubscribeRequestParams
 
 from kernmind.config import Settings
+from kernmind.diskio import disk_sentence
 from kernmind.memory.archival import Archive
 from kernmind.memory.block_results import BlockInfo, render_blocks
 from kernmind.memory.database import Database
@@ -96,6 +99,7 @@ class MemoryTools:
         self._embedder: Embedder | None = None
         self._background: anyio.abc.TaskGroup | None = None
         self._opening = anyio.Lock()
+        self._unopened: dict[str, str] = {}  # namespace -> why it could not be opened (a full disk)
         self._server: MCPServer | None = None
         # legacy resources/subscribe: uri -> client connections (weakly held: a closed one drops out)
         self._legacy_subs: dict[str, weakref.WeakSet[Any]] = {}
@@ -135,14 +139,26 @@ class MemoryTools:
         return f"{principal.owner}/{self.settings.agent}"
 
     async def open_space(self, principal: Principal) -> None:
-        """Make ``principal``'s namespace ready (a no-op once it is)."""
+        """Make ``principal``'s namespace ready (a no-op once it is). Runs before every call of
+        every tool: a disk too full to create the namespace must not fail the principal's other
+        tools, so that is remembered (the memory tools say it) and tried again at the next call."""
         key = self.namespace_for(principal)
         if key in self._spaces or self._root is None:
             return
         async with self._opening:
             if key not in self._spaces and self._root is not None:
                 store = MemoryStore.from_settings(self.settings, namespace=key, sharing=self._root)
-                await self._add_space(await store.open_namespace())
+                try:
+                    space = await store.open_namespace()
+                except Exception as exc:
+                    sentence = disk_sentence(exc, "set up this principal's memory", kept="Nothing was lost.")
+                    if sentence is None:
+                        raise
+                    log.warning("memory namespace %r not opened: %s", key, exc)
+                    self._unopened[key] = sentence
+                    return
+                self._unopened.pop(key, None)
+                await self._add_space(space)
 
     async def _add_space(self, store: MemoryStore) -> None:
         space = MemorySpace(
@@ -173,8 +189,11 @@ class MemoryTools:
             log.warning("meaning search unavailable, full text only: %s", exc)
 
     def _space(self) -> MemorySpace:
-        space = self._spaces.get(self.namespace_for(current_principal()))
+        key = self.namespace_for(current_principal())
+        space = self._spaces.get(key)
         if space is None:
+            if (why := self._unopened.get(key)) is not None:
+                raise ToolError(why)
             raise ToolError("Memory is not open yet (the server is starting or stopping); try again shortly.")
         return space
 
@@ -202,6 +221,11 @@ class MemoryTools:
             yield
         except MemoryRefusal as exc:
             raise ToolError(exc.render(words)) from exc
+        except Exception as exc:  # a full disk under the database: the write was rolled back
+            sentence = disk_sentence(exc, "save this change to memory", kept="Memory is unchanged.")
+            if sentence is None:
+                raise
+            raise ToolError(sentence) from exc
 
     @classmethod
     async def call(cls, coro: Awaitable[T], words: Words = BLOCK_TOOL_WORDS) -> T:

@@ -29,6 +29,7 @@ Error policy: a kernel that cannot be started raises ``RuntimeUnavailable`` with
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ import anyio
 
 from kernmind.execution import snapshot
 from kernmind.execution.errors import RuntimeUnavailable
-from kernmind.execution.kernels import Kernel
+from kernmind.execution.kernels import Kernel, start_within
 from kernmind.execution.pool import KernelPool
 from kernmind.execution.runners.base import Call
 from kernmind.execution.workspace import WorkspaceError, off_loop
@@ -81,7 +82,8 @@ class PythonRunner:
 
     async def execute(self, call: Call) -> None:
         session = call.session
-        kernel = await self._kernel_for(call)
+        with start_within(call.timeout):  # a hung fork server costs the call its limit, not a minute
+            kernel = await self._kernel_for(call)
         if session.resumed:
             session.resumed = False
             if not call.reset:
@@ -89,6 +91,8 @@ class PythonRunner:
         call.begin()
         session.dirty = True
         outcome = await kernel.execute(call.code, call.collector)
+        if note := outcome.ignored_note():
+            call.notes.append(note)
         if outcome.execution_count is not None:
             call.execution_count = outcome.execution_count
         if outcome.kind == "died":
@@ -148,7 +152,7 @@ class PythonRunner:
         meta = session.meta
         try:
             if kernel is not None and meta is not None and not kernel.needs_replacement:
-                if session.dirty or meta.snapshot_at is None:
+                if session.dirty or meta.snapshot_at is None or meta.unsaved_since is not None:
                     if await kernel.is_alive():
                         await self._save(session, kernel, clean=True)
                 else:  # the last autosave already holds everything
@@ -163,27 +167,49 @@ class PythonRunner:
             await self._save(session, kernel, clean=False)
 
     async def _save(self, session: Session, kernel: Kernel, *, clean: bool) -> None:
+        """Save the namespace; the meta records that a save began (so a server killed during it
+        leaves a trace the resume note reads), then how it ended."""
         meta, home, ws = session.meta, session.home, session.workspace
         if meta is None or home is None or ws is None:
             return
+        meta.save_started = time.time()
+        await self._write_meta(session)
         report = await snapshot.save(
             kernel, self.inner_root(ws.root), limit_bytes=self.budget.max_bytes, seconds=self.budget.seconds
         )
-        if report is None:
+        meta.save_started = None
+        if isinstance(report, str):  # it failed (a full disk, the time budget): the last snapshot stays
+            meta.save_failed = report
+        else:
+            meta.snapshot_at, meta.snapshot_clean, meta.snapshot_skipped = report.at, clean, report.skipped
+            meta.save_failed = meta.unsaved_since = None
+            session.dirty = False
+        await self._write_meta(session)
+
+    @staticmethod
+    async def _write_meta(session: Session) -> None:
+        """Best effort: a meta that cannot be written now (a full disk) is written at the next chance."""
+        home, meta = session.home, session.meta
+        if home is None or meta is None:
             return
-        meta.snapshot_at, meta.snapshot_clean, meta.snapshot_skipped = report.at, clean, report.skipped
-        session.dirty = False
-        await off_loop(lambda: home.save_meta(meta), timeout=None)
+        try:
+            await off_loop(lambda: home.save_meta(meta), timeout=None)
+        except OSError as exc:
+            level = logging.DEBUG if session.meta_unsaved else logging.WARNING
+            log.log(level, "could not write the meta of session %r (will retry): %s", session.id, exc)
+            session.meta_unsaved = True
 
     async def _restore(self, session: Session, kernel: Kernel) -> list[str]:
         meta, ws = session.meta, session.files()
+        lost = snapshot.lost_note(meta) if meta is not None and self.budget.max_bytes > 0 else None
         try:
             await ws.aread(snapshot.SNAPSHOT_FILE, length=0)
         except WorkspaceError:
             if meta is not None and meta.snapshot_at is not None:
                 return ["the session's saved variables are gone from its working directory; it starts fresh."]
-            return []
-        notes = await snapshot.restore(
+            return [f"{lost}; it starts from a fresh interpreter (files kept)."] if lost else []
+        notes = [f"{lost}; an older snapshot is restored instead."] if lost else []
+        notes += await snapshot.restore(
             kernel,
             self.inner_root(ws.root),
             seconds=self.budget.seconds,

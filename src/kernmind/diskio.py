@@ -1,0 +1,263 @@
+"""The server's own bookkeeping files: safe reads, whole-or-nothing writes, disk errors in words.
+
+Every part that keeps files of its own (a stored session's meta and history, job records)
+reads and writes them through here, so that what is on the disk can neither hang nor
+mislead the server, and a full disk can neither stop it nor leave half a file:
+
+- **Reads never follow a link and never wait.** ``read_file`` opens with ``O_NOFOLLOW`` and
+  ``O_NONBLOCK`` and checks with ``fstat`` that it got a regular file: a symbolic link, a
+  directory or a FIFO planted where a record should be raises ``NotAFile`` (an ``OSError``)
+  at once, instead of being followed or blocking the reader until a writer comes.
+- **Writes are whole or absent.** ``write_file`` writes a fresh temporary file next to the
+  target (``O_EXCL | O_NOFOLLOW``), ``fsync``s it and renames it over the target, so a
+  reader sees the old content or the new one, never a part; when anything fails (ENOSPC
+  half-way, say) the temporary file is removed and the target is untouched.
+  ``append_line`` appends one line and, when the write fails or comes up short, cuts the
+  file back to where it was, so a full disk never leaves a broken last line that the next
+  append would glue onto.
+- **Disk errors in words.** ``disk_trouble(exc)`` names what an ``OSError`` (ENOSPC, EDQUOT,
+  EIO, EROFS) or a database error (SQLite's ``SQLITE_FULL``/``IOERR``/``READONLY``,
+  PostgreSQL's ``disk_full``) says about the disk — ``"the disk is full"`` — or None for
+  anything else; ``disk_sentence`` makes the sentence a tool answers with. A disk that is full
+  is not a bug of the request: callers answer with that sentence, keep serving, and retry
+  the write later.
+
+- **A reserve for the server's own writes.** Code in a sandbox can fill the disk the data
+  directory is on, up to the last byte. ``Reserve`` keeps a small file there (taken when the
+  disk has room); a bookkeeping write that finds the disk full gives it up and tries once
+  more (``with_room``), so a session's meta, a job's result and the few bytes a kernel
+  needs to start (its connection file: the call that deletes the big file must be able to
+  run) still fit. It is taken back once space returns.
+
+Error policy: ``read_file``, ``write_file`` and ``append_line`` raise ``OSError`` (never
+leaving a temporary file or a partial line behind); ``StorageError`` (a ``ValueError``)
+carries a sentence for the model, for the tool layers to map like any other refusal.
+``Reserve`` never raises: it is best effort.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_DISK_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EIO: "the disk reported an I/O error",
+    errno.EROFS: "the disk is read-only",
+}
+# SQLite's primary result codes (the low byte of an extended code).
+_SQLITE_CODES = {13: "the disk is full", 10: "the disk reported an I/O error", 8: "the disk is read-only"}
+_SQLSTATES = {"53100": "the disk is full", "58030": "the disk reported an I/O error"}
+
+SAFE_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class StorageError(ValueError):
+    """A write the server could not make, with a sentence saying what to do."""
+
+
+class NotAFile(OSError):
+    """Something other than a regular file (a link, a directory, a FIFO) where a file should be."""
+
+
+def disk_trouble(exc: BaseException) -> str | None:
+    """What ``exc`` says about the disk (``"the disk is full"``), or None when it is not about the disk."""
+    if isinstance(exc, OSError):
+        return _DISK_ERRNOS.get(exc.errno or 0)
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return _SQLITE_CODES.get(code & 0xFF)
+    state = getattr(exc, "sqlstate", None)
+    if isinstance(state, str):
+        return _SQLSTATES.get(state)
+    return None
+
+
+def disk_sentence(exc: BaseException, what: str, *, kept: str = "") -> str | None:
+    """``the disk is full: could not <what>. <kept> Free space …`` (None when ``exc`` is not
+    about the disk). ``what`` says what failed; ``kept`` what is safe nevertheless."""
+    trouble = disk_trouble(exc)
+    if trouble is None:
+        return None
+    fix = (
+        "Delete files you no longer need (run_code can remove files in your sessions), or ask the "
+        "server's operator to free space, then try again"
+        if trouble != "the disk is read-only"
+        else "Ask the server's operator to make the data directory writable again, then try again"
+    )
+    return f"{trouble}: could not {what}. {kept + ' ' if kept else ''}{fix}."
+
+
+def kind_of(mode: int) -> str:
+    """``a directory``, ``a symbolic link``, ``a FIFO`` … for a sentence."""
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open_regular(path: Path, flags: int, mode: int = 0o600) -> int:
+    """Open ``path`` without following a link or blocking; refuse what is not a regular file."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW on a symbolic link
+            raise NotAFile(errno.ELOOP, f"{path.name} is a symbolic link", str(path)) from None
+        if exc.errno == errno.ENXIO:  # a FIFO opened for writing with no reader
+            raise NotAFile(errno.ENXIO, f"{path.name} is a FIFO", str(path)) from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise NotAFile(errno.EINVAL, f"{path.name} is {kind_of(info.st_mode)}", str(path))
+    return fd
+
+
+def read_file(path: Path, limit: int) -> bytes:
+    """At most ``limit`` bytes of the regular file ``path`` (``NotAFile`` for anything else)."""
+    fd = _open_regular(path, os.O_RDONLY)
+    try:
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def check_regular_or_absent(path: Path) -> None:
+    """Raise ``NotAFile`` when something other than a regular file is at ``path``."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(info.st_mode):
+        raise NotAFile(errno.EINVAL, f"{path.name} is {kind_of(info.st_mode)}", str(path))
+
+
+def write_file(path: Path, data: bytes, *, sync: bool = True) -> None:
+    """Replace ``path`` with ``data`` at once: a temporary file, fsync'd, renamed over it.
+    On failure the temporary file is gone and ``path`` is as it was."""
+    check_regular_or_absent(path)  # a directory there would otherwise fail after the write
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if sync:
+        sync_dir(path.parent)
+
+
+def sync_dir(folder: Path) -> None:
+    """fsync a directory (so a rename in it survives a crash); best effort."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def append_line(path: Path, line: bytes) -> tuple[int, int]:
+    """Append ``line`` to the regular file ``path`` (created if absent); (size before, size after).
+    A failed or short write is cut back off, so the file never ends in a partial line."""
+    fd = _open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        before = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise OSError(errno.ENOSPC, "short write", str(path))
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, before)
+            raise
+        return before, before + written
+    finally:
+        os.close(fd)
+
+
+class Reserve:
+    """A few MiB kept on the data disk for the server's own writes (see the module docstring)."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.size = size
+
+    @property
+    def held(self) -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(self.path).st_mode)
+        except OSError:
+            return False
+
+    def take(self) -> bool:
+        """Make the reserve when the disk has room for it and as much again (True: it is there)."""
+        if self.size <= 0 or self.held:
+            return self.size > 0
+        try:
+            info = os.statvfs(self.path.parent)
+            if info.f_bavail * info.f_frsize < 3 * self.size:
+                return False
+            # Random bytes: a compressing or deduplicating file system must really store them.
+            write_file(self.path, os.urandom(self.size))
+        except OSError as exc:
+            log.debug("no disk reserve at %s: %s", self.path, exc)
+            return False
+        return True
+
+    def give_up(self) -> bool:
+        """Free the reserve (True when there was one to free)."""
+        try:
+            os.unlink(self.path)
+        except OSError:
+            return False
+        log.warning(
+            "the disk of %s is full: gave up its %d KiB reserve so the server's own records still fit",
+            self.path.parent,
+            self.size // 1024,
+        )
+        return True
+
+
+def with_room(reserve: Reserve | None, write: Callable[[], T]) -> T:
+    """``write()``; when the disk is full, once more after giving up the reserve."""
+    try:
+        return write()
+    except OSError as exc:
+        if reserve is None or exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not reserve.give_up():
+            raise
+    return write()

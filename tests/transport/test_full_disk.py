@@ -1,0 +1,267 @@
+"""A full disk stops no one: over real HTTP, two principals, the data dir on a small tmpfs.
+
+alice fills the disk from inside her session; the test then takes the last bytes too (the
+server keeps a small reserve for its own records and gives it up on the first failure). While
+the disk is full: memory writes answer ``the disk is full: …`` and change nothing; a call in a
+live session still runs and says its history could not be written; a background job cannot
+start (a sentence) and one that finishes keeps its result in memory; idle sessions are
+autosaved and unloaded (the saves fail) and the server keeps answering both principals. Once
+space is freed, everything recovers by itself: the meta it could not write is written, the
+job's record reaches the disk, and every tool works again. A server stopped while the disk is
+full exits cleanly. Needs root (to mount the tmpfs); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+
+from kernmind.principals import TokenFile
+from tests.conftest import error_text, structured
+from tests.transport.procs import HttpServer, http_client, start_http
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.xdist_group("transport"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs as the data dir needs root"),
+]
+
+DISK = "24m"
+FULL = "the disk is full: could not"
+SERVER_FLAGS = (
+    "--sandbox",
+    "none",
+    "--idle-timeout",
+    "8",
+    "--autosave-seconds",
+    "1",
+    "--workspace-mb",
+    "1000",  # the quota is not what stops alice here: the disk is
+    "--embedding-model",
+    "none",
+)
+FILL = """\
+import errno, os
+fd = os.open("big", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+try:
+    for size in (1 << 20, 1 << 12, 1):
+        try:
+            while os.write(fd, b"1" * size):
+                pass
+        except OSError as exc:
+            stopped = exc.strerror
+finally:
+    os.close(fd)
+print("stopped:", stopped)
+"""
+
+
+class Deployment:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.data = root / "data"
+        self.tokens_file = root / "tokens.json"
+        file = TokenFile(self.tokens_file)
+        self.tokens = {name: file.add(name, []) for name in ("alice", "bob")}
+        self.server: HttpServer | None = None
+
+    def start(self) -> HttpServer:
+        self.server = start_http(self.root, "--tokens", str(self.tokens_file), *SERVER_FLAGS)
+        return self.server
+
+    def client(self, who: str) -> Client:
+        assert self.server is not None
+        return http_client(self.server.url, {"Authorization": f"Bearer {self.tokens[who]}"}, "auto")
+
+    def fill(self, name: str = "ballast") -> None:
+        """Take every byte left on the data disk (as the operator's other programs might)."""
+        fd = os.open(self.data / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            for size in (1 << 20, 1 << 12, 1):
+                try:
+                    while os.write(fd, b"\0" * size):
+                        pass
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+
+    def free(self) -> None:
+        """Free space as an operator would: the ballast and alice's big file go."""
+        for path in (self.data / "ballast", self.data / "sessions" / "alice" / "fill" / "files" / "big"):
+            path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    (tmp_path / "data").mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(tmp_path / "data")], check=True
+    )
+    deployment = Deployment(tmp_path)
+    try:
+        yield deployment
+    finally:
+        if deployment.server is not None and deployment.server.proc.poll() is None:
+            deployment.server.proc.kill()
+            deployment.server.proc.wait()
+        subprocess.run(["umount", "-l", str(tmp_path / "data")], check=False)
+
+
+async def run(client: Client, code: str, session: str, **extra: Any) -> dict[str, Any]:
+    return structured(await client.call_tool("run_code", {"code": code, "session_id": session, **extra}))
+
+
+async def states(client: Client) -> dict[str, str]:
+    return {
+        s["session_id"]: s["state"]
+        for s in structured(await client.call_tool("list_sessions", {}))["sessions"]
+    }
+
+
+def recorded_or_noted(out: dict[str, Any], history: Path, code: str) -> None:
+    """A call on a full disk is in its session's history, or its result says it is not (an
+    append can still fit in the history file's last page when not a byte is free)."""
+    lines = history.read_text().splitlines() if history.exists() else []
+    recorded = bool(lines) and json.loads(lines[-1])["code"] == code
+    noted = any(n.startswith(FULL + " record this call in the session's history") for n in out["notes"])
+    assert recorded != noted, (recorded, out["notes"])
+
+
+async def until(predicate: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await anyio.sleep(0.25)
+
+
+async def test_a_full_disk_stops_no_one_and_everything_recovers_by_itself(deployment: Deployment) -> None:
+    server = deployment.start()
+    data = deployment.data
+    async with deployment.client("alice") as alice, deployment.client("bob") as bob:
+        await run(alice, "x = 41", "fill")
+        await run(bob, "y = 1", "b")
+        structured(await alice.call_tool("memory_create", {"label": "notes", "value": "one"}))
+        structured(await bob.call_tool("memory_list", {}))
+        job = structured(
+            await bob.call_tool(
+                "run_code",
+                {"code": "import time; time.sleep(4); 6 * 7", "session_id": "j", "background": True},
+            )
+        )["job_id"]
+
+        # alice fills the disk from inside her session; the call itself is answered.
+        filled = await run(alice, FILL, "fill")
+        assert "stopped: No space left on device" in "".join(filled["logs"]["stdout"]), filled
+        recorded_or_noted(filled, data / "sessions" / "alice" / "fill" / "history.jsonl", FILL)
+        deployment.fill()  # the server gave up its reserve: take those bytes too
+
+        # --- while the disk is full -------------------------------------------------------
+        text = error_text(await alice.call_tool("memory_append", {"label": "notes", "content": "two"}))
+        assert text.startswith(f"Error executing tool memory_append: {FULL} save this change to memory"), text
+        assert "Memory is unchanged" in text
+        assert structured(await alice.call_tool("memory_read", {"label": "notes"}))["value"] == "one"
+        text = error_text(await alice.call_tool("archival_memory_insert", {"content": "a fact"}))
+        assert FULL in text, text
+
+        big = "y + 1  # " + "x" * 20_000  # more than a page: its history line cannot fit
+        live = await run(bob, big, "b")
+        assert live["results"][0]["text"] == "2"
+        recorded_or_noted(live, data / "sessions" / "bob" / "b" / "history.jsonl", big)
+        assert any(n.startswith(FULL + " record this call") for n in live["notes"]), live["notes"]
+        text = error_text(
+            await bob.call_tool("run_code", {"code": "1", "session_id": "k", "background": True})
+        )
+        assert f"{FULL} start a background job" in text, text
+
+        async def job_done() -> bool:
+            status = structured(await bob.call_tool("job_status", {"job_id": job}))
+            return status["state"] != "running"
+
+        await until(job_done)
+        status = structured(await bob.call_tool("job_status", {"job_id": job}))
+        assert status["state"] == "done" and status["result"]["results"][0]["text"] == "42", status
+        record = data / "jobs" / "bob" / f"{job}.json"
+        assert json.loads(record.read_text())["state"] == "running"  # its final record could not be written
+
+        # Idle sessions are autosaved and unloaded; the saves fail; both principals are still served.
+        async def unloaded() -> bool:
+            a, b = await states(alice), await states(bob)
+            return a.get("fill") == "stored" and b.get("b") == "stored"
+
+        await until(unloaded)
+        meta = data / "sessions" / "alice" / "fill" / "meta.json"
+        assert "save_failed" not in meta.read_text() or json.loads(meta.read_text())["save_failed"] is None
+        deployment.fill()  # (the stopped kernels' files were freed)
+        resumed: list[str] | None = None
+        for client, session in ((alice, "fill"), (bob, "b")):
+            # Answered either way: a new interpreter runs, or (when its few bytes are on this
+            # disk too) the call says the disk is full.
+            result = await client.call_tool("run_code", {"code": "1", "session_id": session})
+            if result.is_error:
+                assert error_text(result).startswith(f"Error executing tool run_code: {FULL}"), error_text(
+                    result
+                )
+            elif session == "fill":
+                resumed = structured(result)["notes"]
+        assert structured(await bob.call_tool("memory_list", {}))["blocks"] is not None
+
+        # --- space comes back: everything recovers by itself ---------------------------------
+        deployment.free()
+
+        async def meta_written() -> bool:
+            return "No space left on device" in (json.loads(meta.read_text()).get("save_failed") or "")
+
+        await until(meta_written)  # the meta the unload could not write, written at the next chance
+        out = await run(alice, "'x' in globals()", "fill")
+        notes = " ".join(resumed if resumed is not None else out["notes"])
+        assert "could not be saved when its interpreter stopped" in notes and "No space left" in notes, notes
+        assert structured(await bob.call_tool("job_status", {"job_id": job}))["state"] == "done"
+        assert json.loads(record.read_text())["state"] == "done"  # written once there was room
+        assert (await run(bob, "6 * 7", "b"))["results"][0]["text"] == "42"
+        structured(await alice.call_tool("memory_append", {"label": "notes", "content": "two"}))
+        structured(await alice.call_tool("archival_memory_insert", {"content": "a fact"}))
+        again = structured(
+            await bob.call_tool("run_code", {"code": "'bg'", "session_id": "k", "background": True})
+        )
+        assert again["status"] == "running"
+    assert server.stop() == 0
+    log = server.log_text()
+    for crash in (
+        "Task group is not initialized",
+        "Exception in ASGI application",
+        "Application shutdown failed",
+    ):
+        assert crash not in log, crash
+
+
+async def test_a_server_stopped_on_a_full_disk_exits_cleanly(deployment: Deployment) -> None:
+    server = deployment.start()
+    async with deployment.client("alice") as alice:
+        await run(alice, "kept = 1\nopen('file.txt', 'w').write('safe')", "s")
+        deployment.fill()
+        await run(alice, "kept = 2", "s")  # its meta write gives up the reserve
+        deployment.fill()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(60) == 0
+    log = server.log_text()
+    assert "Application shutdown failed" not in log and "Traceback" not in log, log[-3000:]
+
+    deployment.free()
+    second = deployment.start()
+    async with deployment.client("alice") as alice:
+        out = await run(alice, "open('file.txt').read()", "s")
+        assert out["results"][0]["text"] == "'safe'"
+        assert "could not be restored" in " ".join(out["notes"]), out["notes"]
+    assert second.stop() == 0
