@@ -742,10 +742,13 @@ def _absent_near(builder: Builder, turns: list[Turn]) -> list[DialogueQuestion]:
     rest of the dialogue's questions are the same with or without them)."""
     rng = random.Random(f"absent-near {builder.a} {builder.b} {len(turns)}")
     said = set().union(*(_words(t.text) for t in turns))
-    fresh = [(t, absent) for t, absent in ABSENT_NEAR if not any(w.startswith(a) for w in said for a in absent)]
+    fresh = [
+        (t, absent) for t, absent in ABSENT_NEAR if not any(w.startswith(a) for w in said for a in absent)
+    ]
     picked = rng.sample(fresh, min(ABSENT_NEAR_PER_DIALOGUE, len(fresh)))
     return [
-        DialogueQuestion(t.format(p=rng.choice((builder.a, builder.b))), (), "absent", "topic") for t, _ in picked
+        DialogueQuestion(t.format(p=rng.choice((builder.a, builder.b))), (), "absent", "topic")
+        for t, _ in picked
     ]
 
 

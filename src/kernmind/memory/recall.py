@@ -62,7 +62,7 @@ import anyio.to_thread
 
 from kernmind.memory.database import TextHits
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, to_blob
-from kernmind.memory.fulltext import names_in, query_terms
+from kernmind.memory.fulltext import content_terms, names_in, query_terms, without_terms
 from kernmind.memory.records import Facets, Generation, StoredVector, happened_at
 from kernmind.memory.when import TimeRef, affinity, time_in
 
@@ -114,7 +114,7 @@ class Corpus(Protocol):
 @dataclass(slots=True)
 class Gathered:
     """What a fused ranking is made of: the full-text hits (with the query's term statistics) and the
-    cosine similarity of every candidate that has a vector."""
+    cosine similarity of every candidate that has a vector, to the query as asked and to its focus."""
 
     text: TextHits
     cosines: dict[int, float]
@@ -122,6 +122,8 @@ class Gathered:
     rows: dict[int, Any] = field(default_factory=dict)  # candidates' rows read so far
     fit: dict[int, float] = field(default_factory=dict)  # how well each fits the time the query names
     names: set[str] = field(default_factory=set)  # the query's terms written like names, ids, numbers
+    focus: dict[int, float] | None = None  # similarity to the query's focus (None: the query is its focus)
+    absent: list[str] = field(default_factory=list)  # names the query asks about that no text holds
 
 
 @dataclass(slots=True)
@@ -220,28 +222,38 @@ class Recall:
                 rows.append(row)
         return Ranked(rows, "hybrid", await self._coverage_note())
 
-    def _fuse(self, gathered: Gathered) -> list[Scored]:
-        from kernmind.memory.fusion import fuse, fusion_for, rare_shares
+    @property
+    def fusion_now(self) -> Fusion:
+        """The fusion parameters searches use: the model's (fusion.py) unless a benchmark set others."""
+        from kernmind.memory.fusion import fusion_for
 
         assert self.embedder is not None
-        fusion = self.fusion or fusion_for(self.embedder.model)
+        return self.fusion or fusion_for(self.embedder.model)
+
+    def _fuse(self, gathered: Gathered) -> list[Scored]:
+        from kernmind.memory.fusion import fuse, rare_shares
+
+        fusion = self.fusion_now
         words = {r.id: r.score or 0.0 for r in gathered.text.rows}
         rare = rare_shares(gathered.text.terms, fusion, gathered.names)
-        return fuse(words, gathered.cosines, rare, fusion, gathered.fit)
+        return fuse(
+            words, gathered.cosines, rare, fusion, gathered.fit, gathered.focus, absent=bool(gathered.absent)
+        )
 
     async def gather(self, query: str, where: Any, depth: int) -> Gathered:
         """The ``depth`` best full-text hits and the ``depth`` texts nearest in meaning, with the
         similarity of every one of them; for a query naming a time, also the best of that time and how
         well each candidate fits it (see the module docstring)."""
+        asked = query
         ref = time_in(query, self.clock())
         if ref is not None and STRIP_TIME_WORDS and query_terms(rest := query.replace(ref.words, " ")):
             query = rest  # the time is matched by the texts' times, not by words ("May", "2023", "move")
-        gathered = await self._draw(query, where, depth)
+        gathered = await self._draw(query, where, depth, asked)
         if gathered.unavailable is None and ref is not None:
-            await self._fit_time(gathered, query, where, ref)
+            await self._fit_time(gathered, query, where, ref, asked)
         return gathered
 
-    async def _fit_time(self, gathered: Gathered, query: str, where: Any, ref: TimeRef) -> None:
+    async def _fit_time(self, gathered: Gathered, query: str, where: Any, ref: TimeRef, asked: str) -> None:
         if ref.anchor is not None:  # "before the move": when the best match for "the move" happened
             event = await self._draw(ref.anchor, where, MIN_DEPTH)
             best = self._fuse(event)[:1]
@@ -254,22 +266,27 @@ class Recall:
         start = max((t for t in (where.start, lo) if t is not None), default=None)
         end = min((t for t in (where.end, hi) if t is not None), default=None)
         if start is None or end is None or start < end:
-            inside = await self._draw(query, dataclasses.replace(where, start=start, end=end), TIME_DEPTH)
+            inside = await self._draw(
+                query, dataclasses.replace(where, start=start, end=end), TIME_DEPTH, asked
+            )
             have = {r.id for r in gathered.text.rows}
             gathered.text.rows += [r for r in inside.text.rows if r.id not in have]
             gathered.cosines = {**inside.cosines, **gathered.cosines}
+            if gathered.focus is not None and inside.focus is not None:
+                gathered.focus = {**inside.focus, **gathered.focus}
         rows = {r.id: r for r in gathered.text.rows}
         rows.update(await self.corpus.get([pid for pid in gathered.cosines if pid not in rows]))
         gathered.rows = rows
         fits = affinity([happened_at(r) for r in rows.values()], ref)
         gathered.fit = dict(zip(rows, fits, strict=True))
 
-    async def _draw(self, query: str, where: Any, depth: int) -> Gathered:
-        """The two lists, side by side (see the module docstring)."""
+    async def _draw(self, query: str, where: Any, depth: int, asked: str | None = None) -> Gathered:
+        """The two lists (see the module docstring): ``query`` is what full text matches, ``asked``
+        (default: the same) the query as asked, before its time words were taken out, which meaning
+        matches (with its focus)."""
         assert self.embedder is not None and self.index is not None
+        asked = asked or query
         text = TextHits([])
-        nearest: list[tuple[int, float]] = []
-        candidates: Candidates | None = None
         qvec: list[float] | None = None
         unavailable: EmbeddingUnavailable | None = None
 
@@ -277,34 +294,47 @@ class Recall:
             nonlocal text
             text = await self.corpus.rank_text(query, where, depth)
 
-        async def by_meaning() -> None:
-            nonlocal nearest, candidates, qvec, unavailable
-            assert self.index is not None
-
-            async def embed() -> None:
-                nonlocal qvec, unavailable
-                try:
-                    qvec = await self.query_vector(query)
-                except EmbeddingUnavailable as exc:
-                    unavailable = exc
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(embed)
-                await self.index.refresh()  # the index reads what changed while the query is embedded
-            if qvec is not None:
-                nearest, candidates = await self._nearest(qvec, where, depth)
+        async def embed() -> None:
+            nonlocal qvec, unavailable
+            try:
+                qvec = await self.query_vector(asked)
+            except EmbeddingUnavailable as exc:
+                unavailable = exc
 
         # the database ranks by full text while the query is embedded (ONNX Runtime releases the GIL)
+        # and the vector index reads what changed since the last search
         async with anyio.create_task_group() as tg:
             tg.start_soon(by_text)
-            tg.start_soon(by_meaning)
-        cosines = dict(nearest)
-        if qvec is not None:
-            from kernmind.memory.vector_index import similarity_of
+            tg.start_soon(embed)
+            tg.start_soon(self.index.refresh)
+        names = names_in(query)
+        if qvec is None:
+            return Gathered(text, {}, unavailable, names=names)
+        # the focus: the query as asked without its widespread terms (a speaker's name in every turn)
+        focus_text = asked
+        if common := {t.term for t in text.terms if t.widespread}:
+            rest = without_terms(asked, common)
+            if any(t not in common for t in content_terms(query_terms(rest))):
+                focus_text = rest
+        fvec: list[float] | None = None
+        if focus_text != asked:
+            try:
+                fvec = await self.query_vector(focus_text)
+            except EmbeddingUnavailable as exc:
+                return Gathered(text, {}, exc, names=names)
+        mixed = qvec if fvec is None else _mix(qvec, fvec, self.fusion_now.focus_weight)
+        nearest, candidates = await self._nearest(mixed, where, depth)
+        from kernmind.memory.vector_index import similarity_of
 
-            unscored = [r.id for r in text.rows if r.id not in cosines]
-            cosines.update(similarity_of(candidates, qvec, unscored))
-        return Gathered(text, cosines, unavailable, names=names_in(query))
+        ids = list(dict.fromkeys([pid for pid, _ in nearest] + [r.id for r in text.rows]))
+        cosines = similarity_of(candidates, qvec, ids)
+        focus = None if fvec is None else similarity_of(candidates, fvec, ids)
+        absent = [
+            t.term
+            for t in text.terms  # found nowhere, or only in other namespaces' texts (a rare term's ids)
+            if t.term in names and (t.docs == 0 or (t.ids is not None and not self.index.holds_any(t.ids)))
+        ]
+        return Gathered(text, cosines, None, names=names, focus=focus, absent=absent)
 
     async def query_vector(self, query: str) -> list[float]:
         """The query's vector; the last few are kept, so the next page of a search (or the same
@@ -344,6 +374,15 @@ class Recall:
             f"meaning search covers {covered} of {total} {self.what} so far (the rest are being embedded in the "
             f"background); full-text ranking covers all of them"
         )
+
+
+def _mix(asked: Sequence[float], focus: Sequence[float], focus_weight: float) -> list[float]:
+    """The vector whose dot product with a unit vector is the weighted mean of its cosines to the two."""
+    import numpy as np
+
+    a, f = np.asarray(asked, dtype=np.float32), np.asarray(focus, dtype=np.float32)
+    a, f = a / max(float(np.linalg.norm(a)), 1e-12), f / max(float(np.linalg.norm(f)), 1e-12)
+    return list((1 - focus_weight) * a + focus_weight * f)
 
 
 def _matched(rows: Sequence[Any]) -> list[Any]:

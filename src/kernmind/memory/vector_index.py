@@ -197,6 +197,15 @@ class VectorIndex:
         for label, ids in by_label.items():
             self._labels.setdefault(label, Column(np.int64)).extend(np.asarray(ids, dtype=np.int64))
 
+    def holds_any(self, ids: Sequence[int]) -> bool:
+        """Whether any of ``ids`` has a vector in the index (hidden or not)."""
+        have = self._ids.view()
+        want = np.asarray(ids, dtype=np.int64)
+        if not len(have) or not len(want):
+            return False
+        pos = np.minimum(np.searchsorted(have, want), len(have) - 1)
+        return bool((have[pos] == want).any())
+
     def candidates(self, facets: Facets | None = None) -> Candidates | None:
         """A snapshot of the texts that pass ``facets`` (call on the event loop; None: none pass)."""
         ids = self._ids.view()
