@@ -147,7 +147,10 @@ def tune(samples: list[Sample], start: Fusion, min_similarity: float | None, log
     )  # the floor is the model's: where unrelated texts sit
     for _ in range(2):  # coordinate search: each group of parameters given the others
         grid = itertools.product(
-            np.arange(0.2, 0.61, 0.05), (1.0, 2.0, 3.0), (0.5, 0.6, 0.7, 0.8), (0.0, 0.2, 0.3, 0.4, 0.5, 0.6)
+            np.arange(0.2, 0.61, 0.05),
+            (1.0, 2.0, 3.0),
+            (0.5, 0.6, 0.7, 0.8),
+            (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0),
         )
         best = max(
             (

@@ -83,7 +83,7 @@ class Fusion:
 # Chosen on the tuning half of benchmarks/bench_retrieval.py, per model (README, "Benchmarks").
 FUSION: dict[str, Fusion] = {
     "sentence-transformers/all-MiniLM-L6-v2": Fusion(0.2, 3.0, 0.2, 0.7, 0.1, 5, 0.25, 0.9, 0.4, 0.29),
-    "wordllama/l2_supercat_256": Fusion(0.4, 3.0, 0.12, 0.5, 0.0, 3, 0.15, 0.9),
+    "wordllama/l2_supercat_256": Fusion(0.2, 3.0, 0.12, 0.5, 0.09, 5, 0.15, 0.8, 0.8),
 }
 DEFAULT = Fusion(0.2, 3.0, 0.2, 0.7, 0.09, 5, 0.25, 0.9, 0.4)
 RARE_ALONE = 0.5  # a rare term carrying this share of the query protects its texts whatever their meaning
