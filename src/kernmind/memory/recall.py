@@ -288,11 +288,17 @@ class Recall:
         asked = asked or query
         text = TextHits([])
         qvec: list[float] | None = None
+        fvec: list[float] | None = None  # the focus's vector (None: the query is its own focus)
         unavailable: EmbeddingUnavailable | None = None
 
         async def by_text() -> None:
-            nonlocal text
+            nonlocal text, fvec, unavailable
             text = await self.corpus.rank_text(query, where, depth)
+            if (focus_text := _focus(asked, text)) != asked:  # embedded beside the query as asked
+                try:
+                    fvec = await self.query_vector(focus_text)
+                except EmbeddingUnavailable as exc:
+                    unavailable = exc
 
         async def embed() -> None:
             nonlocal qvec, unavailable
@@ -308,20 +314,8 @@ class Recall:
             tg.start_soon(embed)
             tg.start_soon(self.index.refresh)
         names = names_in(query)
-        if qvec is None:
+        if qvec is None or unavailable is not None:
             return Gathered(text, {}, unavailable, names=names)
-        # the focus: the query as asked without its widespread terms (a speaker's name in every turn)
-        focus_text = asked
-        if common := {t.term for t in text.terms if t.widespread}:
-            rest = without_terms(asked, common)
-            if any(t not in common for t in content_terms(query_terms(rest))):
-                focus_text = rest
-        fvec: list[float] | None = None
-        if focus_text != asked:
-            try:
-                fvec = await self.query_vector(focus_text)
-            except EmbeddingUnavailable as exc:
-                return Gathered(text, {}, exc, names=names)
         mixed = qvec if fvec is None else _mix(qvec, fvec, self.fusion_now.focus_weight)
         nearest, candidates = await self._nearest(mixed, where, depth)
         from kernmind.memory.vector_index import similarity_of
@@ -374,6 +368,16 @@ class Recall:
             f"meaning search covers {covered} of {total} {self.what} so far (the rest are being embedded in the "
             f"background); full-text ranking covers all of them"
         )
+
+
+def _focus(asked: str, text: TextHits) -> str:
+    """The query as asked without its widespread terms (a speaker's name in every turn: fulltext.py);
+    the query itself when it has none, or nothing but them."""
+    if common := {t.term for t in text.terms if t.widespread}:
+        rest = without_terms(asked, common)
+        if any(t not in common for t in content_terms(query_terms(rest))):
+            return rest
+    return asked
 
 
 def _mix(asked: Sequence[float], focus: Sequence[float], focus_weight: float) -> list[float]:
