@@ -7,10 +7,10 @@ Design
   nearest in meaning that matched no word has a words score of 0):
   - ``words`` in [0, 1]: the share of the query's weight (the idf of its terms, stop words aside)
     the text matches (fts5.py, postgres.py);
-  - two cosine similarities: to the query as asked, and to its *focus* — the query without the
-    words naming a time and without widespread terms (a speaker's name in every turn: fulltext.py),
-    which say nothing about what is asked yet, with a sentence encoder, make every text holding
-    them look close. Where the query has neither, both are the same.
+  - two cosine similarities: to the query as asked, and to its *focus* — the query without its
+    widespread terms (a speaker's name in every turn: fulltext.py), which say nothing about what
+    is asked yet, with a sentence encoder, make every text holding them look close. Where the
+    query has none, both are the same.
   Meaning is their weighted mean (``focus_weight``: the focus's share), mapped to [0, 1] by the
   model's calibration — ``floor`` is where unrelated texts sit (0 at or below it), ``ceiling``
   where a paraphrase sits (1 at or above it).
@@ -20,12 +20,14 @@ Design
   match). The power discounts partial word matches — one incidental shared word of four — much
   more than full ones.
 * No match: a candidate is left out when the same score with meaning taken from the focus alone
-  is below ``cutoff`` — a question about something never said finds texts that share its
-  speaker, its time or its topic words, and only the focus shows that nothing is about it.
+  is below ``cutoff`` — a question about something never said still finds texts that share its
+  speaker or its topic words; their similarity to the focus is what shows (as well as this
+  model can) that none is about it. The candidates' ranking keeps the question as asked too:
+  who said a turn is often what ties it to the question.
   When the query names something (a word written like a name, id or number: fulltext.py) that no
   stored text holds ("What's for dinner on Mars?"), the bar is ``cutoff_absent``: only a text
-  whose meaning is clearly about the question (the note about Oslo for "Who moved to Norway?")
-  still counts. Scores are absolute, not relative to the query's best hit, so a search about
+  whose meaning is clearly about the question (the note about the car's winter tyres for "When
+  is the Volvo getting winter tyres?") still counts. Scores are absolute, not relative to the query's best hit, so a search about
   nothing finds only weak candidates, and those are left out.
 * Each result says what matched: ``words`` (its words, nothing close in meaning), ``meaning``
   (no word of the query) or ``both``.

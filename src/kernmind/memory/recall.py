@@ -9,28 +9,38 @@ Design
 * Search draws two best-first lists, filtered by the same conditions, deep enough to fill the
   page (at least 50, the same for every page within them, so pages do not overlap): full-text
   hits with their words score (the share of the query's weight each matches, in [0, 1]:
-  fts5.py, postgres.py) and the texts nearest in meaning with their cosine similarity (exact,
-  over the current model's vectors). Full-text hits outside the nearest get their similarity
-  from the index too, so every candidate has both scores, and fusion.py turns them into one
-  score in [0, 1] with what matched (``words``, ``meaning``, ``both``), leaves out candidates
-  below the model's "no match" cut-off, and keeps exact matches of rare terms above texts that
-  matched no word. (Weighted reciprocal-rank fusion, used before, kept only the order of each
-  list: the first meaning hit outranked the only exact full-text match of a surname.)
-  The two lists are drawn side by side: the full-text query runs in the database's thread
-  while the query is embedded in a worker thread (ONNX Runtime releases the GIL) and the
-  vector index reads what changed since the last search; then the query is scored against the
-  index, which applies filters in memory (vector_index.py); only the rows of the page that
-  full text did not already return are fetched. Without an embedder, rows come in full-text
-  order with their words score and ``match: words``, nothing left out.
+  fts5.py, postgres.py) and the texts nearest in meaning (exact, over the current model's
+  vectors). Every candidate gets its cosine similarity to the query as asked and, when the
+  query holds widespread terms (fulltext.py: a speaker's name in every other turn), to its
+  *focus* — the query without them, which says what it is about without the words that make
+  every text holding them look close. The texts nearest in meaning are nearest to the mix of
+  the two that fusion.py weighs (one matrix-vector product: the mix of two unit vectors scores
+  each text by the mix of its two cosines). fusion.py turns the scores into one in [0, 1] with
+  what matched (``words``, ``meaning``, ``both``), leaves out candidates whose focus does not
+  match ("no match"; stricter when the query names something no text holds: ``absent``, the
+  names full text found nowhere in this corpus), and keeps exact matches of rare terms above
+  texts that matched no word. (Weighted reciprocal-rank fusion, used before, kept only the
+  order of each list: the first meaning hit outranked the only exact full-text match of a
+  surname.)
+  The lists are drawn side by side: the full-text query runs in the database's thread while
+  the query is embedded in a worker thread (ONNX Runtime releases the GIL) and the vector index
+  reads what changed since the last search; as soon as full text has counted the query's terms,
+  the focus (if it differs) is embedded beside the query; then the index is scored, applying
+  filters in memory (vector_index.py); only the rows of the page that full text did not
+  already return are fetched. Without an embedder, rows come in full-text order with their
+  words score and ``match: words``, nothing left out.
 * A query that names a time (when.py: "in May 2023", "last week", "before the move") also draws
   the best ``TIME_DEPTH`` candidates of each list from inside that time (an event's time is that
   of the best match for the event's words), reads every candidate's time (``happened_at`` in
   records.py: a passage's ``occurred_at`` where it has one, else when it was stored), and
   fusion ranks the texts farther from that time lower. The words that named the time are left
-  out of the words and meaning the query is matched by ("How far was Leo running in May 2023?"
-  looks for "How far was Leo running?" near May 2023): "May" and "2023" in a text are no evidence
-  of when it happened, and "the move" in "before the move" would rank the move itself first.
-  ``clock`` is "now" for relative times.
+  out of the words the query is matched by ("How far was Leo running in May 2023?" looks for
+  "far", "leo", "running" near May 2023): "May" and "2023" in a text are no evidence of when it
+  happened, and "the move" in "before the move" would rank the move itself first. Meaning
+  reads the query as asked: measured on the retrieval suite, "recently" or "a few days ago"
+  bring a question closer to the notes that say "this year" or "last weekend", and taking them
+  out cost paraphrase questions more than it gained elsewhere. ``clock`` is "now" for relative
+  times.
 * New texts are embedded when they are stored (≈ 2–3 ms for a short note with the default
   model, ≈ 0.2 ms with the static one). Texts
   without a vector of the current model — stored while an endpoint was down, written before
