@@ -1,6 +1,7 @@
 """Calibrates the near-duplicate threshold of archival inserts: paraphrases vs related-but-different facts.
 
-Run: ``python benchmarks/bench_duplicates.py [--embedding-model local|static|NAME] [--pairs 1000] [--seed 11]``
+Run: ``python benchmarks/bench_duplicates.py [--embedding-model local|static|NAME] [--pairs 1000] [--seed 11]
+[--index 24000]``
 
 An insert whose vector is at least the embedder's ``duplicate_similarity`` (cosine) close to a
 live passage's is reported in its note as a near-duplicate, for the agent to supersede. This
@@ -21,20 +22,38 @@ passage, a missed restatement only leaves a duplicate. Its held-out figures are 
 with the share of each kind of negative that would be reported (a reported "changed value"
 or "negated" pair is an older version of the fact: worth superseding too, so the note asks
 rather than asserts). Precision is for as many negatives as positives.
+
+An insert does not compare its text with one other but searches the whole namespace, above
+``SKETCH_FROM`` texts through a shortlist by sign bits (vector_index.py, ``close_to``). The last
+part checks that this finds what an exact scan finds: every text of the pairs, among
+``--index`` texts in all (the rest more facts from the same templates with another seed — a
+memory far more crowded with near-identical sentences than a real one, the hard case for a
+shortlist), is looked up both ways at the chosen threshold; it prints how many of the
+exact scan's near-duplicates the shortlist also reports, and the time of each.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import statistics
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import numpy as np
 
 from kernmind.config import Settings
 from kernmind.memory.embeddings import make_embedder
+from kernmind.memory.vector_index import Candidates, close_to, nearest_scored, sign_bits
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_retrieval import VectorCache  # vectors cached between runs, per model
+
+CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")), "kernmind-bench")
 
 FIRST = (
     "Ana Marek Priya Tomas Lena Kofi Mei Lucas Sofia Omar Hana Diego Ingrid Ravi Chloe Yusuf Elif Mateo "
@@ -241,6 +260,46 @@ def make_pairs(n: int, seed: int) -> list[Pair]:
     return pairs
 
 
+async def shortlist_agreement(model: str, pairs: list[Pair], size: int, seed: int, threshold: float) -> None:
+    """Near-duplicates of every text of the pairs among ``size`` texts: exact scan against the sign-bit
+    shortlist (see the module docstring)."""
+    embedder = make_embedder(Settings(embedding_model=model))
+    assert embedder is not None
+    cache = VectorCache(Path(CACHE), embedder.model)
+    asked = sorted({t for pair in pairs for t in (pair.a, pair.b)})
+    texts = list(asked)
+    extra_seed = seed + 1
+    while len(texts) < size:
+        more = sorted({t for pair in make_pairs(2000, extra_seed) for t in (pair.a, pair.b)} - set(texts))
+        texts += more[: size - len(texts)]
+        extra_seed += 1
+    vectors = np.asarray(await cache.embed(embedder, texts), dtype=np.float32)
+    cache.save()
+    await embedder.aclose()
+    vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    ids = np.arange(1, len(texts) + 1, dtype=np.int64)
+    index = Candidates(ids, vectors, None, np.ascontiguousarray(sign_bits(vectors).T))
+    found = both = 0
+    times: dict[str, list[float]] = {"exact scan": [], "sign-bit shortlist": []}
+    for i in range(len(asked)):
+        t0 = time.perf_counter()
+        exact = {pid for pid, _ in nearest_scored(index, vectors[i], 50, threshold)} - {i + 1}
+        t1 = time.perf_counter()
+        short = {pid for pid, _ in close_to(index, vectors[i], 50, threshold)} - {i + 1}
+        t2 = time.perf_counter()
+        times["exact scan"].append((t1 - t0) * 1000)
+        times["sign-bit shortlist"].append((t2 - t1) * 1000)
+        found += len(exact)
+        both += len(exact & short)
+    print(
+        f"\nnear-duplicates (cosine ≥ {threshold:.2f}) of the {len(asked)} texts of the pairs among {len(texts):,} "
+        f"texts: the exact scan reports {found}, the sign-bit shortlist {both} of them "
+        f"({100 * both / max(found, 1):.2f} %)"
+    )
+    for name, ts in times.items():
+        print(f"  {name:<18} p50 {statistics.median(ts):.2f} ms")
+
+
 async def similarities(model: str, pairs: list[Pair]) -> tuple[np.ndarray, float]:
     """Cosine of each pair with the model the server would use; ms per text embedded."""
     embedder = make_embedder(Settings(embedding_model=model))
@@ -279,6 +338,12 @@ def main() -> int:
     )
     ap.add_argument("--pairs", type=int, default=1000, help="paraphrase pairs, and as many negatives (1000)")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument(
+        "--index",
+        type=int,
+        default=24_000,
+        help="texts the shortlist check searches among (24000; 0: skip it)",
+    )
     args = ap.parse_args()
     pairs = make_pairs(args.pairs, args.seed)
     sims, ms = anyio.run(similarities, args.embedding_model, pairs)
@@ -315,6 +380,10 @@ def main() -> int:
     for kind in NEGATIVE_KINDS:
         mask = held & np.array([p.kind == kind for p in pairs])
         print(f"  held-out {kind:<15} reported as near-duplicates: {(sims[mask] >= chosen).mean():.1%}")
+    if args.index:
+        embedder = make_embedder(Settings(embedding_model=args.embedding_model))
+        threshold = getattr(embedder, "duplicate_similarity", None) or chosen
+        anyio.run(shortlist_agreement, args.embedding_model, pairs, args.index, args.seed, threshold)
     return 0
 
 

@@ -180,7 +180,10 @@ async def run(n: int, nq: int, n_inserts: int, db: Path, model: str, sample: int
             rows.append(
                 (f"hybrid top-10 right after an insert @ {size:,}", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms")
             )
-            notes = [(note, [TAGS[i % len(TAGS)]]) for i, (note, _) in enumerate(PAIRS)]
+            # marked with the size: stored again at the next size they would be exact duplicates (not stored)
+            notes = [
+                (f"{note} ({size // 1000}k)", [TAGS[i % len(TAGS)]]) for i, (note, _) in enumerate(PAIRS)
+            ]
             p50, p99 = await single_inserts(hybrid, notes)
             done += len(notes)
             rows.append(

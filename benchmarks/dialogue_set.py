@@ -18,13 +18,18 @@ Questions, each with the turns that answer it:
 * ``temporal``: "When did …", "What did Maya do after …", questions naming a month ("How far was
   Leo running in May 2023?") and "… before the move";
 * ``absent``: things never said in the dialogue ("What is the name of Maya's horse?"); the right
-  answer is no passage at all. ``absent-other``: asks one speaker about what only the other did.
+  answer is no passage at all. ``absent/topic``: never said either, but asked like the real
+  questions, with words the dialogue uses ("Why did Maya's hamster go to the vet?" where Maya's
+  beagle did; checked: the subject's word occurs in no turn). ``absent-other``: asks one speaker
+  about what only the other did — the subject *was* mentioned, by the other speaker, so it is
+  reported apart, not as never said.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -152,6 +157,32 @@ ABSENT = [
 ]
 ABSENT_WORDS = {"sail", "antarctica", "orchestra", "horse", "university", "daughter", "beekeeping", "opera",
                 "tattoo", "mars", "chess", "tournament", "auction", "antique", "scuba"}  # fmt: skip
+# Never said either, but asked the way the dialogues' real questions are, with their topic words
+# ("vet", "name", "move", "rent", "trick", "finish", "physio" …): a subject never mentioned, told by
+# the word after the shared ones. (question, words that must occur in no turn of the dialogue)
+ABSENT_NEAR = [
+    ("What did {p} name the parrot?", ("parrot",)),
+    ("Why did {p}'s hamster go to the vet?", ("hamster",)),
+    ("What trick did {p}'s pony learn?", ("pony",)),
+    ("Why did {p} move to Tokyo?", ("tokyo",)),
+    ("How much is the rent on {p}'s flat in Oslo?", ("oslo",)),
+    ("What does {p} do at the zoo?", ("zoo",)),
+    ("How are {p}'s piano lessons going?", ("piano",)),
+    ("What did {p} knit for the baby?", ("knit", "baby")),
+    ("What did {p} eat in Peru?", ("peru",)),
+    ("When did {p} come back from the safari?", ("safari",)),
+    ("How did {p} break an arm?", ("arm",)),
+    ("What did the dentist say about {p}'s tooth?", ("dentist", "tooth")),
+    ("When is {p}'s grandmother's birthday party?", ("grandmother",)),
+    ("How long did it take {p} to finish the triathlon?", ("triathlon",)),
+    ("Which swimming competition did {p} enter?", ("swimming",)),
+    ("What colour did {p} paint the nursery?", ("nursery",)),
+    ("When was {p}'s garden shed finished?", ("shed",)),
+    ("Which podcast does {p} recommend?", ("podcast",)),
+    ("What car did {p} buy?", ("car",)),
+    ("Who is {p}'s landlord in Madrid?", ("madrid",)),
+]
+ABSENT_NEAR_PER_DIALOGUE = 6
 
 GREETINGS = [
     ("Hey {b}! How have you been?", "Hi {a}! Busy, but good. It's been a while."),
@@ -691,6 +722,7 @@ def _questions(
                 ))  # fmt: skip
     for template in rng.sample(ABSENT, 4):
         out.append(DialogueQuestion(template.format(p=rng.choice((builder.a, builder.b))), (), "absent"))
+    out += _absent_near(builder, turns)
     # asked about the wrong person: what only the partner did
     for s in stories:
         other = builder.partner(s.person)
@@ -699,6 +731,25 @@ def _questions(
             if kind == "single" and rng.random() < 0.3:
                 out.append(DialogueQuestion(text.replace(s.person, other), (), "absent-other"))
     return out
+
+
+def _words(text: str) -> set[str]:
+    return {w.lower() for w in re.findall(r"[A-Za-z]+", text)}
+
+
+def _absent_near(builder: Builder, turns: list[Turn]) -> list[DialogueQuestion]:
+    """Never-said questions that share the dialogue's topic words (their own random stream, so the
+    rest of the dialogue's questions are the same with or without them)."""
+    rng = random.Random(f"absent-near {builder.a} {builder.b} {len(turns)}")
+    said = set().union(*(_words(t.text) for t in turns))
+    fresh = [
+        (t, absent) for t, absent in ABSENT_NEAR if not any(w.startswith(a) for w in said for a in absent)
+    ]
+    picked = rng.sample(fresh, min(ABSENT_NEAR_PER_DIALOGUE, len(fresh)))
+    return [
+        DialogueQuestion(t.format(p=rng.choice((builder.a, builder.b))), (), "absent", "topic")
+        for t, _ in picked
+    ]
 
 
 def build(n_dialogues: int = 20, seed: int = 2024) -> list[Dialogue]:

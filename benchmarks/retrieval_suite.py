@@ -20,6 +20,10 @@ import dialogue_set
 import exact_set
 import paraphrase_set
 
+# kinds of questions about things never said: the right answer is no result. ("absent-other", asking one
+# speaker about what only the other did, is about something said: reported on its own.)
+NEVER_SAID = ("absent", "absent/topic")
+
 
 @dataclass(slots=True)
 class Corpus:

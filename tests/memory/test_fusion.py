@@ -84,3 +84,34 @@ def test_every_model_has_parameters_in_range(model: str) -> None:
     f = fusion_for(model)
     assert f is FUSION.get(model, DEFAULT)
     assert 0 < f.words_weight < 1 and f.words_power >= 1 and f.floor < f.ceiling and 0 <= f.cutoff < 1
+
+
+def test_a_text_close_only_to_the_speakers_name_is_no_match() -> None:
+    """'Did Leo get a tattoo?' in a conversation where every other turn is Leo's: small talk looks close
+    to the question as asked (the name), not to its focus ("Did get a tattoo?"), and is left out; a
+    turn about the question is close to both and stays."""
+    f = replace(F, focus_weight=0.4)
+    cosines = {1: 0.55, 2: 0.62}  # 1: "Leo: Wait, seriously?"  2: "Leo: I got a tattoo of a whale."
+    focus = {1: 0.12, 2: 0.5}
+    assert [s.id for s in fuse({}, cosines, {}, f, focus=focus)] == [2]
+    assert [s.id for s in fuse({}, cosines, {}, f)] == [2, 1]  # without the focus both would match
+
+
+def test_meaning_weighs_the_focus_by_focus_weight() -> None:
+    cosines, focus = {1: 0.7, 2: 0.5}, {1: 0.3, 2: 0.6}
+    by_asked = fuse({}, cosines, {}, replace(F, focus_weight=0.0, cutoff=0.0), focus=focus)
+    by_focus = fuse({}, cosines, {}, replace(F, focus_weight=1.0, cutoff=0.0), focus=focus)
+    assert [s.id for s in by_asked] == [1, 2] and [s.id for s in by_focus] == [2, 1]
+    mixed = fuse({}, {1: 0.7}, {}, replace(F, focus_weight=0.5, cutoff=0.0), focus={1: 0.3})
+    assert mixed[0].score == pytest.approx((1 - F.words_weight) * (0.5 - F.floor) / (F.ceiling - F.floor))
+
+
+def test_a_question_naming_something_no_text_holds_needs_a_clear_match() -> None:
+    """'What's for dinner on Mars?': no text holds 'mars', so a note that is only somewhat close in
+    meaning is no match; 'When is the Volvo getting winter tyres?' still finds the note about the car's
+    tyres, which is clearly about it."""
+    f = replace(F, cutoff_absent=0.3)
+    assert [s.id for s in fuse({}, {1: 0.3}, {}, f)] == [1]  # without a name missing: a weak match
+    assert fuse({}, {1: 0.3}, {}, f, absent=True) == []
+    assert [s.id for s in fuse({}, {1: 0.68}, {}, f, absent=True)] == [1]
+    assert [s.id for s in fuse({}, {1: 0.3}, {}, replace(F, cutoff_absent=None), absent=True)] == [1]

@@ -19,7 +19,15 @@ from kernmind.memory.database import PassageFilter
 from kernmind.memory.embeddings import StaticEmbedder, to_blob
 from kernmind.memory.records import PassageIn
 from kernmind.memory.store import MemoryStore
-from kernmind.memory.vector_index import Facets, nearest
+from kernmind.memory.vector_index import (
+    SKETCH_FROM,
+    Candidates,
+    Facets,
+    close_to,
+    nearest,
+    nearest_scored,
+    sign_bits,
+)
 
 from .conftest import db_location
 
@@ -238,3 +246,42 @@ async def test_time_facets_read_occurred_at_and_superseding_elsewhere_hides_rows
         await index.refresh()
         back = index.candidates(Facets(live_only=True))
         assert back is not None and back.rows is None and back.ids.tolist() == ids
+
+
+def test_the_sign_bit_shortlist_finds_the_near_duplicates_an_exact_scan_finds() -> None:
+    """Above SKETCH_FROM texts, close_to scores only the texts whose signs differ least: on texts
+    crowded around a few themes (the hard case for a shortlist), it reports exactly what scoring every
+    text reports, also when a filter leaves texts out."""
+    rng = np.random.default_rng(3)
+    themes = rng.standard_normal((40, 64)).astype(np.float32)
+    n = SKETCH_FROM + 5_000
+    matrix = themes[rng.integers(0, len(themes), n)] + 0.6 * rng.standard_normal((n, 64)).astype(np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    ids = np.arange(1, n + 1, dtype=np.int64) * 3
+    every = Candidates(ids, matrix, None, np.ascontiguousarray(sign_bits(matrix).T))
+    some = Candidates(ids, matrix, np.arange(0, n, 2), every.signs)
+    for row in rng.integers(0, n, 40):
+        query = matrix[row] + 0.25 * rng.standard_normal(64).astype(np.float32) / 8
+        for candidates in (every, some):
+            assert close_to(candidates, query, 5, 0.85) == nearest_scored(candidates, query, 5, 0.85)
+
+
+async def test_the_index_keeps_the_sign_bits_of_every_vector(
+    tmp_path: Path, embedder: StaticEmbedder
+) -> None:
+    """Appends (buffers growing), deletes and vectors stored later for older texts (reconciles) keep the
+    sign bits row for row with the vectors."""
+    location = db_location(tmp_path)
+    async with MemoryStore(location) as a_store, MemoryStore(location) as b_store:
+        index = Archive(a_store.passages, embedder).recall.index
+        assert index is not None
+        unembedded = await Archive(b_store.passages).insert("Maria adopted a puppy from the shelter.")
+        await store_embedded(a_store, embedder, notes(1500))
+        await index.refresh()
+        await a_store.passages.delete(int(index.candidates().ids[7]))  # type: ignore[union-attr]
+        await Archive(b_store.passages, embedder).recall.backfill_batch()
+        await store_embedded(a_store, embedder, notes(1200, seed=9))
+        await index.refresh()
+        snap = index.candidates()
+        assert snap is not None and snap.signs is not None and unembedded.id in snap.ids
+        assert np.array_equal(snap.signs, sign_bits(snap.matrix).T)

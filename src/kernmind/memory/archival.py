@@ -20,7 +20,9 @@ Design
   (``duplicate_of``). An insert close in meaning to live passages — cosine similarity at or
   above the embedder's ``duplicate_similarity``, a figure calibrated per model
   (benchmarks/bench_duplicates.py) — is stored, and its note names them, so the agent can
-  supersede them by inserting the same text again with ``supersedes``.
+  supersede them by inserting the same text again with ``supersedes``. Looking for them scores
+  a shortlist by sign bits, not every vector (vector_index.py, ``close_to``): it finds what an
+  exact scan finds (bench_duplicates.py checks it) at a fraction of the cost.
 
 Error policy
 ------------
@@ -35,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-import anyio.to_thread
+import anyio
 
 from kernmind.memory.database import PassageFilter
 from kernmind.memory.embeddings import Embedder
@@ -46,7 +48,6 @@ from kernmind.memory.recall import Recall, Vector
 from kernmind.memory.records import Facets, PassageIn, PassageRow, iso, parse_when, time_range
 
 NEAR_DUPLICATES = 3  # live passages a note names at most
-NEAR_THREAD_FLOATS = 250_000  # a bigger index is scored in a worker thread, beside the insert's write
 SNIPPET_CHARS = 80
 
 
@@ -103,8 +104,8 @@ class Archive:
             nonlocal similar
             similar = await self.near_duplicates(vector.blob, exclude=wanted, spare=1)
 
-        # the meaning search runs beside the write (a worker thread and the database's): an insert
-        # costs the longer of the two, not their sum (benchmarks/bench_supersede.py)
+        # the meaning search runs while the database's thread writes: an insert costs the longer of
+        # the two, not their sum (benchmarks/bench_supersede.py)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(look_for_similar)
@@ -177,7 +178,7 @@ class Archive:
             return []
         import numpy as np
 
-        from kernmind.memory.vector_index import nearest
+        from kernmind.memory.vector_index import close_to
 
         await index.refresh()
         candidates = index.candidates(Facets(live_only=True))
@@ -185,12 +186,11 @@ class Archive:
             return []
         query = np.frombuffer(blob, dtype="<f4")
         k = NEAR_DUPLICATES + spare + len(exclude)
-        if candidates.matrix.size > NEAR_THREAD_FLOATS:
-            ids = await anyio.to_thread.run_sync(nearest, candidates, query, k, threshold)
-        else:
-            ids = nearest(candidates, query, k, threshold)
+        # ≈ 1–2 ms whatever the size (a shortlist by sign bits above 20k texts: vector_index.py), so on
+        # the event loop: a worker thread would cost about as much as it saves
+        close = close_to(candidates, query, k, threshold)
         skip = set(exclude)
-        ids = [i for i in ids if i not in skip][: NEAR_DUPLICATES + spare]
+        ids = [i for i, _ in close if i not in skip][: NEAR_DUPLICATES + spare]
         rows = await self.passages.get(ids)
         return [rows[i] for i in ids if i in rows and rows[i].superseded_by is None]
 

@@ -91,12 +91,14 @@ def namespace_and_time_sql(
 @dataclass(frozen=True, slots=True)
 class TermStat:
     """One term of a query: in how many texts it occurs (counted up to a cap), its share of the
-    query's weight (idf), and, for a rare term, the ids of every text holding it (any namespace)."""
+    query's weight (idf), for a rare term the ids of every text holding it (any namespace), and
+    whether it is widespread (in so many texts that it hardly tells them apart: fulltext.py)."""
 
     term: str
     docs: int
     share: float
     ids: tuple[int, ...] | None = None
+    widespread: bool = False
 
 
 @dataclass(slots=True)

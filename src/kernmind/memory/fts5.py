@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kernmind.memory.database import RARE_DOCS, Row, TermStat, TextHits, Tx
-from kernmind.memory.fulltext import content_terms, fts_match, idf, query_terms
+from kernmind.memory.fulltext import content_terms, fts_match, idf, query_terms, widespread
 
 if TYPE_CHECKING:
     from kernmind.memory.sqlite import SQLiteDatabase
@@ -155,7 +155,10 @@ class FTS5Ranking:
         whole = sum(idf(s.docs, total) for s in stats)
         return TextHits(
             [self.make_row(r[:-1], None if r[-1] is None else min(1.0, -float(r[-1]) / whole)) for r in rows],
-            [TermStat(s.term, s.docs, idf(s.docs, total) / whole, s.ids) for s in stats],
+            [
+                TermStat(s.term, s.docs, idf(s.docs, total) / whole, s.ids, widespread(s.docs, total))
+                for s in stats
+            ],
         )
 
     def _match(self, expression: str, *, hides: bool = False) -> str:

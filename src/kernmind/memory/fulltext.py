@@ -24,6 +24,11 @@ Design
   fusion.py keeps texts holding a rare one of them first.
 * How much a term tells is its inverse document frequency, :func:`idf` (FTS5's bm25 formula);
   a query's words score is the share of its terms' idf a passage matches (fts5.py, postgres.py).
+  A term in at least ``WIDESPREAD_SHARE`` of the texts and ``WIDESPREAD_MIN_DOCS`` of them is
+  :func:`widespread`: a speaker's name in a conversation stored a turn per passage, the user's
+  name in every note. It tells the texts apart no better than a stop word, and a sentence
+  encoder makes every text holding it look close to the query (recall.py leaves it out of the
+  query's *focus*).
 
 Error policy
 ------------
@@ -112,6 +117,24 @@ def idf(docs: int, total: int) -> float:
     term in half the texts or more counts next to nothing)."""
     value = math.log((total - docs + 0.5) / (docs + 0.5)) if total > 0 else 0.0
     return max(value, 1e-6)
+
+
+WIDESPREAD_SHARE = 0.05
+WIDESPREAD_MIN_DOCS = 20
+
+
+def widespread(docs: int, total: int) -> bool:
+    """Whether a term found in ``docs`` of ``total`` texts is in so many that it tells them apart no better
+    than a stop word (see the module docstring)."""
+    return docs >= max(WIDESPREAD_MIN_DOCS, WIDESPREAD_SHARE * total)
+
+
+def without_terms(text: str, terms: Sequence[str]) -> str:
+    """``text`` with every whole word that is one of ``terms`` (as :func:`query_terms` gives them) taken out."""
+    if not terms:
+        return text
+    drop = set(terms)
+    return " ".join(WORD_RE.sub(lambda m: "" if m.group().lower() in drop else m.group(), text).split())
 
 
 def names_in(text: str) -> set[str]:

@@ -48,7 +48,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from kernmind.memory.conversations import MESSAGE_COLUMNS, message_filter_sql, message_row
 from kernmind.memory.database import RARE_DOCS, Row, TermStat, TextHits, redacted_location
-from kernmind.memory.fulltext import content_terms, idf, query_terms
+from kernmind.memory.fulltext import content_terms, idf, query_terms, widespread
 from kernmind.memory.passages import PASSAGE_COLUMNS, content_key, filter_sql, passage_row
 
 log = logging.getLogger(__name__)
@@ -271,7 +271,12 @@ class TSRanking:
             rows = await tx.all(sql, [*args, whole, tsquery(terms), *params, limit, offset])
         return TextHits(
             [self.make_row(r[:-1], min(1.0, float(r[-1]))) for r in rows],
-            [TermStat(s.term, s.docs, w / whole, s.ids) for s, w in zip(stats, weights, strict=True)],
+            [
+                TermStat(
+                    s.term, s.docs, w / whole, s.ids, s.docs >= self.COUNT_CAP or widespread(s.docs, total)
+                )
+                for s, w in zip(stats, weights, strict=True)
+            ],
         )
 
     async def _term_stats(self, tx: PostgresTx, terms: list[str]) -> tuple[list[TermStat], int]:

@@ -9,28 +9,38 @@ Design
 * Search draws two best-first lists, filtered by the same conditions, deep enough to fill the
   page (at least 50, the same for every page within them, so pages do not overlap): full-text
   hits with their words score (the share of the query's weight each matches, in [0, 1]:
-  fts5.py, postgres.py) and the texts nearest in meaning with their cosine similarity (exact,
-  over the current model's vectors). Full-text hits outside the nearest get their similarity
-  from the index too, so every candidate has both scores, and fusion.py turns them into one
-  score in [0, 1] with what matched (``words``, ``meaning``, ``both``), leaves out candidates
-  below the model's "no match" cut-off, and keeps exact matches of rare terms above texts that
-  matched no word. (Weighted reciprocal-rank fusion, used before, kept only the order of each
-  list: the first meaning hit outranked the only exact full-text match of a surname.)
-  The two lists are drawn side by side: the full-text query runs in the database's thread
-  while the query is embedded in a worker thread (ONNX Runtime releases the GIL) and the
-  vector index reads what changed since the last search; then the query is scored against the
-  index, which applies filters in memory (vector_index.py); only the rows of the page that
-  full text did not already return are fetched. Without an embedder, rows come in full-text
-  order with their words score and ``match: words``, nothing left out.
+  fts5.py, postgres.py) and the texts nearest in meaning (exact, over the current model's
+  vectors). Every candidate gets its cosine similarity to the query as asked and, when the
+  query holds widespread terms (fulltext.py: a speaker's name in every other turn), to its
+  *focus* — the query without them, which says what it is about without the words that make
+  every text holding them look close. The texts nearest in meaning are nearest to the mix of
+  the two that fusion.py weighs (one matrix-vector product: the mix of two unit vectors scores
+  each text by the mix of its two cosines). fusion.py turns the scores into one in [0, 1] with
+  what matched (``words``, ``meaning``, ``both``), leaves out candidates whose focus does not
+  match ("no match"; stricter when the query names something no text holds: ``absent``, the
+  names full text found nowhere in this corpus), and keeps exact matches of rare terms above
+  texts that matched no word. (Weighted reciprocal-rank fusion, used before, kept only the
+  order of each list: the first meaning hit outranked the only exact full-text match of a
+  surname.)
+  The lists are drawn side by side: the full-text query runs in the database's thread while
+  the query is embedded in a worker thread (ONNX Runtime releases the GIL) and the vector index
+  reads what changed since the last search; as soon as full text has counted the query's terms,
+  the focus (if it differs) is embedded beside the query; then the index is scored, applying
+  filters in memory (vector_index.py); only the rows of the page that full text did not
+  already return are fetched. Without an embedder, rows come in full-text order with their
+  words score and ``match: words``, nothing left out.
 * A query that names a time (when.py: "in May 2023", "last week", "before the move") also draws
   the best ``TIME_DEPTH`` candidates of each list from inside that time (an event's time is that
   of the best match for the event's words), reads every candidate's time (``happened_at`` in
   records.py: a passage's ``occurred_at`` where it has one, else when it was stored), and
   fusion ranks the texts farther from that time lower. The words that named the time are left
-  out of the words and meaning the query is matched by ("How far was Leo running in May 2023?"
-  looks for "How far was Leo running?" near May 2023): "May" and "2023" in a text are no evidence
-  of when it happened, and "the move" in "before the move" would rank the move itself first.
-  ``clock`` is "now" for relative times.
+  out of the words the query is matched by ("How far was Leo running in May 2023?" looks for
+  "far", "leo", "running" near May 2023): "May" and "2023" in a text are no evidence of when it
+  happened, and "the move" in "before the move" would rank the move itself first. Meaning
+  reads the query as asked: measured on the retrieval suite, "recently" or "a few days ago"
+  bring a question closer to the notes that say "this year" or "last weekend", and taking them
+  out cost paraphrase questions more than it gained elsewhere. ``clock`` is "now" for relative
+  times.
 * New texts are embedded when they are stored (≈ 2–3 ms for a short note with the default
   model, ≈ 0.2 ms with the static one). Texts
   without a vector of the current model — stored while an endpoint was down, written before
@@ -62,7 +72,7 @@ import anyio.to_thread
 
 from kernmind.memory.database import TextHits
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, to_blob
-from kernmind.memory.fulltext import names_in, query_terms
+from kernmind.memory.fulltext import content_terms, names_in, query_terms, without_terms
 from kernmind.memory.records import Facets, Generation, StoredVector, happened_at
 from kernmind.memory.when import TimeRef, affinity, time_in
 
@@ -114,7 +124,7 @@ class Corpus(Protocol):
 @dataclass(slots=True)
 class Gathered:
     """What a fused ranking is made of: the full-text hits (with the query's term statistics) and the
-    cosine similarity of every candidate that has a vector."""
+    cosine similarity of every candidate that has a vector, to the query as asked and to its focus."""
 
     text: TextHits
     cosines: dict[int, float]
@@ -122,6 +132,8 @@ class Gathered:
     rows: dict[int, Any] = field(default_factory=dict)  # candidates' rows read so far
     fit: dict[int, float] = field(default_factory=dict)  # how well each fits the time the query names
     names: set[str] = field(default_factory=set)  # the query's terms written like names, ids, numbers
+    focus: dict[int, float] | None = None  # similarity to the query's focus (None: the query is its focus)
+    absent: list[str] = field(default_factory=list)  # names the query asks about that no text holds
 
 
 @dataclass(slots=True)
@@ -220,28 +232,38 @@ class Recall:
                 rows.append(row)
         return Ranked(rows, "hybrid", await self._coverage_note())
 
-    def _fuse(self, gathered: Gathered) -> list[Scored]:
-        from kernmind.memory.fusion import fuse, fusion_for, rare_shares
+    @property
+    def fusion_now(self) -> Fusion:
+        """The fusion parameters searches use: the model's (fusion.py) unless a benchmark set others."""
+        from kernmind.memory.fusion import fusion_for
 
         assert self.embedder is not None
-        fusion = self.fusion or fusion_for(self.embedder.model)
+        return self.fusion or fusion_for(self.embedder.model)
+
+    def _fuse(self, gathered: Gathered) -> list[Scored]:
+        from kernmind.memory.fusion import fuse, rare_shares
+
+        fusion = self.fusion_now
         words = {r.id: r.score or 0.0 for r in gathered.text.rows}
         rare = rare_shares(gathered.text.terms, fusion, gathered.names)
-        return fuse(words, gathered.cosines, rare, fusion, gathered.fit)
+        return fuse(
+            words, gathered.cosines, rare, fusion, gathered.fit, gathered.focus, absent=bool(gathered.absent)
+        )
 
     async def gather(self, query: str, where: Any, depth: int) -> Gathered:
         """The ``depth`` best full-text hits and the ``depth`` texts nearest in meaning, with the
         similarity of every one of them; for a query naming a time, also the best of that time and how
         well each candidate fits it (see the module docstring)."""
+        asked = query
         ref = time_in(query, self.clock())
         if ref is not None and STRIP_TIME_WORDS and query_terms(rest := query.replace(ref.words, " ")):
             query = rest  # the time is matched by the texts' times, not by words ("May", "2023", "move")
-        gathered = await self._draw(query, where, depth)
+        gathered = await self._draw(query, where, depth, asked)
         if gathered.unavailable is None and ref is not None:
-            await self._fit_time(gathered, query, where, ref)
+            await self._fit_time(gathered, query, where, ref, asked)
         return gathered
 
-    async def _fit_time(self, gathered: Gathered, query: str, where: Any, ref: TimeRef) -> None:
+    async def _fit_time(self, gathered: Gathered, query: str, where: Any, ref: TimeRef, asked: str) -> None:
         if ref.anchor is not None:  # "before the move": when the best match for "the move" happened
             event = await self._draw(ref.anchor, where, MIN_DEPTH)
             best = self._fuse(event)[:1]
@@ -254,57 +276,69 @@ class Recall:
         start = max((t for t in (where.start, lo) if t is not None), default=None)
         end = min((t for t in (where.end, hi) if t is not None), default=None)
         if start is None or end is None or start < end:
-            inside = await self._draw(query, dataclasses.replace(where, start=start, end=end), TIME_DEPTH)
+            inside = await self._draw(
+                query, dataclasses.replace(where, start=start, end=end), TIME_DEPTH, asked
+            )
             have = {r.id for r in gathered.text.rows}
             gathered.text.rows += [r for r in inside.text.rows if r.id not in have]
             gathered.cosines = {**inside.cosines, **gathered.cosines}
+            if gathered.focus is not None and inside.focus is not None:
+                gathered.focus = {**inside.focus, **gathered.focus}
         rows = {r.id: r for r in gathered.text.rows}
         rows.update(await self.corpus.get([pid for pid in gathered.cosines if pid not in rows]))
         gathered.rows = rows
         fits = affinity([happened_at(r) for r in rows.values()], ref)
         gathered.fit = dict(zip(rows, fits, strict=True))
 
-    async def _draw(self, query: str, where: Any, depth: int) -> Gathered:
-        """The two lists, side by side (see the module docstring)."""
+    async def _draw(self, query: str, where: Any, depth: int, asked: str | None = None) -> Gathered:
+        """The two lists (see the module docstring): ``query`` is what full text matches, ``asked``
+        (default: the same) the query as asked, before its time words were taken out, which meaning
+        matches (with its focus)."""
         assert self.embedder is not None and self.index is not None
+        asked = asked or query
         text = TextHits([])
-        nearest: list[tuple[int, float]] = []
-        candidates: Candidates | None = None
         qvec: list[float] | None = None
+        fvec: list[float] | None = None  # the focus's vector (None: the query is its own focus)
         unavailable: EmbeddingUnavailable | None = None
 
         async def by_text() -> None:
-            nonlocal text
+            nonlocal text, fvec, unavailable
             text = await self.corpus.rank_text(query, where, depth)
-
-        async def by_meaning() -> None:
-            nonlocal nearest, candidates, qvec, unavailable
-            assert self.index is not None
-
-            async def embed() -> None:
-                nonlocal qvec, unavailable
+            if (focus_text := _focus(asked, text)) != asked:  # embedded beside the query as asked
                 try:
-                    qvec = await self.query_vector(query)
+                    fvec = await self.query_vector(focus_text)
                 except EmbeddingUnavailable as exc:
                     unavailable = exc
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(embed)
-                await self.index.refresh()  # the index reads what changed while the query is embedded
-            if qvec is not None:
-                nearest, candidates = await self._nearest(qvec, where, depth)
+        async def embed() -> None:
+            nonlocal qvec, unavailable
+            try:
+                qvec = await self.query_vector(asked)
+            except EmbeddingUnavailable as exc:
+                unavailable = exc
 
         # the database ranks by full text while the query is embedded (ONNX Runtime releases the GIL)
+        # and the vector index reads what changed since the last search
         async with anyio.create_task_group() as tg:
             tg.start_soon(by_text)
-            tg.start_soon(by_meaning)
-        cosines = dict(nearest)
-        if qvec is not None:
-            from kernmind.memory.vector_index import similarity_of
+            tg.start_soon(embed)
+            tg.start_soon(self.index.refresh)
+        names = names_in(query)
+        if qvec is None or unavailable is not None:
+            return Gathered(text, {}, unavailable, names=names)
+        mixed = qvec if fvec is None else _mix(qvec, fvec, self.fusion_now.focus_weight)
+        nearest, candidates = await self._nearest(mixed, where, depth)
+        from kernmind.memory.vector_index import similarity_of
 
-            unscored = [r.id for r in text.rows if r.id not in cosines]
-            cosines.update(similarity_of(candidates, qvec, unscored))
-        return Gathered(text, cosines, unavailable, names=names_in(query))
+        ids = list(dict.fromkeys([pid for pid, _ in nearest] + [r.id for r in text.rows]))
+        cosines = similarity_of(candidates, qvec, ids)
+        focus = None if fvec is None else similarity_of(candidates, fvec, ids)
+        absent = [
+            t.term
+            for t in text.terms  # found nowhere, or only in other namespaces' texts (a rare term's ids)
+            if t.term in names and (t.docs == 0 or (t.ids is not None and not self.index.holds_any(t.ids)))
+        ]
+        return Gathered(text, cosines, None, names=names, focus=focus, absent=absent)
 
     async def query_vector(self, query: str) -> list[float]:
         """The query's vector; the last few are kept, so the next page of a search (or the same
@@ -344,6 +378,25 @@ class Recall:
             f"meaning search covers {covered} of {total} {self.what} so far (the rest are being embedded in the "
             f"background); full-text ranking covers all of them"
         )
+
+
+def _focus(asked: str, text: TextHits) -> str:
+    """The query as asked without its widespread terms (a speaker's name in every turn: fulltext.py);
+    the query itself when it has none, or nothing but them."""
+    if common := {t.term for t in text.terms if t.widespread}:
+        rest = without_terms(asked, common)
+        if any(t not in common for t in content_terms(query_terms(rest))):
+            return rest
+    return asked
+
+
+def _mix(asked: Sequence[float], focus: Sequence[float], focus_weight: float) -> list[float]:
+    """The vector whose dot product with a unit vector is the weighted mean of its cosines to the two."""
+    import numpy as np
+
+    a, f = np.asarray(asked, dtype=np.float32), np.asarray(focus, dtype=np.float32)
+    a, f = a / max(float(np.linalg.norm(a)), 1e-12), f / max(float(np.linalg.norm(f)), 1e-12)
+    return list((1 - focus_weight) * a + focus_weight * f)
 
 
 def _matched(rows: Sequence[Any]) -> list[Any]:

@@ -24,6 +24,14 @@ Design
   the new rows are appended (ids only grow: writes are serialised); ``rewrites`` moved, the
   index reconciles its ids with the stored ones (dropping the removed, fetching the missing)
   instead of reloading every vector.
+* Next to each vector the index keeps its signs, one bit a dimension (48 bytes for 384
+  dimensions), packed in 64-bit words and stored word-major (one contiguous array per word, so
+  comparing a query with every row is a few vectorised XOR and popcount passes).
+  Near-duplicates — texts at least ~0.85 similar to a new one, looked for on every insert
+  (archival.py) — are within a small angle of it, so they differ in few signs: :func:`close_to`
+  counts differing bits over every row (a sixth of the bytes a float32 scan reads), keeps the
+  ``SHORTLIST`` rows that differ least, and scores only those exactly. Searches, which look for
+  texts only somewhat close in meaning, keep the exact scan.
 * Searches may score in a worker thread while the event loop refreshes the index for another
   request: :meth:`VectorIndex.candidates` takes a snapshot on the event loop (appends never
   modify it, reconciles replace the arrays), and :func:`nearest` only reads that snapshot.
@@ -49,6 +57,8 @@ from kernmind.memory.records import Facets, Generation, StoredVector, VectorSour
 log = logging.getLogger(__name__)
 
 GATHER_SHARE = 0.5  # a filter keeping fewer rows than this share scores only those rows
+SKETCH_FROM = 20_000  # close_to scores every row exactly below this many (as cheap as the sign bits)
+SHORTLIST = 512  # rows close_to scores exactly: those whose signs differ least from the query's
 
 
 class DimensionChanged(Exception):
@@ -77,11 +87,22 @@ class Column:
 
 @dataclass(frozen=True, slots=True)
 class Candidates:
-    """A snapshot to score: every indexed text, or only ``rows`` of it."""
+    """A snapshot to score: every indexed text, or only ``rows`` of it; ``signs``: the vectors' sign
+    bits, packed (see the module docstring)."""
 
     ids: np.ndarray
     matrix: np.ndarray
     rows: np.ndarray | None = None
+    signs: np.ndarray | None = None  # (words, texts): sign_bits of the matrix, word-major
+
+
+def sign_bits(matrix: np.ndarray) -> np.ndarray:
+    """Each row's signs, one bit a dimension, packed in 64-bit words (padded with zero bits): (rows, words)."""
+    bits = np.packbits(matrix > 0, axis=1)
+    pad = -bits.shape[1] % 8
+    if pad:
+        bits = np.pad(bits, ((0, 0), (0, pad)))
+    return np.ascontiguousarray(bits).view(np.uint64)
 
 
 class VectorIndex:
@@ -99,6 +120,7 @@ class VectorIndex:
         self._times = Column(np.float64)
         self._labels: dict[str, Column] = {}
         self._buf = np.zeros((0, 0), dtype=np.float32)
+        self._signs = np.zeros((0, 0), dtype=np.uint64)  # _buf's sign bits, word-major: (words, rows)
         self._hidden = np.zeros(0, dtype=np.int64)  # sorted; replaced, never modified (snapshots)
 
     def __len__(self) -> int:
@@ -162,6 +184,7 @@ class VectorIndex:
         self._ids = Column(np.int64, ids)
         self._times = Column(np.float64, times)
         self._buf = np.array(matrix, dtype=np.float32, order="C")
+        self._signs = np.ascontiguousarray(sign_bits(self._buf).T)
         self._labels = labels
 
     def _decode(self, rows: list[StoredVector]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -179,12 +202,17 @@ class VectorIndex:
         ids, matrix, times = self._decode(rows)
         n = len(self)
         need = n + len(ids)
+        signs = sign_bits(matrix).T
         if need > len(self._buf) or self._buf.shape[1] != matrix.shape[1]:
-            buf = np.empty((max(need, len(self._buf) * 3 // 2, 1024), matrix.shape[1]), dtype=np.float32)
+            size = max(need, len(self._buf) * 3 // 2, 1024)
+            buf = np.empty((size, matrix.shape[1]), dtype=np.float32)
+            bits = np.empty((signs.shape[0], size), dtype=np.uint64)
             if n:
                 buf[:n] = self._buf[:n]
-            self._buf = buf
+                bits[:, :n] = self._signs[:, :n]
+            self._buf, self._signs = buf, bits
         self._buf[n:need] = matrix  # rows past every snapshot's end
+        self._signs[:, n:need] = signs
         self._times.extend(times)
         self._add_labels(rows)
         self._ids.extend(ids)  # last: a snapshot's length is the ids' length
@@ -197,17 +225,27 @@ class VectorIndex:
         for label, ids in by_label.items():
             self._labels.setdefault(label, Column(np.int64)).extend(np.asarray(ids, dtype=np.int64))
 
+    def holds_any(self, ids: Sequence[int]) -> bool:
+        """Whether any of ``ids`` has a vector in the index (hidden or not)."""
+        have = self._ids.view()
+        want = np.asarray(ids, dtype=np.int64)
+        if not len(have) or not len(want):
+            return False
+        pos = np.minimum(np.searchsorted(have, want), len(have) - 1)
+        return bool((have[pos] == want).any())
+
     def candidates(self, facets: Facets | None = None) -> Candidates | None:
         """A snapshot of the texts that pass ``facets`` (call on the event loop; None: none pass)."""
         ids = self._ids.view()
         matrix = self._buf[: len(ids)]
+        signs = self._signs[:, : len(ids)]
         if not len(ids):
             return None
         hidden = self._hidden if facets is not None and facets.live_only else self._hidden[:0]
         if facets is None or not (
             facets.labels or facets.start is not None or facets.end is not None or len(hidden)
         ):
-            return Candidates(ids, matrix)
+            return Candidates(ids, matrix, None, signs)
         keep = np.ones(len(ids), dtype=bool) if not facets.labels else self._with_labels(ids, facets)
         times = self._times.view()[: len(ids)]
         if facets.start is not None:
@@ -220,7 +258,7 @@ class VectorIndex:
         rows = np.flatnonzero(keep)
         if not len(rows):
             return None
-        return Candidates(ids, matrix, rows)
+        return Candidates(ids, matrix, rows, signs)
 
     def _with_labels(self, ids: np.ndarray, facets: Facets) -> np.ndarray:
         hits = np.zeros(len(ids), dtype=np.int32)
@@ -283,6 +321,42 @@ def nearest_scored(
     if min_similarity is not None:
         best = best[sims[best] >= min_similarity]
     return [(int(i), float(v)) for i, v in zip(ids[best], sims[best], strict=True)]
+
+
+def close_to(
+    candidates: Candidates | None, query: Sequence[float], k: int, min_similarity: float
+) -> list[tuple[int, float]]:
+    """:func:`nearest_scored` for texts very close to ``query`` (near-duplicates): above ``SKETCH_FROM``
+    rows, only the ``SHORTLIST`` rows whose sign bits differ least from the query's are scored (see
+    the module docstring). Pure numpy over a snapshot: safe in a worker thread."""
+    if candidates is None or candidates.signs is None or len(candidates.ids) < SKETCH_FROM:
+        return nearest_scored(candidates, query, k, min_similarity)
+    if k <= 0 or (q := _unit(candidates, query)) is None:
+        return []
+    mine = sign_bits(q[None, :])[0]
+    differ = np.bitwise_count(candidates.signs[0] ^ mine[0]).astype(np.uint16)
+    for word, bits in zip(candidates.signs[1:], mine[1:], strict=True):
+        differ += np.bitwise_count(word ^ bits)
+    if candidates.rows is not None:  # rows the filter leaves out are never short-listed
+        out = np.ones(len(differ), dtype=bool)
+        out[candidates.rows] = False
+        differ[out] = np.iinfo(np.uint16).max
+    short = _fewest(differ, SHORTLIST)
+    sims = similarities(candidates.matrix[short], q)
+    best = np.argsort(-sims, kind="stable")[:k]
+    best = best[sims[best] >= min_similarity]
+    return [(int(i), float(v)) for i, v in zip(candidates.ids[short[best]], sims[best], strict=True)]
+
+
+def _fewest(differ: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the ``n`` smallest counts (fewer if fewer are not the maximum, which marks rows left
+    out); counts are small integers, so a histogram finds the cut (faster than argpartition)."""
+    counts = np.bincount(differ)
+    counts[-1] = 0 if differ.max() == np.iinfo(np.uint16).max else counts[-1]
+    cut = int(np.searchsorted(np.cumsum(counts), n))
+    below = np.flatnonzero(differ < cut)
+    at = np.flatnonzero(differ == cut)[: max(0, n - len(below))] if cut < np.iinfo(np.uint16).max else []
+    return np.concatenate([below, at]).astype(np.int64)
 
 
 def similarities(matrix: np.ndarray, unit_query: np.ndarray) -> np.ndarray:
