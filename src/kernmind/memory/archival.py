@@ -112,8 +112,12 @@ class Archive:
                 stored = await self.passages.store(
                     PassageIn(content, list(tags), None, vector.blob, vector.model, occurred), wanted
                 )
-        except* MemoryRefusal as refused:  # the search was cancelled; the refusal is the answer
-            raise refused.exceptions[0] from None
+        except BaseExceptionGroup as group:
+            # the write failed (a refusal, a full disk) and the search was cancelled: the write's
+            # error is the answer, unwrapped so tools.refusals can translate it
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
         if stored.duplicate_of is not None:
             similar = []
         similar = [r for r in similar if r.id != stored.id][:NEAR_DUPLICATES]  # the index may hold it already
