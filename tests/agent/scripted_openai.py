@@ -6,6 +6,10 @@ takes the next item of the script: an assistant message (rendered as one JSON re
 or as server-sent events when the request asked for ``stream``) or an HTTP error. Every
 request body is recorded, so tests can check what the agent sent — the system prompt, the
 tool messages, the tool schemas. An exhausted script answers 500 with "script exhausted".
+
+``GET /v1/models`` answers 404 (many servers have no such route) until a test sets
+``models`` (the entries of the list, e.g. ``{"id": "scripted", "max_model_len": 8000}``) or
+``models_status`` (an error status, e.g. 401 for a refused key).
 """
 
 from __future__ import annotations
@@ -52,12 +56,30 @@ class ScriptedOpenAI:
     def __init__(self) -> None:
         self.script: deque[Item] = deque()
         self.requests: list[dict[str, Any]] = []
+        self.models: list[dict[str, Any]] | None = None
+        self.models_status: int | None = None
+        self.model_listings = 0  # GET /models requests answered
         self._lock = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def do_GET(self) -> None:
+                with server._lock:
+                    server.model_listings += 1
+                item = error(404, f"no route {self.path}")
+                if not self.path.endswith("/models"):
+                    self._send_json(404, {"error": {"message": item.content}}, item)
+                elif server.models_status is not None:
+                    message = {401: "Incorrect API key provided"}.get(server.models_status, "scripted error")
+                    self._send_json(server.models_status, {"error": {"message": message}}, item)
+                elif server.models is None:
+                    self._send_json(404, {"error": {"message": item.content}}, item)
+                else:
+                    entries = [{"object": "model", "owned_by": "scripted", **m} for m in server.models]
+                    self._send_json(200, {"object": "list", "data": entries}, Item("message"))
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", 0))

@@ -10,10 +10,12 @@ Python API::
         result = await agent.run("What is 2**100?")
         print(result.answer)
 
-Modules: ``config`` (what an agent is built from), ``connections`` (MCP clients and tool
-routing), ``model`` (chat-completions requests, streaming, retries), ``results`` (tool
-results into model input), ``memory`` (memory blocks into the system prompt), ``loop``
-(the :class:`Agent`), and the command line in ``cli``, ``console`` and ``repl``.
+Modules: ``settings`` (the CLI's settings, declared once), ``config`` (what an agent is
+built from), ``errors`` (the two failures a user sees), ``endpoint`` (the model endpoint,
+checked before anything starts), ``connections`` (MCP clients and tool routing), ``model``
+(chat-completions requests, streaming, retries), ``results`` (tool results into model
+input), ``memory`` (memory blocks into the system prompt), ``loop`` (the :class:`Agent`),
+and the command line in ``cli``, ``console`` and ``repl``.
 """
 
 from __future__ import annotations
@@ -24,14 +26,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kernmind.agent.config import (
         AgentConfig,
-        ConfigError,
         ServerSpec,
         kernmind_server_spec,
         load_mcp_config,
     )
     from kernmind.agent.connections import ServerStartError
+    from kernmind.agent.errors import ConfigError, ModelError
     from kernmind.agent.loop import Agent, AgentEvents, RunResult, ToolCallRecord
-    from kernmind.agent.model import ModelError
 
 # Imported on first use: ``kernmind serve`` and ``kernmind --help`` load this package to
 # build the CLI and should not pay for the openai client.
@@ -41,12 +42,12 @@ _LAZY = {
     "RunResult": "loop",
     "ToolCallRecord": "loop",
     "AgentConfig": "config",
-    "ConfigError": "config",
+    "ConfigError": "errors",
     "ServerSpec": "config",
     "kernmind_server_spec": "config",
     "load_mcp_config": "config",
     "ServerStartError": "connections",
-    "ModelError": "model",
+    "ModelError": "errors",
 }
 
 

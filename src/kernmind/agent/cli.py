@@ -60,7 +60,7 @@ def agent_settings_from_args(args: argparse.Namespace) -> AgentSettings:
     a refused value raises :class:`ConfigError` naming the flag and the variable."""
     from pydantic import ValidationError
 
-    from kernmind.agent.config import ConfigError
+    from kernmind.agent.errors import ConfigError
     from kernmind.agent.settings import AgentSettings
     from kernmind.settings_cli import describe_settings_error, model_specs, values_from_args
 
@@ -77,11 +77,11 @@ def build_config(
     from kernmind.agent.config import (
         DEFAULT_SYSTEM_PROMPT,
         AgentConfig,
-        ConfigError,
         ServerSpec,
         kernmind_server_spec,
         load_mcp_config,
     )
+    from kernmind.agent.errors import ConfigError
 
     servers: list[ServerSpec] = []
     extra = load_mcp_config(agent.mcp_config) if agent.mcp_config else []
@@ -107,6 +107,7 @@ def build_config(
         temperature=agent.temperature,
         max_retries=agent.retries,
         tool_timeout=agent.tool_timeout,
+        connect_timeout=agent.connect_timeout,
         recorder=recorder,
     )
 
@@ -123,13 +124,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         logging.getLogger("kernmind").setLevel(logging.WARNING)
     import anyio
 
-    from kernmind.agent.config import ConfigError
+    from kernmind.agent.endpoint import require_key
+    from kernmind.agent.errors import ConfigError
 
     try:
         agent = agent_settings_from_args(args)
-        config = build_config(
-            agent, settings, one_shot=args.prompt is not None, log_level_given=_log_level_given(args)
-        )
+        require_key(agent.base_url, agent.api_key)
     except ConfigError as exc:
         print(f"kernmind agent: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -137,18 +137,38 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if prompt == "-":
         prompt = sys.stdin.read()
     try:
-        return anyio.run(_main, config, agent, prompt)
+        return anyio.run(_main, agent, settings, prompt, _log_level_given(args))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 
 
-async def _main(config: AgentConfig, args: AgentSettings, prompt: str | None) -> int:
+async def _main(args: AgentSettings, settings: Settings, prompt: str | None, log_level_given: bool) -> int:
     import anyio
+
+    from kernmind.agent.endpoint import check_endpoint
+    from kernmind.agent.errors import ConfigError, ModelError
+
+    # The endpoint first, with nothing but httpx2 loaded: a wrong URL or key is reported in
+    # well under a second, before mcp and openai are imported or any server is launched.
+    try:
+        endpoint = await check_endpoint(
+            args.base_url, args.api_key, args.model, connect_timeout=args.connect_timeout
+        )
+    except ModelError as exc:
+        print(f"kernmind agent: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    for note in endpoint.notes:
+        print(f"kernmind agent: {note}", file=sys.stderr)
+    try:
+        config = build_config(args, settings, one_shot=prompt is not None, log_level_given=log_level_given)
+    except ConfigError as exc:
+        print(f"kernmind agent: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    config.endpoint = endpoint
 
     from kernmind.agent.connections import ServerStartError
     from kernmind.agent.console import ConsoleEvents, LineReader
     from kernmind.agent.loop import Agent
-    from kernmind.agent.model import ModelError
     from kernmind.agent.repl import repl
 
     reader = LineReader()

@@ -15,6 +15,12 @@ a :class:`ChatModel` and a :class:`ToolHub`. ``await agent.run(text)`` is one us
 What happens along the way is reported to an :class:`AgentEvents` (the CLI prints it;
 the default does nothing), and every call is kept as a :class:`ToolCallRecord`.
 
+Starting: the model endpoint is checked first (endpoint.py: a wrong URL or key fails before
+any server is launched), then the MCP servers are connected. Every message is queued for the
+conversation recorder, which stores them in order in a task beside the loop (opening the
+database and loading the embedding model never delay a model request); leaving the agent
+waits until all are stored.
+
 Error policy: the model must be able to correct itself, so arguments that are not JSON,
 unknown tool names, refused approvals and tool errors all become tool results that say
 what went wrong — never exceptions. The model endpoint failing after its retries raises
@@ -28,14 +34,18 @@ conversation stays valid, so the next ``run`` continues it.
 from __future__ import annotations
 
 import logging
+import math
+from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import anyio
 import mcp_types as types
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
-from kernmind.agent.config import AgentConfig
+from kernmind.agent.config import AgentConfig, MessageRecorder
 from kernmind.agent.connections import ToolHub, error_result
+from kernmind.agent.endpoint import EndpointInfo, check_endpoint
 from kernmind.agent.memory import compile_memory
 from kernmind.agent.model import AssistantTurn, ChatModel, ModelError, ToolCallRequest, parse_arguments
 from kernmind.agent.results import ToolOutput, convert_result, image_note
@@ -126,38 +136,69 @@ class Agent:
         self.images_enabled = config.images != "off"
         self.hub = ToolHub(config.servers)
         self.model: ChatModel | None = None
+        self.endpoint: EndpointInfo | None = config.endpoint
         self._scopes: set[anyio.CancelScope] = set()
         self._interrupted = False
         self.busy = False
+        self._background = AsyncExitStack()
+        self._to_record: ObjectSendStream[dict[str, Any]] | None = None
 
     async def __aenter__(self) -> Agent:
+        cfg = self.config
+        if cfg.check_endpoint and self.endpoint is None:  # before any server starts: fail fast
+            self.endpoint = await check_endpoint(
+                cfg.base_url, cfg.api_key, cfg.model, connect_timeout=cfg.connect_timeout
+            )
         self.model = ChatModel(
-            self.config.model,
-            base_url=self.config.base_url,
-            api_key=self.config.api_key,
-            max_retries=self.config.max_retries,
-            retry_base_delay=self.config.retry_base_delay,
-            retry_max_delay=self.config.retry_max_delay,
-            timeout=self.config.request_timeout,
-            temperature=self.config.temperature,
+            cfg.model,
+            base_url=cfg.base_url,
+            api_key=cfg.api_key,
+            max_retries=cfg.max_retries,
+            retry_base_delay=cfg.retry_base_delay,
+            retry_max_delay=cfg.retry_max_delay,
+            timeout=cfg.request_timeout,
+            connect_timeout=cfg.connect_timeout,
+            temperature=cfg.temperature,
         )
+        if cfg.recorder is not None:
+            # Recording runs beside the loop: opening the database and loading the embedding
+            # model for the first message must not hold up the first model request. Its task
+            # group is entered before the hub's clients so that it is exited after them.
+            send, receive = anyio.create_memory_object_stream[dict[str, Any]](math.inf)
+            tasks = await self._background.enter_async_context(anyio.create_task_group())
+            servers_up = anyio.Event()  # the server creates the database; the recorder then opens it
+            tasks.start_soon(_record_all, cfg.recorder, receive, servers_up)
+            self._to_record = send
         try:
             await self.hub.__aenter__()
         except BaseException:
-            await self.model.aclose()
+            if cfg.recorder is not None:
+                tasks.cancel_scope.cancel()  # the recorder never started: nothing to store
+            await self._close_background()
             raise
-        if self.config.recorder is not None:
-            await self.config.recorder.start()
+        if cfg.recorder is not None:
+            servers_up.set()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self.config.recorder is not None:
-            with anyio.CancelScope(shield=True):
-                await self.config.recorder.close()
-        await self.hub.__aexit__(*exc)
-        if self.model is not None:
-            with anyio.CancelScope(shield=True):
-                await self.model.aclose()
+        if self._to_record is not None:
+            self._to_record.close()  # the recorder stores what is queued while the servers stop
+            self._to_record = None
+        try:
+            await self.hub.__aexit__(*exc)
+        finally:
+            await self._close_background()
+
+    async def _close_background(self) -> None:
+        if self._to_record is not None:
+            self._to_record.close()
+            self._to_record = None
+        try:
+            await self._background.aclose()  # waits for the recorder (it shields itself)
+        finally:
+            if self.model is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.model.aclose()
 
     # ----- public API -------------------------------------------------------------
 
@@ -237,11 +278,10 @@ class Agent:
             self.busy = False
 
     async def _keep(self, message: dict[str, Any]) -> None:
-        """Append to the conversation, and record it (conversation memory) when configured."""
+        """Append to the conversation, and queue it for the recorder (conversation memory)."""
         self.messages.append(message)
-        if self.config.recorder is not None:
-            with anyio.CancelScope(shield=True):  # an interrupted turn still records what was said
-                await self.config.recorder.record(message)
+        if self._to_record is not None:
+            self._to_record.send_nowait(message)
 
     def transcript(self) -> dict[str, Any]:
         """A JSON-serialisable record of the whole session (image data elided)."""
@@ -365,6 +405,22 @@ class Agent:
         if out.images and not self.images_enabled:
             rec.output += "\n" + image_note(len(out.images), rec.name)
             rec._images = []
+
+
+async def _record_all(
+    recorder: MessageRecorder, queue: ObjectReceiveStream[dict[str, Any]], servers_up: anyio.Event
+) -> None:
+    """Store every queued message in order; shielded once started, so an interrupt or Ctrl-C
+    loses none of them."""
+    await servers_up.wait()
+    with anyio.CancelScope(shield=True):
+        try:
+            await recorder.start()
+            async with queue:
+                async for message in queue:
+                    await recorder.record(message)
+        finally:
+            await recorder.close()
 
 
 def _images_as_notes(message: dict[str, Any]) -> dict[str, Any]:

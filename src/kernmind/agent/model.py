@@ -7,7 +7,8 @@ together here, tolerating servers (Ollama, vLLM, LM Studio) that send a whole ca
 chunk, omit ``index`` or repeat the ``id``. Text deltas go to ``on_token`` as they arrive.
 
 Error policy: the ``openai`` client's own retries are off (``max_retries=0``) so the
-policy is visible here. Rate limits (429), timeouts (408), conflicts (409), server errors
+policy is visible here; a connection must be accepted within ``connect_timeout`` (the
+endpoint was checked before the agent started: endpoint.py). Rate limits (429), timeouts (408), conflicts (409), server errors
 (5xx) and connection failures are retried with exponential backoff and jitter, honouring
 ``Retry-After``; ``on_retry`` is told about each wait. Once attempts run out, or for errors
 a retry cannot fix (400, 401, 403, 404 …), :class:`ModelError` is raised with a message
@@ -29,21 +30,14 @@ import anyio
 import openai
 from openai import AsyncOpenAI
 
+from kernmind.agent.errors import ModelError
+
 log = logging.getLogger(__name__)
 
 TokenCallback = Callable[[str], Awaitable[None] | None]
 RetryCallback = Callable[[int, float, str], Awaitable[None] | None]
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 522, 524, 529})
-
-
-class ModelError(RuntimeError):
-    """The model endpoint failed in a way retrying did not (or could not) fix."""
-
-    def __init__(self, message: str, *, status: int | None = None, images_rejected: bool = False) -> None:
-        super().__init__(message)
-        self.status = status
-        self.images_rejected = images_rejected
 
 
 @dataclass
@@ -86,6 +80,7 @@ class ChatModel:
         retry_base_delay: float = 0.5,
         retry_max_delay: float = 20.0,
         timeout: float = 600.0,
+        connect_timeout: float = 3.0,
         temperature: float | None = None,
     ) -> None:
         self.model = model
@@ -101,7 +96,12 @@ class ChatModel:
                 "server (Ollama, vLLM, LM Studio) that needs none"
             )
         try:
-            self._client = AsyncOpenAI(api_key=key, base_url=base_url, max_retries=0, timeout=timeout)
+            self._client = AsyncOpenAI(
+                api_key=key,
+                base_url=base_url,
+                max_retries=0,
+                timeout=openai.Timeout(timeout, connect=connect_timeout),
+            )
         except openai.OpenAIError as exc:
             raise ModelError(f"cannot create the model client: {exc}") from exc
         self.endpoint = str(self._client.base_url).rstrip("/")

@@ -86,6 +86,13 @@ class AgentSettings(BaseSettings):
     temperature: Annotated[float | None, Cli(metavar="T", shown_default="the model's")] = Field(
         default=None, ge=0, le=2, description="sampling temperature"
     )
+    connect_timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
+        default=3.0,
+        gt=0,
+        le=300,
+        description="seconds the model endpoint has to accept a connection; the endpoint is checked "
+        "(`GET /models`) before any server starts, so a wrong URL or key is reported at once",
+    )
     retries: Annotated[int, Cli(metavar="N")] = Field(
         default=4, ge=0, le=20, description="retries of a model request after 429, 5xx or a broken connection"
     )
