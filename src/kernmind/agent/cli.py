@@ -108,6 +108,7 @@ def build_config(
         max_retries=agent.retries,
         tool_timeout=agent.tool_timeout,
         connect_timeout=agent.connect_timeout,
+        context_window=agent.context_window,
         recorder=recorder,
     )
 

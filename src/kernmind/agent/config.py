@@ -73,6 +73,7 @@ class AgentConfig:
     check_endpoint: bool = True  # GET /models before starting the servers (endpoint.py)
     endpoint: EndpointInfo | None = None  # what that check found (the CLI checks before building this)
     max_tool_result_chars: int = 30_000
+    context_window: int | None = None  # tokens; None: what the endpoint reports, else window.py's default
     tool_timeout: float | None = None
     include_server_instructions: bool = True
     recorder: MessageRecorder | None = None  # every message of the conversation, as it is appended

@@ -86,6 +86,15 @@ class AgentSettings(BaseSettings):
     temperature: Annotated[float | None, Cli(metavar="T", shown_default="the model's")] = Field(
         default=None, ge=0, le=2, description="sampling temperature"
     )
+    context_window: Annotated[
+        int | None,
+        Cli(metavar="TOKENS", shown_default="what the endpoint reports for the model, else 32,768"),
+    ] = Field(
+        default=None,
+        ge=1024,
+        description="the model's context window: past 75 % of it the oldest turns are replaced by a summary "
+        "the model writes (they stay findable with `conversation_search`)",
+    )
     connect_timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
         default=3.0,
         gt=0,
