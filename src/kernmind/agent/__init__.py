@@ -32,15 +32,16 @@ if TYPE_CHECKING:
     )
     from kernmind.agent.connections import ServerStartError
     from kernmind.agent.errors import ConfigError, ModelError
-    from kernmind.agent.loop import Agent, AgentEvents, RunResult, ToolCallRecord
+    from kernmind.agent.loop import Agent
+    from kernmind.agent.records import AgentEvents, RunResult, ToolCallRecord
 
 # Imported on first use: ``kernmind serve`` and ``kernmind --help`` load this package to
 # build the CLI and should not pay for the openai client.
 _LAZY = {
     "Agent": "loop",
-    "AgentEvents": "loop",
-    "RunResult": "loop",
-    "ToolCallRecord": "loop",
+    "AgentEvents": "records",
+    "RunResult": "records",
+    "ToolCallRecord": "records",
     "AgentConfig": "config",
     "ConfigError": "errors",
     "ServerSpec": "config",

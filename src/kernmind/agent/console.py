@@ -28,8 +28,8 @@ from typing import Any, TextIO
 
 import anyio
 
-from kernmind.agent.loop import AgentEvents, RunResult, ToolCallRecord
 from kernmind.agent.model import AssistantTurn
+from kernmind.agent.records import AgentEvents, RunResult, ToolCallRecord
 from kernmind.agent.window import Compaction
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"

@@ -37,8 +37,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import AsyncExitStack
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import mcp_types as types
@@ -50,97 +49,21 @@ from kernmind.agent.endpoint import EndpointInfo, check_endpoint, endpoint_url
 from kernmind.agent.memory import compile_memory
 from kernmind.agent.model import AssistantTurn, ChatModel, ModelError, ToolCallRequest, parse_arguments
 from kernmind.agent.recording import Recording
+from kernmind.agent.records import AgentEvents, RunResult, ToolCallRecord
 from kernmind.agent.results import ToolOutput, convert_result, elide_images, image_note, images_as_notes
 from kernmind.agent.window import (
     COMPACT_TO,
     DEFAULT_WINDOW,
-    Compaction,
     ContextWindow,
-    known_window,
+    choose_window,
     message_tokens,
     tools_tokens,
 )
 
 log = logging.getLogger(__name__)
 
-StopReason = Literal["answer", "max_steps", "interrupted"]
-CallStatus = Literal["ok", "error", "refused", "cancelled"]
-
 CANCELLED_TEXT = "The user cancelled this tool call (Ctrl-C) before it finished; its result is unknown."
 REFUSED_TEXT = "The user declined this tool call. Do not retry it unchanged; ask the user or try another way."
-
-
-@dataclass
-class ToolCallRecord:
-    """One tool call: what the model asked for and what came back."""
-
-    id: str
-    name: str
-    raw_arguments: str
-    step: int
-    arguments: dict[str, Any] | None = None
-    status: CallStatus = "ok"
-    output: str = ""
-    images: int = 0
-    duration_s: float = 0.0
-    _images: list[str] = field(default_factory=list, repr=False)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("_images", None)
-        return data
-
-
-@dataclass
-class RunResult:
-    """The outcome of one user turn."""
-
-    answer: str
-    stopped: StopReason
-    steps: int
-    tool_calls: list[ToolCallRecord] = field(default_factory=list)
-    compactions: int = 0  # times the conversation was compacted during this turn
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "answer": self.answer,
-            "stopped": self.stopped,
-            "steps": self.steps,
-            "tool_calls": [c.to_json() for c in self.tool_calls],
-            "compactions": self.compactions,
-        }
-
-
-class AgentEvents:
-    """Hooks for what the loop does; override what you need (all are no-ops by default)."""
-
-    async def on_step(self, step: int) -> None: ...
-
-    async def on_token(self, text: str) -> None: ...
-
-    async def on_assistant(self, turn: AssistantTurn, step: int) -> None: ...
-
-    async def on_retry(self, attempt: int, delay: float, reason: str) -> None: ...
-
-    async def approve(self, call: ToolCallRecord) -> bool:
-        """Whether this tool call may run (the CLI asks the user when ``--approve``)."""
-        return True
-
-    async def on_tool_start(self, call: ToolCallRecord) -> None: ...
-
-    async def on_tool_progress(
-        self, call: ToolCallRecord, progress: float, total: float | None, message: str | None
-    ) -> None: ...
-
-    async def on_tool_end(self, call: ToolCallRecord) -> None: ...
-
-    async def on_max_steps(self, steps: int) -> None: ...
-
-    async def on_compaction(self, compaction: Compaction) -> None:
-        """The conversation was compacted to fit the model's window (the CLI notes it on stderr)."""
-
-    async def on_notice(self, text: str) -> None:
-        """Something the user should know that is not an error (the CLI prints it on stderr)."""
 
 
 class Agent:
@@ -188,7 +111,7 @@ class Agent:
             # recording.py; its task group is entered before the hub's clients, exited after them
             self.recording = Recording(cfg.recorder)
             self.recording.start(tasks)
-        self.window = self._window()
+        self.window = choose_window(cfg.context_window, self.endpoint, cfg.model, endpoint_url(cfg.base_url))
         try:
             await self.hub.__aenter__()
         except BaseException:
@@ -218,16 +141,6 @@ class Agent:
                     await self.model.aclose()
 
     # ----- public API -------------------------------------------------------------
-
-    def _window(self) -> ContextWindow:
-        if self.config.context_window:
-            return ContextWindow(self.config.context_window, "--context-window")
-        if self.endpoint is not None and self.endpoint.context_window:
-            return ContextWindow(self.endpoint.context_window, "the endpoint's model list")
-        known = known_window(self.config.model, endpoint_url(self.config.base_url))
-        if known:
-            return ContextWindow(known, "OpenAI's documented window for this model")
-        return ContextWindow(DEFAULT_WINDOW, "default (the endpoint does not say)")
 
     def reset(self) -> None:
         """Forget the conversation (memory blocks live on the server and are kept)."""

@@ -283,8 +283,7 @@ def _context_exceeded(exc: openai.APIStatusError, detail: str) -> bool:
     """Whether the endpoint refused the request for being longer than the model's window."""
     body = exc.body if isinstance(exc.body, dict) else {}
     err = body.get("error", body)
-    code = err.get("code") or err.get("type") if isinstance(err, dict) else None
-    if code in CONTEXT_CODES:
+    if isinstance(err, dict) and {str(err.get("code")), str(err.get("type"))} & CONTEXT_CODES:
         return True
     return exc.status_code in (400, 413, 422) and CONTEXT_WORDS.search(detail) is not None
 

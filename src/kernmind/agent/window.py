@@ -36,7 +36,10 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kernmind.agent.endpoint import EndpointInfo
 
 DEFAULT_WINDOW = 32_768
 COMPACT_AT = 0.75  # compact when a request would take more than this share of the window
@@ -106,6 +109,17 @@ def message_tokens(message: dict[str, Any]) -> int:
 
 def tools_tokens(schemas: list[dict[str, Any]]) -> int:
     return text_tokens(json.dumps(schemas, ensure_ascii=False)) if schemas else 0
+
+
+def choose_window(given: int | None, endpoint: EndpointInfo | None, model: str, url: str) -> ContextWindow:
+    """The window, from the first that says: the user, the endpoint's model list, OpenAI's documentation."""
+    if given:
+        return ContextWindow(given, "--context-window")
+    if endpoint is not None and endpoint.context_window:
+        return ContextWindow(endpoint.context_window, "the endpoint's model list")
+    if known := known_window(model, url):
+        return ContextWindow(known, "OpenAI's documented window for this model")
+    return ContextWindow(DEFAULT_WINDOW, "default (the endpoint does not say)")
 
 
 def known_window(model: str, endpoint_url: str) -> int | None:
