@@ -14,8 +14,10 @@ Modules: ``settings`` (the CLI's settings, declared once), ``config`` (what an a
 built from), ``errors`` (the two failures a user sees), ``endpoint`` (the model endpoint,
 checked before anything starts), ``connections`` (MCP clients and tool routing), ``model``
 (chat-completions requests, streaming, retries), ``results`` (tool results into model
-input), ``memory`` (memory blocks into the system prompt), ``loop`` (the :class:`Agent`),
-and the command line in ``cli``, ``console`` and ``repl``.
+input), ``memory`` (memory blocks into the system prompt), ``window`` (the context window
+and the size of a request), ``compaction`` (making the conversation fit it), ``recording``
+(the conversation recorder beside the loop), ``records`` (what the loop reports), ``loop``
+(the :class:`Agent`), and the command line in ``cli``, ``console`` and ``repl``.
 """
 
 from __future__ import annotations

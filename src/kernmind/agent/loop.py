@@ -26,7 +26,9 @@ conversation recorder, which stores them beside the loop (recording.py).
 Error policy: the model must be able to correct itself, so arguments that are not JSON,
 unknown tool names, refused approvals and tool errors all become tool results that say
 what went wrong — never exceptions. The model endpoint failing after its retries raises
-:class:`ModelError` out of ``run`` (the user's message stays in the conversation).
+:class:`ModelError` out of ``run`` (the user's message stays in the conversation); so does a
+request the endpoint still finds too long after two compactions, with a sentence saying what
+takes the room.
 :meth:`Agent.interrupt` (Ctrl-C in the CLI) cancels whatever is in flight: running tool
 calls are cancelled through MCP (which interrupts the kernel) and recorded as cancelled,
 a model request is abandoned, and ``run`` returns with ``stopped == "interrupted"``; the
