@@ -172,12 +172,13 @@ async def test_a_failing_summary_request_still_evicts(llm: ScriptedOpenAI) -> No
     )
 
 
-async def test_a_tool_result_larger_than_the_window_is_cut_to_fit(llm: ScriptedOpenAI) -> None:
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+async def test_a_tool_result_larger_than_the_window_is_cut_to_fit(llm: ScriptedOpenAI, stream: bool) -> None:
     server, _ = build()
     llm.context_window = WINDOW
     llm.add(tools(call("report", {"step": 3, "chars": 60_000})), reply("I saw the start of the report."))
     events = Seen()
-    async with Agent(config(llm, server, context_window=WINDOW), events) as agent:
+    async with Agent(config(llm, server, context_window=WINDOW, stream=stream), events) as agent:
         result = await agent.run("Print the big report.")
     assert result.answer == "I saw the start of the report."
     second = llm.requests[-1]
@@ -190,7 +191,10 @@ async def test_a_tool_result_larger_than_the_window_is_cut_to_fit(llm: ScriptedO
     assert events.compactions[0].shortened == 1 and events.compactions[0].evicted == 0
 
 
-async def test_an_endpoint_saying_too_long_triggers_a_compaction_and_a_retry(llm: ScriptedOpenAI) -> None:
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+async def test_an_endpoint_saying_too_long_triggers_a_compaction_and_a_retry(
+    llm: ScriptedOpenAI, stream: bool
+) -> None:
     """The agent believes the window is 64k (wrong); the endpoint refuses a request with OpenAI's
     ``context_length_exceeded``: the agent reads the real window from the message, compacts and
     sends again — the turn goes on, nothing crashes."""
@@ -198,7 +202,7 @@ async def test_an_endpoint_saying_too_long_triggers_a_compaction_and_a_retry(llm
     job = LongJob(steps=12)  # ≈ 9,000 tokens by the end: past 8k, far below 75 % of 64k
     llm.context_window, llm.responder, llm.summarizer = WINDOW, job.respond, job.summarize
     events = Seen()
-    async with Agent(config(llm, server, context_window=64_000), events) as agent:
+    async with Agent(config(llm, server, context_window=64_000, stream=stream), events) as agent:
         result = await agent.run("Run the 12-step job, then tell me step 3's secret.")
         assert agent.window.size == WINDOW and agent.window.source == "the endpoint's error message"
     assert result.stopped == "answer" and result.answer == f"Step 3's secret was {secret(3)}."
