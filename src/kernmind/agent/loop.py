@@ -299,7 +299,9 @@ class Agent:
                 if not exc.context_exceeded:
                     raise
                 if refusals == 2:
-                    raise ModelError(self._does_not_fit(exc, system, tools_raw), status=exc.status) from exc
+                    raise ModelError(
+                        self.window.does_not_fit(exc, system, tools_raw), status=exc.status
+                    ) from exc
                 refusals += 1
                 self.window.learn(str(exc), raw)
                 log.info("the endpoint says the request is too long (%s); compacting", exc)
@@ -339,25 +341,10 @@ class Agent:
 
     async def _note_overhead(self, system: str, tools_raw: int) -> None:
         """Say once when the system prompt and the tools' schemas leave little room for the conversation."""
-        if self._overhead_noted:
-            return
-        self._overhead_noted = True
-        fixed = self.window.tokens(message_tokens({"content": system}) + tools_raw)
-        if fixed > self.window.size / 2:
-            await self.events.on_notice(
-                f"the system prompt and the {len(self.hub.tools)} tools' schemas take ≈ {fixed:,} of the "
-                f"model's {self.window.size:,}-token window: little room is left for the conversation "
-                "(a model with a larger window, --context-window if it has one, or fewer MCP servers)"
-            )
-
-    def _does_not_fit(self, exc: ModelError, system: str, tools_raw: int) -> str:
-        fixed = self.window.tokens(message_tokens({"content": system}) + tools_raw)
-        return (
-            f"the request does not fit the model's window even after compacting the conversation ({exc}). "
-            f"The system prompt and the tools' schemas alone take ≈ {fixed:,} tokens of "
-            f"{self.window.size:,}: give the real window with --context-window, use a model with a larger "
-            "one, or fewer MCP servers or a shorter --system"
-        )
+        if not self._overhead_noted:
+            self._overhead_noted = True
+            if notice := self.window.crowded(system, tools_raw, len(self.hub.tools)):
+                await self.events.on_notice(notice)
 
     def _outgoing_messages(self) -> list[dict[str, Any]]:
         if self.images_enabled:

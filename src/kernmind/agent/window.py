@@ -192,6 +192,27 @@ class ContextWindow:
         else:  # it did not say: assume the estimate was at least a fifth too low
             self.scale = min(self.scale * 1.2, MAX_SCALE)
 
+    def crowded(self, system: str, tools_raw: int, tool_count: int) -> str | None:
+        """A notice when the system prompt and the tools' schemas take more than half the window."""
+        fixed = self.tokens(message_tokens({"content": system}) + tools_raw)
+        if fixed <= self.size / 2:
+            return None
+        return (
+            f"the system prompt and the {tool_count} tools' schemas take ≈ {fixed:,} of the "
+            f"model's {self.size:,}-token window: little room is left for the conversation "
+            "(a model with a larger window, --context-window if it has one, or fewer MCP servers)"
+        )
+
+    def does_not_fit(self, error: object, system: str, tools_raw: int) -> str:
+        """What to say when the endpoint still refuses a request after compacting it."""
+        fixed = self.tokens(message_tokens({"content": system}) + tools_raw)
+        return (
+            f"the request does not fit the model's window even after compacting the conversation ({error}). "
+            f"The system prompt and the tools' schemas alone take ≈ {fixed:,} tokens of "
+            f"{self.size:,}: give the real window with --context-window, use a model with a larger "
+            "one, or fewer MCP servers or a shorter --system"
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "window": self.size,
