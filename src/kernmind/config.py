@@ -62,6 +62,7 @@ class Cli:
 
     group: Group = Group.EXECUTION
     flag: str | None = None  # default: --field-name
+    short: str | None = None  # a one-letter alias of the flag (``-q``)
     metavar: str | None = None
     shown_default: str | None = None  # Markdown: how README and --help show a computed default
     env_only: bool = False  # no flag (secrets); the KERNMIND_* variable still works

@@ -6,14 +6,28 @@ takes the next item of the script: an assistant message (rendered as one JSON re
 or as server-sent events when the request asked for ``stream``) or an HTTP error. Every
 request body is recorded, so tests can check what the agent sent — the system prompt, the
 tool messages, the tool schemas. An exhausted script answers 500 with "script exhausted".
+
+``GET /v1/models`` answers 404 (many servers have no such route) until a test sets
+``models`` (the entries of the list, e.g. ``{"id": "scripted", "max_model_len": 8000}``) or
+``models_status`` (an error status, e.g. 401 for a refused key).
+
+A model with a window: with ``context_window`` set, each request is counted by the server's
+own tokenizer (:func:`count_tokens`: one token per 3.5 characters of the messages, their tool
+calls and the tools' schemas, plus 4 a message — deliberately not the agent's estimate) and one
+that does not fit is refused with OpenAI's ``context_length_exceeded`` error (HTTP 400), without
+using up a script item; ``usage.prompt_tokens`` is that count (in streams too, when asked with
+``stream_options``). ``responder`` answers when the script is empty (a function of the request
+body, for runs too long to script), and ``summarizer`` answers the agent's summary requests.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -27,6 +41,7 @@ class Item:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    payload: dict[str, Any] | None = None  # an error's whole JSON body (default: message and type)
 
 
 def reply(content: str, *, delay: float = 0.0) -> Item:
@@ -48,10 +63,40 @@ def error(status: int, message: str = "scripted error", headers: dict[str, str] 
     return Item("error", status=status, content=message, headers=headers or {})
 
 
+SUMMARY_MARKER = "You are summarising the oldest part of a conversation"
+
+
+def count_tokens(body: dict[str, Any]) -> int:
+    """The scripted model's tokenizer: 3.5 characters a token, 4 tokens a message."""
+    chars = len(json.dumps(body.get("tools") or [])) if body.get("tools") else 0
+    for m in body.get("messages", []):
+        content = m.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(len(str(p.get("text", ""))) if p.get("type") == "text" else 3000 for p in content)
+        for c in m.get("tool_calls") or []:
+            chars += len(c["function"]["name"]) + len(c["function"]["arguments"])
+    return math.ceil(chars / 3.5) + 4 * len(body.get("messages", []))
+
+
+def is_summary_request(body: dict[str, Any]) -> bool:
+    messages = body.get("messages") or [{}]
+    return str(messages[0].get("content", "")).startswith(SUMMARY_MARKER)
+
+
 class ScriptedOpenAI:
     def __init__(self) -> None:
         self.script: deque[Item] = deque()
         self.requests: list[dict[str, Any]] = []
+        self.models: list[dict[str, Any]] | None = None
+        self.models_status: int | None = None
+        self.model_listings = 0  # GET /models requests answered
+        self.context_window: int | None = None
+        self.rejected: list[int] = []  # sizes (tokens) of requests refused as too long
+        self.accepted: list[int] = []  # sizes of the requests answered
+        self.responder: Callable[[dict[str, Any]], Item] | None = None
+        self.summarizer: Callable[[dict[str, Any]], Item] | None = None
         self._lock = threading.Lock()
         server = self
 
@@ -59,19 +104,48 @@ class ScriptedOpenAI:
             def log_message(self, *args: Any) -> None:
                 pass
 
+            def do_GET(self) -> None:
+                with server._lock:
+                    server.model_listings += 1
+                item = error(404, f"no route {self.path}")
+                if not self.path.endswith("/models"):
+                    self._send_json(404, {"error": {"message": item.content}}, item)
+                elif server.models_status is not None:
+                    message = {401: "Incorrect API key provided"}.get(server.models_status, "scripted error")
+                    self._send_json(server.models_status, {"error": {"message": message}}, item)
+                elif server.models is None:
+                    self._send_json(404, {"error": {"message": item.content}}, item)
+                else:
+                    entries = [{"object": "model", "owned_by": "scripted", **m} for m in server.models]
+                    self._send_json(200, {"object": "list", "data": entries}, Item("message"))
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", 0))
                 body = json.loads(self.rfile.read(length) or b"{}")
+                tokens = count_tokens(body)
+                window = server.context_window
                 with server._lock:
                     server.requests.append(body)
-                    item = server.script.popleft() if server.script else error(500, "script exhausted")
+                    if window is not None and tokens > window:
+                        server.rejected.append(tokens)
+                        item = _too_long(window, tokens)
+                    elif is_summary_request(body) and server.summarizer is not None:
+                        item = server.summarizer(body)
+                    elif server.script:
+                        item = server.script.popleft()
+                    elif server.responder is not None:
+                        item = server.responder(body)
+                    else:
+                        item = error(500, "script exhausted")
+                    if item.kind != "error":
+                        server.accepted.append(tokens)
                 if item.delay:
                     time.sleep(item.delay)
                 if not self.path.endswith("/chat/completions"):
                     item = error(404, f"no route {self.path}")
                 try:
                     if item.kind == "error":
-                        payload = {"error": {"message": item.content, "type": "scripted"}}
+                        payload = item.payload or {"error": {"message": item.content, "type": "scripted"}}
                         self._send_json(item.status, payload, item)
                     elif body.get("stream"):
                         self._send_stream(body, item)
@@ -95,7 +169,10 @@ class ScriptedOpenAI:
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("cache-control", "no-cache")
                 self.end_headers()
-                for chunk in _chunks(body, item):
+                chunks = _chunks(body, item)
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    chunks.append({**chunks[-1], "choices": [], "usage": _usage(body)})
+                for chunk in chunks:
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.flush()
                 self.wfile.write(b"data: [DONE]\n\n")
@@ -146,8 +223,30 @@ def _completion(body: dict[str, Any], item: Item) -> dict[str, Any]:
         "choices": [
             {"index": 0, "message": message, "finish_reason": "tool_calls" if item.tool_calls else "stop"}
         ],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        "usage": _usage(body),
     }
+
+
+def _usage(body: dict[str, Any]) -> dict[str, int]:
+    prompt = count_tokens(body)
+    return {"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5}
+
+
+def _too_long(window: int, tokens: int) -> Item:
+    """OpenAI's answer to a request longer than the model's window."""
+    message = (
+        f"This model's maximum context length is {window} tokens. However, your messages resulted in "
+        f"{tokens} tokens. Please reduce the length of the messages."
+    )
+    payload = {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+    return Item("error", status=400, content=message, payload=payload)
 
 
 def _chunks(body: dict[str, Any], item: Item) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 from .scripted_openai import ScriptedOpenAI, call, error, reply, tools
+from .toy_server import secret
 
 TOY = Path(__file__).parent / "toy_server.py"
 
@@ -177,3 +179,47 @@ def wait_for(predicate, what: str, timeout: float = 20) -> None:  # type: ignore
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def test_compactions_are_noted_on_stderr_and_counted_in_json(llm: ScriptedOpenAI, tmp_path: Path) -> None:
+    from .test_window import LongJob
+
+    job = LongJob(steps=14)
+    llm.context_window, llm.responder, llm.summarizer = 8000, job.respond, job.summarize
+    cfg = str(toy_config(tmp_path))
+    prompt = "Run the 14-step job, then tell me step 3's secret."
+    cmd = agent_cmd(
+        llm, "--no-kernmind", "--mcp-config", cfg, "--context-window", "8000", "-p", prompt, "--json"
+    )
+    proc = run([*cmd, "--max-steps", "30"])
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["answer"] == f"Step 3's secret was {secret(3)}."
+    assert data["compactions"] >= 2 and data["runs"][0]["compactions"] == data["compactions"]
+    assert data["context"]["window"] == 8000 and data["context"]["window_source"] == "--context-window"
+    assert len(data["context"]["compaction_log"]) == data["compactions"]
+    noted = re.findall(
+        r"compacted (\d+) messages into a summary(?: and shortened \d+ tool results?)?; ([\d,]+) of 8,000 tokens",
+        proc.stderr,
+    )
+    evicting = [c for c in data["context"]["compaction_log"] if c["evicted"]]
+    assert [int(n) for n, _ in noted] == [c["evicted"] for c in evicting]
+    assert all(int(t.replace(",", "")) < 8000 for _, t in noted)
+
+
+def test_repl_status_shows_the_window_and_its_use(llm: ScriptedOpenAI, tmp_path: Path) -> None:
+    llm.models = [{"id": "scripted", "max_model_len": 12000}]
+    llm.add(reply("Hello!"))
+    cmd = agent_cmd(llm, "--no-kernmind", "--mcp-config", str(toy_config(tmp_path)))
+    proc = run(cmd, stdin="/status\nhi\n/status\n/exit\n")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("context window: 12,000 tokens (the endpoint's model list)") == 2
+    first, second = proc.stderr.split("context used:")[1:]
+    assert first.startswith(" nothing sent yet") and proc.stdout == "Hello!\n"
+    after = second
+    used = re.match(
+        r" ≈ ([\d,]+) of 12,000 tokens \(\d+ %\) by the last request; the endpoint counted ([\d,]+)", after
+    )
+    assert used, after
+    assert int(used.group(2).replace(",", "")) == llm.accepted[-1]  # the endpoint's own count
+    assert "compactions: none" in after

@@ -4,7 +4,9 @@ it runs code, edits memory blocks, sees the edit in the next system prompt, and 
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -23,9 +25,10 @@ from kernmind.agent import (
     load_mcp_config,
 )
 from kernmind.config import Settings
+from kernmind.memory.conversations import ConversationRecorder
 
-from .scripted_openai import ScriptedOpenAI, call, reply, tools
-from .toy_server import PNG
+from .scripted_openai import Item, ScriptedOpenAI, call, reply, tools
+from .toy_server import PNG, WORDS, secret, step_report
 
 pytestmark = pytest.mark.anyio
 
@@ -177,3 +180,47 @@ async def test_http_server_from_mcp_config(llm: ScriptedOpenAI, tmp_path: Path) 
         proc.terminate()
         with anyio.fail_after(10):
             await proc.wait()
+
+
+async def test_what_compaction_evicted_is_found_with_conversation_search(
+    llm: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    """25 code steps of ≈ 2,500 printed characters each in a 20,000-token window: the oldest turns
+    are evicted (the summaries come back as garbage, so a plain note stands in for them), and the
+    model finds step 3's output again with ``conversation_search`` — every message was recorded."""
+    define = "\n".join([f"WORDS = {WORDS!r}", inspect.getsource(secret), inspect.getsource(step_report)])
+    window = 20_000
+    step = 0
+
+    def respond(body: dict) -> Item:
+        nonlocal step
+        step += 1
+        if step == 1:
+            return tools(call("run_code", {"code": f"{define}\nprint(step_report(1))"}))
+        if step <= 25:
+            return tools(call("run_code", {"code": f"print(step_report({step}))"}))
+        if step == 26:
+            return tools(call("conversation_search", {"query": "step 3 secret", "limit": 3}))
+        found = re.search(r"step 3 secret ([a-z]+-\d+)", tool_messages(body)[-1])
+        return reply(f"Step 3's secret was {found.group(1)}." if found else "not found")
+
+    llm.context_window, llm.responder = window, respond
+    llm.summarizer = lambda body: reply("")  # a model that cannot summarise
+    config = kernmind_config(llm, tmp_path)
+    config.context_window, config.max_steps = window, 30
+    config.recorder = ConversationRecorder(
+        Settings(sandbox="none", data_dir=tmp_path / "data", db=tmp_path / "km.db")
+    )
+    async with Agent(config) as agent:
+        assert agent.searchable
+        result = await agent.run("Run the job step by step, then tell me step 3's secret.")
+        evictions = [c for c in agent.window.compactions if c.evicted]
+    assert result.stopped == "answer", result.answer
+    assert result.answer == f"Step 3's secret was {secret(3)}."
+    assert evictions and not any(c.summarized for c in evictions)
+    last = llm.requests[-1]
+    assert "conversation_search finds anything said earlier" in last["messages"][0]["content"]
+    assert "Use conversation_search to find what they said." in last["messages"][0]["content"]
+    holding = [m for m in last["messages"] if f"step 3 secret {secret(3)}" in str(m.get("content"))]
+    assert [m["role"] for m in holding] == ["tool"]  # only the search result brought it back
+    assert max(llm.accepted) <= window

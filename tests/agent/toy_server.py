@@ -1,8 +1,9 @@
 """A tiny MCP server for testing the agent's client side (loop mechanics, not kernmind).
 
 Tools: ``add``, ``echo``, ``fail`` (a tool error), ``picture`` (an image), ``slow``
-(sleeps, and records whether it was cancelled), ``remember`` (appends to a memory block
-that the ``memory`` prompt renders). Used in-process through ``build()`` or over stdio as
+(sleeps, and records whether it was cancelled), ``report`` (a step's printed output: a
+secret word and a table, ``chars`` long), ``remember`` (appends to a memory block that the
+``memory`` prompt renders). Used in-process through ``build()`` or over stdio as
 ``python toy_server.py [name]``; with ``TOY_MARKER`` set, ``slow`` writes "started" and
 "cancelled" lines to that file so a test in another process can see them.
 """
@@ -27,6 +28,26 @@ PNG = base64.b64encode(
         "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082"
     )
 ).decode()
+
+
+WORDS = "alpha bravo cedar delta ember fjord garnet harbor indigo juniper kestrel lumen".split()
+
+
+def secret(step: int) -> str:
+    """The word only step ``step``'s report contains."""
+    return f"{WORDS[step % len(WORDS)]}-{1000 + 37 * step}"
+
+
+def step_report(step: int, chars: int = 2500) -> str:
+    """What step ``step`` of a long job prints: its secret first, then rows of numbers and words."""
+    lines = [f"step {step} secret {secret(step)}"]
+    row = 0
+    while sum(len(line) + 1 for line in lines) < chars:
+        lines.append(
+            f"row {row:03d}: value={(step * 7919 + row * 104729) % 10007 / 97:.4f} label={WORDS[row % 12]}"
+        )
+        row += 1
+    return "\n".join(lines)[:chars]
 
 
 def build(
@@ -70,6 +91,11 @@ def build(
                 ImageContent(type="image", data=PNG, mime_type="image/png"),
             ]
         )
+
+    @server.tool(description="Print the report of one step of a long job.")
+    async def report(step: int, chars: int = 2500) -> str:
+        state["calls"].append(("report", step))
+        return step_report(step, chars)
 
     @server.tool(description="Sleep for a while.")
     async def slow(seconds: float = 30) -> str:

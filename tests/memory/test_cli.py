@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from kernmind.cli import main
+from kernmind.memory import query_cache
 from kernmind.memory.conversations import MessageFilter
 from kernmind.memory.database import PassageFilter
 from kernmind.memory.embeddings import StaticEmbedder
@@ -19,6 +20,12 @@ from kernmind.memory.records import PassageIn
 from kernmind.memory.store import MemoryStore
 
 from .conftest import another_db_location, db_location
+
+
+@pytest.fixture(autouse=True)
+def query_vectors_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``memory search`` keeps query vectors in the user's cache: the tests keep theirs apart."""
+    monkeypatch.setattr(query_cache, "default_path", lambda: tmp_path / "query-vectors.sqlite")
 
 
 def seed(db: str, agent: str) -> None:

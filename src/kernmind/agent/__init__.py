@@ -10,9 +10,13 @@ Python API::
         result = await agent.run("What is 2**100?")
         print(result.answer)
 
-Modules: ``config`` (what an agent is built from), ``connections`` (MCP clients and tool
-routing), ``model`` (chat-completions requests, streaming, retries), ``results`` (tool
-results into model input), ``memory`` (memory blocks into the system prompt), ``loop``
+Modules: ``settings`` (the CLI's settings, declared once), ``config`` (what an agent is
+built from), ``errors`` (the two failures a user sees), ``endpoint`` (the model endpoint,
+checked before anything starts), ``connections`` (MCP clients and tool routing), ``model``
+(chat-completions requests, streaming, retries), ``results`` (tool results into model
+input), ``memory`` (memory blocks into the system prompt), ``window`` (the context window
+and the size of a request), ``compaction`` (making the conversation fit it), ``recording``
+(the conversation recorder beside the loop), ``records`` (what the loop reports), ``loop``
 (the :class:`Agent`), and the command line in ``cli``, ``console`` and ``repl``.
 """
 
@@ -24,29 +28,29 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kernmind.agent.config import (
         AgentConfig,
-        ConfigError,
         ServerSpec,
         kernmind_server_spec,
         load_mcp_config,
     )
     from kernmind.agent.connections import ServerStartError
-    from kernmind.agent.loop import Agent, AgentEvents, RunResult, ToolCallRecord
-    from kernmind.agent.model import ModelError
+    from kernmind.agent.errors import ConfigError, ModelError
+    from kernmind.agent.loop import Agent
+    from kernmind.agent.records import AgentEvents, RunResult, ToolCallRecord
 
 # Imported on first use: ``kernmind serve`` and ``kernmind --help`` load this package to
 # build the CLI and should not pay for the openai client.
 _LAZY = {
     "Agent": "loop",
-    "AgentEvents": "loop",
-    "RunResult": "loop",
-    "ToolCallRecord": "loop",
+    "AgentEvents": "records",
+    "RunResult": "records",
+    "ToolCallRecord": "records",
     "AgentConfig": "config",
-    "ConfigError": "config",
+    "ConfigError": "errors",
     "ServerSpec": "config",
     "kernmind_server_spec": "config",
     "load_mcp_config": "config",
     "ServerStartError": "connections",
-    "ModelError": "model",
+    "ModelError": "errors",
 }
 
 

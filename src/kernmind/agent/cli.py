@@ -1,7 +1,8 @@
 """``kernmind agent``: flags, building the :class:`Agent`, one-shot and REPL modes.
 
-Design: a thin layer over the Python API. ``add_parser`` adds the agent's flags next to
-the shared server flags (which are passed through to the ``kernmind serve`` it launches);
+Design: a thin layer over the Python API. ``add_parser`` adds the agent's flags, derived
+from :class:`AgentSettings` (settings.py) like the server's from ``Settings``, next to the
+shared server flags (which are passed through to the ``kernmind serve`` it launches);
 ``run`` builds an :class:`AgentConfig`, opens the agent and either answers ``-p PROMPT``
 (answer on stdout, activity on stderr; ``--json`` prints the transcript instead) or runs
 the REPL. Ctrl-C is routed to :meth:`Agent.interrupt` while a turn is in flight (the
@@ -22,7 +23,6 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernmind.config import Settings
@@ -31,13 +31,15 @@ if TYPE_CHECKING:
     from kernmind.agent.config import AgentConfig
     from kernmind.agent.console import ConsoleEvents
     from kernmind.agent.loop import Agent
-
-DEFAULT_MODEL = "gpt-4.1-mini"
+    from kernmind.agent.settings import AgentSettings
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_MAX_STEPS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    from kernmind.agent.settings import AgentSettings
+    from kernmind.settings_cli import add_spec_arguments, model_specs
+
     p = sub.add_parser(
         "agent",
         parents=[common],
@@ -45,84 +47,68 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         description=(
             "An OpenAI-compatible chat model driving MCP servers (by default its own "
             "'kernmind serve', launched with the server settings given here). "
-            "The API key comes from OPENAI_API_KEY."
+            "The API key comes from OPENAI_API_KEY (or KERNMIND_AGENT_API_KEY)."
         ),
     )
     g = p.add_argument_group("agent")
     g.add_argument("-p", "--prompt", help="one-shot: answer this prompt and exit ('-' reads it from stdin)")
-    g.add_argument(
-        "--model",
-        default=os.environ.get("KERNMIND_AGENT_MODEL", DEFAULT_MODEL),
-        help=f"chat model name (default: $KERNMIND_AGENT_MODEL or {DEFAULT_MODEL})",
-    )
-    g.add_argument(
-        "--base-url",
-        default=os.environ.get("OPENAI_BASE_URL"),
-        help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1 (default: $OPENAI_BASE_URL or OpenAI)",
-    )
-    g.add_argument("--mcp-config", type=Path, help="mcp.json-style file with more MCP servers (mcpServers)")
-    g.add_argument("--no-kernmind", action="store_true", help="do not launch the built-in kernmind server")
-    g.add_argument(
-        "--max-steps", type=int, default=20, help="model steps per turn before giving up (default 20)"
-    )
-    g.add_argument("--approve", action="store_true", help="ask before each tool call (yes / no / always)")
-    g.add_argument("--json", action="store_true", help="print a machine-readable transcript on stdout")
-    g.add_argument(
-        "--stream",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="stream tokens (default: on in the REPL, off with -p)",
-    )
-    g.add_argument(
-        "--images",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="send tool images to the model (auto: on, falls back to text if the model refuses)",
-    )
-    g.add_argument("--system", help="system prompt (replaces the default; memory blocks are still appended)")
-    g.add_argument("--temperature", type=float, help="sampling temperature")
-    g.add_argument("--retries", type=int, default=4, help="retries for 429/5xx/connection errors (default 4)")
-    g.add_argument("--tool-timeout", type=float, help="seconds to wait for one tool call (default: no limit)")
-    g.add_argument("-q", "--quiet", action="store_true", help="no tool activity on stderr")
+    add_spec_arguments(p, "agent settings", model_specs(AgentSettings))
 
 
-def build_config(args: argparse.Namespace, settings: Settings) -> AgentConfig:
+def agent_settings_from_args(args: argparse.Namespace) -> AgentSettings:
+    """The agent's settings from its flags, then ``KERNMIND_AGENT_*`` / ``OPENAI_*``, then defaults;
+    a refused value raises :class:`ConfigError` naming the flag and the variable."""
+    from pydantic import ValidationError
+
+    from kernmind.agent.errors import ConfigError
+    from kernmind.agent.settings import AgentSettings
+    from kernmind.settings_cli import describe_settings_error, model_specs, values_from_args
+
+    members = model_specs(AgentSettings)
+    try:
+        return AgentSettings(**values_from_args(args, members))
+    except ValidationError as exc:
+        raise ConfigError(describe_settings_error(exc, members)) from exc
+
+
+def build_config(
+    agent: AgentSettings, settings: Settings, *, one_shot: bool, log_level_given: bool
+) -> AgentConfig:
     from kernmind.agent.config import (
         DEFAULT_SYSTEM_PROMPT,
         AgentConfig,
-        ConfigError,
         ServerSpec,
         kernmind_server_spec,
         load_mcp_config,
     )
+    from kernmind.agent.errors import ConfigError
 
     servers: list[ServerSpec] = []
-    extra = load_mcp_config(args.mcp_config) if args.mcp_config else []
+    extra = load_mcp_config(agent.mcp_config) if agent.mcp_config else []
     recorder = None
-    if not args.no_kernmind and not any(s.name == "kernmind" for s in extra):
+    if agent.kernmind and not any(s.name == "kernmind" for s in extra):
         from kernmind.memory.conversations import ConversationRecorder
 
-        child_level = settings.log_level if _log_level_given(args) else "WARNING"
+        child_level = settings.log_level if log_level_given else "WARNING"
         servers.append(kernmind_server_spec(settings, log_level=child_level))
         recorder = ConversationRecorder(settings)  # into the namespace of the server it launches
     servers += extra
     if not servers:
         raise ConfigError("no MCP servers: drop --no-kernmind or give --mcp-config")
-    if args.max_steps < 1:
-        raise ConfigError("--max-steps must be at least 1")
-    one_shot = args.prompt is not None
     return AgentConfig(
-        model=args.model,
-        base_url=args.base_url,
-        api_key=os.environ.get("OPENAI_API_KEY"),
+        model=agent.model,
+        base_url=agent.base_url,
+        api_key=agent.api_key,
         servers=servers,
-        system_prompt=args.system if args.system is not None else DEFAULT_SYSTEM_PROMPT,
-        max_steps=args.max_steps,
-        stream=args.stream if args.stream is not None else not one_shot,
-        images=args.images,
-        temperature=args.temperature,
-        max_retries=max(args.retries, 0),
-        tool_timeout=args.tool_timeout,
+        system_prompt=agent.system if agent.system is not None else DEFAULT_SYSTEM_PROMPT,
+        max_steps=agent.max_steps,
+        stream=agent.stream if agent.stream is not None else not one_shot,
+        images=agent.images,
+        temperature=agent.temperature,
+        max_retries=agent.retries,
+        tool_timeout=agent.tool_timeout,
+        connect_timeout=agent.connect_timeout,
+        context_window=agent.context_window,
         recorder=recorder,
     )
 
@@ -139,10 +125,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         logging.getLogger("kernmind").setLevel(logging.WARNING)
     import anyio
 
-    from kernmind.agent.config import ConfigError
+    from kernmind.agent.endpoint import require_key
+    from kernmind.agent.errors import ConfigError
 
     try:
-        config = build_config(args, settings)
+        agent = agent_settings_from_args(args)
+        require_key(agent.base_url, agent.api_key)
     except ConfigError as exc:
         print(f"kernmind agent: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -150,23 +138,43 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if prompt == "-":
         prompt = sys.stdin.read()
     try:
-        return anyio.run(_main, config, args, prompt)
+        return anyio.run(_main, agent, settings, prompt, _log_level_given(args))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 
 
-async def _main(config: AgentConfig, args: argparse.Namespace, prompt: str | None) -> int:
+async def _main(args: AgentSettings, settings: Settings, prompt: str | None, log_level_given: bool) -> int:
     import anyio
+
+    from kernmind.agent.endpoint import check_endpoint
+    from kernmind.agent.errors import ConfigError, ModelError
+
+    # The endpoint first, with nothing but httpx2 loaded: a wrong URL or key is reported in
+    # well under a second, before mcp and openai are imported or any server is launched.
+    try:
+        endpoint = await check_endpoint(
+            args.base_url, args.api_key, args.model, connect_timeout=args.connect_timeout
+        )
+    except ModelError as exc:
+        print(f"kernmind agent: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    for note in endpoint.notes:
+        print(f"kernmind agent: {note}", file=sys.stderr)
+    try:
+        config = build_config(args, settings, one_shot=prompt is not None, log_level_given=log_level_given)
+    except ConfigError as exc:
+        print(f"kernmind agent: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    config.endpoint = endpoint
 
     from kernmind.agent.connections import ServerStartError
     from kernmind.agent.console import ConsoleEvents, LineReader
     from kernmind.agent.loop import Agent
-    from kernmind.agent.model import ModelError
     from kernmind.agent.repl import repl
 
     reader = LineReader()
     events = ConsoleEvents(
-        stream_tokens=config.stream and not args.json,
+        stream_tokens=config.stream and not args.json_output,
         approve=args.approve,
         reader=reader,
         quiet=args.quiet,
@@ -189,8 +197,8 @@ async def _main(config: AgentConfig, args: argparse.Namespace, prompt: str | Non
                 async with agent:
                     ready = True
                     if prompt is None:
-                        return await repl(agent, events, reader, json_out=args.json)
-                    return await _one_shot(agent, events, prompt, json_out=args.json)
+                        return await repl(agent, events, reader, json_out=args.json_output)
+                    return await _one_shot(agent, events, prompt, json_out=args.json_output)
             except ServerStartError as exc:
                 events.note(f"kernmind agent: {exc}")
                 return EXIT_FAILED

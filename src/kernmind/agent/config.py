@@ -16,23 +16,22 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from mcp.client.stdio import StdioServerParameters
-
+from kernmind.agent.errors import ConfigError
+from kernmind.agent.settings import ImageMode
 from kernmind.config import Settings
 
-ImageMode = Literal["auto", "on", "off"]
+if TYPE_CHECKING:
+    from kernmind.agent.endpoint import EndpointInfo
+
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "AgentConfig", "ConfigError", "ServerSpec", "kernmind_server_spec"]
 
 DEFAULT_SYSTEM_PROMPT = """\
 You are a capable assistant that solves tasks by calling tools. Use run_code to compute,
 inspect data and check your work instead of guessing; read the results before answering.
 Your memory blocks (below) persist across conversations: keep them accurate with the
 memory_* tools when you learn something worth remembering. Answer concisely once done."""
-
-
-class ConfigError(ValueError):
-    """A configuration the agent cannot use (bad mcp.json, missing model …)."""
 
 
 class MessageRecorder(Protocol):
@@ -70,7 +69,11 @@ class AgentConfig:
     retry_base_delay: float = 0.5
     retry_max_delay: float = 20.0
     request_timeout: float = 600.0
+    connect_timeout: float = 3.0  # seconds for the endpoint to accept a connection
+    check_endpoint: bool = True  # GET /models before starting the servers (endpoint.py)
+    endpoint: EndpointInfo | None = None  # what that check found (the CLI checks before building this)
     max_tool_result_chars: int = 30_000
+    context_window: int | None = None  # tokens; None: what the endpoint reports, else window.py's default
     tool_timeout: float | None = None
     include_server_instructions: bool = True
     recorder: MessageRecorder | None = None  # every message of the conversation, as it is appended
@@ -85,6 +88,8 @@ def kernmind_server_spec(
     passed as flags (those of ``kernmind agent``'s groups that differ from the defaults),
     and ``KERNMIND_*`` variables are forwarded explicitly.
     """
+    from mcp.client.stdio import StdioServerParameters  # mcp is imported only once servers are built
+
     from kernmind.settings_cli import COMMAND_GROUPS, settings_as_args
 
     if log_level is not None:
@@ -97,6 +102,8 @@ def kernmind_server_spec(
 
 def load_mcp_config(path: Path) -> list[ServerSpec]:
     """Read an ``mcp.json``-style file: ``{"mcpServers": {name: {command, args, env, cwd} | {url}}}``."""
+    from mcp.client.stdio import StdioServerParameters
+
     try:
         data = json.loads(path.read_text())
     except OSError as exc:

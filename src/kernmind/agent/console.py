@@ -28,8 +28,9 @@ from typing import Any, TextIO
 
 import anyio
 
-from kernmind.agent.loop import AgentEvents, RunResult, ToolCallRecord
 from kernmind.agent.model import AssistantTurn
+from kernmind.agent.records import AgentEvents, RunResult, ToolCallRecord
+from kernmind.agent.window import Compaction
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
@@ -256,3 +257,27 @@ class ConsoleEvents(AgentEvents):
 
     async def on_max_steps(self, steps: int) -> None:
         self.note(f"! stopped after {steps} steps (--max-steps) without a final answer")
+
+    async def on_compaction(self, compaction: Compaction) -> None:
+        self.note(describe_compaction(compaction))
+
+    async def on_notice(self, text: str) -> None:
+        self.note(f"! {text}")
+
+
+def describe_compaction(c: Compaction) -> str:
+    """``compacted 14 messages into a summary; 3,100 of 8,000 tokens`` (and what else happened)."""
+    fill = f"{c.after:,} of {c.window:,} tokens"
+    cut = f"{c.shortened} tool result{'s' if c.shortened != 1 else ''}"
+    if c.evicted and c.summarized:
+        what = f"compacted {c.evicted} messages into a summary"
+    elif c.evicted:
+        what = f"compacted {c.evicted} messages into a note of what was dropped ({c.note})"
+    elif c.shortened:
+        what = f"shortened {cut} to fit the context window"
+    else:
+        what = "could not make the conversation shorter"
+    if c.evicted and c.shortened:
+        what += f" and shortened {cut}"
+    why = "" if c.reason == "threshold" else f" ({c.reason})"
+    return f"{what}; {fill}{why}"

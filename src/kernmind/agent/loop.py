@@ -4,8 +4,12 @@ Design: :class:`Agent` owns the conversation (``messages``, without the system m
 a :class:`ChatModel` and a :class:`ToolHub`. ``await agent.run(text)`` is one user turn:
 
 1. compile the system prompt — the base prompt, each server's instructions and the memory
-   blocks, read fresh so an edit made in the previous step shows in this one;
-2. send the conversation with every MCP tool as a function schema;
+   blocks, read fresh so an edit made in the previous step shows in this one, and the
+   summary of evicted turns, if any;
+2. send the conversation with every MCP tool as a function schema — compacted first
+   (compaction.py) when the request would take more than 75 % of the model's window
+   (window.py), and compacted and sent again, once or twice, when the endpoint still answers
+   that it is too long;
 3. if the answer has no tool calls, the turn is over; otherwise parse and approve each call
    (in order), run the approved ones concurrently, append one ``tool`` message per call
    (in the order the model made them) and, after them, one ``user`` message carrying the
@@ -15,10 +19,16 @@ a :class:`ChatModel` and a :class:`ToolHub`. ``await agent.run(text)`` is one us
 What happens along the way is reported to an :class:`AgentEvents` (the CLI prints it;
 the default does nothing), and every call is kept as a :class:`ToolCallRecord`.
 
+Starting: the model endpoint is checked first (endpoint.py: a wrong URL or key fails before
+any server is launched), then the MCP servers are connected. Every message is queued for the
+conversation recorder, which stores them beside the loop (recording.py).
+
 Error policy: the model must be able to correct itself, so arguments that are not JSON,
 unknown tool names, refused approvals and tool errors all become tool results that say
 what went wrong — never exceptions. The model endpoint failing after its retries raises
-:class:`ModelError` out of ``run`` (the user's message stays in the conversation).
+:class:`ModelError` out of ``run`` (the user's message stays in the conversation); so does a
+request the endpoint still finds too long after two compactions, with a sentence saying what
+takes the room.
 :meth:`Agent.interrupt` (Ctrl-C in the CLI) cancels whatever is in flight: running tool
 calls are cancelled through MCP (which interrupts the kernel) and recorded as cancelled,
 a model request is abandoned, and ``run`` returns with ``stopped == "interrupted"``; the
@@ -28,90 +38,34 @@ conversation stays valid, so the next ``run`` continues it.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from contextlib import AsyncExitStack
+from typing import Any
 
 import anyio
 import mcp_types as types
 
+from kernmind.agent.compaction import CONVERSATION_SEARCH_NOTE, compact, summary_section
 from kernmind.agent.config import AgentConfig
 from kernmind.agent.connections import ToolHub, error_result
+from kernmind.agent.endpoint import EndpointInfo, check_endpoint, endpoint_url
 from kernmind.agent.memory import compile_memory
 from kernmind.agent.model import AssistantTurn, ChatModel, ModelError, ToolCallRequest, parse_arguments
-from kernmind.agent.results import ToolOutput, convert_result, image_note
+from kernmind.agent.recording import Recording
+from kernmind.agent.records import AgentEvents, RunResult, ToolCallRecord
+from kernmind.agent.results import ToolOutput, convert_result, elide_images, image_note, images_as_notes
+from kernmind.agent.window import (
+    COMPACT_TO,
+    DEFAULT_WINDOW,
+    ContextWindow,
+    choose_window,
+    message_tokens,
+    tools_tokens,
+)
 
 log = logging.getLogger(__name__)
 
-StopReason = Literal["answer", "max_steps", "interrupted"]
-CallStatus = Literal["ok", "error", "refused", "cancelled"]
-
 CANCELLED_TEXT = "The user cancelled this tool call (Ctrl-C) before it finished; its result is unknown."
 REFUSED_TEXT = "The user declined this tool call. Do not retry it unchanged; ask the user or try another way."
-
-
-@dataclass
-class ToolCallRecord:
-    """One tool call: what the model asked for and what came back."""
-
-    id: str
-    name: str
-    raw_arguments: str
-    step: int
-    arguments: dict[str, Any] | None = None
-    status: CallStatus = "ok"
-    output: str = ""
-    images: int = 0
-    duration_s: float = 0.0
-    _images: list[str] = field(default_factory=list, repr=False)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("_images", None)
-        return data
-
-
-@dataclass
-class RunResult:
-    """The outcome of one user turn."""
-
-    answer: str
-    stopped: StopReason
-    steps: int
-    tool_calls: list[ToolCallRecord] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "answer": self.answer,
-            "stopped": self.stopped,
-            "steps": self.steps,
-            "tool_calls": [c.to_json() for c in self.tool_calls],
-        }
-
-
-class AgentEvents:
-    """Hooks for what the loop does; override what you need (all are no-ops by default)."""
-
-    async def on_step(self, step: int) -> None: ...
-
-    async def on_token(self, text: str) -> None: ...
-
-    async def on_assistant(self, turn: AssistantTurn, step: int) -> None: ...
-
-    async def on_retry(self, attempt: int, delay: float, reason: str) -> None: ...
-
-    async def approve(self, call: ToolCallRecord) -> bool:
-        """Whether this tool call may run (the CLI asks the user when ``--approve``)."""
-        return True
-
-    async def on_tool_start(self, call: ToolCallRecord) -> None: ...
-
-    async def on_tool_progress(
-        self, call: ToolCallRecord, progress: float, total: float | None, message: str | None
-    ) -> None: ...
-
-    async def on_tool_end(self, call: ToolCallRecord) -> None: ...
-
-    async def on_max_steps(self, steps: int) -> None: ...
 
 
 class Agent:
@@ -126,44 +80,74 @@ class Agent:
         self.images_enabled = config.images != "off"
         self.hub = ToolHub(config.servers)
         self.model: ChatModel | None = None
+        self.endpoint: EndpointInfo | None = config.endpoint
+        self.window = ContextWindow(config.context_window or DEFAULT_WINDOW, "--context-window")
+        self.summary: str | None = None  # what the evicted messages said (compaction.py)
+        self.evicted = 0  # messages evicted so far (all in the conversation record)
+        self._overhead_noted = False
         self._scopes: set[anyio.CancelScope] = set()
         self._interrupted = False
         self.busy = False
+        self._background = AsyncExitStack()
+        self.recording: Recording | None = None
 
     async def __aenter__(self) -> Agent:
+        cfg = self.config
+        if cfg.check_endpoint and self.endpoint is None:  # before any server starts: fail fast
+            self.endpoint = await check_endpoint(
+                cfg.base_url, cfg.api_key, cfg.model, connect_timeout=cfg.connect_timeout
+            )
         self.model = ChatModel(
-            self.config.model,
-            base_url=self.config.base_url,
-            api_key=self.config.api_key,
-            max_retries=self.config.max_retries,
-            retry_base_delay=self.config.retry_base_delay,
-            retry_max_delay=self.config.retry_max_delay,
-            timeout=self.config.request_timeout,
-            temperature=self.config.temperature,
+            cfg.model,
+            base_url=cfg.base_url,
+            api_key=cfg.api_key,
+            max_retries=cfg.max_retries,
+            retry_base_delay=cfg.retry_base_delay,
+            retry_max_delay=cfg.retry_max_delay,
+            timeout=cfg.request_timeout,
+            connect_timeout=cfg.connect_timeout,
+            temperature=cfg.temperature,
         )
+        tasks = await self._background.enter_async_context(anyio.create_task_group())
+        if cfg.recorder is not None:
+            # recording.py; its task group is entered before the hub's clients, exited after them
+            self.recording = Recording(cfg.recorder)
+            self.recording.start(tasks)
+        self.window = choose_window(cfg.context_window, self.endpoint, cfg.model, endpoint_url(cfg.base_url))
         try:
             await self.hub.__aenter__()
         except BaseException:
-            await self.model.aclose()
+            tasks.cancel_scope.cancel()  # the recorder never started: nothing to store
+            await self._close_background()
             raise
-        if self.config.recorder is not None:
-            await self.config.recorder.start()
+        if self.recording is not None:
+            self.recording.servers_up()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self.config.recorder is not None:
-            with anyio.CancelScope(shield=True):
-                await self.config.recorder.close()
-        await self.hub.__aexit__(*exc)
-        if self.model is not None:
-            with anyio.CancelScope(shield=True):
-                await self.model.aclose()
+        if self.recording is not None:
+            self.recording.close()  # the recorder stores what is queued while the servers stop
+        try:
+            await self.hub.__aexit__(*exc)
+        finally:
+            await self._close_background()
+
+    async def _close_background(self) -> None:
+        if self.recording is not None:
+            self.recording.close()
+        try:
+            await self._background.aclose()  # waits for the recorder (it shields itself)
+        finally:
+            if self.model is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.model.aclose()
 
     # ----- public API -------------------------------------------------------------
 
     def reset(self) -> None:
         """Forget the conversation (memory blocks live on the server and are kept)."""
         self.messages.clear()
+        self.summary, self.evicted = None, 0
 
     @property
     def interrupting(self) -> bool:
@@ -179,9 +163,11 @@ class Agent:
             scope.cancel()
         return True
 
-    async def system_prompt(self) -> str:
+    async def system_prompt(self, *, with_summary: bool = True) -> str:
         """The system prompt the next step will send (memory read fresh)."""
         parts = [self.config.system_prompt.strip()]
+        if self.searchable:
+            parts.append(CONVERSATION_SEARCH_NOTE)
         if self.config.include_server_instructions:
             for conn in self.hub.connections:
                 text = conn.client.instructions
@@ -192,7 +178,14 @@ class Agent:
         memory = await compile_memory(self.hub.connections)
         if memory:
             parts.append(memory)
+        if with_summary:
+            parts.append(summary_section(self.summary, self.evicted, self.searchable))
         return "\n\n".join(p for p in parts if p)
+
+    @property
+    def searchable(self) -> bool:
+        """Whether the model can search the conversation record (kernmind's ``conversation_search``)."""
+        return "conversation_search" in self.hub.tools
 
     async def memory(self) -> str:
         return await compile_memory(self.hub.connections)
@@ -207,6 +200,7 @@ class Agent:
         self._interrupted = False
         result = RunResult(answer="", stopped="answer", steps=0)
         self.runs.append(result)
+        compacted_before = len(self.window.compactions)
         await self._keep({"role": "user", "content": user_message})
         try:
             for step in range(1, self.config.max_steps + 1):
@@ -234,14 +228,14 @@ class Agent:
             await self.events.on_max_steps(self.config.max_steps)
             return result
         finally:
+            result.compactions = len(self.window.compactions) - compacted_before
             self.busy = False
 
     async def _keep(self, message: dict[str, Any]) -> None:
-        """Append to the conversation, and record it (conversation memory) when configured."""
+        """Append to the conversation, and queue it for the recorder (conversation memory)."""
         self.messages.append(message)
-        if self.config.recorder is not None:
-            with anyio.CancelScope(shield=True):  # an interrupted turn still records what was said
-                await self.config.recorder.record(message)
+        if self.recording is not None:
+            self.recording.add(message)
 
     def transcript(self) -> dict[str, Any]:
         """A JSON-serialisable record of the whole session (image data elided)."""
@@ -251,49 +245,111 @@ class Agent:
             "servers": [c.name for c in self.hub.connections],
             "tools": sorted(self.hub.tools),
             "system_prompt": self.last_system_prompt,
-            "messages": [_elide_images(m) for m in self.messages],
+            "messages": [elide_images(m) for m in self.messages],
             "runs": [r.to_json() for r in self.runs],
+            "context": {**self.window.to_json(), "summary": self.summary, "evicted_messages": self.evicted},
+            "compactions": len(self.window.compactions),
         }
 
     # ----- one model step -----------------------------------------------------------
 
     async def _model_step(self) -> AssistantTurn | None:
         assert self.model is not None
-        system = await self.system_prompt()
-        self.last_system_prompt = system
         with anyio.CancelScope() as scope:
             self._scopes.add(scope)
             try:
                 if self._interrupted:
                     scope.cancel()
-                return await self._complete(system)
+                return await self._complete()
             finally:
                 self._scopes.discard(scope)
         return None  # interrupted
 
-    async def _complete(self, system: str) -> AssistantTurn:
+    async def _complete(self) -> AssistantTurn:
+        """One request, compacted first when it would pass the threshold, and compacted and sent
+        again (twice at most) when the endpoint answers that it is longer than the window."""
         assert self.model is not None
-        for _ in range(2):
-            outgoing = [{"role": "system", "content": system}, *self._outgoing_messages()]
+        tools = self.hub.function_schemas()
+        tools_raw = tools_tokens(tools)
+        compacted = False
+        refusals = 0
+        while True:
+            system = await self.system_prompt()
+            self.last_system_prompt = system
+            messages = self._outgoing_messages()
+            raw = self.window.raw_tokens(system, messages, tools_raw)
+            await self._note_overhead(system, tools_raw)
+            if self.window.tokens(raw) > self.window.threshold and not compacted:
+                compacted = True
+                await self._compact("threshold", COMPACT_TO, tools_raw)
+                continue
             try:
-                return await self.model.complete(
-                    outgoing,
-                    self.hub.function_schemas(),
+                turn = await self.model.complete(
+                    [{"role": "system", "content": system}, *messages],
+                    tools,
                     stream=self.config.stream,
                     on_token=self.events.on_token,
                     on_retry=self.events.on_retry,
                 )
             except ModelError as exc:
-                if not (exc.images_rejected and self.config.images == "auto" and self.images_enabled):
+                if exc.images_rejected and self.config.images == "auto" and self.images_enabled:
+                    log.warning("the model rejected image input; sending text notes instead of images")
+                    self.images_enabled = False
+                    continue
+                if not exc.context_exceeded:
                     raise
-                log.warning("the model rejected image input; sending text notes instead of images")
-                self.images_enabled = False
-        raise AssertionError("unreachable")
+                if refusals == 2:
+                    raise ModelError(
+                        self.window.does_not_fit(exc, system, tools_raw), status=exc.status
+                    ) from exc
+                refusals += 1
+                self.window.learn(str(exc), raw)
+                log.info("the endpoint says the request is too long (%s); compacting", exc)
+                await self._compact(
+                    "the endpoint said the request was too long", COMPACT_TO / refusals, tools_raw
+                )
+                compacted = True
+                continue
+            self.window.observe(raw, (turn.usage or {}).get("prompt_tokens"))
+            return turn
+
+    async def _compact(self, reason: str, share: float, tools_raw: int) -> None:
+        if self.recording is not None:
+            await self.recording.caught_up()  # what is evicted must already be findable
+        system = await self.system_prompt(with_summary=False)
+        done = await compact(
+            self.messages,
+            summary=self.summary,
+            evicted_before=self.evicted,
+            window=self.window,
+            fixed=message_tokens({"content": system}) + tools_raw,
+            target=int(self.window.size * share),
+            summarize=self._summarize,
+            searchable=self.searchable,
+            reason=reason,
+        )
+        self.messages[:] = done.messages
+        self.summary, self.evicted = done.summary, done.evicted_total
+        await self.events.on_compaction(done.compaction)
+
+    async def _summarize(self, request: list[dict[str, Any]]) -> str:
+        assert self.model is not None
+        turn = await self.model.complete(request, [], on_retry=self.events.on_retry)
+        if turn.tool_calls:
+            raise ModelError("the model answered the summary request with tool calls")
+        return turn.content
+
+    async def _note_overhead(self, system: str, tools_raw: int) -> None:
+        """Say once when the system prompt and the tools' schemas leave little room for the conversation."""
+        if not self._overhead_noted:
+            self._overhead_noted = True
+            if notice := self.window.crowded(system, tools_raw, len(self.hub.tools)):
+                await self.events.on_notice(notice)
 
     def _outgoing_messages(self) -> list[dict[str, Any]]:
         if self.images_enabled:
             return self.messages
-        return [_images_as_notes(m) for m in self.messages]
+        return [images_as_notes(m) for m in self.messages]
 
     # ----- one tool step --------------------------------------------------------------
 
@@ -365,28 +421,3 @@ class Agent:
         if out.images and not self.images_enabled:
             rec.output += "\n" + image_note(len(out.images), rec.name)
             rec._images = []
-
-
-def _images_as_notes(message: dict[str, Any]) -> dict[str, Any]:
-    content = message.get("content")
-    if not isinstance(content, list) or not any(p.get("type") == "image_url" for p in content):
-        return message
-    count = sum(1 for p in content if p.get("type") == "image_url")
-    texts = [p["text"] for p in content if p.get("type") == "text"]
-    note = f"[{count} image(s) not shown: this model cannot view images] " + " ".join(texts)
-    return {**message, "content": note.strip()}
-
-
-def _elide_images(message: dict[str, Any]) -> dict[str, Any]:
-    content = message.get("content")
-    if not isinstance(content, list):
-        return message
-    parts = []
-    for p in content:
-        if p.get("type") == "image_url":
-            url = p["image_url"]["url"]
-            head = url.split(",", 1)[0]
-            parts.append({"type": "image_url", "image_url": {"url": f"{head},<{len(url)} chars elided>"}})
-        else:
-            parts.append(p)
-    return {**message, "content": parts}

@@ -7,12 +7,17 @@ together here, tolerating servers (Ollama, vLLM, LM Studio) that send a whole ca
 chunk, omit ``index`` or repeat the ``id``. Text deltas go to ``on_token`` as they arrive.
 
 Error policy: the ``openai`` client's own retries are off (``max_retries=0``) so the
-policy is visible here. Rate limits (429), timeouts (408), conflicts (409), server errors
+policy is visible here; a connection must be accepted within ``connect_timeout`` (the
+endpoint was checked before the agent started: endpoint.py). Rate limits (429), timeouts (408), conflicts (409), server errors
 (5xx) and connection failures are retried with exponential backoff and jitter, honouring
 ``Retry-After``; ``on_retry`` is told about each wait. Once attempts run out, or for errors
 a retry cannot fix (400, 401, 403, 404 …), :class:`ModelError` is raised with a message
-that names the status, the endpoint and what the server said. A stream that breaks after
-it started is retried like a connection failure (nothing of it was kept).
+that names the status, the endpoint and what the server said; a request longer than the
+model's window is marked ``context_exceeded`` (OpenAI's ``context_length_exceeded`` code, or
+the wording of vLLM, llama.cpp and others) so the loop can compact and retry. A stream that
+breaks after it started is retried like a connection failure (nothing of it was kept).
+Streams ask for ``usage`` (``stream_options``) so the window estimate can be corrected; a
+server that refuses that option is asked again without it, once.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import logging
 import os
 import random
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,21 +35,20 @@ import anyio
 import openai
 from openai import AsyncOpenAI
 
+from kernmind.agent.errors import ModelError
+
 log = logging.getLogger(__name__)
 
 TokenCallback = Callable[[str], Awaitable[None] | None]
 RetryCallback = Callable[[int, float, str], Awaitable[None] | None]
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 522, 524, 529})
-
-
-class ModelError(RuntimeError):
-    """The model endpoint failed in a way retrying did not (or could not) fix."""
-
-    def __init__(self, message: str, *, status: int | None = None, images_rejected: bool = False) -> None:
-        super().__init__(message)
-        self.status = status
-        self.images_rejected = images_rejected
+CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+CONTEXT_WORDS = re.compile(
+    r"context[ _]length|maximum context|context window|context size|prompt is too long|too many tokens"
+    r"|input is too long|exceeds? the (?:available |maximum )?context|reduce the length of the messages",
+    re.I,
+)
 
 
 @dataclass
@@ -86,10 +91,12 @@ class ChatModel:
         retry_base_delay: float = 0.5,
         retry_max_delay: float = 20.0,
         timeout: float = 600.0,
+        connect_timeout: float = 3.0,
         temperature: float | None = None,
     ) -> None:
         self.model = model
         self.max_retries = max_retries
+        self.stream_usage = True  # ask streams for usage until a server refuses the option
         self.retry_base_delay = retry_base_delay
         self.retry_max_delay = retry_max_delay
         self.temperature = temperature
@@ -101,7 +108,12 @@ class ChatModel:
                 "server (Ollama, vLLM, LM Studio) that needs none"
             )
         try:
-            self._client = AsyncOpenAI(api_key=key, base_url=base_url, max_retries=0, timeout=timeout)
+            self._client = AsyncOpenAI(
+                api_key=key,
+                base_url=base_url,
+                max_retries=0,
+                timeout=openai.Timeout(timeout, connect=connect_timeout),
+            )
         except openai.OpenAIError as exc:
             raise ModelError(f"cannot create the model client: {exc}") from exc
         self.endpoint = str(self._client.base_url).rstrip("/")
@@ -129,11 +141,18 @@ class ChatModel:
             except openai.APIStatusError as exc:
                 status = exc.status_code
                 detail = _error_detail(exc)
+                if stream and self.stream_usage and status in (400, 422) and "stream_options" in detail:
+                    log.info("the endpoint refuses stream_options; streaming without usage figures")
+                    self.stream_usage = False
+                    attempt -= 1
+                    continue
                 if status not in RETRY_STATUSES or attempt > self.max_retries:
+                    too_long = _context_exceeded(exc, detail)
                     raise ModelError(
                         self._failure(f"HTTP {status} {detail}", attempt),
                         status=status,
-                        images_rejected=status in (400, 415, 422) and _has_images(messages),
+                        images_rejected=not too_long and status in (400, 415, 422) and _has_images(messages),
+                        context_exceeded=too_long,
                     ) from exc
                 delay = self._delay(attempt, exc.response.headers.get("retry-after"))
                 reason = f"HTTP {status}" + (" (rate limited)" if status == 429 else "")
@@ -192,7 +211,10 @@ class ChatModel:
         turn = AssistantTurn()
         parts: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
-        stream = await self._client.chat.completions.create(**self._params(messages, tools), stream=True)
+        extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if self.stream_usage else {}
+        stream = await self._client.chat.completions.create(
+            **self._params(messages, tools), stream=True, **extra
+        )
         async with stream:
             async for chunk in stream:
                 if chunk.usage:
@@ -255,6 +277,15 @@ def _error_detail(exc: openai.APIStatusError) -> str:
     if message:
         text = f"{text}: {message}" if text else str(message)
     return text
+
+
+def _context_exceeded(exc: openai.APIStatusError, detail: str) -> bool:
+    """Whether the endpoint refused the request for being longer than the model's window."""
+    body = exc.body if isinstance(exc.body, dict) else {}
+    err = body.get("error", body)
+    if isinstance(err, dict) and {str(err.get("code")), str(err.get("type"))} & CONTEXT_CODES:
+        return True
+    return exc.status_code in (400, 413, 422) and CONTEXT_WORDS.search(detail) is not None
 
 
 def _connection_detail(exc: openai.APIConnectionError) -> str:

@@ -2,8 +2,8 @@
 
 Design: a loop over :class:`LineReader` lines (prompts go to stderr so stdout carries only
 answers). Commands: ``/reset`` forgets the conversation, ``/memory`` shows the memory
-blocks as the model sees them, ``/tools`` lists the tools, ``/help``, ``/exit`` (also
-``/quit`` and end of input). Answers stream token by token when streaming is on.
+blocks as the model sees them, ``/tools`` lists the tools, ``/status`` shows the model, its
+context window and how full it is, ``/help``, ``/exit`` (also ``/quit`` and end of input). Answers stream token by token when streaming is on.
 
 Error policy: a model failure (after retries) is printed and the REPL goes on — the
 conversation is kept, so the user can simply try again. Ctrl-C during a turn is handled by
@@ -24,6 +24,7 @@ HELP = """commands:
   /reset   forget the conversation (memory blocks are kept)
   /memory  show the memory blocks as the model sees them
   /tools   list the tools the model can call
+  /status  the model, its context window and how full it is
   /exit    leave (also /quit or Ctrl-D)
 Ctrl-C while the model or a tool is working cancels it; the conversation goes on."""
 
@@ -64,6 +65,8 @@ async def repl(
                 for name, routed in sorted(agent.hub.tools.items()):
                     desc = (routed.tool.description or "").strip().splitlines()
                     events.note(f"  {name} [{routed.server}] {desc[0] if desc else ''}")
+            elif command == "/status":
+                events.note(status_text(agent))
             elif command == "/help":
                 events.note(HELP)
             else:
@@ -84,3 +87,30 @@ async def repl(
         out.write(json.dumps(agent.transcript(), ensure_ascii=False, indent=2) + "\n")
         out.flush()
     return 0
+
+
+def status_text(agent: Agent) -> str:
+    """What ``/status`` prints: the model, its window, how full the last request made it."""
+    w = agent.window
+    endpoint = agent.model.endpoint if agent.model else agent.config.base_url
+    lines = [f"model {agent.config.model} at {endpoint}", f"context window: {w.size:,} tokens ({w.source})"]
+    if w.last_estimate is None:
+        lines.append("context used: nothing sent yet")
+    else:
+        counted = f"; the endpoint counted {w.last_reported:,}" if w.last_reported else ""
+        share = 100 * w.last_estimate / w.size
+        lines.append(
+            f"context used: ≈ {w.last_estimate:,} of {w.size:,} tokens ({share:.0f} %) by the last request"
+            f"{counted}; compaction at {w.threshold:,}"
+        )
+    lines.append(f"messages in view: {len(agent.messages)}")
+    if w.compactions:
+        summary = (
+            f"; a summary of {len(agent.summary or ''):,} characters stands in for them"
+            if agent.summary
+            else ""
+        )
+        lines.append(f"compactions: {len(w.compactions)}, {agent.evicted} messages evicted{summary}")
+    else:
+        lines.append("compactions: none")
+    return "\n".join(lines)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import mcp_types as types
 
@@ -72,3 +73,30 @@ def image_note(count: int, tool: str) -> str:
     """What a model without image input reads instead of the images."""
     noun = "image" if count == 1 else "images"
     return f"[{tool} returned {count} {noun}; this model cannot view images, so they are not shown]"
+
+
+def images_as_notes(message: dict[str, Any]) -> dict[str, Any]:
+    """A user message of tool images, as text for a model that takes none."""
+    content = message.get("content")
+    if not isinstance(content, list) or not any(p.get("type") == "image_url" for p in content):
+        return message
+    count = sum(1 for p in content if p.get("type") == "image_url")
+    texts = [p["text"] for p in content if p.get("type") == "text"]
+    note = f"[{count} image(s) not shown: this model cannot view images] " + " ".join(texts)
+    return {**message, "content": note.strip()}
+
+
+def elide_images(message: dict[str, Any]) -> dict[str, Any]:
+    """A message with its images' data replaced by their length (for transcripts)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    parts = []
+    for p in content:
+        if p.get("type") == "image_url":
+            url = p["image_url"]["url"]
+            head = url.split(",", 1)[0]
+            parts.append({"type": "image_url", "image_url": {"url": f"{head},<{len(url)} chars elided>"}})
+        else:
+            parts.append(p)
+    return {**message, "content": parts}

