@@ -25,8 +25,8 @@ import anyio
 from kernmind.config import Settings
 from kernmind.execution.executor import limits_from
 from kernmind.execution.runners import aclose, discover
-from kernmind.execution.sandbox import Sandbox
-from kernmind.execution.workspace import Workspace
+from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.workspace import Workspace
 
 SNIPPETS = {
     "javascript": "1 + 1",

@@ -17,7 +17,7 @@ from mcp.server.mcpserver import MCPServer
 from kernmind import __version__
 from kernmind.config import Settings
 from kernmind.execution.executor import Executor
-from kernmind.execution.tools import ExecutionTools
+from kernmind.execution.tools.code_tools import ExecutionTools
 from kernmind.memory.tools import MemoryTools
 from kernmind.principals import identify_callers
 from kernmind.tool_arguments import strict_tool_arguments

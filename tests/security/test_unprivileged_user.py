@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-import kernmind.execution.sandbox as sandbox_module
-import kernmind.execution.seccomp as seccomp_module
+import kernmind.execution.sandbox.bwrap as sandbox_module
+import kernmind.execution.sandbox.seccomp as seccomp_module
 
 USER = "kernmind-ci"
 SYSTEM_PYTHON = "/usr/bin/python3"

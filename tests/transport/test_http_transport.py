@@ -16,7 +16,7 @@ import anyio
 import httpx2
 import pytest
 
-from kernmind.serving import BearerTokenMiddleware, bind_socket, is_loopback
+from kernmind.transport.serve import BearerTokenMiddleware, bind_socket, is_loopback
 from tests.transport.procs import HttpServer, mentioning, run_cli, start_http
 
 pytestmark = [pytest.mark.xdist_group("transport")]

@@ -21,7 +21,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from kernmind.execution.rundir import socket_root
+from kernmind.execution.sandbox.rundir import socket_root
 from tests.transport.procs import ProcInfo, StdioServer, descendants, mentioning, start_http, wait_until
 
 pytestmark = [pytest.mark.xdist_group("transport")]

@@ -42,22 +42,24 @@ from anyio.abc import TaskGroup
 
 from kernmind.config import Settings
 from kernmind.diskio import Reserve
-from kernmind.execution import history
 from kernmind.execution import runners as runners_mod
-from kernmind.execution.cgroups import CgroupSupport
-from kernmind.execution.forkserver_kernels import ForkKernelFactory
-from kernmind.execution.jobs import Job, Jobs
-from kernmind.execution.kernels import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory
+from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.pool import KernelPool
 from kernmind.execution.packages import InstallResult, Layer, PackageInstaller, PythonTarget
 from kernmind.execution.packages.guard import SandboxGuard
-from kernmind.execution.pool import KernelPool
 from kernmind.execution.results import OutputCollector, RunResult
-from kernmind.execution.rundir import RunDir, socket_root
 from kernmind.execution.runners.base import Call, Runner
 from kernmind.execution.runners.python import PythonRunner, SnapshotBudget
-from kernmind.execution.sandbox import Sandbox
-from kernmind.execution.session_limits import SessionLimits
-from kernmind.execution.sessions import (
+from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.cgroups import CgroupSupport
+from kernmind.execution.sandbox.limits import SessionLimits
+from kernmind.execution.sandbox.rundir import RunDir, socket_root
+from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
+from kernmind.execution.sessions import history
+from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
+from kernmind.execution.sessions.jobs import Job, Jobs
+from kernmind.execution.sessions.registry import (
     DEFAULT_SESSION,
     LOCAL_OWNER,
     Hooks,
@@ -67,12 +69,10 @@ from kernmind.execution.sessions import (
     check_session_id,
 )
 from kernmind.execution.startup import limits_from
-from kernmind.execution.store import SessionHome, SessionStore
 from kernmind.execution.supervisor import Progress, supervise
-from kernmind.execution.workspace import Workspace, off_loop, own_tree
 
 if TYPE_CHECKING:
-    from kernmind.execution.remote import RemoteKernels
+    from kernmind.execution.kernels.gateway.remote import RemoteKernels
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class Executor:
         # --kernel-gateway: Python runs on the gateway's kernels, sessions' files on a shared volume.
         self.remote: RemoteKernels | None = None
         if settings.kernel_gateway:  # imported only then: the gateway client brings tornado in
-            from kernmind.execution.remote import RemoteKernels
+            from kernmind.execution.kernels.gateway.remote import RemoteKernels
 
             self.remote = RemoteKernels.from_settings(settings)
         self.pool = KernelPool(self.remote.factory if self.remote else factory, settings.pool_size)  # type: ignore[arg-type]
@@ -364,7 +364,7 @@ class Executor:
             )
         entries = await off_loop(lambda: history.read(home.history), timeout=None)
         # Imported here: nbformat's import costs seconds (jsonschema's format checkers), every launch.
-        from kernmind.execution import notebook
+        from kernmind.execution.sessions import notebook
 
         nb = notebook.build(entries, sid, self.runtime.version)
         data = notebook.dumps(nb)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from kernmind.config import Settings
 from kernmind.execution import runners
-from kernmind.execution.sandbox import Limits, Sandbox
+from kernmind.execution.sandbox.bwrap import Limits, Sandbox
 
 
 def limits_from(settings: Settings) -> Limits:

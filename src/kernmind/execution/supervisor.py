@@ -34,12 +34,12 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from kernmind.execution import quota as workspace_quota
-from kernmind.execution.filescan import Scan, changed_since
 from kernmind.execution.results import FileInfo, RunResult
 from kernmind.execution.runners.base import Call, Runner
-from kernmind.execution.session_limits import SessionLimits, current_limits
-from kernmind.execution.workspace import QuotaExceeded, guess_mime
+from kernmind.execution.sandbox import quota as workspace_quota
+from kernmind.execution.sandbox.filescan import Scan, changed_since
+from kernmind.execution.sandbox.limits import SessionLimits, current_limits
+from kernmind.execution.sandbox.workspace import QuotaExceeded, guess_mime
 
 log = logging.getLogger(__name__)
 

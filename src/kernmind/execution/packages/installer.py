@@ -53,7 +53,7 @@ from kernmind.execution.packages.python import (
 )
 from kernmind.execution.packages.sdist import build_in_sandbox
 from kernmind.execution.runners.javascript import DenoRunner
-from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
 
 JS_LANGUAGES = ("javascript", "typescript")
 

@@ -44,9 +44,9 @@ from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.runners.base import RuntimeUnavailable
-from kernmind.execution.sandbox import DEFAULT_PATH, Mount, Sandbox, SandboxedCommand
-from kernmind.execution.session_limits import current_limits
-from kernmind.execution.workspace import Workspace
+from kernmind.execution.sandbox.bwrap import DEFAULT_PATH, Mount, Sandbox, SandboxedCommand
+from kernmind.execution.sandbox.limits import current_limits
+from kernmind.execution.sandbox.workspace import Workspace
 
 HELPER_PREFIX = ".km-"
 MAX_HELPER_READ = 4 * 1024 * 1024
