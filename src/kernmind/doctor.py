@@ -24,6 +24,7 @@ import anyio
 
 from kernmind import __version__
 from kernmind.config import Settings
+from kernmind.db_location import redacted_location
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernels.forkserver.kernels import describe as describe_fork_server
@@ -36,8 +37,8 @@ from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox.bwrap import Sandbox, SandboxUnavailable
 from kernmind.execution.sandbox.cgroups import CgroupsUnavailable, CgroupSupport
 from kernmind.execution.startup import limits_from
-from kernmind.memory.database import redacted_location
-from kernmind.memory.embeddings import EmbeddingUnavailable, LocalEmbedder, make_embedder
+from kernmind.memory.embedder_factory import make_embedder
+from kernmind.memory.embeddings import EmbeddingUnavailable, LocalEmbedder
 
 
 async def _live_check(factory: KernelFactory | GatewayKernelFactory, gpu: bool) -> dict[str, Any]:

@@ -100,7 +100,7 @@ def build_config(args: argparse.Namespace, settings: Settings) -> AgentConfig:
     extra = load_mcp_config(args.mcp_config) if args.mcp_config else []
     recorder = None
     if not args.no_kernmind and not any(s.name == "kernmind" for s in extra):
-        from kernmind.memory.conversations import ConversationRecorder
+        from kernmind.memory.recorder import ConversationRecorder
 
         child_level = settings.log_level if _log_level_given(args) else "WARNING"
         servers.append(kernmind_server_spec(settings, log_level=child_level))

@@ -36,7 +36,7 @@ import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from kernmind.memory.database import redacted_location
+from kernmind.db_location import redacted_location
 
 SESSION_LOCK = 0x6B6D  # advisory-lock class of per-session locks ("km")
 REAPER_LOCK = 0x6B6E  # and the one lock whose holder reaps
