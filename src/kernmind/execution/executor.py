@@ -51,7 +51,7 @@ from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.runners.base import Call, Runner
 from kernmind.execution.runners.python import PythonRunner, SnapshotBudget
-from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox, limits_from
 from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.rundir import RunDir, socket_root
@@ -68,7 +68,6 @@ from kernmind.execution.sessions.registry import (
     SessionRegistry,
     check_session_id,
 )
-from kernmind.execution.startup import limits_from
 from kernmind.execution.supervisor import Progress, supervise
 
 if TYPE_CHECKING:

@@ -350,10 +350,9 @@ async def test_warm_java_host_stops_with_the_server(tmp_path: Path) -> None:
 
 async def test_small_memory_limit_still_runs_deno_and_java(tmp_path: Path) -> None:
     """V8 needs --jitless and the JVM explicit sizes under a 512 MiB RLIMIT_DATA."""
-    from kernmind.execution.executor import limits_from
     from kernmind.execution.results import OutputCollector
     from kernmind.execution.runners.base import Call
-    from kernmind.execution.sandbox.bwrap import Sandbox
+    from kernmind.execution.sandbox.bwrap import Sandbox, limits_from
     from kernmind.execution.sandbox.workspace import Workspace
     from kernmind.execution.sessions.registry import Session
     from kernmind.execution.supervisor import supervise

@@ -249,14 +249,15 @@ def test_a_normal_user_without_a_delegated_subtree_falls_back_with_a_reason() ->
     lib = Path(tempfile.mkdtemp(prefix="kernmind-cg-"))
     try:
         lib.chmod(0o755)
-        package = lib / "kernmind" / "execution"  # the two modules, standard library only
+        package = lib / "kernmind" / "execution" / "sandbox"  # the two modules, standard library only
         package.mkdir(parents=True)
-        for d in (lib / "kernmind", package):
+        levels = (lib / "kernmind", lib / "kernmind" / "execution", package)
+        for d in levels:
             d.chmod(0o755)
             (d / "__init__.py").write_text("")
         shutil.copy(cgroups.__file__, package / "cgroups.py")
         shutil.copy(cgroup_layout.__file__, package / "cgroup_layout.py")
-        for f in [*(lib / "kernmind").iterdir(), *package.iterdir()]:
+        for f in [f for d in levels for f in d.iterdir()]:
             if f.is_file():
                 f.chmod(0o644)
         code = (

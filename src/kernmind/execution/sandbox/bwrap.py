@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # this module runs on its own too (it needs only the standard library)
+    from kernmind.config import Settings
     from kernmind.execution.sandbox.gpu import GpuPassthrough
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,17 @@ class Limits:
             # would eat a small memory limit before any user data.
             "stack": THREAD_STACK_MB * 1024 * 1024,
         }
+
+
+def limits_from(settings: Settings) -> Limits:
+    """The per-sandbox limits the settings ask for."""
+    return Limits(
+        memory_mb=settings.memory_mb,
+        cpu_seconds=settings.cpu_seconds,
+        max_processes=settings.max_processes,
+        max_file_mb=settings.max_file_mb,
+        max_open_files=settings.max_open_files,
+    )
 
 
 @dataclass(frozen=True)
