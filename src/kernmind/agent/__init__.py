@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         load_mcp_config,
     )
     from kernmind.agent.connections import ServerStartError
-    from kernmind.agent.loop import Agent, AgentEvents, RunResult, ToolCallRecord
+    from kernmind.agent.loop import Agent, AgentEvents, ToolCallRecord, TurnResult
     from kernmind.agent.model import ModelError
 
 # Imported on first use: ``kernmind serve`` and ``kernmind --help`` load this package to
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "Agent": "loop",
     "AgentEvents": "loop",
-    "RunResult": "loop",
+    "TurnResult": "loop",
     "ToolCallRecord": "loop",
     "AgentConfig": "config",
     "ConfigError": "config",
@@ -63,10 +63,10 @@ __all__ = [
     "AgentEvents",
     "ConfigError",
     "ModelError",
-    "RunResult",
     "ServerSpec",
     "ServerStartError",
     "ToolCallRecord",
+    "TurnResult",
     "kernmind_server_spec",
     "load_mcp_config",
 ]

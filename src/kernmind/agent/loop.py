@@ -71,7 +71,7 @@ class ToolCallRecord:
 
 
 @dataclass
-class RunResult:
+class TurnResult:
     """The outcome of one user turn."""
 
     answer: str
@@ -121,7 +121,7 @@ class Agent:
         self.config = config
         self.events = events or AgentEvents()
         self.messages: list[dict[str, Any]] = []
-        self.runs: list[RunResult] = []
+        self.runs: list[TurnResult] = []
         self.last_system_prompt: str = ""
         self.images_enabled = config.images != "off"
         self.hub = ToolHub(config.servers)
@@ -197,7 +197,7 @@ class Agent:
     async def memory(self) -> str:
         return await compile_memory(self.hub.connections)
 
-    async def run(self, user_message: str) -> RunResult:
+    async def run(self, user_message: str) -> TurnResult:
         """One user turn: steps until the model answers without tools, or the step limit."""
         if self.model is None:
             raise RuntimeError("use the Agent inside 'async with'")
@@ -205,7 +205,7 @@ class Agent:
             raise RuntimeError("this agent is already running a turn; await it (or interrupt it) first")
         self.busy = True
         self._interrupted = False
-        result = RunResult(answer="", stopped="answer", steps=0)
+        result = TurnResult(answer="", stopped="answer", steps=0)
         self.runs.append(result)
         await self._keep({"role": "user", "content": user_message})
         try:

@@ -15,11 +15,10 @@ from mcp import Client
 
 from kernmind.server import create_server
 from tests.conftest import error_text, structured
+from tests.execution.conftest import gateway_settings
+from tests.execution.gateway_server import KernelGatewayServer
 from tests.memory.postgres_server import PostgresServer
 from tests.transport.procs import run_cli
-
-from .conftest import gateway_settings
-from .gateway_server import KernelGatewayServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("gateway")]
 

@@ -23,10 +23,9 @@ import anyio
 import pytest
 
 from tests.conftest import structured
+from tests.execution.gateway_server import KernelGatewayServer
 from tests.memory.postgres_server import PostgresServer
 from tests.transport.procs import HttpServer, start_http, wait_until
-
-from .gateway_server import KernelGatewayServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("gateway-replicas")]
 

@@ -74,7 +74,7 @@ class SessionRecord:
         return cls(*row)
 
 
-class SessionStore:
+class SessionRows:
     """Gateway sessions in one PostgreSQL database (see the module docstring)."""
 
     def __init__(self, url: str, *, max_connections: int) -> None:
@@ -84,7 +84,7 @@ class SessionStore:
         self._leader: psycopg.AsyncConnection[Any] | None = None
         self._leading = False
 
-    async def open(self) -> SessionStore:
+    async def open(self) -> SessionRows:
         await self._pool.open(wait=True)
         async with self._pool.connection() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (SCHEMA_LOCK,))

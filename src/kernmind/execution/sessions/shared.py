@@ -39,7 +39,7 @@ from anyio.abc import TaskGroup
 from kernmind.execution.kernels.gateway.client import GatewayUnavailable, KernelGone
 from kernmind.execution.kernels.gateway.kernels import GatewayKernel, GatewayKernelFactory, SharedWorkspaces
 from kernmind.execution.runners.python import LANGUAGE
-from kernmind.execution.sessions.postgres_rows import SessionRecord, SessionStore
+from kernmind.execution.sessions.postgres_rows import SessionRecord, SessionRows
 from kernmind.execution.sessions.registry import (
     LOCAL_OWNER,
     Session,
@@ -64,7 +64,7 @@ def _live(record: SessionRecord | None) -> bool:
 class SharedSessionRegistry(SessionRegistry):
     def __init__(
         self,
-        records: SessionStore,
+        records: SessionRows,
         factory: GatewayKernelFactory,
         **registry: Any,
     ) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from kernmind.config import Settings
 from kernmind.execution.kernels.gateway.client import GatewayConfig, GatewayUnavailable, KernelGateway
 from kernmind.execution.kernels.gateway.kernels import GatewayKernelFactory, SharedWorkspaces
-from kernmind.execution.sessions.postgres_rows import SessionStore
+from kernmind.execution.sessions.postgres_rows import SessionRows
 from kernmind.execution.sessions.registry import Hooks, SessionRegistry
 from kernmind.execution.sessions.shared import SharedSessionRegistry
 
@@ -80,7 +80,7 @@ class RemoteKernels:
         if not self.shared:
             return SessionRegistry(store=None, **common)
         assert self.settings.db is not None
-        records = SessionStore(
+        records = SessionRows(
             self.settings.db, max_connections=self.settings.max_sessions + STORE_SPARE_CONNECTIONS
         )
         return SharedSessionRegistry(records, self.factory, **common)
