@@ -6,7 +6,7 @@ throw-away one) → ``supervise(runner, call)`` (time limit, quota, progress, re
 
 It owns the sandbox (chosen once at start), the control groups sessions run in
 (``cgroups.py``, decided once at start; each session's ``SessionLimits`` is made with its
-first call and closed with it, see ``session_limits.py``), this server's run directory (``rundir.py``:
+first call and closed with it, see ``sandbox/limits.py``), this server's run directory (``rundir.py``:
 throw-away workspaces and kernel sockets, cleaned after a crash by the next start), the
 session store (``store.py``: named sessions' files, variables and history, which outlive
 the server), the warm kernel pool, the session registry, the background jobs, the runners
@@ -20,7 +20,7 @@ After every call of a stored session the result is appended to its history
 
 With ``--kernel-gateway`` (``remote.py``) Python's kernels come from the gateway instead,
 sessions' files live on a volume the gateway's kernels also mount, and with a PostgreSQL
-``--db`` the sessions are shared by every replica (``shared_sessions.py``): a replica that
+``--db`` the sessions are shared by every replica (``sessions/shared.py``): a replica that
 stops leaves them to the others.
 
 Errors the model can fix (unknown or uninstalled language, bad session id or time limit,

@@ -12,7 +12,7 @@
   often when the tree is so big that checking costs: the period is kept at ≥ 5× the time one
   check takes); growing it past the quota blocks writes and stops the code with
   ``WorkspaceQuotaExceeded``. Code that does not grow it (clean-up) runs even when over.
-- **Session memory** (``session_limits.py``): where the session has a control group, the
+- **Session memory** (``sandbox/limits.py``): where the session has a control group, the
   kernel's out-of-memory killer counts for it; when it stopped a process of the session
   (during the call, or between calls), the rest of the session is stopped too and the
   result says so (``MemoryLimitExceeded``). While the runner runs, ``current_limits`` names

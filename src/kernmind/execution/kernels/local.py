@@ -60,7 +60,7 @@ from kernmind.execution.sandbox.cgroups import Cgroup, CgroupSupport
 from kernmind.execution.sandbox.rundir import RunDir, socket_root
 from kernmind.execution.sandbox.workspace import Workspace
 
-if TYPE_CHECKING:  # imported when a kernel starts (kernel_manager.py), not with this module
+if TYPE_CHECKING:  # imported when a kernel starts (kernels/manager.py), not with this module
     from jupyter_client.asynchronous.client import AsyncKernelClient
     from jupyter_client.kernelspec import KernelSpec
 

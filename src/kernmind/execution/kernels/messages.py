@@ -5,7 +5,7 @@ key): a message without an id or a type, a list where the content belongs, a dis
 data is not a MIME bundle, unsigned or garbage frames. ``jupyter_client`` raises while it
 decodes some of them (``KeyError: 'msg_id'``); others decode into shapes nothing expects.
 The message loops of local kernels (``kernels.py``) and of a kernel gateway's
-(``gateway_kernels.py``) read every message through here: ``message_parts`` returns the
+(``kernels/gateway/kernels.py``) read every message through here: ``message_parts`` returns the
 type, the parent's id and the content, or what is wrong; ``fold_output`` reads a field of
 the wrong type as missing; ``Ignored`` counts what was skipped, for the call's note.
 

@@ -17,7 +17,7 @@ with no warm kernel (or directories on different file systems), a kernel is star
 (``own_tree``) and the kernel is marked ``home_bound``: stopping it never deletes them.
 
 ``acquire(home, limits=…)`` also puts the kernel in the session's control group
-(``session_limits.py``): a warm kernel's own group becomes the session's when the session
+(``sandbox/limits.py``): a warm kernel's own group becomes the session's when the session
 has none yet, else its processes move into the session's (which then removes the warm
 one); a kernel started for the caller is started in the session's group.
 """

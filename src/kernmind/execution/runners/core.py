@@ -244,7 +244,7 @@ class Context:
         """``argv`` in the sandbox; with ``layer``, the session's installed Python packages are
         mounted read-only, on ``PYTHONPATH`` and (their scripts) on ``PATH``. Inside a call
         (``current_limits``), the process joins the session's control group and gets its write
-        block (``session_limits.py``)."""
+        block (``sandbox/limits.py``)."""
         env = dict(env)
         mounts: list[Mount] = []
         path = env.get("PATH", DEFAULT_PATH)

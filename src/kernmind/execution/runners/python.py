@@ -71,7 +71,7 @@ class PythonRunner:
         inner_root: Callable[[Path], str],
         budget: SnapshotBudget,
     ) -> None:
-        self.pool = pool  # of local kernels, or of a kernel gateway's (``gateway_kernels.py``)
+        self.pool = pool  # of local kernels, or of a kernel gateway's (``kernels/gateway/kernels.py``)
         self.version = version
         self.inner_root = inner_root  # the path the kernel sees for a working directory
         self.budget = budget

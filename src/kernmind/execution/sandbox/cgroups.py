@@ -8,7 +8,7 @@ its kernel's sandbox, a fork-server kernel, each subprocess call, a JShell host 
 that session's group, which has ``memory`` = ``--memory-mb`` and ``pids`` = ``--max-processes``.
 
 Where groups can be made — cgroup v2 (root, or a delegated subtree), cgroup v1 (root), or
-none — is decided once at start (``CgroupSupport.detect``; how, in ``cgroup_layout.py``).
+none — is decided once at start (``CgroupSupport.detect``; how, in ``sandbox/cgroup_layout.py``).
 A session's group carries the memory and process limits: on v2 ``memory.max``,
 ``memory.swap.max = 0``, ``memory.oom.group = 1`` (the out-of-memory killer stops the whole
 session) and ``pids.max``, its processes in the leaf ``G/procs`` (so a sandbox's cgroup
@@ -30,7 +30,7 @@ Processes join a group at birth: ``Sandbox.wrap(join=group.join)`` (or ``join_ar
 a shell in front of the command that writes its own pid into each ``cgroup.procs`` and
 ``exec``s the command (so the group holds it from its first instruction, whatever uid it
 later drops to); a fork-server waiter writes itself in before it forks the kernel
-(``forkserver_template.py``).
+(``kernels/forkserver/template.py``).
 
 Error policy: detection never raises (it returns mode ``none`` with the reason, and
 ``--cgroups required`` turns that into ``CgroupsUnavailable`` at start); making a group

@@ -1,7 +1,7 @@
 """A seccomp filter that keeps sandboxed code from changing its own file-size limit.
 
 The workspace quota blocks a session's writes by lowering the *soft* RLIMIT_FSIZE of its
-processes to 0 (``session_limits.py``): the server must be able to raise it again once the
+processes to 0 (``sandbox/limits.py``): the server must be able to raise it again once the
 session has deleted files, and only a process with CAP_SYS_RESOURCE may raise a hard limit
 (root in a container often lacks it). A soft limit alone, though, can be raised by the
 process itself up to its hard limit. This filter, loaded into every bubblewrap sandbox

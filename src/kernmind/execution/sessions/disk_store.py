@@ -43,7 +43,7 @@ Error policy: a request the model can correct (a session held by another server,
 damaged stored session) raises ``SessionError`` with a sentence; ``rm`` of a held session
 raises the same. Unreadable ``meta.json`` is treated as missing (it is rewritten on the next
 save). ``save_meta`` raises ``OSError`` (a full disk): the meta is kept and written at the
-next chance (``session_books.py``).
+next chance (``sessions/books.py``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ session leaves on disk is the store's (``store.py``).
 
 - Calls without a session id use the ``default`` session; a named session is created on
   first use. An empty or malformed id is refused. Live sessions are capped per owner and
-  server-wide (``session_caps.py``): past a cap the least recently used idle session is
+  server-wide (``sessions/caps.py``): past a cap the least recently used idle session is
   unloaded to make room (``load``), and ``--stateless`` calls take a ``slot`` that counts the
   same way. A session being unloaded is loaded again only once its unloading has finished.
   Sessions belong to an owner (a principal, see ``principals.py``): the registry and the
@@ -35,7 +35,7 @@ session leaves on disk is the store's (``store.py``).
 - **Bookkeeping never stops the server.** The reaper, autosave, unloading and the record
   of each call write to the disk, which may be full (or failing, or read-only). None of
   them raises out of the registry (the reaper logs and goes on); the writing is
-  ``session_books.py``'s: a call whose history could not be written says so in a note, a
+  ``sessions/books.py``'s: a call whose history could not be written says so in a note, a
   meta that could not be written is written at the next chance, so the server recovers by
   itself once space is freed. Only creating a new session, which needs its directory,
   is refused (``StorageError``, with a sentence).
@@ -187,7 +187,7 @@ class SessionRegistry(MakingRoom):
         self.sessions: dict[tuple[str, str], Session] = {}
         self.jobs: dict[tuple[str, str], str] = {}  # (owner, session id) -> the job that has it
         self._reaped: set[tuple[str, str]] = set()  # unstored sessions closed for idleness (for a note)
-        self.books = Books(store)  # history and metas, on a disk that may be full (session_books.py)
+        self.books = Books(store)  # history and metas, on a disk that may be full (sessions/books.py)
         self._loading = anyio.Lock()
         self._unloading: dict[tuple[str, str], anyio.Event] = {}  # sessions unloaded to make room
 
@@ -357,7 +357,7 @@ class SessionRegistry(MakingRoom):
 
     async def load(self, sid: str, *, owner: str = LOCAL_OWNER, create: bool = True) -> Session:
         """The live session ``(owner, sid)``, loading it from the store (or creating it); when the
-        caps are reached, an idle session is unloaded first to make room (``session_caps.py``)."""
+        caps are reached, an idle session is unloaded first to make room (``sessions/caps.py``)."""
         key = (owner, sid)
         while True:
             session = self.sessions.get(key)

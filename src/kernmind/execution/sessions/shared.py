@@ -2,7 +2,7 @@
 
 With ``--kernel-gateway`` and ``--db postgresql://…`` every replica is a stateless front end:
 which gateway kernel serves a session, and which directory on the shared volume holds its
-files, is a row in the database (``session_store.py``), so a call for session S that
+files, is a row in the database (``sessions/postgres_rows.py``), so a call for session S that
 reaches replica B drives the kernel replica A started.
 
 ``SharedSessionRegistry`` keeps ``SessionRegistry``'s interface (``hold``, ``load``,

@@ -14,7 +14,7 @@ process behind the manager differs:
 2. We pass the template descriptors for the placeholder's namespaces, a pidfd for it and
    the write end of its stdin; the template forks a kernel into those namespaces with the
    placeholder's rlimits, the sandbox uid, no capabilities and the kernel environment
-   (see ``forkserver_template.py``), and replies once the kernel's sockets are bound and
+   (see ``kernels/forkserver/template.py``), and replies once the kernel's sockets are bound and
    its setup cell has run.
 3. We connect the client and wait for the iopub welcome message (no ``wait_for_ready``
    polling, no setup round trips).

@@ -1,13 +1,13 @@
 """The fork server: one template process per kernel environment that forks fresh kernels.
 
 A new sandboxed ipykernel costs ≈ 0.9 s of CPU to boot (mostly imports). The template
-(``forkserver_template.py``, run on the kernel Python) imports ipykernel and the heavy
+(``kernels/forkserver/template.py``, run on the kernel Python) imports ipykernel and the heavy
 modules once; every fresh interpreter is then a fork of it placed inside a normal kernel
-sandbox (see ``forkserver_kernels.py``), at a few tens of milliseconds of CPU.
+sandbox (see ``kernels/forkserver/kernels.py``), at a few tens of milliseconds of CPU.
 
 This module owns the template process: starting it (a clean environment, a private 0700
 directory as its working directory and home, its control socket as the only extra
-descriptor), its channels (``forkserver_channel.py``: the template's control socket and,
+descriptor), its channels (``kernels/forkserver/channel.py``: the template's control socket and,
 while it imports its preloads, its snapshot's, which serves spawns meanwhile), and
 restarting it when it dies. Kernels already made do not depend on it: they survive its
 death (they belong to their sandboxes, like every kernel).

@@ -4,7 +4,7 @@ This file runs as a script on the *kernel* Python (``--kernel-python``), so it u
 standard library and ipykernel: it must not import kernmind.
 
 Design
-- Started once per kernel environment by ``forkserver.py``, outside any sandbox, as the
+- Started once per kernel environment by ``kernels/forkserver/process.py``, outside any sandbox, as the
   server's user, with a clean environment, in a private empty directory. It imports
   ipykernel and every module a kernel's start-up and first cell import (found by a probe
   fork that starts a throwaway kernel and runs the setup cell), freezes the heap
@@ -20,7 +20,7 @@ Design
   while the template runs more than one thread; ``hello`` and ``preloaded`` report the
   count and the server refuses a template with more than one thread.
 - A kernel is made inside a sandbox the server has already started (bubblewrap running a
-  placeholder, exactly as a normal kernel's sandbox; see ``forkserver.py``). The server
+  placeholder, exactly as a normal kernel's sandbox; see ``kernels/forkserver/process.py``). The server
   passes descriptors for the placeholder's namespaces and the write end of a pipe the
   placeholder waits on. The template forks a *waiter* (C1) that joins those namespaces
   (user namespaces outermost first, each other namespace right after the user namespace

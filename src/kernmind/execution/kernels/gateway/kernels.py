@@ -16,7 +16,7 @@ Design
   replaced" rule are the local ones (``workspace.py``), unchanged. A kernel that cannot see
   its directory fails to start with a sentence that says how to fix the mount.
 * **Output, errors and budgets** are folded by ``kernel_messages.fold_output``, the local loop's own
-  code; the gateway kernel runs the same setup cell (``kernel_setup.py``: output cap in the
+  code; the gateway kernel runs the same setup cell (``kernels/setup.py``: output cap in the
   kernel, plain tracebacks, inline PNGs).
 * **Liveness without polling**: the gateway reports a kernel that died and was restarted
   (or could not be) as an iopub ``status`` of ``restarting``/``dead``, and a gateway that

@@ -1,9 +1,9 @@
 """``--kernel-gateway``: the parts that put Python sessions on a kernel gateway, built from settings.
 
-``RemoteKernels.from_settings(settings)`` makes the gateway client (``gateway_client.py``),
-the kernel factory the warm pool uses instead of the local one (``gateway_kernels.py``) and
+``RemoteKernels.from_settings(settings)`` makes the gateway client (``kernels/gateway/client.py``),
+the kernel factory the warm pool uses instead of the local one (``kernels/gateway/kernels.py``) and
 the shared directory for sessions' files. ``registry(...)`` is the session registry: shared
-by every replica through PostgreSQL (``shared_sessions.py``) when ``--db`` names one, else
+by every replica through PostgreSQL (``sessions/shared.py``) when ``--db`` names one, else
 this process's own (``sessions.py``), as with local kernels.
 
 Only Python moves to the gateway; the other languages keep running locally in kernmind's
