@@ -71,7 +71,7 @@ from kernmind.execution.sessions.registry import (
 from kernmind.execution.supervisor import Progress, supervise
 
 if TYPE_CHECKING:
-    from kernmind.execution.kernels.gateway.remote import RemoteKernels
+    from kernmind.execution.remote import RemoteKernels
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class Executor:
         # --kernel-gateway: Python runs on the gateway's kernels, sessions' files on a shared volume.
         self.remote: RemoteKernels | None = None
         if settings.kernel_gateway:  # imported only then: the gateway client brings tornado in
-            from kernmind.execution.kernels.gateway.remote import RemoteKernels
+            from kernmind.execution.remote import RemoteKernels
 
             self.remote = RemoteKernels.from_settings(settings)
         self.pool = KernelPool(self.remote.factory if self.remote else factory, settings.pool_size)  # type: ignore[arg-type]
