@@ -1,7 +1,7 @@
 """``create_server(settings) -> MCPServer``: kernmind's MCP server, wired from its parts.
 
 This module only wires: the executor (``execution/``) and the memory store (``memory/``)
-are created here, their MCP surfaces registered (``execution/tools.py``,
+are created here, their MCP surfaces registered (``execution/tools/code_tools.py``,
 ``memory/tools.py``), and the server's lifespan starts and stops them. Tools, their
 error policy and result shapes live with the part they belong to.
 
