@@ -47,7 +47,7 @@ import anyio
 import numpy as np
 
 from kernmind.config import Settings
-from kernmind.memory.embeddings import make_embedder
+from kernmind.memory.embedder_factory import make_embedder
 from kernmind.memory.vector_index import Candidates, close_to, nearest_scored, sign_bits
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -39,7 +39,7 @@ from tests.memory.postgres_server import PostgresServer  # noqa: E402
 from tests.transport.procs import HttpServer, start_http  # noqa: E402
 
 from kernmind.config import Settings  # noqa: E402
-from kernmind.execution.gateway_client import GatewayConfig, KernelGateway  # noqa: E402
+from kernmind.execution.kernels.gateway.client import GatewayConfig, KernelGateway  # noqa: E402
 from kernmind.server import create_server  # noqa: E402
 
 SNIPPET = "1+1"

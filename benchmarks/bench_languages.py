@@ -23,10 +23,15 @@ from pathlib import Path
 import anyio
 
 from kernmind.config import Settings
-from kernmind.execution.executor import limits_from
-from kernmind.execution.runners import aclose, discover
-from kernmind.execution.sandbox import Sandbox
-from kernmind.execution.workspace import Workspace
+from kernmind.execution.runners import Runner, discover
+from kernmind.execution.sandbox.bwrap import Sandbox, limits_from
+from kernmind.execution.sandbox.workspace import Workspace
+
+
+async def aclose(runners: dict[str, Runner]) -> None:
+    for runner in runners.values():
+        await runner.aclose()
+
 
 SNIPPETS = {
     "javascript": "1 + 1",

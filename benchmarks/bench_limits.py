@@ -28,7 +28,8 @@ import anyio
 from mcp import Client
 
 from kernmind.config import Settings
-from kernmind.execution import quota, supervisor
+from kernmind.execution import supervisor
+from kernmind.execution.sandbox import quota
 from kernmind.server import create_server
 
 MAKE_FILES = """

@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from kernmind.config import Settings
 from kernmind.memory.archival import Archive
-from kernmind.memory.embeddings import LocalEmbedder, make_embedder, to_blob
+from kernmind.memory.embedder_factory import make_embedder
+from kernmind.memory.embeddings import LocalEmbedder, to_blob
 from kernmind.memory.records import PassageIn
 from kernmind.memory.store import MemoryStore
 from paraphrase_set import PAIRS

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import anyio
 
-from kernmind.execution.kernels import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
 from kernmind.execution.packages import Layer, PackageError, PackageInstaller, PackagePolicy, PackageSources
 from kernmind.execution.packages.python import PythonTarget
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
 
 NEW_DATASCIENCE = (
     "openpyxl",

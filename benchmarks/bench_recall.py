@@ -31,7 +31,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).parent))
 from kernmind.config import Settings
 from kernmind.memory.archival import Archive
-from kernmind.memory.embeddings import make_embedder
+from kernmind.memory.embedder_factory import make_embedder
 from kernmind.memory.store import MemoryStore
 from kernmind.memory.vector_index import nearest
 from paraphrase_set import _STOP, PAIRS, distractors, shared_content_words

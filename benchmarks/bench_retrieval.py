@@ -60,7 +60,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from kernmind.config import Settings
 from kernmind.memory.archival import Archive
 from kernmind.memory.database import PassageFilter
-from kernmind.memory.embeddings import Embedder, make_embedder, to_blob
+from kernmind.memory.embedder_factory import make_embedder
+from kernmind.memory.embeddings import Embedder, to_blob
 from kernmind.memory.fusion import Fusion
 from kernmind.memory.records import PassageIn
 from kernmind.memory.store import MemoryStore

@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_memory import bulk_load, make_passages, make_queries, make_words, pct
 from kernmind.config import Settings
 from kernmind.memory.archival import Archive
-from kernmind.memory.embeddings import LocalEmbedder, make_embedder, to_blob
+from kernmind.memory.embedder_factory import make_embedder
+from kernmind.memory.embeddings import LocalEmbedder, to_blob
 from kernmind.memory.records import PassageIn
 from kernmind.memory.store import MemoryStore
 from paraphrase_set import PAIRS

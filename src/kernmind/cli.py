@@ -59,7 +59,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         # memory's actions are subparsers that take the flags too: a flag not given must stay absent
         memory_cli.add_parser(sub, settings_parent(COMMAND_GROUPS["memory"], absent_when_not_given=True))
     if "sessions" in wanted:
-        from kernmind.execution import cli as sessions_cli
+        from kernmind.execution.tools import sessions_cli
 
         sessions_cli.add_parser(sub, settings_parent(COMMAND_GROUPS["sessions"], absent_when_not_given=True))
     if "tokens" in wanted:
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(settings.log_level)
 
     if command == "serve":
-        from kernmind.serving import serve
+        from kernmind.transport.serve import serve
 
         return serve(settings)
     if command == "doctor":
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return memory_cli.run(args, settings)
     if command == "sessions":
-        from kernmind.execution import cli as sessions_cli
+        from kernmind.execution.tools import sessions_cli
 
         return sessions_cli.run(args, settings)
     if command == "tokens":

@@ -389,7 +389,7 @@ class Settings(BaseSettings):
     @field_validator("allowed_origin", mode="after")
     @classmethod
     def _origins(cls, value: list[str]) -> list[str]:
-        from kernmind.http_guard import normal_origin
+        from kernmind.transport.guard import normal_origin
 
         for origin in value:
             if normal_origin(origin) is None:

@@ -24,20 +24,20 @@ import anyio
 
 from kernmind import __version__
 from kernmind.config import Settings
+from kernmind.db_location import redacted_location
 from kernmind.execution import runners as runners_mod
-from kernmind.execution.cgroups import CgroupsUnavailable, CgroupSupport
 from kernmind.execution.errors import RuntimeUnavailable
-from kernmind.execution.forkserver_kernels import describe as describe_fork_server
-from kernmind.execution.forkserver_kernels import fork_server_report
-from kernmind.execution.gateway_kernels import GatewayKernelFactory
-from kernmind.execution.kernels import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.forkserver.kernels import describe as describe_fork_server
+from kernmind.execution.kernels.forkserver.kernels import fork_server_report
+from kernmind.execution.kernels.gateway.kernels import GatewayKernelFactory
+from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
 from kernmind.execution.packages import PackageInstaller, PythonTarget
 from kernmind.execution.remote import RemoteKernels
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.sandbox import Sandbox, SandboxUnavailable
-from kernmind.execution.startup import limits_from
-from kernmind.memory.database import redacted_location
-from kernmind.memory.embeddings import EmbeddingUnavailable, LocalEmbedder, make_embedder
+from kernmind.execution.sandbox.bwrap import Sandbox, SandboxUnavailable, limits_from
+from kernmind.execution.sandbox.cgroups import CgroupsUnavailable, CgroupSupport
+from kernmind.memory.embedder_factory import make_embedder
+from kernmind.memory.embeddings import EmbeddingUnavailable, LocalEmbedder
 
 
 async def _live_check(factory: KernelFactory | GatewayKernelFactory, gpu: bool) -> dict[str, Any]:

@@ -19,7 +19,7 @@ Design
   have none: their key is their name, so every existing principal keeps its data. Data
   under a name that no entry records (revoked before revocations were recorded) is found by
   the ``data_under`` check that ``kernmind tokens add`` passes, and recorded as revoked.
-- The HTTP middleware (``http_auth.py``) puts the principal into the ASGI scope;
+- The HTTP middleware (``transport/auth.py``) puts the principal into the ASGI scope;
   ``identify_callers(server)`` wraps the server's ``tools/call``, ``resources/read`` and
   ``prompts/get`` handlers so that, while one runs, ``current_principal()`` is the caller
   (read from the request the SDK passes along). A request without one (stdio, in-process)

@@ -2,7 +2,7 @@
 
 The ``mcp`` 2.x SDK (``mcp>=2.3,<3``) does not expose everything kernmind needs:
 
-- ``MCPServer._lowlevel_server``: the low-level ``Server`` behind an ``MCPServer``. serving.py
+- ``MCPServer._lowlevel_server``: the low-level ``Server`` behind an ``MCPServer``. transport/
   runs it on our own cancellable stdin reader (``run_stdio_async`` has no stdin hook);
   memory/tools.py and tool_arguments.py register and wrap request handlers on it with its
   public ``add_request_handler``/``get_request_handler``.

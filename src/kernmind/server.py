@@ -1,7 +1,7 @@
 """``create_server(settings) -> MCPServer``: kernmind's MCP server, wired from its parts.
 
 This module only wires: the executor (``execution/``) and the memory store (``memory/``)
-are created here, their MCP surfaces registered (``execution/tools.py``,
+are created here, their MCP surfaces registered (``execution/tools/code_tools.py``,
 ``memory/tools.py``), and the server's lifespan starts and stops them. Tools, their
 error policy and result shapes live with the part they belong to.
 
@@ -17,7 +17,7 @@ from mcp.server.mcpserver import MCPServer
 from kernmind import __version__
 from kernmind.config import Settings
 from kernmind.execution.executor import Executor
-from kernmind.execution.tools import ExecutionTools
+from kernmind.execution.tools.code_tools import ExecutionTools
 from kernmind.memory.tools import MemoryTools
 from kernmind.principals import identify_callers
 from kernmind.tool_arguments import strict_tool_arguments

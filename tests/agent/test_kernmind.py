@@ -25,7 +25,7 @@ from kernmind.agent import (
     load_mcp_config,
 )
 from kernmind.config import Settings
-from kernmind.memory.conversations import ConversationRecorder
+from kernmind.memory.recorder import ConversationRecorder
 
 from .scripted_openai import Item, ScriptedOpenAI, call, reply, tools
 from .toy_server import PNG, WORDS, secret, step_report

@@ -70,7 +70,7 @@ def templates_of_server(data_dir: Path) -> list[int]:
             parent = Path(f"/proc/{ppid}/cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if b"forkserver_template.py" in cmdline and str(data_dir).encode() in parent:
+        if b"forkserver/template.py" in cmdline and str(data_dir).encode() in parent:
             found.append(int(entry.name))
     return found
 

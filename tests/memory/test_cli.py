@@ -12,11 +12,10 @@ import pytest
 
 from kernmind.cli import main
 from kernmind.memory import query_cache
-from kernmind.memory.conversations import MessageFilter
 from kernmind.memory.database import PassageFilter
 from kernmind.memory.embeddings import StaticEmbedder
 from kernmind.memory.recall import Recall
-from kernmind.memory.records import PassageIn
+from kernmind.memory.records import MessageFilter, PassageIn
 from kernmind.memory.store import MemoryStore
 
 from .conftest import another_db_location, db_location

@@ -18,7 +18,7 @@ from mcp import Client
 from kernmind.agent import Agent, AgentConfig, kernmind_server_spec
 from kernmind.cli import main
 from kernmind.config import Settings
-from kernmind.memory.conversations import ConversationRecorder
+from kernmind.memory.recorder import ConversationRecorder
 from kernmind.server import create_server
 from tests.agent.scripted_openai import ScriptedOpenAI, call, reply, tools
 

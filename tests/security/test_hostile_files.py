@@ -20,7 +20,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.server import create_server
 from tests.conftest import error_text, make_settings, structured
 

@@ -41,7 +41,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from kernmind.execution.sandbox import Limits, Sandbox
+from kernmind.execution.sandbox.bwrap import Limits, Sandbox
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 

@@ -24,8 +24,8 @@ import anyio
 import pytest
 from mcp import Client
 
-from kernmind.execution.cgroups import CgroupSupport
-from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.principals import TokenFile
 from tests.conftest import structured
 from tests.transport.procs import HttpServer, http_client, start_http, wait_until

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-import kernmind.execution.sandbox as sandbox_module
-import kernmind.execution.seccomp as seccomp_module
+import kernmind.execution.sandbox.bwrap as sandbox_module
+import kernmind.execution.sandbox.seccomp as seccomp_module
 
 USER = "kernmind-ci"
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -113,14 +113,15 @@ def test_unprivileged_sandbox_confines_code(shared_dir: Path, test_user: pwd.str
     lib.mkdir(mode=0o755)
     shutil.copy(sandbox_module.__file__, lib / "kmsandbox.py")
     # The seccomp filter's module, where the sandbox module imports it from.
-    package = lib / "kernmind" / "execution"
+    package = lib / "kernmind" / "execution" / "sandbox"
     package.mkdir(parents=True, mode=0o755)
-    (lib / "kernmind").chmod(0o755)
-    (lib / "kernmind" / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("")
+    levels = (lib / "kernmind", lib / "kernmind" / "execution", package)
+    for d in levels:
+        d.chmod(0o755)
+        (d / "__init__.py").write_text("")
     shutil.copy(seccomp_module.__file__, package / "seccomp.py")
     (lib / "driver.py").write_text(DRIVER)
-    for f in [*lib.iterdir(), *(lib / "kernmind").iterdir(), *package.iterdir()]:
+    for f in [*lib.iterdir(), *(f for d in levels for f in d.iterdir())]:
         if f.is_file():
             f.chmod(0o644)
     ws = tmp_path / "ws"

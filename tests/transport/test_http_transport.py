@@ -16,7 +16,8 @@ import anyio
 import httpx2
 import pytest
 
-from kernmind.serving import BearerTokenMiddleware, bind_socket, is_loopback
+from kernmind.transport.auth import BearerTokenMiddleware
+from kernmind.transport.http import bind_socket, is_loopback
 from tests.transport.procs import HttpServer, mentioning, run_cli, start_http
 
 pytestmark = [pytest.mark.xdist_group("transport")]

@@ -21,7 +21,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from kernmind.execution.rundir import socket_root
+from kernmind.execution.sandbox.rundir import socket_root
 from tests.transport.procs import ProcInfo, StdioServer, descendants, mentioning, start_http, wait_until
 
 pytestmark = [pytest.mark.xdist_group("transport")]
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.xdist_group("transport")]
 STOP_WITHIN = 15.0  # seconds from the stop request to process exit (graceful wait is 3 s)
 RUNTIME_BIND = re.compile(r"--bind (\S+) /run/kernmind ")  # a kernel's socket directory on the host
 MARK = "kept-through-shutdown-7f3a"
-TEMPLATE = "forkserver_template.py"  # the fork server's processes (see forked_kernel below)
+TEMPLATE = "forkserver/template.py"  # the fork server's processes (see forked_kernel below)
 
 
 def _kernel_tree(pid: int, kernels: int) -> tuple[list[ProcInfo], set[Path]]:

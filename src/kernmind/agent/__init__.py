@@ -35,14 +35,14 @@ if TYPE_CHECKING:
     from kernmind.agent.connections import ServerStartError
     from kernmind.agent.errors import ConfigError, ModelError
     from kernmind.agent.loop import Agent
-    from kernmind.agent.records import AgentEvents, RunResult, ToolCallRecord
+    from kernmind.agent.records import AgentEvents, ToolCallRecord, TurnResult
 
 # Imported on first use: ``kernmind serve`` and ``kernmind --help`` load this package to
 # build the CLI and should not pay for the openai client.
 _LAZY = {
     "Agent": "loop",
     "AgentEvents": "records",
-    "RunResult": "records",
+    "TurnResult": "records",
     "ToolCallRecord": "records",
     "AgentConfig": "config",
     "ConfigError": "errors",
@@ -67,10 +67,10 @@ __all__ = [
     "AgentEvents",
     "ConfigError",
     "ModelError",
-    "RunResult",
     "ServerSpec",
     "ServerStartError",
     "ToolCallRecord",
+    "TurnResult",
     "kernmind_server_spec",
     "load_mcp_config",
 ]

@@ -87,7 +87,7 @@ def build_config(
     extra = load_mcp_config(agent.mcp_config) if agent.mcp_config else []
     recorder = None
     if agent.kernmind and not any(s.name == "kernmind" for s in extra):
-        from kernmind.memory.conversations import ConversationRecorder
+        from kernmind.memory.recorder import ConversationRecorder
 
         child_level = settings.log_level if log_level_given else "WARNING"
         servers.append(kernmind_server_spec(settings, log_level=child_level))

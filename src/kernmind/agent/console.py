@@ -29,7 +29,7 @@ from typing import Any, TextIO
 import anyio
 
 from kernmind.agent.model import AssistantTurn
-from kernmind.agent.records import AgentEvents, RunResult, ToolCallRecord
+from kernmind.agent.records import AgentEvents, ToolCallRecord, TurnResult
 from kernmind.agent.window import Compaction
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
@@ -184,7 +184,7 @@ class ConsoleEvents(AgentEvents):
             self.out.flush()
             self.tokens_written = True
 
-    def show_answer(self, result: RunResult) -> None:
+    def show_answer(self, result: TurnResult) -> None:
         """End a turn on stdout: the answer, unless its tokens were streamed there already."""
         if self.tokens_written:  # a streamed turn cut short
             self.out.write("\n")

@@ -51,7 +51,7 @@ from kernmind.agent.endpoint import EndpointInfo, check_endpoint, endpoint_url
 from kernmind.agent.memory import compile_memory
 from kernmind.agent.model import AssistantTurn, ChatModel, ModelError, ToolCallRequest, parse_arguments
 from kernmind.agent.recording import Recording
-from kernmind.agent.records import AgentEvents, RunResult, ToolCallRecord
+from kernmind.agent.records import AgentEvents, ToolCallRecord, TurnResult
 from kernmind.agent.results import ToolOutput, convert_result, elide_images, image_note, images_as_notes
 from kernmind.agent.window import (
     COMPACT_TO,
@@ -75,7 +75,7 @@ class Agent:
         self.config = config
         self.events = events or AgentEvents()
         self.messages: list[dict[str, Any]] = []
-        self.runs: list[RunResult] = []
+        self.runs: list[TurnResult] = []
         self.last_system_prompt: str = ""
         self.images_enabled = config.images != "off"
         self.hub = ToolHub(config.servers)
@@ -190,7 +190,7 @@ class Agent:
     async def memory(self) -> str:
         return await compile_memory(self.hub.connections)
 
-    async def run(self, user_message: str) -> RunResult:
+    async def run(self, user_message: str) -> TurnResult:
         """One user turn: steps until the model answers without tools, or the step limit."""
         if self.model is None:
             raise RuntimeError("use the Agent inside 'async with'")
@@ -198,7 +198,7 @@ class Agent:
             raise RuntimeError("this agent is already running a turn; await it (or interrupt it) first")
         self.busy = True
         self._interrupted = False
-        result = RunResult(answer="", stopped="answer", steps=0)
+        result = TurnResult(answer="", stopped="answer", steps=0)
         self.runs.append(result)
         compacted_before = len(self.window.compactions)
         await self._keep({"role": "user", "content": user_message})

@@ -40,7 +40,7 @@ class ToolCallRecord:
 
 
 @dataclass
-class RunResult:
+class TurnResult:
     """The outcome of one user turn."""
 
     answer: str

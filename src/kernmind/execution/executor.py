@@ -6,7 +6,7 @@ throw-away one) → ``supervise(runner, call)`` (time limit, quota, progress, re
 
 It owns the sandbox (chosen once at start), the control groups sessions run in
 (``cgroups.py``, decided once at start; each session's ``SessionLimits`` is made with its
-first call and closed with it, see ``session_limits.py``), this server's run directory (``rundir.py``:
+first call and closed with it, see ``sandbox/limits.py``), this server's run directory (``rundir.py``:
 throw-away workspaces and kernel sockets, cleaned after a crash by the next start), the
 session store (``store.py``: named sessions' files, variables and history, which outlive
 the server), the warm kernel pool, the session registry, the background jobs, the runners
@@ -20,7 +20,7 @@ After every call of a stored session the result is appended to its history
 
 With ``--kernel-gateway`` (``remote.py``) Python's kernels come from the gateway instead,
 sessions' files live on a volume the gateway's kernels also mount, and with a PostgreSQL
-``--db`` the sessions are shared by every replica (``shared_sessions.py``): a replica that
+``--db`` the sessions are shared by every replica (``sessions/shared.py``): a replica that
 stops leaves them to the others.
 
 Errors the model can fix (unknown or uninstalled language, bad session id or time limit,
@@ -42,22 +42,24 @@ from anyio.abc import TaskGroup
 
 from kernmind.config import Settings
 from kernmind.diskio import Reserve
-from kernmind.execution import history
 from kernmind.execution import runners as runners_mod
-from kernmind.execution.cgroups import CgroupSupport
-from kernmind.execution.forkserver_kernels import ForkKernelFactory
-from kernmind.execution.jobs import Job, Jobs
-from kernmind.execution.kernels import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory
+from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.pool import KernelPool
 from kernmind.execution.packages import InstallResult, Layer, PackageInstaller, PythonTarget
 from kernmind.execution.packages.guard import SandboxGuard
-from kernmind.execution.pool import KernelPool
 from kernmind.execution.results import OutputCollector, RunResult
-from kernmind.execution.rundir import RunDir, socket_root
 from kernmind.execution.runners.base import Call, Runner
 from kernmind.execution.runners.python import PythonRunner, SnapshotBudget
-from kernmind.execution.sandbox import Sandbox
-from kernmind.execution.session_limits import SessionLimits
-from kernmind.execution.sessions import (
+from kernmind.execution.sandbox.bwrap import Sandbox, limits_from
+from kernmind.execution.sandbox.cgroups import CgroupSupport
+from kernmind.execution.sandbox.limits import SessionLimits
+from kernmind.execution.sandbox.rundir import RunDir, socket_root
+from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
+from kernmind.execution.sessions import history
+from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
+from kernmind.execution.sessions.jobs import Job, Jobs
+from kernmind.execution.sessions.registry import (
     DEFAULT_SESSION,
     LOCAL_OWNER,
     Hooks,
@@ -66,10 +68,7 @@ from kernmind.execution.sessions import (
     SessionRegistry,
     check_session_id,
 )
-from kernmind.execution.startup import limits_from
-from kernmind.execution.store import SessionHome, SessionStore
 from kernmind.execution.supervisor import Progress, supervise
-from kernmind.execution.workspace import Workspace, off_loop, own_tree
 
 if TYPE_CHECKING:
     from kernmind.execution.remote import RemoteKernels
@@ -364,7 +363,7 @@ class Executor:
             )
         entries = await off_loop(lambda: history.read(home.history), timeout=None)
         # Imported here: nbformat's import costs seconds (jsonschema's format checkers), every launch.
-        from kernmind.execution import notebook
+        from kernmind.execution.sessions import notebook
 
         nb = notebook.build(entries, sid, self.runtime.version)
         data = notebook.dumps(nb)

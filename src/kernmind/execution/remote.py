@@ -1,9 +1,9 @@
 """``--kernel-gateway``: the parts that put Python sessions on a kernel gateway, built from settings.
 
-``RemoteKernels.from_settings(settings)`` makes the gateway client (``gateway_client.py``),
-the kernel factory the warm pool uses instead of the local one (``gateway_kernels.py``) and
+``RemoteKernels.from_settings(settings)`` makes the gateway client (``kernels/gateway/client.py``),
+the kernel factory the warm pool uses instead of the local one (``kernels/gateway/kernels.py``) and
 the shared directory for sessions' files. ``registry(...)`` is the session registry: shared
-by every replica through PostgreSQL (``shared_sessions.py``) when ``--db`` names one, else
+by every replica through PostgreSQL (``sessions/shared.py``) when ``--db`` names one, else
 this process's own (``sessions.py``), as with local kernels.
 
 Only Python moves to the gateway; the other languages keep running locally in kernmind's
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernmind.config import Settings
-from kernmind.execution.gateway_client import GatewayConfig, GatewayUnavailable, KernelGateway
-from kernmind.execution.gateway_kernels import GatewayKernelFactory, SharedWorkspaces
-from kernmind.execution.session_store import SessionStore
-from kernmind.execution.sessions import Hooks, SessionRegistry
-from kernmind.execution.shared_sessions import SharedSessionRegistry
+from kernmind.execution.kernels.gateway.client import GatewayConfig, GatewayUnavailable, KernelGateway
+from kernmind.execution.kernels.gateway.kernels import GatewayKernelFactory, SharedWorkspaces
+from kernmind.execution.sessions.postgres_rows import SessionRows
+from kernmind.execution.sessions.registry import Hooks, SessionRegistry
+from kernmind.execution.sessions.shared import SharedSessionRegistry
 
 STORE_SPARE_CONNECTIONS = 4  # beyond one per session held at once: reads, the reaper
 
@@ -80,7 +80,7 @@ class RemoteKernels:
         if not self.shared:
             return SessionRegistry(store=None, **common)
         assert self.settings.db is not None
-        records = SessionStore(
+        records = SessionRows(
             self.settings.db, max_connections=self.settings.max_sessions + STORE_SPARE_CONNECTIONS
         )
         return SharedSessionRegistry(records, self.factory, **common)

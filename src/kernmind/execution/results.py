@@ -47,7 +47,7 @@ MIME_FIELDS: dict[str, str] = {
 MAX_JSON_DEPTH = 32
 IMAGE_FIELDS = {"png": "image/png", "jpeg": "image/jpeg"}
 
-# Written by the kernel's output cap (kernel_setup.py) where it dropped output.
+# Written by the kernel's output cap (kernels/setup.py) where it dropped output.
 KERNEL_DROP_RE = re.compile(r"\n… \[kernel dropped (\d+) characters of output\] …\n")
 
 

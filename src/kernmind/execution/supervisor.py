@@ -12,7 +12,7 @@
   often when the tree is so big that checking costs: the period is kept at ≥ 5× the time one
   check takes); growing it past the quota blocks writes and stops the code with
   ``WorkspaceQuotaExceeded``. Code that does not grow it (clean-up) runs even when over.
-- **Session memory** (``session_limits.py``): where the session has a control group, the
+- **Session memory** (``sandbox/limits.py``): where the session has a control group, the
   kernel's out-of-memory killer counts for it; when it stopped a process of the session
   (during the call, or between calls), the rest of the session is stopped too and the
   result says so (``MemoryLimitExceeded``). While the runner runs, ``current_limits`` names
@@ -34,12 +34,12 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from kernmind.execution import quota as workspace_quota
-from kernmind.execution.filescan import Scan, changed_since
 from kernmind.execution.results import FileInfo, RunResult
 from kernmind.execution.runners.base import Call, Runner
-from kernmind.execution.session_limits import SessionLimits, current_limits
-from kernmind.execution.workspace import QuotaExceeded, guess_mime
+from kernmind.execution.sandbox import quota as workspace_quota
+from kernmind.execution.sandbox.filescan import Scan, changed_since
+from kernmind.execution.sandbox.limits import SessionLimits, current_limits
+from kernmind.execution.sandbox.workspace import QuotaExceeded, guess_mime
 
 log = logging.getLogger(__name__)
 

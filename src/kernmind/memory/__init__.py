@@ -2,8 +2,8 @@
 
 The domain (no MCP in it):
     errors       MemoryRefusal: a refusal in domain words that each surface renders in its own.
-    records      the rows every layer passes around (blocks, history, passages, stored vectors and
-                 the filters on them) and time helpers.
+    records      the rows every layer passes around (blocks, history, passages, messages, stored
+                 vectors and the filters on them; the message SQL shapes) and time helpers.
     blocks       the rules of blocks: labels, limits, read-only, versions, and the edits themselves.
     block_store  blocks of one namespace in a transaction: versions, history, undo, seeding.
     passages     archival passages of one namespace: storing, deleting, tags, times, exact
@@ -11,12 +11,14 @@ The domain (no MCP in it):
     fulltext     how text becomes search terms (word forms; CJK/Thai character bigrams).
     archival     archival passages: store (embedding, near-duplicate notes), search, delete.
     embeddings   the embedder interface, the static model, the OpenAI-compatible client.
+    embedder_factory  which embedder ``--embedding-model`` names (imports minilm and embeddings).
     minilm       the default model: all-MiniLM-L6-v2 as an int8 ONNX graph, offline, files checked.
     vector_index the in-memory vector index: exact search, filters in memory, coherent with writers.
     texts        what searchable tables share: counting texts, keeping their vectors, change counters.
     recall       hybrid search for any corpus (full text + vectors), background backfill.
     fusion       how the two rankings become one score in [0, 1]: normalised scores, rare terms, no-match cut-off.
-    conversations  recorded conversations: messages, their search, the agent's recorder.
+    conversations  recorded conversations: messages and their search.
+    recorder     the bundled agent's recorder of its conversation (the agent's one way in).
     transfer     export/import of a namespace as JSON (blocks, passages, conversations).
     store        MemoryStore: one namespace in one database (opens it, hands out the parts).
 The database:

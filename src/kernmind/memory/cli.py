@@ -43,10 +43,12 @@ from typing import Any
 import anyio
 
 from kernmind.config import Settings
+from kernmind.db_location import redacted_location
 from kernmind.memory.archival import Archive
 from kernmind.memory.block_results import render_block
-from kernmind.memory.database import PassageFilter, redacted_location
-from kernmind.memory.embeddings import EmbeddingUnavailable, make_embedder
+from kernmind.memory.database import PassageFilter
+from kernmind.memory.embedder_factory import make_embedder
+from kernmind.memory.embeddings import EmbeddingUnavailable
 from kernmind.memory.errors import MemoryRefusal, Verb
 from kernmind.memory.migrate import migrate_namespace
 from kernmind.memory.query_cache import with_query_cache

@@ -8,16 +8,16 @@ Design
   corpus: full-text indexed (FTS5, with the CJK bigrams of fulltext.py) and embedded, so
   ``conversation_search`` ranks them like archival passages (recall.py), filtered by role
   and date before paging.
-* :class:`ConversationRecorder` is what the bundled agent uses: it opens the namespace's
-  store next to the server (the same database file; concurrent writers are safe), starts a
-  conversation, and records each message as it is appended, with its vector. Recording is
-  best effort: a failure is logged and the agent goes on.
+* The bundled agent records its conversation through ``ConversationRecorder`` (recorder.py).
+* The message filter and the SQL shapes both backends use (``MessageFilter``,
+  ``MESSAGE_COLUMNS``, ``message_row``) live in records.py, so sqlite.py and postgres.py
+  never import this module.
 * Exported and imported with the namespace (transfer.py), without vectors.
 
 Error policy
 ------------
 A search with an unknown role or a malformed date is refused (:class:`MemoryRefusal`);
-the recorder never raises into the agent.
+the recorder never raises into the agent (recorder.py).
 """
 
 from __future__ import annotations
@@ -29,33 +29,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kernmind.config import Settings
-
 if TYPE_CHECKING:
-    from kernmind.memory.store import MemoryStore
-from kernmind.memory.database import TextHits, Tx, namespace_and_time_sql
-from kernmind.memory.embeddings import make_embedder
+    pass
+from kernmind.memory.database import TextHits, Tx
 from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.fulltext import NO_TERMS_NOTE, index_text, query_terms
 from kernmind.memory.recall import Recall
-from kernmind.memory.records import Facets, MessageRow, now_ts, time_range
+from kernmind.memory.records import (
+    MESSAGE_COLUMNS,
+    Facets,
+    MessageFilter,
+    MessageRow,
+    message_row,
+    now_ts,
+    time_range,
+)
 from kernmind.memory.texts import TextTable
 
 log = logging.getLogger(__name__)
 
 ROLES = ("user", "assistant", "tool", "system")
 MAX_MESSAGE_CHARS = 100_000  # what one message may store (a tool result beyond this is cut)
-
-
-@dataclass(frozen=True, slots=True)
-class MessageFilter:
-    roles: tuple[str, ...] = ()
-    start: float | None = None
-    end: float | None = None
-
-    @property
-    def narrows(self) -> bool:
-        return bool(self.roles) or self.start is not None or self.end is not None
 
 
 def check_roles(roles: Sequence[str] | None) -> tuple[str, ...]:
@@ -65,21 +59,6 @@ def check_roles(roles: Sequence[str] | None) -> tuple[str, ...]:
             "roles {unknown} are not message roles; use some of {roles}.", unknown=unknown, roles=list(ROLES)
         )
     return tuple(dict.fromkeys(roles or ()))
-
-
-def message_filter_sql(namespace: str, where: MessageFilter) -> tuple[str, list[Any]]:
-    sql, params = namespace_and_time_sql(namespace, where.start, where.end)
-    if where.roles:
-        sql += f" AND p.role IN ({', '.join('?' * len(where.roles))})"
-        params += list(where.roles)
-    return sql, params
-
-
-MESSAGE_COLUMNS = "p.id, p.conversation_id, p.role, p.content, p.created_at"
-
-
-def message_row(r: Sequence[Any], score: float | None = None) -> MessageRow:
-    return MessageRow(r[0], r[1], r[2], r[3], r[4], score)
 
 
 def message_text(message: dict[str, Any]) -> str:
@@ -235,50 +214,3 @@ async def search_messages(
         return MessageSearch([], "bm25", NO_TERMS_NOTE)
     ranked = await recall.rank(query, where, limit, 0)
     return MessageSearch(ranked.rows, ranked.mode, ranked.note)
-
-
-class ConversationRecorder:
-    """Records one agent's conversation into its namespace (see the module docstring)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._store: MemoryStore | None = None
-        self._recall: Recall | None = None
-        self.conversation_id: str | None = None
-
-    async def start(self) -> None:
-        from kernmind.memory.store import MemoryStore  # store.py imports this module
-
-        try:
-            store = await MemoryStore.from_settings(self.settings).open()
-        except Exception as exc:  # recording is best effort
-            log.warning("conversations will not be recorded: %s", exc)
-            return
-        self._store = store
-        self._recall = Recall(store.conversations, make_embedder(self.settings), what="messages")
-        self.conversation_id = await store.conversations.start()
-
-    async def record(self, message: dict[str, Any]) -> None:
-        if self._store is None or self.conversation_id is None:
-            return
-        try:
-            text = message_text(message)
-            vector = await self._recall.vector_for(text) if text and self._recall else None
-            meta = {k: message[k] for k in ("tool_call_id", "tool_calls", "name") if message.get(k)}
-            await self._store.conversations.add(
-                self.conversation_id,
-                str(message.get("role", "user")),
-                text,
-                meta=meta or None,
-                embedding=vector.blob if vector else None,
-                embedding_model=vector.model if vector else None,
-            )
-        except Exception as exc:
-            log.warning("could not record a %s message: %s", message.get("role"), exc)
-
-    async def close(self) -> None:
-        if self._store is not None:
-            store, self._store = self._store, None
-            if self._recall is not None and self._recall.embedder is not None:
-                await self._recall.embedder.aclose()
-            await store.close()

@@ -24,7 +24,6 @@ locked") so it never reaches a caller; anything else propagates as-is.
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -65,11 +64,6 @@ class PassageFilter:
     def hides(self) -> bool:
         """Whether superseded passages are left out (a condition only where some exist)."""
         return not self.include_superseded
-
-
-def redacted_location(location: str) -> str:
-    """A database URL with its password replaced by ``***`` (for logs and ``kernmind doctor``)."""
-    return re.sub(r"^([a-z]+://[^:/@]*:)[^@]*@", r"\1***@", location)
 
 
 def namespace_and_time_sql(

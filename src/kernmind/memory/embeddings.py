@@ -48,8 +48,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import anyio.to_thread
 
-from kernmind.config import Settings
-
 if TYPE_CHECKING:
     import numpy as np  # imported where vectors are made: numpy is not on the launch path
 
@@ -255,20 +253,6 @@ class OpenAIEmbedder:
 
     async def aclose(self) -> None:
         await self._client.close()
-
-
-def make_embedder(settings: Settings) -> Embedder | None:
-    """The embedder ``--embedding-model`` asks for: a local model, none, or an endpoint's model."""
-    name = settings.embedding_model.strip()
-    if name.lower() == "none":
-        return None
-    if name.lower() == "static":
-        return StaticEmbedder()
-    if name.lower() in ("local", "minilm"):
-        from kernmind.memory.minilm import MiniLMEmbedder
-
-        return MiniLMEmbedder()
-    return OpenAIEmbedder(name, settings.embedding_base_url, settings.embedding_api_key)
 
 
 def to_blob(vector: Sequence[float] | np.ndarray) -> bytes:

@@ -46,10 +46,11 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from kernmind.memory.conversations import MESSAGE_COLUMNS, message_filter_sql, message_row
-from kernmind.memory.database import RARE_DOCS, Row, TermStat, TextHits, redacted_location
+from kernmind.db_location import redacted_location
+from kernmind.memory.database import RARE_DOCS, Row, TermStat, TextHits
 from kernmind.memory.fulltext import content_terms, idf, query_terms, widespread
 from kernmind.memory.passages import PASSAGE_COLUMNS, content_key, filter_sql, passage_row
+from kernmind.memory.records import MESSAGE_COLUMNS, message_filter_sql, message_row
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from kernmind.memory.database import namespace_and_time_sql
 from kernmind.memory.errors import MemoryRefusal
 
 
@@ -184,3 +185,30 @@ class VectorSource(Protocol):
     async def hidden_ids(self) -> list[int]:
         """Texts that searches leave out unless asked (superseded passages); read again after a rewrite."""
         ...
+
+
+# --- conversation messages: the filter and the SQL shapes both backends use ---------------
+@dataclass(frozen=True, slots=True)
+class MessageFilter:
+    roles: tuple[str, ...] = ()
+    start: float | None = None
+    end: float | None = None
+
+    @property
+    def narrows(self) -> bool:
+        return bool(self.roles) or self.start is not None or self.end is not None
+
+
+def message_filter_sql(namespace: str, where: MessageFilter) -> tuple[str, list[Any]]:
+    sql, params = namespace_and_time_sql(namespace, where.start, where.end)
+    if where.roles:
+        sql += f" AND p.role IN ({', '.join('?' * len(where.roles))})"
+        params += list(where.roles)
+    return sql, params
+
+
+MESSAGE_COLUMNS = "p.id, p.conversation_id, p.role, p.content, p.created_at"
+
+
+def message_row(r: Sequence[Any], score: float | None = None) -> MessageRow:
+    return MessageRow(r[0], r[1], r[2], r[3], r[4], score)

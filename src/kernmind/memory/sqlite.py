@@ -41,11 +41,11 @@ from typing import Any
 import aiosqlite
 import anyio
 
-from kernmind.memory.conversations import MESSAGE_COLUMNS, message_filter_sql, message_row
 from kernmind.memory.database import Row
 from kernmind.memory.fts5 import FTS5Ranking
 from kernmind.memory.fulltext import index_text
 from kernmind.memory.passages import PASSAGE_COLUMNS, content_key, filter_sql, passage_row
+from kernmind.memory.records import MESSAGE_COLUMNS, message_filter_sql, message_row
 
 log = logging.getLogger(__name__)
 

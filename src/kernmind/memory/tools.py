@@ -52,7 +52,8 @@ from kernmind.diskio import disk_sentence
 from kernmind.memory.archival import Archive
 from kernmind.memory.block_results import BlockInfo, render_blocks
 from kernmind.memory.database import Database
-from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, make_embedder
+from kernmind.memory.embedder_factory import make_embedder
+from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable
 from kernmind.memory.errors import BLOCK_TOOL_WORDS, MemoryRefusal, Words
 from kernmind.memory.recall import Recall
 from kernmind.memory.records import BlockRow

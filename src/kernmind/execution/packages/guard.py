@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernmind.execution.sandbox import Mount, Sandbox
+from kernmind.execution.sandbox.bwrap import Mount, Sandbox
 
 REFUSAL = (
     "packages cannot be installed from inside the sandbox (it has no network). Call the "

@@ -52,8 +52,7 @@ from kernmind.execution.packages.python import (
     resolve_and_install,
 )
 from kernmind.execution.packages.sdist import build_in_sandbox
-from kernmind.execution.runners.javascript import DenoRunner
-from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
 
 JS_LANGUAGES = ("javascript", "typescript")
 
@@ -120,7 +119,7 @@ class PackageInstaller:
 
     @staticmethod
     def find_deno() -> str | None:
-        return DenoRunner.find_binary()
+        return npm.find_deno()
 
     async def install(self, packages: Sequence[str], language: str, layer: Layer) -> InstallResult:
         started = time.perf_counter()

@@ -38,6 +38,16 @@ _NO_MATCH = re.compile(r"Could not find npm package '([^']+)' matching '([^']+)'
 _NETWORK = re.compile(r"error sending request|dns error|tcp connect error|Connection refused|timed out", re.I)
 
 
+def find_deno() -> str | None:
+    """The Deno binary: the ``deno`` PyPI package's, else one on PATH (None when neither)."""
+    try:
+        import deno
+
+        return deno.find_deno_bin()
+    except (ImportError, FileNotFoundError, OSError):
+        return shutil.which("deno")
+
+
 def cached_npm_packages(deno_dir: Path) -> set[Distribution]:
     """Every ``(name, version)`` in a Deno cache's npm folder (any registry)."""
     found: set[Distribution] = set()

@@ -41,7 +41,7 @@ from kernmind.execution.packages.fetch import Fetcher, Target, missing_projects
 from kernmind.execution.packages.layer import distributions_in, merge_untrusted_tree
 from kernmind.execution.packages.policy import PackageError, PackageSources
 from kernmind.execution.packages.python import Installed, PythonTarget, Resolution, resolve_and_install
-from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
 
 
 @dataclass

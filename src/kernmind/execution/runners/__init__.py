@@ -28,7 +28,7 @@ from kernmind.execution.runners.core import Context
 from kernmind.execution.runners.java import JavaRunner
 from kernmind.execution.runners.javascript import DenoRunner
 from kernmind.execution.runners.r import RRunner
-from kernmind.execution.sandbox import Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
 
 LANGUAGES = ("javascript", "typescript", "r", "java", "bash")
 

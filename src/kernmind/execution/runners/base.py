@@ -37,8 +37,8 @@ from kernmind.execution.results import OutputCollector
 __all__ = ["Call", "Runner", "RuntimeUnavailable", "StatelessRunner"]
 
 if TYPE_CHECKING:
-    from kernmind.execution.sessions import Session
-    from kernmind.execution.workspace import Workspace
+    from kernmind.execution.sandbox.workspace import Workspace
+    from kernmind.execution.sessions.registry import Session
 
 
 @dataclass

@@ -44,9 +44,9 @@ from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.runners.base import RuntimeUnavailable
-from kernmind.execution.sandbox import DEFAULT_PATH, Mount, Sandbox, SandboxedCommand
-from kernmind.execution.session_limits import current_limits
-from kernmind.execution.workspace import Workspace
+from kernmind.execution.sandbox.bwrap import DEFAULT_PATH, Mount, Sandbox, SandboxedCommand
+from kernmind.execution.sandbox.limits import current_limits
+from kernmind.execution.sandbox.workspace import Workspace
 
 HELPER_PREFIX = ".km-"
 MAX_HELPER_READ = 4 * 1024 * 1024
@@ -244,7 +244,7 @@ class Context:
         """``argv`` in the sandbox; with ``layer``, the session's installed Python packages are
         mounted read-only, on ``PYTHONPATH`` and (their scripts) on ``PATH``. Inside a call
         (``current_limits``), the process joins the session's control group and gets its write
-        block (``session_limits.py``)."""
+        block (``sandbox/limits.py``)."""
         env = dict(env)
         mounts: list[Mount] = []
         path = env.get("PATH", DEFAULT_PATH)

@@ -50,10 +50,10 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.runners.base import Call, RuntimeUnavailable, StatelessRunner
 from kernmind.execution.runners.core import Context, exit_error, kill_tree
-from kernmind.execution.workspace import Workspace
+from kernmind.execution.sandbox.workspace import Workspace
 
 if TYPE_CHECKING:
-    from kernmind.execution.sessions import Session
+    from kernmind.execution.sessions.registry import Session
 
 INSTALL_HINT = "a JDK 11+ with jshell and javac (Debian/Ubuntu: apt-get install openjdk-17-jdk-headless)"
 HOST_SOURCE = Path(__file__).with_name("JShellHost.java")

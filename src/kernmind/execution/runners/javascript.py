@@ -37,6 +37,7 @@ import subprocess
 import urllib.parse
 
 from kernmind.execution.packages.layer import Layer
+from kernmind.execution.packages.npm import find_deno
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.runners.base import Call, StatelessRunner
 from kernmind.execution.runners.core import (
@@ -289,14 +290,7 @@ class DenoRunner(StatelessRunner):
 
     @staticmethod
     def find_binary() -> str | None:
-        try:
-            import deno
-
-            return deno.find_deno_bin()
-        except (ImportError, FileNotFoundError, OSError):
-            import shutil
-
-            return shutil.which("deno")
+        return find_deno()
 
     @classmethod
     def probe(cls) -> dict[str, str] | str:

@@ -37,15 +37,15 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from kernmind.execution import snapshot
 from kernmind.execution.errors import RuntimeUnavailable
-from kernmind.execution.kernels import Kernel, start_within
-from kernmind.execution.pool import KernelPool
+from kernmind.execution.kernels import snapshot
+from kernmind.execution.kernels.local import Kernel, start_within
+from kernmind.execution.kernels.pool import KernelPool
 from kernmind.execution.runners.base import Call
-from kernmind.execution.workspace import WorkspaceError, off_loop
+from kernmind.execution.sandbox.workspace import WorkspaceError, off_loop
 
 if TYPE_CHECKING:
-    from kernmind.execution.sessions import Session
+    from kernmind.execution.sessions.registry import Session
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class PythonRunner:
         inner_root: Callable[[Path], str],
         budget: SnapshotBudget,
     ) -> None:
-        self.pool = pool  # of local kernels, or of a kernel gateway's (``gateway_kernels.py``)
+        self.pool = pool  # of local kernels, or of a kernel gateway's (``kernels/gateway/kernels.py``)
         self.version = version
         self.inner_root = inner_root  # the path the kernel sees for a working directory
         self.budget = budget

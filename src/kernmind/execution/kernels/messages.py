@@ -1,0 +1,97 @@
+"""What a Jupyter kernel sends, read without trusting it: the fields a call uses, checked.
+
+Code in a session can write anything to its kernel's sockets (the kernel holds the signing
+key): a message without an id or a type, a list where the content belongs, a display whose
+data is not a MIME bundle, unsigned or garbage frames. ``jupyter_client`` raises while it
+decodes some of them (``KeyError: 'msg_id'``); others decode into shapes nothing expects.
+The message loops of local kernels (``kernels.py``) and of a kernel gateway's
+(``kernels/gateway/kernels.py``) read every message through here: ``message_parts`` returns the
+type, the parent's id and the content, or what is wrong; ``fold_output`` reads a field of
+the wrong type as missing; ``Ignored`` counts what was skipped, for the call's note.
+
+Error policy: nothing here raises on a message's content; ``MALFORMED`` lists what the
+decoding of a broken message raises, for the loops to skip it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kernmind.execution.results import OutputCollector
+
+if TYPE_CHECKING:
+    from kernmind.execution.kernels.local import ExecOutcome
+
+
+# What a message the kernel's code forged or broke raises while it is decoded or read.
+MALFORMED = (KeyError, ValueError, TypeError, AttributeError, IndexError, UnicodeError)
+
+
+class Ignored:
+    """Counts the malformed messages a loop skipped, keeping the first reason."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.why: str | None = None
+
+    def add(self, why: str) -> None:
+        self.count += 1
+        self.why = self.why or why[:200]
+
+    def into(self, outcome: ExecOutcome) -> ExecOutcome:
+        outcome.ignored, outcome.ignored_why = self.count, self.why
+        return outcome
+
+
+def message_parts(msg: Any) -> tuple[str, str | None, dict[str, Any]] | str:
+    """``(msg_type, parent msg_id, content)`` of a Jupyter message, or what is wrong with it.
+    Code in a kernel can send anything on its sockets: nothing here trusts a field's type."""
+    if not isinstance(msg, dict):
+        return "not a JSON object"
+    kind, parent, content = msg.get("msg_type"), msg.get("parent_header"), msg.get("content")
+    if not isinstance(kind, str):
+        return "no message type"
+    if parent is None:
+        parent = {}
+    if not isinstance(parent, dict) or not isinstance(content, dict):
+        return f"a {kind[:40]!r} message with a malformed header or content"
+    parent_id = parent.get("msg_id")
+    return kind, parent_id if isinstance(parent_id, str) else None, content
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def count_of(value: Any, count: int | None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else count
+
+
+def fold_output(msg: dict[str, Any], collector: OutputCollector, count: int | None) -> int | None:
+    """Fold one iopub message of the running request (other than ``status``) into ``collector``;
+    the execution count, updated when the message carries one. Fields of the wrong type are
+    read as missing (see ``message_parts``)."""
+    parts = message_parts(msg)
+    if isinstance(parts, str):
+        return count
+    kind, _, content = parts
+    if kind == "stream":
+        name = content.get("name")
+        collector.stream(name if name in ("stdout", "stderr") else "stdout", _text(content.get("text")))
+    elif kind in ("execute_result", "display_data", "update_display_data"):
+        data = content.get("data")
+        if isinstance(data, dict):  # (a display without a MIME bundle shows nothing)
+            collector.display(data, main=kind == "execute_result")
+        if kind == "execute_result":
+            count = count_of(content.get("execution_count"), count)
+    elif kind == "error":
+        tb = content.get("traceback")
+        lines = [line for line in tb if isinstance(line, str)] if isinstance(tb, list) else []
+        collector.set_error(
+            _text(content.get("ename")) or "Error", _text(content.get("evalue")), "\n".join(lines)
+        )
+    elif kind == "execute_input":
+        count = count_of(content.get("execution_count"), count)
+    elif kind == "clear_output":
+        collector.results.clear()
+    return count

@@ -1,0 +1,206 @@
+"""A warm pool of pre-started, set-up kernels.
+
+New sessions, ``reset`` and ``--stateless`` calls take a kernel from here instead of
+waiting ~1 s for one to boot. A background task keeps ``size`` kernels ready (from a second
+after start: the handshake and a first call go first), starting
+them one at a time (the machine may have two cores, and a call may be running), or, when
+starts are cheap (fork-server forks), at once and side by side; it retries with a back-off
+when starting fails. Kernels that are done with are shut down in
+the background too, so a caller never waits for a kernel to die.
+
+When the pool is empty, ``acquire`` starts a kernel for the caller directly.
+
+``acquire(home)`` hands out a kernel bound to a session's working directory: a warm
+kernel's empty directory is moved into place (``store.rebind``: renames, no copies), or,
+with no warm kernel (or directories on different file systems), a kernel is started with
+``home`` bound directly. Either way the files are then handed to the kernel's sandbox uid
+(``own_tree``) and the kernel is marked ``home_bound``: stopping it never deletes them.
+
+``acquire(home, limits=…)`` also puts the kernel in the session's control group
+(``sandbox/limits.py``): a warm kernel's own group becomes the session's when the session
+has none yet, else its processes move into the session's (which then removes the warm
+one); a kernel started for the caller is started in the session's group.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import anyio
+from anyio.abc import TaskGroup
+
+from kernmind.execution.kernels.local import Kernel, KernelFactory
+from kernmind.execution.packages.layer import Layer
+from kernmind.execution.sandbox.limits import SessionLimits
+from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
+from kernmind.execution.sessions.disk_store import rebind
+
+log = logging.getLogger(__name__)
+
+BACKGROUND_DELAY = 0.25  # seconds background kernel work waits, so it doesn't slow the call at hand
+STARTUP_DELAY = 1.0  # seconds after start before the first refill: the handshake and a first call go first
+
+
+class KernelPool:
+    def __init__(self, factory: KernelFactory, size: int) -> None:
+        self.factory = factory
+        self.size = size
+        self._ready: deque[Kernel] = deque()
+        self._wake = anyio.Event()
+        self._tg: TaskGroup | None = None
+        self._closing = False
+        self._starting = 0  # kernels the refill is starting now
+        self._failures = 0  # starts failed in a row (for the back-off)
+        self.last_error: str | None = None
+
+    @property
+    def ready_count(self) -> int:
+        return len(self._ready)
+
+    async def run(self, tg: TaskGroup, *, delay: float = STARTUP_DELAY) -> None:
+        """Start the refill loop in ``tg`` (the executor's task group), after ``delay`` seconds."""
+        self._tg = tg
+        tg.start_soon(self._refill_loop, delay)
+
+    async def _refill_loop(self, delay: float) -> None:
+        assert self._tg is not None
+        # A server just launched is answering its handshake (and maybe a first call, which
+        # starts its own kernel): filling the pool now would take CPU from them.
+        await anyio.sleep(delay)
+        while not self._closing:
+            # Cheap starts (fork-server forks) run at once and side by side, so back-to-back
+            # fresh calls find a kernel ready; boots run one at a time (they would starve
+            # the call at hand of CPU).
+            parallel = self.size if self.factory.cheap_starts else 1
+            if len(self._ready) + self._starting < self.size and self._starting < parallel:
+                self._starting += 1
+                self._tg.start_soon(self._start_one)
+                continue
+            self._wake = anyio.Event()
+            await self._wake.wait()
+
+    async def _start_one(self) -> None:
+        try:
+            if not self.factory.cheap_starts:
+                # Let the call that just took a kernel finish first: a boot's CPU would land on it.
+                await anyio.sleep(BACKGROUND_DELAY)
+            try:
+                kernel = await self.factory.start()
+            except Exception as exc:
+                self._failures += 1
+                self.last_error = str(exc)
+                delay = min(30.0, 0.5 * 2**self._failures)
+                log.warning("could not start a warm kernel (retry in %.0fs): %s", delay, exc)
+                await anyio.sleep(delay)
+                return
+            self._failures = 0
+            self.last_error = None
+            if self._closing:
+                await _shutdown_and_remove(kernel)
+                return
+            self._ready.append(kernel)
+        finally:
+            self._starting -= 1
+            self._wake.set()
+
+    async def acquire(
+        self, home: Workspace | None = None, layer: Layer | None = None, limits: SessionLimits | None = None
+    ) -> Kernel:
+        """A ready kernel: with its own fresh workspace, or bound to ``home``; the packages of
+        ``layer`` (a session's) moved into the kernel's own layer; in the control group of
+        ``limits`` (a session's) when there is one."""
+        kernel: Kernel | None = None
+        while self._ready:
+            candidate = self._ready.popleft()
+            if await candidate.is_alive():
+                kernel = candidate
+                break
+            self.release(candidate)
+        self._wake.set()
+        # (A gateway's factory knows no groups: its kernels run elsewhere.)
+        limits = limits if getattr(self.factory, "joins_groups", False) else None
+        if home is None:
+            kernel = kernel or await self._start(None, limits)
+            await self._adopt_layer(kernel, layer)
+            await _join(kernel, limits)
+            return kernel
+        if kernel is not None and not self.factory.rebinds_warm_kernels:
+            self._ready.appendleft(kernel)  # it cannot move into another directory: start one there
+            kernel = None
+        if kernel is not None:
+            spare = kernel.workspace.root
+            try:
+                await off_loop(lambda: rebind(home.root, spare), timeout=None)
+            except OSError as exc:  # e.g. EXDEV: bind the home in a kernel of its own instead
+                log.info("could not move a warm kernel's directory into %s (%s)", home.root, exc)
+                self.release(kernel)
+                kernel = None
+        if kernel is None:
+            kernel = await self._start(home, limits)
+        await self._adopt_layer(kernel, layer)
+        await _join(kernel, limits)
+        kernel.workspace, kernel.home_bound = home, True
+        if kernel.runtime_dir is not None:
+            home.accounted = [kernel.runtime_dir]
+        if kernel.uid is not None:
+            uid = kernel.uid
+            home.owner_uid = uid
+            await off_loop(lambda: own_tree(home.root, uid), timeout=None)
+        return kernel
+
+    async def _start(self, home: Workspace | None, limits: SessionLimits | None) -> Kernel:
+        group = limits.ensure_group() if limits is not None else None
+        if group is None:
+            return await self.factory.start(home)
+        return await self.factory.start(home, group)
+
+    @staticmethod
+    async def _adopt_layer(kernel: Kernel, layer: Layer | None) -> None:
+        if layer is not None and kernel.layer is not None and layer is not kernel.layer:
+            await anyio.to_thread.run_sync(kernel.layer.adopt_from, layer)
+
+    def release(self, kernel: Kernel) -> None:
+        """Shut ``kernel`` down in the background and delete its workspace (unless it is a session's)."""
+
+        async def _stop() -> None:
+            with anyio.CancelScope(shield=True):  # even when the server is stopping
+                await anyio.sleep(BACKGROUND_DELAY)
+                await _shutdown_and_remove(kernel)
+
+        if self._tg is not None and not self._closing:
+            self._tg.start_soon(_stop)
+        else:  # pragma: no cover - only during shutdown
+            log.debug("releasing kernel %s after pool shutdown", kernel.id)
+
+    async def close(self) -> None:
+        self._closing = True
+        self._wake.set()
+        kernels = list(self._ready)
+        self._ready.clear()
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for k in kernels:
+                    tg.start_soon(_shutdown_and_remove, k)
+
+
+async def _join(kernel: Kernel, limits: SessionLimits | None) -> None:
+    """Put a warm kernel in the session's group: its own group becomes the session's when the
+    session has none yet (no process moves: the common case, a session's first call), else its
+    processes move into the session's group."""
+    own = getattr(kernel, "group", None)
+    if limits is None or own is None:
+        return
+    kernel.group = None
+    if limits.group is None:
+        limits.take_group(own)
+    else:
+        await anyio.to_thread.run_sync(limits.group.adopt, own)
+
+
+async def _shutdown_and_remove(kernel: Kernel) -> None:
+    await kernel.shutdown()
+    if not kernel.home_bound:
+        await kernel.workspace.aremove()
+    if kernel.layer is not None:
+        await anyio.to_thread.run_sync(kernel.layer.remove)

@@ -1,0 +1,374 @@
+"""Control groups per session: one memory limit and one process limit for all a session runs.
+
+RLIMIT_DATA and RLIMIT_NPROC bound one process (and, for NPROC, one uid); a session can run
+many processes, and what it writes into its in-memory ``/tmp`` and ``/dev/shm`` is memory
+that no process owns. The kernel's memory and pids controllers count both: tmpfs pages are
+charged to the group of the process that wrote them. So every process a session starts —
+its kernel's sandbox, a fork-server kernel, each subprocess call, a JShell host — joins
+that session's group, which has ``memory`` = ``--memory-mb`` and ``pids`` = ``--max-processes``.
+
+Where groups can be made — cgroup v2 (root, or a delegated subtree), cgroup v1 (root), or
+none — is decided once at start (``CgroupSupport.detect``; how, in ``sandbox/cgroup_layout.py``).
+A session's group carries the memory and process limits: on v2 ``memory.max``,
+``memory.swap.max = 0``, ``memory.oom.group = 1`` (the out-of-memory killer stops the whole
+session) and ``pids.max``, its processes in the leaf ``G/procs`` (so a sandbox's cgroup
+namespace, bwrap ``--unshare-cgroup-try``, is rooted below the limits and cannot see or raise
+them); on v1 a group in the memory and the pids hierarchy, with ``memory.limit_in_bytes``
+(and ``memory.memsw.limit_in_bytes`` where swap is accounted) and ``pids.max``. v1 has no
+``oom.group``: when the killer has stopped one process, the supervisor stops the rest of
+the session (``kill``). Where no group can be made (``--cgroups none``, a normal user
+without a delegated v2 subtree, not Linux), the per-process rlimits stay the only limits,
+and ``kernmind doctor`` says so.
+
+Layout: each server makes one directory per hierarchy, ``kernmind-<pid>-<start time>-<random>``
+(the pid and its start time name one process), and puts every session's group in it. A
+server that dies leaves it behind; the next server started from the same group, or on
+the same data directory (the run directory lists it, see ``rundir.py``), finds it, kills
+what still runs in it and removes it.
+
+Processes join a group at birth: ``Sandbox.wrap(join=group.join)`` (or ``join_argv``) puts
+a shell in front of the command that writes its own pid into each ``cgroup.procs`` and
+``exec``s the command (so the group holds it from its first instruction, whatever uid it
+later drops to); a fork-server waiter writes itself in before it forks the kernel
+(``kernels/forkserver/template.py``).
+
+Error policy: detection never raises (it returns mode ``none`` with the reason, and
+``--cgroups required`` turns that into ``CgroupsUnavailable`` at start); making a group
+raises ``OSError``, which callers turn into "no group" with a warning; removing one never
+raises (what cannot be removed yet is retried when the server stops).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernmind.execution.sandbox.cgroup_layout import (
+    CONTROLLERS,
+    SERVER_LEAF,
+    Mode,
+    detect_layout,
+    enable_controllers,
+)
+
+log = logging.getLogger(__name__)
+
+SERVER_PREFIX = "kernmind-"
+LEAF = "procs"  # v2: a session's processes live here, below the group that carries the limits
+JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; exec "$@"'
+KILL_WAIT = 2.0  # seconds to wait for killed processes to leave a group before giving up on it
+
+
+class CgroupsUnavailable(RuntimeError):
+    """``--cgroups required`` and no group can be made here (the message says why)."""
+
+
+@dataclass
+class Cgroup:
+    """One session's group: a directory per hierarchy (v1: memory and pids; v2: one)."""
+
+    mode: Mode
+    dirs: tuple[Path, ...]  # where the limits are
+    join: tuple[Path, ...]  # the cgroup.procs files a process writes itself into
+    memory_bytes: int
+    max_pids: int
+    removed: bool = False
+
+    # --- joining ------------------------------------------------------------------------
+    def join_argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` started inside this group (see the module docstring)."""
+        return ["/bin/sh", "-c", JOIN_SCRIPT, "kernmind-cgroup", *map(str, self.join), "--", *argv]
+
+    def add(self, pid: int) -> None:
+        """Move ``pid`` (a whole process, all its threads) into this group."""
+        for procs in self.join:
+            with contextlib.suppress(ProcessLookupError):
+                procs.write_text(str(pid))
+
+    def adopt(self, other: Cgroup) -> None:
+        """Move every process of ``other`` (an idle warm kernel's group) into this one and remove
+        ``other``. Memory already charged stays with ``other``'s parent: only what the processes
+        use from now on counts here."""
+        for _ in range(5):  # a process forked while we move is picked up by the next round
+            pids = other.pids()
+            if not pids:
+                break
+            for pid in pids:
+                self.add(pid)
+        other.remove()
+
+    # --- reading ------------------------------------------------------------------------
+    def pids(self) -> list[int]:
+        """Every process in the group (and, in v2, below it)."""
+        found: set[int] = set()
+        for procs in self.join:
+            with contextlib.suppress(OSError, ValueError):
+                found.update(int(line) for line in procs.read_text().split())
+        return sorted(found)
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel's out-of-memory killer stopped in this group so far."""
+        name = "memory.events" if self.mode == "v2" else "memory.oom_control"
+        try:
+            text = (self.dirs[0] / name).read_text()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def memory_used(self) -> int | None:
+        name = "memory.current" if self.mode == "v2" else "memory.usage_in_bytes"
+        try:
+            return int((self.dirs[0] / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def memory_peak(self) -> int | None:
+        name = "memory.peak" if self.mode == "v2" else "memory.max_usage_in_bytes"
+        try:
+            return int((self.dirs[0] / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    # --- ending -------------------------------------------------------------------------
+    def kill(self) -> bool:
+        """SIGKILL every process in the group; True once it is empty (within ``KILL_WAIT``)."""
+        if self.mode == "v2":
+            with contextlib.suppress(OSError):
+                (self.dirs[0] / "cgroup.kill").write_text("1")  # kernel 5.14+: atomic, forks included
+        deadline = time.monotonic() + KILL_WAIT
+        while True:
+            pids = self.pids()
+            if not pids:
+                return True
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+
+    def remove(self) -> bool:
+        """Kill what runs in the group and remove its directories; False when some remain."""
+        if self.removed:
+            return True
+        self.kill()
+        ok = all(_rmdir_tree(d) for d in self.dirs)
+        self.removed = ok
+        return ok
+
+
+@dataclass
+class CgroupSupport:
+    """What this server can do with cgroups, decided once (``detect``), and its groups."""
+
+    mode: Mode
+    reason: str
+    server_dirs: tuple[Path, ...] = ()  # this server's kernmind-<pid>-<start> directory per hierarchy
+    _count: int = 0
+    _leftovers: list[Cgroup] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "none"
+
+    @classmethod
+    def disabled(cls, reason: str) -> CgroupSupport:
+        return cls("none", reason)
+
+    @classmethod
+    def detect(cls, setting: str = "auto") -> CgroupSupport:
+        """Per-session groups as ``setting`` (auto|none|required) and this host allow."""
+        if setting == "none":
+            return cls.disabled("turned off (--cgroups none)")
+        found = detect_layout()
+        if isinstance(found, str):
+            if setting == "required":
+                raise CgroupsUnavailable(
+                    f"--cgroups required: no per-session control group can be made: {found}"
+                )
+            return cls.disabled(found)
+        mode, bases, how = found
+        # The pid and start time name this server; the token, this instance (tests run several).
+        name = f"{SERVER_PREFIX}{os.getpid()}-{_start_time(os.getpid())}-{secrets.token_hex(3)}"
+        made: list[Path] = []
+        try:
+            for base in bases:
+                remove_orphans(base)
+                server_dir = base / name
+                server_dir.mkdir(mode=0o755, exist_ok=True)
+                made.append(server_dir)
+                if mode == "v2":
+                    enable_controllers(server_dir)
+        except OSError as exc:
+            for d in made:
+                _rmdir_tree(d)
+            reason = f"cannot make a control group under {bases[len(made)]}: {exc.strerror or exc}"
+            if setting == "required":
+                raise CgroupsUnavailable(f"--cgroups required: {reason}") from exc
+            return cls.disabled(reason)
+        return cls(mode, how, tuple(made))
+
+    def new_group(self, memory_mb: int, max_pids: int) -> Cgroup:
+        """A fresh group with these limits (``OSError`` when it cannot be made)."""
+        if not self.active:
+            raise OSError(errno.ENOTSUP, f"no control groups: {self.reason}")
+        for server_dir in self.server_dirs:
+            if not server_dir.is_dir():  # removed under us (e.g. by hand): make it again
+                server_dir.mkdir(mode=0o755)
+                if self.mode == "v2":
+                    enable_controllers(server_dir)
+        self._count += 1
+        name = f"s{self._count}-{secrets.token_hex(3)}"
+        memory = memory_mb * 1024 * 1024
+        dirs = tuple(d / name for d in self.server_dirs)
+        made: list[Path] = []
+        try:
+            for d in dirs:
+                d.mkdir(mode=0o755)
+                made.append(d)
+            if self.mode == "v2":
+                group = dirs[0]
+                _write(group / "memory.max", str(memory))
+                _write(group / "memory.swap.max", "0", optional=True)
+                _write(group / "memory.oom.group", "1", optional=True)
+                _write(group / "pids.max", str(max_pids))
+                (group / LEAF).mkdir(mode=0o755)
+                join: tuple[Path, ...] = (group / LEAF / "cgroup.procs",)
+            else:
+                by_controller = dict(zip(CONTROLLERS, dirs, strict=True))
+                _write(by_controller["memory"] / "memory.limit_in_bytes", str(memory))
+                _write(by_controller["memory"] / "memory.memsw.limit_in_bytes", str(memory), optional=True)
+                _write(by_controller["pids"] / "pids.max", str(max_pids))
+                join = tuple(d / "cgroup.procs" for d in dirs)
+        except OSError:
+            for d in made:
+                _rmdir_tree(d)
+            raise
+        return Cgroup(self.mode, dirs, join, memory, max_pids)
+
+    def discard(self, group: Cgroup | None) -> None:
+        """Remove ``group`` now, or when the server stops if its processes are slow to go."""
+        if group is not None and not group.remove():
+            self._leftovers.append(group)
+
+    def close(self) -> None:
+        """The server stops: remove every group it made (killing what still runs in them)."""
+        for group in self._leftovers:
+            group.remove()
+        self._leftovers.clear()
+        for d in self.server_dirs:
+            _rmdir_tree(d)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "reason": self.reason,
+            "groups_in": [str(d) for d in self.server_dirs],
+        }
+
+
+# --- leftovers of servers that died --------------------------------------------------------
+
+
+def remove_orphans(base: Path) -> int:
+    """Remove the ``kernmind-<pid>-<start>`` directories under ``base`` whose server is gone."""
+    removed = 0
+    try:
+        entries = [e for e in os.scandir(base) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return 0
+    for entry in entries:
+        if entry.name.startswith(SERVER_PREFIX) and entry.name != SERVER_LEAF and server_gone(entry.name):
+            if remove_server_dir(Path(entry.path)):
+                removed += 1
+    if removed:
+        log.info("removed %d control groups left by servers that stopped without cleaning up", removed)
+    return removed
+
+
+def server_gone(name: str) -> bool:
+    """True when the server that named its directory ``name`` is no longer running."""
+    parts = name.removeprefix(SERVER_PREFIX).split("-")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        return False
+    pid, start = int(parts[0]), int(parts[1])
+    return _start_time(pid) != start
+
+
+def remove_server_dir(server_dir: Path) -> bool:
+    """Kill every process left in a server's groups and remove them; a directory holding a
+    process this server cannot see (another pid namespace shares the hierarchy) is left alone."""
+    pids = _pids_below(server_dir)
+    if any(pid == 0 or not os.path.exists(f"/proc/{pid}") for pid in pids):
+        return False
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return _rmdir_tree(server_dir)
+
+
+def _pids_below(directory: Path) -> list[int]:
+    pids: list[int] = []
+    for dirpath, _, filenames in os.walk(directory):
+        if "cgroup.procs" in filenames:
+            with contextlib.suppress(OSError, ValueError):
+                pids += [int(p) for p in Path(dirpath, "cgroup.procs").read_text().split()]
+    return pids
+
+
+# --- small helpers -------------------------------------------------------------------------
+
+
+def _write(path: Path, value: str, *, optional: bool = False) -> None:
+    try:
+        path.write_text(value)
+    except FileNotFoundError:
+        if not optional:
+            raise
+    except OSError:
+        if not optional:
+            raise
+
+
+def _rmdir_tree(directory: Path) -> bool:
+    """Remove a group and the groups below it (deepest first); retried while killed processes
+    leave (``EBUSY``); True when it is gone."""
+    deadline = time.monotonic() + KILL_WAIT
+    while True:
+        try:
+            below = sorted(
+                (Path(p) for p, _, _ in os.walk(directory)), key=lambda p: len(p.parts), reverse=True
+            )
+            for d in below:
+                with contextlib.suppress(FileNotFoundError):
+                    d.rmdir()
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                log.debug("cannot remove control group %s yet: %s", directory, exc)
+                return not directory.exists()
+            for pid in _pids_below(directory):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+
+
+def _start_time(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (None: no such process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])

@@ -1,0 +1,198 @@
+"""The workspace quota (``--workspace-mb``): measured around every call, enforced by the kernel.
+
+What counts is what a session's sandbox can write on the host's disk: its working directory
+and its kernel's runtime (socket) directory, seen inside as ``/run/kernmind``
+(``Workspace.accounted``). Sizes are disk blocks.
+
+- **After every call** the usage is measured: the call's change scan (``filescan.py``) gives
+  the working directory's size when it was complete, plus a walk of the runtime directory;
+  else (a tree too big for the scan's time budget) the whole tree is walked, unless the
+  session's processes all lived through the call and what they wrote to disk
+  (``write_bytes``) keeps the last measurement plus that under the quota.
+- **Before every call** it is measured again unless nothing of the session can have written
+  since: same processes and the same disk ``write_bytes`` (``SessionLimits.io_mark``), or no
+  process alive. A kernel thread left writing between calls is therefore caught before the
+  next call runs.
+- **While the call runs** the supervisor samples it (``supervisor._watch_quota``) and stops
+  code that grows it past the quota.
+- **Over the quota**, the session's writes are blocked by the kernel, not by polling:
+  RLIMIT_FSIZE is 0 for every process of the session and for every sandbox it starts
+  (``SessionLimits.block_writes``), so no write can grow a file — code still runs, reads,
+  deletes and truncates, so it can clean up (there is no delete tool). Once a measurement
+  finds it back under, writes are allowed again. Every result meanwhile says how far over it
+  is and names the largest files to delete.
+
+So a session ends at most one burst over its quota (what it wrote before the measurement that
+found it over) and does not grow once over.
+
+Why not a file system that enforces the quota from the first byte: measured on this kind of
+host, the kernel has no ``CONFIG_QUOTA`` (no ext4/XFS project quotas, no tmpfs quotas);
+loop-mounted images per session need root, turn the warm pool's directory moves
+(``store.rebind``: a rename into the session's home) into copies, and leave mounts behind
+when a server is killed. Project quotas remain the better tool where a host has them.
+
+What this leaves open: a server that is not root can only lower the soft RLIMIT_FSIZE (a
+hard limit, once lowered, cannot be raised again without privileges), so code that raises
+its own soft limit while over can write one more burst, found by the next measurement;
+creating directories or empty files and ``fallocate(FALLOC_FL_KEEP_SIZE)`` are not bounded
+by RLIMIT_FSIZE (a directory costs a block), and such growth between calls is not seen by
+``write_bytes`` (the measurement after the next call finds it).
+
+Error policy: a measurement that fails leaves the last one standing (logged); blocking
+skips processes that vanished.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anyio
+
+from kernmind.execution.sandbox.bwrap import RUNTIME_MOUNT
+from kernmind.execution.sandbox.filescan import Scan, scan_tree
+from kernmind.execution.sandbox.limits import SessionLimits
+from kernmind.execution.sandbox.workspace import Workspace, off_loop
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+LARGEST_SHOWN = 5
+INLINE_PROCESSES = 32  # up to this many processes, their io mark is read on the event loop
+SHOWN_FROM = 64 * 1024  # smaller files are not worth naming (a kernel's connection file…)
+
+
+@dataclass
+class Usage:
+    """What a session occupies on disk (the scans it was measured from, for the note)."""
+
+    scan: Scan
+    runtime_scans: list[Scan]
+
+    @property
+    def workspace(self) -> int:
+        return self.scan.bytes_used
+
+    @property
+    def runtime(self) -> int:
+        return sum(rs.bytes_used for rs in self.runtime_scans)
+
+    @property
+    def total(self) -> int:
+        return self.workspace + self.runtime
+
+    def largest(self) -> list[tuple[str, int]]:
+        """The largest files (paths as code sees them), worth naming to someone who must delete."""
+        files = [(rel, st.blocks * 512) for rel, st in self.scan.files.items()]
+        for rs in self.runtime_scans:
+            files += [(f"{RUNTIME_MOUNT}/{rel}", st.blocks * 512) for rel, st in rs.files.items()]
+        return [
+            f for f in heapq.nlargest(LARGEST_SHOWN, files, key=lambda item: item[1]) if f[1] >= SHOWN_FROM
+        ]
+
+
+def measure(workspace: Workspace, scan: Scan | None = None) -> Usage:
+    """The workspace (from ``scan`` when it is complete, else a walk) and its runtime directories."""
+    if scan is None or not scan.complete:
+        scan = workspace.scan()
+    return Usage(scan, [scan_tree(root) for root in workspace.accounted])
+
+
+async def before_call(limits: SessionLimits, workspace: Workspace | None, quota: int) -> int | None:
+    """Measure unless nothing can have written since the last measurement; block writes when
+    over. Returns the usage the call starts from (None when unknown: no workspace yet)."""
+    if quota <= 0 or workspace is None:
+        return None
+
+    try:
+        # A few /proc reads: on the loop for a session of a few processes (no thread hop on the
+        # per-call path), off it for a crowd.
+        group = limits.group
+        few = group is not None and len(group.pids()) <= INLINE_PROCESSES
+        mark = limits.io_mark() if few else await off_loop(limits.io_mark, timeout=None)
+        if limits.measured is None or mark is None or mark != limits.measured_io:
+            usage = await off_loop(lambda: measure(workspace), timeout=None)
+            limits.measured, limits.measured_io = usage.total, mark
+    except Exception as exc:  # the call matters more; the measurement after it decides
+        log.warning("measuring %s before a call failed: %s", workspace.root, exc)
+    if limits.measured is not None and limits.measured > quota:
+        await _safely(limits.block_writes)
+    return limits.measured
+
+
+async def after_call(limits: SessionLimits, workspace: Workspace | None, quota: int) -> list[str]:
+    """Measure after the call; block or allow writes; the notes the result carries."""
+    if quota <= 0 or workspace is None:
+        return []
+    was_blocked = limits.writes_blocked
+    start, start_mark = limits.measured, limits.measured_io  # as the call started (``before_call``)
+
+    def look() -> Usage | None:
+        mark = limits.io_mark()
+        scan = workspace.last_scan  # the call's change scan, when it was complete
+        if (
+            scan is None
+            and not was_blocked
+            and start is not None
+            and start_mark is not None
+            and mark is not None
+        ):
+            # A tree too big to scan in the call's budget: when every process the call started with
+            # is still there, what they wrote to disk bounds the growth; under the quota, no walk.
+            estimate = start + max(0, mark[1] - start_mark[1])
+            if start_mark[0] <= mark[0] and estimate <= quota:
+                limits.measured, limits.measured_io = estimate, mark
+                return None
+        usage = measure(workspace, scan)
+        limits.measured, limits.measured_io = usage.total, mark
+        return usage
+
+    try:
+        usage = await off_loop(look, timeout=None)
+    except Exception as exc:
+        log.warning("measuring %s after a call failed: %s", workspace.root, exc)
+        return []
+    if usage is None:
+        return []
+    if usage.total > quota:
+        await _safely(limits.block_writes)
+        return [over_note(usage, quota)]
+    if was_blocked:
+        await _safely(limits.allow_writes)
+        return [
+            f"the working directory is back under its {quota // MIB} MiB quota ({_mib(usage.total)} used): "
+            "writing files works again."
+        ]
+    return []
+
+
+async def _safely(action: Callable[[], None]) -> None:
+    """Block or allow writes (off the event loop: it may start a helper per process); a failure is
+    logged, never the call's end."""
+    try:
+        await anyio.to_thread.run_sync(action)
+    except Exception as exc:
+        log.warning("changing a session's file-size limit failed: %s", exc)
+
+
+def over_note(usage: Usage, quota: int) -> str:
+    over = usage.total - quota
+    where = f"{_mib(usage.workspace)} in the working directory"
+    if usage.runtime >= MIB:
+        where += f", {_mib(usage.runtime)} in {RUNTIME_MOUNT}"
+    largest = ", ".join(f"{path} ({_mib(size)})" for path, size in usage.largest())
+    return (
+        f"the session is {_mib(over)} over its {quota // MIB} MiB workspace quota (--workspace-mb): "
+        f"{where}. Writing files is blocked for this session until it is back under: code still runs, "
+        f"reads and deletes. Delete at least {_mib(over)}"
+        + (f"; the largest files are {largest}" if largest else "")
+        + " (run_code, e.g. os.remove(path))."
+    )
+
+
+def _mib(n: int) -> str:
+    if n < MIB:
+        return f"{n / MIB:.2f} MiB" if n else "0 MiB"
+    return f"{n / MIB:.0f} MiB"

@@ -1,0 +1,379 @@
+"""A session's working directory: the only place code may write, and the one safe way in.
+
+Sandboxed code owns this directory and can put anything in it: FIFOs, sockets, symlinks
+(loops, or links to ``/proc/1/root``), files that keep growing, names that are not UTF-8,
+100k entries. The server runs with more rights than that code, on an event loop that
+serves every client. So every server-side access to a workspace (file tools, resources,
+the change scan, the quota, notebook and package features) goes through this class, and:
+
+- **Paths are walked, not resolved.** A client path is split into components and opened
+  one directory at a time with ``O_NOFOLLOW`` relative to the previous one (``openat``),
+  so no symlink is ever followed and nothing outside the root can be reached; ``..``,
+  absolute paths, NUL bytes, over-long or over-deep paths are refused up front.
+- **Only regular files are read or written**, checked with ``fstat`` on a descriptor
+  opened ``O_NONBLOCK`` (opening a FIFO or socket can then neither block nor succeed
+  silently); reads are bounded by a byte count, never by ``st_size`` (which a growing
+  file outruns).
+- **Blocking work runs off the event loop**: the ``a*`` coroutines run the sync methods
+  on a small dedicated thread limiter under a time bound; a file system that hangs costs
+  one of those threads and a clear error, never the loop.
+- **Names that are not UTF-8** are shown with ``\\xNN`` escapes (``files``, listings) and
+  stay addressable: a client path with such escapes finds the file when no file has the
+  literal name.
+
+Error policy: anything a client can correct raises ``WorkspaceError`` (a ``ValueError``)
+with a sentence saying what to do; the tool layer turns it into a tool error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fnmatch
+import mimetypes
+import os
+import re
+import shutil
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+from pydantic import BaseModel
+
+from kernmind.execution.sandbox.filescan import FileStat, Scan, display_name, scan_tree
+
+T = TypeVar("T")
+
+MAX_PATH_BYTES = 4096
+MAX_DEPTH = 128
+FS_TIMEOUT = 10.0  # seconds a single file operation may take before the client is told
+LIST_TIMEOUT = 60.0  # a listing walks the whole tree (≈ 1 s for 200k files here)
+_FS_THREADS = anyio.CapacityLimiter(8)  # hung file systems can hold at most these
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_ESCAPE_RE = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])")
+
+
+class WorkspaceError(ValueError):
+    """A path or file request the client can correct."""
+
+
+class QuotaExceeded(Exception):
+    """Code filled its working directory past the workspace limit."""
+
+    def __init__(self, used: int, limit: int) -> None:
+        super().__init__(used, limit)
+        self.used = used
+        self.limit = limit
+
+    def message(self) -> str:
+        mib = 1024 * 1024
+        return (
+            f"the code grew the session's files to {self.used // mib} MiB, past its {self.limit // mib} MiB "
+            "workspace quota (--workspace-mb), and was stopped; writing files is blocked until files are "
+            "deleted (the notes say which)."
+        )
+
+
+class FileEntry(BaseModel):
+    path: str
+    size: int
+    mime: str
+    modified: float
+
+
+@dataclass
+class FileData:
+    """A (possibly partial) read: ``data`` is ``[offset, offset+len(data))`` of ``size`` bytes."""
+
+    path: str
+    data: bytes
+    size: int
+    offset: int
+    mime: str
+
+
+def guess_mime(path: str) -> str:
+    return mimetypes.guess_type(path)[0] or "application/octet-stream"
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+@dataclass
+class Workspace:
+    root: Path
+    owner_uid: int | None = None  # files are chowned to the sandbox uid when the server is root
+    # The last full scan: the baseline for the next call's changes and the quota.
+    last_scan: Scan | None = field(default=None, repr=False, compare=False)
+    # Other host directories the sandbox may write (a kernel's socket directory): they
+    # count against the quota like the workspace itself.
+    accounted: list[Path] = field(default_factory=list, repr=False, compare=False)
+
+    def create(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.owner_uid is not None:
+            os.chown(self.root, self.owner_uid, self.owner_uid)
+        if self.last_scan is None:
+            with os.scandir(self.root) as it:
+                if next(it, None) is None:
+                    self.last_scan = Scan()  # nothing in it yet: the baseline is known
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # --- path confinement -------------------------------------------------
+    def parts(self, path: str) -> tuple[str, list[str]]:
+        """(normalised display path, file-system components) or WorkspaceError."""
+        if not isinstance(path, str) or not path.strip():
+            raise WorkspaceError("path is empty; give a file name relative to the working directory.")
+        if "\x00" in path:
+            raise WorkspaceError("path contains a NUL byte; file names cannot.")
+        if path.startswith("/"):
+            raise WorkspaceError(
+                f"{display_name(path)!r} is an absolute path; paths are relative to the session's "
+                "working directory (e.g. 'data/input.csv')."
+            )
+        parts = [p for p in path.split("/") if p not in ("", ".")]
+        if any(p == ".." for p in parts):
+            raise WorkspaceError(
+                f"{display_name(path)[:200]!r} leaves the session's working directory ('..' is not allowed)."
+            )
+        if not parts:
+            raise WorkspaceError(f"{path!r} names the working directory itself, not a file.")
+        try:
+            size = len(os.fsencode(path))
+        except UnicodeError as exc:
+            raise WorkspaceError("path contains characters that cannot be a file name.") from exc
+        if size > MAX_PATH_BYTES or len(parts) > MAX_DEPTH:
+            raise WorkspaceError(
+                f"path is too long ({size} bytes, {len(parts)} levels; the limit is {MAX_PATH_BYTES} "
+                f"bytes and {MAX_DEPTH} levels)."
+            )
+        return "/".join(display_name(p) for p in parts), parts
+
+    @contextlib.contextmanager
+    def _parent_fd(self, parts: list[str], *, create: bool) -> Iterator[int]:
+        """An fd of the directory holding ``parts[-1]``, reached without following links."""
+        fd = os.open(self.root, _OPEN_DIR)
+        try:
+            for i, name in enumerate(parts[:-1]):
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, 0o755, dir_fd=fd)
+                        if self.owner_uid is not None:
+                            os.chown(name, self.owner_uid, self.owner_uid, dir_fd=fd, follow_symlinks=False)
+                try:
+                    nxt = os.open(name, _OPEN_DIR, dir_fd=fd)
+                except OSError as exc:
+                    where = "/".join(display_name(p) for p in parts[: i + 1])
+                    raise self._path_error(exc, where, fd, name) from exc
+                os.close(fd)
+                fd = nxt
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _path_error(self, exc: OSError, where: str, dir_fd: int, name: str) -> WorkspaceError:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                return WorkspaceError(
+                    f"{where!r} is a symlink, which could lead outside the session's working directory; "
+                    "the file tools do not follow links (use the real path, or copy the file with run_code)."
+                )
+            return WorkspaceError(f"{where!r} is not a directory.")
+        if exc.errno == errno.ENOENT:
+            return WorkspaceError(
+                f"no directory {where!r} in the working directory; list_files shows what is there."
+            )
+        return WorkspaceError(f"cannot open {where!r}: {exc.strerror}.")
+
+    def _candidates(self, path: str) -> list[str]:
+        """The path as given, then with ``\\xNN`` escapes turned back into raw bytes."""
+        unescaped = _ESCAPE_RE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)), path)
+        return [path] if unescaped == path else [path, unescaped]
+
+    # --- file operations (blocking: call the a* coroutines from async code) ----------
+    def read(self, path: str, *, offset: int = 0, length: int) -> FileData:
+        """Up to ``length`` bytes from ``offset`` of a regular file."""
+        if offset < 0 or length < 0:
+            raise WorkspaceError("offset and length must be zero or more.")
+        last: WorkspaceError | None = None
+        for candidate in self._candidates(path):
+            rel, parts = self.parts(candidate)
+            try:
+                with self._parent_fd(parts, create=False) as dfd:
+                    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                    fd = os.open(parts[-1], flags, dir_fd=dfd)
+            except WorkspaceError as exc:
+                last = exc
+                continue
+            except FileNotFoundError:
+                last = WorkspaceError(
+                    f"no file {rel!r} in the working directory; list_files shows what is there."
+                )
+                continue
+            except OSError as exc:
+                last = WorkspaceError(self._open_problem(rel, exc))
+                continue
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise WorkspaceError(f"{rel!r} is {_kind(st.st_mode)}; only regular files can be read.")
+                data = os.pread(fd, length, offset) if length else b""
+            finally:
+                os.close(fd)
+            return FileData(rel, data, st.st_size, offset, guess_mime(rel))
+        assert last is not None
+        raise last
+
+    @staticmethod
+    def _open_problem(rel: str, exc: OSError) -> str:
+        if exc.errno == errno.ELOOP:
+            return f"{rel!r} is a symlink; the file tools do not follow links (use the real path)."
+        if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):
+            return f"{rel!r} is a named pipe or socket; only regular files can be read or written."
+        if exc.errno == errno.EISDIR:
+            return f"{rel!r} is a directory, not a file."
+        return f"cannot open {rel!r}: {exc.strerror}."
+
+    def write(self, path: str, data: bytes) -> str:
+        """Create or replace a regular file (parents created); returns the display path."""
+        rel, parts = self.parts(path)
+        with self._parent_fd(parts, create=True) as dfd:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            try:
+                fd = os.open(parts[-1], flags, 0o644, dir_fd=dfd)
+            except OSError as exc:
+                raise WorkspaceError(self._open_problem(rel, exc)) from exc
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise WorkspaceError(
+                        f"{rel!r} is {_kind(st.st_mode)}; only regular files can be written."
+                    )
+                os.ftruncate(fd, 0)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if self.owner_uid is not None:
+                    os.fchown(fd, self.owner_uid, self.owner_uid)
+                self._remember(rel, os.fstat(fd))
+            finally:
+                os.close(fd)
+        return rel
+
+    def _remember(self, rel: str, st: os.stat_result) -> None:
+        """Keep the baseline current, so a file uploaded now is not reported by the next call."""
+        if self.last_scan is None:
+            return
+        old = self.last_scan.files.get(rel)
+        new = FileStat(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_blocks)
+        self.last_scan.files[rel] = new
+        self.last_scan.bytes_used += (new.blocks - (old.blocks if old else 0)) * 512
+
+    def scan(self, *, since_ns: int | None = None, budget_s: float | None = None) -> Scan:
+        """Regular files under the root (see filescan.py)."""
+        return scan_tree(self.root, since_ns=since_ns, budget_s=budget_s)
+
+    def list(
+        self, *, prefix: str = "", pattern: str | None = None, offset: int = 0, limit: int | None = None
+    ) -> tuple[list[FileEntry], int]:
+        """Regular files under ``prefix`` whose path (or name) matches the glob ``pattern``,
+        sorted by path: the page ``[offset, offset+limit)`` and how many matched in all."""
+        prefix = prefix.strip("/")
+        under: list[str] = []
+        if prefix:
+            shown, under = self.parts(prefix)
+            prefix = shown + "/"
+        files = scan_tree(self.root, under=under).files  # only the directory asked about is walked
+        matched = sorted(
+            rel
+            for rel in files
+            if rel.startswith(prefix)
+            and (
+                pattern is None
+                or fnmatch.fnmatchcase(rel, pattern)
+                or fnmatch.fnmatchcase(rel.rsplit("/", 1)[-1], pattern)
+            )
+        )
+        page = matched[offset : None if limit is None else offset + limit]
+        entries = [
+            FileEntry(
+                path=rel, size=files[rel].size, mime=guess_mime(rel), modified=files[rel].mtime_ns / 1e9
+            )
+            for rel in page
+        ]
+        return entries, len(matched)
+
+    def usage_bytes(self) -> int:
+        """Disk used by the workspace and the other directories its sandbox may write."""
+        return self.scan().bytes_used + self.accounted_bytes()
+
+    def accounted_bytes(self) -> int:
+        return sum(scan_tree(p).bytes_used for p in self.accounted)
+
+    # --- the same, off the event loop ---------------------------------------------------
+    async def aread(self, path: str, *, offset: int = 0, length: int) -> FileData:
+        return await off_loop(lambda: self.read(path, offset=offset, length=length))
+
+    async def awrite(self, path: str, data: bytes) -> str:
+        return await off_loop(lambda: self.write(path, data))
+
+    async def alist(
+        self, *, prefix: str = "", pattern: str | None = None, offset: int = 0, limit: int | None = None
+    ) -> tuple[list[FileEntry], int]:
+        listing = lambda: self.list(prefix=prefix, pattern=pattern, offset=offset, limit=limit)  # noqa: E731
+        return await off_loop(listing, timeout=LIST_TIMEOUT)
+
+    async def ascan(self, *, since_ns: int | None = None, budget_s: float | None = None) -> Scan:
+        return await off_loop(lambda: self.scan(since_ns=since_ns, budget_s=budget_s), timeout=None)
+
+    async def ausage(self) -> int:
+        return await off_loop(self.usage_bytes, timeout=None)
+
+    async def ausage_parts(self) -> tuple[int, int]:
+        """Disk used by the workspace, and by the other directories its sandbox may write."""
+        return await off_loop(lambda: (self.scan().bytes_used, self.accounted_bytes()), timeout=None)
+
+    async def aremove(self) -> None:
+        await off_loop(self.remove, timeout=None)
+
+
+def own_tree(root: Path, uid: int) -> None:
+    """Hand every entry under ``root`` to ``uid`` (a sandbox's), following no link: ``os.fwalk``
+    walks by descriptors, so code that swaps a directory for a symlink meanwhile cannot
+    redirect it outside the tree."""
+    os.chown(root, uid, uid, follow_symlinks=False)
+    for _, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
+        for name in dirnames + filenames:
+            with contextlib.suppress(OSError):
+                os.chown(name, uid, uid, dir_fd=dirfd, follow_symlinks=False)
+
+
+async def off_loop(fn: Callable[[], T], *, timeout: float | None = FS_TIMEOUT) -> T:
+    """Run blocking file work on the workspace threads; give up waiting after ``timeout``."""
+    with anyio.move_on_after(timeout) as scope:
+        return await anyio.to_thread.run_sync(fn, limiter=_FS_THREADS, abandon_on_cancel=True)
+    assert scope.cancelled_caught
+    raise WorkspaceError(
+        f"the file system did not answer within {timeout:g}s (a file that blocks, or a very large "
+        "directory); try a narrower request."
+    )

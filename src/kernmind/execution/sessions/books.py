@@ -1,0 +1,159 @@
+"""The books a stored session keeps on disk — its history and meta — written on a disk that may be full.
+
+The registry (``sessions.py``) decides *when* a session's home is written: after each call
+(the call's history line, its meta: last used, size, unsaved variables), when it is
+unloaded (its final meta), and on the reaper's turns (what could not be written before).
+This module does the writing so that none of it can stop the server:
+
+- **Nothing raises.** A history line that cannot be appended is said in the call's notes
+  (``the disk is full: could not record this call …``), and so is a meta that cannot be
+  written; the server goes on.
+- **A meta that could not be written is written at the next chance.** A live session is
+  marked (``Session.meta_unsaved``) and its meta is written on the reaper's next turn or at
+  its next call. An unloaded session's meta is kept here (``unsaved``) and written on the
+  reaper's turns (taking and releasing the session's lock: another server that has loaded
+  the session meanwhile keeps its own, newer meta), or used when this server loads the
+  session again. So the server recovers by itself once space is freed.
+- **The reserve.** Meta writes may use the data disk's reserve (``diskio.Reserve``): when
+  the disk is full, the reserve is given up and the write tried once more.
+
+Error policy: every method here logs what fails and returns; the first failure of a session
+is a warning, the retries are at debug level.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+import anyio
+
+from kernmind.diskio import Reserve, disk_sentence, with_room
+from kernmind.execution.errors import SessionError
+from kernmind.execution.results import RunResult
+from kernmind.execution.sandbox.workspace import off_loop
+from kernmind.execution.sessions import history
+from kernmind.execution.sessions.disk_store import Meta, SessionHome, SessionStore
+
+if TYPE_CHECKING:
+    from kernmind.execution.sessions.registry import Session
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CALL_KEPT = "The call ran and its files are kept."
+
+
+class Books:
+    """Writes stored sessions' history and meta; keeps what could not be written until it can be."""
+
+    def __init__(self, store: SessionStore | None) -> None:
+        self.store = store
+        self.reserve: Reserve | None = store.reserve if store is not None else None
+        self.unsaved: dict[tuple[str, str], tuple[SessionHome, Meta]] = {}  # unloaded sessions' metas
+
+    def with_room(self, write: Callable[[], T]) -> T:
+        """``write()``, given the reserve when the disk is full (blocking)."""
+        return with_room(self.reserve, write)
+
+    def _write_meta(self, session: Session) -> OSError | None:
+        """Write the live session's meta now (blocking); the error when it could not be."""
+        home, meta = session.home, session.meta
+        if home is None or meta is None:
+            return None
+        try:
+            self.with_room(lambda: home.save_meta(meta))
+        except OSError as exc:
+            level = logging.DEBUG if session.meta_unsaved else logging.WARNING
+            log.log(level, "could not write the meta of session %r (will retry): %s", session.id, exc)
+            session.meta_unsaved = True
+            return exc
+        if session.meta_unsaved:
+            log.info("wrote the meta of session %r, which could not be written before", session.id)
+        session.meta_unsaved = False
+        return None
+
+    async def save_meta(self, session: Session) -> bool:
+        """Write the live session's meta; False when it is kept for the next chance."""
+        return await off_loop(lambda: self._write_meta(session), timeout=None) is None
+
+    async def after_call(self, session: Session, call: tuple[str, RunResult] | None) -> None:
+        """Record a call: its history line and the session's meta, in one trip off the event
+        loop. What cannot be written is said in the call's result (``call[1]``, a RunResult)."""
+        home = session.home
+        if home is None:
+            return
+
+        def write() -> tuple[OSError | None, OSError | None]:
+            unrecorded = history.record(home.history, *call) if call is not None else None
+            return unrecorded, self._write_meta(session)
+
+        with anyio.CancelScope(shield=True):
+            unrecorded, unsaved = await off_loop(write, timeout=None)
+        if call is None:
+            return
+        notes = call[1].notes
+        if unrecorded is not None:
+            what = "record this call in the session's history (export_notebook will miss it)"
+            notes.append(
+                disk_sentence(unrecorded, what, kept=CALL_KEPT)
+                or f"this call could not be recorded in the session's history ({unrecorded.strerror})."
+            )
+        elif unsaved is not None:
+            later = f"{CALL_KEPT[:-1]}; the records are written once there is room."
+            if note := disk_sentence(unsaved, "update this session's records", kept=later):
+                notes.append(note)
+
+    async def unloaded(self, session: Session) -> None:
+        """The session is unloaded: write its final meta (with its size), or keep it for later."""
+        home, meta, store = session.home, session.meta, self.store
+        if home is None or meta is None or store is None:
+            return
+        try:
+            sized = await off_loop(lambda: store.refresh_size(home, meta), timeout=None)
+            await off_loop(lambda: self.with_room(lambda: home.save_meta(sized)), timeout=None)
+        except Exception as exc:  # a full disk: written at the next chance
+            log.warning("could not write the meta of session %r (will retry): %s", session.id, exc)
+            self.unsaved[session.key] = (home, meta)
+
+    def take_unsaved(self, key: tuple[str, str]) -> Meta | None:
+        """The meta an unloaded session could not write (the newest one it has), if any."""
+        entry = self.unsaved.pop(key, None)
+        return entry[1] if entry is not None else None
+
+    async def write_unsaved(self, live: Callable[[tuple[str, str]], bool]) -> None:
+        """Write the metas unloaded sessions could not write: take the session's lock, write,
+        let go. The caller holds the registry's loading lock; ``live`` says which sessions
+        are loaded again (their live meta is the newer one)."""
+        for key, (home, meta) in list(self.unsaved.items()):
+            if live(key):
+                self.unsaved.pop(key, None)
+                continue
+
+            def write(home: SessionHome = home, meta: Meta = meta) -> bool:
+                try:
+                    home.claim()
+                except (SessionError, OSError) as exc:  # another server has it, or it is gone
+                    log.info("not writing the meta of %r: %s", home.session_id, exc)
+                    return True
+                try:
+                    self.with_room(lambda: home.save_meta(meta))
+                except OSError as exc:
+                    log.debug("the meta of %r still cannot be written: %s", home.session_id, exc)
+                    return False
+                finally:
+                    home.release()
+                log.info(
+                    "wrote the meta of session %r, which could not be written when it was unloaded",
+                    home.session_id,
+                )
+                return True
+
+            if await off_loop(write, timeout=None):
+                self.unsaved.pop(key, None)
+
+    async def take_reserve(self) -> None:
+        """Make the reserve (back) once the disk has room for it."""
+        if self.reserve is not None:
+            await off_loop(self.reserve.take, timeout=None)

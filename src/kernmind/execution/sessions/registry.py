@@ -1,0 +1,530 @@
+"""The session registry: ``(owner, session_id)`` → a lock, a working directory and runner state.
+
+It only keeps the books; running code is the supervisor's and the runners' job, and what a
+session leaves on disk is the store's (``store.py``).
+
+- Calls without a session id use the ``default`` session; a named session is created on
+  first use. An empty or malformed id is refused. Live sessions are capped per owner and
+  server-wide (``sessions/caps.py``): past a cap the least recently used idle session is
+  unloaded to make room (``load``), and ``--stateless`` calls take a ``slot`` that counts the
+  same way. A session being unloaded is loaded again only once its unloading has finished.
+  Sessions belong to an owner (a principal, see ``principals.py``): the registry and the
+  store are keyed by (owner, session id), so one owner's ids are invisible to another.
+- **Live and stored.** Every named session has a home in the store (its files, meta and
+  history) that outlives the server. A session is *live* while this server has it loaded:
+  it holds the home's lock, and runners keep state in ``session.state[language]``. A call to
+  a stored session that is not live loads it (the lock, crash recovery, its files handed to
+  the sandbox uid) and its first call says it resumed; ``session.resumed`` tells the Python
+  runner to bring the variables back.
+- ``hold(id)``: calls to one session run one at a time (a per-session lock); calls to
+  different sessions run in parallel. While a call runs, ``session.running`` is its cancel
+  scope, so ``close()`` can stop it whatever the language. A background job ``reserve``s its
+  session when it is started (before it gets the lock), and until it ends other calls to
+  that session are refused with the job's id.
+- A session's package layer (``install_packages``; ``packages/layer.py``) is made on first
+  use; the Python runner moves it into its kernel's own layer directory (mounted in that
+  kernel's sandbox since its start). It lives in this server's run directory: it goes when
+  the session is unloaded or closed (packages are not stored yet).
+- **Unloading is not closing.** Idle reaping and server shutdown *unload* a session: the
+  ``suspend`` hook saves what it can (the Python namespace) and stops its interpreter; the
+  files stay and the lock is let go. ``close()`` is what deletes a session, stored or live.
+- Autosave: a session whose code ran and that has been idle ``autosave_after`` seconds is
+  checkpointed once (``autosave`` hook), so a server killed later loses little.
+- ``ephemeral()``: a session for one ``--stateless`` call, never registered or stored,
+  discarded after the call with everything in it.
+- **Bookkeeping never stops the server.** The reaper, autosave, unloading and the record
+  of each call write to the disk, which may be full (or failing, or read-only). None of
+  them raises out of the registry (the reaper logs and goes on); the writing is
+  ``sessions/books.py``'s: a call whose history could not be written says so in a note, a
+  meta that could not be written is written at the next chance, so the server recovers by
+  itself once space is freed. Only creating a new session, which needs its directory,
+  is refused (``StorageError``, with a sentence).
+
+Error policy: what the model can fix (bad id, too many sessions, unknown session, a session
+in use by another server or by a job, a disk too full for a new session) raises
+``SessionError``/``StorageError`` (``ValueError``s) with an actionable sentence. The
+reaper logs what fails and goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from kernmind.diskio import StorageError, disk_sentence, disk_trouble
+from kernmind.execution.errors import SessionError
+from kernmind.execution.packages.layer import Layer
+from kernmind.execution.sandbox.workspace import Workspace, off_loop
+from kernmind.execution.sessions.books import Books
+from kernmind.execution.sessions.caps import Caps, MakingRoom
+from kernmind.execution.sessions.disk_store import (
+    LOCAL_OWNER,
+    Meta,
+    SessionHome,
+    SessionStore,
+    StoredSession,
+    ago,
+)
+
+if TYPE_CHECKING:
+    from kernmind.execution.sandbox.limits import SessionLimits
+
+__all__ = ["DEFAULT_SESSION", "LOCAL_OWNER", "Session", "SessionError", "SessionRegistry", "check_session_id"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SESSION = "default"
+RESERVE_DELAY = 2.0  # seconds after start before the disk reserve is taken (diskio.Reserve)
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_session_id(session_id: str | None) -> str:
+    if session_id is None:
+        return DEFAULT_SESSION
+    if not isinstance(session_id, str) or not SESSION_ID_RE.match(session_id):
+        shown = repr(session_id)[:80]
+        raise SessionError(
+            f"invalid session_id {shown}: use 1-64 letters, digits, '_', '-' or '.', starting with a "
+            "letter or digit, or leave it out for the default session."
+        )
+    return session_id
+
+
+@dataclass(eq=False)
+class Session:
+    id: str
+    new_workspace: Callable[[], Workspace] = field(repr=False)
+    owner: str = LOCAL_OWNER
+    home: SessionHome | None = field(default=None, repr=False)  # None: ephemeral
+    meta: Meta | None = field(default=None, repr=False)
+    ephemeral: bool = False
+    lock: anyio.Lock = field(default_factory=anyio.Lock, repr=False)
+    created: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)
+    busy: bool = False
+    closed: bool = False
+    resumed: bool = False  # loaded from the store: its variables may come back
+    dirty: bool = False  # code ran since the last checkpoint
+    meta_unsaved: bool = False  # its meta could not be written (a full disk): written at the next chance
+    pending_notes: list[str] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)  # per-runner state, keyed by language
+    workspace: Workspace | None = None
+    packages: Layer | None = None  # what install_packages put here (see packages/layer.py)
+    new_layer: Callable[[], Layer] | None = field(default=None, repr=False)
+    running: anyio.CancelScope | None = None  # the call in progress
+    last_call: tuple[str, Any] | None = None  # (code, RunResult) to add to the history on release
+    limits: SessionLimits | None = field(default=None, repr=False)  # its control group, its write block
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.owner, self.id
+
+    def files(self) -> Workspace:
+        """The session's working directory, made on first use."""
+        if self.workspace is None:
+            self.workspace = self.new_workspace()
+        return self.workspace
+
+    def layer(self) -> Layer:
+        """The session's package layer, made on first use."""
+        if self.packages is None:
+            if self.new_layer is None:
+                raise SessionError("this server cannot install packages into sessions.")
+            self.packages = self.new_layer()
+        return self.packages
+
+    def take_notes(self) -> list[str]:
+        notes, self.pending_notes = self.pending_notes, []
+        return notes
+
+    def idle(self) -> bool:
+        """Could be unloaded now without losing anything but its interpreter (variables are saved)."""
+        return not (self.busy or self.closed or self.lock.locked() or self.home is None)
+
+
+Hook = Callable[[Session], Awaitable[None]]
+
+
+@dataclass
+class Hooks:
+    """What the executor does to a session's runners (the registry only decides when)."""
+
+    open_home: Callable[[SessionHome], Workspace]  # the Workspace of a home, files handed to its uid
+    release: Hook  # stop what runners keep for it (closing)
+    suspend: Hook  # save what can be saved, then stop (unloading)
+    autosave: Hook  # checkpoint a live, idle session
+
+
+class SessionRegistry(MakingRoom):
+    def __init__(
+        self,
+        *,
+        max_sessions: int,
+        max_per_owner: int | None = None,
+        idle_timeout: float,
+        autosave_after: float,
+        store: SessionStore | None,  # None: sessions live only as long as this server (a kernel gateway's)
+        new_workspace: Callable[[], Workspace],
+        hooks: Hooks,
+        new_layer: Callable[[], Layer] | None = None,
+    ) -> None:
+        self.max_sessions = max_sessions
+        self.caps = Caps(per_owner=min(max_per_owner or max_sessions, max_sessions), total=max_sessions)
+        self.idle_timeout = idle_timeout
+        self.autosave_after = autosave_after
+        self.store = store
+        self._new_workspace = new_workspace
+        self.hooks = hooks
+        self._new_layer = new_layer
+        self.sessions: dict[tuple[str, str], Session] = {}
+        self.jobs: dict[tuple[str, str], str] = {}  # (owner, session id) -> the job that has it
+        self._reaped: set[tuple[str, str]] = set()  # unstored sessions closed for idleness (for a note)
+        self.books = Books(store)  # history and metas, on a disk that may be full (sessions/books.py)
+        self._loading = anyio.Lock()
+        self._unloading: dict[tuple[str, str], anyio.Event] = {}  # sessions unloaded to make room
+
+    # --- lifecycle ----------------------------------------------------------------
+    async def run_reaper(self, tg: TaskGroup) -> None:
+        tg.start_soon(self._reap_loop)
+
+    def _period(self) -> float:
+        return max(0.5, min(60.0, self.idle_timeout / 4, self.autosave_after / 2))
+
+    async def _reap_loop(self) -> None:
+        await anyio.sleep(min(RESERVE_DELAY, self._period()))  # after the handshake and a first call
+        while True:
+            await self.books.take_reserve()  # (back) once the disk has room
+            await anyio.sleep(self._period())
+            await self._reap_once()
+
+    async def _reap_once(self) -> None:
+        """One turn: unload idle sessions, autosave idle dirty ones, write what could not be
+        written before. Nothing that fails here stops the loop (or the server)."""
+        now = time.monotonic()
+        for s in list(self.sessions.values()):
+            idle = now - s.last_used
+            if s.busy or s.lock.locked():
+                continue
+            try:
+                if idle > self.idle_timeout:
+                    log.info("unloading session %r after %.0fs idle (its files stay)", s.id, idle)
+                    s.pending_notes.clear()
+                    await self.unload(s)
+                elif s.dirty and idle > self.autosave_after:
+                    async with s.lock:
+                        if not s.closed and not s.busy:
+                            s.dirty = False
+                            await self.hooks.autosave(s)
+                elif s.meta_unsaved and not s.closed:
+                    await self.books.save_meta(s)
+            except Exception:
+                log.exception("looking after idle session %r failed; the server goes on", s.id)
+        await self._write_unsaved()
+
+    async def _write_unsaved(self) -> None:
+        if not self.books.unsaved:
+            return
+        try:
+            async with self._loading:
+                await self.books.write_unsaved(lambda key: key in self.sessions)
+        except Exception:
+            log.exception("writing the metas that could not be written failed; will retry")
+
+    async def unload_all(self) -> None:
+        """Server stop: save and stop every live session, keeping their files (``unload``
+        never raises, so one session's full disk does not stop the others' saves)."""
+        sessions = list(self.sessions.values())
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for s in sessions:
+                    tg.start_soon(self.unload, s)
+            await self._write_unsaved()  # one last try (space may have come back meanwhile)
+
+    # --- queries --------------------------------------------------------------------
+    def live(self, session_id: str | None, owner: str = LOCAL_OWNER) -> Session | None:
+        return self.sessions.get((owner, check_session_id(session_id)))
+
+    def names(self, owner: str = LOCAL_OWNER) -> list[str]:
+        live = {sid for who, sid in self.sessions if who == owner}
+        stored = {s.meta.session_id for s in self.stored(owner)}
+        return sorted(live | stored)
+
+    def unknown_session(self, sid: str, owner: str = LOCAL_OWNER) -> SessionError:
+        known = ", ".join(self.names(owner)) or "none"
+        return SessionError(
+            f"no session named {sid!r}; sessions: {known}. Run code in it (or upload a file) first."
+        )
+
+    def summaries(
+        self, owner: str | None, execution_count: Callable[[Session], int | None]
+    ) -> list[dict[str, Any]]:
+        """Every session of ``owner`` (of every owner when None): live here, stored, or live in
+        another server, most recently used first (blocking: it reads the store)."""
+        now_m, now = time.monotonic(), time.time()
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for stored in self.stored(owner):
+            m = stored.meta
+            rows[(m.owner, m.session_id)] = {
+                "session_id": m.session_id,
+                "owner": m.owner,
+                "state": "stored" if stored.held_by is None else "in_other_server",
+                "held_by_pid": stored.held_by,
+                "idle_seconds": round(now - m.last_used, 1),
+                "age_seconds": round(now - m.created, 1),
+                "last_used": m.last_used,
+                "workspace_files": m.files,
+                "workspace_bytes": m.bytes,
+                "variables_saved_at": m.snapshot_at,
+            }
+        for (who, sid), s in self.sessions.items():
+            if owner is not None and who != owner:
+                continue
+            count = execution_count(s)
+            scan = s.workspace.last_scan if s.workspace is not None else None
+            row = rows.setdefault((who, sid), {"session_id": sid, "owner": who})
+            row.update(
+                state="live",
+                held_by_pid=None,
+                execution_count=count or 0,
+                idle_seconds=round(now_m - s.last_used, 1),
+                busy=s.busy,
+                job_id=self.jobs.get((who, sid)),
+                kernel_running=count is not None,
+                last_used=now - (now_m - s.last_used),
+            )
+            if scan is not None:
+                row.update(workspace_files=len(scan.files), workspace_bytes=scan.bytes_used)
+            if s.meta is not None:
+                row.update(age_seconds=round(now - s.meta.created, 1), variables_saved_at=s.meta.snapshot_at)
+        return sorted(rows.values(), key=lambda r: r.get("last_used", 0.0), reverse=True)
+
+    def stored(self, owner: str | None) -> list[StoredSession]:
+        return self.store.list(owner) if self.store is not None else []
+
+    # --- holding a session for a call ---------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def hold(
+        self,
+        session_id: str | None,
+        *,
+        owner: str = LOCAL_OWNER,
+        create: bool = True,
+        job_id: str | None = None,
+    ) -> AsyncIterator[Session]:
+        """The session ``session_id`` (loaded or created if needed), locked and marked busy; if it
+        was closed or unloaded while we waited for its lock, the session that replaced it."""
+        sid = check_session_id(session_id)
+        while True:
+            self.refuse_if_job(owner, sid, job_id)
+            session = await self.load(sid, owner=owner, create=create)
+            async with session.lock:
+                if session.closed:
+                    continue
+                self.refuse_if_job(owner, sid, job_id)
+                session.busy = True
+                try:
+                    yield session
+                finally:
+                    session.busy = False
+                    session.last_used = time.monotonic()
+                    await self._touch(session)
+                return
+
+    def reserve(self, owner: str, sid: str, job_id: str) -> None:
+        """Keep the session for ``job_id`` from now until ``unreserve`` (refusing other calls)."""
+        self.refuse_if_job(owner, sid, job_id)
+        self.jobs[(owner, sid)] = job_id
+
+    def unreserve(self, owner: str, sid: str, job_id: str) -> None:
+        if self.jobs.get((owner, sid)) == job_id:
+            del self.jobs[(owner, sid)]
+
+    def refuse_if_job(self, owner: str, sid: str, job_id: str | None = None) -> None:
+        running = self.jobs.get((owner, sid))
+        if running is not None and running != job_id:
+            raise SessionError(
+                f"session {sid!r} is running background job {running}; check it with job_status, stop it "
+                "with job_cancel, or use another session_id meanwhile."
+            )
+
+    async def load(self, sid: str, *, owner: str = LOCAL_OWNER, create: bool = True) -> Session:
+        """The live session ``(owner, sid)``, loading it from the store (or creating it); when the
+        caps are reached, an idle session is unloaded first to make room (``sessions/caps.py``)."""
+        key = (owner, sid)
+        while True:
+            session = self.sessions.get(key)
+            if session is not None:
+                return session
+            if (unloading := self._unloading.get(key)) is not None:
+                await unloading.wait()
+                continue
+            async with self._loading:
+                session = self.sessions.get(key)
+                if session is not None:
+                    return session
+                if key in self._unloading:
+                    continue
+                stored = self.store is not None and self.store.exists(owner, sid)
+                if not stored and not create:
+                    raise self.unknown_session(sid, owner)
+                victim = self.caps.room(self.sessions, self.jobs, owner, key)
+                if victim is None:
+                    return await self._bring_in(owner, sid, stored)
+                self._start_unloading(victim)
+            await self._make_room(victim)
+
+    async def _bring_in(self, owner: str, sid: str, stored: bool) -> Session:
+        """Make ``(owner, sid)`` live (the caller holds ``_loading`` and has checked the caps)."""
+        if self.store is None:
+            return self._new_unstored(owner, sid)
+        store = self.store
+        if not stored:
+            await off_loop(lambda: store.check_room(owner, sid, set(self.sessions)), timeout=None)
+        home = store.home(owner, sid)
+        try:
+            await off_loop(home.claim, timeout=None)
+            unsaved = self.books.unsaved.get((owner, sid))  # newer than the one on disk
+            meta = unsaved[1] if unsaved is not None else home.load_meta()
+            workspace = await off_loop(lambda: self.hooks.open_home(home), timeout=None)
+        except BaseException as exc:
+            if not stored and home.held:  # a half-made new session of ours is no session
+                await off_loop(home.delete, timeout=None)
+            home.release()
+            if isinstance(exc, OSError) and disk_trouble(exc):
+                what = f"{'create' if not stored else 'load'} session {sid!r}"
+                raise StorageError(disk_sentence(exc, what, kept="Your other sessions are intact.")) from exc
+            raise
+        session = Session(
+            sid,
+            self._new_workspace,
+            owner=owner,
+            home=home,
+            meta=meta,
+            workspace=workspace,
+            new_layer=self._new_layer,
+        )
+        if stored:
+            session.resumed = True
+            session.pending_notes.append(resumed_note(meta))
+        self.books.take_unsaved((owner, sid))
+        if not stored or unsaved is not None:
+            await self.books.save_meta(session)  # a failure is retried later: the session works meanwhile
+        self.sessions[session.key] = session
+        return session
+
+    def _new_unstored(self, owner: str, sid: str) -> Session:
+        session = Session(sid, self._new_workspace, owner=owner, new_layer=self._new_layer)
+        if (owner, sid) in self._reaped:
+            self._reaped.discard((owner, sid))
+            session.pending_notes.append(
+                "this session had been idle too long and was closed; it starts from a fresh interpreter "
+                "in an empty working directory."
+            )
+        self.sessions[session.key] = session
+        return session
+
+    def ephemeral(self, owner: str = LOCAL_OWNER) -> Session:
+        """A session for one --stateless call (not registered; ``discard`` it afterwards)."""
+        return Session("stateless", self._new_workspace, owner=owner, ephemeral=True)
+
+    async def discard(self, session: Session) -> None:
+        with anyio.CancelScope(shield=True):
+            session.closed = True
+            await self.hooks.release(session)
+            if session.workspace is not None:
+                await session.workspace.aremove()
+            await _drop_packages(session)
+
+    async def _touch(self, session: Session) -> None:
+        """Record the call in the session's home: its history (for export_notebook) and meta
+        (last used, size from the call's scan); what cannot be written is said in its notes."""
+        call, session.last_call = session.last_call, None
+        if session.home is None or session.meta is None or session.closed:
+            return
+        meta = session.meta
+        meta.last_used = time.time()
+        if session.dirty and meta.unsaved_since is None:
+            meta.unsaved_since = meta.last_used  # variables the next save must keep
+        scan = session.workspace.last_scan if session.workspace else None
+        if scan is not None and scan.complete:
+            meta.bytes, meta.files = scan.bytes_used, len(scan.files)
+        await self.books.after_call(session, call)
+
+    # --- unloading and closing --------------------------------------------------------------
+    async def unload(self, session: Session) -> None:
+        """Save and stop the session's interpreter; its files and the stored session stay.
+        Never raises: what cannot be saved is logged (and its meta written later)."""
+        with anyio.CancelScope(shield=True):
+            if self.sessions.get(session.key) is session:
+                del self.sessions[session.key]
+            session.closed = True
+            if session.running is not None:
+                session.running.cancel()
+            try:
+                await self.hooks.suspend(session)
+            except Exception as exc:  # the files matter more than the snapshot
+                log.warning("saving session %r: %s", session.id, exc)
+            try:
+                await _drop_packages(session)
+            except Exception as exc:
+                log.warning("removing the packages of session %r: %s", session.id, exc)
+            home, meta, store = session.home, session.meta, self.store
+            if home is not None and meta is not None and store is not None:
+                try:
+                    await self.books.unloaded(session)  # (a meta it cannot write is kept for later)
+                finally:
+                    home.release()
+            elif session.workspace is not None:  # not stored (sessions without a store): its files go
+                self._reaped.add(session.key)
+                try:
+                    await session.workspace.aremove()
+                except Exception as exc:
+                    log.warning("removing the files of session %r: %s", session.id, exc)
+
+    async def close(self, session_id: str, *, owner: str = LOCAL_OWNER) -> bool:
+        """Delete a session: stop the call running in it and its runners, and remove its files,
+        variables and history. False when there was no such session."""
+        sid = check_session_id(session_id)
+        # Loads wait until the home is gone: a call queued on the closed session then starts a
+        # new one instead of finding the old home still locked by this server.
+        async with self._loading:
+            return await self._close(owner, sid)
+
+    async def _close(self, owner: str, sid: str) -> bool:
+        session = self.sessions.pop((owner, sid), None)
+        if session is None:
+            store = self.store
+            if store is None or not store.exists(owner, sid):
+                return False
+            await off_loop(lambda: store.remove(owner, sid), timeout=None)
+            return True
+        with anyio.CancelScope(shield=True):
+            session.closed = True
+            if session.running is not None:
+                session.running.cancel()
+            await self.hooks.release(session)
+            await _drop_packages(session)
+            if session.home is not None:
+                await off_loop(session.home.delete, timeout=None)
+            elif session.workspace is not None:
+                await session.workspace.aremove()
+        return True
+
+
+async def _drop_packages(session: Session) -> None:
+    if session.packages is not None:
+        await anyio.to_thread.run_sync(session.packages.remove)
+
+
+def resumed_note(meta: Meta) -> str:
+    ago_text = ago(time.time() - meta.last_used)
+    files = f"{meta.files} file{'s' if meta.files != 1 else ''}" if meta.files else "no files"
+    return f"resumed stored session {meta.session_id!r} (last used {ago_text}, {files} in its working directory)."

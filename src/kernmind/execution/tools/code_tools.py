@@ -1,0 +1,494 @@
+"""The MCP surface of code execution: ``run_code``, sessions, files, ``workspace://`` resources.
+
+``server.py`` does exactly::
+
+    tools = ExecutionTools(executor, settings)
+    tools.register(server)
+
+Tools are thin: they take what the model sent, call the executor (which knows nothing of
+MCP), and shape the answer under the result budget:
+
+- ``run_code``: ``structuredContent`` is the ``RunResult``; the content blocks a model
+  reads are one text block and one image block per image. An image travels once: in
+  ``structuredContent`` its ``png``/``jpeg`` is replaced by ``image``, a reference to its
+  content block.
+- ``install_packages``: the executor installs into the session's layer (``packages/``); its
+  refusals are ``PackageError`` sentences, mapped like every other ``ValueError``.
+- ``download_file`` returns a file inline when it fits the budget (text as text, images as
+  an image block, other bytes as base64), else a range (``offset``/``length``) or, with
+  nothing asked, a resource link and a note on how to read it in parts.
+- ``list_files`` filters (``path`` prefix, glob ``pattern``) and pages (``offset``/``limit``).
+
+Error policy, in one place (``model_errors``): what the model can fix (``ValueError``: a
+bad argument, an unknown session, a path outside the workspace, a language that is not
+installed) becomes a ``ToolError`` with that sentence; an interpreter that cannot start
+becomes a ``ToolError`` that says so and points the operator at ``kernmind doctor``; a disk
+that is full (or failing, or read-only) becomes a ``ToolError`` saying so (``diskio``).
+Code that fails is not a tool error: it is a normal result with ``status: "error"``.
+"""
+
+import base64
+import contextlib
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp_types import CallToolResult, ImageContent, ResourceLink, TextContent, ToolAnnotations
+from pydantic import BaseModel, Field
+
+from kernmind import input_limits as limits
+from kernmind.config import Settings
+from kernmind.diskio import disk_sentence
+from kernmind.execution.errors import RuntimeUnavailable
+from kernmind.execution.executor import Executor
+from kernmind.execution.packages import InstallResult
+from kernmind.execution.results import IMAGE_FIELDS, ImageRef, RunResult
+from kernmind.execution.sandbox.workspace import FileData, FileEntry, WorkspaceError, guess_mime
+from kernmind.execution.tools import session_tools
+from kernmind.execution.tools.session_tools import address
+from kernmind.principals import principal_of
+
+LIST_LIMIT = 200
+LIST_MAX = 1000
+TEXT_MIMES = ("application/json", "application/xml", "application/javascript")
+
+
+@contextlib.contextmanager
+def model_errors(what: str = "the request") -> Iterator[None]:
+    """Turn the errors a model can act on into tool errors with our sentence."""
+    try:
+        yield
+    except ToolError:
+        raise
+    except RuntimeUnavailable as exc:
+        if (sentence := _disk_cause(exc, f"start {what}")) is not None:
+            raise ToolError(sentence) from exc
+        raise ToolError(
+            f"could not start {what}: {exc}. Try again; if it persists, the server's operator should "
+            "run `kernmind doctor`."
+        ) from exc
+    except ValueError as exc:  # WorkspaceError, SessionError, StorageError and argument checks
+        raise ToolError(str(exc)) from exc
+    except OSError as exc:  # the server's disk (full, failing, read-only): say so, keep serving
+        sentence = disk_sentence(exc, f"complete {what}")
+        if sentence is None:
+            raise
+        raise ToolError(sentence) from exc
+
+
+def _disk_cause(exc: BaseException, what: str) -> str | None:
+    """The disk sentence when a full (or failing) disk is what caused ``exc``."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the chain of causes, bounded
+        if seen is None:
+            return None
+        if (sentence := disk_sentence(seen, what)) is not None:
+            return sentence
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+class UploadResult(BaseModel):
+    path: str
+    size: int
+    session_id: str
+
+
+class DownloadResult(BaseModel):
+    path: str
+    size: int = Field(description="size of the whole file in bytes")
+    mime: str
+    encoding: str | None = Field(
+        description="utf-8 (text), base64 (binary), image (sent as an image block) or null (not inline)"
+    )
+    content: str | None = Field(description="the bytes [offset, offset+length) when inline")
+    offset: int = 0
+    length: int = Field(description="bytes returned")
+    complete: bool = Field(description="true when the whole file was returned")
+    resource: str = Field(description="workspace:// URI of the file, readable as an MCP resource")
+    note: str | None = None
+
+
+class FileList(BaseModel):
+    session_id: str
+    files: list[FileEntry]
+    total: int = Field(description="files matching the request, before paging")
+    offset: int
+    next_offset: int | None = Field(description="pass as offset for the next page; null on the last page")
+
+
+def run_result_content(result: RunResult) -> tuple[list[TextContent | ImageContent], dict[str, Any]]:
+    """The content blocks a model reads, and the structured result (images sent once)."""
+    lines: list[str] = []
+    if result.status != "ok":
+        lines.append(f"[status: {result.status}]")
+    lines.extend(f"[note: {note}]" for note in result.notes)
+    out, err = "".join(result.logs.stdout), "".join(result.logs.stderr)
+    if out:
+        lines.append(out.rstrip("\n"))
+    if err:
+        lines.append("[stderr]\n" + err.rstrip("\n"))
+    images: list[ImageContent] = []
+    for r in result.results:
+        if text := r.readable():
+            lines.append(text)
+        for field, mime in IMAGE_FIELDS.items():
+            data = getattr(r, field)
+            if data:
+                images.append(ImageContent(type="image", data=data, mime_type=mime))
+                size = len(data) * 3 // 4 - data[-2:].count("=")
+                r.image = ImageRef(content_index=len(images), mime_type=mime, bytes=size)
+                setattr(r, field, None)
+    if result.error:
+        lines.append(result.error.traceback or f"{result.error.name}: {result.error.value}")
+    if result.files:
+        lines.append("[files] " + ", ".join(f"{f.path} ({f.size} B)" for f in result.files))
+    text = TextContent(type="text", text="\n".join(lines) or "(no output)")
+    return [text, *images], result.model_dump(mode="json", by_alias=True)
+
+
+class ExecutionTools:
+    """Registers the code-execution tools and resources for one executor."""
+
+    def __init__(self, executor: Executor, settings: Settings) -> None:
+        self.executor = executor
+        self.settings = settings
+
+    def register(self, server: MCPServer) -> None:
+        languages = self.executor.available_languages()
+        ex = self.executor
+        text_budget, image_budget = self.settings.max_output_chars, self.settings.max_result_bytes
+
+        notable = ", ".join(ex.runtime.notable) or "only the standard library"
+        installs = (
+            "Packages cannot be installed from inside code (no network): use install_packages."
+            if self.settings.packages != "none"
+            else "Installing packages is turned off on this server."
+        )
+
+        @server.tool(
+            description=(
+                "Run code and return its output. Python runs in a persistent Jupyter kernel: "
+                "variables, imports and files survive between calls with the same session_id "
+                "(default session when omitted). Other languages run as a fresh process per call. "
+                "The value of the last expression is returned like in a notebook; matplotlib "
+                "figures come back as images, plotly figures as HTML. Set reset=true for a fresh "
+                f"interpreter. Python can import: {notable}. {installs} Sessions, their files and Python "
+                "variables are stored and resume after a restart. background=true runs long work as a "
+                "job (job_status, job_cancel)."
+            ),
+            annotations=ToolAnnotations(title="Run code", destructive_hint=False, open_world_hint=False),
+        )
+        async def run_code(
+            code: Annotated[str, Field(description="The source code to run.")],
+            ctx: Context,
+            language: Annotated[
+                str,
+                Field(
+                    description="Language of the code.",
+                    json_schema_extra={"enum": languages},
+                    max_length=limits.LANGUAGE_CHARS,
+                ),
+            ] = "python",
+            session_id: Annotated[
+                str | None,
+                Field(
+                    description="Named session to run in (created on first use); omit for the default session.",
+                    max_length=64,
+                ),
+            ] = None,
+            reset: Annotated[
+                bool, Field(description="Start this session from a fresh interpreter first.")
+            ] = False,
+            timeout: Annotated[
+                float | None, Field(description="Time limit in seconds (capped by the server's maximum).")
+            ] = None,
+            background: Annotated[
+                bool,
+                Field(
+                    description="Run as a background job: return at once with a job_id (follow it with "
+                    "job_status, stop it with job_cancel); it keeps running if this client disconnects."
+                ),
+            ] = False,
+        ) -> Annotated[CallToolResult, RunResult]:
+            async def progress(message: str, elapsed: float) -> None:
+                await ctx.report_progress(elapsed, None, message)
+
+            owner, session_id = address(principal_of(ctx), session_id)
+            if background:
+                with model_errors(f"the {language[:20]} interpreter"):
+                    job = ex.start_job(
+                        code,
+                        language=language,
+                        session_id=session_id,
+                        reset=reset,
+                        timeout=timeout,
+                        owner=owner,
+                    )
+                started = RunResult(
+                    status="running",
+                    language=job.language,
+                    session_id=job.session_id,
+                    job_id=job.id,
+                    notes=[
+                        f"started background job {job.id}; follow it with job_status, stop it with job_cancel."
+                    ],
+                )
+                content, structured = run_result_content(started)
+                return CallToolResult(content=list(content), structured_content=structured)
+            with model_errors(f"the {language[:20]} interpreter"):
+                result = await ex.run(
+                    code,
+                    owner=owner,
+                    language=language,
+                    session_id=session_id,
+                    reset=reset,
+                    timeout=timeout,
+                    progress=progress,
+                )
+            content, structured = run_result_content(result)
+            return CallToolResult(content=list(content), structured_content=structured)
+
+        @server.tool(
+            description=(
+                "Install packages into a session, for its code to import without a restart. Python: "
+                'names or requirement specifiers from the package index (e.g. ["openpyxl", '
+                '"pyarrow>=15"]), prebuilt wheels only unless the server allows source builds; '
+                "they are importable at once in the session's Python (and bash). JavaScript/"
+                'TypeScript: npm packages as ["npm:lodash@4"], then import "npm:lodash@4". '
+                "Packages the interpreter already has stay as they are. Each session has its own "
+                "packages; they are deleted with the session."
+            ),
+            annotations=ToolAnnotations(
+                title="Install packages", destructive_hint=False, open_world_hint=True
+            ),
+        )
+        async def install_packages(
+            ctx: Context,
+            packages: Annotated[
+                list[str],
+                Field(description='Package names or specifiers, e.g. ["openpyxl"] or ["npm:lodash@4"].'),
+            ],
+            language: Annotated[
+                str,
+                Field(
+                    description="python, or javascript/typescript for npm packages.",
+                    json_schema_extra={"enum": ["python", "javascript", "typescript"]},
+                ),
+            ] = "python",
+            session_id: Annotated[
+                str | None,
+                Field(description="Session to install into; omit for the default session.", max_length=64),
+            ] = None,
+        ) -> InstallResult:
+            with model_errors("the installer"):
+                owner, sid = address(principal_of(ctx), session_id)
+                return await ex.install(list(packages), owner=owner, language=language, session_id=sid)
+
+        session_tools.register(server, ex, model_errors, run_result_content)
+
+        @server.tool(description="Write a file into a session's working directory (text or base64).")
+        async def upload_file(
+            ctx: Context,
+            path: Annotated[
+                str,
+                Field(
+                    description="Path relative to the session's working directory.",
+                    max_length=limits.PATH_CHARS,
+                ),
+            ],
+            content: Annotated[str, Field(description="File content, as text or base64 (see encoding).")],
+            encoding: Annotated[str, Field(json_schema_extra={"enum": ["utf-8", "base64"]})] = "utf-8",
+            session_id: Annotated[
+                str | None, Field(description="Session; omit for the default session.")
+            ] = None,
+        ) -> UploadResult:
+            with model_errors():
+                data = decode_upload(content, encoding)
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id))
+                room = self.settings.workspace_mb * 1024 * 1024 - (
+                    ws.last_scan.bytes_used if ws.last_scan else await ws.ausage()
+                )
+                if len(data) > room:
+                    raise WorkspaceError(
+                        f"{len(data):,} bytes do not fit: the working directory has {max(room, 0):,} bytes left "
+                        f"of its {self.settings.workspace_mb} MiB quota. Delete files first."
+                    )
+                rel = await ws.awrite(path, data)
+            return UploadResult(path=rel, size=len(data), session_id=session_id or ex.default_session_id)
+
+        @server.tool(
+            description=(
+                "Read a file from a session's working directory. Small files come back inline (text, "
+                "an image, or base64); larger ones as a resource link: pass offset/length to read a part."
+            )
+        )
+        async def download_file(
+            ctx: Context,
+            path: Annotated[
+                str,
+                Field(
+                    description="Path relative to the session's working directory.",
+                    max_length=limits.PATH_CHARS,
+                ),
+            ],
+            session_id: Annotated[
+                str | None, Field(description="Session; omit for the default session.")
+            ] = None,
+            offset: Annotated[int, Field(ge=0, description="First byte to return.")] = 0,
+            length: Annotated[
+                int | None, Field(ge=1, description=f"Bytes to return (at most {text_budget:,} a call).")
+            ] = None,
+        ) -> Annotated[CallToolResult, DownloadResult]:
+            with model_errors():
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
+                image = guess_mime(path) in IMAGE_FIELDS.values() and offset == 0 and length is None
+                budget = image_budget if image else text_budget
+                got = await ws.aread(path, offset=offset, length=min(length or budget, budget))
+            ranged = length is not None or offset > 0
+            return download_answer(session_id or ex.default_session_id, got, ranged=ranged, budget=budget)
+
+        @server.tool(
+            description=(
+                "List files in a session's working directory: optionally under a folder (path) or "
+                "matching a glob pattern (e.g. '*.csv'), a page at a time (offset/limit)."
+            )
+        )
+        async def list_files(
+            ctx: Context,
+            session_id: Annotated[
+                str | None, Field(description="Session; omit for the default session.")
+            ] = None,
+            path: Annotated[
+                str, Field(description="Only files under this folder.", max_length=limits.PATH_CHARS)
+            ] = "",
+            pattern: Annotated[
+                str | None,
+                Field(
+                    description="Glob on the path or file name, e.g. '*.png' or 'data/*.csv'.",
+                    max_length=limits.PATTERN_CHARS,
+                ),
+            ] = None,
+            offset: Annotated[int, Field(ge=0, description="Skip this many matching files.")] = 0,
+            limit: Annotated[int, Field(ge=1, le=LIST_MAX, description="Files per page.")] = LIST_LIMIT,
+        ) -> FileList:
+            with model_errors():
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
+                page, total = await ws.alist(prefix=path, pattern=pattern, offset=offset, limit=limit)
+            return FileList(
+                session_id=session_id or ex.default_session_id,
+                files=page,
+                total=total,
+                offset=offset,
+                next_offset=offset + limit if offset + limit < total else None,
+            )
+
+        @server.resource(
+            "workspace://{session_id}/{+path}",
+            name="workspace_file",
+            description="A file in a code session's working directory (text, or binary as a blob).",
+        )
+        async def workspace_file(session_id: str, path: str, ctx: Context) -> str | bytes:
+            cap = self.settings.max_download_mb * 1024 * 1024
+            try:
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
+                got = await ws.aread(path, length=cap + 1)
+            except ValueError as exc:
+                raise ResourceError(str(exc)) from exc
+            if got.size > cap:
+                raise ResourceError(
+                    f"{got.path!r} is {got.size:,} bytes, over the {self.settings.max_download_mb} MiB resource "
+                    "limit (--max-download-mb); read it in parts with download_file offset/length."
+                )
+            if got.mime.startswith("text/") or got.mime in TEXT_MIMES:
+                try:
+                    return got.data.decode()
+                except UnicodeDecodeError:
+                    return got.data
+            return got.data
+
+        @server.resource(
+            "workspace://{session_id}",
+            name="workspace_listing",
+            description="The files in a code session's working directory, as JSON (the first 1000).",
+            mime_type="application/json",
+        )
+        async def workspace_listing(session_id: str, ctx: Context) -> str:
+            try:
+                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
+                page, total = await ws.alist(limit=LIST_MAX)
+            except ValueError as exc:
+                raise ResourceError(str(exc)) from exc
+            listing = FileList(
+                session_id=session_id,
+                files=page,
+                total=total,
+                offset=0,
+                next_offset=LIST_MAX if total > LIST_MAX else None,
+            )
+            return listing.model_dump_json()
+
+
+def decode_upload(content: str, encoding: str) -> bytes:
+    if encoding == "utf-8":
+        try:
+            return content.encode()
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                "content is not valid text (it has lone surrogates); send it as base64."
+            ) from exc
+    if encoding == "base64":
+        try:
+            return base64.b64decode(content, validate=True)
+        except ValueError as exc:
+            raise ValueError(f"content is not valid base64: {exc}. Send text with encoding='utf-8'.") from exc
+    raise ValueError(f"encoding must be 'utf-8' or 'base64', got {encoding[:40]!r}.")
+
+
+def download_answer(session_id: str, got: FileData, *, ranged: bool, budget: int) -> CallToolResult:
+    """The download result: inline when it fits, else a resource link and how to read parts."""
+    uri = f"workspace://{session_id}/{got.path}"
+    complete = got.offset == 0 and len(got.data) == got.size
+    answer = DownloadResult(
+        path=got.path,
+        size=got.size,
+        mime=got.mime,
+        encoding=None,
+        content=None,
+        offset=got.offset,
+        length=len(got.data),
+        complete=complete,
+        resource=uri,
+    )
+    blocks: list[Any]
+    if not complete and not ranged:
+        answer.length = 0
+        answer.note = (
+            f"{got.path!r} is {got.size:,} bytes, more than fits in one answer ({budget:,}). Read it in parts "
+            f"with offset/length, open the resource link, or summarise it with run_code."
+        )
+        blocks = [
+            TextContent(type="text", text=answer.note),
+            ResourceLink(type="resource_link", uri=uri, name=got.path, mime_type=got.mime, size=got.size),
+        ]
+    elif complete and got.mime in IMAGE_FIELDS.values():
+        answer.encoding = "image"
+        blocks = [
+            TextContent(type="text", text=f"{got.path} ({got.size:,} bytes, {got.mime})"),
+            ImageContent(type="image", data=base64.b64encode(got.data).decode(), mime_type=got.mime),
+        ]
+    else:
+        if not complete:
+            end = got.offset + len(got.data)
+            answer.note = f"bytes {got.offset:,}-{end:,} of {got.size:,}; " + (
+                f"the next part starts at offset {end}." if end < got.size else "this is the end of the file."
+            )
+        try:
+            answer.content, answer.encoding = got.data.decode(), "utf-8"
+            shown = answer.content
+        except UnicodeDecodeError:
+            answer.content, answer.encoding = base64.b64encode(got.data).decode(), "base64"
+            shown = f"({len(got.data):,} bytes of binary data, base64 in the structured result)"
+        blocks = [TextContent(type="text", text="\n".join(filter(None, [answer.note, shown])))]
+    return CallToolResult(content=blocks, structured_content=answer.model_dump(mode="json"))

@@ -1,0 +1,244 @@
+"""The MCP tools for sessions and background jobs: ``list_sessions``, ``close_session``,
+``export_notebook``, ``job_status``, ``job_cancel``.
+
+Registered by ``ExecutionTools.register`` (``tools.py``) next to ``run_code`` and the file
+tools, and thin in the same way: the executor, the registry and the job records know
+nothing of MCP; these functions shape their answers. Errors go through the same
+``model_errors`` mapping (a ``ValueError`` becomes a ``ToolError`` with its sentence).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, TextContent
+from pydantic import BaseModel, Field
+
+from kernmind import input_limits as limits
+from kernmind.execution.results import Logs, RunResult
+from kernmind.execution.sandbox.workspace import off_loop
+from kernmind.execution.sessions.jobs import Job
+from kernmind.execution.sessions.registry import check_session_id
+from kernmind.principals import OWNER_RE, Principal, principal_of
+
+if TYPE_CHECKING:
+    from kernmind.execution.executor import Executor
+
+
+class SessionSummary(BaseModel):
+    session_id: str
+    owner: str = Field(description="the principal the session belongs to")
+    state: Literal["live", "stored", "in_other_server"] = Field(
+        description="live: loaded in this server; stored: on disk, resumes on its next call; "
+        "in_other_server: live in another kernmind server on this data dir"
+    )
+    language: str = "python"
+    execution_count: int = 0
+    idle_seconds: float
+    age_seconds: float = 0.0
+    last_used: str = Field(description="when it last ran code or was saved (ISO 8601, UTC)")
+    busy: bool = False
+    job_id: str | None = Field(default=None, description="the background job running in it")
+    workspace_files: int = 0
+    workspace_bytes: int = 0
+    kernel_running: bool = Field(
+        default=False, description="false until the session's first Python call (or after it was unloaded)"
+    )
+    variables_saved_at: str | None = Field(
+        default=None, description="when its Python variables were last saved (restored on its next call)"
+    )
+    held_by_pid: int | None = Field(default=None, description="the other server's pid (in_other_server)")
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionSummary]
+    max_sessions: int = Field(description="live sessions at once, all principals together (--max-sessions)")
+    max_sessions_per_principal: int = Field(
+        description="live sessions one principal may have; past it the least recently used idle one is "
+        "unloaded (variables saved, files kept)"
+    )
+    max_stored_sessions: int
+    max_stored_sessions_per_principal: int
+    warm_kernels: int = Field(description="pre-started kernels ready for new sessions")
+    pool_error: str | None = Field(
+        default=None, description="why warm kernels are failing to start, if they are"
+    )
+
+
+class CloseResult(BaseModel):
+    session_id: str
+    closed: bool
+    message: str
+
+
+class NotebookResult(BaseModel):
+    session_id: str
+    path: str = Field(description="the notebook, relative to the session's working directory")
+    cells: int
+    bytes: int
+    resource: str = Field(description="workspace:// URI of the notebook")
+
+
+class JobStatus(BaseModel):
+    job_id: str
+    state: Literal["running", "done", "cancelled", "lost"]
+    session_id: str | None
+    language: str
+    started_at: str
+    finished_at: str | None = None
+    elapsed_seconds: float
+    output: Logs | None = Field(
+        default=None, description="while running: stdout/stderr so far (head and tail)"
+    )
+    truncated: bool = False
+    result: RunResult | None = Field(
+        default=None, description="the final run_code result (done or cancelled)"
+    )
+    note: str | None = None
+
+
+def address(caller: Principal, session_id: str | None) -> tuple[str, str | None]:
+    """(owner, session id) a caller means: its own session, or, for an admin, ``owner/session_id``."""
+    if caller.admin and session_id and "/" in session_id:
+        owner, _, sid = session_id.partition("/")
+        if OWNER_RE.match(owner):
+            return owner, sid
+    return caller.owner, session_id
+
+
+def iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+Content = Callable[[RunResult], tuple[list[Any], dict[str, Any]]]
+
+
+def job_answer(job: Job, run_result_content: Content) -> CallToolResult:
+    """The job's status: structured, plus the final result's blocks (images included) once done."""
+    end = job.finished or time.time()
+    status = JobStatus(
+        job_id=job.id,
+        state=job.state,
+        session_id=job.session_id,
+        language=job.language,
+        started_at=iso(job.started) or "",
+        finished_at=iso(job.finished),
+        elapsed_seconds=round(end - job.started, 1),
+        note=job.note,
+    )
+    blocks: list[Any]
+    if job.collector is not None:  # running here: what it printed so far
+        status.output, status.truncated = job.collector.logs(), job.collector.truncated
+        out = "".join(status.output.stdout + status.output.stderr)
+        text = f"[job {job.id} running for {status.elapsed_seconds:g}s]\n{out[-2000:]}".rstrip()
+        blocks = [TextContent(type="text", text=text)]
+    elif job.result is not None:
+        result = RunResult.model_validate(job.result)
+        blocks, structured = run_result_content(result)
+        status.result = RunResult.model_validate(structured)
+        head = f"[job {job.id} {job.state}{': ' + job.note if job.note else ''}]"
+        blocks = [TextContent(type="text", text=f"{head}\n{blocks[0].text}"), *blocks[1:]]
+    else:
+        blocks = [TextContent(type="text", text=f"[job {job.id} {job.state}] {job.note or ''}".rstrip())]
+    return CallToolResult(content=blocks, structured_content=status.model_dump(mode="json", by_alias=True))
+
+
+def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_content: Content) -> None:
+    """Add the session and job tools (``model_errors`` and ``run_result_content`` from tools.py)."""
+    settings = ex.settings
+
+    @server.tool(
+        description="List your code sessions: live ones and stored ones (which resume, files and variables, "
+        "on their next call), with their files, size and when they were last used (an admin sees every "
+        "owner's)."
+    )
+    async def list_sessions(ctx: Context) -> SessionList:
+        caller = principal_of(ctx)
+        owner = None if caller.admin else caller.owner
+        rows = await off_loop(lambda: ex.session_summaries(owner), timeout=None)
+        for row in rows:
+            row["last_used"] = iso(row.get("last_used")) or ""
+            row["variables_saved_at"] = iso(row.get("variables_saved_at"))
+        return SessionList(
+            sessions=[SessionSummary(**r) for r in rows],
+            max_sessions=settings.max_sessions,
+            max_sessions_per_principal=ex.sessions.caps.per_owner,
+            max_stored_sessions=settings.max_stored_sessions,
+            max_stored_sessions_per_principal=ex.store.per_owner_sessions,
+            warm_kernels=ex.pool.ready_count,
+            pool_error=ex.pool.last_error,
+        )
+
+    @server.tool(
+        description="Close a code session for good: stop its interpreter (and any code running in it) and "
+        "delete its files, saved variables and history. Idle sessions are not deleted otherwise: they are "
+        "stored and resume on their next call."
+    )
+    async def close_session(
+        session_id: Annotated[str, Field(description="The session to close.")],
+        ctx: Context,
+    ) -> CloseResult:
+        with model_errors():
+            owner, sid = address(principal_of(ctx), session_id)
+            if not await ex.sessions.close(check_session_id(sid), owner=owner):
+                raise ex.sessions.unknown_session(str(sid), owner)
+        return CloseResult(
+            session_id=session_id,
+            closed=True,
+            message="Session closed; its files and saved variables are deleted.",
+        )
+
+    @server.tool(
+        description="Write a session's history (code cells with their outputs, images and errors) as a "
+        "Jupyter notebook (.ipynb, nbformat 4) into its working directory."
+    )
+    async def export_notebook(
+        ctx: Context,
+        session_id: Annotated[str | None, Field(description="Session; omit for the default session.")] = None,
+        path: Annotated[
+            str,
+            Field(
+                description="Where to write it, relative to the working directory.",
+                max_length=limits.PATH_CHARS,
+            ),
+        ] = ("session.ipynb"),
+    ) -> NotebookResult:
+        with model_errors():
+            owner, sid = address(principal_of(ctx), session_id)
+            rel, cells, size = await ex.export_notebook(owner, sid, path)
+        sid = session_id or ex.default_session_id
+        return NotebookResult(
+            session_id=sid, path=rel, cells=cells, bytes=size, resource=f"workspace://{sid}/{rel}"
+        )
+
+    @server.tool(
+        description="State of a background job (run_code with background=true): running (with its output so "
+        "far), done (with its result), cancelled, or lost (the server that ran it stopped)."
+    )
+    async def job_status(
+        job_id: Annotated[str, Field(description="The job_id run_code returned.", max_length=80)],
+        ctx: Context,
+    ) -> Annotated[CallToolResult, JobStatus]:
+        owner = principal_of(ctx).owner
+        with model_errors():
+            job = await off_loop(lambda: ex.jobs.get(job_id, owner=owner), timeout=None)
+        return job_answer(job, run_result_content)
+
+    @server.tool(description="Stop a background job; its session keeps its state when the interrupt works.")
+    async def job_cancel(
+        job_id: Annotated[str, Field(description="The job_id run_code returned.", max_length=80)],
+        ctx: Context,
+    ) -> Annotated[CallToolResult, JobStatus]:
+        with model_errors():
+            job = await ex.jobs.cancel(job_id, owner=principal_of(ctx).owner)
+        if job.state == "running" and job.collector is None:
+            raise ToolError(
+                f"job {job_id} runs in another kernmind server (pid {job.server_pid}); cancel it there."
+            )
+        return job_answer(job, run_result_content)

@@ -1,0 +1,206 @@
+"""MCP over Streamable HTTP at ``/mcp`` (uvicorn), behind the request guards and the token check.
+
+Design
+- The SDK serves both protocol eras on ``/mcp`` (the 2025-11-25 initialize handshake with
+  ``Mcp-Session-Id`` and 2026-07-28 sessionless requests). Kernel sessions are named by
+  ``session_id`` in tool arguments, never derived from a connection.
+- With ``--token`` or ``--tokens FILE``, a small ASGI middleware (auth.py) requires
+  ``Authorization: Bearer <token>`` on every request, compares SHA-256 digests in constant
+  time, and puts the principal the token names into the request's scope (``principals.py``:
+  sessions and memory belong to principals); anything else gets a 401. A non-loopback bind
+  address without a token is refused before anything starts. On loopback the SDK's
+  DNS-rebinding protection (Host/Origin allow-lists) stays on, with the server's own origins
+  only; ``OriginGuard`` (guard.py) refuses other browser origins on every address unless
+  ``--allowed-origin`` adds them, and transport sessions are bound to the principal that
+  opened them (auth.py).
+- uvicorn keeps its own signal handlers (so the SSE streams sse-starlette keeps open are
+  drained), with a bounded graceful-shutdown wait, and the Starlette lifespan enters the
+  server lifespan once through the SDK's session manager. Unlike stock uvicorn we do not
+  re-raise the signal after a graceful shutdown: the exit code is 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from kernmind.config import Settings
+from kernmind.principals import TokenFile, TokenFileError, tokens_file_in_use
+from kernmind.settings_cli import where_set
+from kernmind.transport.auth import BearerTokenMiddleware, authenticator, redact_session_ids
+from kernmind.transport.guard import JsonRpcGuard, OriginGuard, own_origins
+from kernmind.transport.shutdown import EXIT_FAILED, Shutdown
+
+log = logging.getLogger(__name__)
+
+MCP_PATH = "/mcp"
+GRACEFUL_SHUTDOWN_SECONDS = 3
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+# --- configuration checks -----------------------------------------------------------
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ::1)."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def check_http_settings(settings: Settings) -> str | None:
+    """Why these HTTP settings must be refused, or None when they are fine."""
+    tokens_file = tokens_file_in_use(settings.tokens_file, settings.data_dir)
+    if not is_loopback(settings.host) and not settings.token and tokens_file is None:
+        return (
+            f"refusing to listen on {settings.host!r} without a token: anyone who can reach that "
+            "address could run code on this machine. Pass --token (or set KERNMIND_TOKEN), or --tokens "
+            "FILE (see `kernmind tokens add`), or bind to 127.0.0.1."
+        )
+    if tokens_file is not None:
+        try:
+            TokenFile(tokens_file).refresh(strict=True)
+        except TokenFileError as exc:
+            return str(exc)
+    return None
+
+
+# --- HTTP -------------------------------------------------------------------------------
+def _uvicorn_server_class() -> type[Any]:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn without the re-raise of the stop signal after a graceful shutdown.
+
+        Handlers stay bound methods of the server, which is how sse-starlette finds
+        ``should_exit`` and closes its open event streams promptly.
+        """
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            originals = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in originals.items():
+                    signal.signal(sig, handler)
+
+        on_started: Callable[[], None] | None = None
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and self.on_started is not None:
+                self.on_started()
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit:
+                Shutdown().force_exit(sig)
+            log.info("%s: stopping kernels and closing the database", signal.Signals(sig).name)
+            self.should_exit = True
+
+    return Server
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the listening socket ourselves: a busy port fails before any kernel starts."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    # The protocol must be IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets
+    # whose proto says TCP. Without it, a response written as headers then body waits for the
+    # client's delayed ACK (Nagle): ≈ 40 ms added to every HTTP call.
+    sock = socket.socket(family, kind, proto or socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted sockets on Linux
+    try:
+        sock.bind(address)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+def build_http_app(server: Any, settings: Settings, port: int | None = None) -> ASGIApp:
+    """The SDK's Streamable HTTP app at /mcp behind the JSON-RPC guard, the Origin guard and,
+    with a token, its check (``port``: the one the server listens on, if not ``--port``)."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    max_body = settings.max_request_mb * 1024 * 1024
+    port = settings.port if port is None else port
+    loopback = is_loopback(settings.host)
+    own = own_origins(settings.host, port, loopback)
+    security = None
+    if loopback:  # the SDK's DNS-rebinding check (Host and Origin), with our list of origins
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=sorted({f"{host}:*", "127.0.0.1:*", "localhost:*", "[::1]:*"}),
+            allowed_origins=sorted(own | set(settings.allowed_origin)),
+        )
+    redact_session_ids()
+    app: ASGIApp = server.streamable_http_app(
+        streamable_http_path=MCP_PATH,
+        host=settings.host,
+        max_request_body_size=max_body,
+        transport_security=security,
+    )
+    app = JsonRpcGuard(app, max_body=max_body, limit_setting=where_set("max_request_mb"))
+    app = OriginGuard(app, own=own, allowed=settings.allowed_origin, same_host=not own)
+    auth = authenticator(settings)
+    if auth.required:
+        app = BearerTokenMiddleware(app, auth)
+    return app
+
+
+async def serve_http(server: Any, settings: Settings, sock: socket.socket) -> int:
+    import uvicorn
+
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(
+        build_http_app(server, settings, port),
+        lifespan="on",
+        log_config=None,  # keep kernmind's stderr logging
+        access_log=settings.log_level == "DEBUG",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        server_header=False,
+    )
+    uv = _uvicorn_server_class()(config)
+    shown = f"[{host}]" if ":" in host else host
+
+    def announce() -> None:
+        required = settings.token or tokens_file_in_use(settings.tokens_file, settings.data_dir)
+        auth = "bearer token required" if required else "no token"
+        # Tests and scripts wait for this line (it carries the real port when --port 0).
+        print(f"kernmind: serving MCP on http://{shown}:{port}{MCP_PATH} ({auth})", file=sys.stderr)
+        sys.stderr.flush()
+
+    uv.on_started = announce
+    try:
+        await uv.serve(sockets=[sock])
+    except SystemExit:  # uvicorn's startup failure (the lifespan did not start)
+        log.error("the server failed to start (see the errors above)")
+        return EXIT_FAILED
+    finally:
+        sock.close()
+    if not uv.started:
+        return EXIT_FAILED
+    log.info("HTTP server stopped: kernels stopped, database closed")
+    return 0

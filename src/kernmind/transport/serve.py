@@ -1,0 +1,100 @@
+"""Running the server on a transport: stdio (stdio.py) or Streamable HTTP (http.py).
+
+``serve(settings) -> int`` is what ``kernmind serve`` calls; its return value is the exit code.
+
+Design
+- One process, one :class:`~mcp.server.mcpserver.MCPServer`. Its lifespan (server.py)
+  owns the executor and the memory store: every kernel, sandbox and subprocess is stopped
+  and the database is closed when the lifespan exits. The transports exist to make sure
+  that the lifespan *does* exit, whatever ends the server: stdin closing, SIGTERM or SIGINT
+  (stdio.py, shutdown.py), uvicorn's graceful shutdown (http.py).
+- Start-up order: the sandbox and language-runtime probes (is bubblewrap usable, which
+  runtimes are installed: ``java -version`` alone starts a JVM) mostly wait on child
+  processes, so they start on daemon threads first (``Sandbox.prefetch``,
+  ``runners.prefetch``); ``Sandbox.detect`` and ``runners.discover`` then find their
+  outcomes, or wait for the probe still running. Then the executor is built and launches the
+  fork-server template, and only then is the MCP SDK imported (on the other core meanwhile).
+
+Error policy: configuration problems (non-loopback host without a token, a port that is in
+use, a required sandbox that is missing) print one clear line to stderr and return a
+non-zero exit code (2 for refused configuration, 1 for failure to start) instead of a
+traceback. Anything unexpected propagates.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import anyio
+
+from kernmind.config import Settings
+from kernmind.transport.http import bind_socket, check_http_settings, serve_http
+from kernmind.transport.shutdown import EXIT_FAILED, EXIT_REFUSED
+from kernmind.transport.stdio import serve_stdio
+
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # glibc's mallopt parameters
+MMAP_THRESHOLD = 256 * 1024
+
+
+def return_freed_memory() -> None:
+    """Make glibc give large freed blocks back to the system. By default its threshold for
+    mapping a block of its own rises to the largest block freed so far, so after one large
+    result every later one comes from heaps that keep what was freed (one per thread that
+    touched it, up to 8 per core): a server that relayed 120 results of 3.5 MB grew by
+    hundreds of MiB with no object alive (measured: see benchmarks/bench_job_memory.py).
+    A fixed threshold (as kernels get through their environment) and two heaps keep it flat."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(M_ARENA_MAX, 2)
+    except (OSError, AttributeError):  # not glibc: its allocator has its own policy
+        pass
+
+
+def serve(settings: Settings) -> int:
+    """Run ``kernmind serve``; returns the process exit code."""
+    from kernmind.execution import runners
+    from kernmind.execution.sandbox.bwrap import Sandbox, limits_from
+
+    return_freed_memory()
+
+    # the probes run on threads while the rest starts (see Design)
+    Sandbox.prefetch(settings.sandbox, allow_network=settings.allow_network, limits=limits_from(settings))
+    runners.prefetch()
+    from kernmind.execution.executor import Executor
+    from kernmind.execution.sandbox.bwrap import SandboxUnavailable
+    from kernmind.execution.sandbox.cgroups import CgroupsUnavailable
+
+    sock: socket.socket | None = None
+    if settings.transport == "http":
+        problem = check_http_settings(settings)
+        if problem:
+            print(f"kernmind: {problem}", file=sys.stderr)
+            return EXIT_REFUSED
+        try:
+            sock = bind_socket(settings.host, settings.port)
+        except OSError as exc:
+            print(f"kernmind: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+    try:
+        # The executor (no SDK in it) first: its fork-server template then imports ipykernel,
+        # pandas & co. on the other core while this one imports the SDK.
+        executor = Executor(settings)
+        executor.prelaunch()
+        from kernmind.server import create_server
+
+        server = create_server(settings, executor)
+    except (SandboxUnavailable, CgroupsUnavailable) as exc:
+        if sock is not None:
+            sock.close()
+        print(f"kernmind: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        if sock is not None:
+            return anyio.run(serve_http, server, settings, sock)
+        return anyio.run(serve_stdio, server)
+    except KeyboardInterrupt:  # Ctrl-C before the handlers were installed: nothing was started yet
+        return 130

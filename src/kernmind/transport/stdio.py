@@ -1,0 +1,142 @@
+"""MCP on stdin/stdout: what desktop clients launch.
+
+Design
+- The SDK's ``run_stdio_async`` reads stdin on a worker thread that cannot be cancelled, so a
+  signal could never finish a shutdown while the client keeps stdin open. We hand
+  ``stdio_server`` our own line reader instead: a daemon thread reads a private duplicate of
+  fd 0 (fd 0 itself then points at /dev/null, as the SDK does) and the async side is
+  cancellable. A signal cancels the serving scope; the lifespan's shielded cleanup runs
+  (shutdown.py). Stdin closing is the normal way a client says goodbye.
+- When stdin is a terminal (a person typed ``kernmind serve``), one line on stderr says that
+  it speaks MCP on stdio and how to try it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from kernmind.transport.shutdown import Shutdown, watch_signals
+
+log = logging.getLogger(__name__)
+
+
+class StdinLines:
+    """Cancellable async iterator over the lines of stdin.
+
+    A daemon thread reads a private duplicate of fd 0 and hands lines to the event loop;
+    fd 0 itself is pointed at /dev/null so that nothing else (a child, stray ``input()``)
+    can steal protocol bytes. A blocked read never delays shutdown: the thread is a daemon
+    and the async side simply stops listening.
+    """
+
+    def __init__(self) -> None:
+        self._fd = _dup_private(0)
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.close(devnull)
+        self._file = os.fdopen(self._fd, "r", encoding="utf-8", errors="replace", closefd=False)
+        self._receive: MemoryObjectReceiveStream[str] | None = None
+
+    def release(self) -> None:
+        """Point fd 0 back at the original stdin (the reader thread keeps its duplicate)."""
+        with contextlib.suppress(OSError):
+            os.dup2(self._fd, 0)
+
+    def _start(self) -> MemoryObjectReceiveStream[str]:
+        send: MemoryObjectSendStream[str]
+        send, receive = anyio.create_memory_object_stream[str](16)
+        token = anyio.lowlevel.current_token()
+
+        def pump() -> None:
+            try:
+                while True:
+                    try:
+                        line = self._file.readline()
+                    except (OSError, ValueError):
+                        line = ""
+                    if not line:
+                        break
+                    anyio.from_thread.run(send.send, line, token=token)
+            except Exception:  # the event loop is gone or the reader stopped listening
+                return
+            with contextlib.suppress(Exception):
+                anyio.from_thread.run_sync(send.close, token=token)
+
+        threading.Thread(target=pump, name="kernmind-stdin", daemon=True).start()
+        return receive
+
+    def __aiter__(self) -> StdinLines:
+        return self
+
+    async def __anext__(self) -> str:
+        if self._receive is None:
+            self._receive = self._start()
+        try:
+            return await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        if self._receive is not None:
+            await self._receive.aclose()
+
+
+def _dup_private(fd: int) -> int:
+    try:
+        import fcntl
+
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    except (ImportError, OSError):
+        return os.dup(fd)
+
+
+TTY_HINT = (
+    "kernmind: speaking MCP on stdio, waiting for a client to write JSON-RPC here (this is what "
+    "desktop clients launch); to try it: npx -y @modelcontextprotocol/inspector@2.12.0 --cli kernmind "
+    "serve --method tools/list, or kernmind serve --transport http. Ctrl-C stops."
+)
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+async def serve_stdio(server: Any) -> int:
+    """Serve MCP on stdin/stdout until stdin closes or SIGTERM/SIGINT arrives."""
+    from mcp.server.stdio import stdio_server
+
+    from kernmind.sdk_compat import lowlevel_server
+
+    lowlevel = lowlevel_server(server)  # MCPServer.run_stdio_async has no stdin hook
+    state = Shutdown()
+    on_terminal = _isatty(0)  # before StdinLines points fd 0 at /dev/null
+    stdin = StdinLines()
+    try:
+        async with anyio.create_task_group() as outer:
+            serving = anyio.CancelScope()
+            await outer.start(watch_signals, serving, state)
+            if on_terminal:  # a person typed `kernmind serve`: say what it waits for
+                print(TTY_HINT, file=sys.stderr, flush=True)
+            with serving:
+                async with stdio_server(stdin=stdin) as (read_stream, write_stream):  # type: ignore[arg-type]
+                    await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+            if state.signal is None:
+                log.info("stdin closed: kernels stopped, database closed")
+            outer.cancel_scope.cancel()
+    finally:
+        stdin.release()
+    return 0

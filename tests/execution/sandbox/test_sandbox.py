@@ -1,0 +1,85 @@
+"""The sandbox layer on its own: what a wrapped command can see, and how modes are chosen."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kernmind.execution.sandbox.bwrap import Sandbox, SandboxUnavailable
+
+bwrap_only = pytest.mark.skipif(
+    Sandbox.detect("auto").backend != "bwrap", reason="bubblewrap is not usable here"
+)
+
+
+def run_in(
+    sandbox: Sandbox, workspace: Path, argv: list[str], **kw: object
+) -> subprocess.CompletedProcess[str]:
+    uid = sandbox.allocate_uid()
+    if uid is not None:
+        os.chown(workspace, uid, uid)
+    cmd = sandbox.wrap(argv, workspace=workspace, uid=uid, **kw)  # type: ignore[arg-type]
+    return subprocess.run(cmd.argv, env=cmd.env, cwd=cmd.cwd, capture_output=True, text=True, timeout=30)
+
+
+@bwrap_only
+def test_workspace_is_the_only_writable_place_and_is_mounted_at_workspace(tmp_path: Path) -> None:
+    proc = run_in(
+        Sandbox.detect("bwrap"),
+        tmp_path,
+        ["/bin/sh", "-c", "pwd; echo hi > f; touch /usr/x 2>/dev/null || echo ro"],
+    )
+    assert proc.stdout.split() == ["/workspace", "ro"]
+    assert (tmp_path / "f").read_text() == "hi\n"
+
+
+@bwrap_only
+def test_read_only_paths_under_tmp_survive_the_private_tmpfs(tmp_path: Path) -> None:
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o755)
+    (runtime / "lib.txt").write_text("visible")
+    (runtime / "lib.txt").chmod(0o644)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    proc = run_in(Sandbox.detect("bwrap"), ws, ["cat", str(runtime / "lib.txt")], ro_paths=[runtime])
+    assert proc.stdout == "visible"
+
+
+@bwrap_only
+def test_environment_is_allow_listed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERNMIND_SECRET_FOR_TEST", "leak")
+    proc = run_in(Sandbox.detect("bwrap"), tmp_path, ["env"], env={"EXTRA": "1"})
+    names = {line.split("=", 1)[0] for line in proc.stdout.splitlines()}
+    assert "KERNMIND_SECRET_FOR_TEST" not in names
+    assert {"PATH", "HOME", "LANG", "EXTRA"} <= names
+
+
+@bwrap_only
+def test_network_is_off_unless_allowed(tmp_path: Path) -> None:
+    script = "import socket; print(sorted(n for _, n in socket.if_nameindex()))"
+    off = run_in(Sandbox.detect("bwrap"), tmp_path, ["python3", "-c", script])
+    assert off.stdout.strip() == "['lo']"
+    on = run_in(Sandbox.detect("bwrap", allow_network=True), tmp_path, ["python3", "-c", script])
+    assert on.stdout.strip() != "['lo']"
+
+
+def test_none_mode_keeps_limits_and_clean_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KERNMIND_SECRET_FOR_TEST", "leak")
+    sandbox = Sandbox.detect("none")
+    assert sandbox.backend == "none"
+    proc = run_in(sandbox, tmp_path, ["/bin/sh", "-c", "env; ulimit -n"])
+    assert "KERNMIND_SECRET_FOR_TEST" not in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == str(sandbox.limits.max_open_files)
+
+
+def test_required_mode_refuses_without_bubblewrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SandboxUnavailable, match="bwrap is not installed"):
+        Sandbox.detect("required")
+    fallback = Sandbox.detect("auto")
+    assert fallback.backend == "none" and "bwrap is not installed" in fallback.reason
