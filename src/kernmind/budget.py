@@ -12,7 +12,7 @@ resource to read — written by the tool that knows its own arguments (:func:`le
 
 A budget is made per answer from the settings (:meth:`Budget.of`): two answers never
 share one. Sizes are counted in characters of what the model reads (the text, or the JSON
-of an item), which is what a context window fills with.
+of an item as the SDK writes it: :func:`listed_size`), which is what a context window fills with.
 
 Error policy
 ------------
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
+
+from pydantic import BaseModel
 
 
 class BudgetSettings(Protocol):
@@ -71,6 +73,13 @@ class Budget:
             f"{len(text) - len(kept):,} of {len(text):,} characters left out to stay within the output "
             f"budget ({self.chars:,} characters); {more}"
         )
+
+
+def listed_size(item: BaseModel) -> int:
+    """Characters ``item`` takes as a member of a list in a tool's text answer (the SDK writes
+    a structured result as JSON indented by two: a list's members sit four spaces deep)."""
+    text = item.model_dump_json(indent=2)
+    return len(text) + 4 * (text.count("\n") + 1) + 2
 
 
 def left_out(count: int, what: str, budget: Budget, how: str) -> str:

@@ -27,7 +27,7 @@ from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field
 
 from kernmind import input_limits as limits
-from kernmind.budget import Budget, left_out, next_page
+from kernmind.budget import Budget, left_out, listed_size, next_page
 from kernmind.memory.archival import InsertOutcome, SearchOutcome
 from kernmind.memory.block_results import clip
 from kernmind.memory.conversations import MessageSearch, search_messages
@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from kernmind.memory.tools import MemoryTools
 
 MESSAGE_CLIP_CHARS = 2000
-ENVELOPE_CHARS = 200  # a search result's fields besides its list (mode, page, top_k, the note's frame)
+ENVELOPE_CHARS = (
+    500  # a search result's fields besides its list (mode, page, top_k) and a note on what was left out
+)
 SCORE = (
     "how well it matches, from 0 to 1 (higher is better): the share of the query's words it holds, fused with "
     "how close it is in meaning; null when listing the newest"
@@ -115,7 +117,7 @@ class ArchivalSearchResult(BaseModel):
         results: list[Passage] = []
         for row in out.results:
             passage = Passage.of(row)
-            size = len(passage.model_dump_json())
+            size = listed_size(passage)
             if budget.admit(size):
                 results.append(passage)
                 continue
@@ -172,7 +174,7 @@ class ConversationSearchResult(BaseModel):
                 content=clip(r.content, MESSAGE_CLIP_CHARS) or "", created_at=iso(r.created_at),
                 score=r.score, match=r.match,
             )  # fmt: skip
-            if not budget.admit(len(message.model_dump_json()), first=not results):
+            if not budget.admit(listed_size(message), first=not results):
                 how = "narrow the query, roles or dates (start_date/end_date) to reach them"
                 note = (note + "; " if note else "") + left_out(
                     len(out.results) - len(results), "matches", budget, how
