@@ -255,6 +255,35 @@ async def test_a_fault_in_a_resource_read_is_an_internal_error_with_its_ref(
     assert "memory://blocks/human" in record.getMessage()
 
 
+# ------------------------------------------------------------------ prompts/get
+
+
+async def test_a_prompt_refusal_is_its_sentence_and_a_fault_has_a_ref(
+    client: Client, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def refuse(self: Blocks, *args: Any) -> Any:
+        raise MemoryRefusal("Memory is being moved; try again in a minute.")
+
+    monkeypatch.setattr(Blocks, "list", refuse)
+    with pytest.raises(MCPError) as raised:
+        await client.get_prompt("memory")
+    assert raised.value.error.message == "Memory is being moved; try again in a minute."
+
+    monkeypatch.setattr(Blocks, "list", lambda *a, **k: _key_error())
+    with caplog.at_level(logging.ERROR, logger="kernmind.boundary"):
+        with pytest.raises(MCPError) as raised:
+            await client.get_prompt("memory")
+    match = INTERNAL.match(raised.value.error.message)
+    assert match is not None, raised.value.error.message
+    assert "prompt 'memory'" in logged_under(caplog, match.group(1)).getMessage()
+
+
+async def test_an_unknown_prompt_is_still_the_sdks_answer(client: Client) -> None:
+    with pytest.raises(MCPError) as raised:
+        await client.get_prompt("no-such-prompt")
+    assert "internal error (ref" not in raised.value.error.message
+
+
 # ------------------------------------------------------------------ one function for calls from inside
 
 

@@ -1,12 +1,13 @@
 """The error boundary: the one place where an exception becomes what a client reads.
 
-``server.py`` calls :func:`install` once; from then on every ``tools/call`` and every
-``resources/read`` of that server passes through :func:`answer`:
+``server.py`` calls :func:`install` once; from then on every ``tools/call``, every
+``resources/read`` and every ``prompts/get`` of that server passes through :func:`answer`:
 
 - a :class:`~kernmind.refusals.Refusal` (raised anywhere below: memory, execution, the
   disk) is the caller's to act on: a tool answers ``Error executing tool <name>: <sentence>``
   (``isError``, as the SDK words a ``ToolError``), a resource read a ``ResourceError``
-  with the sentence (``ResourceNotFoundError`` when the refusal says the thing is missing);
+  with the sentence (``ResourceNotFoundError`` when the refusal says the thing is missing),
+  a prompt a JSON-RPC error with the sentence;
 - a ``ToolError`` or ``ResourceError`` raised on purpose keeps its text (the SDK's own,
   for an unknown tool or arguments that fail the schema, included);
 - a full (failing, read-only) disk under any other error is said in words (``diskio``);
@@ -24,9 +25,9 @@ exactly as a client's ``tools/call`` gets them.
 
 Error policy
 ------------
-The boundary never raises anything but the SDK's ``ToolError``/``ResourceError`` (and lets
-``MCPError``, cancellation and ``BaseException`` through untouched); it never catches
-``ValueError`` by name.
+The boundary never raises anything but the SDK's ``ToolError``/``ResourceError`` and
+``MCPError`` (and lets cancellation and ``BaseException`` through untouched). The only
+``ValueError`` it looks at is the SDK's own wrapper around a failed prompt.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from mcp.server.mcpserver.exceptions import (
     UnexpectedResourceError,
     UnexpectedToolError,
 )
-from mcp_types import CallToolResult, TextContent
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, CallToolResult, TextContent
 
 from kernmind.diskio import disk_sentence
 from kernmind.refusals import Refusal
@@ -153,14 +155,38 @@ def guard_resource_reads(read: ReadResource) -> ReadResource:
     return read_resource
 
 
+GetPrompt = Callable[..., Awaitable[Any]]
+
+
+def guard_prompts(get: GetPrompt) -> GetPrompt:
+    """``MCPServer.get_prompt`` with a failure of the prompt's own function answered by
+    :func:`answer`. The SDK wraps every failure in ``ValueError(text)``; when the prompt's
+    function raised, that text's cause is ``Error rendering prompt`` whose cause is what the
+    function raised. Its own refusals (an unknown prompt, missing arguments) pass unchanged."""
+
+    async def get_prompt(name: str, arguments: dict[str, Any] | None = None, context: Any = None) -> Any:
+        try:
+            return await get(name, arguments, context)
+        except ValueError as exc:
+            rendering = exc.__cause__
+            raised = rendering.__cause__ if rendering is not None else None
+            if raised is None:
+                raise
+            text, missing = answer(raised, f"prompt {name[:100]!r}")
+            raise MCPError(INVALID_PARAMS if missing else INTERNAL_ERROR, text) from exc
+
+    return get_prompt
+
+
 def install(server: MCPServer) -> None:
-    """Put the boundary around ``server``'s ``tools/call`` and ``resources/read`` (once)."""
+    """Put the boundary around ``server``'s tool calls, resource reads and prompts (once)."""
     if getattr(server, _INSTALLED, False):
         return
     route_calls_through(
         server,
         call_tool=guard_tool_calls(server.call_tool),
         read_resource=guard_resource_reads(server.read_resource),
+        get_prompt=guard_prompts(server.get_prompt),
     )
     setattr(server, _INSTALLED, True)
 
