@@ -17,7 +17,8 @@ MCP), and shape the answer under the result budget:
 - ``download_file`` returns a file inline when it fits the budget (text as text, images as
   an image block, other bytes as base64), else a range (``offset``/``length``) or, with
   nothing asked, a resource link and a note on how to read it in parts.
-- ``list_files`` filters (``path`` prefix, glob ``pattern``) and pages (``offset``/``limit``).
+- ``list_files`` filters (``path`` prefix, glob ``pattern``) and pages (``offset``/``limit``);
+  a page holds what fits the output budget (``budget.py``), and ``next_offset`` goes on from there.
 
 Error policy: what the model can fix is a :class:`~kernmind.refusals.Refusal` (a bad
 argument, an unknown session, a path outside the workspace, a language that is not
@@ -40,6 +41,7 @@ from mcp_types import CallToolResult, ImageContent, ResourceLink, TextContent, T
 from pydantic import BaseModel, Field
 
 from kernmind import input_limits as limits
+from kernmind.budget import Budget, listed_size
 from kernmind.config import Settings
 from kernmind.diskio import StorageError, disk_sentence
 from kernmind.execution import session_tools
@@ -55,6 +57,7 @@ from kernmind.refusals import ArgumentRefusal, Refusal, Unavailable
 LIST_LIMIT = 200
 LIST_MAX = 1000
 TEXT_MIMES = ("application/json", "application/xml", "application/javascript")
+LISTING_ENVELOPE_CHARS = 200  # a list_files answer's fields besides its files
 
 
 @contextlib.contextmanager
@@ -109,7 +112,10 @@ class FileList(BaseModel):
     files: list[FileEntry]
     total: int = Field(description="files matching the request, before paging")
     offset: int
-    next_offset: int | None = Field(description="pass as offset for the next page; null on the last page")
+    next_offset: int | None = Field(
+        description="pass as offset for the next page (a page may hold fewer than limit files when their "
+        "paths are long: the output budget); null on the last page"
+    )
 
 
 def run_result_content(result: RunResult) -> tuple[list[TextContent | ImageContent], dict[str, Any]]:
@@ -370,12 +376,18 @@ class ExecutionTools:
             with model_errors():
                 ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 page, total = await ws.alist(prefix=path, pattern=pattern, offset=offset, limit=limit)
+            budget = Budget.of(self.settings)  # long paths: fewer entries, and next_offset goes on from there
+            budget.spend(LISTING_ENVELOPE_CHARS)
+            shown = 0
+            while shown < len(page) and budget.admit(listed_size(page[shown]), first=shown == 0):
+                shown += 1
+            end = offset + shown
             return FileList(
                 session_id=session_id or ex.default_session_id,
-                files=page,
+                files=page[:shown],
                 total=total,
                 offset=offset,
-                next_offset=offset + limit if offset + limit < total else None,
+                next_offset=end if end < total else None,
             )
 
         @server.resource(
