@@ -115,3 +115,14 @@ async def test_conversation_search_stays_within_the_budget(tmp_path: Path) -> No
     assert 1 <= shown < 40
     assert f"{40 - shown} more matches left out to stay within the output budget" in body["note"]
     assert "start_date/end_date" in body["note"]
+
+
+async def test_deleting_a_passage_longer_than_the_budget_echoes_its_start(client: Client) -> None:
+    long = "lighthouse " + "keeper " * 2000
+    stored = await ok(client, "archival_memory_insert", content=long)
+    result = await client.call_tool("archival_memory_delete", {"id": stored["id"]})
+    assert len(text_of(result)) <= BUDGET
+    body = result.structured_content
+    assert body is not None and body["deleted"]
+    assert long.startswith(body["content"]) and len(body["content"]) < len(long)
+    assert "the passage is deleted; this is the start of its text." in body["note"]

@@ -141,10 +141,13 @@ class ArchivalSearchResult(BaseModel):
 class ArchivalDeleteResult(BaseModel):
     id: int
     deleted: bool
-    content: str
+    content: str = Field(
+        description="the deleted passage's text (its start, when longer than the output budget)"
+    )
     restored: list[int] = Field(
         default_factory=list, description="passages this one had superseded, live (searchable) again"
     )
+    note: str | None = None
 
 
 class Message(BaseModel):
@@ -302,7 +305,12 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
         id: Annotated[int, Field(description="The passage id.")],
     ) -> ArchivalDeleteResult:
         row, restored = await call(memory_tools.archive.delete(id))
-        return ArchivalDeleteResult(id=row.id, deleted=True, content=row.content, restored=restored)
+        budget = Budget.of(memory_tools.settings)
+        budget.spend(ENVELOPE_CHARS + 8 * len(restored))
+        content, note = budget.take(
+            row.content, more="the passage is deleted; this is the start of its text."
+        )
+        return ArchivalDeleteResult(id=row.id, deleted=True, content=content, restored=restored, note=note)
 
 
 def register_conversation_search(memory_tools: MemoryTools, server: MCPServer) -> None:
