@@ -48,6 +48,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.subscriptions import ResourceUpdated
 from mcp_types import EmptyResult, SubscribeRequestParams, UnsubscribeRequestParams
 
+from kernmind.budget import Budget
 from kernmind.config import Settings
 from kernmind.diskio import StorageError, disk_sentence
 from kernmind.memory.archival import Archive
@@ -329,7 +330,7 @@ class MemoryTools:
         async def blocks_listing() -> str:
             blocks = self.store.blocks
             rows, total = await blocks.list(0, LISTING_MAX), await blocks.count()
-            return blocks_listing_json(rows, total, self.settings.max_output_chars)
+            return blocks_listing_json(rows, total, Budget.of(self.settings))
 
         @server.resource(
             BLOCKS_URI + "/{+label}",
@@ -353,15 +354,14 @@ class MemoryTools:
             return render_blocks(rows, budget=self.settings.max_output_chars, total=total)
 
 
-def blocks_listing_json(rows: list[BlockRow], total: int, budget: int) -> str:
-    """The ``memory://blocks`` listing: the first blocks that fit ``budget`` characters, and a note
-    on how to read the rest when they do not all fit."""
+def blocks_listing_json(rows: list[BlockRow], total: int, budget: Budget) -> str:
+    """The ``memory://blocks`` listing: the first blocks that fit ``budget``, and a note on how to
+    read the rest when they do not all fit."""
     items: list[dict[str, Any]] = []
-    size = 400  # the envelope and the note
+    budget.spend(400)  # the envelope and the note
     for row in rows:
         item = {**BlockInfo.of(row).model_dump(), "uri": block_uri(row.label)}
-        size += len(textwrap.indent(json.dumps(item, indent=2), "    ")) + 2
-        if items and size > budget:
+        if not budget.admit(len(textwrap.indent(json.dumps(item, indent=2), "    ")) + 2, first=not items):
             break
         items.append(item)
     listing: dict[str, Any] = {"blocks": items, "total": total}
