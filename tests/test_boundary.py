@@ -320,3 +320,26 @@ def test_an_answer_for_a_larger_group_is_an_internal_error(caplog: pytest.LogCap
     with caplog.at_level(logging.ERROR, logger="kernmind.boundary"):
         text, missing = boundary.answer(ExceptionGroup("two", [KeyError("a"), KeyError("b")]), "a test")
     assert INTERNAL.match(text) and not missing
+
+
+def test_only_the_boundary_speaks_the_sdks_error_types() -> None:
+    """A part raises its refusal; it never builds a ToolError or ResourceError itself."""
+    import ast
+    import pathlib
+
+    import kernmind
+
+    src = pathlib.Path(kernmind.__file__).parent
+    sdk_errors = {"ToolError", "ResourceError", "ResourceNotFoundError", "UnexpectedToolError"}
+    offenders = []
+    for path in src.rglob("*.py"):
+        if path.name in ("boundary.py", "sdk_compat.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "mcp.server.mcpserver.exceptions":
+                offenders += [
+                    f"{path.relative_to(src)}:{node.lineno} {a.name}"
+                    for a in node.names
+                    if a.name in sdk_errors
+                ]
+    assert not offenders, "raise a kernmind.refusals.Refusal instead: " + ", ".join(offenders)
