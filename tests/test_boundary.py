@@ -118,6 +118,32 @@ async def test_a_refusal_of_each_family_reads_as_its_sentence(
     assert "internal error" not in text
 
 
+@pytest.mark.parametrize(
+    ("tool", "arguments"),
+    [
+        ("upload_file", {"path": "a\x00b", "content": "x"}),
+        ("download_file", {"path": "a\x00b"}),
+        ("list_files", {"path": "a\x00"}),
+        ("download_file", {"path": "../../etc/passwd"}),
+        ("memory_read", {"label": "a\x00b"}),
+        ("memory", {"command": "view", "path": "/memories/a\x00"}),
+        ("close_session", {"session_id": "a\x00"}),
+        ("run_code", {"language": "cobol", "code": "x"}),
+        ("install_packages", {"packages": ["a\x00b"]}),
+        ("job_cancel", {"job_id": "x\x00"}),
+        ("export_notebook", {"session_id": "never-run"}),
+    ],
+)
+async def test_hostile_arguments_are_refused_in_words_not_internal_errors(
+    client: Client, tool: str, arguments: dict[str, Any]
+) -> None:
+    """Inputs that make the standard library raise ``ValueError`` (a NUL byte in a path, a bad
+    requirement) are checked by their part and refused: none reaches the boundary as a fault."""
+    text = await call(client, tool, **arguments)
+    assert text.startswith(f"Error executing tool {tool}: "), text
+    assert "internal error" not in text
+
+
 async def test_the_dialect_words_its_refusal_in_its_own_verbs(client: Client) -> None:
     text = await call(client, "memory", command="view", path="/memories/nope")
     assert "memory_read" not in text and "memory_create" not in text, text
