@@ -16,7 +16,13 @@ from mcp import Client
 from mcp.server.mcpserver import Context, MCPServer
 
 from kernmind import sdk_compat
-from kernmind.sdk_compat import SDKIncompatible, lowlevel_server, registered_tool, session_connection
+from kernmind.sdk_compat import (
+    SDKIncompatible,
+    lowlevel_server,
+    registered_tool,
+    route_calls_through,
+    session_connection,
+)
 
 SRC = pathlib.Path(sdk_compat.__file__).parent
 
@@ -76,6 +82,33 @@ def test_a_missing_attribute_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         registered_tool(Bare(), "x")  # type: ignore[arg-type]
     with pytest.raises(SDKIncompatible, match=r"'_connection'"):
         session_connection(Bare())
+    with pytest.raises(SDKIncompatible, match=r"'_handle_call_tool'"):
+        route_calls_through(Bare(), call_tool=None, read_resource=None)  # type: ignore[arg-type]
+
+
+async def test_tool_calls_and_resource_reads_go_through_the_routed_methods() -> None:
+    server, _ = _server()
+
+    @server.resource("compat://thing")
+    async def thing() -> str:
+        return "the thing"
+
+    seen: list[str] = []
+    call, read = server.call_tool, server.read_resource
+
+    async def call_tool(name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        seen.append(f"call {name}")
+        return await call(name, arguments, context)
+
+    async def read_resource(uri: Any, context: Any = None) -> Any:
+        seen.append(f"read {uri}")
+        return await read(uri, context)
+
+    route_calls_through(server, call_tool=call_tool, read_resource=read_resource)
+    async with Client(server) as client:
+        assert (await client.call_tool("where", {"n": 2})).structured_content == {"result": 2}
+        assert (await client.read_resource("compat://thing")).contents[0].text == "the thing"  # type: ignore[union-attr]
+    assert seen == ["call where", "read compat://thing"]
 
 
 def _sdk_private_names() -> set[str]:

@@ -30,8 +30,9 @@ mislead the server, and a full disk can neither stop it nor leave half a file:
   run) still fit. It is taken back once space returns.
 
 Error policy: ``read_file``, ``write_file`` and ``append_line`` raise ``OSError`` (never
-leaving a temporary file or a partial line behind); ``StorageError`` (a ``ValueError``)
-carries a sentence for the model, for the tool layers to map like any other refusal.
+leaving a temporary file or a partial line behind); ``StorageError`` (a
+:class:`~kernmind.refusals.Refusal`) carries a sentence for the model, answered by the error
+boundary like any other refusal.
 ``Reserve`` never raises: it is best effort.
 """
 
@@ -46,6 +47,8 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+
+from kernmind.refusals import Refusal
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,7 +66,7 @@ _SQLSTATES = {"53100": "the disk is full", "58030": "the disk reported an I/O er
 SAFE_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-class StorageError(ValueError):
+class StorageError(Refusal, ValueError):
     """A write the server could not make, with a sentence saying what to do."""
 
 

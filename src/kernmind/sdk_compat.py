@@ -8,6 +8,11 @@ The ``mcp`` 2.x SDK (``mcp>=2.3,<3``) does not expose everything kernmind needs:
   public ``add_request_handler``/``get_request_handler``.
 - ``MCPServer._tool_manager``: the registered ``Tool`` objects, whose argument model
   (``tool.fn_metadata.arg_model``) tool_arguments.py validates against strictly.
+- ``MCPServer._handle_call_tool`` answers ``tools/call`` through ``self.call_tool``,
+  ``_handle_read_resource`` ``resources/read`` through ``self.read_resource`` and
+  ``_handle_get_prompt`` ``prompts/get`` through ``self.get_prompt`` (public methods):
+  boundary.py replaces those on the server instance to put the error boundary around every
+  call (``route_calls_through``).
 - ``ServerSession._connection``: the per-client connection behind the per-request session
   proxy; memory/tools.py keys resource subscriptions on it (it lives as long as the client).
 
@@ -56,6 +61,20 @@ def registered_tool(server: MCPServer, name: str) -> Tool | None:
     if tool is not None:
         _private(tool, "fn_metadata", "strict tool-argument validation")
     return tool
+
+
+def route_calls_through(
+    server: MCPServer, *, call_tool: Any, read_resource: Any, get_prompt: Any = None
+) -> None:
+    """Make ``server`` answer ``tools/call`` with ``call_tool``, ``resources/read`` with
+    ``read_resource`` and ``prompts/get`` with ``get_prompt`` (each wrapping the method it replaces)."""
+    _private(server, "_handle_call_tool", "the error boundary around tools/call")
+    _private(server, "_handle_read_resource", "the error boundary around resources/read")
+    server.call_tool = call_tool  # type: ignore[method-assign]
+    server.read_resource = read_resource  # type: ignore[method-assign]
+    if get_prompt is not None:
+        _private(server, "_handle_get_prompt", "the error boundary around prompts/get")
+        server.get_prompt = get_prompt  # type: ignore[method-assign]
 
 
 def session_connection(session: Any) -> Any:

@@ -2,8 +2,9 @@
 
 This module only wires: the executor (``execution/``) and the memory store (``memory/``)
 are created here, their MCP surfaces registered (``execution/tools/code_tools.py``,
-``memory/tools.py``), and the server's lifespan starts and stops them. Tools, their
-error policy and result shapes live with the part they belong to.
+``memory/tools.py``), and the server's lifespan starts and stops them. Tools and their
+result shapes live with the part they belong to; errors are answered in one place
+(``boundary.py``).
 
 Tests drive a complete server in-process with ``mcp.Client(create_server(settings))``.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from kernmind import __version__
+from kernmind import __version__, boundary
 from kernmind.config import Settings
 from kernmind.execution.executor import Executor
 from kernmind.execution.tools.code_tools import ExecutionTools
@@ -47,5 +48,6 @@ def create_server(settings: Settings | None = None, executor: Executor | None = 
     ExecutionTools(executor, settings).register(server)
     memory.register(server)
     strict_tool_arguments(server)  # last: every tool refuses unknown arguments and NaN, in words
+    boundary.install(server)  # every refusal and fault answered in one place (boundary.py)
     identify_callers(server, on_caller=[memory.open_space])  # and knows its caller (principals.py)
     return server

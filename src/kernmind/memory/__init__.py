@@ -33,6 +33,6 @@ The surfaces:
     block_results  what the block tools return, and the ``<memory_blocks>`` prompt layout.
     cli          ``kernmind memory show|search|export|import``.
 
-Error policy everywhere: what a caller can fix is a ``MemoryRefusal`` (a ``ToolError`` at the
-MCP layer) whose message says what to do instead, and a refused write changes nothing.
+Error policy everywhere: what a caller can fix is a ``MemoryRefusal`` (a ``Refusal``, answered
+by ``boundary.py``) whose message says what to do instead, and a refused write changes nothing.
 """

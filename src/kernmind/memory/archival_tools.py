@@ -3,16 +3,18 @@
 Design
 ------
 Thin wrappers over archival.py and conversations.py: arguments through their schemas, the
-search through :meth:`MemoryTools.call` (refusals become tool errors), results as pydantic
+search through :meth:`MemoryTools.call` (refusals in the block tools' words), results as pydantic
 models (``outputSchema`` + ``structuredContent``). A search result says how it ranked
 (``mode``) and anything the caller should know (``note``: meaning search unavailable or
 still catching up, a query without searchable words, matches left out for the budget).
-Conversation messages are clipped to ``MESSAGE_CLIP_CHARS`` each and the list to the
-server's output budget.
+Both searches go through the server's output budget (``budget.py``): conversation messages
+are clipped to ``MESSAGE_CLIP_CHARS`` each, and a search returns the matches that fit, with
+a note naming how to get the rest (archival search: the ``page`` and ``top_k`` that continue
+exactly where the answer stopped).
 
 Error policy
 ------------
-Bad arguments (dates, roles, ids, sizes) become ``ToolError`` results saying what to send
+Bad arguments (dates, roles, ids, sizes) are refusals (``boundary.py`` answers them) saying what to send
 instead; an unavailable embedder never fails a call.
 """
 
@@ -25,7 +27,8 @@ from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field
 
 from kernmind import input_limits as limits
-from kernmind.memory.archival import InsertOutcome
+from kernmind.budget import Budget, left_out, listed_size, next_page
+from kernmind.memory.archival import InsertOutcome, SearchOutcome
 from kernmind.memory.block_results import clip
 from kernmind.memory.conversations import MessageSearch, search_messages
 from kernmind.memory.records import PassageRow, iso
@@ -34,6 +37,9 @@ if TYPE_CHECKING:
     from kernmind.memory.tools import MemoryTools
 
 MESSAGE_CLIP_CHARS = 2000
+ENVELOPE_CHARS = (
+    500  # a search result's fields besides its list (mode, page, top_k) and a note on what was left out
+)
 SCORE = (
     "how well it matches, from 0 to 1 (higher is better): the share of the query's words it holds, fused with "
     "how close it is in meaning; null when listing the newest"
@@ -94,18 +100,54 @@ class ArchivalSearchResult(BaseModel):
     mode: Literal["bm25", "hybrid", "recent"] = Field(
         description="bm25: full text; hybrid: full text fused with embeddings; recent: empty query, newest first"
     )
-    note: str | None = Field(default=None, description="e.g. why search fell back to full text")
+    note: str | None = Field(
+        default=None,
+        description="e.g. why search fell back to full text, or which page and top_k return the results "
+        "left out to stay within the output budget",
+    )
     page: int
     top_k: int
+
+    @classmethod
+    def of(cls, out: SearchOutcome, *, page: int, top_k: int, budget: Budget) -> ArchivalSearchResult:
+        """The page's passages that fit ``budget`` (the first one cut when it alone does not),
+        and a note naming the page and ``top_k`` that return the ones left out."""
+        notes = [out.note] if out.note else []
+        budget.spend(ENVELOPE_CHARS + len(out.note or ""))
+        results: list[Passage] = []
+        for row in out.results:
+            passage = Passage.of(row)
+            size = listed_size(passage)
+            if budget.admit(size):
+                results.append(passage)
+                continue
+            if results:
+                break
+            fields = size - len(passage.content)  # one passage longer than the whole budget: its start
+            passage.content, cut = Budget(max(budget.left - fields, 0)).take(
+                passage.content,
+                more=f"passage {row.id} is longer than one answer may be (the server's --max-output-chars).",
+            )
+            budget.spend(fields + len(passage.content))
+            results.append(passage)
+            notes.append(cut or "")
+        if len(results) < len(out.results):
+            size, nxt = next_page(page, top_k, len(results))
+            how = f"call archival_memory_search again with top_k={size}, page={nxt} for the next ones"
+            notes.append(left_out(len(out.results) - len(results), "passages of this page", budget, how))
+        return cls(results=results, mode=out.mode, note=" ".join(notes) or None, page=page, top_k=top_k)
 
 
 class ArchivalDeleteResult(BaseModel):
     id: int
     deleted: bool
-    content: str
+    content: str = Field(
+        description="the deleted passage's text (its start, when longer than the output budget)"
+    )
     restored: list[int] = Field(
         default_factory=list, description="passages this one had superseded, live (searchable) again"
     )
+    note: str | None = None
 
 
 class Message(BaseModel):
@@ -124,25 +166,24 @@ class ConversationSearchResult(BaseModel):
     note: str | None = None
 
     @classmethod
-    def of(cls, out: MessageSearch, budget: int) -> ConversationSearchResult:
+    def of(cls, out: MessageSearch, budget: Budget) -> ConversationSearchResult:
+        """The matches that fit ``budget``, each clipped to ``MESSAGE_CLIP_CHARS``."""
         results: list[Message] = []
-        used = 0
         note = out.note
+        budget.spend(ENVELOPE_CHARS + len(note or ""))
         for r in out.results:
-            text = clip(r.content, MESSAGE_CLIP_CHARS) or ""
-            if results and used + len(text) > budget:
-                note = (note + "; " if note else "") + (
-                    f"{len(out.results) - len(results)} more matches left out to stay within the output budget "
-                    "(narrow the query, roles or dates, or lower limit)"
+            message = Message(
+                id=r.id, conversation_id=r.conversation_id, role=r.role,
+                content=clip(r.content, MESSAGE_CLIP_CHARS) or "", created_at=iso(r.created_at),
+                score=r.score, match=r.match,
+            )  # fmt: skip
+            if not budget.admit(listed_size(message), first=not results):
+                how = "narrow the query, roles or dates (start_date/end_date) to reach them"
+                note = (note + "; " if note else "") + left_out(
+                    len(out.results) - len(results), "matches", budget, how
                 )
                 break
-            used += len(text)
-            results.append(
-                Message(
-                    id=r.id, conversation_id=r.conversation_id, role=r.role, content=text,
-                    created_at=iso(r.created_at), score=r.score, match=r.match,
-                )
-            )  # fmt: skip
+            results.append(message)
         return cls(results=results, mode=out.mode, note=note)  # type: ignore[arg-type]
 
 
@@ -251,13 +292,7 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
                 include_superseded=include_superseded,
             )
         )
-        return ArchivalSearchResult(
-            results=[Passage.of(r) for r in out.results],
-            mode=out.mode,
-            note=out.note,
-            page=page,
-            top_k=top_k,
-        )
+        return ArchivalSearchResult.of(out, page=page, top_k=top_k, budget=Budget.of(memory_tools.settings))
 
     @server.tool(
         description=(
@@ -270,7 +305,12 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
         id: Annotated[int, Field(description="The passage id.")],
     ) -> ArchivalDeleteResult:
         row, restored = await call(memory_tools.archive.delete(id))
-        return ArchivalDeleteResult(id=row.id, deleted=True, content=row.content, restored=restored)
+        budget = Budget.of(memory_tools.settings)
+        budget.spend(ENVELOPE_CHARS + 8 * len(restored))
+        content, note = budget.take(
+            row.content, more="the passage is deleted; this is the start of its text."
+        )
+        return ArchivalDeleteResult(id=row.id, deleted=True, content=content, restored=restored, note=note)
 
 
 def register_conversation_search(memory_tools: MemoryTools, server: MCPServer) -> None:
@@ -310,4 +350,4 @@ def register_conversation_search(memory_tools: MemoryTools, server: MCPServer) -
                 roles=roles, limit=limit, start_date=start_date, end_date=end_date,
             )
         )  # fmt: skip
-        return ConversationSearchResult.of(out, memory_tools.settings.max_output_chars)
+        return ConversationSearchResult.of(out, Budget.of(memory_tools.settings))

@@ -10,7 +10,7 @@ surface that was called — shapes the result (block_results.py), and notifies s
 
 Error policy
 ------------
-Refusals become ``ToolError`` results that say what to do instead; a refused write changed
+Refusals (answered as tool errors by ``boundary.py``) say what to do instead; a refused write changed
 nothing (the store's transaction was rolled back).
 """
 
@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
@@ -35,6 +34,7 @@ from kernmind.memory.block_results import (
     UndoResult,
 )
 from kernmind.memory.memory_tool import DIALECT_WORDS, MemoryDirectory, label_of
+from kernmind.refusals import ArgumentRefusal
 
 if TYPE_CHECKING:
     from kernmind.memory.tools import MemoryTools
@@ -289,7 +289,9 @@ def register_memory_tool(memory_tools: MemoryTools, server: MCPServer) -> None:
         }  # fmt: skip
         missing = [name for name in commands[command] if given[name] is None]
         if missing:
-            raise ToolError(f"{command} needs {', '.join(commands[command])}; missing: {', '.join(missing)}.")
+            raise ArgumentRefusal(
+                f"{command} needs {', '.join(commands[command])}; missing: {', '.join(missing)}."
+            )
         files = MemoryDirectory(memory_tools.store.blocks, memory_tools.settings.max_output_chars)
         call = memory_tools.call
         if command == "view":

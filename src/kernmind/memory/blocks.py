@@ -80,7 +80,7 @@ def already_exists(row: BlockRow) -> MemoryRefusal:
 
 def unknown_label(label: str, existing: Sequence[str]) -> MemoryRefusal:
     more = len(existing) - LABELS_NAMED
-    return MemoryRefusal(
+    refusal = MemoryRefusal(
         "There is no memory block labelled {label!r}. Existing blocks: {known}"
         + (" and {more} more ({list} pages through them)" if more > 0 else "")
         + ". Use one of those labels, or create the block with {create}.",
@@ -88,6 +88,8 @@ def unknown_label(label: str, existing: Sequence[str]) -> MemoryRefusal:
         known=", ".join(repr(x) for x in existing[:LABELS_NAMED]) or "none",
         more=more,
     )
+    refusal.missing = True  # a resource read answers "not found"
+    return refusal
 
 
 def too_many_blocks(count: int, cap: int) -> MemoryRefusal:

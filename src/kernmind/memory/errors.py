@@ -14,13 +14,16 @@ label containing braces is shown as it is.
 
 Error policy
 ------------
-This module defines the error; it raises nothing itself.
+This module defines the error; it raises nothing itself. A ``MemoryRefusal`` is a
+:class:`~kernmind.refusals.Refusal`: the error boundary (``boundary.py``) answers it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import StrEnum
+
+from kernmind.refusals import Refusal
 
 
 class Verb(StrEnum):
@@ -66,13 +69,14 @@ BLOCK_TOOL_WORDS: Words = {
 }
 
 
-class MemoryRefusal(Exception):
+class MemoryRefusal(Refusal):
     """A request the caller can fix; the message says how. Nothing was changed."""
 
     def __init__(self, template: str, /, **facts: object) -> None:
         super().__init__(template)
         self.template = template
         self.facts = facts
+        self.words: Words | None = None  # the surface's words (set where it is raised through one)
 
     def render(self, words: Words = BLOCK_TOOL_WORDS) -> str:
         def word(verb: Verb) -> str:
@@ -83,4 +87,4 @@ class MemoryRefusal(Exception):
         return self.template.format_map(values)
 
     def __str__(self) -> str:
-        return self.render()
+        return self.render(self.words or BLOCK_TOOL_WORDS)

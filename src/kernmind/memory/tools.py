@@ -22,11 +22,13 @@ Design
 
 Error policy
 ------------
-Anything the model can fix raises ``ToolError`` (an ``isError`` result with our text) saying
-what to do instead; the store guarantees a refused write changed nothing. A write the
-database could not make because the disk is full (or failing, or read-only) is rolled back
-and answered with a sentence saying so (``diskio.disk_sentence``). Unexpected
-exceptions propagate to the SDK, which logs them and reports a generic tool error.
+Anything the model can fix is a ``MemoryRefusal`` (a :class:`~kernmind.refusals.Refusal`)
+saying what to do instead; the store guarantees a refused write changed nothing. The error
+boundary (``boundary.py``) turns it into the tool's or resource's error. Here a refusal
+only gets the words of the surface it went through (``refusals``), and a write the database
+could not make because the disk is full (or failing, or read-only), rolled back, becomes a
+``StorageError`` saying so (``diskio.disk_sentence``). Anything else is answered by the
+boundary as an internal error with a ref, its traceback in the log.
 """
 
 from __future__ import annotations
@@ -43,12 +45,12 @@ from typing import Any, TypeVar
 import anyio
 import anyio.abc
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from mcp.shared.subscriptions import ResourceUpdated
 from mcp_types import EmptyResult, SubscribeRequestParams, UnsubscribeRequestParams
 
+from kernmind.budget import Budget
 from kernmind.config import Settings
-from kernmind.diskio import disk_sentence
+from kernmind.diskio import StorageError, disk_sentence
 from kernmind.memory.archival import Archive
 from kernmind.memory.block_results import BlockInfo, render_blocks
 from kernmind.memory.database import Database
@@ -59,6 +61,7 @@ from kernmind.memory.recall import Recall
 from kernmind.memory.records import BlockRow
 from kernmind.memory.store import MemoryStore
 from kernmind.principals import LOCAL, Principal, current_principal
+from kernmind.refusals import Unavailable
 from kernmind.sdk_compat import lowlevel_server, session_connection, subscription_bus
 
 log = logging.getLogger(__name__)
@@ -194,8 +197,10 @@ class MemoryTools:
         space = self._spaces.get(key)
         if space is None:
             if (why := self._unopened.get(key)) is not None:
-                raise ToolError(why)
-            raise ToolError("Memory is not open yet (the server is starting or stopping); try again shortly.")
+                raise StorageError(why)
+            raise Unavailable(
+                "Memory is not open yet (the server is starting or stopping); try again shortly."
+            )
         return space
 
     @property
@@ -217,16 +222,18 @@ class MemoryTools:
     @staticmethod
     @contextlib.contextmanager
     def refusals(words: Words = BLOCK_TOOL_WORDS) -> Iterator[None]:
-        """The one place a domain refusal becomes a tool error (the model reads its text)."""
+        """A refusal raised through a surface speaks its words (the boundary answers it); a
+        full disk under the database (the write was rolled back) says so in memory's words."""
         try:
             yield
         except MemoryRefusal as exc:
-            raise ToolError(exc.render(words)) from exc
-        except Exception as exc:  # a full disk under the database: the write was rolled back
+            exc.words = words
+            raise
+        except Exception as exc:
             sentence = disk_sentence(exc, "save this change to memory", kept="Memory is unchanged.")
             if sentence is None:
                 raise
-            raise ToolError(sentence) from exc
+            raise StorageError(sentence) from exc
 
     @classmethod
     async def call(cls, coro: Awaitable[T], words: Words = BLOCK_TOOL_WORDS) -> T:
@@ -324,7 +331,7 @@ class MemoryTools:
         async def blocks_listing() -> str:
             blocks = self.store.blocks
             rows, total = await blocks.list(0, LISTING_MAX), await blocks.count()
-            return blocks_listing_json(rows, total, self.settings.max_output_chars)
+            return blocks_listing_json(rows, total, Budget.of(self.settings))
 
         @server.resource(
             BLOCKS_URI + "/{+label}",
@@ -334,10 +341,7 @@ class MemoryTools:
             mime_type="text/plain",
         )
         async def block_resource(label: str) -> str:
-            try:
-                row = await self.store.blocks.get(label)
-            except MemoryRefusal as exc:
-                raise ResourceNotFoundError(exc.render()) from exc
+            row = await self.store.blocks.get(label)  # an unknown label: "not found" (boundary.py)
             return row.value
 
         @server.prompt(
@@ -351,15 +355,14 @@ class MemoryTools:
             return render_blocks(rows, budget=self.settings.max_output_chars, total=total)
 
 
-def blocks_listing_json(rows: list[BlockRow], total: int, budget: int) -> str:
-    """The ``memory://blocks`` listing: the first blocks that fit ``budget`` characters, and a note
-    on how to read the rest when they do not all fit."""
+def blocks_listing_json(rows: list[BlockRow], total: int, budget: Budget) -> str:
+    """The ``memory://blocks`` listing: the first blocks that fit ``budget``, and a note on how to
+    read the rest when they do not all fit."""
     items: list[dict[str, Any]] = []
-    size = 400  # the envelope and the note
+    budget.spend(400)  # the envelope and the note
     for row in rows:
         item = {**BlockInfo.of(row).model_dump(), "uri": block_uri(row.label)}
-        size += len(textwrap.indent(json.dumps(item, indent=2), "    ")) + 2
-        if items and size > budget:
+        if not budget.admit(len(textwrap.indent(json.dumps(item, indent=2), "    ")) + 2, first=not items):
             break
         items.append(item)
     listing: dict[str, Any] = {"blocks": items, "total": total}

@@ -34,6 +34,8 @@ from typing import Literal
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from kernmind.refusals import Refusal
+
 PackagesMode = Literal["any", "none", "allowlist"]
 Failure = Literal[
     "invalid",
@@ -71,7 +73,7 @@ PASSED_VARIABLES = (
 )
 
 
-class PackageError(ValueError):
+class PackageError(Refusal, ValueError):
     """An install that did not happen, with a sentence the model can act on."""
 
     def __init__(self, kind: Failure, message: str) -> None:

@@ -44,6 +44,7 @@ import anyio
 from pydantic import BaseModel
 
 from kernmind.execution.sandbox.filescan import FileStat, Scan, display_name, scan_tree
+from kernmind.refusals import Refusal
 
 T = TypeVar("T")
 
@@ -56,7 +57,7 @@ _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ESCAPE_RE = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])")
 
 
-class WorkspaceError(ValueError):
+class WorkspaceError(Refusal, ValueError):
     """A path or file request the client can correct."""
 
 

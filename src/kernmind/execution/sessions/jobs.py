@@ -50,6 +50,7 @@ from anyio.abc import TaskGroup
 from kernmind.diskio import NotAFile, Reserve, StorageError, disk_sentence, read_file, with_room, write_file
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.sandbox.rundir import RunDir
+from kernmind.refusals import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ CODE_KEPT = 2000
 RunJob = Callable[["Job"], Awaitable[RunResult]]
 
 
-class JobError(ValueError):
+class JobError(Refusal, ValueError):
     """A job request the model can correct (unknown id)."""
 
 

@@ -26,6 +26,7 @@ import nbformat
 from nbformat import v4
 
 from kernmind import __version__
+from kernmind.execution.errors import SessionError
 
 MIME_OF = {
     "png": "image/png",
@@ -42,7 +43,9 @@ COMMENT = {"javascript": "//", "typescript": "//", "java": "//", "r": "#"}
 def build(entries: list[dict[str, Any]], session_id: str, python_version: str) -> nbformat.NotebookNode:
     """A validated notebook from the recorded calls (see ``history.read``)."""
     if not entries:
-        raise ValueError(f"session {session_id!r} has no recorded calls to export yet; run some code first.")
+        raise SessionError(
+            f"session {session_id!r} has no recorded calls to export yet; run some code first."
+        )
     cells = [_cell(entry["code"], entry["result"]) for entry in entries]
     nb = v4.new_notebook(
         cells=cells,

@@ -13,33 +13,37 @@ MCP), and shape the answer under the result budget:
   ``structuredContent`` its ``png``/``jpeg`` is replaced by ``image``, a reference to its
   content block.
 - ``install_packages``: the executor installs into the session's layer (``packages/``); its
-  refusals are ``PackageError`` sentences, mapped like every other ``ValueError``.
+  refusals are ``PackageError`` sentences, answered like every other refusal.
 - ``download_file`` returns a file inline when it fits the budget (text as text, images as
   an image block, other bytes as base64), else a range (``offset``/``length``) or, with
   nothing asked, a resource link and a note on how to read it in parts.
-- ``list_files`` filters (``path`` prefix, glob ``pattern``) and pages (``offset``/``limit``).
+- ``list_files`` filters (``path`` prefix, glob ``pattern``) and pages (``offset``/``limit``);
+  a page holds what fits the output budget (``budget.py``), and ``next_offset`` goes on from there.
 
-Error policy, in one place (``model_errors``): what the model can fix (``ValueError``: a
-bad argument, an unknown session, a path outside the workspace, a language that is not
-installed) becomes a ``ToolError`` with that sentence; an interpreter that cannot start
-becomes a ``ToolError`` that says so and points the operator at ``kernmind doctor``; a disk
-that is full (or failing, or read-only) becomes a ``ToolError`` saying so (``diskio``).
-Code that fails is not a tool error: it is a normal result with ``status: "error"``.
+Error policy: what the model can fix is a :class:`~kernmind.refusals.Refusal` (a bad
+argument, an unknown session, a path outside the workspace, a language that is not
+installed), answered by the error boundary (``boundary.py``) as a tool or resource error
+with its sentence; so is a disk that is full (or failing, or read-only). ``model_errors``
+only words an interpreter that cannot start (``RuntimeUnavailable``) as a refusal that
+says so and points the operator at ``kernmind doctor``. Anything else is an internal error
+with a ref (boundary.py). Code that fails is not a tool error: it is a normal result with
+``status: "error"``.
 """
 
 import base64
+import binascii
 import contextlib
 from collections.abc import Iterator
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp_types import CallToolResult, ImageContent, ResourceLink, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from kernmind import input_limits as limits
+from kernmind.budget import Budget, listed_size
 from kernmind.config import Settings
-from kernmind.diskio import disk_sentence
+from kernmind.diskio import StorageError, disk_sentence
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.executor import Executor
 from kernmind.execution.packages import InstallResult
@@ -48,33 +52,26 @@ from kernmind.execution.sandbox.workspace import FileData, FileEntry, WorkspaceE
 from kernmind.execution.tools import session_tools
 from kernmind.execution.tools.session_tools import address
 from kernmind.principals import principal_of
+from kernmind.refusals import ArgumentRefusal, Refusal, Unavailable
 
 LIST_LIMIT = 200
 LIST_MAX = 1000
 TEXT_MIMES = ("application/json", "application/xml", "application/javascript")
+LISTING_ENVELOPE_CHARS = 200  # a list_files answer's fields besides its files
 
 
 @contextlib.contextmanager
 def model_errors(what: str = "the request") -> Iterator[None]:
-    """Turn the errors a model can act on into tool errors with our sentence."""
+    """An interpreter that cannot start, as a refusal naming ``what`` (the boundary answers it)."""
     try:
         yield
-    except ToolError:
-        raise
     except RuntimeUnavailable as exc:
         if (sentence := _disk_cause(exc, f"start {what}")) is not None:
-            raise ToolError(sentence) from exc
-        raise ToolError(
+            raise StorageError(sentence) from exc
+        raise Unavailable(
             f"could not start {what}: {exc}. Try again; if it persists, the server's operator should "
             "run `kernmind doctor`."
         ) from exc
-    except ValueError as exc:  # WorkspaceError, SessionError, StorageError and argument checks
-        raise ToolError(str(exc)) from exc
-    except OSError as exc:  # the server's disk (full, failing, read-only): say so, keep serving
-        sentence = disk_sentence(exc, f"complete {what}")
-        if sentence is None:
-            raise
-        raise ToolError(sentence) from exc
 
 
 def _disk_cause(exc: BaseException, what: str) -> str | None:
@@ -115,7 +112,10 @@ class FileList(BaseModel):
     files: list[FileEntry]
     total: int = Field(description="files matching the request, before paging")
     offset: int
-    next_offset: int | None = Field(description="pass as offset for the next page; null on the last page")
+    next_offset: int | None = Field(
+        description="pass as offset for the next page (a page may hold fewer than limit files when their "
+        "paths are long: the output budget); null on the last page"
+    )
 
 
 def run_result_content(result: RunResult) -> tuple[list[TextContent | ImageContent], dict[str, Any]]:
@@ -376,12 +376,18 @@ class ExecutionTools:
             with model_errors():
                 ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 page, total = await ws.alist(prefix=path, pattern=pattern, offset=offset, limit=limit)
+            budget = Budget.of(self.settings)  # long paths: fewer entries, and next_offset goes on from there
+            budget.spend(LISTING_ENVELOPE_CHARS)
+            shown = 0
+            while shown < len(page) and budget.admit(listed_size(page[shown]), first=shown == 0):
+                shown += 1
+            end = offset + shown
             return FileList(
                 session_id=session_id or ex.default_session_id,
-                files=page,
+                files=page[:shown],
                 total=total,
                 offset=offset,
-                next_offset=offset + limit if offset + limit < total else None,
+                next_offset=end if end < total else None,
             )
 
         @server.resource(
@@ -391,13 +397,10 @@ class ExecutionTools:
         )
         async def workspace_file(session_id: str, path: str, ctx: Context) -> str | bytes:
             cap = self.settings.max_download_mb * 1024 * 1024
-            try:
-                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
-                got = await ws.aread(path, length=cap + 1)
-            except ValueError as exc:
-                raise ResourceError(str(exc)) from exc
+            ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
+            got = await ws.aread(path, length=cap + 1)
             if got.size > cap:
-                raise ResourceError(
+                raise Refusal(
                     f"{got.path!r} is {got.size:,} bytes, over the {self.settings.max_download_mb} MiB resource "
                     "limit (--max-download-mb); read it in parts with download_file offset/length."
                 )
@@ -415,11 +418,8 @@ class ExecutionTools:
             mime_type="application/json",
         )
         async def workspace_listing(session_id: str, ctx: Context) -> str:
-            try:
-                ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
-                page, total = await ws.alist(limit=LIST_MAX)
-            except ValueError as exc:
-                raise ResourceError(str(exc)) from exc
+            ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
+            page, total = await ws.alist(limit=LIST_MAX)
             listing = FileList(
                 session_id=session_id,
                 files=page,
@@ -435,15 +435,17 @@ def decode_upload(content: str, encoding: str) -> bytes:
         try:
             return content.encode()
         except UnicodeEncodeError as exc:
-            raise ValueError(
+            raise ArgumentRefusal(
                 "content is not valid text (it has lone surrogates); send it as base64."
             ) from exc
     if encoding == "base64":
         try:
             return base64.b64decode(content, validate=True)
-        except ValueError as exc:
-            raise ValueError(f"content is not valid base64: {exc}. Send text with encoding='utf-8'.") from exc
-    raise ValueError(f"encoding must be 'utf-8' or 'base64', got {encoding[:40]!r}.")
+        except binascii.Error as exc:
+            raise ArgumentRefusal(
+                f"content is not valid base64: {exc}. Send text with encoding='utf-8'."
+            ) from exc
+    raise ArgumentRefusal(f"encoding must be 'utf-8' or 'base64', got {encoding[:40]!r}.")
 
 
 def download_answer(session_id: str, got: FileData, *, ranged: bool, budget: int) -> CallToolResult:

@@ -4,7 +4,7 @@
 Registered by ``ExecutionTools.register`` (``tools.py``) next to ``run_code`` and the file
 tools, and thin in the same way: the executor, the registry and the job records know
 nothing of MCP; these functions shape their answers. Errors go through the same
-``model_errors`` mapping (a ``ValueError`` becomes a ``ToolError`` with its sentence).
+``model_errors`` wording; refusals are answered by the error boundary (``boundary.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
@@ -24,6 +23,7 @@ from kernmind.execution.sandbox.workspace import off_loop
 from kernmind.execution.sessions.jobs import Job
 from kernmind.execution.sessions.registry import check_session_id
 from kernmind.principals import OWNER_RE, Principal, principal_of
+from kernmind.refusals import Unavailable
 
 if TYPE_CHECKING:
     from kernmind.execution.executor import Executor
@@ -238,7 +238,7 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
         with model_errors():
             job = await ex.jobs.cancel(job_id, owner=principal_of(ctx).owner)
         if job.state == "running" and job.collector is None:
-            raise ToolError(
+            raise Unavailable(
                 f"job {job_id} runs in another kernmind server (pid {job.server_pid}); cancel it there."
             )
         return job_answer(job, run_result_content)

@@ -1,0 +1,209 @@
+"""The error boundary: the one place where an exception becomes what a client reads.
+
+``server.py`` calls :func:`install` once; from then on every ``tools/call``, every
+``resources/read`` and every ``prompts/get`` of that server passes through :func:`answer`:
+
+- a :class:`~kernmind.refusals.Refusal` (raised anywhere below: memory, execution, the
+  disk) is the caller's to act on: a tool answers ``Error executing tool <name>: <sentence>``
+  (``isError``, as the SDK words a ``ToolError``), a resource read a ``ResourceError``
+  with the sentence (``ResourceNotFoundError`` when the refusal says the thing is missing),
+  a prompt a JSON-RPC error with the sentence;
+- a ``ToolError`` or ``ResourceError`` raised on purpose keeps its text (the SDK's own,
+  for an unknown tool or arguments that fail the schema, included);
+- a full (failing, read-only) disk under any other error is said in words (``diskio``);
+- anything else is a fault of the server, never blamed on the caller's arguments (a
+  pydantic ``ValidationError`` or a ``JSONDecodeError`` from our own code is a fault too):
+  the caller reads ``internal error (ref 1a2b3c4d): …`` and the traceback is logged on
+  stderr under the same ref, so an operator finds it from what the user reports.
+
+An exception group of one leaf (what an anyio task group raises around a single failure)
+is unwrapped first, so a refusal inside a task group reads the same as one outside it.
+
+:func:`call_tool` is the single function for calling a tool from inside the server (code
+mode: memory tools called from a kernel): strict arguments, the tool, and this boundary,
+exactly as a client's ``tools/call`` gets them.
+
+Error policy
+------------
+The boundary never raises anything but the SDK's ``ToolError``/``ResourceError`` and
+``MCPError`` (and lets cancellation and ``BaseException`` through untouched). The only
+``ValueError`` it looks at is the SDK's own wrapper around a failed prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import (
+    MCPServerError,
+    ResourceError,
+    ResourceNotFoundError,
+    ToolError,
+    UnexpectedResourceError,
+    UnexpectedToolError,
+)
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, CallToolResult, TextContent
+
+from kernmind.diskio import disk_sentence
+from kernmind.refusals import Refusal
+from kernmind.sdk_compat import route_calls_through
+from kernmind.tool_arguments import check_arguments
+
+log = logging.getLogger(__name__)
+
+CAUSES_FOLLOWED = 8  # how far down a chain of causes a full disk is looked for
+_INSTALLED = "_kernmind_boundary"
+
+
+def leaf(exc: BaseException) -> BaseException:
+    """``exc`` without the exception groups of one member around it (anyio task groups)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _raised(exc: BaseException) -> BaseException:
+    """What was raised, under the SDK's wrappers of a crash (``Unexpected…Error``) and groups."""
+    for _ in range(CAUSES_FOLLOWED):
+        exc = leaf(exc)
+        if isinstance(exc, UnexpectedToolError | UnexpectedResourceError) and exc.__cause__ is not None:
+            exc = exc.__cause__
+            continue
+        break
+    return exc
+
+
+def answer(exc: BaseException, where: str) -> tuple[str, bool]:
+    """The sentence a caller reads for ``exc`` raised while answering ``where`` (e.g.
+    ``tool run_code``), and whether it says that what was asked for is missing."""
+    raised = _raised(exc)
+    if isinstance(raised, Refusal):
+        return raised.sentence(), raised.missing
+    if isinstance(raised, MCPServerError) and not isinstance(
+        raised, UnexpectedToolError | UnexpectedResourceError
+    ):
+        return str(raised), isinstance(raised, ResourceNotFoundError)
+    if (sentence := _disk_cause(raised)) is not None:
+        return sentence, False
+    return internal_error(raised, where), False
+
+
+def internal_error(exc: BaseException, where: str) -> str:
+    """Log ``exc`` with its traceback under a fresh ref; the sentence the caller reads."""
+    ref = secrets.token_hex(4)
+    log.error(
+        "internal error (ref %s) while answering %s: %s",
+        ref,
+        where,
+        type(exc).__name__,
+        exc_info=(type(exc), exc, exc.__traceback__),
+    )
+    return (
+        f"internal error (ref {ref}): the server failed while handling this call, not because of "
+        f"anything in it. Try again; if it fails again, give the ref {ref} to the server's operator "
+        "(the server's log has the details)."
+    )
+
+
+def _disk_cause(exc: BaseException) -> str | None:
+    seen: BaseException | None = exc
+    for _ in range(CAUSES_FOLLOWED):
+        if seen is None:
+            return None
+        if (sentence := disk_sentence(leaf(seen), "complete this call")) is not None:
+            return sentence
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+CallTool = Callable[..., Awaitable[Any]]
+ReadResource = Callable[..., Awaitable[Any]]
+
+
+def guard_tool_calls(call: CallTool) -> CallTool:
+    """``MCPServer.call_tool`` with every failure answered by :func:`answer`."""
+
+    async def call_tool(name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await call(name, arguments, context)
+        except ToolError as exc:
+            if not isinstance(exc, UnexpectedToolError):
+                raise  # deliberate, or the SDK's own (unknown tool, arguments that fail the schema)
+            text, _ = answer(exc, f"tool {name!r}")
+            raise ToolError(f"Error executing tool {name}: {text}") from exc
+
+    return call_tool
+
+
+def guard_resource_reads(read: ReadResource) -> ReadResource:
+    """``MCPServer.read_resource`` with every failure answered by :func:`answer`."""
+
+    async def read_resource(uri: Any, context: Any = None) -> Any:
+        try:
+            return await read(uri, context)
+        except ResourceError as exc:
+            if not isinstance(exc, UnexpectedResourceError):
+                raise
+            text, missing = answer(exc, f"resource {str(uri)[:200]!r}")
+            raise (ResourceNotFoundError if missing else ResourceError)(text) from exc
+
+    return read_resource
+
+
+GetPrompt = Callable[..., Awaitable[Any]]
+
+
+def guard_prompts(get: GetPrompt) -> GetPrompt:
+    """``MCPServer.get_prompt`` with a failure of the prompt's own function answered by
+    :func:`answer`. The SDK wraps every failure in ``ValueError(text)``; when the prompt's
+    function raised, that text's cause is ``Error rendering prompt`` whose cause is what the
+    function raised. Its own refusals (an unknown prompt, missing arguments) pass unchanged."""
+
+    async def get_prompt(name: str, arguments: dict[str, Any] | None = None, context: Any = None) -> Any:
+        try:
+            return await get(name, arguments, context)
+        except ValueError as exc:
+            rendering = exc.__cause__
+            raised = rendering.__cause__ if rendering is not None else None
+            if raised is None:
+                raise
+            text, missing = answer(raised, f"prompt {name[:100]!r}")
+            raise MCPError(INVALID_PARAMS if missing else INTERNAL_ERROR, text) from exc
+
+    return get_prompt
+
+
+def install(server: MCPServer) -> None:
+    """Put the boundary around ``server``'s tool calls, resource reads and prompts (once)."""
+    if getattr(server, _INSTALLED, False):
+        return
+    route_calls_through(
+        server,
+        call_tool=guard_tool_calls(server.call_tool),
+        read_resource=guard_resource_reads(server.read_resource),
+        get_prompt=guard_prompts(server.get_prompt),
+    )
+    setattr(server, _INSTALLED, True)
+
+
+def error_result(text: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+async def call_tool(server: MCPServer, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+    """Call tool ``name`` from inside the server as a client's ``tools/call`` would: arguments
+    checked strictly (``tool_arguments``), failures answered by this boundary; a refusal or
+    an internal error comes back as an ``isError`` result, never as an exception."""
+    install(server)
+    refusal = check_arguments(server, name, arguments)
+    if refusal is not None:
+        return error_result(refusal)
+    try:
+        return await server.call_tool(name, arguments, context)
+    except ToolError as exc:
+        return error_result(str(exc))

@@ -1,0 +1,43 @@
+"""list_files pages within the output budget: long paths make shorter pages, and next_offset goes on exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mcp import Client
+
+from kernmind.server import create_server
+from tests.conftest import make_settings, structured
+
+pytestmark = pytest.mark.anyio
+
+BUDGET = 5000
+
+
+async def test_long_paths_page_within_the_budget_and_every_file_is_listed_once(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path, pool_size=0, sandbox="none", fork_server=False, max_output_chars=BUDGET
+    )
+    deep = "/".join(c * 200 for c in "abc")
+    names = [f"{deep}/file-{i:03}.txt" for i in range(30)]
+    async with Client(create_server(settings)) as client:
+        for name in names:
+            structured(
+                await client.call_tool("upload_file", {"path": name, "content": "x", "session_id": "long"})
+            )
+        listed: list[str] = []
+        offset: int | None = 0
+        pages = 0
+        while offset is not None:
+            result = await client.call_tool(
+                "list_files", {"session_id": "long", "offset": offset, "limit": 1000}
+            )
+            assert len(result.content[0].text) <= BUDGET, len(result.content[0].text)
+            page = structured(result)
+            assert page["total"] == 30 and page["files"]
+            listed += [f["path"] for f in page["files"]]
+            offset, pages = page["next_offset"], pages + 1
+    assert pages > 1
+    assert sorted(listed) == sorted(names)
+    assert len(listed) == len(set(listed)) == 30

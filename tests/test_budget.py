@@ -1,0 +1,68 @@
+"""The output budget: what fits is kept, what does not is named with how to get it."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel
+
+from kernmind.budget import Budget, left_out, listed_size, next_page
+from kernmind.config import Settings
+
+
+def test_take_keeps_what_fits_and_says_what_was_cut() -> None:
+    budget = Budget(10)
+    assert budget.take("abcd", more="-") == ("abcd", None)
+    kept, note = budget.take("0123456789", more="read on with offset=6.")
+    assert kept == "012345" and budget.left == 0
+    assert (
+        note
+        == "4 of 10 characters left out to stay within the output budget (10 characters); read on with offset=6."
+    )
+    assert budget.take("x", more="-") == (
+        "",
+        "1 of 1 characters left out to stay within the output budget (10 characters); -",
+    )
+
+
+def test_admit_counts_whole_items_and_always_lets_the_first_in() -> None:
+    budget = Budget(100)
+    budget.spend(30)
+    assert budget.admit(60) and budget.left == 10
+    assert not budget.admit(11) and budget.left == 10
+    assert Budget(5).admit(50, first=True)
+
+
+def test_a_budget_comes_from_the_settings() -> None:
+    assert Budget.of(Settings(max_output_chars=12_345)).chars == 12_345
+
+
+@pytest.mark.parametrize(
+    ("page", "per_page", "shown"), [(0, 10, 3), (2, 10, 3), (1, 100, 1), (0, 100, 7), (3, 8, 6), (0, 5, 5)]
+)
+def test_next_page_starts_exactly_at_the_first_result_not_shown(page: int, per_page: int, shown: int) -> None:
+    size, nxt = next_page(page, per_page, shown)
+    assert 1 <= size <= max(shown, 1)
+    assert nxt * size == page * per_page + shown
+
+
+def test_listed_size_is_what_the_sdk_writes_for_an_item_of_a_list() -> None:
+    import pydantic_core
+
+    class Item(BaseModel):
+        id: int
+        text: str
+        tags: list[str]
+
+    class Answer(BaseModel):
+        results: list[Item]
+
+    one, two = Item(id=1, text="a" * 40, tags=["x", "y"]), Item(id=2, text="b", tags=[])
+    written = len(pydantic_core.to_json(Answer(results=[one, two]), indent=2))
+    empty = len(pydantic_core.to_json(Answer(results=[]), indent=2))
+    assert abs(written - empty - listed_size(one) - listed_size(two)) <= 8  # the list's own brackets
+
+
+def test_left_out_names_count_budget_and_way() -> None:
+    assert left_out(3, "passages", Budget(5000), "use page=2") == (
+        "3 more passages left out to stay within the output budget (5,000 characters); use page=2"
+    )
