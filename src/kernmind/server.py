@@ -15,6 +15,7 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 
 from kernmind import __version__
+from kernmind.codemode import CodeMode, ToolDispatch
 from kernmind.config import Settings
 from kernmind.execution.executor import Executor
 from kernmind.execution.tools import ExecutionTools
@@ -28,7 +29,9 @@ kernmind gives you a sandboxed place to run code and a memory that lasts.
   the same session_id) and other languages as one-off processes. Plots and images come back
   as images. The sandbox has no network unless the server allows it.
 - memory_* tools edit labelled memory blocks that persist across conversations; archival_memory_*
-  stores and searches long-term passages."""
+  stores and searches long-term passages.
+- Code mode: inside run_code's Python, `import kernmind_tools` calls the memory tools as
+  functions (e.g. a loop that stores hundreds of findings in one call)."""
 
 
 def create_server(settings: Settings | None = None, executor: Executor | None = None) -> MCPServer:
@@ -37,10 +40,12 @@ def create_server(settings: Settings | None = None, executor: Executor | None = 
     settings = settings or Settings()
     executor = executor or Executor(settings)
     memory = MemoryTools(settings)
+    code_mode: CodeMode | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[dict[str, Any]]:
-        async with executor.running(), memory.running():
+        assert code_mode is not None
+        async with executor.running(), memory.running(), code_mode.running():
             yield {}
 
     server = MCPServer("kernmind", version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan)
@@ -48,4 +53,8 @@ def create_server(settings: Settings | None = None, executor: Executor | None = 
     memory.register(server)
     strict_tool_arguments(server)  # last: every tool refuses unknown arguments and NaN, in words
     identify_callers(server, on_caller=[memory.open_space])  # and knows its caller (principals.py)
+    # Code mode: session code calls the memory tools, through the same checks, as its principal.
+    dispatch = ToolDispatch(server, on_caller=[memory.open_space])
+    code_mode = CodeMode(dispatch, max_request_bytes=settings.max_request_mb * 1024 * 1024)
+    executor.add_kernel_extras(code_mode)
     return server

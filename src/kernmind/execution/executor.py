@@ -72,6 +72,7 @@ from kernmind.execution.supervisor import Progress, supervise
 from kernmind.execution.workspace import Workspace, off_loop, own_tree
 
 if TYPE_CHECKING:
+    from kernmind.execution.kernel_extras import KernelExtras
     from kernmind.execution.remote import RemoteKernels
 
 log = logging.getLogger(__name__)
@@ -207,6 +208,15 @@ class Executor:
             rich_budget=settings.max_result_bytes,
             reserve=reserve,
         )
+
+    def add_kernel_extras(self, extras: KernelExtras) -> None:
+        """Give every local Python kernel started from now on ``extras`` (``kernel_extras.py``;
+        call before ``running()``). Kernels of a kernel gateway get none."""
+        if self.remote is not None or self.python is None:
+            return
+        base = self.factory.base if isinstance(self.factory, ForkKernelFactory) else self.factory
+        base.extras.append(extras)
+        self.python.extras.append(extras)
 
     def prelaunch(self) -> None:
         """Start what the first ``run_code`` will wait for (the fork-server template) now,
