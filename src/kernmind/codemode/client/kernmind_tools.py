@@ -173,7 +173,7 @@ def _function(spec: dict[str, Any]) -> Any:
             raise ToolError(
                 f"{name} takes at most {len(order)} positional arguments ({', '.join(order)}), got {len(args)}."
             )
-        for arg, value in zip(order, args, strict=False):
+        for arg, value in zip(order, args):  # noqa: B905 (the kernel may run a Python before 3.10)
             if arg in arguments:
                 raise ToolError(f"{name} got '{arg}' twice (by position and by name).")
             arguments[arg] = value
