@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
+import anyio
 from mcp import Client
 
 from tests.conftest import structured
@@ -33,3 +35,12 @@ def emitted(result: dict[str, Any]) -> list[Any]:
 
 async def run_emitting(client: Client, code: str, **arguments: Any) -> list[Any]:
     return emitted(await run(client, emitting(code), **arguments))
+
+
+async def eventually(predicate: Callable[[], bool], seconds: float = 30.0) -> bool:
+    """Whether ``predicate()`` becomes true within ``seconds`` (polled; background clean-up)."""
+    for _ in range(int(seconds * 10)):
+        if predicate():
+            return True
+        await anyio.sleep(0.1)
+    return predicate()
