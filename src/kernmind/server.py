@@ -49,12 +49,15 @@ def create_server(settings: Settings | None = None, executor: Executor | None = 
             yield {}
 
     server = MCPServer("kernmind", version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan)
+    # Code mode: session code calls the memory tools, through the same checks, as its principal
+    # (added to the kernels before run_code is registered: its description says so).
+    code_mode = CodeMode(
+        ToolDispatch(server, on_caller=[memory.open_space]),
+        max_request_bytes=settings.max_request_mb * 1024 * 1024,
+    )
+    executor.add_kernel_extras(code_mode)
     ExecutionTools(executor, settings).register(server)
     memory.register(server)
     strict_tool_arguments(server)  # last: every tool refuses unknown arguments and NaN, in words
     identify_callers(server, on_caller=[memory.open_space])  # and knows its caller (principals.py)
-    # Code mode: session code calls the memory tools, through the same checks, as its principal.
-    dispatch = ToolDispatch(server, on_caller=[memory.open_space])
-    code_mode = CodeMode(dispatch, max_request_bytes=settings.max_request_mb * 1024 * 1024)
-    executor.add_kernel_extras(code_mode)
     return server

@@ -273,3 +273,37 @@ async def test_import_works_in_code_the_session_starts_as_a_process(client: Clie
     )
     assert result["status"] == "ok"
     assert "True" in "".join(result["logs"]["stdout"]), result
+
+
+async def test_a_write_from_code_notifies_the_blocks_subscribers(client: Client) -> None:
+    structured(await client.call_tool("memory_create", {"label": "watched", "value": "v1"}))
+    events: list[Any] = []
+    two = anyio.Event()
+    async with client.listen(resource_subscriptions=["memory://blocks/watched", "memory://blocks"]) as sub:
+
+        async def collect() -> None:
+            async for event in sub:
+                events.append(event)
+                if len(events) >= 2:
+                    two.set()
+                    return
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(collect)
+            await run_emitting(
+                client,
+                "import kernmind_tools as km\n"
+                "emit(km.memory_append(label='watched', content='from code')['version'])\n"
+                "emit(km.memory_create(label='watched_too')['version'])",
+                session_id="notify",
+            )
+            with anyio.fail_after(30):
+                await two.wait()
+            tg.cancel_scope.cancel()
+    assert [str(getattr(e, "uri", "")) for e in events] == ["memory://blocks/watched", "memory://blocks"]
+
+
+async def test_run_codes_description_says_code_mode_exists(client: Client) -> None:
+    tools = {t.name: t for t in (await client.list_tools()).tools}
+    description = tools["run_code"].description or ""
+    assert "import kernmind_tools" in description and "km.ToolError" in description

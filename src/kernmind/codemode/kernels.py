@@ -77,6 +77,14 @@ class CodeMode:
             return {}
         return {SOCKET_VARIABLE: f"{sandbox.runtime_path(runtime_dir)}/{SOCKET_NAME}"}
 
+    def description(self) -> str:
+        return (
+            "Code mode: Python code can call the memory tools as functions (import kernmind_tools as km; "
+            "km.archival_memory_insert(content=..., tags=[...]), km.archival_memory_search(query=...), "
+            "km.memory_append(...); help(km) lists them), acting as you in your memory: store many findings "
+            "or search memory inside a loop in one call. A refusal raises km.ToolError with the tool's message."
+        )
+
     async def joined(self, kernel: Kernel, owner: str, session_id: str) -> None:
         tg = self._tg
         if tg is None or kernel.closed:

@@ -158,6 +158,7 @@ class Executor:
         self.pool = KernelPool(self.remote.factory if self.remote else factory, settings.pool_size)  # type: ignore[arg-type]
         self.runners: dict[str, Runner] = {}
         self.python: PythonRunner | None = None
+        self.kernel_extras: list[KernelExtras] = []  # what other parts add to local kernels
         budget = SnapshotBudget(settings.snapshot_mb * 1024 * 1024, settings.snapshot_seconds)
         if self.remote is not None:
             kernel_root = self.remote.workspaces.kernel_root
@@ -214,6 +215,7 @@ class Executor:
         call before ``running()``). Kernels of a kernel gateway get none."""
         if self.remote is not None or self.python is None:
             return
+        self.kernel_extras.append(extras)
         base = self.factory.base if isinstance(self.factory, ForkKernelFactory) else self.factory
         base.extras.append(extras)
         self.python.extras.append(extras)

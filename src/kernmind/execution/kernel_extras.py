@@ -7,8 +7,9 @@ Design
   a kernel joins a session and so gets an owner (``joined``). Whatever ``joined`` sets up for
   that kernel it registers as a stop hook on the kernel (``Kernel.on_stop``), which runs when
   the kernel is shut down, whatever the path (``reset``, close, idle unload, server stop).
-- Installed with ``Executor.add_kernel_extras`` before the executor runs (``server.py`` does
-  it), so the first warm kernel already has them. Kernels of a kernel gateway run elsewhere:
+- Installed with ``Executor.add_kernel_extras`` before the executor runs and before the
+  execution tools are registered (``server.py`` does it), so the first warm kernel already has
+  them and ``run_code``'s description says what they give (``description``). Kernels of a kernel gateway run elsewhere:
   they get none.
 
 Error policy: a ``joined`` hook that fails is logged and the kernel serves its call without
@@ -38,6 +39,10 @@ class KernelExtras(Protocol):
     def environment(self, sandbox: Sandbox, runtime_dir: Path | None) -> dict[str, str]:
         """Variables for a kernel whose socket directory is ``runtime_dir`` (None: a fork-server
         template, which has none of its own)."""
+        ...
+
+    def description(self) -> str:
+        """What it gives Python code, in a sentence or two for ``run_code``'s description."""
         ...
 
     async def joined(self, kernel: Kernel, owner: str, session_id: str) -> None:
