@@ -80,7 +80,7 @@ class Channel:
         path.unlink(missing_ok=True)
         listener = await anyio.create_unix_listener(path, mode=0o600)
         if uid is not None:
-            os.chown(path, uid, uid)
+            os.chown(path, uid, uid, follow_symlinks=False)
         channel = cls(
             path, principal, session_id, os.getuid() if uid is None else uid, dispatch, max_request_bytes
         )
