@@ -30,6 +30,7 @@ from mcp import Client
 from kernmind.config import Settings
 from kernmind.server import create_server
 
+ROUNDS = 4
 TOPICS = ["churn", "revenue", "latency", "signups", "refunds", "support tickets", "retention"]
 REGIONS = ["north", "south", "east", "west", "central"]
 
@@ -114,10 +115,18 @@ async def main(args: argparse.Namespace) -> None:
             assert not result.is_error, result
         client_s = time.perf_counter() - started
 
-        # Each side searches queries it has never seen (a query's embedding is cached once asked).
-        queries = [f"{TOPICS[i % 7]} {REGIONS[i % 5]} week {i % 52 + 1}" for i in range(2 * args.searches)]
-        code_search = await code_searches(client, queries[::2])
-        client_search = await client_searches(client, queries[1::2])
+        # Each side searches queries it has never seen (a query's embedding is cached once asked),
+        # in alternating rounds (what runs in the background after the inserts lands on both).
+        code_search: list[float] = []
+        client_search: list[float] = []
+        per_round = max(1, args.searches // ROUNDS)
+        for r in range(ROUNDS):
+            queries = [
+                f"{TOPICS[i % 7]} {REGIONS[(i + r) % 5]} week {i % 52 + 1} round {r}"
+                for i in range(2 * per_round)
+            ]
+            code_search += await code_searches(client, queries[::2])
+            client_search += await client_searches(client, queries[1::2])
 
     n = args.inserts
     load = os.getloadavg()[0]
