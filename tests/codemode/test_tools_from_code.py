@@ -122,6 +122,7 @@ async def client_refusal(client: Client, tool: str, arguments: dict[str, Any]) -
 
 async def test_refusals_raise_tool_error_with_the_sentence_a_client_gets(client: Client) -> None:
     structured(await client.call_tool("memory_create", {"label": "plans", "value": "one"}))
+    structured(await client.call_tool("memory_create", {"label": "tiny", "value": "small", "limit": 20}))
     cases: list[tuple[str, dict[str, Any]]] = [
         ("archival_memory_insert", {"contnet": "misspelt"}),
         ("memory_read", {"label": "no-such-block"}),
@@ -129,6 +130,11 @@ async def test_refusals_raise_tool_error_with_the_sentence_a_client_gets(client:
         ("archival_memory_search", {"query": "x", "top_k": "ten"}),
         ("memory_replace", {"label": "plans", "old_str": "absent", "new_str": "y"}),
         ("archival_memory_delete", {"id": 123456}),
+        (
+            "memory_append",
+            {"label": "tiny", "content": "far more than twenty characters"},
+        ),  # the block's limit
+        ("archival_memory_insert", {"content": "x" * 20_000}),  # --archival-max-chars
     ]
     code = "import kernmind_tools as km\n" + "".join(
         f"try:\n    km.call({tool!r}, **{arguments!r})\n    emit(None)\n"
@@ -144,6 +150,7 @@ async def test_refusals_raise_tool_error_with_the_sentence_a_client_gets(client:
     assert "did you mean 'content'?" in answers[0][1] and "Valid arguments: content" in answers[0][1]
     # A refused write changed nothing.
     assert structured(await client.call_tool("memory_read", {"label": "plans"}))["value"] == "one"
+    assert structured(await client.call_tool("memory_read", {"label": "tiny"}))["value"] == "small"
 
 
 async def test_other_tools_are_refused_with_what_code_may_call(client: Client) -> None:
