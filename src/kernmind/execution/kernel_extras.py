@@ -9,8 +9,8 @@ Design
   the kernel is shut down, whatever the path (``reset``, close, idle unload, server stop).
 - Installed with ``Executor.add_kernel_extras`` before the executor runs and before the
   execution tools are registered (``server.py`` does it), so the first warm kernel already has
-  them and ``run_code``'s description says what they give (``description``). Kernels of a kernel gateway run elsewhere:
-  they get none.
+  them and ``run_code``'s description says what they give (``description``). Kernels of a
+  kernel gateway run elsewhere: they get none.
 
 Error policy: a ``joined`` hook that fails is logged and the kernel serves its call without
 the extra (the code that runs simply finds it unavailable); it never fails a ``run_code``.

@@ -255,9 +255,8 @@ class Kernel:
     layer_path: str | None = None  # where the kernel sees the layer's Python packages
     group: Cgroup | None = None  # its own control group (a warm kernel's), removed with it
     forked_pid: int | None = None  # a fork-server kernel's process (outside the sandbox's process tree)
-    on_stop: list[Callable[[], None]] = field(
-        default_factory=list
-    )  # what extras set up for it (kernel_extras.py)
+    # What other parts set up for it (kernel_extras.py), undone when it shuts down.
+    on_stop: list[Callable[[], None]] = field(default_factory=list)
 
     def root_pids(self) -> list[int]:
         """The roots of its process trees: the sandbox the manager launched, and a forked kernel."""
