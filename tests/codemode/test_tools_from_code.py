@@ -314,3 +314,25 @@ async def test_run_codes_description_says_code_mode_exists(client: Client) -> No
     tools = {t.name: t for t in (await client.list_tools()).tools}
     description = tools["run_code"].description or ""
     assert "import kernmind_tools" in description and "km.ToolError" in description
+
+
+async def test_numpy_and_pandas_values_go_as_the_plain_data_they_stand_for(client: Client) -> None:
+    (stored, deleted, refusal) = await run_emitting(
+        client,
+        """
+import numpy as np, pandas as pd, kernmind_tools as km
+df = pd.DataFrame({"note": ["a dataframe row"], "day": [pd.Timestamp("2024-03-05")]})
+row = df.iloc[0]
+stored = km.archival_memory_insert(content=row["note"], tags=np.array(["df", "row"]), occurred_at=row["day"])
+emit(stored)
+emit(km.archival_memory_delete(id=np.int64(stored["id"])))
+try:
+    km.archival_memory_search(query="x", top_k=object())
+except km.ToolError as e:
+    emit(str(e))
+""",
+        session_id="numpy",
+    )
+    assert stored["occurred_at"].startswith("2024-03-05") and stored["duplicate_of"] is None
+    assert deleted["id"] == stored["id"] and deleted["deleted"] is True
+    assert "cannot be sent as JSON" in refusal

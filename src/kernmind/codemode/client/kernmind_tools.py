@@ -78,9 +78,20 @@ def _drop() -> None:
                 pass
 
 
+def _plain(value: Any) -> Any:
+    """numpy/pandas values (a row's int64, an array, a Timestamp) as the JSON data they stand for."""
+    for method in ("tolist", "isoformat"):
+        convert = getattr(value, method, None)
+        if callable(convert):
+            return convert()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"a {type(value).__name__} is not JSON data")
+
+
 def _ask(request: dict[str, Any]) -> dict[str, Any]:
     try:
-        line = json.dumps(request, ensure_ascii=False, allow_nan=False).encode() + b"\n"
+        line = json.dumps(request, ensure_ascii=False, allow_nan=False, default=_plain).encode() + b"\n"
     except (TypeError, ValueError) as exc:
         raise ToolError(
             f"the arguments cannot be sent as JSON ({exc}); pass strings, numbers, lists and dicts."
