@@ -168,3 +168,36 @@ async def test_stateless_calls_each_get_a_channel_and_share_the_principals_memor
         assert second == [False, first]
         # A stateless call's kernel (and its channel) is dropped after it.
         assert await eventually(lambda: not sockets(settings))
+
+
+async def test_a_session_may_hold_sixteen_connections_at_once(client: Client) -> None:
+    """The main thread (its import described the tools) and fifteen threads each hold a connection;
+    a sixteenth thread is told why it was refused, and the others keep working."""
+    (answers, main) = await run_emitting(
+        client,
+        """
+import threading, kernmind_tools as km
+out = [None] * 16
+arrived = threading.Barrier(16)
+def worker(n):
+    try:
+        out[n] = km.memory_list()["total"] >= 0
+    except km.ToolError as e:
+        out[n] = str(e)
+    arrived.wait()
+threads = []
+for n in range(16):  # one after the other: the last connects while the others hold theirs
+    threads.append(threading.Thread(target=worker, args=(n,)))
+    threads[-1].start()
+    while out[n] is None:
+        pass
+for t in threads:
+    t.join()
+emit(out)
+emit(km.memory_list()["total"] >= 0)
+""",
+        session_id="many",
+    )
+    assert answers[:15] == [True] * 15
+    assert "too many connections" in answers[15] and "at most 16" in answers[15]
+    assert main is True

@@ -12,7 +12,8 @@ Design
   separates sessions, this socket included.)
 - The protocol is one JSON object per line each way: ``{"op": "describe"}`` or
   ``{"op": "call", "tool": …, "arguments": {…}}``, answered ``{"ok": true, …}`` or
-  ``{"ok": false, "error": "<sentence>"}``. A connection serves its requests one at a time
+  ``{"ok": false, "error": "<sentence>"}`` (with ``"closed": true`` when the connection is
+  closed after it: a refused peer, too many connections, an oversized request). A connection serves its requests one at a time
   (the client opens one per thread); a channel holds at most ``MAX_CONNECTIONS``.
 
 Error policy: a malformed or oversized request is answered with a sentence, and an oversized
@@ -104,7 +105,7 @@ class Channel:
                 log.warning(
                     "code mode: %s (session %r of %r)", refusal, self.session_id, self.principal.owner
                 )
-                await _send(stream, {"ok": False, "error": refusal})
+                await _send(stream, {"ok": False, "error": refusal, "closed": True})
                 return
             self._connections += 1
             try:
@@ -113,6 +114,7 @@ class Channel:
                         stream,
                         {
                             "ok": False,
+                            "closed": True,
                             "error": f"too many connections to code mode from this session (at most "
                             f"{MAX_CONNECTIONS} threads or processes may call tools at once); use fewer threads.",
                         },
@@ -153,6 +155,7 @@ class Channel:
                     stream,
                     {
                         "ok": False,
+                        "closed": True,
                         "error": f"the request is larger than {self.max_request_bytes // (1024 * 1024)} MiB; "
                         "send less per call (e.g. one passage per archival_memory_insert).",
                     },

@@ -98,15 +98,24 @@ def _ask(request: dict[str, Any]) -> dict[str, Any]:
         ) from None
     sock, reader = _connection()
     try:
-        sock.sendall(line)
+        try:
+            sock.sendall(line)
+        except OSError:  # the server refused this connection: its sentence may be waiting
+            pass
         answer = reader.readline()
+    except OSError as exc:
+        _drop()
+        raise ToolError(f"code mode's connection broke ({exc}); try again.") from None
     except BaseException:  # an interrupt mid-call: the answer would arrive on the next call
         _drop()
         raise
     if not answer:
         _drop()
         raise ToolError("the server closed code mode's connection (the session is stopping); try again.")
-    return json.loads(answer)
+    decoded = json.loads(answer)
+    if decoded.get("closed"):  # refused for the whole connection: the next call opens a new one
+        _drop()
+    return decoded
 
 
 def call(name: str, /, **arguments: Any) -> Any:
