@@ -82,7 +82,7 @@ class ToolDispatch:
         answer = await self._answer(principal, name, arguments)
         log.info(
             "code call %s from session %r of %r: %s (%.1f ms)",
-            name if isinstance(name, str) else "?",
+            name[:80] if isinstance(name, str) else "?",  # code chose it: bounded in the log
             session_id,
             principal.owner,
             "ok" if answer["ok"] else "refused",
