@@ -82,7 +82,7 @@ class ToolDispatch:
         answer = await self._answer(principal, name, arguments)
         log.info(
             "code call %s from session %r of %r: %s (%.1f ms)",
-            name[:80] if isinstance(name, str) else "?",  # code chose it: bounded in the log
+            _shown(name),
             session_id,
             principal.owner,
             "ok" if answer["ok"] else "refused",
@@ -130,6 +130,13 @@ class ToolDispatch:
         close = difflib.get_close_matches(str(name), names, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         return f"there is no memory tool named {str(name)[:100]!r}{hint}. Code may call: {offered}."
+
+
+def _shown(name: Any) -> str:
+    """A tool name code sent, for the log: as is when it is a name, else quoted and bounded."""
+    if isinstance(name, str) and name.isidentifier() and len(name) <= 80:
+        return name
+    return repr(name)[:80]
 
 
 def _refusal(sentence: str) -> Answer:
