@@ -336,3 +336,24 @@ except km.ToolError as e:
     assert stored["occurred_at"].startswith("2024-03-05") and stored["duplicate_of"] is None
     assert deleted["id"] == stored["id"] and deleted["deleted"] is True
     assert "cannot be sent as JSON" in refusal
+
+
+async def test_text_that_utf8_cannot_hold_reaches_the_tool_which_decides(client: Client) -> None:
+    (answer,) = await run_emitting(
+        client,
+        """
+import kernmind_tools as km
+try:
+    emit(["stored", km.archival_memory_insert(content="half a pair: \\ud800 and café")["id"]])
+except km.ToolError as e:
+    emit(["refused", str(e)])
+""",
+        session_id="surrogates",
+    )
+    client_says = await client.call_tool(
+        "archival_memory_insert", {"content": "half a pair: \ud800 and café"}
+    )
+    if answer[0] == "refused":  # the same decision, in the same words, as for a client
+        assert client_says.is_error and error_text(client_says) == answer[1]
+    else:
+        assert not client_says.is_error

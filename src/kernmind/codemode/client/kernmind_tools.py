@@ -91,7 +91,8 @@ def _plain(value: Any) -> Any:
 
 def _ask(request: dict[str, Any]) -> dict[str, Any]:
     try:
-        line = json.dumps(request, ensure_ascii=False, allow_nan=False, default=_plain).encode() + b"\n"
+        # ASCII with escapes: a lone surrogate in a string still travels, and the tool decides.
+        line = json.dumps(request, allow_nan=False, default=_plain).encode("ascii") + b"\n"
     except (TypeError, ValueError) as exc:
         raise ToolError(
             f"the arguments cannot be sent as JSON ({exc}); pass strings, numbers, lists and dicts."
