@@ -112,6 +112,20 @@ async def test_a_misspelt_memory_argument_changes_nothing(client: Client) -> Non
     assert block["value"] == "one"
 
 
+async def test_text_with_a_lone_surrogate_is_refused_in_words_and_nothing_is_stored(client: Client) -> None:
+    """JSON lets half of a UTF-16 pair through; UTF-8 (a store, a kernel) cannot hold it."""
+    text = error_text(await client.call_tool("archival_memory_insert", {"content": "half: \ud800 and café"}))
+    assert "'content' holds a lone surrogate (\\ud800 at character 6)" in text, text
+    text = error_text(
+        await client.call_tool("archival_memory_insert", {"content": "x", "tags": ["a", "\udcff"]})
+    )
+    assert "'tags[1]' holds a lone surrogate" in text, text
+    found = structured(await client.call_tool("archival_memory_search", {"query": "half"}))
+    assert found["results"] == [], found
+    text = error_text(await client.call_tool("run_code", {"code": "x = '\ud800'"}))
+    assert "'code' holds a lone surrogate" in text, text
+
+
 # --- numbers ----------------------------------------------------------------------------------
 async def test_every_numeric_argument_refuses_non_finite_values(
     client: Client, tools: dict[str, dict[str, Any]]

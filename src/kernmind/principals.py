@@ -39,6 +39,7 @@ contents and logs why, so a half-written edit cannot lock everyone out or let an
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import hmac
@@ -48,7 +49,7 @@ import os
 import re
 import secrets
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -362,6 +363,28 @@ _CALLER: ContextVar[Principal] = ContextVar("kernmind_caller", default=LOCAL)
 def current_principal() -> Principal:
     """Who the request being handled comes from (see ``identify_callers``)."""
     return _CALLER.get()
+
+
+@contextlib.contextmanager
+def acting_as(principal: Principal) -> Iterator[None]:
+    """While in this block, ``current_principal()`` is ``principal`` (a call made for it by the
+    server itself: code mode's calls from a session's code)."""
+    token = _CALLER.set(principal)
+    try:
+        yield
+    finally:
+        _CALLER.reset(token)
+
+
+def principal_keeping(owner: str) -> Principal:
+    """The principal whose data is kept under the key ``owner`` (a session's owner): its name is
+    the key without its generation; roles are not kept with data, so it has none (``local`` and
+    the shared token's principal are themselves)."""
+    for known in (LOCAL, SHARED_TOKEN):
+        if owner == known.owner:
+            return known
+    name = owner.split("~", 1)[0]
+    return Principal(name, (), "" if owner == name else owner)
 
 
 OnCaller = Callable[[Principal], Awaitable[None]]

@@ -16,6 +16,7 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 
 from kernmind import __version__, boundary
+from kernmind.codemode import CodeMode, ToolDispatch
 from kernmind.config import Settings
 from kernmind.execution.executor import Executor
 from kernmind.execution.tools.code_tools import ExecutionTools
@@ -29,7 +30,9 @@ kernmind gives you a sandboxed place to run code and a memory that lasts.
   the same session_id) and other languages as one-off processes. Plots and images come back
   as images. The sandbox has no network unless the server allows it.
 - memory_* tools edit labelled memory blocks that persist across conversations; archival_memory_*
-  stores and searches long-term passages."""
+  stores and searches long-term passages.
+- Code mode: inside run_code's Python, `import kernmind_tools` calls the memory tools as
+  functions (e.g. a loop that stores hundreds of findings in one call)."""
 
 
 def create_server(settings: Settings | None = None, executor: Executor | None = None) -> MCPServer:
@@ -38,13 +41,22 @@ def create_server(settings: Settings | None = None, executor: Executor | None = 
     settings = settings or Settings()
     executor = executor or Executor(settings)
     memory = MemoryTools(settings)
+    code_mode: CodeMode | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[dict[str, Any]]:
-        async with executor.running(), memory.running():
+        assert code_mode is not None
+        async with executor.running(), memory.running(), code_mode.running():
             yield {}
 
     server = MCPServer("kernmind", version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan)
+    # Code mode: session code calls the memory tools, through the same checks, as its principal
+    # (added to the kernels before run_code is registered: its description says so).
+    code_mode = CodeMode(
+        ToolDispatch(server, on_caller=[memory.open_space]),
+        max_request_bytes=settings.max_request_mb * 1024 * 1024,
+    )
+    executor.add_kernel_extras(code_mode)
     ExecutionTools(executor, settings).register(server)
     memory.register(server)
     strict_tool_arguments(server)  # last: every tool refuses unknown arguments and NaN, in words

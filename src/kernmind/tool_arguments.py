@@ -17,7 +17,8 @@ server and the registered tools come through :mod:`kernmind.sdk_compat`):
   a value it may not have meant; those are refused too (lists are checked item by item; a
   list sent as a JSON string, as some clients do, is still parsed by the SDK). A refusal is an
   ``isError`` result with one sentence per problem and the tool's valid arguments — never
-  pydantic's raw text; the tool does not run.
+  pydantic's raw text; the tool does not run. Text holding a lone surrogate (half of a UTF-16
+  pair, which JSON lets through and UTF-8 cannot encode) is refused the same way.
 
 Why here and not per tool: a new tool gets the same treatment without doing anything,
 and the rule cannot be forgotten. Tools still own their bounds (``ge=1``, a ceiling on a
@@ -88,6 +89,8 @@ def check_arguments(server: MCPServer, name: str, arguments: dict[str, Any]) -> 
             problems.setdefault(location(err["loc"]), _sentence(err, valid))
     for path, why in _non_finite_numbers(arguments):  # also inside values typed Any
         problems.setdefault(path, f"'{path}' {why}")
+    for path, why in _lone_surrogates(arguments):  # text no store or kernel can hold
+        problems.setdefault(path, f"'{path}' {why}")
     if not problems:
         return None
     return (
@@ -138,6 +141,26 @@ def _non_finite_numbers(value: Any, path: tuple[int | str, ...] = ()) -> Iterato
     elif isinstance(value, list):
         for index, item in enumerate(value):
             yield from _non_finite_numbers(item, (*path, index))
+
+
+def _lone_surrogates(value: Any, path: tuple[int | str, ...] = ()) -> Iterator[tuple[str, str]]:
+    """Strings holding half of a UTF-16 surrogate pair (JSON lets ``"\\ud800"`` through), which
+    UTF-8 cannot encode: refused here in words rather than failing deep in a store or kernel."""
+    if isinstance(value, str):
+        for index, char in enumerate(value):
+            if 0xD800 <= ord(char) <= 0xDFFF:
+                yield (
+                    location(path),
+                    f"holds a lone surrogate (\\u{ord(char):04x} at character {index}), which is not "
+                    "text UTF-8 can encode: remove it, or send the character it was half of",
+                )
+                return
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _lone_surrogates(item, (*path, str(key)))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _lone_surrogates(item, (*path, index))
 
 
 def _loose_scalars(annotation: Any, value: Any, path: tuple[int | str, ...]) -> Iterator[tuple[str, str]]:

@@ -71,6 +71,7 @@ from kernmind.execution.sessions.registry import (
 from kernmind.execution.supervisor import Progress, supervise
 
 if TYPE_CHECKING:
+    from kernmind.execution.kernels.extras import KernelExtras
     from kernmind.execution.remote import RemoteKernels
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,7 @@ class Executor:
         self.pool = KernelPool(self.remote.factory if self.remote else factory, settings.pool_size)  # type: ignore[arg-type]
         self.runners: dict[str, Runner] = {}
         self.python: PythonRunner | None = None
+        self.kernel_extras: list[KernelExtras] = []  # what other parts add to local kernels
         budget = SnapshotBudget(settings.snapshot_mb * 1024 * 1024, settings.snapshot_seconds)
         if self.remote is not None:
             kernel_root = self.remote.workspaces.kernel_root
@@ -206,6 +208,16 @@ class Executor:
             rich_budget=settings.max_result_bytes,
             reserve=reserve,
         )
+
+    def add_kernel_extras(self, extras: KernelExtras) -> None:
+        """Give every local Python kernel started from now on ``extras`` (``kernel_extras.py``;
+        call before ``running()``). Kernels of a kernel gateway get none."""
+        if self.remote is not None or self.python is None:
+            return
+        self.kernel_extras.append(extras)
+        base = self.factory.base if isinstance(self.factory, ForkKernelFactory) else self.factory
+        base.extras.append(extras)
+        self.python.extras.append(extras)
 
     def prelaunch(self) -> None:
         """Start what the first ``run_code`` will wait for (the fork-server template) now,

@@ -41,7 +41,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
 from typing import TYPE_CHECKING, Any, Literal
@@ -64,6 +64,7 @@ if TYPE_CHECKING:  # imported when a kernel starts (kernels/manager.py), not wit
     from jupyter_client.asynchronous.client import AsyncKernelClient
     from jupyter_client.kernelspec import KernelSpec
 
+    from kernmind.execution.kernels.extras import KernelExtras
     from kernmind.execution.kernels.manager import SandboxedKernelManager
 
 log = logging.getLogger(__name__)
@@ -254,6 +255,8 @@ class Kernel:
     layer_path: str | None = None  # where the kernel sees the layer's Python packages
     group: Cgroup | None = None  # its own control group (a warm kernel's), removed with it
     forked_pid: int | None = None  # a fork-server kernel's process (outside the sandbox's process tree)
+    # What other parts set up for it (kernel_extras.py), undone when it shuts down.
+    on_stop: list[Callable[[], None]] = field(default_factory=list)
 
     def root_pids(self) -> list[int]:
         """The roots of its process trees: the sandbox the manager launched, and a forked kernel."""
@@ -409,6 +412,12 @@ class Kernel:
 
     async def shutdown(self) -> None:
         self.closed = True
+        stops, self.on_stop = self.on_stop, []
+        for stop in stops:
+            try:
+                stop()
+            except Exception as exc:  # an extra's clean-up must not keep the kernel alive
+                log.warning("a stop hook of kernel %s failed: %s", self.id, exc)
         try:
             if self.kc is not None:
                 self.kc.stop_channels()
@@ -462,6 +471,7 @@ class KernelFactory:
         cgroups: CgroupSupport | None = None,
     ) -> None:
         self.setup = setup_code(output_limit)
+        self.extras: list[KernelExtras] = []  # added by other parts (kernel_extras.py)
         self.cgroups = cgroups  # None or inactive: kernels run with per-process limits only
         self.sandbox = sandbox
         self.runtime = runtime
@@ -513,6 +523,7 @@ class KernelFactory:
             if scratch and runtime_dir is not None
             else {}
         )
+        pythonpath = [*self.runtime.pythonpath, *(p for e in self.extras for p in e.pythonpath(self.sandbox))]
         return {
             **dirs,
             "PATH": self._path,
@@ -532,15 +543,23 @@ class KernelFactory:
             **dict.fromkeys(
                 ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"), str(self.blas_threads)
             ),
-            **({"PYTHONPATH": os.pathsep.join(self.runtime.pythonpath)} if self.runtime.pythonpath else {}),
+            **({"PYTHONPATH": os.pathsep.join(pythonpath)} if pythonpath else {}),
             **(self.guard.environment(self.sandbox, self._path) if self.guard else {}),
+            **{
+                k: v for extra in self.extras for k, v in extra.environment(self.sandbox, runtime_dir).items()
+            },
             **self.extra_env,
         }
 
     def kernel_mounts(self) -> tuple[Layer | None, list[Mount]]:
         """A new kernel's (empty) package layer, and the server directories its sandbox mounts."""
         layer = self.new_layer() if self.new_layer is not None else None
-        return layer, [*([layer.mount] if layer else []), *(self.guard.mounts() if self.guard else [])]
+        extra = [m for e in self.extras for m in e.mounts()]
+        return layer, [
+            *([layer.mount] if layer else []),
+            *(self.guard.mounts() if self.guard else []),
+            *extra,
+        ]
 
     def layer_path(self, layer: Layer | None) -> str | None:
         """Where a kernel sees its layer's Python packages."""

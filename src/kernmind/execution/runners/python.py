@@ -45,6 +45,7 @@ from kernmind.execution.runners.base import Call
 from kernmind.execution.sandbox.workspace import WorkspaceError, off_loop
 
 if TYPE_CHECKING:
+    from kernmind.execution.kernels.extras import KernelExtras
     from kernmind.execution.sessions.registry import Session
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class PythonRunner:
         self.version = version
         self.inner_root = inner_root  # the path the kernel sees for a working directory
         self.budget = budget
+        self.extras: list[KernelExtras] = []  # told when a kernel joins a session (kernel_extras.py)
 
     @staticmethod
     def kernel_of(session: Session) -> Kernel | None:
@@ -261,6 +263,12 @@ class PythonRunner:
         kernel = await self.pool.acquire(session.workspace, layer=session.packages, limits=session.limits)
         if session.limits is not None and isinstance(kernel, Kernel):  # (a gateway's run elsewhere)
             session.limits.track(LANGUAGE, kernel.root_pids())
+        if isinstance(kernel, Kernel):
+            for extra in self.extras:
+                try:
+                    await extra.joined(kernel, session.owner, session.id)
+                except Exception as exc:  # the call runs without it (kernel_extras.py)
+                    log.warning("kernel extra %r failed for session %r: %s", extra, session.id, exc)
         if kernel.layer is not None:
             session.packages = kernel.layer
             if not await anyio.to_thread.run_sync(kernel.layer.is_empty):

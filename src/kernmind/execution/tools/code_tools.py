@@ -161,6 +161,7 @@ class ExecutionTools:
         text_budget, image_budget = self.settings.max_output_chars, self.settings.max_result_bytes
 
         notable = ", ".join(ex.runtime.notable) or "only the standard library"
+        extras = "".join(f" {extra.description()}" for extra in ex.kernel_extras)
         installs = (
             "Packages cannot be installed from inside code (no network): use install_packages."
             if self.settings.packages != "none"
@@ -176,7 +177,7 @@ class ExecutionTools:
                 "figures come back as images, plotly figures as HTML. Set reset=true for a fresh "
                 f"interpreter. Python can import: {notable}. {installs} Sessions, their files and Python "
                 "variables are stored and resume after a restart. background=true runs long work as a "
-                "job (job_status, job_cancel)."
+                f"job (job_status, job_cancel).{extras}"
             ),
             annotations=ToolAnnotations(title="Run code", destructive_hint=False, open_world_hint=False),
         )
