@@ -306,9 +306,9 @@ async def test_unknown_package_is_not_found_with_spelling_help(
     with pytest.raises(PackageError) as caught:
         await installer.install(["no-such-package-xyz"], "python", new_layer(tmp_path))
     assert caught.value.kind == "not_found" and "'no-such-package-xyz'" in caught.value.message
-    with pytest.raises(PackageError) as caught:
-        await installer.install(["sklearn"], "python", new_layer(tmp_path))
-    assert "published as 'scikit-learn'" in caught.value.message
+    with pytest.raises(PackageError) as caught:  # (tried under its published name: test_import_names.py)
+        await installer.install(["cv2"], "python", new_layer(tmp_path, "cv2"))
+    assert "published as 'opencv-python-headless'" in caught.value.message
     with pytest.raises(PackageError) as caught:
         await installer.install(["beta==9"], "python", new_layer(tmp_path))
     assert caught.value.kind == "not_found" and "beta" in caught.value.message

@@ -149,6 +149,11 @@ def job_answer(job: Job, run_result_content: Content) -> CallToolResult:
     return CallToolResult(content=blocks, structured_content=status.model_dump(mode="json", by_alias=True))
 
 
+def left_out(*args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+    """A decorator that registers nothing: a tool this server does not offer (see ``--stateless``)."""
+    return lambda fn: fn
+
+
 def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_content: Content) -> None:
     """Add the session and job tools (``model_errors`` and ``run_result_content`` from tools.py)."""
     settings = ex.settings
@@ -194,7 +199,8 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
             message="Session closed; its files and saved variables are deleted.",
         )
 
-    @server.tool(
+    # (--stateless: sessions keep no history, so there is nothing to export.)
+    @(left_out if settings.stateless else server.tool)(
         description="Write a session's history (code cells with their outputs, images and errors) as a "
         "Jupyter notebook (.ipynb, nbformat 4) into its working directory."
     )

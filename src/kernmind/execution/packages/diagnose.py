@@ -14,28 +14,9 @@ from collections.abc import Mapping
 
 from packaging.utils import canonicalize_name
 
+from kernmind.execution.packages.import_names import published_as
 from kernmind.execution.packages.layer import Distribution
 from kernmind.execution.packages.policy import PackageError, PackageSources
-
-# Names people import that are published under another name.
-IMPORT_NAMES = {
-    "sklearn": "scikit-learn",
-    "bs4": "beautifulsoup4",
-    "pil": "pillow",
-    "cv2": "opencv-python-headless",
-    "yaml": "PyYAML",
-    "dateutil": "python-dateutil",
-    "skimage": "scikit-image",
-    "docx": "python-docx",
-    "pptx": "python-pptx",
-    "dotenv": "python-dotenv",
-    "jwt": "PyJWT",
-    "magic": "python-magic",
-    "attr": "attrs",
-    "serial": "pyserial",
-    "usb": "pyusb",
-    "crypto": "pycryptodome",
-}
 
 _NETWORK = re.compile(
     r"dns error|failed to lookup address|connection refused|tcp connect error|error sending request|"
@@ -109,7 +90,7 @@ def explain(stderr: str, *, sources: PackageSources, available: Mapping[str, Dis
         )
     if m := _NOT_FOUND.search(cause):
         name = m.group(1)
-        suggestion = IMPORT_NAMES.get(name.lower())
+        suggestion = published_as(name)
         tip = f" The package you import as {name} is published as {suggestion!r}." if suggestion else ""
         return PackageError(
             "not_found",

@@ -9,6 +9,10 @@ The server installs — never code inside the sandbox, which has no network:
 - ``javascript``/``typescript``: ``npm:`` packages prefetched into ``layer.deno`` (``npm.py``).
 - ``r``, ``java``, ``bash``: refused, naming what can be installed.
 
+A failed Python install that asked for a name people import but which is published under
+another (``sklearn`` for ``scikit-learn``) is tried once more under the published name,
+with a note (``import_names.py``).
+
 It knows nothing of MCP or sessions: the caller owns the layer (one per session, created
 and deleted with it) and must not run two installs into one layer at once (a session's
 lock does that). Making the packages visible to running code is the caller's job too.
@@ -27,11 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, Field
 
 from kernmind.config import Settings
-from kernmind.execution.packages import npm
+from kernmind.execution.packages import import_names, npm
 from kernmind.execution.packages.layer import Distribution, Layer
 from kernmind.execution.packages.policy import (
     PackageError,
@@ -56,6 +61,15 @@ from kernmind.execution.runners.javascript import DenoRunner
 from kernmind.execution.sandbox import Sandbox
 
 JS_LANGUAGES = ("javascript", "typescript")
+# Failures after which a request for an import name (``sklearn``) is tried under its published name.
+RETRIED_WITH_PUBLISHED_NAMES = (
+    "policy",
+    "not_found",
+    "no_wheel",
+    "sdist_refused",
+    "build_failed",
+    "installer",
+)
 
 
 class InstalledPackage(BaseModel):
@@ -153,7 +167,42 @@ class PackageInstaller:
     async def _python(
         self, packages: Sequence[str], layer: Layer
     ) -> tuple[list[Distribution], list[Distribution], list[str]]:
+        """Install ``packages``; when that fails over a name people import but which is published
+        under another (``sklearn``), once more with the published names (``import_names.py``)."""
         requirements = parse_python(packages)
+        try:
+            installed, already, notes = await self._python_requirements(requirements, layer)
+        except PackageError as exc:
+            published, replaced = import_names.substitute(requirements)
+            about = exc.message.lower()
+            if (
+                exc.kind not in RETRIED_WITH_PUBLISHED_NAMES
+                or self.policy.mode == "none"
+                or not any(a.lower() in about or canonicalize_name(a) in about for a in replaced)
+            ):
+                raise
+            try:
+                installed, already, notes = await self._python_requirements(published, layer)
+            except PackageError as again:
+                said = "; ".join(
+                    f"{a} is the name you import, published as {d!r}" for a, d in replaced.items()
+                )
+                raise PackageError(
+                    again.kind, f"{said}, and installing that failed too: {again.message}"
+                ) from None
+            return installed, already, [import_names.substitution_note(replaced), *notes]
+        have = {d.key for d in [*installed, *already]}
+        have |= set(await anyio.to_thread.run_sync(layer.python_distributions))
+        have |= set(await anyio.to_thread.run_sync(self.base.distributions))
+        for req in requirements:
+            dist = import_names.published_as(req.name)
+            if dist is not None and canonicalize_name(dist) not in have:
+                notes.append(import_names.other_project_note(req.name, dist))
+        return installed, already, notes
+
+    async def _python_requirements(
+        self, requirements: list[Requirement], layer: Layer
+    ) -> tuple[list[Distribution], list[Distribution], list[str]]:
         self.policy.check([canonicalize_name(r.name) for r in requirements])
         base = await anyio.to_thread.run_sync(self.base.distributions)
         in_layer = await anyio.to_thread.run_sync(layer.python_distributions)
