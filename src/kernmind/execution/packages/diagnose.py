@@ -2,7 +2,8 @@
 
 uv explains a failed resolution as a chain of "Because …" clauses plus hints. The model
 needs the one fact that matters (no such package, only source code, no wheel for this
-Python, a clash with a package the interpreter already has, no network) and what to do
+Python, a clash with a package the interpreter already has, no network, a TLS certificate
+it does not trust: ``trust.certificate_refusal``) and what to do
 about it; uv's own explanation is appended where it adds detail. Anything unrecognised
 keeps uv's error text, trimmed.
 """
@@ -17,6 +18,7 @@ from packaging.utils import canonicalize_name
 from kernmind.execution.packages.import_names import published_as
 from kernmind.execution.packages.layer import Distribution
 from kernmind.execution.packages.policy import PackageError, PackageSources
+from kernmind.execution.packages.trust import certificate_refusal
 
 _NETWORK = re.compile(
     r"dns error|failed to lookup address|connection refused|tcp connect error|error sending request|"
@@ -51,6 +53,8 @@ def explain(stderr: str, *, sources: PackageSources, available: Mapping[str, Dis
     """The ``PackageError`` for uv's failure output ``stderr``."""
     cause, hint = _section(stderr, "cause"), _section(stderr, "hint")
     detail = cause or _error_text(stderr)
+    if (refusal := certificate_refusal(stderr, f"the package source ({sources.describe()})")) is not None:
+        return refusal
     if not cause and _NETWORK.search(stderr):
         return PackageError(
             "network",

@@ -7,6 +7,9 @@ The server installs — never code inside the sandbox, which has no network:
   sessions. With ``--allow-sdist``, a request that needs a source build is retried with the
   whole install inside a sandbox (``sdist.py``).
 - ``javascript``/``typescript``: ``npm:`` packages prefetched into ``layer.deno`` (``npm.py``).
+
+Both trust the system's certificate store, the host's ``SSL_CERT_FILE``/``SSL_CERT_DIR`` and
+``--ca-file`` (``trust.py``), so installs work where the user's machine works.
 - ``r``, ``java``, ``bash``: refused, naming what can be installed.
 
 A failed Python install that asked for a name people import but which is published under
@@ -23,6 +26,7 @@ the layer when resolution fails.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import tempfile
 import time
@@ -36,7 +40,7 @@ from packaging.utils import canonicalize_name
 from pydantic import BaseModel, Field
 
 from kernmind.config import Settings
-from kernmind.execution.packages import import_names, npm
+from kernmind.execution.packages import import_names, npm, trust
 from kernmind.execution.packages.layer import Distribution, Layer
 from kernmind.execution.packages.policy import (
     PackageError,
@@ -104,11 +108,29 @@ class PackageInstaller:
     uv_binary: str
     environ: Mapping[str, str]
     timeout: float = 600.0
+    ca_file: Path | None = None  # --ca-file: certificate authorities trusted besides the system's
 
     def __post_init__(self) -> None:
         self.base = BaseEnvironment(self.target)
         self.store = CompiledStore.for_target(self.cache_dir, self.target)
-        self.host_env = installer_environment(self.environ)
+
+    @functools.cached_property
+    def host_env(self) -> dict[str, str]:
+        """The installers' variables: the host's proxies and certificates, and the trust of
+        ``trust.py`` (made on first use: it asks uv which flag it knows)."""
+        try:
+            uv_help = subprocess.run(
+                [self.uv_binary, "--help"], capture_output=True, text=True, timeout=30
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            uv_help = ""
+        return trust.tls_environment(
+            installer_environment(self.environ),
+            self.environ,
+            ca_file=self.ca_file,
+            bundle_dir=self.cache_dir / "trust",
+            uv_system_certs=trust.uv_knows_system_certs(uv_help),
+        )
 
     @classmethod
     def from_settings(
@@ -124,7 +146,11 @@ class PackageInstaller:
             sources=PackageSources.resolve(settings.package_index, settings.find_links, environ),
         )
         cache = settings.data_dir.absolute() / "cache" / "packages"
-        return cls(policy, target, cache, sandbox, cls.find_deno(), cls.find_uv(), environ)
+        if settings.ca_file is not None:
+            trust.check_ca_file(settings.ca_file)  # refused at start, not at the first install
+        return cls(
+            policy, target, cache, sandbox, cls.find_deno(), cls.find_uv(), environ, ca_file=settings.ca_file
+        )
 
     @staticmethod
     def find_uv() -> str:
@@ -275,4 +301,5 @@ class PackageInstaller:
             "cache": str(self.cache_dir),
             "npm": "via Deno" if self.deno else "unavailable (no Deno)",
             "proxy": ", ".join(k for k in self.host_env if k.lower().endswith("_proxy")) or "none",
+            "trusted certificates": trust.describe(self.host_env, self.ca_file),
         }
