@@ -42,7 +42,7 @@ from anyio.abc import TaskGroup
 
 from kernmind.config import Settings
 from kernmind.diskio import Reserve
-from kernmind.execution import history
+from kernmind.execution import history, session_packages
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.cgroups import CgroupSupport
 from kernmind.execution.forkserver_kernels import ForkKernelFactory
@@ -383,6 +383,8 @@ class Executor:
         lang = ALIASES.get(language.strip().lower(), language.strip().lower())
         async with self.sessions.hold(session_id, owner=owner) as session:
             result = await self.packages.install(packages, lang, session.layer())
+            if result.installed and (not_kept := await session_packages.keep(session, self.store)):
+                result.notes.append(not_kept)
             if lang == "python" and result.installed:
                 kernel = PythonRunner.kernel_of(session)
                 if kernel is None or await kernel.use_packages():

@@ -45,6 +45,9 @@ class SessionSummary(BaseModel):
     job_id: str | None = Field(default=None, description="the background job running in it")
     workspace_files: int = 0
     workspace_bytes: int = 0
+    packages_bytes: int = Field(
+        default=0, description="size of its installed packages, kept with it (they come back on resume)"
+    )
     kernel_running: bool = Field(
         default=False, description="false until the session's first Python call (or after it was unloaded)"
     )

@@ -271,7 +271,7 @@ class ExecutionTools:
                 "they are importable at once in the session's Python (and bash). JavaScript/"
                 'TypeScript: npm packages as ["npm:lodash@4"], then import "npm:lodash@4". '
                 "Packages the interpreter already has stay as they are. Each session has its own "
-                "packages; they are deleted with the session."
+                "packages; they are stored with it (back after a restart) and deleted with it."
             ),
             annotations=ToolAnnotations(
                 title="Install packages", destructive_hint=False, open_world_hint=True
