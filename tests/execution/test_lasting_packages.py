@@ -17,9 +17,10 @@ import anyio
 import pytest
 from mcp import Client
 
+from kernmind.execution.packages import PackageInstaller
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
-from tests.execution.package_sources import make_wheel
+from tests.execution.package_sources import NpmRegistry, make_wheel
 from tests.transport.procs import StdioServer
 
 pytestmark = [pytest.mark.xdist_group("transport")]
@@ -157,3 +158,29 @@ def test_a_killed_keep_leaves_the_old_copy_or_the_new(tmp_path: Path) -> None:
     restored = stored.restore(home, lambda: Layer(tmp_path / f"fresh-{time.monotonic_ns()}").create())
     assert restored is not None and (restored.python / "old.py").read_text() == "A = 1\n"
     assert not (home / ".packages-old").exists() and not (home / ".packages-new").exists()
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(PackageInstaller.find_deno() is None, reason="Deno is not installed")
+async def test_npm_packages_come_back_too(
+    tmp_path: Path, wheelhouse: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with NpmRegistry(
+        {"leftpad": {"1.0.0": "module.exports = (s, n) => String(s).padStart(n, '.');"}}
+    ).running() as reg:
+        monkeypatch.setenv(
+            "NPM_CONFIG_REGISTRY", f"{reg.url}/"
+        )  # the host's npm setting, as an operator sets it
+        settings = make_settings(tmp_path, pool_size=0)
+        async with Client(create_server(settings)) as client:
+            args = {"packages": ["npm:leftpad@1"], "language": "javascript", "session_id": "js"}
+            structured(await client.call_tool("install_packages", args))
+        async with Client(create_server(settings)) as client:  # a new server on the same data dir
+            code = 'import pad from "npm:leftpad@1";\nconsole.log(pad(7, 3))'
+            out = structured(
+                await client.call_tool(
+                    "run_code", {"code": code, "language": "javascript", "session_id": "js"}
+                )
+            )
+    assert out["status"] == "ok" and "".join(out["logs"]["stdout"]).strip() == "..7", out
+    assert "its installed packages are back: npm:leftpad" in " ".join(out["notes"])
