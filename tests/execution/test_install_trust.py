@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from mcp import Client
+from packaging.requirements import Requirement
 
 from kernmind.execution.kernels import PythonRuntime
 from kernmind.execution.packages import (
@@ -27,6 +28,7 @@ from kernmind.execution.packages import (
     PythonTarget,
     trust,
 )
+from kernmind.execution.packages.fetch import Fetcher, Target
 from kernmind.execution.sandbox import Sandbox
 from kernmind.server import create_server
 from tests.conftest import error_text, make_settings, structured
@@ -131,6 +133,21 @@ async def test_npm_from_a_registry_signed_by_a_private_ca(
     trusted = installer(index, tmp_path / "c2", environ, ca_file=ca.ca_file)
     result = await trusted.install(["npm:leftpad@1"], "javascript", Layer(tmp_path / "l2").create())
     assert [(p.name, p.version) for p in result.installed] == [("leftpad", "1.0.0")]
+
+
+# --- the server's own downloads (--allow-sdist) ------------------------------------------------
+def test_the_servers_own_downloads_trust_the_same(index: SimpleIndex, ca: PrivateCA, tmp_path: Path) -> None:
+    def fetcher(env: dict[str, str], name: str) -> Fetcher:
+        return Fetcher(
+            PackageSources(index.url), Target.for_version((3, 11)), {}, tmp_path / name, proxy_env=env
+        )
+
+    with pytest.raises(PackageError) as caught:
+        fetcher({}, "untrusted").fetch([Requirement("beta")])
+    assert "does not trust" in caught.value.message and "--ca-file" in caught.value.message
+    bundle = trust.tls_environment({}, {}, ca_file=ca.ca_file, bundle_dir=tmp_path / "trust")
+    fetcher(bundle, "trusted").fetch([Requirement("beta")])
+    assert [p.name for p in (tmp_path / "trusted").iterdir()] == ["beta-2.0-py3-none-any.whl"]
 
 
 # --- the trust in force ------------------------------------------------------------------------

@@ -59,7 +59,8 @@ def explain(stderr: str, *, sources: PackageSources, available: Mapping[str, Dis
         return PackageError(
             "network",
             f"could not reach the package source ({sources.describe()}): {_error_text(stderr)}. "
-            "The server's network or proxy settings (HTTPS_PROXY) need fixing before packages can be installed.",
+            "The server's network or proxy settings (HTTPS_PROXY) need fixing before packages can be installed "
+            "(a desktop client passes them only from the env block of its server config: see docs/troubleshooting.md).",
         )
     if m := _SDIST_ONLY.search(cause):
         name = m.group(1)
