@@ -19,14 +19,13 @@ from kernmind.execution.packages import (
     Layer,
     PackageError,
     PackageInstaller,
-    PackagePolicy,
     PackageSources,
     PythonTarget,
 )
 from kernmind.execution.packages.import_names import PUBLISHED_AS, published_as, substitute
 from kernmind.execution.sandbox import Sandbox
 from tests.execution.package_sources import make_sdist, make_wheel
-from tests.execution.test_packages import import_from
+from tests.execution.test_packages import import_from, make_installer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("packages")]
 
@@ -45,14 +44,9 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def installer_for(wheelhouse: Path, cache: Path, **policy: object) -> PackageInstaller:
     runtime = PythonRuntime.probe(None)
-    return PackageInstaller(
-        PackagePolicy(sources=PackageSources(None, (), (str(wheelhouse),)), **policy),  # type: ignore[arg-type]
-        PythonTarget(runtime.executable, runtime.paths, runtime.pythonpath),
-        cache,
-        Sandbox.detect("auto"),
-        None,
-        PackageInstaller.find_uv(),
-        environ={},
+    target = PythonTarget(runtime.executable, runtime.paths, runtime.pythonpath)
+    return make_installer(
+        Sandbox.detect("auto"), target, cache, PackageSources(None, (), (str(wheelhouse),)), **policy
     )
 
 

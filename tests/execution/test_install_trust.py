@@ -23,7 +23,6 @@ from kernmind.execution.packages import (
     Layer,
     PackageError,
     PackageInstaller,
-    PackagePolicy,
     PackageSources,
     PythonTarget,
     trust,
@@ -33,6 +32,7 @@ from kernmind.execution.sandbox import Sandbox
 from kernmind.server import create_server
 from tests.conftest import error_text, make_settings, structured
 from tests.execution.package_sources import NpmRegistry, SimpleIndex, make_wheel
+from tests.execution.test_packages import make_installer
 from tests.execution.tls_sources import PrivateCA
 
 pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("packages")]
@@ -64,15 +64,10 @@ def installer(
     index: SimpleIndex, cache: Path, environ: Mapping[str, str] = {}, ca_file: Path | None = None
 ) -> PackageInstaller:
     runtime = PythonRuntime.probe(None)
-    return PackageInstaller(
-        PackagePolicy(sources=PackageSources(index.url)),
-        PythonTarget(runtime.executable, runtime.paths, runtime.pythonpath),
-        cache,
-        Sandbox.detect("auto"),
-        PackageInstaller.find_deno(),
-        PackageInstaller.find_uv(),
-        environ={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"), **environ},
-        ca_file=ca_file,
+    target = PythonTarget(runtime.executable, runtime.paths, runtime.pythonpath)
+    host = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"), **environ}
+    return make_installer(
+        Sandbox.detect("auto"), target, cache, PackageSources(index.url), environ=host, ca_file=ca_file
     )
 
 

@@ -65,7 +65,14 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make_installer(
-    sandbox: Sandbox, target: PythonTarget, cache_dir: Path, sources: PackageSources, **policy: object
+    sandbox: Sandbox,
+    target: PythonTarget,
+    cache_dir: Path,
+    sources: PackageSources,
+    *,
+    environ: dict[str, str] | None = None,
+    ca_file: Path | None = None,
+    **policy: object,
 ) -> PackageInstaller:
     return PackageInstaller(
         PackagePolicy(sources=sources, **policy),  # type: ignore[arg-type]
@@ -74,7 +81,8 @@ def make_installer(
         sandbox,
         PackageInstaller.find_deno(),
         PackageInstaller.find_uv(),
-        environ={},
+        environ=environ or {},
+        ca_file=ca_file,
     )
 
 
