@@ -16,6 +16,7 @@ restored resumes without them, saying so.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,8 @@ from kernmind.execution.workspace import off_loop
 if TYPE_CHECKING:
     from kernmind.execution.sessions import Session
     from kernmind.execution.store import SessionStore
+
+log = logging.getLogger(__name__)
 
 MIB = 2**20
 
@@ -77,15 +80,20 @@ async def keep(session: Session, store: SessionStore | None) -> str | None:
 
 
 async def restore(session: Session, new_layer: Callable[[], Layer] | None) -> None:
-    """Give a session loaded from the store its kept packages (a note says which came back)."""
+    """Give a session loaded from the store its kept packages (a note says which came back).
+    Never raises: loading the session matters more than its packages."""
     home = session.home
     if home is None or new_layer is None:
         return
-    layer = await off_loop(lambda: stored.restore(home.root, new_layer), timeout=None)
-    if layer is not None:
-        session.packages = layer
-        session.pending_notes.append(await off_loop(lambda: stored.restored_note(layer), timeout=None))
-    elif session.meta is not None and session.meta.packages_bytes and not stored.kept_size(home.root):
+    try:
+        layer = await off_loop(lambda: stored.restore(home.root, new_layer), timeout=None)
+        if layer is not None:
+            session.packages = layer
+            session.pending_notes.append(await off_loop(lambda: stored.restored_note(layer), timeout=None))
+            return
+    except Exception:
+        log.exception("restoring the packages of session %r failed; it resumes without them", session.id)
+    if session.meta is not None and session.meta.packages_bytes:
         session.pending_notes.append(
             "its installed packages could not be restored (their stored copy is missing or damaged): "
             "install them again with install_packages."

@@ -31,8 +31,9 @@ split between ``files/`` and ``.attach/``, both inside the session's directory;
 ``recover()`` (run whenever a session is loaded) puts them back together.
 
 **Caps.** ``check_room`` refuses a new stored session when the owner's stored sessions, or
-their total size (files and kept packages), are at the owner's cap — or those of all owners together at the data
-dir's — naming the owner's least recently used sessions to close (never another owner's).
+their total size (files and kept packages), are at the owner's cap — or those of all owners
+together at the data dir's — naming the owner's least recently used sessions to close (never
+another owner's).
 
 **Never followed, never waited on.** The store is the server's own, but what is on the disk
 can be anything: a session whose directory, ``files/`` or bookkeeping file is a symbolic

@@ -270,11 +270,13 @@ class Fetcher:
             headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
             url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
         request = urllib.request.Request(url, headers=headers)
-        opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler(_proxies(self.proxy_env, url)),
-            urllib.request.HTTPSHandler(context=_tls_context(self.proxy_env)),
-        )
         try:
+            opener = urllib.request.build_opener(
+                urllib.request.ProxyHandler(_proxies(self.proxy_env, url)),
+                urllib.request.HTTPSHandler(
+                    context=_tls_context(self.proxy_env)
+                ),  # (a missing CA file: OSError)
+            )
             with opener.open(request, timeout=TIMEOUT) as response:
                 return (
                     response.read(MAX_BYTES + 1),

@@ -7,10 +7,10 @@ The server installs — never code inside the sandbox, which has no network:
   sessions. With ``--allow-sdist``, a request that needs a source build is retried with the
   whole install inside a sandbox (``sdist.py``).
 - ``javascript``/``typescript``: ``npm:`` packages prefetched into ``layer.deno`` (``npm.py``).
-
-Both trust the system's certificate store, the host's ``SSL_CERT_FILE``/``SSL_CERT_DIR`` and
-``--ca-file`` (``trust.py``), so installs work where the user's machine works.
 - ``r``, ``java``, ``bash``: refused, naming what can be installed.
+
+uv and Deno trust the system's certificate store, the host's ``SSL_CERT_FILE``/``SSL_CERT_DIR``
+and ``--ca-file`` (``trust.py``), so installs work where the user's machine works.
 
 A failed Python install that asked for a name people import but which is published under
 another (``sklearn`` for ``scikit-learn``) is tried once more under the published name,

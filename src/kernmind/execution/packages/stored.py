@@ -119,10 +119,6 @@ def forget(home: Path) -> None:
         shutil.rmtree(home / KEPT, ignore_errors=True)
 
 
-def kept_size(home: Path) -> int:
-    return layer_bytes(home / KEPT) if _is_dir(home / KEPT) else 0
-
-
 def restore(home: Path, new_layer: Callable[[], Layer]) -> Layer | None:
     """A fresh layer with the kept packages of the session at ``home`` (None when it has none)."""
     try:
