@@ -21,7 +21,7 @@ from kernmind.execution.packages import PackageInstaller
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 from tests.execution.package_sources import NpmRegistry, make_wheel
-from tests.transport.procs import StdioServer
+from tests.transport.procs import StdioServer, run_cli
 
 pytestmark = [pytest.mark.xdist_group("transport")]
 
@@ -70,6 +70,12 @@ def test_packages_come_back_after_a_restart_and_a_kill(
         first.wait(60)
     finally:
         first.kill()
+
+    listing = run_cli(["sessions", "list", "--data-dir", str(data)], tmp_path)
+    header, *lines = listing.stdout.splitlines()
+    [line] = [ln for ln in lines if ln.startswith("local/pk ")]
+    column = header.index("PACKAGES")
+    assert line[column:].split("  ")[0].endswith("KiB"), listing.stdout
 
     second = StdioServer.start(tmp_path / "b", *sources(wheelhouse), data_dir=data)
     try:
