@@ -5,15 +5,16 @@ signed by a company CA that the operating system's trust store has and the insta
 bundled Mozilla roots do not. So installs trust what the user's machine trusts:
 
 - **uv** loads the system store (``UV_SYSTEM_CERTS=1``; the deprecated ``UV_NATIVE_TLS`` on
-  uv releases without it) unless the host sets either variable itself;
+  uv releases without it) unless the host sets either variable itself, or the machine has
+  no store at all (a slim container: uv's bundled roots then stay);
 - **Deno** uses the system store first, then its Mozilla roots
   (``DENO_TLS_CA_STORE=system,mozilla``) unless the host sets ``DENO_TLS_CA_STORE``;
 - ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` (and ``DENO_CERT``) from the host reach both
   unchanged (``policy.installer_environment`` passes them through);
-- ``--ca-file FILE`` (a PEM file of one or more CAs) is *added*: a bundle of the base
-  (the host's ``SSL_CERT_FILE``, else the system's bundle) followed by the file is written
-  once into the installer cache and given to uv and the server's own downloads as
-  ``SSL_CERT_FILE`` and to Deno as ``DENO_CERT``. Adding, not replacing, keeps public
+- ``--ca-file FILE`` (a PEM file of one or more CAs) is *added*: a bundle of the base (the
+  host's ``SSL_CERT_FILE``, else the system's bundle, else certifi's) followed by the file
+  is written once into the installer cache and given to uv and the server's own downloads
+  as ``SSL_CERT_FILE`` and to Deno as ``DENO_CERT``. Adding, not replacing, keeps public
   indexes working when only the private one needs the extra CA.
 
 Desktop clients start a stdio server with a short list of environment variables, so
@@ -82,6 +83,15 @@ def system_bundle() -> Path | None:
     return None
 
 
+def _certifi() -> Path | None:
+    """Mozilla's roots as certifi ships them (the base of a bundle on a machine without a store)."""
+    try:
+        import certifi
+    except ImportError:
+        return None
+    return Path(certifi.where())
+
+
 def _bundle(directory: Path, base: Path | None, extra: bytes) -> Path:
     """``base`` followed by ``extra``, written once under ``directory`` (named by its content)."""
     try:
@@ -113,13 +123,16 @@ def tls_environment(
 ) -> dict[str, str]:
     """``env`` (the installers' variables) with the trust settings of the module docstring."""
     out = dict(env)
-    if not any(k in environ for k in ("UV_SYSTEM_CERTS", "UV_NATIVE_TLS")):
+    system = system_bundle()
+    # (A machine without a system store, such as a slim container, keeps uv's bundled roots.)
+    has_store = system is not None or any(environ.get(k) for k in ("SSL_CERT_FILE", "SSL_CERT_DIR"))
+    if has_store and not any(k in environ for k in ("UV_SYSTEM_CERTS", "UV_NATIVE_TLS")):
         out["UV_SYSTEM_CERTS" if uv_system_certs else "UV_NATIVE_TLS"] = "1"
     out.setdefault("DENO_TLS_CA_STORE", "system,mozilla")
     if ca_file is not None:
         extra = check_ca_file(ca_file)
         host_file = environ.get("SSL_CERT_FILE") or environ.get("PIP_CERT")
-        base = Path(host_file) if host_file else system_bundle()
+        base = Path(host_file) if host_file else system or _certifi()
         out["SSL_CERT_FILE"] = str(_bundle(bundle_dir, base, extra))
         host_deno = environ.get("DENO_CERT")
         out["DENO_CERT"] = (
