@@ -163,6 +163,13 @@ def test_trust_adds_the_ca_to_the_system_store_and_respects_the_hosts_choices(
     assert "SSL_CERT_FILE" not in chosen
 
 
+def test_doctor_says_what_installs_trust(index: SimpleIndex, ca: PrivateCA, tmp_path: Path) -> None:
+    described = installer(index, tmp_path / "cache", ca_file=ca.ca_file).describe()
+    assert described["trusted certificates"] == f"the system trust store + --ca-file {ca.ca_file}"
+    plain = installer(index, tmp_path / "cache", {"SSL_CERT_DIR": "/etc/corp/certs"}).describe()
+    assert plain["trusted certificates"] == "the system trust store + SSL_CERT_DIR /etc/corp/certs"
+
+
 def test_a_ca_file_that_is_no_certificate_is_refused_at_start(tmp_path: Path) -> None:
     junk = tmp_path / "ca.der"
     junk.write_bytes(b"\x30\x82\x01\x0a not pem")
