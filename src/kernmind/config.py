@@ -243,6 +243,11 @@ class Settings(BaseSettings):
     find_links: Annotated[str | None, Cli(metavar="DIR", shown_default="`$PIP_FIND_LINKS`")] = Field(
         default=None, description="a directory (or URL) of wheels to install from, e.g. an offline wheelhouse"
     )
+    ca_file: Annotated[Path | None, Cli(metavar="FILE", shown_default="— (the system trust store)")] = Field(
+        default=None,
+        description="PEM file of certificate authorities that package installs trust besides the system's "
+        "trust store (a company proxy's or private index's CA; `SSL_CERT_FILE`/`SSL_CERT_DIR` work too)",
+    )
     allow_sdist: bool = Field(
         default=False,
         description="allow building packages from source (the server downloads the sources; the build "
@@ -414,7 +419,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator(
-        "data_dir", "kernel_python", "kernel_gateway_workspaces", "package_allowlist", mode="after"
+        "data_dir", "kernel_python", "kernel_gateway_workspaces", "package_allowlist", "ca_file", mode="after"
     )
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:

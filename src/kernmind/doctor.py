@@ -278,6 +278,7 @@ def _print_text(report: dict[str, Any]) -> None:
         line("packages", f"{packages['mode']} — {detail}")
         if "installer" in packages:
             line("  installer", f"{packages['installer']}; npm {packages['npm']}; proxy {packages['proxy']}")
+            line("  trusts", packages["trusted certificates"])
         line("  importable", ", ".join(packages["importable"]) or "no notable packages")
     if "database" in report:
         line("database", report["database"])

@@ -56,7 +56,7 @@ from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.rundir import RunDir, socket_root
 from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
-from kernmind.execution.sessions import history
+from kernmind.execution.sessions import history, package_layers
 from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
 from kernmind.execution.sessions.jobs import Job, Jobs
 from kernmind.execution.sessions.registry import (
@@ -394,6 +394,8 @@ class Executor:
         lang = ALIASES.get(language.strip().lower(), language.strip().lower())
         async with self.sessions.hold(session_id, owner=owner) as session:
             result = await self.packages.install(packages, lang, session.layer())
+            if result.installed and (not_kept := await package_layers.keep(session, self.store)):
+                result.notes.append(not_kept)
             if lang == "python" and result.installed:
                 kernel = PythonRunner.kernel_of(session)
                 if kernel is None or await kernel.use_packages():

@@ -628,3 +628,15 @@ def test_fork_server_as_a_normal_user() -> None:
         assert not processes_matching("as-user-bg-marker")  # it ended with its sandbox
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+async def test_a_missing_python_is_runtime_unavailable_forked_or_not(tmp_path: Path) -> None:
+    """Every factory says "runtime unavailable" the same way (the tools map it to one sentence)."""
+    from kernmind.execution.errors import RuntimeUnavailable
+
+    runtime = PythonRuntime.probe(str(tmp_path / "no-such-python"))
+    assert runtime.error
+    base = KernelFactory.standalone(Sandbox.detect("auto"), runtime, tmp_path / "fs")
+    for factory in (base, ForkKernelFactory(base)):
+        with pytest.raises(RuntimeUnavailable, match="no-such-python"):
+            await factory.start()

@@ -11,6 +11,9 @@
   the requests it answered.
 - ``NpmRegistry``: the two endpoints of the npm registry protocol Deno uses (a package's
   "packument" JSON and its tarball), served on 127.0.0.1.
+
+Both serve HTTPS when given ``tls`` (``tls_sources.PrivateCA`` makes a certificate authority
+and a server certificate for 127.0.0.1, as a company proxy or private index has).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import html
 import io
 import json
 import re
+import ssl
 import tarfile
 import threading
 import urllib.parse
@@ -181,17 +185,20 @@ def _dist_name(filename: str) -> str:
 
 
 class _Server:
-    """A ThreadingHTTPServer on 127.0.0.1 run in a daemon thread."""
+    """A ThreadingHTTPServer on 127.0.0.1 run in a daemon thread (HTTPS with ``tls``)."""
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(self, handler: type[BaseHTTPRequestHandler], tls: ssl.SSLContext | None = None) -> None:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+        self.scheme = "https" if tls is not None else "http"
         self.httpd.owner = self  # type: ignore[attr-defined]
         self.requests: list[str] = []
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        return f"{self.scheme}://127.0.0.1:{self.httpd.server_address[1]}"
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -221,7 +228,7 @@ class _Handler(BaseHTTPRequestHandler):
 class SimpleIndex:
     """``/simple/<project>/`` pages (PEP 503) and ``/files/<file>`` over ``directory``."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, tls: ssl.SSLContext | None = None) -> None:
         self.directory = directory
         index = self
 
@@ -248,7 +255,7 @@ class SimpleIndex:
                         return self.reply(200, body, "text/html", "max-age=600")
                 self.reply(404, b"not found", "text/plain")
 
-        self.server = _Server(Handler)
+        self.server = _Server(Handler, tls)
 
     @property
     def url(self) -> str:
@@ -287,7 +294,7 @@ def make_npm_tarball(name: str, version: str, main_source: str) -> bytes:
 class NpmRegistry:
     """A registry with the given packages: ``{name: {version: index.js source}}``."""
 
-    def __init__(self, packages: dict[str, dict[str, str]]) -> None:
+    def __init__(self, packages: dict[str, dict[str, str]], tls: ssl.SSLContext | None = None) -> None:
         self.tarballs = {
             (name, version): make_npm_tarball(name, version, source)
             for name, versions in packages.items()
@@ -311,7 +318,7 @@ class NpmRegistry:
                         return self.reply(200, body, "application/json")
                 self.reply(404, b'{"error":"Not found"}', "application/json")
 
-        self.server = _Server(Handler)
+        self.server = _Server(Handler, tls)
 
     def packument(self, name: str) -> bytes | None:
         versions = sorted(v for (n, v) in self.tarballs if n == name)

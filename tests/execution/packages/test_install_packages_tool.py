@@ -158,10 +158,29 @@ async def test_npm_package_prefetched_then_imported_offline(client: Client, regi
         assert out["results"][0]["text"] == "'..7'"
 
 
-async def test_stateless_servers_refuse_installs(tmp_path: Path) -> None:
-    async with Client(create_server(make_settings(tmp_path, pool_size=0, stateless=True))) as c:
-        text = error_text(await c.call_tool("install_packages", {"packages": ["alpha"]}))
-    assert "--stateless" in text and "fresh interpreter" in text
+async def test_stateless_servers_offer_only_the_tools_that_work_there(tmp_path: Path) -> None:
+    """Installs, file tools, workspace resources and notebooks would always refuse with
+    --stateless (nothing lasts past a call): they are not listed, and run_code does not point at them."""
+    async with Client(create_server(make_settings(tmp_path / "full", pool_size=0))) as c:
+        full = {t.name for t in (await c.list_tools()).tools}
+        full_templates = {t.name for t in (await c.list_resource_templates()).resource_templates}
+    async with Client(create_server(make_settings(tmp_path / "bare", pool_size=0, stateless=True))) as c:
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+        templates = {t.name for t in (await c.list_resource_templates()).resource_templates}
+        answer = await c.call_tool("install_packages", {"packages": ["alpha"]})
+    assert full - set(tools) == {
+        "install_packages",
+        "upload_file",
+        "download_file",
+        "list_files",
+        "export_notebook",
+    }
+    assert {"run_code", "list_sessions", "job_status", "job_cancel"} <= set(tools)
+    assert {"workspace_file", "workspace_listing"} <= full_templates
+    assert not templates & {"workspace_file", "workspace_listing"}
+    description = tools["run_code"].description or ""
+    assert "install_packages" not in description and "--stateless" in description
+    assert answer.is_error and "install_packages" in error_text(answer)
 
 
 async def test_policy_none_refuses_and_the_description_says_so(tmp_path: Path) -> None:

@@ -65,7 +65,14 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make_installer(
-    sandbox: Sandbox, target: PythonTarget, cache_dir: Path, sources: PackageSources, **policy: object
+    sandbox: Sandbox,
+    target: PythonTarget,
+    cache_dir: Path,
+    sources: PackageSources,
+    *,
+    environ: dict[str, str] | None = None,
+    ca_file: Path | None = None,
+    **policy: object,
 ) -> PackageInstaller:
     return PackageInstaller(
         PackagePolicy(sources=sources, **policy),  # type: ignore[arg-type]
@@ -74,7 +81,8 @@ def make_installer(
         sandbox,
         PackageInstaller.find_deno(),
         PackageInstaller.find_uv(),
-        environ={},
+        environ=environ or {},
+        ca_file=ca_file,
     )
 
 
@@ -306,9 +314,9 @@ async def test_unknown_package_is_not_found_with_spelling_help(
     with pytest.raises(PackageError) as caught:
         await installer.install(["no-such-package-xyz"], "python", new_layer(tmp_path))
     assert caught.value.kind == "not_found" and "'no-such-package-xyz'" in caught.value.message
-    with pytest.raises(PackageError) as caught:
-        await installer.install(["sklearn"], "python", new_layer(tmp_path))
-    assert "published as 'scikit-learn'" in caught.value.message
+    with pytest.raises(PackageError) as caught:  # (tried under its published name: test_import_names.py)
+        await installer.install(["cv2"], "python", new_layer(tmp_path, "cv2"))
+    assert "published as 'opencv-python-headless'" in caught.value.message
     with pytest.raises(PackageError) as caught:
         await installer.install(["beta==9"], "python", new_layer(tmp_path))
     assert caught.value.kind == "not_found" and "beta" in caught.value.message

@@ -2,8 +2,10 @@
 
 - ``installer.PackageInstaller`` — the domain object (``install(packages, language, layer)``);
 - ``policy`` — what may be installed and from where (``--packages``, allow-list, sources);
-- ``layer`` — a session's install directory;
+- ``layer`` — a session's install directory; ``stored`` — its copy kept with a stored session;
 - ``python`` / ``sdist`` / ``npm`` — the Python (uv), source-build and npm (Deno) paths;
+- ``trust`` — which certificate authorities installs trust (system store, ``--ca-file``);
+- ``import_names`` — names people import that are published under another (``sklearn``);
 - ``diagnose`` — installer failures as sentences a model can act on.
 """
 

@@ -2,7 +2,8 @@
 
 uv explains a failed resolution as a chain of "Because …" clauses plus hints. The model
 needs the one fact that matters (no such package, only source code, no wheel for this
-Python, a clash with a package the interpreter already has, no network) and what to do
+Python, a clash with a package the interpreter already has, no network, a TLS certificate
+it does not trust: ``trust.certificate_refusal``) and what to do
 about it; uv's own explanation is appended where it adds detail. Anything unrecognised
 keeps uv's error text, trimmed.
 """
@@ -14,28 +15,10 @@ from collections.abc import Mapping
 
 from packaging.utils import canonicalize_name
 
+from kernmind.execution.packages.import_names import published_as
 from kernmind.execution.packages.layer import Distribution
 from kernmind.execution.packages.policy import PackageError, PackageSources
-
-# Names people import that are published under another name.
-IMPORT_NAMES = {
-    "sklearn": "scikit-learn",
-    "bs4": "beautifulsoup4",
-    "pil": "pillow",
-    "cv2": "opencv-python-headless",
-    "yaml": "PyYAML",
-    "dateutil": "python-dateutil",
-    "skimage": "scikit-image",
-    "docx": "python-docx",
-    "pptx": "python-pptx",
-    "dotenv": "python-dotenv",
-    "jwt": "PyJWT",
-    "magic": "python-magic",
-    "attr": "attrs",
-    "serial": "pyserial",
-    "usb": "pyusb",
-    "crypto": "pycryptodome",
-}
+from kernmind.execution.packages.trust import certificate_refusal
 
 _NETWORK = re.compile(
     r"dns error|failed to lookup address|connection refused|tcp connect error|error sending request|"
@@ -70,11 +53,14 @@ def explain(stderr: str, *, sources: PackageSources, available: Mapping[str, Dis
     """The ``PackageError`` for uv's failure output ``stderr``."""
     cause, hint = _section(stderr, "cause"), _section(stderr, "hint")
     detail = cause or _error_text(stderr)
+    if (refusal := certificate_refusal(stderr, f"the package source ({sources.describe()})")) is not None:
+        return refusal
     if not cause and _NETWORK.search(stderr):
         return PackageError(
             "network",
             f"could not reach the package source ({sources.describe()}): {_error_text(stderr)}. "
-            "The server's network or proxy settings (HTTPS_PROXY) need fixing before packages can be installed.",
+            "The server's network or proxy settings (HTTPS_PROXY) need fixing before packages can be installed "
+            "(a desktop client passes them only from the env block of its server config: see docs/troubleshooting.md).",
         )
     if m := _SDIST_ONLY.search(cause):
         name = m.group(1)
@@ -109,7 +95,7 @@ def explain(stderr: str, *, sources: PackageSources, available: Mapping[str, Dis
         )
     if m := _NOT_FOUND.search(cause):
         name = m.group(1)
-        suggestion = IMPORT_NAMES.get(name.lower())
+        suggestion = published_as(name)
         tip = f" The package you import as {name} is published as {suggestion!r}." if suggestion else ""
         return PackageError(
             "not_found",

@@ -36,6 +36,7 @@ import base64
 import hashlib
 import json
 import re
+import ssl
 import subprocess
 import tarfile
 import tomllib
@@ -64,6 +65,7 @@ from packaging.version import InvalidVersion, Version
 
 from kernmind.execution.packages.layer import Distribution
 from kernmind.execution.packages.policy import PackageError, PackageSources
+from kernmind.execution.packages.trust import certificate_refusal
 
 MAX_PROJECTS = 200
 MAX_BYTES = 2 * 1024**3
@@ -268,8 +270,13 @@ class Fetcher:
             headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
             url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
         request = urllib.request.Request(url, headers=headers)
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler(_proxies(self.proxy_env, url)))
         try:
+            opener = urllib.request.build_opener(
+                urllib.request.ProxyHandler(_proxies(self.proxy_env, url)),
+                urllib.request.HTTPSHandler(
+                    context=_tls_context(self.proxy_env)
+                ),  # (a missing CA file: OSError)
+            )
             with opener.open(request, timeout=TIMEOUT) as response:
                 return (
                     response.read(MAX_BYTES + 1),
@@ -279,7 +286,8 @@ class Fetcher:
         except urllib.error.HTTPError:
             raise
         except (OSError, ValueError) as exc:
-            raise PackageError("installer", f"cannot download {url}: {exc}") from None
+            refusal = certificate_refusal(str(exc), url)
+            raise refusal or PackageError("installer", f"cannot download {url}: {exc}") from None
 
     # --- what a download needs ----------------------------------------------------------------
     def _needs(self, files: Sequence[Candidate], extras: Iterable[str]) -> list[tuple[Requirement, bool]]:
@@ -454,3 +462,12 @@ def _proxies(env: Mapping[str, str], url: str) -> dict[str, str]:
         if value:
             out[scheme] = value
     return out
+
+
+def _tls_context(env: Mapping[str, str]) -> ssl.SSLContext:
+    """What the installers trust (``trust.py``): the bundle or directory they are given, else the system's."""
+    cafile, capath = env.get("SSL_CERT_FILE"), env.get("SSL_CERT_DIR")
+    context = ssl.create_default_context(cafile=cafile, capath=capath)
+    if cafile or capath:
+        context.load_default_certs()  # (as uv and Deno do with the system store on)
+    return context

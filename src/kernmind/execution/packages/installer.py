@@ -9,6 +9,13 @@ The server installs — never code inside the sandbox, which has no network:
 - ``javascript``/``typescript``: ``npm:`` packages prefetched into ``layer.deno`` (``npm.py``).
 - ``r``, ``java``, ``bash``: refused, naming what can be installed.
 
+uv and Deno trust the system's certificate store, the host's ``SSL_CERT_FILE``/``SSL_CERT_DIR``
+and ``--ca-file`` (``trust.py``), so installs work where the user's machine works.
+
+A failed Python install that asked for a name people import but which is published under
+another (``sklearn`` for ``scikit-learn``) is tried once more under the published name,
+with a note (``import_names.py``).
+
 It knows nothing of MCP or sessions: the caller owns the layer (one per session, created
 and deleted with it) and must not run two installs into one layer at once (a session's
 lock does that). Making the packages visible to running code is the caller's job too.
@@ -19,6 +26,7 @@ the layer when resolution fails.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import tempfile
 import time
@@ -27,11 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, Field
 
 from kernmind.config import Settings
-from kernmind.execution.packages import npm
+from kernmind.execution.packages import import_names, npm, trust
 from kernmind.execution.packages.layer import Distribution, Layer
 from kernmind.execution.packages.policy import (
     PackageError,
@@ -55,6 +64,15 @@ from kernmind.execution.packages.sdist import build_in_sandbox
 from kernmind.execution.sandbox.bwrap import Sandbox
 
 JS_LANGUAGES = ("javascript", "typescript")
+# Failures after which a request for an import name (``sklearn``) is tried under its published name.
+RETRIED_WITH_PUBLISHED_NAMES = (
+    "policy",
+    "not_found",
+    "no_wheel",
+    "sdist_refused",
+    "build_failed",
+    "installer",
+)
 
 
 class InstalledPackage(BaseModel):
@@ -89,11 +107,29 @@ class PackageInstaller:
     uv_binary: str
     environ: Mapping[str, str]
     timeout: float = 600.0
+    ca_file: Path | None = None  # --ca-file: certificate authorities trusted besides the system's
 
     def __post_init__(self) -> None:
         self.base = BaseEnvironment(self.target)
         self.store = CompiledStore.for_target(self.cache_dir, self.target)
-        self.host_env = installer_environment(self.environ)
+
+    @functools.cached_property
+    def host_env(self) -> dict[str, str]:
+        """The installers' variables: the host's proxies and certificates, and the trust of
+        ``trust.py`` (made on first use: it asks uv which flag it knows)."""
+        try:
+            uv_help = subprocess.run(
+                [self.uv_binary, "--help"], capture_output=True, text=True, timeout=30
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            uv_help = ""
+        return trust.tls_environment(
+            installer_environment(self.environ),
+            self.environ,
+            ca_file=self.ca_file,
+            bundle_dir=self.cache_dir / "trust",
+            uv_system_certs=trust.uv_knows_system_certs(uv_help),
+        )
 
     @classmethod
     def from_settings(
@@ -109,7 +145,11 @@ class PackageInstaller:
             sources=PackageSources.resolve(settings.package_index, settings.find_links, environ),
         )
         cache = settings.data_dir.absolute() / "cache" / "packages"
-        return cls(policy, target, cache, sandbox, cls.find_deno(), cls.find_uv(), environ)
+        if settings.ca_file is not None:
+            trust.check_ca_file(settings.ca_file)  # refused at start, not at the first install
+        return cls(
+            policy, target, cache, sandbox, cls.find_deno(), cls.find_uv(), environ, ca_file=settings.ca_file
+        )
 
     @staticmethod
     def find_uv() -> str:
@@ -152,7 +192,42 @@ class PackageInstaller:
     async def _python(
         self, packages: Sequence[str], layer: Layer
     ) -> tuple[list[Distribution], list[Distribution], list[str]]:
+        """Install ``packages``; when that fails over a name people import but which is published
+        under another (``sklearn``), once more with the published names (``import_names.py``)."""
         requirements = parse_python(packages)
+        try:
+            installed, already, notes = await self._python_requirements(requirements, layer)
+        except PackageError as exc:
+            published, replaced = import_names.substitute(requirements)
+            about = exc.message.lower()
+            if (
+                exc.kind not in RETRIED_WITH_PUBLISHED_NAMES
+                or self.policy.mode == "none"
+                or not any(a.lower() in about or canonicalize_name(a) in about for a in replaced)
+            ):
+                raise
+            try:
+                installed, already, notes = await self._python_requirements(published, layer)
+            except PackageError as again:
+                said = "; ".join(
+                    f"{a} is the name you import, published as {d!r}" for a, d in replaced.items()
+                )
+                raise PackageError(
+                    again.kind, f"{said}, and installing that failed too: {again.message}"
+                ) from None
+            return installed, already, [import_names.substitution_note(replaced), *notes]
+        have = {d.key for d in [*installed, *already]}
+        have |= set(await anyio.to_thread.run_sync(layer.python_distributions))
+        have |= set(await anyio.to_thread.run_sync(self.base.distributions))
+        for req in requirements:
+            dist = import_names.published_as(req.name)
+            if dist is not None and canonicalize_name(dist) not in have:
+                notes.append(import_names.other_project_note(req.name, dist))
+        return installed, already, notes
+
+    async def _python_requirements(
+        self, requirements: list[Requirement], layer: Layer
+    ) -> tuple[list[Distribution], list[Distribution], list[str]]:
         self.policy.check([canonicalize_name(r.name) for r in requirements])
         base = await anyio.to_thread.run_sync(self.base.distributions)
         in_layer = await anyio.to_thread.run_sync(layer.python_distributions)
@@ -225,4 +300,5 @@ class PackageInstaller:
             "cache": str(self.cache_dir),
             "npm": "via Deno" if self.deno else "unavailable (no Deno)",
             "proxy": ", ".join(k for k in self.host_env if k.lower().endswith("_proxy")) or "none",
+            "trusted certificates": trust.describe(self.host_env, self.ca_file),
         }

@@ -14,7 +14,8 @@ host's ``NPM_CONFIG_REGISTRY`` (default registry.npmjs.org); the sandbox must be
 same value, since Deno keys its cache by registry.
 
 Error policy: ``PackageError`` — "not_found" (no such package or no matching version),
-"network", "timeout", else "installer" with Deno's message.
+"network" (a certificate it does not trust: the cause and what to do, ``trust.py``),
+"timeout", else "installer" with Deno's message.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import anyio
 
 from kernmind.execution.packages.layer import Distribution
 from kernmind.execution.packages.policy import PackageError
+from kernmind.execution.packages.trust import certificate_refusal
 
 _DOES_NOT_EXIST = re.compile(r"npm package '([^']+)' does not exist")
 _NO_MATCH = re.compile(r"Could not find npm package '([^']+)' matching '([^']+)'")
@@ -138,6 +140,8 @@ def _explain(stderr: str, registry: str | None) -> PackageError:
         ln.strip() for ln in stderr.splitlines() if ln.strip() and not ln.startswith("Download ")
     )
     message = message.removeprefix("error: ")[:1200]
+    if (refusal := certificate_refusal(stderr, where)) is not None:
+        return refusal
     if _NETWORK.search(stderr):
         return PackageError("network", f"could not reach {where}: {message}")
     return PackageError("installer", f"Deno could not fetch the packages: {message}")

@@ -13,7 +13,7 @@
   ``UV_EXTRA_INDEX_URL`` / ``PIP_EXTRA_INDEX_URL`` (only when no ``--package-index`` is
   given); ``--find-links DIR`` (an offline wheelhouse), else ``UV_FIND_LINKS`` /
   ``PIP_FIND_LINKS``. Proxy and certificate variables are passed through to the
-  installer by ``installer_environment``.
+  installer by ``installer_environment`` (and ``trust.py`` adds the system store and ``--ca-file``).
 - Requests: ``parse_python`` / ``parse_npm`` turn what the model sent into validated
   requirements, refusing option-like strings, URLs and paths (they would bypass the
   policy and the configured sources).
@@ -64,12 +64,14 @@ PASSED_VARIABLES = (
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
     "UV_NATIVE_TLS",
+    "UV_SYSTEM_CERTS",
     "UV_HTTP_TIMEOUT",
     "UV_HTTP_RETRIES",
     "UV_CONCURRENT_DOWNLOADS",
     "NETRC",
     "NPM_CONFIG_REGISTRY",
     "DENO_CERT",
+    "DENO_TLS_CA_STORE",
 )
 
 

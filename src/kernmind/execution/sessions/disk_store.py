@@ -8,6 +8,7 @@ Layout, under the data dir (``<data dir>/sessions``)::
         .lock         flock'd by the server that has the session live
         meta.json     created, last used, size, file count, snapshot facts (written by the server)
         history.jsonl the session's calls, for export_notebook (written by the server)
+        packages/     its installed packages, hard links (written by the server: packages/stored.py)
 
 ``owner`` is the principal a session belongs to (``local`` on stdio, for now the only one);
 stored sessions are keyed by ``(owner, session_id)`` everywhere.
@@ -30,8 +31,9 @@ split between ``files/`` and ``.attach/``, both inside the session's directory;
 ``recover()`` (run whenever a session is loaded) puts them back together.
 
 **Caps.** ``check_room`` refuses a new stored session when the owner's stored sessions, or
-their total size, are at the owner's cap — or those of all owners together at the data
-dir's — naming the owner's least recently used sessions to close (never another owner's).
+their total size (files and kept packages), are at the owner's cap — or those of all owners
+together at the data dir's — naming the owner's least recently used sessions to close (never
+another owner's).
 
 **Never followed, never waited on.** The store is the server's own, but what is on the disk
 can be anything: a session whose directory, ``files/`` or bookkeeping file is a symbolic
@@ -91,6 +93,7 @@ class Meta:
     save_started: float | None = None
     save_failed: str | None = None  # why the last save of the variables failed (a full disk …)
     unsaved_since: float | None = None  # code ran since the last save, from this time on
+    packages_bytes: int = 0  # its installed packages kept beside its files (packages/stored.py)
 
 
 @dataclass
@@ -296,6 +299,8 @@ def read_meta(root: Path) -> Meta | None:
         return None
     if not isinstance(meta.snapshot_skipped, dict):
         meta.snapshot_skipped = {}
+    if not isinstance(meta.packages_bytes, int) or isinstance(meta.packages_bytes, bool):
+        meta.packages_bytes = 0
     return meta
 
 
@@ -342,7 +347,8 @@ class SessionStore:
         for all owners together — naming only the owner's sessions to close."""
         stored = [s for s in self.list() if (s.meta.owner, s.meta.session_id) != (owner, session_id)]
         mine = [s for s in stored if s.meta.owner == owner]
-        used, my_used = sum(s.meta.bytes for s in stored), sum(s.meta.bytes for s in mine)
+        used = sum(s.meta.bytes + s.meta.packages_bytes for s in stored)
+        my_used = sum(s.meta.bytes + s.meta.packages_bytes for s in mine)
         shared = self.per_owner_sessions < self.max_sessions or self.per_owner_bytes < self.max_bytes
         flag = "-per-principal" if shared else ""
         if len(mine) >= self.per_owner_sessions:

@@ -24,7 +24,8 @@ session leaves on disk is the store's (``store.py``).
 - A session's package layer (``install_packages``; ``packages/layer.py``) is made on first
   use; the Python runner moves it into its kernel's own layer directory (mounted in that
   kernel's sandbox since its start). It lives in this server's run directory: it goes when
-  the session is unloaded or closed (packages are not stored yet).
+  the session is unloaded or closed. A stored session keeps a copy in its home, made after
+  each install (``package_layers.py``), which comes back as its layer when it is loaded.
 - **Unloading is not closing.** Idle reaping and server shutdown *unload* a session: the
   ``suspend`` hook saves what it can (the Python namespace) and stops its interpreter; the
   files stay and the lock is let go. ``close()`` is what deletes a session, stored or live.
@@ -63,6 +64,7 @@ from kernmind.diskio import StorageError, disk_sentence, disk_trouble
 from kernmind.execution.errors import SessionError
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.sandbox.workspace import Workspace, off_loop
+from kernmind.execution.sessions import package_layers
 from kernmind.execution.sessions.books import Books
 from kernmind.execution.sessions.caps import Caps, MakingRoom
 from kernmind.execution.sessions.disk_store import (
@@ -282,6 +284,7 @@ class SessionRegistry(MakingRoom):
                 "last_used": m.last_used,
                 "workspace_files": m.files,
                 "workspace_bytes": m.bytes,
+                "packages_bytes": m.packages_bytes,
                 "variables_saved_at": m.snapshot_at,
             }
         for (who, sid), s in self.sessions.items():
@@ -303,7 +306,11 @@ class SessionRegistry(MakingRoom):
             if scan is not None:
                 row.update(workspace_files=len(scan.files), workspace_bytes=scan.bytes_used)
             if s.meta is not None:
-                row.update(age_seconds=round(now - s.meta.created, 1), variables_saved_at=s.meta.snapshot_at)
+                row.update(
+                    age_seconds=round(now - s.meta.created, 1),
+                    variables_saved_at=s.meta.snapshot_at,
+                    packages_bytes=s.meta.packages_bytes,
+                )
         return sorted(rows.values(), key=lambda r: r.get("last_used", 0.0), reverse=True)
 
     def stored(self, owner: str | None) -> list[StoredSession]:
@@ -414,6 +421,7 @@ class SessionRegistry(MakingRoom):
         if stored:
             session.resumed = True
             session.pending_notes.append(resumed_note(meta))
+            await package_layers.restore(session, self._new_layer)  # before its first kernel adopts it
         self.books.take_unsaved((owner, sid))
         if not stored or unsaved is not None:
             await self.books.save_meta(session)  # a failure is retried later: the session works meanwhile

@@ -19,6 +19,8 @@ MCP), and shape the answer under the result budget:
   nothing asked, a resource link and a note on how to read it in parts.
 - ``list_files`` filters (``path`` prefix, glob ``pattern``) and pages (``offset``/``limit``);
   a page holds what fits the output budget (``budget.py``), and ``next_offset`` goes on from there.
+- With ``--stateless`` only what works there is offered: no file tools, ``workspace://``
+  resources, ``install_packages`` or ``export_notebook`` (each would always refuse).
 
 Error policy: what the model can fix is a :class:`~kernmind.refusals.Refusal` (a bad
 argument, an unknown session, a path outside the workspace, a language that is not
@@ -50,7 +52,7 @@ from kernmind.execution.packages import InstallResult
 from kernmind.execution.results import IMAGE_FIELDS, ImageRef, RunResult
 from kernmind.execution.sandbox.workspace import FileData, FileEntry, WorkspaceError, guess_mime
 from kernmind.execution.tools import session_tools
-from kernmind.execution.tools.session_tools import address
+from kernmind.execution.tools.session_tools import address, left_out
 from kernmind.principals import principal_of
 from kernmind.refusals import ArgumentRefusal, Refusal, Unavailable
 
@@ -162,10 +164,22 @@ class ExecutionTools:
 
         notable = ", ".join(ex.runtime.notable) or "only the standard library"
         extras = "".join(f" {extra.description()}" for extra in ex.kernel_extras)
+        stateless = self.settings.stateless
         installs = (
-            "Packages cannot be installed from inside code (no network): use install_packages."
-            if self.settings.packages != "none"
-            else "Installing packages is turned off on this server."
+            "Installing packages is turned off on this server."
+            if self.settings.packages == "none"
+            else "Packages cannot be installed (--stateless: nothing lasts past a call)."
+            if stateless
+            else "Packages cannot be installed from inside code (no network): use install_packages."
+        )
+        # With --stateless there are no session files and nothing lasts to install into: the
+        # tools (and resources) that would always refuse are not offered at all.
+        lasting_tool = left_out if stateless else server.tool
+        lasting_resource = left_out if stateless else server.resource
+        lasting = (
+            "This server is --stateless: every call starts from a fresh interpreter in an empty directory."
+            if stateless
+            else "Sessions, their files and Python variables are stored and resume after a restart."
         )
 
         @server.tool(
@@ -175,9 +189,8 @@ class ExecutionTools:
                 "(default session when omitted). Other languages run as a fresh process per call. "
                 "The value of the last expression is returned like in a notebook; matplotlib "
                 "figures come back as images, plotly figures as HTML. Set reset=true for a fresh "
-                f"interpreter. Python can import: {notable}. {installs} Sessions, their files and Python "
-                "variables are stored and resume after a restart. background=true runs long work as a "
-                f"job (job_status, job_cancel).{extras}"
+                f"interpreter. Python can import: {notable}. {installs} {lasting} background=true runs long "
+                f"work as a job (job_status, job_cancel).{extras}"
             ),
             annotations=ToolAnnotations(title="Run code", destructive_hint=False, open_world_hint=False),
         )
@@ -251,7 +264,7 @@ class ExecutionTools:
             content, structured = run_result_content(result)
             return CallToolResult(content=list(content), structured_content=structured)
 
-        @server.tool(
+        @lasting_tool(
             description=(
                 "Install packages into a session, for its code to import without a restart. Python: "
                 'names or requirement specifiers from the package index (e.g. ["openpyxl", '
@@ -259,7 +272,7 @@ class ExecutionTools:
                 "they are importable at once in the session's Python (and bash). JavaScript/"
                 'TypeScript: npm packages as ["npm:lodash@4"], then import "npm:lodash@4". '
                 "Packages the interpreter already has stay as they are. Each session has its own "
-                "packages; they are deleted with the session."
+                "packages; they are stored with it (back after a restart) and deleted with it."
             ),
             annotations=ToolAnnotations(
                 title="Install packages", destructive_hint=False, open_world_hint=True
@@ -289,7 +302,7 @@ class ExecutionTools:
 
         session_tools.register(server, ex, model_errors, run_result_content)
 
-        @server.tool(description="Write a file into a session's working directory (text or base64).")
+        @lasting_tool(description="Write a file into a session's working directory (text or base64).")
         async def upload_file(
             ctx: Context,
             path: Annotated[
@@ -319,7 +332,7 @@ class ExecutionTools:
                 rel = await ws.awrite(path, data)
             return UploadResult(path=rel, size=len(data), session_id=session_id or ex.default_session_id)
 
-        @server.tool(
+        @lasting_tool(
             description=(
                 "Read a file from a session's working directory. Small files come back inline (text, "
                 "an image, or base64); larger ones as a resource link: pass offset/length to read a part."
@@ -350,7 +363,7 @@ class ExecutionTools:
             ranged = length is not None or offset > 0
             return download_answer(session_id or ex.default_session_id, got, ranged=ranged, budget=budget)
 
-        @server.tool(
+        @lasting_tool(
             description=(
                 "List files in a session's working directory: optionally under a folder (path) or "
                 "matching a glob pattern (e.g. '*.csv'), a page at a time (offset/limit)."
@@ -391,7 +404,7 @@ class ExecutionTools:
                 next_offset=end if end < total else None,
             )
 
-        @server.resource(
+        @lasting_resource(
             "workspace://{session_id}/{+path}",
             name="workspace_file",
             description="A file in a code session's working directory (text, or binary as a blob).",
@@ -412,7 +425,7 @@ class ExecutionTools:
                     return got.data
             return got.data
 
-        @server.resource(
+        @lasting_resource(
             "workspace://{session_id}",
             name="workspace_listing",
             description="The files in a code session's working directory, as JSON (the first 1000).",

@@ -45,6 +45,9 @@ class SessionSummary(BaseModel):
     job_id: str | None = Field(default=None, description="the background job running in it")
     workspace_files: int = 0
     workspace_bytes: int = 0
+    packages_bytes: int = Field(
+        default=0, description="size of its installed packages, kept with it (they come back on resume)"
+    )
     kernel_running: bool = Field(
         default=False, description="false until the session's first Python call (or after it was unloaded)"
     )
@@ -149,6 +152,11 @@ def job_answer(job: Job, run_result_content: Content) -> CallToolResult:
     return CallToolResult(content=blocks, structured_content=status.model_dump(mode="json", by_alias=True))
 
 
+def left_out(*args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+    """A decorator that registers nothing: a tool this server does not offer (see ``--stateless``)."""
+    return lambda fn: fn
+
+
 def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_content: Content) -> None:
     """Add the session and job tools (``model_errors`` and ``run_result_content`` from tools.py)."""
     settings = ex.settings
@@ -194,7 +202,8 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
             message="Session closed; its files and saved variables are deleted.",
         )
 
-    @server.tool(
+    # (--stateless: sessions keep no history, so there is nothing to export.)
+    @(left_out if settings.stateless else server.tool)(
         description="Write a session's history (code cells with their outputs, images and errors) as a "
         "Jupyter notebook (.ipynb, nbformat 4) into its working directory."
     )

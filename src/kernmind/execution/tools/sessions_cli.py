@@ -1,7 +1,7 @@
 """``kernmind sessions list | rm | prune``: the stored sessions of a data dir, from the shell.
 
 - ``list [--json] [--owner O]``: every stored session: owner, id, state (``stored``, or
-  ``live (pid N)`` while a server has it), files, size, last used, when its variables
+  ``live (pid N)`` while a server has it), files, size, kept packages, last used, when its variables
   were saved.
 - ``rm SESSION… [--owner O]``: delete stored sessions (files, variables, history). A
   session a running server has live is refused (it holds the session's lock): close it
@@ -91,7 +91,7 @@ def _list(store: SessionStore, owner: str | None, *, as_json: bool) -> int:
         print(f"no stored sessions in {store.root}")
         return 0
     now = time.time()
-    rows = [("SESSION", "STATE", "FILES", "SIZE", "LAST USED", "VARIABLES SAVED")]
+    rows = [("SESSION", "STATE", "FILES", "SIZE", "PACKAGES", "LAST USED", "VARIABLES SAVED")]
     for s in sessions:
         m = s.meta
         rows.append(
@@ -100,6 +100,7 @@ def _list(store: SessionStore, owner: str | None, *, as_json: bool) -> int:
                 "stored" if s.held_by is None else f"live (pid {s.held_by})",
                 str(m.files),
                 _size(m.bytes),
+                _size(m.packages_bytes) if m.packages_bytes else "-",
                 ago(now - m.last_used),
                 ago(now - m.snapshot_at) if m.snapshot_at else "-",
             )

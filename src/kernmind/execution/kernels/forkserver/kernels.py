@@ -37,8 +37,8 @@ the whole ``SPAWN_TIMEOUT``) is discarded and a new one started (``ForkServer.di
 
 Error policy: when the template is unavailable, or one fork fails, ``start`` logs why
 and starts the kernel the normal way (``KernelFactory.start``), so a broken fork server
-costs speed, never availability. Failures of the normal path raise ``RuntimeError`` as
-before.
+costs speed, never availability. Failures of the normal path raise ``RuntimeUnavailable``
+(as ``KernelFactory.start`` does), and so does a missing Python runtime.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernels.forkserver.process import DEFAULT_PRELOAD, ForkServer, TemplateProcess
 from kernmind.execution.kernels.local import (
     _KERNEL_ARGS,
@@ -153,7 +154,7 @@ class ForkKernelFactory:
         """A fresh, set-up kernel (inside ``group``, a session's, or a group of its own): forked
         when the template is up, else started normally."""
         if self.base.runtime.error:
-            raise RuntimeError(self.base.runtime.error)
+            raise RuntimeUnavailable(self.base.runtime.error)
         template = await self.server.template(wait=start_wait(TEMPLATE_WAIT))
         if template is None:
             self._fallback(self.server.status().get("reason", "no template"))
