@@ -86,7 +86,7 @@ class NotebookResult(BaseModel):
 class JobStatus(BaseModel):
     job_id: str
     state: Literal["running", "done", "cancelled", "lost"]
-    session_id: str | None
+    session_id: str | None = None  # None (a stateless call's job): left out, as every None is
     language: str
     started_at: str
     finished_at: str | None = None
@@ -146,7 +146,9 @@ def job_answer(job: Job, run_result_content: Content) -> CallToolResult:
         blocks = [TextContent(type="text", text=f"{head}\n{blocks[0].text}"), *blocks[1:]]
     else:
         blocks = [TextContent(type="text", text=f"[job {job.id} {job.state}] {job.note or ''}".rstrip())]
-    return CallToolResult(content=blocks, structured_content=status.model_dump(mode="json", by_alias=True))
+    return CallToolResult(
+        content=blocks, structured_content=status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    )
 
 
 def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_content: Content) -> None:

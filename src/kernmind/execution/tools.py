@@ -145,7 +145,8 @@ def run_result_content(result: RunResult) -> tuple[list[TextContent | ImageConte
     if result.files:
         lines.append("[files] " + ", ".join(f"{f.path} ({f.size} B)" for f in result.files))
     text = TextContent(type="text", text="\n".join(lines) or "(no output)")
-    return [text, *images], result.model_dump(mode="json", by_alias=True)
+    # No null fields: a client that hands the structured result to its model pays for every one.
+    return [text, *images], result.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 class ExecutionTools:
@@ -173,7 +174,8 @@ class ExecutionTools:
                 "variables, imports and files survive between calls with the same session_id "
                 "(default session when omitted). Other languages run as a fresh process per call. "
                 "The value of the last expression is returned like in a notebook; matplotlib "
-                "figures come back as images, plotly figures as HTML. Set reset=true for a fresh "
+                "figures come back as images, plotly figures as HTML; tables (pandas) as text, their HTML "
+                "only when asked with display(HTML(df.to_html())). Set reset=true for a fresh "
                 f"interpreter. Python can import: {notable}. {installs} Sessions, their files and Python "
                 "variables are stored and resume after a restart. background=true runs long work as a "
                 "job (job_status, job_cancel)."
