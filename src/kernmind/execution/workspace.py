@@ -346,6 +346,14 @@ class Workspace:
     async def ascan(self, *, since_ns: int | None = None, budget_s: float | None = None) -> Scan:
         return await off_loop(lambda: self.scan(since_ns=since_ns, budget_s=budget_s), timeout=None)
 
+    async def abaseline(self, budget_s: float = 0.25) -> None:
+        """Take the baseline for the next call's changes now, when there is none (a resumed
+        session's files); a scan that runs out of time leaves none (change times decide then)."""
+        if self.last_scan is None:
+            scan = await self.ascan(budget_s=budget_s)
+            if scan.complete and self.last_scan is None:
+                self.last_scan = scan
+
     async def ausage(self) -> int:
         return await off_loop(self.usage_bytes, timeout=None)
 
