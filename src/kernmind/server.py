@@ -16,6 +16,7 @@ from mcp.server.mcpserver import MCPServer
 
 from kernmind import __version__
 from kernmind.config import Settings
+from kernmind.execution.client_sessions import per_client_defaults
 from kernmind.execution.executor import Executor
 from kernmind.execution.tools import ExecutionTools
 from kernmind.memory.tools import MemoryTools
@@ -48,4 +49,6 @@ def create_server(settings: Settings | None = None, executor: Executor | None = 
     memory.register(server)
     strict_tool_arguments(server)  # last: every tool refuses unknown arguments and NaN, in words
     identify_callers(server, on_caller=[memory.open_space])  # and knows its caller (principals.py)
+    if not settings.stateless:
+        per_client_defaults(server)  # and each client's default session (client_sessions.py)
     return server

@@ -84,7 +84,7 @@ async def test_calls_without_session_share_the_default_session(client: Client) -
     await run(client, "shared_default = 7")
     out = await run(client, "shared_default * 6")
     assert out["results"][0]["text"] == "42"
-    assert out["session_id"] == "default"
+    assert out["session_id"] == "default-mcp"  # this client's default (clientInfo name "mcp")
 
 
 async def test_reset_gives_a_fresh_interpreter_but_keeps_files(client: Client) -> None:

@@ -19,6 +19,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
 from kernmind import input_limits as limits
+from kernmind.execution.client_sessions import client_default
 from kernmind.execution.jobs import Job
 from kernmind.execution.results import Logs, RunResult
 from kernmind.execution.sessions import check_session_id
@@ -107,7 +108,7 @@ def address(caller: Principal, session_id: str | None) -> tuple[str, str | None]
         owner, _, sid = session_id.partition("/")
         if OWNER_RE.match(owner):
             return owner, sid
-    return caller.owner, session_id
+    return caller.owner, session_id if session_id is not None else client_default()
 
 
 def iso(epoch: float | None) -> str | None:
@@ -214,7 +215,7 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
         with model_errors():
             owner, sid = address(principal_of(ctx), session_id)
             rel, cells, size = await ex.export_notebook(owner, sid, path)
-        sid = session_id or ex.default_session_id
+        sid = session_id or client_default() or ex.default_session_id
         return NotebookResult(
             session_id=sid, path=rel, cells=cells, bytes=size, resource=f"workspace://{sid}/{rel}"
         )

@@ -41,6 +41,7 @@ from kernmind import input_limits as limits
 from kernmind.config import Settings
 from kernmind.diskio import disk_sentence
 from kernmind.execution import session_tools
+from kernmind.execution.client_sessions import client_default
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.executor import Executor
 from kernmind.execution.packages import InstallResult
@@ -172,7 +173,8 @@ class ExecutionTools:
             description=(
                 "Run code and return its output. Python runs in a persistent Jupyter kernel: "
                 "variables, imports and files survive between calls with the same session_id "
-                "(default session when omitted). Other languages run as a fresh process per call. "
+                "(when omitted: this client's own default session, named default-<client name>). "
+                "Other languages run as a fresh process per call. "
                 "The value of the last expression is returned like in a notebook; matplotlib "
                 "figures come back as images, plotly figures as HTML; tables (pandas) as text, their HTML "
                 "only when asked with display(HTML(df.to_html())). Set reset=true for a fresh "
@@ -318,7 +320,9 @@ class ExecutionTools:
                         f"of its {self.settings.workspace_mb} MiB quota. Delete files first."
                     )
                 rel = await ws.awrite(path, data)
-            return UploadResult(path=rel, size=len(data), session_id=session_id or ex.default_session_id)
+            return UploadResult(
+                path=rel, size=len(data), session_id=session_id or client_default() or ex.default_session_id
+            )
 
         @server.tool(
             description=(
@@ -349,7 +353,9 @@ class ExecutionTools:
                 budget = image_budget if image else text_budget
                 got = await ws.aread(path, offset=offset, length=min(length or budget, budget))
             ranged = length is not None or offset > 0
-            return download_answer(session_id or ex.default_session_id, got, ranged=ranged, budget=budget)
+            return download_answer(
+                session_id or client_default() or ex.default_session_id, got, ranged=ranged, budget=budget
+            )
 
         @server.tool(
             description=(
@@ -379,7 +385,7 @@ class ExecutionTools:
                 ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 page, total = await ws.alist(prefix=path, pattern=pattern, offset=offset, limit=limit)
             return FileList(
-                session_id=session_id or ex.default_session_id,
+                session_id=session_id or client_default() or ex.default_session_id,
                 files=page,
                 total=total,
                 offset=offset,
