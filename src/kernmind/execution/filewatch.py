@@ -11,9 +11,10 @@ Design
   shared with every other program), with one watch per directory of each tracked tree.
   Events are read without blocking, under one lock, whenever any tracker scans; each goes to
   the tracker that owns its watch.
-- A scan returns a new ``Scan`` (the dictionary is copied, so an earlier scan stays the
-  baseline it was) with ``touched``: the paths events named since the previous scan, a
-  superset of what changed, so ``filescan.changed_since`` compares only those.
+- A scan returns a ``Scan`` whose place in the tracker's ``ChangeLog`` says which paths events
+  named since any earlier scan (a superset of what changed), so ``filescan.changed_since``
+  compares only those. Its dictionary is shared with the tracker and never changed in place:
+  a scan that finds changes makes a new one, so an earlier scan stays the baseline it was.
 - What events cannot describe safely makes the tracker walk again: a queue overflow, a
   directory moved or renamed (its watch would keep the old path), the root itself moved or
   deleted, a directory that cannot be watched.
@@ -194,7 +195,11 @@ class Tracker:
             self.inotify.drain()
             if self.stale:
                 return self._walk()
-            files = dict(self.current.files)
+            if not (self.touched or self.new_dirs or self.gone_dirs):  # nothing happened: share the files
+                self.generation += 1
+                self.log.add(self.generation, set())
+                return self._answer(self.current.files, self.current.bytes_used)
+            files = dict(self.current.files)  # a new dictionary: earlier scans stay what they were
             used = self.current.bytes_used
             shown: set[str] = set()
             for gone in self.gone_dirs:
@@ -230,7 +235,12 @@ class Tracker:
             self.generation += 1
             self.log.add(self.generation, shown)
             self.current = Scan(files=files, bytes_used=used)
-            return Scan(files=dict(files), bytes_used=used, log=self.log, generation=self.generation)
+            return self._answer(files, used)
+
+    def _answer(self, files: dict[str, FileStat], used: int) -> Scan:
+        """A scan sharing ``files`` with the tracker (never changed in place: the next change
+        makes a new dictionary; ``Workspace._remember`` copies before it writes)."""
+        return Scan(files=files, bytes_used=used, log=self.log, generation=self.generation)
 
     def sorted_paths(self) -> list[str]:
         """Every file's path, sorted (kept until a file comes or goes): pages of a listing
@@ -262,7 +272,7 @@ class Tracker:
             return self.current
         self.stale = False
         self.log, self.generation = ChangeLog(), 0  # scans before this walk share nothing with it
-        return Scan(files=dict(self.current.files), bytes_used=self.current.bytes_used, log=self.log)
+        return self._answer(self.current.files, self.current.bytes_used)
 
     def _stat_all(self, paths: set[str]) -> list[tuple[str, os.stat_result | None]]:
         """``lstat`` of each path, reached without following a link on the way (code in the

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import errno
 import fnmatch
 import mimetypes
@@ -293,6 +294,8 @@ class Workspace:
             return
         old = self.last_scan.files.get(rel)
         new = FileStat(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_blocks)
+        if self.last_scan.log is not None:  # a tracker's scan shares its dictionary: copy first
+            self.last_scan = dataclasses.replace(self.last_scan, files=dict(self.last_scan.files))
         self.last_scan.files[rel] = new
         self.last_scan.bytes_used += (new.blocks - (old.blocks if old else 0)) * 512
 
