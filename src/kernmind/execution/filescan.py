@@ -6,6 +6,9 @@ cost that grows with the tree (≈ 4 µs a file here: 20k files ≈ 80 ms, 200k 
 
 - A call does **one** walk, after the code ran, not one before and one after: the walk
   that ended the previous call (``Workspace.last_scan``) is the baseline.
+- On Linux even that walk happens once per working directory: an inotify tracker
+  (``filewatch.py``) keeps the scan current, and ``changed_since`` compares only the paths
+  its events named (``Scan.log``). The walk below is what runs without inotify.
 - A file changed during the call is one whose path is new or whose (size, mtime, ctime)
   differs from the baseline; with no baseline, one whose ctime is not older than the
   call (ctime cannot be set back by ``touch`` or ``tar``, unlike mtime).

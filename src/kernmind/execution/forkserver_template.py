@@ -35,7 +35,8 @@ Design
   the sandbox (and everything still in it) ends when the kernel ends, and the server sees
   the status exactly as from a normal kernel; when the placeholder ends first (the server
   stopped the sandbox), C1 kills the kernel's process group (that matters only without
-  bubblewrap, where no pid namespace takes it down).
+  bubblewrap, where no pid namespace takes it down: there the waiter is also the kernel's
+  child subreaper and kills whatever the kernel left running, when either ends).
 - Kernels do not depend on the template after ``ready``: they survive its death.
 
 Protocol (SOCK_SEQPACKET, one JSON object per packet, descriptors as SCM_RIGHTS):

@@ -8,7 +8,10 @@ starts are cheap (fork-server forks), at once and side by side; it retries with 
 when starting fails. Kernels that are done with are shut down in
 the background too, so a caller never waits for a kernel to die.
 
-When the pool is empty, ``acquire`` starts a kernel for the caller directly.
+When the pool is empty, ``acquire`` starts a kernel for the caller directly. A call
+cancelled (or failing) after ``acquire`` took a kernel and before it handed it over stops that
+kernel (in the background): no kernel is left running that nobody owns, and a kernel started
+in a session's directory is marked ``home_bound`` at once, so stopping it keeps the files.
 
 ``acquire(home)`` hands out a kernel bound to a session's working directory: a warm
 kernel's empty directory is moved into place (``store.rebind``: renames, no copies), or,
