@@ -9,7 +9,8 @@ holds that many files (made by the code itself, 1,000 per folder). Rows, p50 ove
 - baseline: the same calls in a session with no files, same server, same run
 - big tree: the calls in the session that holds the files
 - one changed file: a call that writes one new file (it must show up in ``files``)
-- ``list_files``: time and the size of the answer (characters of the text block)
+- ``list_files``: time and the size of the answer (characters of the text block), and the
+  p50 of a page deep in the listing (no walk, no sort: the tracker's sorted paths, sliced)
 
 The ratio "big tree / baseline" is what a user feels on every call.
 """
@@ -71,6 +72,12 @@ async def one_size(n: int, calls: int) -> None:
             found = "new.txt" in str(changed.structured_content.get("files"))
             list_ms, listing = await timed(client, "list_files", {"session_id": "big"})
             chars = sum(len(getattr(c, "text", "")) for c in listing.content)
+            deep = {"session_id": "big", "offset": n // 2, "limit": 200}
+            page_ms = await p50(client, "list_files", deep, calls)
+            edited = await client.call_tool(
+                "run_code", {"code": "open('tree/d0/f7.txt','a').write('more')", "session_id": "big"}
+            )
+            in_place = [f["path"] for f in edited.structured_content.get("files", [])] == ["tree/d0/f7.txt"]
         print(f"\n## {n:,} files")
         print("| call | baseline p50 (no files) | big tree p50 | ratio |")
         print("|---|---|---|---|")
@@ -78,6 +85,8 @@ async def one_size(n: int, calls: int) -> None:
             print(f"| {label} | {base:.1f} ms | {big:.1f} ms | {big / base:.2f}× |")
         print(f"| call creating one file | | {ms:.1f} ms (new file listed: {found}) | |")
         print(f"| list_files | | {list_ms:.1f} ms, {chars:,} characters | |")
+        print(f"| list_files, a page at offset {n // 2:,} (p50) | | {page_ms:.1f} ms | |")
+        print(f"| call changing one file in place | | listed alone: {in_place} | |")
 
 
 async def main() -> None:

@@ -19,6 +19,7 @@ from kernmind import __version__, boundary
 from kernmind.codemode import CodeMode, ToolDispatch
 from kernmind.config import Settings
 from kernmind.execution.executor import Executor
+from kernmind.execution.sessions.client_defaults import per_client_defaults
 from kernmind.execution.tools.code_tools import ExecutionTools
 from kernmind.memory.tools import MemoryTools
 from kernmind.principals import identify_callers
@@ -62,4 +63,6 @@ def create_server(settings: Settings | None = None, executor: Executor | None = 
     strict_tool_arguments(server)  # last: every tool refuses unknown arguments and NaN, in words
     boundary.install(server)  # every refusal and fault answered in one place (boundary.py)
     identify_callers(server, on_caller=[memory.open_space])  # and knows its caller (principals.py)
+    if not settings.stateless:
+        per_client_defaults(server)  # and each client's default session (sessions/client_defaults.py)
     return server

@@ -84,7 +84,7 @@ async def test_calls_without_session_share_the_default_session(client: Client) -
     await run(client, "shared_default = 7")
     out = await run(client, "shared_default * 6")
     assert out["results"][0]["text"] == "42"
-    assert out["session_id"] == "default"
+    assert out["session_id"] == "default-mcp"  # this client's default (clientInfo name "mcp")
 
 
 async def test_reset_gives_a_fresh_interpreter_but_keeps_files(client: Client) -> None:
@@ -203,11 +203,11 @@ async def test_matplotlib_plot_returns_png_image_content_without_show(client: Cl
     assert len(images) == 1 and images[0].mime_type == "image/png"
     assert base64.b64decode(images[0].data).startswith(b"\x89PNG\r\n\x1a\n")
     # The image travels once: the structured result points at its content block.
-    refs = [r["image"] for r in out["results"] if r["image"]]
+    refs = [r["image"] for r in out["results"] if r.get("image")]
     assert refs == [
         {"content_index": 1, "mime_type": "image/png", "bytes": len(base64.b64decode(images[0].data))}
     ]
-    assert all(r["png"] is None for r in out["results"])
+    assert all("png" not in r for r in out["results"])  # no null fields either
 
 
 async def test_rich_mime_types_are_passed_through(client: Client) -> None:
@@ -220,7 +220,9 @@ async def test_rich_mime_types_are_passed_through(client: Client) -> None:
         'display(SVG(\'<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"></svg>\'))\n'
     )
     out = await run(client, code, session_id="rich")
-    by_kind = {k: r[k] for r in out["results"] for k in ("html", "markdown", "latex", "json", "svg") if r[k]}
+    by_kind = {
+        k: r[k] for r in out["results"] for k in ("html", "markdown", "latex", "json", "svg") if r.get(k)
+    }
     assert by_kind["html"] == "<b>bold</b>"
     assert by_kind["markdown"] == "# title"
     assert by_kind["latex"] == "$x^2$"

@@ -246,7 +246,7 @@ except ProcessLookupError:
 
 
 def json_stdout(out: dict[str, Any]) -> dict[str, Any]:
-    assert out["status"] == "ok", out["error"]
+    assert out["status"] == "ok", out.get("error")
     return json.loads("".join(out["logs"]["stdout"]).strip().splitlines()[-1])
 
 

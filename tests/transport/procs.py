@@ -224,8 +224,11 @@ class StdioServer:
     notes: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def start(cls, tmp: Path, *extra: str, data_dir: Path | None = None) -> StdioServer:
-        """A server with its own log in ``tmp``, on ``data_dir`` (default ``tmp/data``)."""
+    def start(
+        cls, tmp: Path, *extra: str, data_dir: Path | None = None, client_name: str = "kernmind-tests"
+    ) -> StdioServer:
+        """A server with its own log in ``tmp``, on ``data_dir`` (default ``tmp/data``), greeted
+        by a client that calls itself ``client_name``."""
         data_dir = data_dir or tmp / "data"
         tmp.mkdir(parents=True, exist_ok=True)
         log = tmp / "server.log"
@@ -243,7 +246,7 @@ class StdioServer:
             {
                 "protocolVersion": "2025-11-25",
                 "capabilities": {},
-                "clientInfo": {"name": "kernmind-tests", "version": "0"},
+                "clientInfo": {"name": client_name, "version": "0"},
             },
         )
         server.notify("notifications/initialized")

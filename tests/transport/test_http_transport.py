@@ -225,10 +225,10 @@ async def test_clients_of_both_eras_share_named_sessions(http_server: HttpServer
             await run(legacy, "shared_value = 41", "shared")
             out = await run(modern, "shared_value += 1; shared_value", "shared")
             assert out["results"][0]["text"] == "42"  # type: ignore[index]
-            # The default session (no session_id) is one server-wide session too.
+            # The default session (no session_id) is per client name: both are "mcp" here.
             await run(modern, "in_default = 'set by the sessionless client'")
             out = await run(legacy, "in_default")
-            assert out["session_id"] == "default"
+            assert out["session_id"] == "default-mcp"  # both clients call themselves "mcp"
             assert "sessionless" in out["results"][0]["text"]  # type: ignore[index]
 
         # Reconnecting (a new handshake, a new Mcp-Session-Id) reaches the same kernel session.
@@ -237,7 +237,7 @@ async def test_clients_of_both_eras_share_named_sessions(http_server: HttpServer
             assert out["results"][0]["text"] == "42"  # type: ignore[index]
             sessions = await again.call_tool("list_sessions", {})
             ids = {s["session_id"] for s in sessions.structured_content["sessions"]}  # type: ignore[index]
-            assert {"shared", "default"} <= ids
+            assert {"shared", "default-mcp"} <= ids
 
 
 @pytest.mark.anyio

@@ -161,3 +161,33 @@ def test_inspector_without_token_is_refused(inspector: Any, http_server: HttpSer
     )
     assert proc.returncode != 0
     assert "tools" not in proc.stdout
+
+
+def test_inspector_strict_schema_check_finds_nothing(inspector: Any, tmp_path: Path) -> None:
+    """``--strict`` reports every tool-schema portability problem (errors and warnings) on
+    stderr; kernmind's 25 tools must give it none (issue 25: an empty ``items`` schema in the
+    run_code / job_status / job_cancel output schemas was one)."""
+    binary = inspector_bin()
+    assert binary is not None
+    home = tmp_path / "home"
+    proc = subprocess.run(
+        [
+            binary,
+            "--cli",
+            "--format",
+            "json",
+            "--strict",
+            *serve_argv(tmp_path / "data"),
+            "--method",
+            "tools/list",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=server_env(tmp_path, HOME=str(home), NO_COLOR="1"),
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(json.loads(proc.stdout)["result"]["tools"]) >= 20
+    problems = [line for line in proc.stderr.splitlines() if line.startswith(("Warning:", "Error:"))]
+    assert problems == [], proc.stderr[-3000:]

@@ -132,6 +132,18 @@ def html_to_text(html: str) -> str:
 
 
 DEFAULT_REPR_RE = re.compile(r"^<[\w.]+ object(?: at 0x[0-9a-f]+)?>$")
+# HTML that shows more than words: these elements carry what a text form cannot.
+RICH_HTML_RE = re.compile(r"<(script|img|svg|canvas|iframe|video|audio|object|embed|math|a)\b", re.I)
+WORD_RE = re.compile(r"\w+")
+
+
+def html_adds_to(text: str, html: str) -> bool:
+    """Whether ``html`` shows more than ``text`` does: it holds more than words (scripts, images,
+    links…), or a word the text lacks. A pandas table's HTML usually shows the same cells as its
+    text form, and then only the text travels (``display(HTML(df.to_html()))`` sends the HTML)."""
+    if not text.strip() or DEFAULT_REPR_RE.match(text.strip()) or RICH_HTML_RE.search(html):
+        return True
+    return not set(WORD_RE.findall(html_to_text(html))) <= set(WORD_RE.findall(text))
 
 
 class ImageRef(BaseModel):
@@ -142,6 +154,11 @@ class ImageRef(BaseModel):
     bytes: int = Field(description="size of the decoded image")
 
 
+def _json_schema(schema: dict[str, Any]) -> None:
+    item = {"anyOf": [{"type": t} for t in ("object", "array", "string", "number", "boolean", "null")]}
+    schema["anyOf"] = [{"type": "object"}, {"type": "array", "items": item}, {"type": "null"}]
+
+
 class DisplayResult(BaseModel):
     """One rich output: the last expression's value or a display. ``text`` is always set."""
 
@@ -150,7 +167,12 @@ class DisplayResult(BaseModel):
     jpeg: str | None = Field(default=None, description="base64 JPEG")
     svg: str | None = None
     html: str | None = None
-    json_: dict[str, Any] | list[Any] | None = Field(default=None, alias="json", serialization_alias="json")
+    json_: dict[str, Any] | list[Any] | None = Field(
+        default=None,
+        alias="json",
+        serialization_alias="json",
+        json_schema_extra=_json_schema,  # says what an item of the array may be (not an empty schema)
+    )
     markdown: str | None = None
     latex: str | None = None
     is_main_result: bool = Field(default=False, description="true for the value of the last expression")
@@ -194,7 +216,7 @@ class FileInfo(BaseModel):
 class RunResult(BaseModel):
     status: Status
     language: str
-    session_id: str | None
+    session_id: str | None = None  # None: a stateless call
     execution_count: int | None = None
     results: list[DisplayResult] = Field(default_factory=list)
     logs: Logs = Field(default_factory=Logs)
@@ -209,6 +231,19 @@ class RunResult(BaseModel):
     job_id: str | None = Field(
         default=None, description="with background=true: the job to follow with job_status (status 'running')"
     )
+
+
+# Keys the public contract names for every run_code result: kept even when null, so a client
+# may read result["error"]; every other null is left out of the structured result.
+CONTRACT_KEYS = ("session_id", "execution_count", "error")
+
+
+def lean_dump(result: RunResult) -> dict[str, Any]:
+    """The structured result a client reads: no null fields but the contract's own."""
+    data = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    for key in CONTRACT_KEYS:
+        data.setdefault(key, None)
+    return data
 
 
 class OutputCollector:
@@ -301,6 +336,8 @@ class OutputCollector:
         for mime, field in MIME_FIELDS.items():
             if mime not in data:
                 continue
+            if field == "html" and not html_adds_to(text, str(data[mime])):
+                continue  # the text form says it all: the HTML would only double the result
             value = safe_json(data[mime])
             if field == "json" and not isinstance(value, dict | list):
                 value = {"value": value}  # the schema promises an object or array

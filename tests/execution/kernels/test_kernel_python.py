@@ -35,7 +35,7 @@ async def test_kernels_run_on_the_given_environment(tmp_path: Path) -> None:
                 },
             )
         )
-    assert out["status"] == "ok", out["error"]
+    assert out["status"] == "ok", out.get("error")
     assert out["results"][0]["text"] == "(True, 'from the other environment')"
 
 

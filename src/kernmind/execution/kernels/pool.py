@@ -8,7 +8,10 @@ starts are cheap (fork-server forks), at once and side by side; it retries with 
 when starting fails. Kernels that are done with are shut down in
 the background too, so a caller never waits for a kernel to die.
 
-When the pool is empty, ``acquire`` starts a kernel for the caller directly.
+When the pool is empty, ``acquire`` starts a kernel for the caller directly. A call
+cancelled (or failing) after ``acquire`` took a kernel and before it handed it over stops that
+kernel (in the background): no kernel is left running that nobody owns, and a kernel started
+in a session's directory is marked ``home_bound`` at once, so stopping it keeps the files.
 
 ``acquire(home)`` hands out a kernel bound to a session's working directory: a warm
 kernel's empty directory is moved into place (``store.rebind``: renames, no copies), or,
@@ -109,35 +112,58 @@ class KernelPool:
     ) -> Kernel:
         """A ready kernel: with its own fresh workspace, or bound to ``home``; the packages of
         ``layer`` (a session's) moved into the kernel's own layer; in the control group of
-        ``limits`` (a session's) when there is one."""
+        ``limits`` (a session's) when there is one. A call cancelled (or failing) between taking
+        a kernel and handing it over stops that kernel: none is left running unowned."""
+        held: list[Kernel] = []  # the kernel this call has taken and not handed over yet
+        try:
+            return await self._acquire(home, layer, limits, held)
+        except BaseException:
+            for kernel in held:
+                with anyio.CancelScope(shield=True):
+                    if self._tg is not None and not self._closing:
+                        self.release(kernel)
+                    else:
+                        await _shutdown_and_remove(kernel)
+            raise
+
+    async def _acquire(
+        self, home: Workspace | None, layer: Layer | None, limits: SessionLimits | None, held: list[Kernel]
+    ) -> Kernel:
         kernel: Kernel | None = None
         while self._ready:
             candidate = self._ready.popleft()
+            held[:] = [candidate]
             if await candidate.is_alive():
                 kernel = candidate
                 break
+            held.clear()
             self.release(candidate)
         self._wake.set()
         # (A gateway's factory knows no groups: its kernels run elsewhere.)
         limits = limits if getattr(self.factory, "joins_groups", False) else None
         if home is None:
             kernel = kernel or await self._start(None, limits)
+            held[:] = [kernel]
             await self._adopt_layer(kernel, layer)
             await _join(kernel, limits)
             return kernel
         if kernel is not None and not self.factory.rebinds_warm_kernels:
             self._ready.appendleft(kernel)  # it cannot move into another directory: start one there
             kernel = None
+            held.clear()
         if kernel is not None:
             spare = kernel.workspace.root
             try:
                 await off_loop(lambda: rebind(home.root, spare), timeout=None)
             except OSError as exc:  # e.g. EXDEV: bind the home in a kernel of its own instead
                 log.info("could not move a warm kernel's directory into %s (%s)", home.root, exc)
+                held.clear()
                 self.release(kernel)
                 kernel = None
         if kernel is None:
             kernel = await self._start(home, limits)
+            kernel.home_bound = True  # its directory is the session's: stopping it must keep the files
+            held[:] = [kernel]
         await self._adopt_layer(kernel, layer)
         await _join(kernel, limits)
         kernel.workspace, kernel.home_bound = home, True

@@ -84,12 +84,17 @@ class PythonRunner:
 
     async def execute(self, call: Call) -> None:
         session = call.session
+        had = self.kernel_of(session)
         with start_within(call.timeout):  # a hung fork server costs the call its limit, not a minute
             kernel = await self._kernel_for(call)
         if session.resumed:
             session.resumed = False
             if not call.reset:
                 call.notes.extend(await self._restore(session, kernel))
+        if kernel is not had and session.workspace is not None:
+            # A kernel just took the files over (handed to its uid, state restored): what that
+            # touched is not what the code changed, so the call's changes count from here.
+            await session.workspace.abaseline()
         call.begin()
         session.dirty = True
         outcome = await kernel.execute(call.code, call.collector)

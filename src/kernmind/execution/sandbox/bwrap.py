@@ -7,7 +7,8 @@ Backends
   size-limited ``/tmp`` and ``/dev/shm``, and the session's workspace bound read-write at ``/workspace``.
   Nothing of ``$HOME``, the memory database, kernmind's data directory, other sessions or
   the server's environment is visible. ``--die-with-parent`` ties the sandbox to the server.
-- ``none``: no isolation; rlimits and the clean environment only (a loud warning is logged).
+- ``none``: no isolation; rlimits and the clean environment only (a loud warning is logged);
+  a lifeline parent (``lifeline.py``) ends the command's whole tree when the server dies.
 
 Limits are rlimits set by ``prlimit`` on the sandbox's first process and inherited:
 RLIMIT_DATA for memory (it counts what a program writes, not the address space that V8
@@ -307,7 +308,8 @@ class Sandbox:
             full = self._bwrap_args(argv, workspace, environment, ro_paths, runtime_dir, uid, limits, mounts)
             outer = _launcher(self._with_rlimits(full, limits, uid), self.seccomp, join)
             return SandboxedCommand(outer, dict(environment), "/")
-        outer = _launcher(self._with_rlimits(list(argv), limits, None), None, join)
+        # No pid namespace to end the tree with the server: a lifeline parent does (lifeline.py).
+        outer = _launcher(self._with_rlimits(lifeline_argv(argv), limits, None), None, join)
         return SandboxedCommand(outer, environment, str(workspace))
 
     def _nproc(self, limits: Limits, uid: int | None) -> int:
@@ -468,6 +470,14 @@ def _launcher(argv: list[str], seccomp: str | None, join: Sequence[str | Path]) 
         return argv
     run = 'exec "$@" 9<"$f"' if seccomp is not None else 'exec "$@"'
     return ["/bin/sh", "-c", _JOIN + run, "kernmind-sandbox", seccomp or "", *map(str, join), "--", *argv]
+
+
+def lifeline_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` under a parent that kills its whole tree when the server dies (Linux only)."""
+    if sys.platform != "linux":
+        return list(argv)
+    script = str(Path(__file__).with_name("lifeline.py"))
+    return [sys.executable, "-S", "-E", "-s", script, str(os.getpid()), "--", *argv]
 
 
 def _seccomp_file() -> str | None:

@@ -27,7 +27,9 @@ with a sentence saying what to do; the tool layer turns it into a tool error.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import dataclasses
 import errno
 import fnmatch
 import mimetypes
@@ -44,6 +46,7 @@ import anyio
 from pydantic import BaseModel
 
 from kernmind.execution.sandbox.filescan import FileStat, Scan, display_name, scan_tree
+from kernmind.execution.sandbox.filewatch import Tracker
 from kernmind.refusals import Refusal
 
 T = TypeVar("T")
@@ -123,6 +126,9 @@ class Workspace:
     # Other host directories the sandbox may write (a kernel's socket directory): they
     # count against the quota like the workspace itself.
     accounted: list[Path] = field(default_factory=list, repr=False, compare=False)
+    # Keeps the file list current without walking the tree (filewatch.py); made by the first scan.
+    tracker: Tracker | None = field(default=None, repr=False, compare=False)
+    untracked: bool = field(default=False, repr=False, compare=False)  # no inotify for this one
 
     def create(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -134,6 +140,8 @@ class Workspace:
                     self.last_scan = Scan()  # nothing in it yet: the baseline is known
 
     def remove(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
     # --- path confinement -------------------------------------------------
@@ -287,11 +295,18 @@ class Workspace:
             return
         old = self.last_scan.files.get(rel)
         new = FileStat(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_blocks)
+        if self.last_scan.log is not None:  # a tracker's scan shares its dictionary: copy first
+            self.last_scan = dataclasses.replace(self.last_scan, files=dict(self.last_scan.files))
         self.last_scan.files[rel] = new
         self.last_scan.bytes_used += (new.blocks - (old.blocks if old else 0)) * 512
 
     def scan(self, *, since_ns: int | None = None, budget_s: float | None = None) -> Scan:
-        """Regular files under the root (see filescan.py)."""
+        """Regular files under the root (see filescan.py), from the tracker when there is one."""
+        if self.tracker is None and not self.untracked:
+            self.tracker = Tracker.start(self.root)
+            self.untracked = self.tracker is None
+        if self.tracker is not None:
+            return self.tracker.scan()
         return scan_tree(self.root, since_ns=since_ns, budget_s=budget_s)
 
     def list(
@@ -304,16 +319,30 @@ class Workspace:
         if prefix:
             shown, under = self.parts(prefix)
             prefix = shown + "/"
-        files = scan_tree(self.root, under=under).files  # only the directory asked about is walked
-        matched = sorted(
-            rel
-            for rel in files
-            if rel.startswith(prefix)
-            and (
-                pattern is None
-                or fnmatch.fnmatchcase(rel, pattern)
-                or fnmatch.fnmatchcase(rel.rsplit("/", 1)[-1], pattern)
-            )
+        tracker = self.tracker
+        if tracker is not None:  # no walk, no sort: the tracker's sorted paths, sliced
+            ordered = tracker.sorted_paths()
+            files = tracker.current.files
+            if prefix:  # the paths under it are one run of the sorted list
+                ordered = ordered[
+                    bisect.bisect_left(ordered, prefix) : bisect.bisect_left(ordered, prefix[:-1] + "0")
+                ]
+        else:
+            files = scan_tree(self.root, under=under).files  # only the directory asked about is walked
+            ordered = sorted(files)
+        matched = (
+            ordered
+            if tracker is not None and not prefix and pattern is None
+            else [
+                rel
+                for rel in ordered
+                if rel.startswith(prefix)
+                and (
+                    pattern is None
+                    or fnmatch.fnmatchcase(rel, pattern)
+                    or fnmatch.fnmatchcase(rel.rsplit("/", 1)[-1], pattern)
+                )
+            ]
         )
         page = matched[offset : None if limit is None else offset + limit]
         entries = [
@@ -321,6 +350,7 @@ class Workspace:
                 path=rel, size=files[rel].size, mime=guess_mime(rel), modified=files[rel].mtime_ns / 1e9
             )
             for rel in page
+            if rel in files
         ]
         return entries, len(matched)
 
@@ -346,6 +376,14 @@ class Workspace:
 
     async def ascan(self, *, since_ns: int | None = None, budget_s: float | None = None) -> Scan:
         return await off_loop(lambda: self.scan(since_ns=since_ns, budget_s=budget_s), timeout=None)
+
+    async def abaseline(self, budget_s: float = 0.25) -> None:
+        """Take the baseline for the next call's changes now, when there is none (a resumed
+        session's files); a scan that runs out of time leaves none (change times decide then)."""
+        if self.last_scan is None:
+            scan = await self.ascan(budget_s=budget_s)
+            if scan.complete and self.last_scan is None:
+                self.last_scan = scan
 
     async def ausage(self) -> int:
         return await off_loop(self.usage_bytes, timeout=None)

@@ -49,8 +49,9 @@ from kernmind.diskio import StorageError, disk_sentence
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.executor import Executor
 from kernmind.execution.packages import InstallResult
-from kernmind.execution.results import IMAGE_FIELDS, ImageRef, RunResult
+from kernmind.execution.results import IMAGE_FIELDS, ImageRef, RunResult, lean_dump
 from kernmind.execution.sandbox.workspace import FileData, FileEntry, WorkspaceError, guess_mime
+from kernmind.execution.sessions.client_defaults import client_default
 from kernmind.execution.tools import session_tools
 from kernmind.execution.tools.session_tools import address, left_out
 from kernmind.principals import principal_of
@@ -147,7 +148,9 @@ def run_result_content(result: RunResult) -> tuple[list[TextContent | ImageConte
     if result.files:
         lines.append("[files] " + ", ".join(f"{f.path} ({f.size} B)" for f in result.files))
     text = TextContent(type="text", text="\n".join(lines) or "(no output)")
-    return [text, *images], result.model_dump(mode="json", by_alias=True)
+    # No null fields but the contract's: a client that hands the structured result to its model
+    # pays for every one.
+    return [text, *images], lean_dump(result)
 
 
 class ExecutionTools:
@@ -186,9 +189,11 @@ class ExecutionTools:
             description=(
                 "Run code and return its output. Python runs in a persistent Jupyter kernel: "
                 "variables, imports and files survive between calls with the same session_id "
-                "(default session when omitted). Other languages run as a fresh process per call. "
+                "(when omitted: this client's own default session, named default-<client name>). "
+                "Other languages run as a fresh process per call. "
                 "The value of the last expression is returned like in a notebook; matplotlib "
-                "figures come back as images, plotly figures as HTML. Set reset=true for a fresh "
+                "figures come back as images, plotly figures as HTML; tables (pandas) as text, their HTML "
+                "only when asked with display(HTML(df.to_html())). Set reset=true for a fresh "
                 f"interpreter. Python can import: {notable}. {installs} {lasting} background=true runs long "
                 f"work as a job (job_status, job_cancel).{extras}"
             ),
@@ -330,7 +335,9 @@ class ExecutionTools:
                         f"of its {self.settings.workspace_mb} MiB quota. Delete files first."
                     )
                 rel = await ws.awrite(path, data)
-            return UploadResult(path=rel, size=len(data), session_id=session_id or ex.default_session_id)
+            return UploadResult(
+                path=rel, size=len(data), session_id=session_id or client_default() or ex.default_session_id
+            )
 
         @lasting_tool(
             description=(
@@ -361,7 +368,9 @@ class ExecutionTools:
                 budget = image_budget if image else text_budget
                 got = await ws.aread(path, offset=offset, length=min(length or budget, budget))
             ranged = length is not None or offset > 0
-            return download_answer(session_id or ex.default_session_id, got, ranged=ranged, budget=budget)
+            return download_answer(
+                session_id or client_default() or ex.default_session_id, got, ranged=ranged, budget=budget
+            )
 
         @lasting_tool(
             description=(
@@ -397,7 +406,7 @@ class ExecutionTools:
                 shown += 1
             end = offset + shown
             return FileList(
-                session_id=session_id or ex.default_session_id,
+                session_id=session_id or client_default() or ex.default_session_id,
                 files=page[:shown],
                 total=total,
                 offset=offset,

@@ -18,8 +18,9 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
 from kernmind import input_limits as limits
-from kernmind.execution.results import Logs, RunResult
+from kernmind.execution.results import Logs, RunResult, lean_dump
 from kernmind.execution.sandbox.workspace import off_loop
+from kernmind.execution.sessions.client_defaults import client_default
 from kernmind.execution.sessions.jobs import Job
 from kernmind.execution.sessions.registry import check_session_id
 from kernmind.principals import OWNER_RE, Principal, principal_of
@@ -89,7 +90,7 @@ class NotebookResult(BaseModel):
 class JobStatus(BaseModel):
     job_id: str
     state: Literal["running", "done", "cancelled", "lost"]
-    session_id: str | None
+    session_id: str | None = None  # None (a stateless call's job): left out, as every None is
     language: str
     started_at: str
     finished_at: str | None = None
@@ -110,7 +111,7 @@ def address(caller: Principal, session_id: str | None) -> tuple[str, str | None]
         owner, _, sid = session_id.partition("/")
         if OWNER_RE.match(owner):
             return owner, sid
-    return caller.owner, session_id
+    return caller.owner, session_id if session_id is not None else client_default()
 
 
 def iso(epoch: float | None) -> str | None:
@@ -149,7 +150,10 @@ def job_answer(job: Job, run_result_content: Content) -> CallToolResult:
         blocks = [TextContent(type="text", text=f"{head}\n{blocks[0].text}"), *blocks[1:]]
     else:
         blocks = [TextContent(type="text", text=f"[job {job.id} {job.state}] {job.note or ''}".rstrip())]
-    return CallToolResult(content=blocks, structured_content=status.model_dump(mode="json", by_alias=True))
+    structured_status = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if status.result is not None:  # the final result keeps the keys run_code's result always has
+        structured_status["result"] = lean_dump(status.result)
+    return CallToolResult(content=blocks, structured_content=structured_status)
 
 
 def left_out(*args: Any, **kwargs: Any) -> Callable[[Any], Any]:
@@ -221,7 +225,7 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
         with model_errors():
             owner, sid = address(principal_of(ctx), session_id)
             rel, cells, size = await ex.export_notebook(owner, sid, path)
-        sid = session_id or ex.default_session_id
+        sid = session_id or client_default() or ex.default_session_id
         return NotebookResult(
             session_id=sid, path=rel, cells=cells, bytes=size, resource=f"workspace://{sid}/{rel}"
         )

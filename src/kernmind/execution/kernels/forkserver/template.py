@@ -35,7 +35,8 @@ Design
   the sandbox (and everything still in it) ends when the kernel ends, and the server sees
   the status exactly as from a normal kernel; when the placeholder ends first (the server
   stopped the sandbox), C1 kills the kernel's process group (that matters only without
-  bubblewrap, where no pid namespace takes it down).
+  bubblewrap, where no pid namespace takes it down: there the waiter is also the kernel's
+  child subreaper and kills whatever the kernel left running, when either ends).
 - Kernels do not depend on the template after ``ready``: they survive its death.
 
 Protocol (SOCK_SEQPACKET, one JSON object per packet, descriptors as SCM_RIGHTS):
@@ -338,6 +339,14 @@ def run_waiter(request: dict, fds: list[int], status: int) -> None:
         if request.get("seccomp"):  # read before the kernel drops its privileges
             with open(request["seccomp"], "rb") as fh:
                 request["seccomp_program"] = fh.read()
+        # Without a pid namespace of its own (``--sandbox none``) nothing ends what the kernel
+        # leaves running: the waiter becomes its subreaper and kills that tree (``wait_for``).
+        own_pid_ns = dict(zip(request["namespaces"], ns_fds, strict=True)).get("pid")
+        shared_pid_ns = (
+            own_pid_ns is None or os.fstat(own_pid_ns).st_ino == os.stat("/proc/self/ns/pid").st_ino
+        )
+        if shared_pid_ns:
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         enter_namespaces(request["namespaces"], ns_fds)
         signal.pidfd_send_signal(placeholder, 0)  # still alive: the pid was not reused meanwhile
         for fd in ns_fds:
@@ -357,6 +366,8 @@ def run_waiter(request: dict, fds: list[int], status: int) -> None:
         os.write(status, f"error {type(exc).__name__}: {exc}\n".encode())
         os._exit(1)
     code = wait_for(kernel, placeholder)
+    if shared_pid_ns:
+        kill_descendants()
     try:
         os.write(exit_pipe, f"{code}\n".encode())
     except OSError:
@@ -377,6 +388,35 @@ def wait_for(kernel: int, placeholder: int) -> int:
     _, raw = os.waitpid(kernel, 0)
     code = os.waitstatus_to_exitcode(raw)
     return 128 - code if code < 0 else code
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process below this one until none is left (orphans come back to a
+    subreaper); the same walk as ``lifeline.py``, which this script cannot import."""
+    me = os.getpid()
+    for _ in range(50):
+        children: dict[int, list[int]] = {}
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/stat", "rb") as fh:
+                    stat = fh.read()
+            except (OSError, ValueError):
+                continue
+            if name.isdigit():
+                children.setdefault(int(stat[stat.rindex(b")") + 2 :].split()[1]), []).append(int(name))
+        found, todo = [], [me]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                found.append(child)
+                todo.append(child)
+        if not found:
+            return
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        reap()
 
 
 # --- the template's loop -------------------------------------------------------------------------

@@ -1,0 +1,335 @@
+"""Knowing a working directory's files without walking it: inotify keeps a scan current.
+
+Walking a tree costs about a microsecond or more per file (a stat each), which is what made a
+trivial call in a session of 20,000 files slow: every call walked it to find what changed.
+A ``Tracker`` walks a directory once, watches every directory in it (Linux inotify), and from
+then on each ``scan()`` reads the pending events and looks again (one ``lstat``) only at the
+names they mention; a new directory is watched and walked, a deleted one dropped.
+
+Design
+- One inotify instance serves the whole server (instances are few per user: 128 by default,
+  shared with every other program), with one watch per directory of each tracked tree.
+  Events are read without blocking, under one lock, whenever any tracker scans; each goes to
+  the tracker that owns its watch.
+- A scan returns a ``Scan`` whose place in the tracker's ``ChangeLog`` says which paths events
+  named since any earlier scan (a superset of what changed), so ``filescan.changed_since``
+  compares only those. Its dictionary is shared with the tracker and never changed in place:
+  a scan that finds changes makes a new one, so an earlier scan stays the baseline it was.
+- What events cannot describe safely makes the tracker walk again: a queue overflow, a
+  directory moved or renamed (its watch would keep the old path), the root itself moved or
+  deleted, a directory that cannot be watched.
+- Writes through a shared memory mapping make no event: such a change shows at the next walk.
+
+Error policy: no inotify (another OS, or the instance or watch limits reached) means no
+tracker: ``Tracker.start`` returns None and callers walk the tree as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import stat
+import struct
+import sys
+import threading
+import weakref
+from pathlib import Path
+
+from kernmind.execution.sandbox.filescan import ChangeLog, FileStat, Scan, display_name, scan_tree
+
+log = logging.getLogger(__name__)
+
+IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
+IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
+IN_DELETE_SELF, IN_MOVE_SELF, IN_Q_OVERFLOW, IN_IGNORED = 0x400, 0x800, 0x4000, 0x8000
+IN_ONLYDIR, IN_DONT_FOLLOW, IN_ISDIR = 0x01000000, 0x02000000, 0x40000000
+IN_NONBLOCK, IN_CLOEXEC = 0o4000, 0o2000000
+MASK = (
+    IN_MODIFY
+    | IN_ATTRIB
+    | IN_CLOSE_WRITE
+    | IN_MOVED_FROM
+    | IN_MOVED_TO
+    | IN_CREATE
+    | IN_DELETE
+    | IN_DELETE_SELF
+    | IN_MOVE_SELF
+    | IN_ONLYDIR
+)  # no IN_DONT_FOLLOW: watches are added through /proc/self/fd links to directories we opened
+EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then the name, NUL-padded)
+
+
+class _Inotify:
+    """The server's one inotify instance and the watches of every tracker."""
+
+    def __init__(self, fd: int, libc: ctypes.CDLL) -> None:
+        self.fd = fd
+        self.libc = libc
+        self.lock = threading.RLock()
+        self.owners: dict[int, tuple[weakref.ref[Tracker], str]] = {}  # wd -> (tracker, rel dir)
+
+    def watch(self, tracker: Tracker, path: str, rel: str) -> int:
+        wd = self.libc.inotify_add_watch(self.fd, os.fsencode(path), MASK)
+        if wd < 0:
+            raise OSError(ctypes.get_errno(), f"inotify_add_watch {path}")
+        self.owners[wd] = (weakref.ref(tracker), rel)
+        return wd
+
+    def unwatch(self, wds: list[int]) -> None:
+        for wd in wds:
+            if self.owners.pop(wd, None) is not None:
+                self.libc.inotify_rm_watch(self.fd, wd)
+
+    def drain(self) -> None:
+        """Read every pending event and hand it to its tracker (call with ``lock`` held)."""
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            offset = 0
+            while offset < len(data):
+                wd, mask, _, size = EVENT.unpack_from(data, offset)
+                raw = data[offset + EVENT.size : offset + EVENT.size + size].rstrip(b"\0")
+                offset += EVENT.size + size
+                if mask & IN_Q_OVERFLOW:
+                    for ref, _ in list(self.owners.values()):
+                        if (t := ref()) is not None:
+                            t.stale = True
+                    continue
+                owner = self.owners.get(wd)
+                if owner is None:
+                    continue
+                tracker = owner[0]()
+                if mask & IN_IGNORED:
+                    self.owners.pop(wd, None)
+                    if tracker is not None:
+                        tracker.wds.discard(wd)
+                    continue
+                if tracker is None:  # its workspace is gone from memory: stop watching
+                    self.unwatch([wd])
+                    continue
+                tracker.event(owner[1], os.fsdecode(raw), mask)
+
+
+_INSTANCE: _Inotify | None = None
+_INIT_LOCK = threading.Lock()
+_UNAVAILABLE = False
+
+
+def _inotify() -> _Inotify | None:
+    global _INSTANCE, _UNAVAILABLE
+    with _INIT_LOCK:
+        if _INSTANCE is None and not _UNAVAILABLE:
+            if not sys.platform.startswith("linux"):
+                _UNAVAILABLE = True
+                return None
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+            if fd < 0:
+                log.warning(
+                    "no inotify (%s): working directories are walked on every call",
+                    os.strerror(ctypes.get_errno()),
+                )
+                _UNAVAILABLE = True
+                return None
+            _INSTANCE = _Inotify(fd, libc)
+        return _INSTANCE
+
+
+class Tracker:
+    """A directory's regular files, kept current by inotify (see the module's docstring)."""
+
+    def __init__(self, root: Path, inotify: _Inotify) -> None:
+        self.root = root
+        self.inotify = inotify
+        self.wds: set[int] = set()
+        self.stale = True  # walk before the next answer
+        self.current = Scan()
+        self.touched: set[str] = set()  # file-system relative paths events named
+        self.new_dirs: set[str] = set()
+        self.gone_dirs: set[str] = set()
+        self._sorted: list[str] | None = None
+        self.log = ChangeLog()
+        self.generation = 0
+
+    @classmethod
+    def start(cls, root: Path) -> Tracker | None:
+        inotify = _inotify()
+        return None if inotify is None else cls(root, inotify)
+
+    def close(self) -> None:
+        with self.inotify.lock:
+            self.inotify.unwatch(list(self.wds))
+            self.wds.clear()
+            self.stale = True
+
+    # --- events ---------------------------------------------------------------------------
+    def event(self, rel_dir: str, name: str, mask: int) -> None:
+        path = f"{rel_dir}{name}"
+        if mask & (IN_DELETE_SELF | IN_MOVE_SELF):
+            if not rel_dir or mask & IN_MOVE_SELF:  # the root, or a directory moved away
+                self.stale = True
+            return
+        if mask & IN_ISDIR:
+            if mask & (IN_MOVED_FROM | IN_MOVED_TO):
+                self.stale = True  # watches below would keep the old paths
+            elif mask & IN_CREATE:
+                self.new_dirs.add(path)
+            elif mask & IN_DELETE:
+                self.gone_dirs.add(path)
+            return
+        self.touched.add(path)
+
+    # --- answers --------------------------------------------------------------------------
+    def scan(self) -> Scan:
+        """The files now, as a new ``Scan`` whose ``touched`` names what events mentioned."""
+        with self.inotify.lock:
+            self.inotify.drain()
+            if self.stale:
+                return self._walk()
+            if not (self.touched or self.new_dirs or self.gone_dirs):  # nothing happened: share the files
+                self.generation += 1
+                self.log.add(self.generation, set())
+                return self._answer(self.current.files, self.current.bytes_used)
+            files = dict(self.current.files)  # a new dictionary: earlier scans stay what they were
+            used = self.current.bytes_used
+            shown: set[str] = set()
+            for gone in self.gone_dirs:
+                prefix = display_name(gone) + "/"
+                for rel in [r for r in files if r.startswith(prefix)]:
+                    used -= files.pop(rel).blocks * 512
+                    shown.add(rel)
+            for new in self.new_dirs:
+                try:
+                    self._watch_tree(new)
+                except OSError as exc:
+                    log.info("cannot watch %s (%s): walking instead", new, exc)
+                    return self._walk()
+                for rel, st in scan_tree(self.root, under=new.split("/")).files.items():
+                    old = files.get(rel)
+                    used += (st.blocks - (old.blocks if old else 0)) * 512
+                    files[rel] = st
+                    shown.add(rel)
+            for path, st in self._stat_all(self.touched):
+                rel = display_name(path)
+                old = files.pop(rel, None)
+                if old is not None:
+                    used -= old.blocks * 512
+                if st is not None and stat.S_ISREG(st.st_mode):
+                    files[rel] = FileStat(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_blocks)
+                    used += st.st_blocks * 512
+                shown.add(rel)
+            self.touched.clear()
+            self.new_dirs.clear()
+            self.gone_dirs.clear()
+            if shown:
+                self._sorted = None
+            self.generation += 1
+            self.log.add(self.generation, shown)
+            self.current = Scan(files=files, bytes_used=used)
+            return self._answer(files, used)
+
+    def _answer(self, files: dict[str, FileStat], used: int) -> Scan:
+        """A scan sharing ``files`` with the tracker (never changed in place: the next change
+        makes a new dictionary; ``Workspace._remember`` copies before it writes)."""
+        return Scan(files=files, bytes_used=used, log=self.log, generation=self.generation)
+
+    def sorted_paths(self) -> list[str]:
+        """Every file's path, sorted (kept until a file comes or goes): pages of a listing
+        slice it instead of sorting the tree again."""
+        self.scan()
+        with self.inotify.lock:
+            if self._sorted is None or len(self._sorted) != len(self.current.files):
+                self._sorted = sorted(self.current.files)
+            return self._sorted
+
+    def _walk(self) -> Scan:
+        self.inotify.unwatch(list(self.wds))
+        self.wds.clear()
+        self.touched.clear()
+        self.new_dirs.clear()
+        self.gone_dirs.clear()
+        self._sorted = None
+        try:
+            self._watch_tree("")
+        except OSError as exc:  # a limit reached: walk every time (stale stays set)
+            log.info("cannot watch %s (%s): it is walked on every call", self.root, exc)
+            self.inotify.unwatch(list(self.wds))
+            self.wds.clear()
+            return scan_tree(self.root)
+        self.current = scan_tree(self.root)  # after the watches: nothing made meanwhile is missed
+        if not self.current.complete:  # a pathological tree: not worth watching
+            self.inotify.unwatch(list(self.wds))
+            self.wds.clear()
+            return self.current
+        self.stale = False
+        self.log, self.generation = ChangeLog(), 0  # scans before this walk share nothing with it
+        return self._answer(self.current.files, self.current.bytes_used)
+
+    def _stat_all(self, paths: set[str]) -> list[tuple[str, os.stat_result | None]]:
+        """``lstat`` of each path, reached without following a link on the way (code in the
+        sandbox may swap a directory for a link meanwhile): one directory descriptor per parent."""
+        by_parent: dict[str, list[str]] = {}
+        for path in paths:
+            parent, _, name = path.rpartition("/")
+            by_parent.setdefault(parent, []).append(name)
+        out: list[tuple[str, os.stat_result | None]] = []
+        for parent, names in by_parent.items():
+            fd = _open_inside(self.root, parent)
+            try:
+                for name in names:
+                    st = None
+                    if fd is not None:
+                        with contextlib.suppress(OSError):
+                            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    out.append((f"{parent}/{name}" if parent else name, st))
+            finally:
+                if fd is not None:
+                    os.close(fd)
+        return out
+
+    def _watch_tree(self, rel: str) -> None:
+        """Watch ``rel`` (relative to the root, "" for the root) and every directory below it,
+        walking by descriptors (``os.fwalk``) so no link is followed into another tree."""
+        fd = _open_inside(self.root, rel)
+        if fd is None:
+            return  # gone (or not a directory) meanwhile: its event says so
+        try:
+            for dirpath, _, _, dirfd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
+                inner = dirpath[2:] if dirpath.startswith("./") else ""
+                prefix = "/".join(p for p in (rel, inner) if p)
+                try:  # the descriptor's own directory, whatever its path has become
+                    wd = self.inotify.watch(self, f"/proc/self/fd/{dirfd}", f"{prefix}/" if prefix else "")
+                except OSError as exc:
+                    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                        continue
+                    raise
+                self.wds.add(wd)
+        finally:
+            os.close(fd)
+
+
+def _open_inside(root: Path, rel: str) -> int | None:
+    """A descriptor of directory ``rel`` under ``root``, reached without following links."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(root, flags)
+    except OSError:
+        return None
+    for part in [p for p in rel.split("/") if p]:
+        try:
+            nxt = os.open(part, flags, dir_fd=fd)
+        except OSError:
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = nxt
+    return fd

@@ -1,0 +1,142 @@
+"""A process tree that dies with the server, for commands run without bubblewrap.
+
+Run as a script (standard library only, started with ``python -S -E``):
+``lifeline.py SERVER_PID -- command …``.
+
+Design
+- Under bubblewrap a sandbox ends with the server: bwrap runs with ``--die-with-parent``
+  and everything in the sandbox lives in its pid namespace. With ``--sandbox none`` there is
+  no namespace, so ``Sandbox.wrap`` puts this small parent in front of the command instead
+  (kernels, the fork server's placeholder shells, runners): it asks the kernel for a
+  parent-death signal (``PR_SET_PDEATHSIG``), checks that the server is still its parent
+  (it may have died before the request), becomes a *child subreaper* (orphaned descendants
+  of the command, even ones that started a new session, come back to it instead of PID 1)
+  and forks the command.
+- When the server dies, the death signal arrives and every descendant is killed (SIGKILL,
+  repeated until none is left; orphans keep coming back to us meanwhile). The same happens
+  when the command itself ends: what it left running ends with it, as in a pid namespace.
+- The parent-death signal fires when the *thread* that forked us ends, so the server starts
+  these commands from its event-loop thread (which lives as long as the server).
+- The lifeline exits with the command's status (a command killed by a signal: the same
+  signal), so callers that read exit codes see the command's own.
+- Signals: SIGTERM/SIGHUP/SIGQUIT sent to the lifeline alone while the server lives are
+  passed on to the command; SIGINT is ignored here (it reaches the command through its
+  process group, which it shares with us).
+
+Error policy: a command that cannot be executed exits 127 with the reason on stderr; a
+server already gone before we could tie ourselves to it: exit 137, nothing is started.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+DEATH_SIGNAL = signal.SIGTERM
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def descendants(root: int) -> list[int]:
+    """Live processes below ``root``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(name))
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_descendants() -> None:
+    """SIGKILL everything below us until nothing is left (orphans come back to a subreaper)."""
+    me = os.getpid()
+    for _ in range(50):
+        pids = descendants(me)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        reap(block=False)
+
+
+def reap(block: bool) -> tuple[int, int] | None:
+    """Reap children; with ``block``, wait for one and return (pid, status)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if block:
+            return pid, status
+        if pid == 0:
+            return None
+
+
+def main() -> None:
+    server = int(sys.argv[1])
+    command = sys.argv[3:] if sys.argv[2:3] == ["--"] else sys.argv[2:]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    libc.prctl(PR_SET_PDEATHSIG, DEATH_SIGNAL, 0, 0, 0)
+    if os.getppid() != server:
+        os._exit(137)  # the server died before we could tie ourselves to it
+    child = 0
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if os.getppid() != server:  # the server is gone: so is everything we started
+            kill_descendants()
+            os._exit(137)
+        if child:
+            try:
+                os.kill(child, signum)
+            except ProcessLookupError:
+                pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, on_signal)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    child = os.fork()
+    if child == 0:
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # ignored signals survive exec
+            os.execvp(command[0], command)
+        except OSError as exc:
+            os.write(2, f"kernmind: cannot run {command[0]}: {exc}\n".encode())
+        os._exit(127)
+    if os.getppid() != server:  # died while we forked (the signal may have come before the handler)
+        kill_descendants()
+        os._exit(137)
+    while True:
+        reaped = reap(block=True)
+        if reaped is None or reaped[0] == child:
+            break
+    kill_descendants()
+    status = reaped[1] if reaped else 0
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)  # ended by the same signal as the command
+        os._exit(128 + sig)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+if __name__ == "__main__":
+    main()

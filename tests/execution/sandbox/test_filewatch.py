@@ -1,0 +1,121 @@
+"""The inotify tracker (execution/sandbox/filewatch.py) agrees with a full walk, change after change.
+
+Each step changes a real directory the way code in a session does (new files, in-place
+edits, deletions, new nested folders, removed folders, renamed files and folders, a folder
+swapped for a link to somewhere else) and checks that the tracker's scan equals a fresh
+``scan_tree`` walk and that ``changed_since`` names exactly what the step created or changed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernmind.execution.sandbox.filescan import changed_since, scan_tree
+from kernmind.execution.sandbox.filewatch import Tracker
+from kernmind.execution.sandbox.workspace import Workspace
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux's")
+
+
+def _tree(root: Path) -> None:
+    for d in range(5):
+        (root / f"d{d}").mkdir()
+        for f in range(20):
+            (root / f"d{d}" / f"f{f}.txt").write_text(str(f))
+
+
+def _step(ws: Workspace, before):  # type: ignore[no-untyped-def]
+    after = ws.scan()
+    truth = scan_tree(ws.root)
+    assert after.files == truth.files
+    assert after.bytes_used == truth.bytes_used
+    return after, changed_since(after, before, 0)
+
+
+def test_tracker_matches_a_full_walk_after_every_kind_of_change(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    root.mkdir()
+    _tree(root)
+    ws = Workspace(root)
+    first = ws.scan()
+    assert ws.tracker is not None and len(first.files) == 100
+    same, changed = _step(ws, first)
+    assert changed == []
+
+    (root / "d0" / "f1.txt").write_text("edited in place, same folder entries")
+    (root / "new.csv").write_text("a,b\n")
+    after, changed = _step(ws, same)
+    assert changed == ["d0/f1.txt", "new.csv"]
+
+    (root / "d1" / "f2.txt").unlink()
+    shutil.rmtree(root / "d2")
+    (root / "n1" / "n2").mkdir(parents=True)
+    (root / "n1" / "n2" / "deep.bin").write_bytes(b"x" * 5000)
+    after2, changed = _step(ws, after)
+    assert changed == ["n1/n2/deep.bin"]
+    assert "d1/f2.txt" not in after2.files and not any(p.startswith("d2/") for p in after2.files)
+
+    os.rename(root / "d3" / "f0.txt", root / "d3" / "renamed.txt")
+    os.rename(root / "d4", root / "d4-moved")  # a folder move: the tracker walks again
+    after3, changed = _step(ws, after2)
+    assert "d3/renamed.txt" in changed and "d4-moved/f0.txt" in changed
+    assert not any(p.startswith("d4/") for p in after3.files)
+
+    # Changes consumed by another scan in between (a list_files) still count for the next call.
+    (root / "between.txt").write_text("x")
+    ws.list()
+    _, changed = _step(ws, after3)
+    assert changed == ["between.txt"]
+
+
+def test_a_folder_swapped_for_a_link_shows_nothing_outside(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not the session's")
+    root = tmp_path / "ws"
+    (root / "a").mkdir(parents=True)
+    ws = Workspace(root)
+    before = ws.scan()
+    (root / "a" / "secret.txt").write_text("made inside")  # an event names a/secret.txt …
+    os.remove(root / "a" / "secret.txt")
+    os.rmdir(root / "a")
+    os.symlink(outside, root / "a")  # … which is now a link to another tree
+    (root / "b").mkdir()  # a new folder the tracker will watch and walk …
+    os.rmdir(root / "b")
+    os.symlink(outside, root / "b")  # … is a link by the time it looks
+    after, changed = _step(ws, before)
+    assert after.files == {} and changed == []
+    assert ws.tracker is not None
+    fdinfo = Path(f"/proc/self/fdinfo/{ws.tracker.inotify.fd}").read_text()
+    watched = {int(part[4:], 16) for part in fdinfo.split() if part.startswith("ino:") and len(part) > 4}
+    assert os.stat(root).st_ino in watched and os.stat(outside).st_ino not in watched
+
+
+def test_listing_pages_come_from_the_sorted_tracker(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    root.mkdir()
+    _tree(root)
+    ws = Workspace(root)
+    ws.scan()
+    everything = sorted(scan_tree(root).files)
+    page, total = ws.list(offset=40, limit=10)
+    assert total == 100 and [e.path for e in page] == everything[40:50]
+    page, total = ws.list(prefix="d3", limit=5)
+    assert total == 20 and [e.path for e in page] == [p for p in everything if p.startswith("d3/")][:5]
+    (root / "d3" / "zz.txt").write_text("new")
+    page, total = ws.list(prefix="d3", offset=20)
+    assert total == 21 and [e.path for e in page] == ["d3/zz.txt"]
+
+
+def test_no_inotify_means_walking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Tracker, "start", classmethod(lambda cls, root: None))
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "x.txt").write_text("1")
+    ws = Workspace(root)
+    assert list(ws.scan().files) == ["x.txt"] and ws.tracker is None and ws.untracked
