@@ -3,8 +3,8 @@
 Every setting is a field of :class:`Settings` with its type, bounds, default and a
 description. Everything else is derived from that declaration (see ``settings_cli.py``):
 the command-line flag and its ``--help`` line, the ``KERNMIND_*`` environment variable,
-the flags the agent passes to the server it launches, and README's configuration table
-(``python -m kernmind.settings_cli`` prints it; a test checks README against it).
+the flags the agent passes to the server it launches, and the configuration table of docs/configuration.md
+(``python -m kernmind.settings_cli`` prints it; a test checks the page against it).
 
 To add a setting, add a field here with a ``description``; annotate it with
 ``Cli(...)`` only to choose its group (which subcommands take it), its flag's name or

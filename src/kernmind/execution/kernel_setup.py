@@ -107,6 +107,16 @@ def _kernmind_cap_output(head, tail_size):
     events.register("pre_run_cell", reset)
     events.register("post_run_cell", finish)
 
+    # clear_output() gives the cleared output's share of the cap back (the server does the same).
+    display_pub = get_ipython().display_pub
+    clear = display_pub.clear_output
+
+    def clear_output(wait=False):
+        clear(wait)
+        reset()
+
+    display_pub.clear_output = clear_output
+
 
 _kernmind_cap_output({head}, {tail})
 del _kernmind_cap_output
