@@ -449,7 +449,9 @@ class Settings(BaseSettings):
 
     @property
     def db_path(self) -> Path:
-        """The SQLite file (meaningless when ``db`` is a PostgreSQL URL: see ``db_location``)."""
+        """The SQLite file (see ``db_location``); a PostgreSQL URL has none."""
+        if self.db_is_postgres:
+            raise ValueError("--db is a PostgreSQL URL, not a SQLite file")
         return (Path(self.db).expanduser() if self.db else self.data_dir / "kernmind.db").absolute()
 
     @property
