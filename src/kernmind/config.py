@@ -336,8 +336,8 @@ class Settings(BaseSettings):
     embedding_model: Annotated[str, Cli(Group.MEMORY, metavar="MODEL")] = Field(
         default="local",
         min_length=1,
-        description="meaning search: `local` (all-MiniLM-L6-v2, bundled, offline, ≈ 3–6 ms a text), "
-        "`static` (bundled static model: ≈ 0.2 ms a text, finds fewer paraphrases), `none` (full text "
+        description="meaning search: `local` (all-MiniLM-L6-v2, bundled, offline), "
+        "`static` (bundled static model: faster, finds fewer paraphrases), `none` (full text "
         "only), or a model name at the OpenAI-compatible endpoint",
     )
     embedding_base_url: Annotated[str | None, Cli(Group.MEMORY, metavar="URL", shown_default="OpenAI")] = (
