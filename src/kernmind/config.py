@@ -8,7 +8,7 @@ the flags the agent passes to the server it launches, and the configuration tabl
 
 To add a setting, add a field here with a ``description``; annotate it with
 ``Cli(...)`` only to choose its group (which subcommands take it), its flag's name or
-metavar, how README shows its default, or to keep it out of the command line (secrets:
+metavar, how docs/configuration.md shows its default, or to keep it out of the command line (secrets:
 flags are visible in ``ps``). A field without ``Cli`` is a server setting in the
 ``execution`` group, taken by ``serve``, ``agent`` and ``doctor``.
 
@@ -63,7 +63,7 @@ class Cli:
     group: Group = Group.EXECUTION
     flag: str | None = None  # default: --field-name
     metavar: str | None = None
-    shown_default: str | None = None  # Markdown: how README and --help show a computed default
+    shown_default: str | None = None  # Markdown: how the docs and --help show a computed default
     env_only: bool = False  # no flag (secrets); the KERNMIND_* variable still works
     repeatable: bool = False  # a list given as the flag once per item (the variable: JSON or commas)
 
