@@ -1,5 +1,9 @@
 """README's commands work as written: every command in its ``bash`` blocks is run or checked.
 
+The same holds for the pages under ``docs/``, and every relative link in README, ``docs/`` and
+``benchmarks/README.md`` must point at a file (and a heading) that exists. README stays one
+page (at most 300 lines).
+
 The test reads README.md like a newcomer: each ``##`` section's commands in order, in one
 emulated shell session per section that starts *without* kernmind on ``PATH`` (a fresh
 terminal), so ``. .venv/bin/activate`` and ``export KERNMIND_TOKEN=…`` carry over to the
@@ -42,6 +46,8 @@ pytestmark = [pytest.mark.xdist_group("transport"), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]  # the pages whose commands are run
+LINKED = [*PAGES, REPO / "benchmarks" / "README.md"]  # the pages whose links are checked
 VENV = REPO / ".venv"
 INSPECTOR = REPO / "build" / "inspector" / "node_modules" / ".bin" / "mcp-inspector"
 NPX_INSPECTOR = re.compile(r"^npx -y @modelcontextprotocol/inspector@(\S+) ")
@@ -57,8 +63,13 @@ TEST_COMMAND = "python3 -m pytest -n 2 --dist loadgroup -q"
 
 
 def readme_sections() -> list[list[str]]:
-    """The commands of each ``##`` section's ``bash`` blocks: continuations joined, comments dropped."""
-    sections = re.split(r"^## ", README.read_text(encoding="utf-8"), flags=re.M)
+    """The commands of each ``##`` section's ``bash`` blocks of README then of each page in
+    ``docs/``: continuations joined, comments dropped."""
+    return [commands for page in PAGES for commands in page_sections(page)]
+
+
+def page_sections(page: Path) -> list[list[str]]:
+    sections = re.split(r"^## ", page.read_text(encoding="utf-8"), flags=re.M)
     out = []
     for section in sections:
         commands = []
@@ -311,6 +322,33 @@ def test_every_readme_command_has_a_check() -> None:
     assert len(commands) >= 15
     for command in commands:
         rule_for(command)
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings (lower case, punctuation dropped, spaces to -)."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+    headings = re.findall(r"^#{1,6} (.+?)\s*$", text, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def test_readme_is_one_page() -> None:
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 300
+
+
+def test_every_relative_link_resolves() -> None:
+    broken = []
+    for page in LINKED:
+        text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked):
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
 
 
 @pytest.fixture

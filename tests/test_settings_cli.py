@@ -1,9 +1,9 @@
-"""Settings are declared once (config.py); flags, --help, the agent's child argv and README follow.
+"""Settings are declared once (config.py); flags, --help, the agent's child argv and docs follow.
 
 These tests read as the rules: every setting is documented and reachable from the command
 line and the environment with the same meaning; a subcommand shows only the settings it
-uses; bad values are refused with a sentence naming the flag; README's table is the
-generated one.
+uses; bad values are refused with a sentence naming the flag; docs/configuration.md's table
+is the generated one.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from kernmind.settings_cli import (
     specs,
 )
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 
 def parse(*argv: str) -> Settings:
@@ -35,7 +35,9 @@ def parse(*argv: str) -> Settings:
 
 def test_every_setting_is_documented() -> None:
     for spec in specs():
-        assert spec.description, f"Settings.{spec.name} has no description (it is the --help and README text)"
+        assert spec.description, (
+            f"Settings.{spec.name} has no description (it is the --help and docs/configuration.md text)"
+        )
 
 
 def test_serve_help_lists_every_setting_with_its_variable() -> None:
@@ -134,12 +136,13 @@ def test_default_settings_need_no_flags() -> None:
     assert args == [] and env == {}
 
 
-def test_readme_table_is_the_generated_one() -> None:
-    readme = README.read_text(encoding="utf-8")
-    assert readme_with_table(readme) == readme, (
-        "README's configuration table is out of date: run `python -m kernmind.settings_cli --write README.md`"
+def test_configuration_table_is_the_generated_one() -> None:
+    doc = CONFIGURATION.read_text(encoding="utf-8")
+    assert readme_with_table(doc) == doc, (
+        "docs/configuration.md's settings table is out of date: "
+        "run `python -m kernmind.settings_cli --write docs/configuration.md`"
     )
-    assert markdown_table() in readme
+    assert markdown_table() in doc
 
 
 def test_groups_cover_every_command_that_builds_settings() -> None:

@@ -3,12 +3,12 @@
 Every setting is a field of :class:`Settings` with its type, bounds, default and a
 description. Everything else is derived from that declaration (see ``settings_cli.py``):
 the command-line flag and its ``--help`` line, the ``KERNMIND_*`` environment variable,
-the flags the agent passes to the server it launches, and README's configuration table
-(``python -m kernmind.settings_cli`` prints it; a test checks README against it).
+the flags the agent passes to the server it launches, and the configuration table of docs/configuration.md
+(``python -m kernmind.settings_cli`` prints it; a test checks the page against it).
 
 To add a setting, add a field here with a ``description``; annotate it with
 ``Cli(...)`` only to choose its group (which subcommands take it), its flag's name or
-metavar, how README shows its default, or to keep it out of the command line (secrets:
+metavar, how docs/configuration.md shows its default, or to keep it out of the command line (secrets:
 flags are visible in ``ps``). A field without ``Cli`` is a server setting in the
 ``execution`` group, taken by ``serve``, ``agent`` and ``doctor``.
 
@@ -64,7 +64,7 @@ class Cli:
     flag: str | None = None  # default: --field-name
     short: str | None = None  # a one-letter alias of the flag (``-q``)
     metavar: str | None = None
-    shown_default: str | None = None  # Markdown: how README and --help show a computed default
+    shown_default: str | None = None  # Markdown: how the docs and --help show a computed default
     env_only: bool = False  # no flag (secrets); the KERNMIND_* variable still works
     repeatable: bool = False  # a list given as the flag once per item (the variable: JSON or commas)
 
@@ -342,8 +342,8 @@ class Settings(BaseSettings):
     embedding_model: Annotated[str, Cli(Group.MEMORY, metavar="MODEL")] = Field(
         default="local",
         min_length=1,
-        description="meaning search: `local` (all-MiniLM-L6-v2, bundled, offline, ≈ 3–6 ms a text), "
-        "`static` (bundled static model: ≈ 0.2 ms a text, finds fewer paraphrases), `none` (full text "
+        description="meaning search: `local` (all-MiniLM-L6-v2, bundled, offline), "
+        "`static` (bundled static model: faster, finds fewer paraphrases), `none` (full text "
         "only), or a model name at the OpenAI-compatible endpoint",
     )
     embedding_base_url: Annotated[str | None, Cli(Group.MEMORY, metavar="URL", shown_default="OpenAI")] = (
@@ -455,7 +455,9 @@ class Settings(BaseSettings):
 
     @property
     def db_path(self) -> Path:
-        """The SQLite file (meaningless when ``db`` is a PostgreSQL URL: see ``db_location``)."""
+        """The SQLite file (see ``db_location``); a PostgreSQL URL has none."""
+        if self.db_is_postgres:
+            raise ValueError("--db is a PostgreSQL URL, not a SQLite file")
         return (Path(self.db).expanduser() if self.db else self.data_dir / "kernmind.db").absolute()
 
     @property

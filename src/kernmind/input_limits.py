@@ -2,8 +2,8 @@
 
 A tool's work in the sandbox is bounded by the sandbox; what the *server* does with an
 argument is bounded here. Unbounded, one principal could slow every other down with one
-call: a 10 MB glob pattern cost about a minute of the server's CPU in ``fnmatch``, a 10 MB
-search query about 40 s of tokenizing and ranking. Each bound is far above any real use
+call: a 10 MB glob pattern or search query kept the server's CPU busy for as long as a
+client cares to wait (``fnmatch``; tokenizing and ranking). Each bound is far above any real use
 (a glob pattern of 1,000 characters, a query of 10,000, a path of 4,096 bytes as Linux
 allows), goes into the tool's input schema (``maxLength``/``maxItems``, so clients see it), and a
 longer value is refused by argument validation, before any work, with a sentence that

@@ -1,5 +1,5 @@
 """The agent's settings are declared once (``agent/settings.py``), like the server's: flags,
-variables, ``--help`` and README's agent table are derived from that declaration."""
+variables, ``--help`` and docs/configuration.md's agent table are derived from that declaration."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from kernmind.settings_cli import agent_markdown_table, model_specs
 from .scripted_openai import ScriptedOpenAI, call, tools
 from .test_cli import agent_cmd, toy_config
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 SPECS = model_specs(AgentSettings)
 
 
@@ -101,10 +101,11 @@ def test_a_variable_reaches_the_running_agent(llm: ScriptedOpenAI, tmp_path: Pat
     assert len(llm.requests) == 2
 
 
-def test_readme_agent_table_is_the_generated_one() -> None:
-    readme = README.read_text(encoding="utf-8")
-    assert agent_markdown_table() in readme, (
-        "README's agent settings table is out of date: run `python -m kernmind.settings_cli --write README.md`"
+def test_the_documented_agent_table_is_the_generated_one() -> None:
+    page = CONFIGURATION.read_text(encoding="utf-8")
+    assert agent_markdown_table() in page, (
+        "docs/configuration.md's agent settings table is out of date: "
+        "run `python -m kernmind.settings_cli --write docs/configuration.md`"
     )
     for spec in SPECS:
         assert spec.env in agent_markdown_table()

@@ -21,8 +21,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def code_mode_examples() -> list[str]:
     text = README.read_text()
-    section = text[text.index("### Code mode") :]
-    section = section[: section.index("\n### ", 1)]
+    section = text[text.index("## Code mode") :]
+    section = section[: section.index("\n## ", 1)]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 

@@ -56,7 +56,7 @@ class KernelGatewayServer:
             f"--KernelGatewayApp.port={self.port}",
             "--KernelGatewayApp.port_retries=0",
             f"--KernelGatewayApp.auth_token={self.token}",
-            # As deployed (README): kernmind budgets output itself, the gateway must not drop it.
+            # As deployed (docs/deployment.md): kernmind budgets output itself, the gateway must not drop it.
             "--ZMQChannelsWebsocketConnection.limit_rate=False",
         ]
         with self.log.open("ab") as log:

@@ -254,6 +254,42 @@ async def test_hundred_megabytes_of_output_does_not_break_the_server(client: Cli
     assert again["results"][0]["text"] == "'still here'"
 
 
+async def test_clear_output_leaves_only_what_follows_and_gives_the_budget_back(client: Client) -> None:
+    """``clear_output()`` drops what the cell printed and displayed before it, on both streams,
+    and what it dropped no longer counts: 300,000 characters (past the server's budget of
+    50,000 and the kernel's own cap) then 30,000 more would be truncated without it."""
+    code = (
+        "import sys\n"
+        "from IPython.display import clear_output, display\n"
+        "print('x' * 300_000)\n"
+        "sys.stderr.write('a warning\\n')\n"
+        "display({'text/plain': 'old figure'}, raw=True)\n"
+        "clear_output()\n"
+        "print('y' * 30_000)\n"
+        "print('done')\n"
+        "'last'"
+    )
+    out = await run(client, code, session_id="clear")
+    assert out["status"] == "ok"
+    assert "".join(out["logs"]["stdout"]) == "y" * 30_000 + "\ndone\n"
+    assert out["logs"]["stderr"] == []
+    assert [r["text"] for r in out["results"]] == ["'last'"]
+    assert out["truncated"] is False
+
+
+async def test_clear_output_wait_keeps_the_last_frame(client: Client) -> None:
+    """A progress display that redraws itself (``wait=True``) shows its last frame only."""
+    code = (
+        "from IPython.display import clear_output\n"
+        "for i in range(50):\n"
+        "    clear_output(wait=True)\n"
+        "    print(f'step {i}', 'x' * 5_000)\n"
+    )
+    out = await run(client, code, session_id="clear-wait")
+    assert "".join(out["logs"]["stdout"]) == "step 49 " + "x" * 5_000 + "\n"
+    assert out["truncated"] is False
+
+
 async def test_input_fails_fast_with_a_clear_error(client: Client) -> None:
     started = time.monotonic()
     out = await run(client, "input('name? ')", session_id="stdin")

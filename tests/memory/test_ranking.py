@@ -292,7 +292,7 @@ async def test_in_a_longer_dialogue_what_was_never_said_finds_nothing_and_what_w
             ("What is Maya's pet called?", 12),
         ]:
             assert (await found(question))[:1] == [answer], question
-        # the price (README, "Memory"): answers tied to the question only by the speaker's name can be
+        # the price (docs/tools.md, "Archival memory"): answers tied to the question only by the speaker's name can be
         # left out too ("Why did Leo switch employers?"), yet the default still finds as many as full text
         by_default = by_words = 0
         for question, answer in questions:

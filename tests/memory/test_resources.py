@@ -98,14 +98,19 @@ async def test_subscribe_notifications_legacy(tmp_path: Path) -> None:
     server = create_server(make_settings(tmp_path))
     async with Client(server, mode="legacy", message_handler=handler) as client:
         assert client.protocol_version < "2026"
-        caps = client.session.server_capabilities if hasattr(client, "session") else None
-        assert caps is None or caps.resources is None or caps.resources.subscribe
+        resources = client.server_capabilities.resources
+        assert resources is not None and resources.subscribe is True
         await client.subscribe_resource("memory://blocks/human")
         await ok(client, "memory_append", label="human", content="x")
         await ok(client, "memory_append", label="persona", content="y")
         with anyio.fail_after(5):
             await arrived.wait()
         await client.unsubscribe_resource("memory://blocks/human")
+        arrived = anyio.Event()
+        await client.subscribe_resource("memory://blocks/persona")
         await ok(client, "memory_append", label="human", content="again")
-        await anyio.sleep(0.1)
-    assert received == ["memory://blocks/human"]
+        # Notifications keep their order: one for human would arrive before this one for persona.
+        await ok(client, "memory_append", label="persona", content="and")
+        with anyio.fail_after(5):
+            await arrived.wait()
+    assert received == ["memory://blocks/human", "memory://blocks/persona"]

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from kernmind.config import Settings
 from kernmind.memory.database import PassageFilter
 from kernmind.memory.records import PassageIn
 from kernmind.memory.sqlite import MIGRATIONS, SCHEMA_VERSION
-from kernmind.memory.store import MemoryStore
+from kernmind.memory.store import MemoryStore, open_database
 
 pytestmark = [
     pytest.mark.anyio,
@@ -103,3 +104,19 @@ async def test_a_round_one_database_is_migrated(tmp_path: Path) -> None:
     with sqlite3.connect(db) as con:
         con.execute("INSERT INTO passages_fts(passages_fts) VALUES ('integrity-check')")
         assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+async def test_a_postgresql_url_made_into_a_path_is_refused_and_creates_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A URL wrapped in a Path loses a slash (``postgresql:/…``) and no longer reads as a URL: taken
+    for a SQLite file, it once left a database named after the URL in the repository's root."""
+    monkeypatch.chdir(tmp_path)
+    url = "postgresql://postgres@/km?host=/tmp/km-pg&port=5432"
+    with pytest.raises(ValueError, match="PostgreSQL URL"):
+        open_database(Path(url))
+    settings = Settings(data_dir=tmp_path / "data", db=url)
+    with pytest.raises(ValueError, match="PostgreSQL URL"):
+        _ = settings.db_path
+    assert settings.db_location == url
+    assert list(tmp_path.iterdir()) == []

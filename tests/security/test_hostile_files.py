@@ -245,20 +245,37 @@ async def test_hundreds_of_images_stay_within_the_result_budget(h: Harness) -> N
 
 
 # --- closing stops every language ----------------------------------------------------------------
+def sleeping(seconds: str) -> list[int]:
+    """Host pids of ``sleep SECONDS`` processes (a unique length names one call's process)."""
+    wanted = f"sleep\0{seconds}\0".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == wanted:
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 async def test_closing_a_session_stops_a_running_bash_call(h: Harness) -> None:
-    """close_session ends a running bash call with SessionClosed; its command never finishes."""
+    """close_session ends a running bash call with SessionClosed, and its processes with it."""
+    seconds = f"{os.getpid()}.25"
     results: list[dict] = []
 
     async def run_slow() -> None:
-        results.append(await h.run("sleep 3; echo done > out.txt", "closing", "bash"))
+        results.append(await h.run(f"sleep {seconds}; echo done > out.txt", "closing", "bash"))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run_slow)
-        await anyio.sleep(1.0)
+        with anyio.fail_after(60):
+            while not sleeping(seconds):  # noqa: ASYNC110 - polling /proc: the command has started
+                await anyio.sleep(0.05)
         await h.tool("close_session", session_id="closing")
     assert results[0]["status"] == "error" and results[0]["error"]["name"] == "SessionClosed"
-    await anyio.sleep(3)
-    assert not list(h.data_dir.glob("workspaces/**/out.txt"))
+    with anyio.fail_after(15):
+        while sleeping(seconds):  # noqa: ASYNC110 - the command was killed, not left to finish
+            await anyio.sleep(0.1)
     await h.healthy("closing")
 
 

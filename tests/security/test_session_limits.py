@@ -365,11 +365,20 @@ async def test_writes_between_calls_are_caught_before_the_next_call(alice: Clien
         "threading.Thread(target=write, daemon=True).start()"
     )
     await run(alice, code, "between")
-    await anyio.sleep(2)
+    with anyio.fail_after(60):
+        while await files_mib(alice, "between") <= 60:  # noqa: ASYNC110 - written past the quota
+            await anyio.sleep(0.1)
     out = await run(alice, "1 + 1", "between")
     over_note(out)
     size = await files_mib(alice, "between")
-    await anyio.sleep(1.5)
+
+    async def errors_seen() -> int:
+        return int((await run(alice, "len(errors)", "between"))["results"][0]["text"])
+
+    refused = await errors_seen()
+    with anyio.fail_after(60):  # the thread has tried (and failed) five more writes since
+        while await errors_seen() < refused + 5:  # noqa: ASYNC110 - the kernel's thread writes
+            await anyio.sleep(0.1)
     late = await run(alice, "sorted(set(errors))", "between")
     assert await files_mib(alice, "between") <= size + 0.1  # not growing once over
     assert "27" in late["results"][0]["text"]  # EFBIG: the thread's writes fail

@@ -275,6 +275,7 @@ class OutputCollector:
         self._tails: dict[str, str] = {}
         self.last_line = ""
         self.started = time.perf_counter()
+        self._clear_pending = False
 
     @property
     def truncated(self) -> bool:
@@ -299,6 +300,8 @@ class OutputCollector:
         self._tails[stream] = kept
 
     def stream(self, name: str, text: str) -> None:
+        if self._clear_pending:
+            self.clear()
         text = safe_text(text)
         if "kernel dropped" in text:  # fold the kernel's count into ours: one accurate marker
             text = KERNEL_DROP_RE.sub(self._count_kernel_drop, text)
@@ -330,6 +333,8 @@ class OutputCollector:
         """Add a MIME bundle: its text form under the text budget, the rich forms under the
         result budget (a form that does not fit is left out and counted). A Plotly figure also
         comes as HTML and a summary (``plotly_result.py``)."""
+        if self._clear_pending:
+            self.clear()
         data = plotly_result.render(data)
         text = safe_text(str(data.get("text/plain", "")))
         result = DisplayResult(text=self._clip(text), is_main_result=main)
@@ -351,6 +356,18 @@ class OutputCollector:
         if not text and "text/plain" not in data:
             result.text = self._describe(data)
         self.results.append(result)
+
+    def clear(self, *, wait: bool = False) -> None:
+        """The code's ``clear_output()``: forget what it printed and displayed so far and give
+        back the budget that used, so the result shows what a notebook would. With ``wait``
+        the clearing waits for the next output (a progress display that redraws itself). The
+        error and the start time stay."""
+        if wait:
+            self._clear_pending = True
+            return
+        error, started, last_line = self.error, self.started, self.last_line
+        self.reset()
+        self.error, self.started, self.last_line = error, started, last_line
 
     def omitted_note(self) -> str | None:
         """What the result budget left out, and how to get it, for the result's notes."""

@@ -190,7 +190,7 @@ class Archive:
             return []
         query = np.frombuffer(blob, dtype="<f4")
         k = NEAR_DUPLICATES + spare + len(exclude)
-        # ≈ 1–2 ms whatever the size (a shortlist by sign bits above 20k texts: vector_index.py), so on
+        # bounded whatever the size (a shortlist by sign bits above 20k texts: vector_index.py), so on
         # the event loop: a worker thread would cost about as much as it saves
         close = close_to(candidates, query, k, threshold)
         skip = set(exclude)

@@ -5,13 +5,13 @@ Design
 ------
 * The default (``--embedding-model local``) is all-MiniLM-L6-v2, a small contextual sentence
   model that minilm.py runs with ONNX Runtime, on an int8 graph it builds from the weights inside
-  an installed wheel: no network, no GPU, no torch; ≈ 2–4 ms a short text on one core. Models load
+  an installed wheel: no network, no GPU, no torch; one core a text. Models load
   once, off the event loop, in the background when the server starts.
 * :class:`StaticEmbedder` (``--embedding-model static``) is the fast alternative: WordLlama's
   256-d static token embeddings (``l2_supercat``, distilled from Llama 2's embedding table),
   shipped inside the PyPI wheel ``wordllama``. A text's vector is the mean of its tokens'
   vectors (exactly what WordLlama computes), so embedding costs a tokenizer call and a table
-  lookup: ≈ 0.2 ms for a short note, but paraphrases are found less often (README, "Memory").
+  lookup, an order of magnitude faster, but paraphrases are found less often (benchmarks/README.md).
   We read the wheel's weights and tokenizer with ``safetensors`` and ``tokenizers`` ourselves:
   WordLlama's own loader looks for the tokenizer in the wrong folder, then tries the network,
   and its import reconfigures the root logger.
@@ -157,7 +157,7 @@ class StaticEmbedder(LocalEmbedder):
 
     wheels = (("wordllama", ""),)
     install = "pip install wordllama"
-    inline_texts = 16  # ≈ 0.2 ms a note
+    inline_texts = 16  # a table lookup: cheaper on the event loop than a thread hop
     # Below this cosine similarity a note is unrelated to a query: on the paraphrase benchmark 99 % of
     # unrelated (query, note) pairs score under 0.20 and 95 % under 0.12, and cutting at 0.12 cost no hit.
     min_similarity = 0.12

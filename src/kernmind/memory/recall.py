@@ -41,8 +41,8 @@ Design
   bring a question closer to the notes that say "this year" or "last weekend", and taking them
   out cost paraphrase questions more than it gained elsewhere. ``clock`` is "now" for relative
   times.
-* New texts are embedded when they are stored (≈ 2–3 ms for a short note with the default
-  model, ≈ 0.2 ms with the static one). Texts
+* New texts are embedded when they are stored (a few milliseconds a short note: figures in
+  benchmarks/README.md). Texts
   without a vector of the current model — stored while an endpoint was down, written before
   meaning search existed, or embedded by another model before a switch — are embedded by a
   background task (:meth:`Recall.backfill`) in batches; until it is done a search says how
@@ -87,7 +87,7 @@ TIME_DEPTH = 20  # candidates drawn from inside the time a query names, besides 
 BACKFILL_BATCH = 256
 MIN_DEPTH = 50  # pages within the first 50 results are slices of one ranking
 RECENT_QUERIES = 64  # query vectors kept for the next page of the same search
-THREAD_FLOATS = 4_000_000  # score more (≈ 16k × 256, ≈ 1 ms) in a worker thread, off the event loop
+THREAD_FLOATS = 4_000_000  # score more (≈ 16k × 256) in a worker thread, off the event loop
 
 
 class Hit(Protocol):
@@ -342,7 +342,7 @@ class Recall:
 
     async def query_vector(self, query: str) -> list[float]:
         """The query's vector; the last few are kept, so the next page of a search (or the same
-        question asked again) does not embed it again (≈ 2–3 ms with the default model)."""
+        question asked again) does not embed it again."""
         assert self.embedder is not None
         if (vector := self._queries.pop(query, None)) is None:
             [vector] = await self.embedder.embed_query([query])
@@ -362,7 +362,7 @@ class Recall:
 
         find = functools.partial(nearest_scored, candidates, qvec, depth)
         if candidates is not None and candidates.matrix.size > THREAD_FLOATS:
-            # ≈ 7 ms of numpy at 100k × 256: off the event loop
+            # a large matrix: off the event loop
             return await anyio.to_thread.run_sync(find), candidates
         return find(), candidates
 

@@ -309,6 +309,10 @@ class SQLiteDatabase:
     """One SQLite memory file (see the module docstring)."""
 
     def __init__(self, path: Path | str, *, busy_timeout_ms: int = 5000) -> None:
+        if str(path).startswith(("postgresql:", "postgres:")):
+            # A URL made into a Path lost a slash and no longer reads as one: opening it would
+            # create a SQLite file named after it in the working directory.
+            raise ValueError("a PostgreSQL URL was given where a SQLite file was expected")
         self.path = Path(path)
         self.location = str(self.path)
         self.busy_timeout_ms = busy_timeout_ms

@@ -20,7 +20,7 @@ whether fetching the new rows is enough (vector_index.py).
   again after every rewrite (writes that hide or reveal texts count as rewrites).
 * Rows are looked up by id with the namespace compared on the fetched rows, not in the SQL:
   SQLite, lacking statistics, would otherwise walk the ``(namespace, created_at)`` index over
-  the whole namespace instead of looking the ids up (13 ms instead of 0.3 ms for 50 ids at 100k).
+  the whole namespace instead of looking the ids up (benchmarks/README.md, the search machinery).
 
 Error policy
 ------------

@@ -4,8 +4,8 @@ in memory, kept coherent with writes made by any process.
 Design
 ------
 * The vectors live in one contiguous float32 matrix, L2-normalised when stored (to_blob), so
-  scoring every text is a single matrix-vector product (≈ 0.5 ms at 10k × 256, ≈ 8 ms at
-  100k × 256: it reads 100 MB, so memory bandwidth is the floor) and the best ``k`` are
+  scoring every text is a single matrix-vector product (at 100k × 256 it reads 100 MB, so
+  memory bandwidth is the floor) and the best ``k`` are
   picked with ``argpartition`` (no full sort). Rows are kept in id order in buffers that grow
   by half again when full, so appending does not copy the matrix.
 * Next to each vector the index keeps what filters ask about, all of it fixed when a text is
@@ -362,6 +362,6 @@ def _fewest(differ: np.ndarray, n: int) -> np.ndarray:
 def similarities(matrix: np.ndarray, unit_query: np.ndarray) -> np.ndarray:
     """Each row's dot product with the query. ``einsum``, not ``@``: numpy's BLAS (OpenBLAS)
     spreads a matrix-vector product over threads that, on a busy machine, wait on each other
-    (measured here: 8 ms instead of 0.25 ms at 10k × 256); einsum's single-threaded loop is as
+    (measured: many times slower, benchmarks/README.md); einsum's single-threaded loop is as
     fast as one BLAS thread and needs no process-wide setting."""
     return np.einsum("ij,j->i", matrix, unit_query)

@@ -152,8 +152,14 @@ async def test_idle_sessions_are_reaped_once_for_all_replicas(
         closing = re.compile(r"closing session 'sleepy' after")
         reaped = lambda: any(closing.search(s.log_text()) for s in (a, b))  # noqa: E731
         assert await anyio.to_thread.run_sync(wait_until, reaped, 30.0)
-        await anyio.sleep(2)  # a second reaper, if there were one, would have acted by now
+        # A session that goes idle later is reaped later: by then each replica's reaper has had
+        # its turns since the first reap, and a second reaper would have closed 'sleepy' again.
+        await run(a, "1", session_id="later")
+        later = re.compile(r"closing session 'later' after")
+        reaped_later = lambda: any(later.search(s.log_text()) for s in (a, b))  # noqa: E731
+        assert await anyio.to_thread.run_sync(wait_until, reaped_later, 30.0)
         assert sum(len(closing.findall(s.log_text())) for s in (a, b)) == 1
+        assert sum(len(later.findall(s.log_text())) for s in (a, b)) == 1
         out = await run(b, "'z' in globals(), __import__('os').listdir('.')", session_id="sleepy")
         assert out["results"][0]["text"] == "(False, [])"
         assert any("idle" in note for note in out["notes"])

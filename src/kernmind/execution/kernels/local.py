@@ -99,7 +99,7 @@ NewWorkspace = Callable[[int | None], Workspace]
 
 
 async def import_kernel_manager() -> None:
-    """Import ``kernel_manager`` (jupyter_client and zmq: ≈ 0.2 s) on a worker thread the first
+    """Import ``kernel_manager`` (jupyter_client and zmq, slow to import) on a worker thread the first
     time a kernel starts, so the event loop keeps answering requests meanwhile."""
     name = "kernmind.execution.kernels.manager"
     if name not in sys.modules:
@@ -132,7 +132,7 @@ class PythonRuntime:
         # Compare paths as given, not resolved: a venv's bin/python is a symlink to its base
         # interpreter but has its own site-packages.
         if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
-            # The server's own Python: no subprocess needed (saves ~0.2 s of start-up).
+            # The server's own Python: no subprocess needed (one interpreter start fewer).
             namespace: dict[str, Any] = {}
             exec(_FACTS_SOURCE, namespace)
             extra = tuple(
@@ -453,7 +453,7 @@ class KernelFactory:
     """Starts kernels: sandbox-wrapped, IPC transport, set up and warm."""
 
     rebinds_warm_kernels = True  # a warm kernel's empty directory can be moved into a session's home
-    cheap_starts = False  # a start boots an interpreter (≈ 1 s of CPU): the pool spaces them out
+    cheap_starts = False  # a start boots a whole interpreter: the pool spaces them out
     joins_groups = True  # its kernels can start in a session's control group (``start(…, group)``)
 
     def __init__(

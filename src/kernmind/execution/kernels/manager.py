@@ -1,7 +1,7 @@
 """``SandboxedKernelManager``: jupyter_client's ``AsyncKernelManager``, launched through the sandbox.
 
 Its own module so that importing ``kernels.py`` does not import ``jupyter_client`` and
-``zmq`` (≈ 0.1 s): ``kernmind serve`` needs them only once the first kernel starts, after
+``zmq``: ``kernmind serve`` needs them only once the first kernel starts, after
 the MCP handshake. ``KernelFactory.start`` and the fork server's factory import it then.
 """
 

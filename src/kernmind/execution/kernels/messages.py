@@ -93,5 +93,5 @@ def fold_output(msg: dict[str, Any], collector: OutputCollector, count: int | No
     elif kind == "execute_input":
         count = count_of(content.get("execution_count"), count)
     elif kind == "clear_output":
-        collector.results.clear()
+        collector.clear(wait=content.get("wait") is True)
     return count

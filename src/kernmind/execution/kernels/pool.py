@@ -1,7 +1,7 @@
 """A warm pool of pre-started, set-up kernels.
 
 New sessions, ``reset`` and ``--stateless`` calls take a kernel from here instead of
-waiting ~1 s for one to boot. A background task keeps ``size`` kernels ready (from a second
+waiting for one to boot. A background task keeps ``size`` kernels ready (from a second
 after start: the handshake and a first call go first), starting
 them one at a time (the machine may have two cores, and a call may be running), or, when
 starts are cheap (fork-server forks), at once and side by side; it retries with a back-off

@@ -8,10 +8,10 @@ It cannot import kernmind (the kernel may run on another Python), so it is plain
   it was on, the tee also left the streams' original ``write`` on the stream objects, past
   the class-level cap below: the cap now removes it before every cell.)
 - No colours and plain tracebacks: smaller output and no ANSI codes (and IPython's verbose
-  traceback formatting costs ~100 ms per error).
+  traceback formatting is slow).
 - Inline PNG figures (set in the shell's config and on the backend's instance when it
-  exists: ``%config`` would load every lazy magic to find it, ≈ 30 ms of each fresh
-  kernel's start; matplotlib is not imported for it).
+  exists: ``%config`` would load every lazy magic to find it, in each fresh kernel's
+  start; matplotlib is not imported for it).
 - **An output cap inside the kernel.** The server keeps a head and a tail of every call's
   output within its budget, but without a cap in the kernel, every byte printed would
   still cross the zmq socket and be parsed, and ipykernel buffers it in memory: a loop
@@ -106,6 +106,16 @@ def _kernmind_cap_output(head, tail_size):
     events = get_ipython().events
     events.register("pre_run_cell", reset)
     events.register("post_run_cell", finish)
+
+    # clear_output() gives the cleared output's share of the cap back (the server does the same).
+    display_pub = get_ipython().display_pub
+    clear = display_pub.clear_output
+
+    def clear_output(wait=False):
+        clear(wait)
+        reset()
+
+    display_pub.clear_output = clear_output
 
 
 _kernmind_cap_output({head}, {tail})

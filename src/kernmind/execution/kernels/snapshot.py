@@ -19,13 +19,13 @@ generator), or that would go over the size budget, or that comes after the time 
 out is skipped with the reason; the others are saved. On restore each variable is loaded on
 its own, so one that fails (a class whose module is gone) does not stop the rest.
 
-**Why dill** (measured on a typical analysis namespace in a real kernel, see README): dill
+**Why dill** (measured on a typical analysis namespace in a real kernel): dill
 and cloudpickle both restore DataFrames, arrays, fitted scikit-learn models, lambdas,
 closures, dataclasses and classes defined in cells; dill also restores open file handles and
 locks, and — the deciding point — functions and methods defined in cells come back bound to
 the live namespace (``f`` sees a global reassigned after the restore), where cloudpickle
-gives each a private copy of the globals it used. cloudpickle dumps faster (≈ 3.5× on a
-100 MB DataFrame, ≈ 30× on a DataFrame with a random forest: dill's pickler is pure Python):
+gives each a private copy of the globals it used. cloudpickle dumps faster (dill's pickler
+is pure Python: benchmarks/README.md):
 hence the C pickler first, dill only where it is needed. When the kernel's Python has no
 dill, what needs it is skipped with that reason.
 

@@ -1,6 +1,6 @@
 """Installing from inside code fails at once, and says to call ``install_packages``.
 
-The sandbox has no network, so ``pip install`` there used to spend ≈ 8.5 s retrying DNS and
+The sandbox has no network, so ``pip install`` there used to spend seconds retrying DNS and
 end in coloured warnings, while the cell still said ``status: "ok"``. Three layers make
 every route fail fast and honestly:
 

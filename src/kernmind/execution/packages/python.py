@@ -197,7 +197,7 @@ class CompiledStore:
 
     uv's cache holds unpacked wheels without bytecode, and a layer is read-only in the
     sandbox, so a layer installed straight from it would be compiled again on every import
-    in every new interpreter (``import sympy``: 5.9 s instead of 1.05 s, measured). So each
+    in every new interpreter (measured: several times slower, benchmarks/README.md). So each
     distribution is installed once into ``root/<name>-<version>`` with ``--compile-bytecode``
     and layers get hard links to it: a repeat install costs links, not a compile. The
     hard links keep the sources' mtimes, so the ``.pyc`` files stay valid.

@@ -2,7 +2,7 @@
 
 A ``run_code`` result lists the files the call created or changed, and the workspace
 quota needs the directory's size; both come from one walk of the tree. Walking is the
-cost that grows with the tree (≈ 4 µs a file here: 20k files ≈ 80 ms, 200k ≈ 0.8 s), so:
+cost that grows with the tree (benchmarks/README.md, a big working directory), so:
 
 - A call does **one** walk, after the code ran, not one before and one after: the walk
   that ended the previous call (``Workspace.last_scan``) is the baseline.

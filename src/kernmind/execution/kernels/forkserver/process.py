@@ -1,9 +1,9 @@
 """The fork server: one template process per kernel environment that forks fresh kernels.
 
-A new sandboxed ipykernel costs ≈ 0.9 s of CPU to boot (mostly imports). The template
+A new sandboxed ipykernel spends most of its boot importing. The template
 (``kernels/forkserver/template.py``, run on the kernel Python) imports ipykernel and the heavy
 modules once; every fresh interpreter is then a fork of it placed inside a normal kernel
-sandbox (see ``kernels/forkserver/kernels.py``), at a few tens of milliseconds of CPU.
+sandbox (see ``kernels/forkserver/kernels.py``), for a fraction of a boot's CPU.
 
 This module owns the template process: starting it (a clean environment, a private 0700
 directory as its working directory and home, its control socket as the only extra

@@ -175,13 +175,13 @@ def start_app(argv: list[str], setup: str):  # -> IPKernelApp
 
     app = IPKernelApp.instance()
     config = command_line_config(argv)
-    if config is not None:  # skip building argparse parsers for every configurable (≈ 20 ms)
+    if config is not None:  # skip building argparse parsers for every configurable
         app.parse_command_line = lambda argv=None: app.update_config(config)
     app.initialize(argv)
     inline = sys.modules.get("matplotlib_inline.backend_inline")
     if inline is not None:  # preloaded before IPython existed: hook it into this shell now
         inline._enable_matplotlib_integration()
-    if setup:  # plain Python: ``ex`` skips run_cell's input transforms (≈ 10 ms for this cell)
+    if setup:  # plain Python: ``ex`` skips run_cell's input transforms
         try:
             app.shell.ex(setup)
         except Exception as exc:

@@ -17,7 +17,7 @@ Design
   queues wait for messages in a loop of ``await asyncio.sleep(0)`` (a core spent spinning
   for as long as code runs), its WebSocket connect blocks the event loop, its configuration
   is a process-wide singleton, and it brings the whole Jupyter server in. ``jupyter-kernel-client``
-  is synchronous (threads and ``requests``). See README, "Kernels on a gateway".
+  is synchronous (threads and ``requests``). See docs/deployment.md, "Kernels on a gateway".
 * One consumer per connection: a kernel's calls are serialised by its session, so
   ``KernelChannels.receive`` is only ever awaited by one task at a time.
 
