@@ -184,7 +184,7 @@ async def idle_memory(fork: bool, sandbox: str, kernels: int) -> dict[str, float
             template = [
                 p
                 for p in children(server)
-                if b"forkserver_template" in Path(f"/proc/{p}/cmdline").read_bytes()
+                if b"forkserver/template.py" in Path(f"/proc/{p}/cmdline").read_bytes()
             ]
             sandboxes = [  # prlimit→bwrap, one per kernel
                 p for p in children(server) if b"bwrap" in Path(f"/proc/{p}/cmdline").read_bytes()

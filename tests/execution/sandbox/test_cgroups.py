@@ -256,7 +256,7 @@ def test_a_normal_user_without_a_delegated_subtree_falls_back_with_a_reason() ->
             d.chmod(0o755)
             (d / "__init__.py").write_text("")
         shutil.copy(cgroups.__file__, package / "cgroups.py")
-        shutil.copy(cgroup_layout.__file__, package / "sandbox/cgroup_layout.py")
+        shutil.copy(cgroup_layout.__file__, package / "cgroup_layout.py")
         for f in [f for d in levels for f in d.iterdir()]:
             if f.is_file():
                 f.chmod(0o644)

@@ -130,7 +130,7 @@ async def test_a_forked_kernel_is_born_in_the_sessions_group(forked: tuple[Clien
     uid = session.workspace.owner_uid if session.workspace else None
     members = session.limits.group.pids()
     kernels = [
-        p for p in members if "forkserver_template" in cmdline(p) and (uid is None or uid_of(p) == uid)
+        p for p in members if "forkserver/template.py" in cmdline(p) and (uid is None or uid_of(p) == uid)
     ]
     assert kernels, [(p, cmdline(p), uid_of(p)) for p in members]
     template = executor.factory.server.current  # type: ignore[union-attr]
