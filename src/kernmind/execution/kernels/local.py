@@ -235,7 +235,8 @@ class ExecOutcome:
 
 @dataclass
 class Kernel:
-    """A running kernel, its private socket directory and its workspace."""
+    """A running kernel, its private socket directory and its workspace (an ``api.Kernel`` whose
+    ``local`` is itself)."""
 
     id: str
     workspace: Workspace
@@ -254,6 +255,11 @@ class Kernel:
     layer_path: str | None = None  # where the kernel sees the layer's Python packages
     group: Cgroup | None = None  # its own control group (a warm kernel's), removed with it
     forked_pid: int | None = None  # a fork-server kernel's process (outside the sandbox's process tree)
+
+    @property
+    def local(self) -> Kernel:
+        """Itself: a local kernel is a process of this machine (``api.LocalProcess``)."""
+        return self
 
     def root_pids(self) -> list[int]:
         """The roots of its process trees: the sandbox the manager launched, and a forked kernel."""
@@ -441,7 +447,7 @@ class Kernel:
 
 
 class KernelFactory:
-    """Starts kernels: sandbox-wrapped, IPC transport, set up and warm."""
+    """Starts kernels: sandbox-wrapped, IPC transport, set up and warm (an ``api.KernelFactory``)."""
 
     rebinds_warm_kernels = True  # a warm kernel's empty directory can be moved into a session's home
     cheap_starts = False  # a start boots an interpreter (≈ 1 s of CPU): the pool spaces them out
