@@ -47,5 +47,6 @@ def create_server(settings: Settings | None = None, executor: Executor | None = 
     ExecutionTools(executor, settings).register(server)
     memory.register(server)
     strict_tool_arguments(server)  # last: every tool refuses unknown arguments and NaN, in words
-    identify_callers(server, on_caller=[memory.open_space])  # and knows its caller (principals.py)
+    # It knows each request's caller (principals.py); a request for memory opens the caller's first.
+    identify_callers(server, on_caller=[memory.open_space], when=memory.concerns)
     return server

@@ -14,6 +14,7 @@ import pytest
 
 from kernmind.execution.errors import SessionError
 from kernmind.execution.sandbox.workspace import Workspace
+from kernmind.execution.sessions import registry as registry_mod
 from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
 from kernmind.execution.sessions.registry import Hooks, Session, SessionRegistry
 
@@ -139,3 +140,28 @@ async def test_close_releases_the_runners_and_deletes_the_home(tmp_path: Path) -
     assert recorded.released == [("local", "gone")] and recorded.suspended == []
     assert not files.exists()
     assert not await registry.close("gone")
+
+
+async def test_the_meta_is_written_with_a_call_that_leaves_variables_unsaved_else_just_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(registry_mod, "META_DELAY", 0.05)
+    recorded = Recorded()
+    registry = _registry(tmp_path, recorded, total=2)
+    async with anyio.create_task_group() as tg:
+        await registry.run_reaper(tg)
+        async with registry.hold("s") as session:
+            session.dirty = True  # code ran: a killed server must know its variables were unsaved
+        assert session.home is not None
+        on_disk = session.home.load_meta()
+        assert on_disk.unsaved_since is not None and on_disk.last_used == session.meta.last_used  # type: ignore[union-attr]
+        async with registry.hold("s"):
+            pass
+        assert session.home.load_meta().last_used < session.meta.last_used  # type: ignore[union-attr]
+        assert session.meta_due
+        latest = session.meta.last_used  # type: ignore[union-attr]
+        with anyio.fail_after(2):
+            while session.home.load_meta().last_used != latest:  # noqa: ASYNC110 (a background write)
+                await anyio.sleep(0.01)
+        assert not session.meta_due
+        tg.cancel_scope.cancel()

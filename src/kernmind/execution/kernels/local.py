@@ -348,7 +348,7 @@ class Kernel:
         reply_count = await self._reply_count(msg_id)
         if reply_count is not None:
             count = reply_count
-        if count is not None:
+        if count is not None and not silent:  # (as gateway kernels: a silent run is no visible call)
             self.execution_count = count
         return ignored.into(ExecOutcome("error" if had_error else "ok", count))
 
