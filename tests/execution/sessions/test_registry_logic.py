@@ -123,7 +123,7 @@ async def test_a_session_being_unloaded_is_loaded_again_only_after(tmp_path: Pat
         tg.start_soon(_use, registry, "b")  # unloads a to make room
         await unloading.wait()
         tg.start_soon(_use, registry, "a")  # must wait until a's unloading is done
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()  # (every task waits: b for a's unloading, and a's load too)
         assert ("local", "a") not in registry.sessions
         let_go.set()
     assert recorded.suspended[0] == ("local", "a") and len(recorded.suspended) == 2
