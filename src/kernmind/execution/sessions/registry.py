@@ -449,10 +449,10 @@ class SessionRegistry(MakingRoom):
 
     async def _touch(self, session: Session) -> None:
         """Record the call in the session's home: its history line (for export_notebook) now,
-        and its meta (last used, size from the call's scan): now when it carries what a killed
-        server must not lose (variables unsaved from now on), else a moment after the call, off
-        the call's path (one fsync'd write per call otherwise). What cannot be written is said in
-        the call's notes."""
+        and its meta (last used, size from the call's scan): now when it carries what matters
+        (variables unsaved from now on, which a killed server must not lose; a new size, which
+        the store's caps count), else a moment after the call, off the call's path (one fsync'd
+        write per call otherwise). What cannot be written is said in the call's notes."""
         call, session.last_call = session.last_call, None
         if session.home is None or session.meta is None or session.closed:
             return
@@ -463,8 +463,13 @@ class SessionRegistry(MakingRoom):
             meta.unsaved_since = meta.last_used  # variables the next save must keep
             urgent = True
         scan = session.workspace.last_scan if session.workspace else None
-        if scan is not None and scan.complete:
+        if (
+            scan is not None
+            and scan.complete
+            and (meta.bytes, meta.files) != (scan.bytes_used, len(scan.files))
+        ):
             meta.bytes, meta.files = scan.bytes_used, len(scan.files)
+            urgent = True  # the store's caps count it (and a disk filling up is met during the call)
         later = not urgent and self._tg is not None
         await self.books.after_call(session, call, meta=not later)
         if later:
