@@ -24,6 +24,12 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The fast layer (``-m fast``: logic on fake kernels, milliseconds each) runs first, so a
+    broken rule above kernels shows before the end-to-end tests start their kernels."""
+    items.sort(key=lambda item: item.get_closest_marker("fast") is None)
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     """A real PostgreSQL server (memory on PostgreSQL, sessions shared by replicas), one per worker."""

@@ -390,9 +390,12 @@ def principal_keeping(owner: str) -> Principal:
 OnCaller = Callable[[Principal], Awaitable[None]]
 
 
-def identify_callers(server: Any, on_caller: Sequence[OnCaller] = ()) -> None:
+def identify_callers(
+    server: Any, on_caller: Sequence[OnCaller] = (), *, when: Callable[[str, Any], bool] | None = None
+) -> None:
     """While a tool call, resource read or prompt is handled, ``current_principal()`` is its
-    caller; each ``on_caller`` hook runs first (e.g. opening that principal's memory)."""
+    caller; each ``on_caller`` hook runs first (e.g. opening that principal's memory) for the
+    requests ``when(method, params)`` says concern it (all of them without ``when``)."""
     from kernmind.sdk_compat import lowlevel_server
 
     low = lowlevel_server(server)
@@ -401,12 +404,13 @@ def identify_callers(server: Any, on_caller: Sequence[OnCaller] = ()) -> None:
         if entry is None:
             continue
 
-        async def handler(ctx: Any, params: Any, _inner: Any = entry.handler) -> Any:
+        async def handler(ctx: Any, params: Any, _inner: Any = entry.handler, method: str = method) -> Any:
             caller = _principal_in(getattr(ctx, "request", None))
             token = _CALLER.set(caller)
             try:
-                for hook in on_caller:
-                    await hook(caller)
+                if when is None or when(method, params):
+                    for hook in on_caller:
+                        await hook(caller)
                 return await _inner(ctx, params)
             finally:
                 _CALLER.reset(token)

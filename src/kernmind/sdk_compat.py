@@ -54,6 +54,12 @@ def lowlevel_server(server: MCPServer) -> Server[Any]:
     return _private(server, "_lowlevel_server", "running stdio on its own reader and wrapping handlers")
 
 
+def registered_tool_names(server: MCPServer) -> set[str]:
+    """The names of the tools registered so far."""
+    manager = _private(server, "_tool_manager", "knowing which tools a part of the server registered")
+    return {tool.name for tool in manager.list_tools()}
+
+
 def registered_tool(server: MCPServer, name: str) -> Tool | None:
     """The registered ``Tool`` called ``name`` (None when there is none)."""
     manager = _private(server, "_tool_manager", "strict tool-argument validation")

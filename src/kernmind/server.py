@@ -62,7 +62,8 @@ def create_server(settings: Settings | None = None, executor: Executor | None = 
     memory.register(server)
     strict_tool_arguments(server)  # last: every tool refuses unknown arguments and NaN, in words
     boundary.install(server)  # every refusal and fault answered in one place (boundary.py)
-    identify_callers(server, on_caller=[memory.open_space])  # and knows its caller (principals.py)
+    # It knows each request's caller (principals.py); a request for memory opens the caller's first.
+    identify_callers(server, on_caller=[memory.open_space], when=memory.concerns)
     if not settings.stateless:
         per_client_defaults(server)  # and each client's default session (sessions/client_defaults.py)
     return server

@@ -9,7 +9,9 @@ named X" (never "forbidden"); an admin sees and manages everything; revoking a t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -184,3 +186,19 @@ async def test_each_principal_has_its_own_memory(alice: Client, bob: Client) -> 
     found = structured(await bob.call_tool("archival_memory_search", {"query": "launch codes"}))
     assert not any("alice" in r["content"] for r in found["results"])
     assert structured(await alice.call_tool("memory_read", {"label": "human"}))["value"] == "Alice's notes."
+
+
+async def test_a_code_call_opens_no_memory_and_the_first_memory_call_does(deployment: Deployment) -> None:
+    """A principal's namespace is made on its first memory request, not on its first request."""
+    token = TokenFile(deployment.tokens_file).add("dave", [])
+    db = deployment.server.data_dir / "kernmind.db"
+
+    def namespaces_of_dave() -> list[tuple[Any, ...]]:
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            return [row for row in conn.execute("SELECT * FROM namespaces") if "dave" in repr(row)]
+
+    async with http_client(deployment.server.url, {"Authorization": f"Bearer {token}"}, "auto") as dave:
+        assert (await run(dave, "6 * 7", "d"))["results"][0]["text"] == "42"
+        assert namespaces_of_dave() == []
+        structured(await dave.call_tool("memory_read", {"label": "human"}))
+        assert len(namespaces_of_dave()) == 1

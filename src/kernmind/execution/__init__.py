@@ -12,7 +12,8 @@ The rooms:
                   sessions and jobs (session_tools), ``kernmind sessions`` (sessions_cli).
     sessions/     who owns which session: the registry, caps, the on-disk store, the PostgreSQL
                   rows shared by replicas, history, notebooks, background jobs.
-    kernels/      Jupyter kernels: local, forked from a template (forkserver/), on a gateway
+    kernels/      Jupyter kernels behind one interface (api: the Kernel and KernelFactory
+                  protocols): local, forked from a template (forkserver/), on a gateway
                   (gateway/); the warm pool, the message reader, variable snapshots.
     sandbox/      isolation and limits: bubblewrap, rlimits, seccomp, cgroups, GPU, the
                   workspace directory, its quota and file scan, the run directory.

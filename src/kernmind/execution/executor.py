@@ -135,7 +135,7 @@ class Executor:
         target = PythonTarget(self.runtime.executable, self.runtime.paths, self.runtime.pythonpath)
         self.packages = PackageInstaller.from_settings(settings, self.sandbox, target, os.environ)
         self.guard = SandboxGuard.create(self.packages.cache_dir / "shims")
-        factory = KernelFactory(
+        local = KernelFactory(
             self.sandbox,
             self.runtime,
             new_workspace=self._new_workspace,
@@ -145,16 +145,16 @@ class Executor:
             guard=self.guard,
             cgroups=self.cgroups,
         )
+        self.factory: KernelFactory | ForkKernelFactory = local
         if settings.fork_server and not settings.kernel_gateway:
-            factory = ForkKernelFactory(factory, preload=settings.preload)
-        self.factory = factory
+            self.factory = ForkKernelFactory(local, preload=settings.preload)
         # --kernel-gateway: Python runs on the gateway's kernels, sessions' files on a shared volume.
         self.remote: RemoteKernels | None = None
         if settings.kernel_gateway:  # imported only then: the gateway client brings tornado in
             from kernmind.execution.remote import RemoteKernels
 
             self.remote = RemoteKernels.from_settings(settings)
-        self.pool = KernelPool(self.remote.factory if self.remote else factory, settings.pool_size)  # type: ignore[arg-type]
+        self.pool = KernelPool(self.remote.factory if self.remote else self.factory, settings.pool_size)
         self.runners: dict[str, Runner] = {}
         self.python: PythonRunner | None = None
         self.kernel_extras: list[KernelExtras] = []  # what other parts add to local kernels

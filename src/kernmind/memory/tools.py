@@ -62,11 +62,12 @@ from kernmind.memory.records import BlockRow
 from kernmind.memory.store import MemoryStore
 from kernmind.principals import LOCAL, Principal, current_principal
 from kernmind.refusals import Unavailable
-from kernmind.sdk_compat import lowlevel_server, session_connection, subscription_bus
+from kernmind.sdk_compat import lowlevel_server, registered_tool_names, session_connection, subscription_bus
 
 log = logging.getLogger(__name__)
 
-BLOCKS_URI = "memory://blocks"
+MEMORY_SCHEME = "memory://"
+BLOCKS_URI = MEMORY_SCHEME + "blocks"
 LISTING_MAX = 1000  # blocks read for the memory://blocks listing (it shows what fits the budget)
 WARM_UP_DELAY = 1.0  # seconds after start before the embedding model loads
 T = TypeVar("T")
@@ -93,7 +94,8 @@ class MemoryTools:
     name, or ``bob~2`` for a name added again after a revocation) for the principals of an
     HTTP deployment. All namespaces share one open database; a namespace is made ready (its
     default blocks, searches, backfill, the replica relay) the first time its principal
-    calls (``open_space``, run before each tool call, resource read and prompt).
+    calls on memory (``open_space``, run before each request ``concerns`` says reaches memory:
+    a code call opens nothing).
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -105,6 +107,7 @@ class MemoryTools:
         self._opening = anyio.Lock()
         self._unopened: dict[str, str] = {}  # namespace -> why it could not be opened (a full disk)
         self._server: MCPServer | None = None
+        self._tool_names: set[str] = set()  # the memory tools (``register``), for ``concerns``
         # legacy resources/subscribe: uri -> client connections (weakly held: a closed one drops out)
         self._legacy_subs: dict[str, weakref.WeakSet[Any]] = {}
 
@@ -313,12 +316,24 @@ class MemoryTools:
         from kernmind.memory.archival_tools import register_archival_tools, register_conversation_search
         from kernmind.memory.block_tools import register_block_tools, register_memory_tool
 
+        before = registered_tool_names(server)
         register_block_tools(self, server)
         register_memory_tool(self, server)
         register_archival_tools(self, server)
         register_conversation_search(self, server)
+        self._tool_names = registered_tool_names(server) - before
         self._register_resources(server)
         self._register_legacy_subscriptions(server)
+
+    def concerns(self, method: str, params: Any) -> bool:
+        """Whether a request reaches memory (its caller's namespace is then opened first, see
+        ``open_space``): a memory tool, a ``memory://`` resource, the ``memory`` prompt. A
+        ``run_code`` call touches none of the memory machinery."""
+        if method == "tools/call":
+            return getattr(params, "name", None) in self._tool_names
+        if method == "resources/read":
+            return str(getattr(params, "uri", "")).startswith(MEMORY_SCHEME)
+        return method == "prompts/get" and getattr(params, "name", None) == "memory"
 
     def _register_resources(self, server: MCPServer) -> None:
         @server.resource(

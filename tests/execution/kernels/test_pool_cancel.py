@@ -37,6 +37,11 @@ class FakeKernel:
     home_bound: bool = False
     stopped: bool = False
 
+    @property
+    def local(self) -> FakeKernel:
+        """A kernel of this machine: its run directory, uid and group (kernels/api.py)."""
+        return self
+
     async def is_alive(self) -> bool:
         if self.block_alive is not None:
             self.block_alive.set()

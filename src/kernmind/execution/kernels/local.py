@@ -236,7 +236,8 @@ class ExecOutcome:
 
 @dataclass
 class Kernel:
-    """A running kernel, its private socket directory and its workspace."""
+    """A running kernel, its private socket directory and its workspace (an ``api.Kernel`` whose
+    ``local`` is itself)."""
 
     id: str
     workspace: Workspace
@@ -257,6 +258,11 @@ class Kernel:
     forked_pid: int | None = None  # a fork-server kernel's process (outside the sandbox's process tree)
     # What other parts set up for it (kernel_extras.py), undone when it shuts down.
     on_stop: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def local(self) -> Kernel:
+        """Itself: a local kernel is a process of this machine (``api.LocalProcess``)."""
+        return self
 
     def root_pids(self) -> list[int]:
         """The roots of its process trees: the sandbox the manager launched, and a forked kernel."""
@@ -345,7 +351,7 @@ class Kernel:
         reply_count = await self._reply_count(msg_id)
         if reply_count is not None:
             count = reply_count
-        if count is not None:
+        if count is not None and not silent:  # (as gateway kernels: a silent run is no visible call)
             self.execution_count = count
         return ignored.into(ExecOutcome("error" if had_error else "ok", count))
 
@@ -450,7 +456,7 @@ class Kernel:
 
 
 class KernelFactory:
-    """Starts kernels: sandbox-wrapped, IPC transport, set up and warm."""
+    """Starts kernels: sandbox-wrapped, IPC transport, set up and warm (an ``api.KernelFactory``)."""
 
     rebinds_warm_kernels = True  # a warm kernel's empty directory can be moved into a session's home
     cheap_starts = False  # a start boots a whole interpreter: the pool spaces them out

@@ -33,7 +33,7 @@ from collections import deque
 import anyio
 from anyio.abc import TaskGroup
 
-from kernmind.execution.kernels.local import Kernel, KernelFactory
+from kernmind.execution.kernels.api import Kernel, KernelFactory
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
@@ -140,7 +140,7 @@ class KernelPool:
             self.release(candidate)
         self._wake.set()
         # (A gateway's factory knows no groups: its kernels run elsewhere.)
-        limits = limits if getattr(self.factory, "joins_groups", False) else None
+        limits = limits if self.factory.joins_groups else None
         if home is None:
             kernel = kernel or await self._start(None, limits)
             held[:] = [kernel]
@@ -167,18 +167,17 @@ class KernelPool:
         await self._adopt_layer(kernel, layer)
         await _join(kernel, limits)
         kernel.workspace, kernel.home_bound = home, True
-        if kernel.runtime_dir is not None:
-            home.accounted = [kernel.runtime_dir]
-        if kernel.uid is not None:
-            uid = kernel.uid
-            home.owner_uid = uid
-            await off_loop(lambda: own_tree(home.root, uid), timeout=None)
+        local = kernel.local
+        if local is not None:  # (a gateway's kernel has no socket directory or sandbox uid here)
+            home.accounted = [local.runtime_dir]
+            if local.uid is not None:
+                uid = local.uid
+                home.owner_uid = uid
+                await off_loop(lambda: own_tree(home.root, uid), timeout=None)
         return kernel
 
     async def _start(self, home: Workspace | None, limits: SessionLimits | None) -> Kernel:
         group = limits.ensure_group() if limits is not None else None
-        if group is None:
-            return await self.factory.start(home)
         return await self.factory.start(home, group)
 
     @staticmethod
@@ -214,10 +213,11 @@ async def _join(kernel: Kernel, limits: SessionLimits | None) -> None:
     """Put a warm kernel in the session's group: its own group becomes the session's when the
     session has none yet (no process moves: the common case, a session's first call), else its
     processes move into the session's group."""
-    own = getattr(kernel, "group", None)
-    if limits is None or own is None:
+    local = kernel.local
+    own = local.group if local is not None else None
+    if limits is None or local is None or own is None:
         return
-    kernel.group = None
+    local.group = None
     if limits.group is None:
         limits.take_group(own)
     else:

@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernmind.execution.kernels.local import Kernel
+from kernmind.execution.kernels.api import Kernel
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sessions.disk_store import SNAPSHOT_DIR, Meta, ago
 

@@ -39,7 +39,8 @@ import anyio
 
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernels import snapshot
-from kernmind.execution.kernels.local import Kernel, start_within
+from kernmind.execution.kernels.api import Kernel
+from kernmind.execution.kernels.local import start_within
 from kernmind.execution.kernels.pool import KernelPool
 from kernmind.execution.runners.base import Call
 from kernmind.execution.sandbox.workspace import WorkspaceError, off_loop
@@ -266,13 +267,14 @@ class PythonRunner:
     async def _acquire(self, session: Session) -> Kernel:
         """A kernel bound to the session's files, with its installed packages (importable at once)."""
         kernel = await self.pool.acquire(session.workspace, layer=session.packages, limits=session.limits)
-        if session.limits is not None and isinstance(kernel, Kernel):  # (a gateway's run elsewhere)
-            session.limits.track(LANGUAGE, kernel.root_pids())
-        if isinstance(kernel, Kernel):
+        local = kernel.local
+        if session.limits is not None and local is not None:  # (a gateway's run elsewhere)
+            session.limits.track(LANGUAGE, local.root_pids())
+        if local is not None:
             for extra in self.extras:
                 try:
-                    await extra.joined(kernel, session.owner, session.id)
-                except Exception as exc:  # the call runs without it (kernel_extras.py)
+                    await extra.joined(local, session.owner, session.id)
+                except Exception as exc:  # the call runs without it (kernels/extras.py)
                     log.warning("kernel extra %r failed for session %r: %s", extra, session.id, exc)
         if kernel.layer is not None:
             session.packages = kernel.layer

@@ -1,7 +1,8 @@
 """The books a stored session keeps on disk — its history and meta — written on a disk that may be full.
 
-The registry (``sessions.py``) decides *when* a session's home is written: after each call
-(the call's history line, its meta: last used, size, unsaved variables), when it is
+The registry (``sessions/registry.py``) decides *when* a session's home is written: after each
+call (the call's history line; its meta — last used, size, unsaved variables — with the call
+when the call left variables unsaved, else a moment later, off the call's path), when it is
 unloaded (its final meta), and on the reaper's turns (what could not be written before).
 This module does the writing so that none of it can stop the server:
 
@@ -78,16 +79,18 @@ class Books:
         """Write the live session's meta; False when it is kept for the next chance."""
         return await off_loop(lambda: self._write_meta(session), timeout=None) is None
 
-    async def after_call(self, session: Session, call: tuple[str, RunResult] | None) -> None:
-        """Record a call: its history line and the session's meta, in one trip off the event
-        loop. What cannot be written is said in the call's result (``call[1]``, a RunResult)."""
+    async def after_call(
+        self, session: Session, call: tuple[str, RunResult] | None, *, meta: bool = True
+    ) -> None:
+        """Record a call: its history line and (``meta``) the session's meta, in one trip off the
+        event loop. What cannot be written is said in the call's result (``call[1]``, a RunResult)."""
         home = session.home
-        if home is None:
+        if home is None or (call is None and not meta):
             return
 
         def write() -> tuple[OSError | None, OSError | None]:
             unrecorded = history.record(home.history, *call) if call is not None else None
-            return unrecorded, self._write_meta(session)
+            return unrecorded, self._write_meta(session) if meta else None
 
         with anyio.CancelScope(shield=True):
             unrecorded, unsaved = await off_loop(write, timeout=None)

@@ -85,6 +85,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SESSION = "default"
 RESERVE_DELAY = 2.0  # seconds after start before the disk reserve is taken (diskio.Reserve)
+META_DELAY = 1.0  # seconds after a call before its session's meta is written (off the call's path)
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -116,6 +117,7 @@ class Session:
     resumed: bool = False  # loaded from the store: its variables may come back
     dirty: bool = False  # code ran since the last checkpoint
     meta_unsaved: bool = False  # its meta could not be written (a full disk): written at the next chance
+    meta_due: bool = False  # its meta is written a moment after its last call (``_meta_soon``)
     pending_notes: list[str] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)  # per-runner state, keyed by language
     workspace: Workspace | None = None
@@ -192,9 +194,11 @@ class SessionRegistry(MakingRoom):
         self.books = Books(store)  # history and metas, on a disk that may be full (sessions/books.py)
         self._loading = anyio.Lock()
         self._unloading: dict[tuple[str, str], anyio.Event] = {}  # sessions unloaded to make room
+        self._tg: TaskGroup | None = None  # the reaper's (see ``run_reaper``)
 
     # --- lifecycle ----------------------------------------------------------------
     async def run_reaper(self, tg: TaskGroup) -> None:
+        self._tg = tg  # also writes metas a moment after calls (``_meta_soon``)
         tg.start_soon(self._reap_loop)
 
     def _period(self) -> float:
@@ -452,19 +456,47 @@ class SessionRegistry(MakingRoom):
             await _drop_packages(session)
 
     async def _touch(self, session: Session) -> None:
-        """Record the call in the session's home: its history (for export_notebook) and meta
-        (last used, size from the call's scan); what cannot be written is said in its notes."""
+        """Record the call in the session's home: its history line (for export_notebook) now,
+        and its meta (last used, size from the call's scan): now when it carries what matters
+        (variables unsaved from now on, which a killed server must not lose; a new size, which
+        the store's caps count), else a moment after the call, off the call's path (one fsync'd
+        write per call otherwise). What cannot be written is said in the call's notes."""
         call, session.last_call = session.last_call, None
         if session.home is None or session.meta is None or session.closed:
             return
         meta = session.meta
         meta.last_used = time.time()
+        urgent = session.meta_unsaved  # (a write that failed before: tried again now)
         if session.dirty and meta.unsaved_since is None:
             meta.unsaved_since = meta.last_used  # variables the next save must keep
+            urgent = True
         scan = session.workspace.last_scan if session.workspace else None
-        if scan is not None and scan.complete:
+        if (
+            scan is not None
+            and scan.complete
+            and (meta.bytes, meta.files) != (scan.bytes_used, len(scan.files))
+        ):
             meta.bytes, meta.files = scan.bytes_used, len(scan.files)
-        await self.books.after_call(session, call)
+            urgent = True  # the store's caps count it (and a disk filling up is met during the call)
+        later = not urgent and self._tg is not None
+        await self.books.after_call(session, call, meta=not later)
+        if later:
+            self._meta_soon(session)
+
+    def _meta_soon(self, session: Session) -> None:
+        """Write the session's meta ``META_DELAY`` seconds from now (one write for a burst of calls)."""
+        if session.meta_due or self._tg is None:
+            return
+        session.meta_due = True
+
+        async def write() -> None:
+            await anyio.sleep(META_DELAY)
+            session.meta_due = False
+            # An unloaded or closed session's meta is unload's to write (or gone with its home).
+            if not session.closed and self.sessions.get(session.key) is session:
+                await self.books.save_meta(session)
+
+        self._tg.start_soon(write)
 
     # --- unloading and closing --------------------------------------------------------------
     async def unload(self, session: Session) -> None:

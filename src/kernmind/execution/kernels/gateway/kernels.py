@@ -1,9 +1,8 @@
 """Python kernels on a Jupyter Kernel Gateway or Enterprise Gateway (``--kernel-gateway URL``).
 
-``GatewayKernel`` keeps the contract of the local ``Kernel`` (``kernels.py``) that the Python
-runner drives — ``execute``/``interrupt``/``is_alive``/``shutdown``, ``workspace``,
-``needs_replacement`` — and ``GatewayKernelFactory.start()`` stands where
-``KernelFactory.start()`` does, so the warm pool (``pool.py``), the runner, the supervisor
+``GatewayKernel`` and ``GatewayKernelFactory`` implement ``kernels/api.py``'s ``Kernel`` and
+``KernelFactory`` protocols (a gateway kernel's ``local`` is None: it has no process, sandbox
+uid or control group here), so the warm pool (``pool.py``), the runner, the supervisor
 and the result shapes are the same for local and remote kernels.
 
 Design
@@ -37,6 +36,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -53,6 +53,9 @@ from kernmind.execution.kernels.messages import MALFORMED, Ignored, count_of, fo
 from kernmind.execution.kernels.setup import setup_code
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox.workspace import Workspace
+
+if TYPE_CHECKING:
+    from kernmind.execution.sandbox.cgroups import Cgroup
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +78,11 @@ class GatewayKernel:
     lost: str | None = field(default=None)  # why the kernel is gone, once it is
     layer: None = None  # installed packages live in local sandboxes only
     home_bound: bool = False  # its directory is a session's: stopping it leaves the files
-    runtime_dir: None = None  # (local kernels' private directory; none here)
-    uid: None = None  # (local kernels' sandbox uid; the gateway's kernels run as the image says)
+
+    @property
+    def local(self) -> None:
+        """No process here: no socket directory, sandbox uid or control group of ours."""
+        return None
 
     async def is_alive(self) -> bool:
         """No round trip: what the connection has said since the last call (a restart, a close)."""
@@ -262,6 +268,7 @@ class GatewayKernelFactory:
 
     rebinds_warm_kernels = False  # a kernel's directory is fixed at its start (KERNEL_WORKING_DIR)
     cheap_starts = False  # the gateway boots kernels
+    joins_groups = False  # its kernels run elsewhere: ``start`` is never given a control group
 
     def __init__(
         self,
@@ -277,8 +284,9 @@ class GatewayKernelFactory:
         self.workspaces = workspaces
         self.setup = setup_code(output_limit)
 
-    async def start(self, workspace: Workspace | None = None) -> GatewayKernel:
-        """Start, connect, set up, and move into its own directory on the shared volume."""
+    async def start(self, workspace: Workspace | None = None, group: Cgroup | None = None) -> GatewayKernel:
+        """Start, connect, set up, and move into its own directory on the shared volume (``group``
+        is never given: ``joins_groups`` is False)."""
         ws = workspace or self.workspaces.new()
         inner = self.workspaces.kernel_path(ws)
         try:

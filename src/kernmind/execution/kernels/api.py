@@ -1,0 +1,113 @@
+"""What a kernel is to the code above it: the ``Kernel`` and ``KernelFactory`` protocols.
+
+The warm pool (``kernels/pool.py``), the Python runner (``runners/python.py``), the variable
+snapshots (``kernels/snapshot.py``) and the executor drive kernels only through these two
+protocols. Three kinds implement them: local kernels (``kernels/local.py``), kernels forked
+from a template (``kernels/forkserver/``, which returns local kernels) and kernels on a
+gateway (``kernels/gateway/kernels.py``); the tests add an in-process fake
+(``tests/execution/fakes.py``) that lets the logic above kernels be tested in milliseconds.
+
+Design
+------
+* **Optional capabilities are explicit.** What only a kernel running as a local process has
+  (its private socket directory, its sandbox uid, its own control group, its process ids) is
+  behind ``Kernel.local``: a ``LocalProcess``, or ``None`` for a kernel that runs elsewhere.
+  Code that needs them asks ``kernel.local`` rather than reading placeholder fields.
+* **Factories say what their kernels can do**: ``rebinds_warm_kernels`` (a warm kernel's
+  directory can be moved into a session's home), ``cheap_starts`` (starts are forks: the pool
+  may start several at once) and ``joins_groups`` (``start(…, group)`` puts the kernel in a
+  session's control group; a factory that says False is never given a group).
+
+Error policy: ``KernelFactory.start`` raises ``RuntimeUnavailable`` (with the reason) when a
+kernel cannot be started; ``Kernel.execute`` reports a dead kernel as an outcome (``died``),
+never as an exception; ``Kernel.shutdown`` never raises.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from kernmind.execution.kernels.local import ExecOutcome
+    from kernmind.execution.packages.layer import Layer
+    from kernmind.execution.results import OutputCollector
+    from kernmind.execution.sandbox.cgroups import Cgroup
+    from kernmind.execution.sandbox.workspace import Workspace
+
+
+class LocalProcess(Protocol):
+    """What a kernel running as a process of this machine, in our sandbox, also has."""
+
+    runtime_dir: Path  # its private socket directory (counted against the workspace quota)
+    uid: int | None  # its sandbox uid: a session's files are handed to it
+    group: Cgroup | None  # its own control group (a warm kernel's), which a session's may adopt
+
+    def root_pids(self) -> list[int]:
+        """The roots of its process trees (what a session's limits track)."""
+        ...
+
+
+class Kernel(Protocol):
+    """A running Python kernel, bound to a working directory."""
+
+    id: str
+    workspace: Workspace
+    execution_count: int  # of its last visible call
+    needs_replacement: bool  # set when an interrupt did not bring it back, or it died
+    closed: bool  # shut down by us (its session was closed), possibly mid-call
+    home_bound: bool  # its workspace is a session's: stopping it leaves the files
+
+    @property
+    def layer(self) -> Layer | None:
+        """Its package layer, mounted in its sandbox (None: it cannot take installed packages)."""
+        ...
+
+    @property
+    def local(self) -> LocalProcess | None:
+        """Its process on this machine, or None for a kernel that runs elsewhere (a gateway's)."""
+        ...
+
+    async def is_alive(self) -> bool: ...
+
+    async def execute(
+        self,
+        code: str,
+        collector: OutputCollector,
+        *,
+        deadline: float | None = None,
+        silent: bool = False,
+        store_history: bool = True,
+    ) -> ExecOutcome:
+        """Run ``code``, folding its output into ``collector``; ``deadline`` is a monotonic time.
+        Cancelling it leaves the request running: call ``interrupt`` afterwards."""
+        ...
+
+    async def interrupt(self, collector: OutputCollector | None = None, grace: float = 3.0) -> bool:
+        """Interrupt the running request; True when the kernel went idle within ``grace`` seconds."""
+        ...
+
+    async def use_packages(self) -> bool:
+        """Put its layer on the interpreter's path; True when the kernel took it."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Stop it (never raises); its workspace is the caller's to remove."""
+        ...
+
+
+class KernelFactory(Protocol):
+    """Starts kernels of one kind, set up and ready for a first call."""
+
+    @property
+    def rebinds_warm_kernels(self) -> bool: ...
+
+    @property
+    def cheap_starts(self) -> bool: ...
+
+    @property
+    def joins_groups(self) -> bool: ...
+
+    async def start(self, workspace: Workspace | None = None, group: Cgroup | None = None) -> Kernel:
+        """A kernel in ``workspace`` (else a fresh directory of its own), in ``group`` when given."""
+        ...
