@@ -396,6 +396,10 @@ class Executor:
             result = await self.packages.install(packages, lang, session.layer())
             if result.installed and (not_kept := await package_layers.keep(session, self.store)):
                 result.notes.append(not_kept)
+            if result.installed and session.home is not None:
+                # the kept packages' size is in the meta now, not a moment later: a server killed
+                # right after the install must still find them counted (and listed)
+                await self.sessions.books.save_meta(session)
             if lang == "python" and result.installed:
                 kernel = PythonRunner.kernel_of(session)
                 if kernel is None or await kernel.use_packages():
