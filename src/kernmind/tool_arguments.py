@@ -87,10 +87,9 @@ def check_arguments(server: MCPServer, name: str, arguments: dict[str, Any]) -> 
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
             problems.setdefault(location(err["loc"]), _sentence(err, valid))
-    for path, why in _non_finite_numbers(arguments):  # also inside values typed Any
-        problems.setdefault(path, f"'{path}' {why}")
-    for path, why in _lone_surrogates(arguments):  # text no store or kernel can hold
-        problems.setdefault(path, f"'{path}' {why}")
+    for path, value in _leaves(arguments):
+        if (why := _unreadable(value)) is not None:
+            problems.setdefault(path, f"'{path}' {why}")
     if not problems:
         return None
     return (
@@ -131,36 +130,32 @@ def _sentence(error: Any, valid: list[str]) -> str:
     return f"'{where}' {problem(error)}"
 
 
-def _non_finite_numbers(value: Any, path: tuple[int | str, ...] = ()) -> Iterator[tuple[str, str]]:
-    """Raw NaN and infinities (JSON literals the SDK's parser accepts) anywhere in the arguments."""
-    if isinstance(value, float) and not math.isfinite(value):
-        yield location(path), f"must be a finite number (not NaN or infinity), got {value}"
-    elif isinstance(value, dict):
+def _leaves(value: Any, path: tuple[int | str, ...] = ()) -> Iterator[tuple[str, Any]]:
+    """Every scalar in the arguments with where it is (``tags[1]``), also inside values typed Any."""
+    if isinstance(value, dict):
         for key, item in value.items():
-            yield from _non_finite_numbers(item, (*path, str(key)))
+            yield from _leaves(item, (*path, str(key)))
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            yield from _non_finite_numbers(item, (*path, index))
+            yield from _leaves(item, (*path, index))
+    else:
+        yield location(path), value
 
 
-def _lone_surrogates(value: Any, path: tuple[int | str, ...] = ()) -> Iterator[tuple[str, str]]:
-    """Strings holding half of a UTF-16 surrogate pair (JSON lets ``"\\ud800"`` through), which
-    UTF-8 cannot encode: refused here in words rather than failing deep in a store or kernel."""
+def _unreadable(value: Any) -> str | None:
+    """Why a scalar no tool can use is refused: a raw NaN or infinity (JSON literals the SDK's
+    parser accepts), or text holding half of a UTF-16 surrogate pair (JSON lets ``"\\ud800"``
+    through; UTF-8, so a store or a kernel, cannot encode it)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number (not NaN or infinity), got {value}"
     if isinstance(value, str):
         for index, char in enumerate(value):
             if 0xD800 <= ord(char) <= 0xDFFF:
-                yield (
-                    location(path),
+                return (
                     f"holds a lone surrogate (\\u{ord(char):04x} at character {index}), which is not "
-                    "text UTF-8 can encode: remove it, or send the character it was half of",
+                    "text UTF-8 can encode: remove it, or send the character it was half of"
                 )
-                return
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _lone_surrogates(item, (*path, str(key)))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _lone_surrogates(item, (*path, index))
+    return None
 
 
 def _loose_scalars(annotation: Any, value: Any, path: tuple[int | str, ...]) -> Iterator[tuple[str, str]]:
