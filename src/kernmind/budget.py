@@ -2,17 +2,29 @@
 
 Design
 ------
-A :class:`Budget` is a number of characters an answer may hold (``--max-output-chars``),
-spent as the answer is built: :meth:`Budget.take` keeps as much of a text as fits,
-:meth:`Budget.admit` says whether a whole item (a passage, a message, a file entry) still
-fits. What does not fit is left out, never silently: each left-out part gets a note that
-says what is missing and how to get it — the next page, a ``view_range``, a byte range, a
-resource to read — written by the tool that knows its own arguments (:func:`left_out`,
-:func:`next_page` help word it the same way everywhere).
+A :class:`Budget` is a number of characters one answer may hold (``--max-output-chars``, or
+a smaller share of it for one part of an answer), spent as the answer is built. Every tool
+result goes through one: ``run_code`` and job output (the call's ``OutputCollector``), the
+text a model reads of a run, ``download_file``, memory reads and views, ``memory_history``,
+the ``memory`` prompt and ``memory://blocks``, archival and conversation search, ``list_files``.
+Its three ways to spend:
 
-A budget is made per answer from the settings (:meth:`Budget.of`): two answers never
-share one. Sizes are counted in characters of what the model reads (the text, or the JSON
-of an item as the SDK writes it: :func:`listed_size`), which is what a context window fills with.
+* :meth:`Budget.take` keeps as much of one text as fits: its start (``keep="head"``), its
+  end (``"tail"``: the latest output) or both ends around a :func:`gap` marker (``"ends"``:
+  a traceback, whose first and last frames matter);
+* :meth:`Budget.lines` keeps whole lines while they fit (a block, a memory file, a listing);
+* :meth:`Budget.admit` says whether a whole item (a passage, a message, a file entry, a
+  history entry) still fits.
+
+What does not fit is left out, never silently: each left-out part gets a note that says
+what is missing and how to get it — the next page, a ``view_range``, a byte range, a resource
+to read — written by the tool that knows its own arguments, in the words these helpers give
+every tool (:meth:`Budget.note` for cut text, :func:`left_out` for items, :func:`shown_lines`
+for lines, :func:`gap` for a cut inside a text, :func:`next_page` for where the next page starts).
+
+A budget is made per answer from the settings (:meth:`Budget.of`): two answers never share
+one. Sizes are counted in characters of what the model reads (the text, or the JSON of an
+item as the SDK writes it: :func:`listed_size`), which is what a context window fills with.
 
 Error policy
 ------------
@@ -22,8 +34,9 @@ Nothing here raises: a budget too small for even one item still admits the first
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
@@ -61,17 +74,44 @@ class Budget:
             return True
         return False
 
-    def take(self, text: str, *, more: str) -> tuple[str, str | None]:
+    def take(
+        self, text: str, *, more: str, keep: Literal["head", "tail", "ends"] = "head"
+    ) -> tuple[str, str | None]:
         """As much of ``text`` as fits, and ``None`` or a note on what was cut and how to get
-        it (``more``: e.g. ``"read the rest with view_range=[41, -1]"``)."""
+        it (``more``: e.g. ``"read the rest with view_range=[41, -1]"``). ``keep`` says which
+        part stays: the start, the end, or both ends with a :func:`gap` marker between them."""
         if len(text) <= self.left:
             self.used += len(text)
             return text, None
-        kept = text[: self.left]
+        room = shown = self.left
+        if keep == "head":
+            kept = text[:room]
+        elif keep == "tail":
+            kept = text[len(text) - room :]
+        else:  # the marker counts too: the two ends share what is left beside it
+            shown = max(room - len(gap(len(text), "text")), 0)
+            head = shown // 2
+            kept = text[:head] + gap(len(text) - shown, "text") + text[len(text) - (shown - head) :]
+            if len(kept) > room:  # too little room for a marker: the start only
+                kept, shown = text[:room], room
         self.used += len(kept)
-        return kept, (
-            f"{len(text) - len(kept):,} of {len(text):,} characters left out to stay within the output "
-            f"budget ({self.chars:,} characters); {more}"
+        return kept, self.note(len(text) - shown, len(text), more)
+
+    def lines(self, lines: Sequence[str]) -> int:
+        """How many of ``lines``, from the first, fit whole (each counts its newline); counted.
+        0 when not even the first fits: cut that one with :meth:`take`."""
+        count = 0
+        for line in lines:
+            if not self.admit(len(line) + 1):
+                break
+            count += 1
+        return count
+
+    def note(self, cut: int, whole: int, more: str) -> str:
+        """``cut`` of ``whole`` characters left out, and ``more``: how to get them."""
+        return (
+            f"{cut:,} of {whole:,} characters left out to stay within the output budget "
+            f"({self.chars:,} characters); {more}"
         )
 
 
@@ -96,3 +136,16 @@ def next_page(page: int, per_page: int, shown: int) -> tuple[int, int]:
     start = page * per_page + shown
     size = next(s for s in range(max(shown, 1), 0, -1) if start % s == 0)
     return size, start // size
+
+
+def shown_lines(first: int, last: int, total: int, budget: Budget, more: str) -> str:
+    """``Lines 1-40 of 900 shown to stay within the output budget (…); <more>``."""
+    return (
+        f"Lines {first}-{last} of {total} shown to stay within the output budget "
+        f"({budget.chars:,} characters); {more}"
+    )
+
+
+def gap(count: int, what: str = "output") -> str:
+    """The marker put where ``count`` characters were cut out of the middle of a text."""
+    return f"\n… [{what} truncated: {count} characters dropped] …\n"

@@ -204,8 +204,7 @@ class Executor:
             )
         self.jobs = Jobs(
             settings.jobs_dir,
-            output_budget=settings.max_output_chars,
-            rich_budget=settings.max_result_bytes,
+            new_collector=lambda: OutputCollector.of(settings),
             reserve=reserve,
         )
 
@@ -518,8 +517,7 @@ class Executor:
         call = Call(
             code=code,
             session=session,
-            collector=collector
-            or OutputCollector(self.settings.max_output_chars, self.settings.max_result_bytes),
+            collector=collector or OutputCollector.of(self.settings),
             timeout=limit,
             reset=reset,
             notes=[*session.take_notes(), *notes],

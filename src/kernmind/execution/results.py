@@ -2,11 +2,13 @@
 
 ``RunResult`` is what clients get as ``structuredContent`` (its JSON schema is the tool's
 ``outputSchema``). ``OutputCollector`` assembles it while code runs and enforces the
-budgets of one call:
+budgets of one call (``OutputCollector.of(settings)``, the one way a tool's call gets one):
 
-- **Text** (stdout, stderr, result reprs, tracebacks) is charged against the output
-  budget (``--max-output-chars``); once it is spent, the collector keeps a bounded tail
-  and counts what it dropped, so printing 100 MB costs the server a fixed amount of memory.
+- **Text** (stdout, stderr, result reprs, tracebacks) is charged against the call's output
+  budget (a :class:`~kernmind.budget.Budget` of ``--max-output-chars``): three quarters for
+  the head, kept whole; once it is spent, the collector keeps a bounded tail per stream and
+  counts what it dropped, so printing 100 MB costs the server a fixed amount of memory. Cuts
+  are marked with ``budget.gap`` (the kernel's own cap, ``kernels/setup.py``, is folded in).
 - **Rich data** (images, HTML, SVG, JSON, …) is charged against the result budget
   (``--max-result-bytes``); a display that does not fit keeps only its text form, and the
   result's notes say how many were left out and how to get them.
@@ -22,10 +24,11 @@ import math
 import re
 import time
 from html.parser import HTMLParser
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
+from kernmind.budget import Budget, gap
 from kernmind.execution import plotly_result
 
 Status = Literal["ok", "error", "timeout", "running"]
@@ -246,6 +249,11 @@ def lean_dump(result: RunResult) -> dict[str, Any]:
     return data
 
 
+class CollectorSettings(Protocol):
+    max_output_chars: int
+    max_result_bytes: int
+
+
 class OutputCollector:
     """Collects a call's output under its budgets (text: head kept whole, then a tail;
     rich data: until the result budget is spent).
@@ -254,16 +262,21 @@ class OutputCollector:
     saying how much was dropped is placed between head and tail.
     """
 
-    def __init__(self, budget: int, rich_budget: int = 4 * 1024 * 1024) -> None:
-        self.budget = budget
-        self.head_budget = budget * 3 // 4
-        self.tail_budget = budget - self.head_budget
+    def __init__(self, budget: Budget | int, rich_budget: int = 4 * 1024 * 1024) -> None:
+        self.budget = budget.chars if isinstance(budget, Budget) else budget
+        self.head_budget = self.budget * 3 // 4
+        self.tail_budget = self.budget - self.head_budget
         self.rich_budget = rich_budget
         self.reset()
 
+    @classmethod
+    def of(cls, settings: CollectorSettings) -> OutputCollector:
+        """The collector of one tool call (``run_code``, a background job) under ``settings``."""
+        return cls(Budget.of(settings), settings.max_result_bytes)
+
     def reset(self) -> None:
         """Forget everything collected so far (a runner that starts the code over)."""
-        self.used = 0
+        self.head = Budget(self.head_budget)
         self.dropped = 0
         self.rich_used = 0
         self.rich_dropped: dict[str, int] = {}  # MIME type -> displays left out
@@ -281,14 +294,15 @@ class OutputCollector:
     def truncated(self) -> bool:
         return self.dropped > 0
 
+    @property
+    def used(self) -> int:
+        return self.head.used
+
     def _take(self, text: str) -> str:
         """Charge ``text`` to the head budget; return what fits (the rest goes to the tail)."""
-        room = self.head_budget - self.used
-        if room <= 0:
+        if not self.head.left:  # the usual case once output floods: no note to word
             return ""
-        part = text[:room]
-        self.used += len(part)
-        return part
+        return self.head.take(text, more="")[0]
 
     def _to_tail(self, stream: str, text: str) -> None:
         # One tail per stream: stdout and stderr flush independently, so a shared tail in
@@ -389,16 +403,18 @@ class OutputCollector:
         kept = self._take(text)
         if len(kept) < len(text):
             self.dropped += len(text) - len(kept)
-            return kept + f"\n… [{len(text) - len(kept)} characters truncated]"
+            return kept + gap(len(text) - len(kept), "result").rstrip("\n")
         return kept
 
     def set_error(self, name: str, value: str, traceback: str) -> None:
-        name, value, tb = safe_text(name)[:200], safe_text(value), safe_text(strip_ansi(traceback))
-        if len(tb) > self.tail_budget * 2:
-            cut = len(tb) - self.tail_budget * 2
-            tb = tb[: self.tail_budget] + f"\n… [{cut} characters truncated] …\n" + tb[-self.tail_budget :]
-            self.dropped += cut
-        self.error = ErrorInfo(name=name, value=strip_ansi(value)[:2000], traceback=tb)
+        """The code's exception; its traceback keeps both ends (the call and the raise) within
+        half the output budget."""
+        name, value, whole = safe_text(name)[:200], safe_text(value), safe_text(strip_ansi(traceback))
+        tb, cut = Budget(self.tail_budget * 2).take(whole, more="", keep="ends")
+        if cut is not None:
+            self.dropped += len(whole) - len(tb)  # (the marker's own characters aside)
+        value = Budget(2000).take(strip_ansi(value), more="")[0]
+        self.error = ErrorInfo(name=name, value=value, traceback=tb)
 
     def logs(self) -> Logs:
         """The logs: each stream's head, then (if anything was cut) a marker and its tail."""
@@ -408,7 +424,7 @@ class OutputCollector:
             share = self.tail_budget // max(1, len(self._tails))
             tails = {name: text[-share:] for name, text in self._tails.items()}
             dropped = self.dropped + sum(len(self._tails[n]) - len(t) for n, t in tails.items())
-            marker = f"\n… [output truncated: {dropped} characters dropped] …\n"
+            marker = gap(dropped)
             for name in tails or {"stdout": ""}:
                 (stdout if name == "stdout" else stderr).append(marker)
             for name, text in tails.items():

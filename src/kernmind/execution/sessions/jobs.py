@@ -135,12 +135,11 @@ class Job:
 
 class Jobs:
     def __init__(
-        self, root: Path, *, output_budget: int, rich_budget: int, reserve: Reserve | None = None
+        self, root: Path, *, new_collector: Callable[[], OutputCollector], reserve: Reserve | None = None
     ) -> None:
         self.root = root
         self.reserve = reserve  # given up for a final record when the disk is full (diskio.py)
-        self.output_budget = output_budget
-        self.rich_budget = rich_budget
+        self.new_collector = new_collector  # a job's output budget: a run_code call's (OutputCollector.of)
         self.server = ""  # set by open(): this server's run directory
         self.jobs: dict[str, Job] = {}  # running jobs, and finished ones whose record is not on disk yet
         self._tg: TaskGroup | None = None
@@ -158,7 +157,7 @@ class Jobs:
             session_id=session_id,
             language=language,
             code=code,
-            collector=OutputCollector(self.output_budget, self.rich_budget),
+            collector=self.new_collector(),
             server=self.server,
             scope=anyio.CancelScope(),
             done=anyio.Event(),

@@ -35,6 +35,8 @@ with a ref (boundary.py). Code that fails is not a tool error: it is a normal re
 import base64
 import binascii
 import contextlib
+import itertools
+import sys
 from collections.abc import Iterator
 from typing import Annotated, Any
 
@@ -44,6 +46,7 @@ from pydantic import BaseModel, Field
 
 from kernmind import input_limits as limits
 from kernmind.budget import Budget, listed_size
+from kernmind.budget import left_out as budget_left_out
 from kernmind.config import Settings
 from kernmind.diskio import StorageError, disk_sentence
 from kernmind.execution.errors import RuntimeUnavailable
@@ -121,8 +124,17 @@ class FileList(BaseModel):
     )
 
 
-def run_result_content(result: RunResult) -> tuple[list[TextContent | ImageContent], dict[str, Any]]:
-    """The content blocks a model reads, and the structured result (images sent once)."""
+def run_result_content(
+    result: RunResult, budget: Budget | None = None
+) -> tuple[list[TextContent | ImageContent], dict[str, Any]]:
+    """The content blocks a model reads, and the structured result (images sent once).
+
+    The text block holds what the call's collector kept (its logs, results' text forms and
+    traceback are already within the output budget, and are counted in ``budget``), plus the
+    readable form of a rich result whose text form says nothing (Markdown, the text of HTML),
+    which is charged to what is left of ``budget``: a form cut there says where the whole one
+    is. So are the changed files' paths."""
+    budget = budget or Budget(sys.maxsize)
     lines: list[str] = []
     if result.status != "ok":
         lines.append(f"[status: {result.status}]")
@@ -132,9 +144,20 @@ def run_result_content(result: RunResult) -> tuple[list[TextContent | ImageConte
         lines.append(out.rstrip("\n"))
     if err:
         lines.append("[stderr]\n" + err.rstrip("\n"))
+    budget.spend(sum(len(line) + 1 for line in lines))
+    if result.error:  # (the collector's share of the budget: counted before the rich forms)
+        budget.spend(len(result.error.traceback) or len(result.error.name) + len(result.error.value) + 2)
     images: list[ImageContent] = []
-    for r in result.results:
+    for i, r in enumerate(result.results):
         if text := r.readable():
+            if text is r.text:
+                budget.spend(len(text) + 1)
+            else:
+                form = next(f for f in ("markdown", "latex", "html") if getattr(r, f))
+                text, cut = budget.take(
+                    text, more=f"the whole {form} is in the structured result (results[{i}].{form})."
+                )
+                text += f"\n[{cut}]" if cut else ""
             lines.append(text)
         for field, mime in IMAGE_FIELDS.items():
             data = getattr(r, field)
@@ -146,7 +169,13 @@ def run_result_content(result: RunResult) -> tuple[list[TextContent | ImageConte
     if result.error:
         lines.append(result.error.traceback or f"{result.error.name}: {result.error.value}")
     if result.files:
-        lines.append("[files] " + ", ".join(f"{f.path} ({f.size} B)" for f in result.files))
+        named = [f"{f.path} ({f.size} B)" for f in result.files]
+        shown = sum(1 for _ in itertools.takewhile(lambda n: budget.admit(len(n) + 2), named)) or 1
+        lines.append("[files] " + ", ".join(named[:shown]))
+        if shown < len(named):
+            lines.append(
+                f"[{budget_left_out(len(named) - shown, 'files', budget, 'the structured result lists them.')}]"
+            )
     text = TextContent(type="text", text="\n".join(lines) or "(no output)")
     # No null fields but the contract's: a client that hands the structured result to its model
     # pays for every one.
@@ -164,6 +193,9 @@ class ExecutionTools:
         languages = self.executor.available_languages()
         ex = self.executor
         text_budget, image_budget = self.settings.max_output_chars, self.settings.max_result_bytes
+
+        def content_of(result: RunResult) -> tuple[list[TextContent | ImageContent], dict[str, Any]]:
+            return run_result_content(result, Budget.of(self.settings))
 
         notable = ", ".join(ex.runtime.notable) or "only the standard library"
         extras = "".join(f" {extra.description()}" for extra in ex.kernel_extras)
@@ -254,7 +286,7 @@ class ExecutionTools:
                         f"started background job {job.id}; follow it with job_status, stop it with job_cancel."
                     ],
                 )
-                content, structured = run_result_content(started)
+                content, structured = content_of(started)
                 return CallToolResult(content=list(content), structured_content=structured)
             with model_errors(f"the {language[:20]} interpreter"):
                 result = await ex.run(
@@ -266,7 +298,7 @@ class ExecutionTools:
                     timeout=timeout,
                     progress=progress,
                 )
-            content, structured = run_result_content(result)
+            content, structured = content_of(result)
             return CallToolResult(content=list(content), structured_content=structured)
 
         @lasting_tool(
@@ -305,7 +337,7 @@ class ExecutionTools:
                 owner, sid = address(principal_of(ctx), session_id)
                 return await ex.install(list(packages), owner=owner, language=language, session_id=sid)
 
-        session_tools.register(server, ex, model_errors, run_result_content)
+        session_tools.register(server, ex, model_errors, content_of)
 
         @lasting_tool(description="Write a file into a session's working directory (text or base64).")
         async def upload_file(

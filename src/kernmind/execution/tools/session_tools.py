@@ -18,6 +18,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
 from kernmind import input_limits as limits
+from kernmind.budget import Budget
 from kernmind.execution.results import Logs, RunResult, lean_dump
 from kernmind.execution.sandbox.workspace import off_loop
 from kernmind.execution.sessions.client_defaults import client_default
@@ -28,6 +29,9 @@ from kernmind.refusals import Unavailable
 
 if TYPE_CHECKING:
     from kernmind.execution.executor import Executor
+
+
+RUNNING_TEXT_CHARS = 2000  # a running job's text block: its latest output (the structured output has more)
 
 
 class SessionSummary(BaseModel):
@@ -139,8 +143,13 @@ def job_answer(job: Job, run_result_content: Content) -> CallToolResult:
     blocks: list[Any]
     if job.collector is not None:  # running here: what it printed so far
         status.output, status.truncated = job.collector.logs(), job.collector.truncated
-        out = "".join(status.output.stdout + status.output.stderr)
-        text = f"[job {job.id} running for {status.elapsed_seconds:g}s]\n{out[-2000:]}".rstrip()
+        out, cut = Budget(RUNNING_TEXT_CHARS).take(
+            "".join(status.output.stdout + status.output.stderr),
+            keep="tail",
+            more="the latest output is shown here; the structured output holds its head and tail.",
+        )
+        head = f"[job {job.id} running for {status.elapsed_seconds:g}s]" + (f"\n[{cut}]" if cut else "")
+        text = f"{head}\n{out}".rstrip()
         blocks = [TextContent(type="text", text=text)]
     elif job.result is not None:
         result = RunResult.model_validate(job.result)
