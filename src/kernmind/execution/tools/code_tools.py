@@ -397,8 +397,9 @@ class ExecutionTools:
             with model_errors():
                 ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
                 image = guess_mime(path) in IMAGE_FIELDS.values() and offset == 0 and length is None
-                budget = image_budget if image else text_budget
-                got = await ws.aread(path, offset=offset, length=min(length or budget, budget))
+                # an image goes as an image block, under the result budget; anything else is read
+                budget = Budget(image_budget) if image else Budget.of(self.settings)
+                got = await ws.aread(path, offset=offset, length=min(length or budget.chars, budget.chars))
             ranged = length is not None or offset > 0
             return download_answer(
                 session_id or client_default() or ex.default_session_id, got, ranged=ranged, budget=budget
@@ -503,10 +504,17 @@ def decode_upload(content: str, encoding: str) -> bytes:
     raise ArgumentRefusal(f"encoding must be 'utf-8' or 'base64', got {encoding[:40]!r}.")
 
 
-def download_answer(session_id: str, got: FileData, *, ranged: bool, budget: int) -> CallToolResult:
-    """The download result: inline when it fits, else a resource link and how to read parts."""
+def download_answer(session_id: str, got: FileData, *, ranged: bool, budget: Budget) -> CallToolResult:
+    """The download result: inline when it fits ``budget``, else a resource link and how to read
+    parts. An image travels as an image block; other bytes as text when they are UTF-8, else as
+    base64 (which takes 4 characters per 3 bytes: a part holds fewer bytes to fit)."""
     uri = f"workspace://{session_id}/{got.path}"
-    complete = got.offset == 0 and len(got.data) == got.size
+    image = got.mime in IMAGE_FIELDS.values()
+    data, encoding = got.data, "image"
+    if not image or got.offset or len(got.data) < got.size:
+        data, encoding = inline_part(got, budget)
+    end = got.offset + len(data)
+    complete = got.offset == 0 and end == got.size
     answer = DownloadResult(
         path=got.path,
         size=got.size,
@@ -514,7 +522,7 @@ def download_answer(session_id: str, got: FileData, *, ranged: bool, budget: int
         encoding=None,
         content=None,
         offset=got.offset,
-        length=len(got.data),
+        length=len(data),
         complete=complete,
         resource=uri,
     )
@@ -522,30 +530,46 @@ def download_answer(session_id: str, got: FileData, *, ranged: bool, budget: int
     if not complete and not ranged:
         answer.length = 0
         answer.note = (
-            f"{got.path!r} is {got.size:,} bytes, more than fits in one answer ({budget:,}). Read it in parts "
-            f"with offset/length, open the resource link, or summarise it with run_code."
+            f"{got.path!r} is {got.size:,} bytes, more than fits in one answer (the output budget: "
+            f"{budget.chars:,} characters). Read it in parts with offset/length, open the resource link, "
+            "or summarise it with run_code."
         )
         blocks = [
             TextContent(type="text", text=answer.note),
             ResourceLink(type="resource_link", uri=uri, name=got.path, mime_type=got.mime, size=got.size),
         ]
-    elif complete and got.mime in IMAGE_FIELDS.values():
+    elif encoding == "image":
         answer.encoding = "image"
         blocks = [
             TextContent(type="text", text=f"{got.path} ({got.size:,} bytes, {got.mime})"),
-            ImageContent(type="image", data=base64.b64encode(got.data).decode(), mime_type=got.mime),
+            ImageContent(type="image", data=base64.b64encode(data).decode(), mime_type=got.mime),
         ]
     else:
         if not complete:
-            end = got.offset + len(got.data)
             answer.note = f"bytes {got.offset:,}-{end:,} of {got.size:,}; " + (
                 f"the next part starts at offset {end}." if end < got.size else "this is the end of the file."
             )
-        try:
-            answer.content, answer.encoding = got.data.decode(), "utf-8"
+        if encoding == "utf-8":
+            answer.content, answer.encoding = data.decode(), "utf-8"
             shown = answer.content
-        except UnicodeDecodeError:
-            answer.content, answer.encoding = base64.b64encode(got.data).decode(), "base64"
-            shown = f"({len(got.data):,} bytes of binary data, base64 in the structured result)"
+        else:
+            answer.content, answer.encoding = base64.b64encode(data).decode(), "base64"
+            shown = f"({len(data):,} bytes of binary data, base64 in the structured result)"
         blocks = [TextContent(type="text", text="\n".join(filter(None, [answer.note, shown])))]
     return CallToolResult(content=blocks, structured_content=answer.model_dump(mode="json"))
+
+
+def inline_part(got: FileData, budget: Budget) -> tuple[bytes, str]:
+    """The longest start of ``got.data`` that fits ``budget`` once encoded, and its encoding:
+    ``utf-8`` when it is text (a character cut by the end of a part is left to the next
+    part), else ``base64``."""
+    data = got.data
+    try:
+        data.decode()
+        return data, "utf-8"
+    except UnicodeDecodeError as exc:
+        cut_char = exc.reason == "unexpected end of data" and got.offset + len(data) < got.size
+        if cut_char and exc.start > 0:
+            return data[: exc.start], "utf-8"
+    room = budget.left // 4 * 3
+    return data[: max(room, 3)], "base64"
