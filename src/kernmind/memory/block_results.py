@@ -8,8 +8,12 @@ Design
   need a second ``memory_read`` before its next edit. A larger block is not echoed whole on
   every edit: the answer carries an excerpt (the changed lines with a little context, with
   line numbers) and says how to read the rest.
-* Reads respect a budget too: ``memory_read`` returns whole lines up to the server's output
-  budget and says which ``view_range`` shows the rest.
+* Every answer here goes through the output budget (``budget.py``): ``memory_read`` (and the
+  block an undo returns) holds whole lines up to it and says which ``view_range`` shows the
+  rest; ``memory_list`` and ``memory_history`` hold the entries that fit and say which
+  ``offset`` lists the next ones; the ``memory`` prompt shows the blocks that fit, cuts the
+  first that does not, and names the rest. Fixed shares below it (a write's echo, its excerpt,
+  a history value) are cut the same way.
 * :func:`render_blocks` produces the ``<memory_blocks>`` layout agents know from Letta's
   system prompt: one element per label with ``<description>``, ``<metadata>``
   (``chars_current``/``chars_limit``, plus ``read_only`` when set) and ``<value>``.
@@ -22,10 +26,11 @@ Nothing here refuses anything except through the block rules (blocks.py): a
 
 from __future__ import annotations
 
-import json
+import sys
 
 from pydantic import BaseModel, Field
 
+from kernmind.budget import Budget, left_out, listed_size, shown_lines
 from kernmind.memory.blocks import line_count, resolve_range
 from kernmind.memory.records import BlockRow, HistoryRow, iso
 
@@ -33,7 +38,7 @@ WRITE_ECHO_CHARS = 5000  # a write echoes the whole value up to this size (Letta
 EXCERPT_CHARS = 2000  # otherwise it shows at most this much around the change
 EXCERPT_CONTEXT_LINES = 2
 HISTORY_CLIP_CHARS = 2000  # old/new values in memory_history are clipped to this
-PAGE_ENVELOPE_CHARS = 400  # a memory_list page's fields besides its blocks (total, next_offset, note)
+PAGE_ENVELOPE_CHARS = 400  # an answer's fields besides its value or entries (metadata, total, note)
 
 
 def numbered(lines: list[str], first: int) -> str:
@@ -41,8 +46,9 @@ def numbered(lines: list[str], first: int) -> str:
     return "\n".join(f"{first + i}→ {line}" for i, line in enumerate(lines))
 
 
-def changed_excerpt(before: str, after: str) -> tuple[str, int, int]:
-    """The lines of ``after`` that differ from ``before``, with context: (view, first line, last line)."""
+def changed_excerpt(before: str, after: str, chars: int = EXCERPT_CHARS) -> tuple[str, int, int]:
+    """The lines of ``after`` that differ from ``before``, with context, in at most ``chars``
+    characters: (view, first line, last line)."""
     head = 0
     limit = min(len(before), len(after))
     while head < limit and before[head] == after[head]:
@@ -54,20 +60,18 @@ def changed_excerpt(before: str, after: str) -> tuple[str, int, int]:
     first = after.count("\n", 0, head)  # 0-based
     last = after.count("\n", 0, max(head, len(after) - tail))
     first, last = max(first - EXCERPT_CONTEXT_LINES, 0), min(last + EXCERPT_CONTEXT_LINES, len(lines) - 1)
-    shown: list[str] = []
-    size = 0
-    for i in range(first, last + 1):
-        size += len(lines[i]) + 8
-        if shown and size > EXCERPT_CHARS:
-            break
-        shown.append(lines[i][:EXCERPT_CHARS])
-    return numbered(shown, first + 1), first + 1, first + len(shown)
+    budget = Budget(chars)
+    candidates = [f"{first + 1 + i}→ {line}" for i, line in enumerate(lines[first : last + 1])]
+    count = budget.lines(candidates)
+    shown = candidates[:count] or [budget.take(candidates[0], more="")[0]]
+    return "\n".join(shown), first + 1, first + len(shown)
 
 
 def clip(text: str | None, limit: int = HISTORY_CLIP_CHARS) -> str | None:
-    if text is None or len(text) <= limit:
-        return text
-    return text[:limit] + f"… [{len(text) - limit} more characters not shown]"
+    if text is None:
+        return None
+    kept, cut = Budget(limit).take(text, more="")
+    return kept if cut is None else kept + f"… [{len(text) - len(kept)} more characters not shown]"
 
 
 class BlockInfo(BaseModel):
@@ -106,29 +110,29 @@ class Block(BlockInfo):
         return cls(**BlockInfo.of(row).model_dump(), value=row.value, lines=line_count(row.value))
 
     @classmethod
-    def view(cls, row: BlockRow, view_range: list[int] | None, budget: int) -> Block:
+    def view(cls, row: BlockRow, view_range: list[int] | None, budget: Budget) -> Block:
         """The block with the requested lines (all by default), cut at a line boundary to ``budget``."""
         lines = row.value.split("\n")
         total = line_count(row.value)
         first, last = resolve_range(view_range, total, row.label)
         chosen = lines[first - 1 : last] if total else []
-        kept: list[str] = []
-        size = 0
-        for line in chosen:
-            if size + len(line) + 1 > budget:
-                break
-            kept.append(line)
-            size += len(line) + 1
+        budget.spend(PAGE_ENVELOPE_CHARS + len(row.description))
+        kept = chosen[: budget.lines(chosen)]
         truncated = len(kept) < len(chosen)
-        if truncated and not kept:  # one line longer than the budget: cut inside it
-            kept = [chosen[0][:budget]]
+        cut_line = truncated and not kept  # one line longer than the budget: cut inside it
+        if cut_line:
+            kept = [budget.take(chosen[0], more="")[0]]
         shown_last = first + len(kept) - 1
         note = None
         if truncated:
-            note = (
-                f"Showing lines {first}-{shown_last} of {total} ({len(row.value)} characters) to stay within "
-                f"the output budget. Read on with memory_read(label={row.label!r}, view_range=[{shown_last + 1}, -1])."
-            )
+            more = f"read on with memory_read(label={row.label!r}, view_range=[{shown_last + 1}, -1])."
+            if cut_line:
+                more = (
+                    f"line {first} alone is longer than the budget and was cut: the resource "
+                    f"memory://blocks/{row.label} holds the whole value"
+                    + (f"; {more}" if shown_last < total else ".")
+                )
+            note = shown_lines(first, shown_last, total, budget, more)
         whole = first == 1 and shown_last >= total and not truncated
         return cls(
             **BlockInfo.of(row).model_dump(),
@@ -150,27 +154,25 @@ class BlockList(BaseModel):
     note: str | None = None
 
     @classmethod
-    def page(cls, rows: list[BlockRow], *, offset: int, total: int, budget: int) -> BlockList:
-        """``rows`` from ``offset`` on, as many as fit in ``budget`` characters of JSON (at least one)."""
+    def page(cls, rows: list[BlockRow], *, offset: int, total: int, budget: Budget) -> BlockList:
+        """``rows`` from ``offset`` on, as many as fit in ``budget`` (at least one)."""
         shown: list[BlockInfo] = []
-        size = PAGE_ENVELOPE_CHARS
+        budget.spend(PAGE_ENVELOPE_CHARS)
         for row in rows:
             info = BlockInfo.of(row)
-            size += len(json.dumps(info.model_dump())) + 2
-            if shown and size > budget:
+            if not budget.admit(listed_size(info), first=not shown):
                 break
             shown.append(info)
         end = offset + len(shown)
         if end >= total:
             return cls(blocks=shown, total=total, offset=offset)
-        return cls(
-            blocks=shown,
-            total=total,
-            offset=offset,
-            next_offset=end,
-            note=f"Blocks {offset + 1}-{end} of {total}. memory_list(offset={end}) lists the next ones; "
-            "memory_read(label=...) reads one.",
+        how = f"memory_list(offset={end}) lists the next ones; memory_read(label=...) reads one."
+        note = f"Blocks {offset + 1}-{end} of {total}. " + (
+            left_out(len(rows) - len(shown), "blocks of this page", budget, how)
+            if len(shown) < len(rows)
+            else how
         )
+        return cls(blocks=shown, total=total, offset=offset, next_offset=end, note=note)
 
 
 class BlockWrite(BlockInfo):
@@ -185,12 +187,20 @@ class BlockWrite(BlockInfo):
     message: str
 
     @classmethod
-    def after(cls, row: BlockRow, message: str, before: str | None = None) -> BlockWrite:
+    def after(
+        cls, row: BlockRow, message: str, before: str | None = None, budget: Budget | None = None
+    ) -> BlockWrite:
+        """The answer to a write: the whole value when it is small, else the changed lines
+        (both at most ``WRITE_ECHO_CHARS``/``EXCERPT_CHARS``, and within ``budget``)."""
         info = BlockInfo.of(row).model_dump()
         room = max(row.limit - row.chars, 0)
-        if row.chars <= WRITE_ECHO_CHARS:
+        left = WRITE_ECHO_CHARS
+        if budget is not None:
+            budget.spend(PAGE_ENVELOPE_CHARS + len(row.description) + len(message))
+            left = min(left, budget.left)
+        if row.chars <= left:
             return cls(**info, value=row.value, room_left=room, message=message)
-        view, first, last = changed_excerpt(before or "", row.value)
+        view, first, last = changed_excerpt(before or "", row.value, min(EXCERPT_CHARS, max(left, 1)))
         message += (
             f" The block has {row.chars} characters, so only lines {first}-{last} around the change are shown; "
             f"memory_read(label={row.label!r}) shows the value (view_range=[start, end] for some lines)."
@@ -218,13 +228,16 @@ class HistoryEntry(BaseModel):
     undone: bool
 
     @classmethod
-    def of(cls, h: HistoryRow) -> HistoryEntry:
+    def of(cls, h: HistoryRow, budget: Budget | None = None) -> HistoryEntry:
+        """The entry, its values clipped to ``HISTORY_CLIP_CHARS`` (to a quarter of ``budget``
+        when that is less: an entry always fits an answer)."""
+        limit = min(HISTORY_CLIP_CHARS, budget.chars // 4) if budget is not None else HISTORY_CLIP_CHARS
         return cls(
             version=h.version,
             op=h.op,
             at=iso(h.at),
-            old=clip(h.old_value),
-            new=clip(h.new_value),
+            old=clip(h.old_value, limit),
+            new=clip(h.new_value, limit),
             undone=h.undone,
         )
 
@@ -232,6 +245,33 @@ class HistoryEntry(BaseModel):
 class BlockHistory(BaseModel):
     label: str
     entries: list[HistoryEntry] = Field(description="newest first")
+    next_offset: int | None = Field(
+        default=None, description="pass as offset for older entries; null when there are none"
+    )
+    note: str | None = None
+
+    @classmethod
+    def page(
+        cls, label: str, rows: list[HistoryRow], *, offset: int, limit: int, more: bool, budget: Budget
+    ) -> BlockHistory:
+        """The entries of ``rows`` (newest first, from ``offset``) that fit ``budget`` (at least one);
+        ``more``: older entries exist past ``limit``."""
+        budget.spend(PAGE_ENVELOPE_CHARS)
+        entries: list[HistoryEntry] = []
+        for h in rows[:limit]:
+            entry = HistoryEntry.of(h, budget)
+            if not budget.admit(listed_size(entry), first=not entries):
+                break
+            entries.append(entry)
+        end = offset + len(entries)
+        if len(entries) < min(len(rows), limit):
+            how = f"memory_history(label={label!r}, offset={end}) shows older ones."
+            note = left_out(min(len(rows), limit) - len(entries), "entries", budget, how)
+        elif more:
+            note = f"There are older entries: memory_history(label={label!r}, offset={end}) shows them."
+        else:
+            return cls(label=label, entries=entries)
+        return cls(label=label, entries=entries, next_offset=end, note=note)
 
 
 class UndoResult(BaseModel):
@@ -239,6 +279,14 @@ class UndoResult(BaseModel):
     reverted: HistoryEntry = Field(description="the change that was undone")
     block: Block | None = Field(description="the block after the undo (null if the undo removed it)")
     message: str
+
+    @classmethod
+    def of(cls, row: BlockRow | None, entry: HistoryRow, message: str, budget: Budget) -> UndoResult:
+        """The undo's answer: the change, then as much of the block as ``budget`` still holds."""
+        reverted = HistoryEntry.of(entry, budget)
+        budget.spend(listed_size(reverted) + len(message))
+        block = Block.view(row, None, budget) if row is not None else None
+        return cls(label=entry.label, reverted=reverted, block=block, message=message)
 
 
 def render_block(row: BlockRow, value: str | None = None) -> str:
@@ -260,37 +308,31 @@ PROMPT_TAIL = "</memory_blocks>"
 MIN_CUT_VALUE = 1000  # a block cut to fit the budget shows at least this much of its value
 
 
-def render_blocks(rows: list[BlockRow], budget: int | None = None, total: int | None = None) -> str:
-    """Every block in the ``<memory_blocks>`` layout; with ``budget``, as many as fit in that many
-    characters (a block that does not fit whole is cut, when enough room is left to be useful),
-    and a closing line that says what was left out and how to read it (``total``: how many blocks
-    there are, when ``rows`` are only the first of them)."""
+def render_blocks(rows: list[BlockRow], budget: Budget | None = None, total: int | None = None) -> str:
+    """Every block in the ``<memory_blocks>`` layout; with ``budget``, as many as fit (a block that
+    does not fit whole is cut, when enough room is left to be useful), and a closing line that
+    says what was left out and how to read it (``total``: how many blocks there are, when
+    ``rows`` are only the first of them)."""
     total = max(total or 0, len(rows))
-    parts: list[str] = []
-    size = len(PROMPT_HEAD) + len(PROMPT_TAIL)
+    budget = budget or Budget(sys.maxsize)
+    budget.spend(len(PROMPT_HEAD) + len(PROMPT_TAIL))
     reserve = 500  # room for the line about what was left out
-    shown = 0
+    parts: list[str] = []
     for i, row in enumerate(rows):
         text = render_block(row)
-        if budget is None or size + len(text) + 2 <= budget - (reserve if i < total - 1 else 0):
+        last = i == total - 1
+        if budget.admit(len(text) + 2 + (0 if last else reserve)):
+            budget.spend(0 if last else -reserve)  # the reserve is only held, not spent
             parts.append(text)
-            size += len(text) + 2
-            shown += 1
             continue
-        room = budget - size - reserve - len(render_block(row, "")) - 200
-        if room >= MIN_CUT_VALUE or not parts:
-            cut = row.value[: max(room, 0)]
-            parts.append(
-                render_block(
-                    row,
-                    f"{cut}\n[value cut at {len(cut)} of {len(row.value)} characters to stay within the output "
-                    f"budget; memory_read(label={row.label!r}, view_range=[start, end]) reads the rest]",
-                )
-            )
-            shown += 1
+        budget.spend(reserve + len(render_block(row, "")) + 200)
+        if budget.left >= MIN_CUT_VALUE or not parts:
+            how = f"memory_read(label={row.label!r}, view_range=[start, end]) reads the rest"
+            cut, note = budget.take(row.value, more=how)
+            parts.append(render_block(row, f"{cut}\n[value cut at {len(cut)} characters: {note}]"))
         break
-    if shown < total:
-        parts.append(_left_out(rows[shown:], shown, total))
+    if len(parts) < total:
+        parts.append(_left_out(rows[len(parts) :], len(parts), total))
     body = "\n\n".join(parts)
     return PROMPT_HEAD + body + ("\n\n" if body else "") + PROMPT_TAIL
 

@@ -106,12 +106,12 @@ class Blocks:
         )
         return rules.unknown_label(label, [r[0] for r in rows])
 
-    async def history(self, label: str, limit: int = 20) -> list[HistoryRow]:
+    async def history(self, label: str, limit: int = 20, offset: int = 0) -> list[HistoryRow]:
         async with self.db.read() as tx:
             rows = await tx.all(
                 f"SELECT {_HISTORY_COLS} FROM block_history WHERE namespace = ? AND label = ? "
-                "ORDER BY id DESC LIMIT ?",
-                (self.namespace, label, limit),
+                "ORDER BY id DESC LIMIT ? OFFSET ?",
+                (self.namespace, label, limit, offset),
             )
             if not rows and await self.fetch(tx, label) is None:
                 raise await self.unknown(tx, label)

@@ -24,13 +24,13 @@ from mcp_types import ToolAnnotations
 from pydantic import Field
 
 from kernmind import input_limits as limits
+from kernmind.budget import Budget
 from kernmind.memory.block_results import (
     Block,
     BlockDeleted,
     BlockHistory,
     BlockList,
     BlockWrite,
-    HistoryEntry,
     UndoResult,
 )
 from kernmind.memory.memory_tool import DIALECT_WORDS, MemoryDirectory, label_of
@@ -58,7 +58,7 @@ def register_block_tools(memory_tools: MemoryTools, server: MCPServer) -> None:
     async def write(ctx: Context, label: str, op: Callable[[], Awaitable[Any]], message: str) -> BlockWrite:
         row = await call(op())
         await memory_tools.notify(ctx, label)
-        return BlockWrite.after(row, message, row.previous)
+        return BlockWrite.after(row, message, row.previous, Budget.of(memory_tools.settings))
 
     @server.tool(
         description=(
@@ -73,7 +73,7 @@ def register_block_tools(memory_tools: MemoryTools, server: MCPServer) -> None:
     ) -> BlockList:
         blocks = memory_tools.store.blocks
         rows, total = await blocks.list(offset, limit), await blocks.count()
-        return BlockList.page(rows, offset=offset, total=total, budget=memory_tools.settings.max_output_chars)
+        return BlockList.page(rows, offset=offset, total=total, budget=Budget.of(memory_tools.settings))
 
     @server.tool(
         description=(
@@ -91,7 +91,7 @@ def register_block_tools(memory_tools: MemoryTools, server: MCPServer) -> None:
     ) -> Block:
         row = await call(memory_tools.store.blocks.get(label))
         with memory_tools.refusals():
-            return Block.view(row, view_range, memory_tools.settings.max_output_chars)
+            return Block.view(row, view_range, Budget.of(memory_tools.settings))
 
     @server.tool(
         description="Create a new memory block. An existing label is an error (edit it instead).",
@@ -115,7 +115,7 @@ def register_block_tools(memory_tools: MemoryTools, server: MCPServer) -> None:
     ) -> BlockWrite:
         row = await call(memory_tools.store.blocks.create(label, value, description, limit, read_only))
         await memory_tools.notify(ctx, label, listing=True)
-        return BlockWrite.after(row, f"Created block {label!r}.")
+        return BlockWrite.after(row, f"Created block {label!r}.", budget=Budget.of(memory_tools.settings))
 
     @server.tool(description="Append text to a memory block, on a new line.", annotations=edit)
     async def memory_append(
@@ -209,9 +209,15 @@ def register_block_tools(memory_tools: MemoryTools, server: MCPServer) -> None:
     async def memory_history(
         label: Label,
         limit: Annotated[int, Field(description="Most recent entries to return.", ge=1, le=500)] = 20,
+        offset: Annotated[
+            int, Field(description="Skip this many recent entries (from next_offset).", ge=0)
+        ] = 0,
     ) -> BlockHistory:
-        rows = await call(memory_tools.store.blocks.history(label, limit))
-        return BlockHistory(label=label, entries=[HistoryEntry.of(h) for h in rows])
+        rows = await call(memory_tools.store.blocks.history(label, limit + 1, offset))
+        budget = Budget.of(memory_tools.settings)
+        return BlockHistory.page(
+            label, rows, offset=offset, limit=limit, more=len(rows) > limit, budget=budget
+        )
 
     @server.tool(
         description=(
@@ -224,12 +230,8 @@ def register_block_tools(memory_tools: MemoryTools, server: MCPServer) -> None:
         row, entry = await call(memory_tools.store.blocks.undo(label, expected_version))
         await memory_tools.notify(ctx, label, listing=row is None or entry.op in ("create", "delete"))
         what = f"Undid {entry.op} (version {entry.version}) of {label!r}."
-        return UndoResult(
-            label=label,
-            reverted=HistoryEntry.of(entry),
-            block=Block.of(row) if row is not None else None,
-            message=what if row is not None else what + " The block no longer exists.",
-        )
+        message = what if row is not None else what + " The block no longer exists."
+        return UndoResult.of(row, entry, message, Budget.of(memory_tools.settings))
 
 
 def register_memory_tool(memory_tools: MemoryTools, server: MCPServer) -> None:

@@ -18,7 +18,7 @@ Design
   up to the ceiling.
 * A folder's ``delete`` and ``rename`` apply to each file in it (one transaction per file,
   each undoable on its own), after checking that none of them is read-only.
-* Listings and file views respect the output budget: a long file is shown in whole lines up
+* Listings and file views go through the output budget (``budget.py``): a long file is shown in whole lines up
   to the budget, with the ``view_range`` that shows the rest.
 
 Error policy
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kernmind.budget import Budget, left_out, shown_lines
 from kernmind.memory import blocks as rules
 from kernmind.memory.block_store import Blocks
 from kernmind.memory.errors import BLOCK_TOOL_WORDS, MemoryRefusal, Verb, Words
@@ -156,32 +157,27 @@ class MemoryDirectory:
             f"Here's the content of {path} with line numbers (version {row.version}, "
             f"{row.chars}/{row.limit} characters{', read-only' if row.read_only else ''}):"
         )
-        body: list[str] = [head]
-        size = len(head)
-        for i, line in enumerate(lines):
-            text = f"{first + i:6d}\t{line}"
-            if size + len(text) + 1 > self.budget and i:
-                body.append(
-                    f"[lines {first}-{first + i - 1} of {total} shown to stay within the output budget; "
-                    f"view with view_range=[{first + i}, -1] for the rest]"
-                )
-                break
-            body.append(text[: self.budget])
-            size += len(text) + 1
+        budget = Budget(self.budget)
+        budget.spend(len(head) + 300)  # the head, and the line on what was left out
+        numbered = [f"{first + i:6d}\t{line}" for i, line in enumerate(lines)]
+        shown = budget.lines(numbered)
+        body = [head, *numbered[:shown]]
+        if shown < len(numbered):
+            more = f"view with view_range=[{first + max(shown, 1)}, -1] for the rest"
+            if not shown:  # one line longer than the budget: cut inside it
+                body.append(budget.take(numbered[0], more="")[0])
+                whole = f"line {first} alone is longer than the budget and was cut (memory://blocks/{row.label} holds it whole)"
+                more = f"{whole}; {more}" if first < total else whole
+            body.append(f"[{shown_lines(first, first + max(shown, 1) - 1, total, budget, more)}]")
         return "\n".join(body)
 
     def _within_budget(self, lines: list[str], hint: str) -> str:
-        out: list[str] = []
-        size = 0
-        for i, line in enumerate(lines):
-            if size + len(line) + 1 > self.budget and out:
-                out.append(
-                    f"[{len(lines) - i} more entries not shown to stay within the output budget; {hint}]"
-                )
-                break
-            out.append(line)
-            size += len(line) + 1
-        return "\n".join(out)
+        budget = Budget(self.budget)
+        budget.spend(300)  # the line on what was left out
+        shown = max(budget.lines(lines), 1)
+        if shown == len(lines):
+            return "\n".join(lines)
+        return "\n".join([*lines[:shown], f"[{left_out(len(lines) - shown, 'entries', budget, hint)}]"])
 
     async def create(self, path: str, file_text: str, expected_version: int | None = None) -> str:
         label = label_of(path)
@@ -235,9 +231,9 @@ class MemoryDirectory:
         lo = max(first - SNIPPET_CONTEXT, 1)
         hi = min(last + SNIPPET_CONTEXT, len(lines))
         shown = [line[:500] for line in lines[lo - 1 : hi]]
-        text = numbered_lines(shown, lo)
-        if len(text) > self.budget:
-            text = text[: self.budget] + " …"
+        text, cut = Budget(self.budget - 200).take(numbered_lines(shown, lo), more="")
+        if cut is not None:
+            text += f" … [view with view_range=[{lo}, {hi}] for these lines]"
         return (
             f"Here's the result of running `cat -n` on a snippet of {path_of(row.label)} (version {row.version}):\n"
             f"{text}"

@@ -367,7 +367,7 @@ class MemoryTools:
         async def memory_prompt() -> str:
             blocks = self.store.blocks
             rows, total = await blocks.list(0, LISTING_MAX), await blocks.count()
-            return render_blocks(rows, budget=self.settings.max_output_chars, total=total)
+            return render_blocks(rows, budget=Budget.of(self.settings), total=total)
 
 
 def blocks_listing_json(rows: list[BlockRow], total: int, budget: Budget) -> str:
