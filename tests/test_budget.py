@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from kernmind.budget import Budget, left_out, listed_size, next_page
+from kernmind.budget import Budget, gap, left_out, listed_size, next_page, shown_lines
 from kernmind.config import Settings
 
 
@@ -66,3 +66,32 @@ def test_left_out_names_count_budget_and_way() -> None:
     assert left_out(3, "passages", Budget(5000), "use page=2") == (
         "3 more passages left out to stay within the output budget (5,000 characters); use page=2"
     )
+
+
+def test_take_can_keep_the_end_or_both_ends_around_a_marker() -> None:
+    text = "".join(f"{i:03}" for i in range(300))  # 900 characters
+    tail, note = Budget(30).take(text, more="see the head.", keep="tail")
+    assert tail == text[-30:] and note is not None and note.startswith("870 of 900 characters left out")
+    ends, note = Budget(200).take(text, more="-", keep="ends")
+    assert len(ends) <= 200 and ends.startswith("000001") and ends.endswith("298299")
+    assert "text truncated" in ends and note is not None
+    dropped = int(ends.split("truncated: ")[1].split(" ")[0])
+    assert 900 - dropped == len(ends) - len(gap(dropped, "text"))  # the count is what was really cut
+    assert Budget(200).take("short", more="-", keep="ends") == ("short", None)
+    tiny, _ = Budget(10).take(text, more="-", keep="ends")  # no room for a marker: the start
+    assert tiny == text[:10]
+
+
+def test_lines_keeps_whole_lines_while_they_fit() -> None:
+    budget = Budget(20)
+    assert budget.lines(["12345", "12345", "12345", "12345"]) == 3 and budget.left == 2
+    assert Budget(20).lines(["x" * 30, "y"]) == 0  # the first alone does not fit: cut it with take
+    assert Budget(100).lines(["a", "b"]) == 2
+
+
+def test_the_notes_name_what_was_shown_and_how_to_get_the_rest() -> None:
+    assert shown_lines(1, 40, 900, Budget(5000), "read on with view_range=[41, -1].") == (
+        "Lines 1-40 of 900 shown to stay within the output budget (5,000 characters); "
+        "read on with view_range=[41, -1]."
+    )
+    assert gap(12) == "\n… [output truncated: 12 characters dropped] …\n"
