@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,52 @@ async def test_long_paths_page_within_the_budget_and_every_file_is_listed_once(t
     assert pages > 1
     assert sorted(listed) == sorted(names)
     assert len(listed) == len(set(listed)) == 30
+
+
+async def test_the_listing_resource_holds_what_fits_and_names_the_next_page(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path, pool_size=0, sandbox="none", fork_server=False, max_output_chars=BUDGET
+    )
+    deep = "/".join(c * 200 for c in "abc")
+    async with Client(create_server(settings)) as client:
+        for i in range(30):
+            structured(
+                await client.call_tool(
+                    "upload_file", {"path": f"{deep}/f{i:02}.txt", "content": "x", "session_id": "res"}
+                )
+            )
+        structured(
+            await client.call_tool("upload_file", {"path": "one.txt", "content": "x", "session_id": "few"})
+        )
+        body = (await client.read_resource("workspace://res")).contents[0].text  # type: ignore[union-attr]
+        assert len(body) <= BUDGET, len(body)
+        listing = json.loads(body)
+        shown = len(listing["files"])
+        assert 0 < shown < 30 and listing["total"] == 30 and listing["next_offset"] == shown
+        assert f"list_files(session_id='res', offset={shown})" in listing["note"]
+        few = json.loads((await client.read_resource("workspace://few")).contents[0].text)  # type: ignore[union-attr]
+        assert [f["path"] for f in few["files"]] == ["one.txt"] and few["note"] is None
+
+
+async def test_list_sessions_pages_within_the_budget_and_every_session_is_listed_once(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path, pool_size=0, sandbox="none", fork_server=False, max_output_chars=BUDGET, max_sessions=64
+    )
+    async with Client(create_server(settings)) as client:
+        for i in range(30):
+            structured(
+                await client.call_tool("upload_file", {"path": "x", "content": "x", "session_id": f"s{i:02}"})
+            )
+        seen: list[str] = []
+        offset: int | None = 0
+        pages = 0
+        while offset is not None:
+            result = await client.call_tool("list_sessions", {"offset": offset})
+            assert len(result.content[0].text) <= BUDGET, len(result.content[0].text)
+            page = structured(result)
+            assert page["total"] == 30
+            seen += [s["session_id"] for s in page["sessions"]]
+            offset, pages = page.get("next_offset"), pages + 1
+            if offset is not None:
+                assert f"list_sessions(offset={offset})" in page["note"]
+        assert pages > 1 and sorted(seen) == [f"s{i:02}" for i in range(30)]

@@ -122,6 +122,7 @@ class FileList(BaseModel):
         description="pass as offset for the next page (a page may hold fewer than limit files when their "
         "paths are long: the output budget); null on the last page"
     )
+    note: str | None = None
 
 
 def run_result_content(
@@ -444,6 +445,9 @@ class ExecutionTools:
                 total=total,
                 offset=offset,
                 next_offset=end if end < total else None,
+                note=budget_left_out(len(page) - shown, "files", budget, f"offset={end} lists them.")
+                if shown < len(page)
+                else None,
             )
 
         @lasting_resource(
@@ -470,19 +474,32 @@ class ExecutionTools:
         @lasting_resource(
             "workspace://{session_id}",
             name="workspace_listing",
-            description="The files in a code session's working directory, as JSON (the first 1000).",
+            description="The files in a code session's working directory, as JSON (the first ones, as many as "
+            "fit the output budget; list_files pages through the rest).",
             mime_type="application/json",
         )
         async def workspace_listing(session_id: str, ctx: Context) -> str:
             ws = await ex.workspace_for(*address(principal_of(ctx), session_id), create=False)
             page, total = await ws.alist(limit=LIST_MAX)
+            budget = Budget.of(self.settings)  # as list_files: the entries that fit, and where to go on
+            budget.spend(LISTING_ENVELOPE_CHARS + 300)
+            shown = 0
+            while shown < len(page) and budget.admit(listed_size(page[shown]), first=shown == 0):
+                shown += 1
             listing = FileList(
                 session_id=session_id,
-                files=page,
+                files=page[:shown],
                 total=total,
                 offset=0,
-                next_offset=LIST_MAX if total > LIST_MAX else None,
+                next_offset=shown if shown < total else None,
             )
+            if shown < total:
+                listing.note = budget_left_out(
+                    total - shown,
+                    "files",
+                    budget,
+                    f"list_files(session_id={session_id!r}, offset={shown}) lists them.",
+                )
             return listing.model_dump_json()
 
 

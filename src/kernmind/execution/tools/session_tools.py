@@ -18,7 +18,8 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
 from kernmind import input_limits as limits
-from kernmind.budget import Budget
+from kernmind.budget import Budget, listed_size
+from kernmind.budget import left_out as left_out_of
 from kernmind.execution.results import Logs, RunResult, lean_dump
 from kernmind.execution.sandbox.workspace import off_loop
 from kernmind.execution.sessions.client_defaults import client_default
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from kernmind.execution.executor import Executor
 
 
+LISTING_ENVELOPE_CHARS = 1000  # a list_sessions answer's fields besides its sessions
 RUNNING_TEXT_CHARS = 2000  # a running job's text block: its latest output (the structured output has more)
 
 
@@ -63,7 +65,14 @@ class SessionSummary(BaseModel):
 
 
 class SessionList(BaseModel):
-    sessions: list[SessionSummary]
+    sessions: list[SessionSummary] = Field(
+        description="this page of sessions (as many as fit the output budget)"
+    )
+    total: int = Field(default=0, description="sessions in all, before paging")
+    next_offset: int | None = Field(
+        default=None, description="pass as offset for the next page; null on the last"
+    )
+    note: str | None = None
     max_sessions: int = Field(description="live sessions at once, all principals together (--max-sessions)")
     max_sessions_per_principal: int = Field(
         description="live sessions one principal may have; past it the least recently used idle one is "
@@ -179,15 +188,32 @@ def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_cont
         "on their next call), with their files, size and when they were last used (an admin sees every "
         "owner's)."
     )
-    async def list_sessions(ctx: Context) -> SessionList:
+    async def list_sessions(
+        ctx: Context,
+        offset: Annotated[int, Field(ge=0, description="Skip this many sessions (from next_offset).")] = 0,
+    ) -> SessionList:
         caller = principal_of(ctx)
         owner = None if caller.admin else caller.owner
         rows = await off_loop(lambda: ex.session_summaries(owner), timeout=None)
-        for row in rows:
+        budget = Budget.of(settings)  # many sessions (an admin sees every owner's): a page at a time
+        budget.spend(LISTING_ENVELOPE_CHARS)
+        sessions: list[SessionSummary] = []
+        for row in rows[offset:]:
             row["last_used"] = iso(row.get("last_used")) or ""
             row["variables_saved_at"] = iso(row.get("variables_saved_at"))
+            summary = SessionSummary(**row)
+            if not budget.admit(listed_size(summary), first=not sessions):
+                break
+            sessions.append(summary)
+        end = offset + len(sessions)
+        more = end < len(rows)
         return SessionList(
-            sessions=[SessionSummary(**r) for r in rows],
+            sessions=sessions,
+            total=len(rows),
+            next_offset=end if more else None,
+            note=left_out_of(len(rows) - end, "sessions", budget, f"list_sessions(offset={end}) lists them.")
+            if more
+            else None,
             max_sessions=settings.max_sessions,
             max_sessions_per_principal=ex.sessions.caps.per_owner,
             max_stored_sessions=settings.max_stored_sessions,
