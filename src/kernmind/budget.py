@@ -4,10 +4,13 @@ Design
 ------
 A :class:`Budget` is a number of characters one answer may hold (``--max-output-chars``, or
 a smaller share of it for one part of an answer), spent as the answer is built. Every tool
-result goes through one: ``run_code`` and job output (the call's ``OutputCollector``), the
-text a model reads of a run, ``download_file``, memory reads and views, ``memory_history``,
-the ``memory`` prompt and ``memory://blocks``, archival and conversation search, ``list_files``.
-Its three ways to spend:
+result goes through one: ``run_code`` and job output (the call's ``OutputCollector.of``), the
+text a model reads of a run, ``download_file``, memory reads, writes' echoes, views and
+``memory_history``, the ``memory`` prompt and ``memory://blocks``, archival and conversation
+search, ``list_files``, ``list_sessions`` and ``workspace://`` listings. (What a resource link
+points at — a block's or a file's whole content — is read by reference and is not cut; the
+kernel's own cap on a cell's output, ``execution/kernels/setup.py``, is sized from the same
+setting.) Its three ways to spend:
 
 * :meth:`Budget.take` keeps as much of one text as fits: its start (``keep="head"``), its
   end (``"tail"``: the latest output) or both ends around a :func:`gap` marker (``"ends"``:
