@@ -61,7 +61,7 @@ def changed_excerpt(before: str, after: str, chars: int = EXCERPT_CHARS) -> tupl
     last = after.count("\n", 0, max(head, len(after) - tail))
     first, last = max(first - EXCERPT_CONTEXT_LINES, 0), min(last + EXCERPT_CONTEXT_LINES, len(lines) - 1)
     budget = Budget(chars)
-    candidates = [f"{first + 1 + i}→ {line}" for i, line in enumerate(lines[first : last + 1])]
+    candidates = numbered(lines[first : last + 1], first + 1).split("\n")
     count = budget.lines(candidates)
     shown = candidates[:count] or [budget.take(candidates[0], more="")[0]]
     return "\n".join(shown), first + 1, first + len(shown)
