@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -147,19 +148,12 @@ async def run_request(
         try:
             check_by = await channel.check()
             until = min(t for t in (deadline, check_by, now + 3600) if t is not None)
-            msg = await channel.output(max(0.0, until - time.monotonic()))
+            got = await _next(channel.output, max(0.0, until - time.monotonic()), ignored)
         except KernelLost as lost:
             return ignored.into(lost.outcome(count))
-        except MALFORMED as exc:  # the message could not even be decoded
-            await _skip(ignored, f"{type(exc).__name__}: {exc}")
+        if got is None:
             continue
-        if msg is None:
-            continue
-        parts = message_parts(msg)
-        if isinstance(parts, str):
-            await _skip(ignored, parts)
-            continue
-        kind, parent_id, content = parts
+        msg, (kind, parent_id, content) = got
         if parent_id != msg_id:
             continue
         if kind == "status":
@@ -183,18 +177,9 @@ async def _reply_count(channel: Channel, msg_id: str, ignored: Ignored, count: i
     ``count`` when it does not come within ``REPLY_GRACE``."""
     reply_by = time.monotonic() + REPLY_GRACE
     while (left := reply_by - time.monotonic()) > 0:
-        try:
-            reply = await channel.reply(left)
-        except MALFORMED as exc:
-            await _skip(ignored, f"{type(exc).__name__}: {exc}")
-            continue
-        if reply is None:
-            continue
-        parts = message_parts(reply)
-        if isinstance(parts, str):
-            await _skip(ignored, parts)
-        elif parts[1] == msg_id:
-            return count_of(parts[2].get("execution_count"), count)
+        got = await _next(channel.reply, left, ignored)
+        if got is not None and got[1][1] == msg_id:
+            return count_of(got[1][2].get("execution_count"), count)
     return count
 
 
@@ -207,18 +192,15 @@ async def await_interrupted(
     deadline = time.monotonic() + grace
     while (left := deadline - time.monotonic()) > 0:
         try:
-            msg = await channel.output(left)
-        except MALFORMED:
-            continue
+            got = await _next(channel.output, left, Ignored())
         except KernelLost:
             return False
         except Exception as exc:  # a channel that fails now cannot say the kernel came back
             log.debug("reading an interrupted kernel's output failed: %s", exc)
             return False
-        parts = message_parts(msg) if msg is not None else "nothing"
-        if isinstance(parts, str) or parts[1] != msg_id:
+        if got is None or got[1][1] != msg_id:
             continue
-        kind, _, content = parts
+        msg, (kind, _, content) = got
         if kind == "stream":
             fold_output(msg, sink, None)
         elif kind == "status" and content.get("execution_state") == "idle":
@@ -226,6 +208,25 @@ async def await_interrupted(
     return False
 
 
-async def _skip(ignored: Ignored, why: str) -> None:
+Parts = tuple[str, str | None, dict[str, Any]]
+
+
+async def _next(
+    receive: Callable[[float], Awaitable[Any]], timeout: float, ignored: Ignored
+) -> tuple[Any, Parts] | None:
+    """The next message ``receive`` gives within ``timeout`` and its parts (``message_parts``);
+    None when none came, or what came was malformed (counted in ``ignored``)."""
+    try:
+        msg = await receive(timeout)
+    except MALFORMED as exc:  # the message could not even be decoded
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        if msg is None:
+            return None
+        parts = message_parts(msg)
+        if not isinstance(parts, str):
+            return msg, parts
+        why = parts
     ignored.add(why)
     await anyio.lowlevel.checkpoint()  # a flood of malformed messages must not hold the event loop
+    return None

@@ -52,11 +52,12 @@ import anyio
 
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernels.exchange import ExecOutcome, KernelLost, await_interrupted, run_request
+from kernmind.execution.kernels.launch import LaunchPlan
 from kernmind.execution.kernels.setup import setup_code
 from kernmind.execution.packages.guard import SandboxGuard, activate_layer_code
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.sandbox.bwrap import Limits, Mount, Sandbox
+from kernmind.execution.sandbox.bwrap import Limits, Sandbox
 from kernmind.execution.sandbox.cgroups import Cgroup, CgroupSupport
 from kernmind.execution.sandbox.rundir import RunDir, socket_root
 from kernmind.execution.sandbox.workspace import Workspace
@@ -235,6 +236,20 @@ class Kernel:
     forked_pid: int | None = None  # a fork-server kernel's process (outside the sandbox's process tree)
     # What other parts set up for it (kernel_extras.py), undone when it shuts down.
     on_stop: list[Callable[[], None]] = field(default_factory=list)
+
+    @classmethod
+    def launched(cls, plan: LaunchPlan, km: SandboxedKernelManager) -> Kernel:
+        """The kernel ``plan`` describes, driven by ``km`` (not started yet)."""
+        return cls(
+            id=uuid.uuid4().hex[:8],
+            workspace=plan.workspace,
+            runtime_dir=plan.runtime_dir,
+            km=km,
+            uid=plan.uid,
+            layer=plan.layer,
+            layer_path=plan.layer_path(),
+            group=plan.own_group,
+        )
 
     @property
     def local(self) -> Kernel:
@@ -495,34 +510,9 @@ class KernelFactory:
             **self.extra_env,
         }
 
-    def kernel_mounts(self) -> tuple[Layer | None, list[Mount]]:
-        """A new kernel's (empty) package layer, and the server directories its sandbox mounts."""
-        layer = self.new_layer() if self.new_layer is not None else None
-        extra = [m for e in self.extras for m in e.mounts()]
-        return layer, [
-            *([layer.mount] if layer else []),
-            *(self.guard.mounts() if self.guard else []),
-            *extra,
-        ]
-
-    def layer_path(self, layer: Layer | None) -> str | None:
-        """Where a kernel sees its layer's Python packages."""
-        return f"{layer.mount.path(self.sandbox)}/python" if layer else None
-
     @property
     def _path(self) -> str:
         return f"{os.path.dirname(self.runtime.executable)}:/usr/local/bin:/usr/bin:/bin"
-
-    def own_group(self, group: Cgroup | None) -> Cgroup | None:
-        """A group of its own for a kernel started without a session's ``group`` (a warm kernel)."""
-        if group is not None or self.cgroups is None or not self.cgroups.active:
-            return None
-        limits = self.limits or self.sandbox.limits
-        try:
-            return self.cgroups.new_group(limits.memory_mb, limits.max_processes)
-        except OSError as exc:
-            log.warning("no control group for a kernel (%s): per-process limits only", exc.strerror or exc)
-            return None
 
     async def start(self, workspace: Workspace | None = None, group: Cgroup | None = None) -> Kernel:
         """Launch, connect, wait for ready, run the setup cell (inside ``group``, a session's, or
@@ -530,69 +520,18 @@ class KernelFactory:
         if self.runtime.error:
             raise RuntimeUnavailable(self.runtime.error)
         await import_kernel_manager()
-        own = self.own_group(group)
-        joined = group or own
-        uid = self.sandbox.allocate_uid()
-        ws = workspace or self.new_workspace(uid)
-        if workspace is not None and uid is not None:
-            ws.owner_uid = uid
-            ws.create()
-        runtime_dir = self.socket_dirs()
-        ws.accounted = [runtime_dir]  # code can write there too: it counts against the quota
-        if uid is not None:
-            os.chown(runtime_dir, uid, uid)
-        env = self.environment(runtime_dir)
-        layer, mounts = self.kernel_mounts()
-
-        def wrap(cmd: list[str]) -> list[str]:
-            return self.sandbox.wrap(
-                cmd,
-                workspace=ws.root,
-                env=env,
-                ro_paths=self.runtime.paths,
-                runtime_dir=runtime_dir,
-                uid=uid,
-                limits=self.limits,
-                mounts=mounts,
-                join=joined.join if joined is not None else (),
-            ).argv
-
-        from kernmind.execution.kernels.manager import SandboxedKernelManager
-
-        km = SandboxedKernelManager(
-            wrap=wrap,
-            python=self.runtime.executable,
-            spec=self.spec,
-            transport="ipc",
-            ip=str(runtime_dir / "k"),
-            connection_file=str(runtime_dir / "connection.json"),
-            owner_uid=uid,
-            inner_dir=self.sandbox.runtime_path(runtime_dir),
-        )
-        kernel = Kernel(
-            id=uuid.uuid4().hex[:8],
-            workspace=ws,
-            runtime_dir=runtime_dir,
-            km=km,
-            uid=uid,
-            layer=layer,
-            layer_path=self.layer_path(layer),
-            group=own,
-        )
+        plan = LaunchPlan.make(self, workspace, group)
+        kernel = Kernel.launched(plan, plan.manager(plan.wrap))
         try:
-            # env/cwd as the sandbox wants them; in bwrap mode the env is rebuilt inside anyway.
-            clean_env = self.sandbox.environment(self.sandbox.workspace_path(ws.root), env)
             # stdout/stderr to /dev/null: on stdio our stdout is the MCP channel, and ipykernel
             # already forwards fd-level output (C extensions, os.system) over iopub.
-            await km.start_kernel(
-                env=clean_env,
-                cwd=str(ws.root),
-                extra_arguments=_KERNEL_ARGS,
+            await kernel.km.start_kernel(
+                **plan.start_arguments(),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 stdin=subprocess.DEVNULL,
             )
-            kc = km.client()
+            kc = kernel.km.client()
             kc.start_channels()
             kernel.kc = kc
             await kc.wait_for_ready(timeout=START_TIMEOUT)
@@ -607,18 +546,8 @@ class KernelFactory:
                     "0", OutputCollector(100), deadline=time.monotonic() + 30, store_history=False
                 )
         except BaseException as exc:
-            with anyio.CancelScope(shield=True):
-                await kernel.shutdown()
-                if workspace is None:
-                    ws.remove()
-                if layer is not None:
-                    layer.remove()
+            await plan.abandon(kernel)
             if isinstance(exc, Exception) and not isinstance(exc, RuntimeUnavailable):
                 raise RuntimeUnavailable(f"kernel failed to start: {exc}") from exc
             raise
         return kernel
-
-
-# Keep IPython's history in memory: it would otherwise write a sqlite file into $HOME,
-# which is the workspace.
-_KERNEL_ARGS = ["--HistoryManager.hist_file=:memory:", "--IPKernelApp.log_level=ERROR"]
