@@ -4,7 +4,7 @@ Local kernels (``kernels/local.py``, also the fork server's) read a ZeroMQ clien
 shell sockets; kernels on a gateway (``kernels/gateway/kernels.py``) read one WebSocket that
 carries every channel. What differs is only how a message is received and what a lost
 kernel looks like, so each kind gives this module a ``Channel`` and the loop is written once
-(``run_request``, ``await_interrupted``): which messages belong to the request, how output is
+(``run_request``, which ``ChannelKernel.execute`` runs for both kinds, and ``await_interrupted``): which messages belong to the request, how output is
 folded (``messages.fold_output``), when the request is over, which execution count it had and
 whether it changes the kernel's (a silent run is no visible call), and what is skipped as
 malformed (``messages.Ignored``).
@@ -170,6 +170,39 @@ async def run_request(
     if count is not None and not silent:
         kernel.execution_count = count
     return ignored.into(ExecOutcome("error" if had_error else "ok", count))
+
+
+class ChannelKernel:
+    """``execute`` for a kernel whose messages come through a ``Channel`` (one per request, from
+    ``channel()``): local and gateway kernels derive from it, so they run requests alike."""
+
+    running_msg_id: str | None
+    execution_count: int
+
+    def channel(self) -> Channel:
+        raise NotImplementedError
+
+    async def execute(
+        self,
+        code: str,
+        collector: OutputCollector,
+        *,
+        deadline: float | None = None,
+        silent: bool = False,
+        store_history: bool = True,
+    ) -> ExecOutcome:
+        """Run ``code`` and fold its output into ``collector`` (``run_request``): ``deadline``
+        (with output so far) when ``deadline`` passes first, ``died`` when the kernel goes away.
+        Cancelling it leaves the request running: call ``interrupt`` afterwards."""
+        return await run_request(
+            self.channel(),
+            self,
+            code,
+            collector,
+            deadline=deadline,
+            silent=silent,
+            store_history=store_history,
+        )
 
 
 async def _reply_count(channel: Channel, msg_id: str, ignored: Ignored, count: int | None) -> int | None:

@@ -9,7 +9,7 @@ inside a network namespace. Interrupts are sent as messages on the control chann
 
 ``Kernel.execute`` is the hot path: one ``execute_request``, then iopub messages for that
 request are folded into an ``OutputCollector`` until the kernel reports idle. The loop is
-``exchange.run_request``, shared with gateway kernels; what is local is its channel
+``exchange.run_request`` (``ChannelKernel``), shared with gateway kernels; what is local is its channel
 (``_ZmqChannel``): the client's sockets, and a check about twice a second that the kernel's
 process is still alive. Time limits, progress, the quota and cancellation belong to the
 caller (the supervisor, through ``runners/python.py``), which interrupts and, when that does
@@ -20,6 +20,10 @@ size-limited ``/tmp`` (IPython's, matplotlib's and other caches go there) and it
 directory, a 0700 directory of this server's run directory (see ``rundir.py``): nothing
 is left in ``/tmp`` on the host, and a server that dies leaves nothing the next one does
 not clean.
+
+What a kernel is launched with (sandbox uid, workspace, socket directory, environment,
+package layer and mounts, control group) is a ``launch.LaunchPlan``, made the same way for a
+kernel started here and for one forked from the fork server's template.
 
 Where control groups can be made (``cgroups.py``), a kernel's sandbox starts inside one: a
 session's group when the kernel is started for a session, else a group of its own (a warm
@@ -51,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from kernmind.execution.errors import RuntimeUnavailable
-from kernmind.execution.kernels.exchange import ExecOutcome, KernelLost, await_interrupted, run_request
+from kernmind.execution.kernels.exchange import ChannelKernel, KernelLost, await_interrupted
 from kernmind.execution.kernels.launch import LaunchPlan
 from kernmind.execution.kernels.setup import setup_code
 from kernmind.execution.packages.guard import SandboxGuard, activate_layer_code
@@ -213,7 +217,7 @@ def facts():
 
 
 @dataclass
-class Kernel:
+class Kernel(ChannelKernel):
     """A running kernel, its private socket directory and its workspace (an ``api.Kernel`` whose
     ``local`` is itself)."""
 
@@ -277,27 +281,9 @@ class Kernel:
         except Exception:
             return None
 
-    async def execute(
-        self,
-        code: str,
-        collector: OutputCollector,
-        *,
-        deadline: float | None = None,
-        silent: bool = False,
-        store_history: bool = True,
-    ) -> ExecOutcome:
-        """Run ``code`` and fold its output into ``collector`` (``exchange.run_request``): ``deadline``
-        (with output so far) when ``deadline`` passes first, ``died`` when the kernel process goes
-        away. Cancelling it leaves the request running: call ``interrupt`` afterwards."""
-        return await run_request(
-            _ZmqChannel(self),
-            self,
-            code,
-            collector,
-            deadline=deadline,
-            silent=silent,
-            store_history=store_history,
-        )
+    def channel(self) -> _ZmqChannel:
+        """The channel of its next request (``exchange.ChannelKernel``)."""
+        return _ZmqChannel(self)
 
     async def interrupt(self, collector: OutputCollector | None = None, grace: float = 3.0) -> bool:
         """Interrupt the running code; True when the kernel went idle within ``grace`` seconds."""
@@ -310,7 +296,7 @@ class Kernel:
             return False
         sink = collector or OutputCollector(1000)
         return (
-            await await_interrupted(_ZmqChannel(self), self.running_msg_id, sink, grace)
+            await await_interrupted(self.channel(), self.running_msg_id, sink, grace)
             and await self.is_alive()
         )
 

@@ -5,9 +5,10 @@
 socket directory, same client), so everything that drives kernels is unchanged. Only the
 process behind the manager differs:
 
-1. The manager launches the *sandbox* exactly as for a normal kernel (``Sandbox.wrap``:
-   bubblewrap with the same namespaces, mounts, workspace at ``/workspace``, private
-   size-limited ``/tmp`` and ``/dev/shm``, rlimits via prlimit, ``--die-with-parent``), but
+1. The manager launches the *sandbox* exactly as for a normal kernel (the same
+   ``launch.LaunchPlan`` and ``Sandbox.wrap``: bubblewrap with the same namespaces, mounts,
+   workspace at ``/workspace``, private size-limited ``/tmp`` and ``/dev/shm``, rlimits via
+   prlimit, ``--die-with-parent``), but
    its command is a placeholder shell that says ``ready`` and waits for an exit code on
    its stdin. The placeholder runs without the sandbox uid (as root with no capabilities
    when the server is root), so the kernel, which runs as the sandbox uid, cannot kill it.

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from kernmind.execution.errors import RuntimeUnavailable
-from kernmind.execution.kernels.exchange import ExecOutcome, KernelLost, await_interrupted, run_request
+from kernmind.execution.kernels.exchange import ChannelKernel, ExecOutcome, KernelLost, await_interrupted
 from kernmind.execution.kernels.gateway.client import (
     ChannelsClosed,
     GatewayUnavailable,
@@ -65,7 +65,7 @@ GONE_STATES = ("restarting", "dead")
 
 
 @dataclass(eq=False)
-class GatewayKernel:
+class GatewayKernel(ChannelKernel):
     """A kernel on the gateway, its WebSocket and its directory on the shared volume."""
 
     id: str
@@ -125,25 +125,9 @@ class GatewayKernel:
     def gateway_lost(self, exc: ChannelsClosed) -> str:
         return f"the connection to the kernel gateway at {self.gateway.config.base} was lost ({exc})"
 
-    async def execute(
-        self,
-        code: str,
-        collector: OutputCollector,
-        *,
-        deadline: float | None = None,
-        silent: bool = False,
-        store_history: bool = True,
-    ) -> ExecOutcome:
-        """Run ``code`` and fold its output into ``collector`` (``exchange.run_request``, as local kernels)."""
-        return await run_request(
-            _SocketChannel(self),
-            self,
-            code,
-            collector,
-            deadline=deadline,
-            silent=silent,
-            store_history=store_history,
-        )
+    def channel(self) -> _SocketChannel:
+        """The channel of its next request (``exchange.ChannelKernel``)."""
+        return _SocketChannel(self)
 
     async def interrupt(self, collector: OutputCollector | None = None, grace: float = 3.0) -> bool:
         """Interrupt through the gateway; True when the running request went idle within ``grace``."""
@@ -155,7 +139,7 @@ class GatewayKernel:
             log.warning("interrupt of gateway kernel %s failed: %s", self.id, exc)
             return False
         sink = collector or OutputCollector(1000)
-        return await await_interrupted(_SocketChannel(self), self.running_msg_id, sink, grace)
+        return await await_interrupted(self.channel(), self.running_msg_id, sink, grace)
 
     async def use_packages(self) -> bool:
         return False  # see ``layer``
