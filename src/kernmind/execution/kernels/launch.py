@@ -41,10 +41,10 @@ if TYPE_CHECKING:
     from kernmind.execution.kernels.local import Kernel, KernelFactory
     from kernmind.execution.kernels.manager import SandboxedKernelManager
 
-# Keep IPython's history in memory: it would otherwise write a sqlite file into $HOME,
-# which is the workspace.
 log = logging.getLogger(__name__)
 
+# Keep IPython's history in memory: it would otherwise write a sqlite file into $HOME,
+# which is the workspace.
 KERNEL_ARGS = ("--HistoryManager.hist_file=:memory:", "--IPKernelApp.log_level=ERROR")
 
 
