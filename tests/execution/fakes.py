@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 
-from kernmind.execution.kernels.local import ExecOutcome
+from kernmind.execution.kernels.exchange import ExecOutcome
 from kernmind.execution.kernels.messages import fold_output
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector

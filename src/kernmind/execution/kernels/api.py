@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from kernmind.execution.kernels.local import ExecOutcome
+    from kernmind.execution.kernels.exchange import ExecOutcome
     from kernmind.execution.packages.layer import Layer
     from kernmind.execution.results import OutputCollector
     from kernmind.execution.sandbox.cgroups import Cgroup

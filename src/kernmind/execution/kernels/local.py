@@ -8,16 +8,22 @@ inside a network namespace. Interrupts are sent as messages on the control chann
 (signals can't cross the sandbox's pid namespace).
 
 ``Kernel.execute`` is the hot path: one ``execute_request``, then iopub messages for that
-request are folded into an ``OutputCollector`` until the kernel reports idle. While it
-waits it checks about twice a second that the kernel is still alive. Time limits,
-progress, the quota and cancellation belong to the caller (the supervisor, through
-``runners/python.py``), which interrupts and, when that does not work, replaces the kernel.
+request are folded into an ``OutputCollector`` until the kernel reports idle. The loop is
+``exchange.run_request`` (``ChannelKernel``), shared with gateway kernels; what is local is its channel
+(``_ZmqChannel``): the client's sockets, and a check about twice a second that the kernel's
+process is still alive. Time limits, progress, the quota and cancellation belong to the
+caller (the supervisor, through ``runners/python.py``), which interrupts and, when that does
+not work, replaces the kernel.
 
 The kernel's writable places are its workspace (``/workspace``), the sandbox's private
 size-limited ``/tmp`` (IPython's, matplotlib's and other caches go there) and its socket
 directory, a 0700 directory of this server's run directory (see ``rundir.py``): nothing
 is left in ``/tmp`` on the host, and a server that dies leaves nothing the next one does
 not clean.
+
+What a kernel is launched with (sandbox uid, workspace, socket directory, environment,
+package layer and mounts, control group) is a ``launch.LaunchPlan``, made the same way for a
+kernel started here and for one forked from the fork server's template.
 
 Where control groups can be made (``cgroups.py``), a kernel's sandbox starts inside one: a
 session's group when the kernel is started for a session, else a group of its own (a warm
@@ -44,18 +50,18 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.lowlevel
 
 from kernmind.execution.errors import RuntimeUnavailable
-from kernmind.execution.kernels.messages import MALFORMED, Ignored, count_of, fold_output, message_parts
+from kernmind.execution.kernels.exchange import ChannelKernel, KernelLost, await_interrupted
+from kernmind.execution.kernels.launch import LaunchPlan
 from kernmind.execution.kernels.setup import setup_code
 from kernmind.execution.packages.guard import SandboxGuard, activate_layer_code
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.sandbox.bwrap import Limits, Mount, Sandbox
+from kernmind.execution.sandbox.bwrap import Limits, Sandbox
 from kernmind.execution.sandbox.cgroups import Cgroup, CgroupSupport
 from kernmind.execution.sandbox.rundir import RunDir, socket_root
 from kernmind.execution.sandbox.workspace import Workspace
@@ -71,6 +77,7 @@ log = logging.getLogger(__name__)
 
 KERNEL_NAME = "kernmind-python"
 START_TIMEOUT = 60.0
+POLL_INTERVAL = 0.5  # seconds between checks that a running kernel's process is alive
 MIN_START_WAIT = 3.0  # the least a start waits for a helper (a fork-server template), deadline or not
 
 # When the call that needs a kernel started wants its answer (a monotonic time): waits for a
@@ -94,7 +101,6 @@ def start_wait(longest: float) -> float:
     return longest if by is None else max(MIN_START_WAIT, min(longest, by - time.monotonic()))
 
 
-OutcomeKind = Literal["ok", "error", "died", "deadline", "closed"]
 NewWorkspace = Callable[[int | None], Workspace]
 
 
@@ -211,31 +217,7 @@ def facts():
 
 
 @dataclass
-class ExecOutcome:
-    kind: OutcomeKind
-    execution_count: int | None = None
-    exit_code: int | None = None
-    detail: str | None = None  # why a kernel is gone, when "died" alone does not say it (remote kernels)
-    ignored: int = 0  # malformed messages of the kernel that were skipped (see ``Ignored``)
-    ignored_why: str | None = None  # what was wrong with the first one
-
-    def ignored_note(self) -> str | None:
-        """The note a result carries when malformed kernel messages were skipped."""
-        if not self.ignored:
-            return None
-        many = (
-            f"{self.ignored} malformed Jupyter messages"
-            if self.ignored > 1
-            else "a malformed Jupyter message"
-        )
-        return (
-            f"the kernel sent {many} during this call ({self.ignored_why}); "
-            "they were ignored and the rest of the output is shown."
-        )
-
-
-@dataclass
-class Kernel:
+class Kernel(ChannelKernel):
     """A running kernel, its private socket directory and its workspace (an ``api.Kernel`` whose
     ``local`` is itself)."""
 
@@ -258,6 +240,20 @@ class Kernel:
     forked_pid: int | None = None  # a fork-server kernel's process (outside the sandbox's process tree)
     # What other parts set up for it (kernel_extras.py), undone when it shuts down.
     on_stop: list[Callable[[], None]] = field(default_factory=list)
+
+    @classmethod
+    def launched(cls, plan: LaunchPlan, km: SandboxedKernelManager) -> Kernel:
+        """The kernel ``plan`` describes, driven by ``km`` (not started yet)."""
+        return cls(
+            id=uuid.uuid4().hex[:8],
+            workspace=plan.workspace,
+            runtime_dir=plan.runtime_dir,
+            km=km,
+            uid=plan.uid,
+            layer=plan.layer,
+            layer_path=plan.layer_path(),
+            group=plan.own_group,
+        )
 
     @property
     def local(self) -> Kernel:
@@ -285,104 +281,9 @@ class Kernel:
         except Exception:
             return None
 
-    async def execute(
-        self,
-        code: str,
-        collector: OutputCollector,
-        *,
-        deadline: float | None = None,
-        silent: bool = False,
-        store_history: bool = True,
-    ) -> ExecOutcome:
-        """Run ``code`` and fold its output into ``collector``.
-
-        Returns ``deadline`` (with output so far) when ``deadline`` (a monotonic time, if
-        given) passes first, ``died`` when the kernel process goes away. Cancelling it
-        leaves the request running: call ``interrupt`` afterwards.
-        """
-        assert self.kc is not None
-        kc = self.kc
-        msg_id = kc.execute(
-            code, silent=silent, store_history=store_history and not silent, allow_stdin=False
-        )
-        self.running_msg_id = msg_id
-        next_tick = time.monotonic() + 0.5
-        count: int | None = None
-        had_error = False
-        ignored = Ignored()
-        while True:
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                return ignored.into(ExecOutcome("deadline", count))
-            if self.closed:
-                return ignored.into(ExecOutcome("closed", count))
-            # The liveness check runs on schedule even while output keeps arriving.
-            if now >= next_tick:
-                next_tick = now + 0.5
-                if not await self.is_alive():
-                    return ignored.into(ExecOutcome("died", count, await self.exit_code()))
-            wait = max(0.0, min(deadline or next_tick, next_tick) - time.monotonic())
-            try:
-                msg = await kc.get_iopub_msg(timeout=wait)
-            except BaseException as exc:
-                if self._stopped_under_us(exc):
-                    return ignored.into(ExecOutcome("closed", count))
-                if isinstance(exc, Empty):
-                    continue
-                if isinstance(exc, MALFORMED):  # the message could not even be decoded
-                    ignored.add(f"{type(exc).__name__}: {exc}")
-                    await anyio.lowlevel.checkpoint()  # a flood of them must not hold the event loop
-                    continue
-                raise
-            parts = message_parts(msg)
-            if isinstance(parts, str):
-                ignored.add(parts)
-                await anyio.lowlevel.checkpoint()
-                continue
-            kind, parent_id, content = parts
-            if parent_id != msg_id:
-                continue
-            if kind == "status":
-                if content.get("execution_state") == "idle":
-                    break
-                continue
-            count = fold_output(msg, collector, count)
-            had_error = had_error or kind == "error"
-        reply_count = await self._reply_count(msg_id)
-        if reply_count is not None:
-            count = reply_count
-        if count is not None and not silent:  # (as gateway kernels: a silent run is no visible call)
-            self.execution_count = count
-        return ignored.into(ExecOutcome("error" if had_error else "ok", count))
-
-    def _stopped_under_us(self, exc: BaseException) -> bool:
-        """True when ``exc`` comes from a concurrent shutdown closing our sockets, rather than
-        from the caller (a closed socket cancels the pending zmq future: a CancelledError
-        although nobody cancelled this task)."""
-        if not self.closed:
-            return False
-        if isinstance(exc, asyncio.CancelledError):
-            task = asyncio.current_task()
-            return task is not None and task.cancelling() == 0
-        return isinstance(exc, Exception)
-
-    async def _reply_count(self, msg_id: str) -> int | None:
-        """Drain the shell reply for ``msg_id`` (it arrives right around 'idle')."""
-        assert self.kc is not None
-        with anyio.move_on_after(2):
-            while True:
-                try:
-                    reply = await self.kc.get_shell_msg()
-                except BaseException as exc:
-                    if self._stopped_under_us(exc):
-                        return None
-                    if isinstance(exc, MALFORMED):
-                        continue
-                    raise
-                parts = message_parts(reply)
-                if not isinstance(parts, str) and parts[1] == msg_id:
-                    return count_of(parts[2].get("execution_count"), None)
-        return None
+    def channel(self) -> _ZmqChannel:
+        """The channel of its next request (``exchange.ChannelKernel``)."""
+        return _ZmqChannel(self)
 
     async def interrupt(self, collector: OutputCollector | None = None, grace: float = 3.0) -> bool:
         """Interrupt the running code; True when the kernel went idle within ``grace`` seconds."""
@@ -393,28 +294,11 @@ class Kernel:
         except Exception as exc:
             log.warning("interrupt of kernel %s failed: %s", self.id, exc)
             return False
-        deadline = time.monotonic() + grace
         sink = collector or OutputCollector(1000)
-        # The interrupted request's remaining output and its idle status arrive on iopub
-        # (the interrupt_request has busy/idle statuses of its own: ignore those).
-        while time.monotonic() < deadline:
-            try:
-                msg = await self.kc.get_iopub_msg(timeout=max(0.0, deadline - time.monotonic()))
-            except BaseException as exc:  # Empty, or channels stopped by a concurrent shutdown
-                if isinstance(exc, MALFORMED):
-                    continue
-                if isinstance(exc, Exception) or self._stopped_under_us(exc):
-                    break
-                raise
-            parts = message_parts(msg)
-            if isinstance(parts, str) or parts[1] != self.running_msg_id:
-                continue
-            kind, _, content = parts
-            if kind == "stream":
-                fold_output(msg, sink, None)
-            elif kind == "status" and content.get("execution_state") == "idle":
-                return await self.is_alive()
-        return False
+        return (
+            await await_interrupted(self.channel(), self.running_msg_id, sink, grace)
+            and await self.is_alive()
+        )
 
     async def shutdown(self) -> None:
         self.closed = True
@@ -453,6 +337,61 @@ class Kernel:
             silent=True,
         )
         return outcome.kind == "ok"
+
+
+class _ZmqChannel:
+    """A local kernel's ``exchange.Channel`` for one request: its client's iopub and shell
+    sockets, with its process polled twice a second and our own shutdown told apart."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        assert kernel.kc is not None
+        self.kernel = kernel
+        self.kc = kernel.kc
+        self.next_poll = time.monotonic() + POLL_INTERVAL
+
+    def send(self, code: str, *, silent: bool, store_history: bool) -> str:
+        return self.kc.execute(code, silent=silent, store_history=store_history, allow_stdin=False)
+
+    async def check(self) -> float | None:
+        if self.kernel.closed:
+            raise KernelLost("closed")
+        now = time.monotonic()
+        if now >= self.next_poll:  # on schedule even while output keeps arriving
+            self.next_poll = now + POLL_INTERVAL
+            if not await self.kernel.is_alive():
+                raise KernelLost("died", exit_code=await self.kernel.exit_code())
+        return self.next_poll
+
+    async def output(self, timeout: float) -> Any:
+        try:
+            return await self.kc.get_iopub_msg(timeout=timeout)
+        except BaseException as exc:
+            if self._stopped_under_us(exc):
+                raise KernelLost("closed") from None
+            if isinstance(exc, Empty):
+                return None
+            raise
+
+    async def reply(self, timeout: float) -> Any:
+        with anyio.move_on_after(timeout):
+            try:
+                return await self.kc.get_shell_msg()
+            except BaseException as exc:
+                if self._stopped_under_us(exc):
+                    raise KernelLost("closed") from None
+                raise
+        return None
+
+    def _stopped_under_us(self, exc: BaseException) -> bool:
+        """True when ``exc`` comes from a concurrent shutdown closing our sockets, rather than
+        from the caller (a closed socket cancels the pending zmq future: a CancelledError
+        although nobody cancelled this task)."""
+        if not self.kernel.closed:
+            return False
+        if isinstance(exc, asyncio.CancelledError):
+            task = asyncio.current_task()
+            return task is not None and task.cancelling() == 0
+        return isinstance(exc, Exception)
 
 
 class KernelFactory:
@@ -557,34 +496,9 @@ class KernelFactory:
             **self.extra_env,
         }
 
-    def kernel_mounts(self) -> tuple[Layer | None, list[Mount]]:
-        """A new kernel's (empty) package layer, and the server directories its sandbox mounts."""
-        layer = self.new_layer() if self.new_layer is not None else None
-        extra = [m for e in self.extras for m in e.mounts()]
-        return layer, [
-            *([layer.mount] if layer else []),
-            *(self.guard.mounts() if self.guard else []),
-            *extra,
-        ]
-
-    def layer_path(self, layer: Layer | None) -> str | None:
-        """Where a kernel sees its layer's Python packages."""
-        return f"{layer.mount.path(self.sandbox)}/python" if layer else None
-
     @property
     def _path(self) -> str:
         return f"{os.path.dirname(self.runtime.executable)}:/usr/local/bin:/usr/bin:/bin"
-
-    def own_group(self, group: Cgroup | None) -> Cgroup | None:
-        """A group of its own for a kernel started without a session's ``group`` (a warm kernel)."""
-        if group is not None or self.cgroups is None or not self.cgroups.active:
-            return None
-        limits = self.limits or self.sandbox.limits
-        try:
-            return self.cgroups.new_group(limits.memory_mb, limits.max_processes)
-        except OSError as exc:
-            log.warning("no control group for a kernel (%s): per-process limits only", exc.strerror or exc)
-            return None
 
     async def start(self, workspace: Workspace | None = None, group: Cgroup | None = None) -> Kernel:
         """Launch, connect, wait for ready, run the setup cell (inside ``group``, a session's, or
@@ -592,69 +506,18 @@ class KernelFactory:
         if self.runtime.error:
             raise RuntimeUnavailable(self.runtime.error)
         await import_kernel_manager()
-        own = self.own_group(group)
-        joined = group or own
-        uid = self.sandbox.allocate_uid()
-        ws = workspace or self.new_workspace(uid)
-        if workspace is not None and uid is not None:
-            ws.owner_uid = uid
-            ws.create()
-        runtime_dir = self.socket_dirs()
-        ws.accounted = [runtime_dir]  # code can write there too: it counts against the quota
-        if uid is not None:
-            os.chown(runtime_dir, uid, uid)
-        env = self.environment(runtime_dir)
-        layer, mounts = self.kernel_mounts()
-
-        def wrap(cmd: list[str]) -> list[str]:
-            return self.sandbox.wrap(
-                cmd,
-                workspace=ws.root,
-                env=env,
-                ro_paths=self.runtime.paths,
-                runtime_dir=runtime_dir,
-                uid=uid,
-                limits=self.limits,
-                mounts=mounts,
-                join=joined.join if joined is not None else (),
-            ).argv
-
-        from kernmind.execution.kernels.manager import SandboxedKernelManager
-
-        km = SandboxedKernelManager(
-            wrap=wrap,
-            python=self.runtime.executable,
-            spec=self.spec,
-            transport="ipc",
-            ip=str(runtime_dir / "k"),
-            connection_file=str(runtime_dir / "connection.json"),
-            owner_uid=uid,
-            inner_dir=self.sandbox.runtime_path(runtime_dir),
-        )
-        kernel = Kernel(
-            id=uuid.uuid4().hex[:8],
-            workspace=ws,
-            runtime_dir=runtime_dir,
-            km=km,
-            uid=uid,
-            layer=layer,
-            layer_path=self.layer_path(layer),
-            group=own,
-        )
+        plan = LaunchPlan.make(self, workspace, group)
+        kernel = Kernel.launched(plan, plan.manager(plan.wrap))
         try:
-            # env/cwd as the sandbox wants them; in bwrap mode the env is rebuilt inside anyway.
-            clean_env = self.sandbox.environment(self.sandbox.workspace_path(ws.root), env)
             # stdout/stderr to /dev/null: on stdio our stdout is the MCP channel, and ipykernel
             # already forwards fd-level output (C extensions, os.system) over iopub.
-            await km.start_kernel(
-                env=clean_env,
-                cwd=str(ws.root),
-                extra_arguments=_KERNEL_ARGS,
+            await kernel.km.start_kernel(
+                **plan.start_arguments(),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 stdin=subprocess.DEVNULL,
             )
-            kc = km.client()
+            kc = kernel.km.client()
             kc.start_channels()
             kernel.kc = kc
             await kc.wait_for_ready(timeout=START_TIMEOUT)
@@ -669,18 +532,8 @@ class KernelFactory:
                     "0", OutputCollector(100), deadline=time.monotonic() + 30, store_history=False
                 )
         except BaseException as exc:
-            with anyio.CancelScope(shield=True):
-                await kernel.shutdown()
-                if workspace is None:
-                    ws.remove()
-                if layer is not None:
-                    layer.remove()
+            await plan.abandon(kernel)
             if isinstance(exc, Exception) and not isinstance(exc, RuntimeUnavailable):
                 raise RuntimeUnavailable(f"kernel failed to start: {exc}") from exc
             raise
         return kernel
-
-
-# Keep IPython's history in memory: it would otherwise write a sqlite file into $HOME,
-# which is the workspace.
-_KERNEL_ARGS = ["--HistoryManager.hist_file=:memory:", "--IPKernelApp.log_level=ERROR"]

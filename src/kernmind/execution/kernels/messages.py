@@ -4,13 +4,12 @@ Code in a session can write anything to its kernel's sockets (the kernel holds t
 key): a message without an id or a type, a list where the content belongs, a display whose
 data is not a MIME bundle, unsigned or garbage frames. ``jupyter_client`` raises while it
 decodes some of them (``KeyError: 'msg_id'``); others decode into shapes nothing expects.
-The message loops of local kernels (``kernels.py``) and of a kernel gateway's
-(``kernels/gateway/kernels.py``) read every message through here: ``message_parts`` returns the
-type, the parent's id and the content, or what is wrong; ``fold_output`` reads a field of
+The message loop every kernel shares (``exchange.py``) reads every message through here:
+``message_parts`` returns the type, the parent's id and the content, or what is wrong; ``fold_output`` reads a field of
 the wrong type as missing; ``Ignored`` counts what was skipped, for the call's note.
 
 Error policy: nothing here raises on a message's content; ``MALFORMED`` lists what the
-decoding of a broken message raises, for the loops to skip it.
+decoding of a broken message raises, for the loop to skip it.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from kernmind.execution.results import OutputCollector
 
 if TYPE_CHECKING:
-    from kernmind.execution.kernels.local import ExecOutcome
+    from kernmind.execution.kernels.exchange import ExecOutcome
 
 
 # What a message the kernel's code forged or broke raises while it is decoded or read.

@@ -5,9 +5,10 @@
 socket directory, same client), so everything that drives kernels is unchanged. Only the
 process behind the manager differs:
 
-1. The manager launches the *sandbox* exactly as for a normal kernel (``Sandbox.wrap``:
-   bubblewrap with the same namespaces, mounts, workspace at ``/workspace``, private
-   size-limited ``/tmp`` and ``/dev/shm``, rlimits via prlimit, ``--die-with-parent``), but
+1. The manager launches the *sandbox* exactly as for a normal kernel (the same
+   ``launch.LaunchPlan`` and ``Sandbox.wrap``: bubblewrap with the same namespaces, mounts,
+   workspace at ``/workspace``, private size-limited ``/tmp`` and ``/dev/shm``, rlimits via
+   prlimit, ``--die-with-parent``), but
    its command is a placeholder shell that says ``ready`` and waits for an exit code on
    its stdin. The placeholder runs without the sandbox uid (as root with no capabilities
    when the server is root), so the kernel, which runs as the sandbox uid, cannot kill it.
@@ -48,7 +49,6 @@ import logging
 import os
 import subprocess
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,8 +57,8 @@ import anyio
 
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernels.forkserver.process import DEFAULT_PRELOAD, ForkServer, TemplateProcess
+from kernmind.execution.kernels.launch import KERNEL_ARGS, LaunchPlan
 from kernmind.execution.kernels.local import (
-    _KERNEL_ARGS,
     START_TIMEOUT,
     Kernel,
     KernelFactory,
@@ -101,9 +101,9 @@ class ForkKernelFactory:
         self.base = base
         self.server = ForkServer(
             python=base.runtime.executable,
-            env=base.sandbox.environment("/", kernel_environment(base, None)),
+            env=base.sandbox.environment("/", template_environment(base)),
             setup=base.setup,
-            kernel_args=list(_KERNEL_ARGS),
+            kernel_args=list(KERNEL_ARGS),
             preload=preload,
             memory_limit_mb=(base.limits or base.sandbox.limits).memory_mb,
         )
@@ -176,68 +176,21 @@ class ForkKernelFactory:
         self, template: TemplateProcess, workspace: Workspace | None = None, group: Cgroup | None = None
     ) -> Kernel:
         """Launch a placeholder sandbox, have the template fork a kernel into it, connect."""
-        base = self.base
         await import_kernel_manager()
-        own = base.own_group(group)
-        joined = group or own
-        uid = base.sandbox.allocate_uid()
-        ws = workspace or base.new_workspace(uid)
-        if workspace is not None and uid is not None:
-            ws.owner_uid = uid
-            ws.create()
-        runtime_dir = base.socket_dirs()  # short: unix socket paths are limited
-        ws.accounted = [runtime_dir]  # code can write there too: it counts against the quota
-        if uid is not None:
-            os.chown(runtime_dir, uid, uid)
-        env = base.sandbox.environment(
-            base.sandbox.workspace_path(ws.root), kernel_environment(base, runtime_dir)
-        )
+        plan = LaunchPlan.make(self.base, workspace, group)
         kernel_argv: list[str] = []
-        layer, mounts = base.kernel_mounts()
 
         def wrap(cmd: list[str]) -> list[str]:
             kernel_argv[:] = cmd[cmd.index("ipykernel_launcher") + 1 :]
-            return base.sandbox.wrap(
-                PLACEHOLDER,
-                workspace=ws.root,
-                env=env,
-                ro_paths=base.runtime.paths,
-                runtime_dir=runtime_dir,
-                limits=base.limits,
-                mounts=mounts,
-                join=joined.join if joined is not None else (),
-            ).argv
+            return plan.wrap(PLACEHOLDER, as_kernel=False)
 
-        from kernmind.execution.kernels.manager import SandboxedKernelManager
-
-        km = SandboxedKernelManager(
-            wrap=wrap,
-            python=base.runtime.executable,
-            spec=base.spec,
-            context=self._context(),
-            transport="ipc",
-            ip=str(runtime_dir / "k"),
-            connection_file=str(runtime_dir / "connection.json"),
-            owner_uid=uid,
-            inner_dir=base.sandbox.runtime_path(runtime_dir),
-        )
-        kernel = Kernel(
-            id=uuid.uuid4().hex[:8],
-            workspace=ws,
-            runtime_dir=runtime_dir,
-            km=km,
-            uid=uid,
-            layer=layer,
-            layer_path=base.layer_path(layer),
-            group=own,
-        )
+        km = plan.manager(wrap, context=self._context())
+        kernel = Kernel.launched(plan, km)
         exit_read, exit_write = os.pipe()
         try:
             with anyio.fail_after(START_TIMEOUT):
                 await km.start_kernel(
-                    env=env,
-                    cwd=str(ws.root),
-                    extra_arguments=list(_KERNEL_ARGS),
+                    **plan.start_arguments(),
                     stdin=exit_read,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
@@ -247,13 +200,9 @@ class ForkKernelFactory:
                 process = km.provisioner.process  # type: ignore[union-attr]
                 await _read_ready(process.stdout)
                 placeholder = _placeholder_pid(process.pid)
-                cwd = base.sandbox.workspace_path(ws.root)
-                cgroup = [str(p) for p in joined.join] if joined is not None else []
                 wait = start_wait(SPAWN_TIMEOUT)
                 with anyio.move_on_after(wait) as waiting:
-                    reply = await _spawn(
-                        template, placeholder, exit_write, kernel_argv, cwd, uid, cgroup, base.sandbox.seccomp
-                    )
+                    reply = await _spawn(template, plan, placeholder, exit_write, kernel_argv)
                 if waiting.cancelled_caught:
                     self._unanswered(template, wait)
                 if not reply.get("ok"):
@@ -269,12 +218,7 @@ class ForkKernelFactory:
                 else:
                     await kc.wait_for_ready(timeout=START_TIMEOUT)
         except BaseException as exc:
-            with anyio.CancelScope(shield=True):
-                await kernel.shutdown()
-                if workspace is None:
-                    ws.remove()
-                if layer is not None:
-                    layer.remove()
+            await plan.abandon(kernel)
             if isinstance(exc, Exception) and not isinstance(exc, ForkFailed):
                 raise ForkFailed(f"fork failed: {type(exc).__name__}: {exc}") from exc
             raise
@@ -314,39 +258,31 @@ TEMPLATE_UNSET = (
 )
 
 
-def kernel_environment(base: KernelFactory, runtime_dir: Path | None) -> dict[str, str]:
-    """The variables a kernel gets on top of the sandbox's allow-list (as ``KernelFactory``
-    sets them); without ``runtime_dir``, those of the template (which sets its own dirs, and
-    must not start BLAS threads before it forks)."""
-    env = base.environment(runtime_dir)
-    if runtime_dir is None:
-        for name in TEMPLATE_UNSET:
-            env.pop(name, None)
+def template_environment(base: KernelFactory) -> dict[str, str]:
+    """The template's variables on top of the sandbox's allow-list: a kernel's (``KernelFactory.environment``)
+    without its directories (the template sets its own) and without those that start BLAS
+    threads (it must hold no thread when it forks)."""
+    env = base.environment(None)
+    for name in TEMPLATE_UNSET:
+        env.pop(name, None)
     return env
 
 
 async def _spawn(
-    template: TemplateProcess,
-    placeholder: int,
-    exit_write: int,
-    argv: list[str],
-    cwd: str,
-    uid: int | None,
-    cgroup: list[str],
-    seccomp: str | None,
+    template: TemplateProcess, plan: LaunchPlan, placeholder: int, exit_write: int, argv: list[str]
 ) -> dict[str, Any]:
-    """Ask the template for a kernel inside ``placeholder``'s sandbox (and control group)."""
+    """Ask the template for ``plan``'s kernel inside ``placeholder``'s sandbox (and control group)."""
     names, fds = _namespace_fds(placeholder)
     try:
         request = {
             "op": "spawn",
             "argv": argv,
-            "cwd": cwd,
-            "uid": uid,
+            "cwd": plan.cwd,
+            "uid": plan.uid,
             "placeholder_pid": placeholder,
             "namespaces": names,
-            "cgroup": cgroup,
-            "seccomp": seccomp,
+            "cgroup": [str(p) for p in plan.group.join] if plan.group is not None else [],
+            "seccomp": plan.factory.sandbox.seccomp,
         }
         return await template.request(request, [exit_write, *fds])
     finally:

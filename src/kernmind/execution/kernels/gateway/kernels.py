@@ -14,8 +14,10 @@ Design
   tools, the ``files`` of a result, the quota and the "files kept when the interpreter is
   replaced" rule are the local ones (``workspace.py``), unchanged. A kernel that cannot see
   its directory fails to start with a sentence that says how to fix the mount.
-* **Output, errors and budgets** are folded by ``kernel_messages.fold_output``, the local loop's own
-  code; the gateway kernel runs the same setup cell (``kernels/setup.py``: output cap in the
+* **One message loop with local kernels**: ``exchange.run_request`` folds output, errors and
+  budgets; what is the gateway's is its channel (``_SocketChannel``), which reads one
+  WebSocket for every channel and keeps shell replies that come before the request's idle
+  status. The gateway kernel runs the same setup cell (``kernels/setup.py``: output cap in the
   kernel, plain tracebacks, inline PNGs).
 * **Liveness without polling**: the gateway reports a kernel that died and was restarted
   (or could not be) as an iopub ``status`` of ``restarting``/``dead``, and a gateway that
@@ -32,15 +34,16 @@ raises (it is logged): a gateway that is down cannot hold up a session's clean-u
 from __future__ import annotations
 
 import logging
-import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from kernmind.execution.errors import RuntimeUnavailable
+from kernmind.execution.kernels.exchange import ChannelKernel, ExecOutcome, KernelLost, await_interrupted
 from kernmind.execution.kernels.gateway.client import (
     ChannelsClosed,
     GatewayUnavailable,
@@ -48,8 +51,7 @@ from kernmind.execution.kernels.gateway.client import (
     KernelGateway,
     KernelGone,
 )
-from kernmind.execution.kernels.local import ExecOutcome
-from kernmind.execution.kernels.messages import MALFORMED, Ignored, count_of, fold_output, message_parts
+from kernmind.execution.kernels.messages import MALFORMED, message_parts
 from kernmind.execution.kernels.setup import setup_code
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox.workspace import Workspace
@@ -59,12 +61,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REPLY_GRACE = 2.0  # seconds to wait for the execute_reply once the request went idle
 GONE_STATES = ("restarting", "dead")
 
 
 @dataclass(eq=False)
-class GatewayKernel:
+class GatewayKernel(ChannelKernel):
     """A kernel on the gateway, its WebSocket and its directory on the shared volume."""
 
     id: str
@@ -91,98 +92,42 @@ class GatewayKernel:
         try:
             while True:
                 try:
-                    msg = await self.channels.receive(timeout=0)
+                    if await self.receive(0) is None:
+                        break
                 except MALFORMED:  # not JSON: skip it
                     continue
-                if msg is None:
-                    break
-                self._notice_restart(msg)
+        except KernelLost:
+            pass
+        return self.lost is None and not self.closed
+
+    async def receive(self, timeout: float) -> Any:
+        """The next message on the connection (None: none within ``timeout``); ``KernelLost`` when
+        the gateway reports the kernel gone (and ``lost`` says why) or we closed it."""
+        try:
+            msg = await self.channels.receive(timeout=timeout)
         except ChannelsClosed as exc:
-            self.lost = self._gateway_lost(exc)
-        return self.lost is None
+            if self.closed:
+                raise KernelLost("closed") from exc
+            self.lost = self.gateway_lost(exc)
+            raise KernelLost("died", detail=self.lost) from exc
+        parts = message_parts(msg) if msg is not None else None
+        if isinstance(parts, tuple) and parts[0] == "status" and not msg.get("parent_header"):
+            state = parts[2].get("execution_state")
+            if state in GONE_STATES:
+                self.lost = "the Python interpreter died while running this code " + (
+                    "(the kernel gateway restarted it)"
+                    if state == "restarting"
+                    else "and the kernel gateway could not restart it"
+                )
+                raise KernelLost("died", detail=self.lost)
+        return msg
 
-    def _notice_restart(self, msg: dict) -> bool:
-        parts = message_parts(msg)
-        if isinstance(parts, str):
-            return False
-        kind, _, content = parts
-        state = content.get("execution_state") if kind == "status" else None
-        if state in GONE_STATES and not msg.get("parent_header"):
-            self.lost = "the Python interpreter died while running this code " + (
-                "(the kernel gateway restarted it)"
-                if state == "restarting"
-                else "and the kernel gateway could not restart it"
-            )
-            return True
-        return False
-
-    def _gateway_lost(self, exc: ChannelsClosed) -> str:
+    def gateway_lost(self, exc: ChannelsClosed) -> str:
         return f"the connection to the kernel gateway at {self.gateway.config.base} was lost ({exc})"
 
-    async def execute(
-        self,
-        code: str,
-        collector: OutputCollector,
-        *,
-        deadline: float | None = None,
-        silent: bool = False,
-        store_history: bool = True,
-    ) -> ExecOutcome:
-        """Run ``code`` and fold its output into ``collector`` (the local ``Kernel.execute`` contract)."""
-        if self.lost:
-            return ExecOutcome("died", detail=self.lost)
-        try:
-            msg_id = self.channels.execute(code, silent=silent, store_history=store_history)
-        except ChannelsClosed as exc:
-            self.lost = self._gateway_lost(exc)
-            return ExecOutcome("died", detail=self.lost)
-        self.running_msg_id = msg_id
-        count: int | None = None
-        had_error = idle = replied = False
-        reply_by: float | None = None
-        ignored = Ignored()
-        while not (idle and replied):
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                return ignored.into(ExecOutcome("deadline", count))
-            if reply_by is not None and now >= reply_by:
-                break  # went idle, but its reply never came: the output is complete anyway
-            until = min(t for t in (deadline, reply_by, now + 3600) if t is not None)
-            try:
-                msg = await self.channels.receive(timeout=until - now)
-            except ChannelsClosed as exc:
-                if self.closed:
-                    return ignored.into(ExecOutcome("closed", count))
-                self.lost = self._gateway_lost(exc)
-                return ignored.into(ExecOutcome("died", count, detail=self.lost))
-            except MALFORMED as exc:  # not JSON
-                ignored.add(f"{type(exc).__name__}: {exc}")
-                continue
-            if msg is None:
-                continue
-            if self._notice_restart(msg):
-                return ignored.into(ExecOutcome("died", count, detail=self.lost))
-            parts = message_parts(msg)
-            if isinstance(parts, str):
-                ignored.add(parts)
-                continue
-            kind, parent_id, content = parts
-            if parent_id != msg_id:
-                continue
-            channel = msg.get("channel")
-            if channel == "shell":
-                if kind == "execute_reply":
-                    replied = True
-                    count = count_of(content.get("execution_count"), count)
-            elif kind == "status":
-                if content.get("execution_state") == "idle":
-                    idle, reply_by = True, time.monotonic() + REPLY_GRACE
-            elif channel == "iopub":
-                count = fold_output(msg, collector, count)
-                had_error = had_error or kind == "error"
-        if count is not None and not silent:
-            self.execution_count = count
-        return ignored.into(ExecOutcome("error" if had_error else "ok", count))
+    def channel(self) -> _SocketChannel:
+        """The channel of its next request (``exchange.ChannelKernel``)."""
+        return _SocketChannel(self)
 
     async def interrupt(self, collector: OutputCollector | None = None, grace: float = 3.0) -> bool:
         """Interrupt through the gateway; True when the running request went idle within ``grace``."""
@@ -194,25 +139,7 @@ class GatewayKernel:
             log.warning("interrupt of gateway kernel %s failed: %s", self.id, exc)
             return False
         sink = collector or OutputCollector(1000)
-        deadline = time.monotonic() + grace
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                msg = await self.channels.receive(timeout=left)
-            except ChannelsClosed as exc:
-                self.lost = self._gateway_lost(exc)
-                return False
-            except MALFORMED:
-                continue
-            if msg is None or self._notice_restart(msg):
-                return False
-            parts = message_parts(msg)
-            if isinstance(parts, str) or parts[1] != self.running_msg_id or msg.get("channel") != "iopub":
-                continue
-            if parts[0] == "stream":
-                fold_output(msg, sink, None)
-            elif parts[0] == "status" and parts[2].get("execution_state") == "idle":
-                return True
-        return False
+        return await await_interrupted(self.channel(), self.running_msg_id, sink, grace)
 
     async def use_packages(self) -> bool:
         return False  # see ``layer``
@@ -230,6 +157,44 @@ class GatewayKernel:
                 await self.gateway.delete(self.id)
             except GatewayUnavailable as exc:
                 log.warning("could not stop gateway kernel %s: %s", self.id, exc)
+
+
+class _SocketChannel:
+    """A gateway kernel's ``exchange.Channel`` for one request: its WebSocket carries every
+    channel, so shell messages read while waiting for output are kept for ``reply``."""
+
+    def __init__(self, kernel: GatewayKernel) -> None:
+        self.kernel = kernel
+        self.shell: deque[Any] = deque(maxlen=64)  # (only the request's own reply is looked for)
+
+    def send(self, code: str, *, silent: bool, store_history: bool) -> str:
+        if self.kernel.lost:
+            raise KernelLost("died", detail=self.kernel.lost)
+        try:
+            return self.kernel.channels.execute(code, silent=silent, store_history=store_history)
+        except ChannelsClosed as exc:
+            self.kernel.lost = self.kernel.gateway_lost(exc)
+            raise KernelLost("died", detail=self.kernel.lost) from exc
+
+    async def check(self) -> float | None:
+        if self.kernel.closed:
+            raise KernelLost("closed")
+        return None  # a dead kernel arrives as a message or a closed socket
+
+    async def output(self, timeout: float) -> Any:
+        msg = await self.kernel.receive(timeout)
+        if not isinstance(msg, dict):
+            return msg  # None, or a malformed message the loop counts
+        channel = msg.get("channel")
+        if channel == "shell":
+            self.shell.append(msg)
+        return msg if channel == "iopub" else None
+
+    async def reply(self, timeout: float) -> Any:
+        if self.shell:
+            return self.shell.popleft()
+        msg = await self.kernel.receive(timeout)
+        return msg if not isinstance(msg, dict) or msg.get("channel") == "shell" else None
 
 
 class SharedWorkspaces:

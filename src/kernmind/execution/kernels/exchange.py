@@ -1,0 +1,265 @@
+"""One request to a kernel, as every kind of kernel runs it: send, fold output, wait for idle.
+
+Local kernels (``kernels/local.py``, also the fork server's) read a ZeroMQ client's iopub and
+shell sockets; kernels on a gateway (``kernels/gateway/kernels.py``) read one WebSocket that
+carries every channel. What differs is only how a message is received and what a lost
+kernel looks like, so each kind gives this module a ``Channel`` and the loop is written once
+(``run_request``, which ``ChannelKernel.execute`` runs for both kinds, and ``await_interrupted``): which messages belong to the request, how output is
+folded (``messages.fold_output``), when the request is over, which execution count it had and
+whether it changes the kernel's (a silent run is no visible call), and what is skipped as
+malformed (``messages.Ignored``).
+
+Design
+------
+* **The request is over at its idle status.** Its output is complete then; the shell reply
+  (it carries the execution count) is awaited for ``REPLY_GRACE`` more seconds at most, and
+  the time limit no longer applies: an answered request is never reported as timed out.
+* **Liveness is the channel's.** ``Channel.check`` runs before every wait and says when it
+  wants to run again: a local kernel polls its process about twice a second even while
+  output keeps arriving; a gateway reports a dead kernel as a message or a closed socket,
+  which its channel turns into ``KernelLost`` as it receives it.
+* **A lost kernel is an outcome, not an exception.** ``KernelLost`` (``died``: it went away,
+  with its exit code or a sentence saying why; ``closed``: we shut it down, possibly
+  mid-call) ends the call with the output so far. After the idle status only ``died`` does:
+  a kernel closed by us after its request finished still returns the request's result.
+
+Error policy: nothing here raises on what a kernel sends (see ``messages.py``); a channel's
+``MALFORMED`` errors are counted and skipped, ``KernelLost`` becomes the outcome, and any
+other exception of a channel propagates from ``run_request`` (``await_interrupted`` reads it as
+"not back": False).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import anyio.lowlevel
+
+from kernmind.execution.kernels.messages import MALFORMED, Ignored, count_of, fold_output, message_parts
+from kernmind.execution.results import OutputCollector
+
+log = logging.getLogger(__name__)
+
+REPLY_GRACE = 2.0  # seconds to wait for the execute_reply once the request went idle
+
+OutcomeKind = Literal["ok", "error", "died", "deadline", "closed"]
+
+
+@dataclass
+class ExecOutcome:
+    kind: OutcomeKind
+    execution_count: int | None = None
+    exit_code: int | None = None
+    detail: str | None = None  # why a kernel is gone, when "died" alone does not say it (remote kernels)
+    ignored: int = 0  # malformed messages of the kernel that were skipped (see ``Ignored``)
+    ignored_why: str | None = None  # what was wrong with the first one
+
+    def ignored_note(self) -> str | None:
+        """The note a result carries when malformed kernel messages were skipped."""
+        if not self.ignored:
+            return None
+        many = (
+            f"{self.ignored} malformed Jupyter messages"
+            if self.ignored > 1
+            else "a malformed Jupyter message"
+        )
+        return (
+            f"the kernel sent {many} during this call ({self.ignored_why}); "
+            "they were ignored and the rest of the output is shown."
+        )
+
+
+class KernelLost(Exception):
+    """A channel found its kernel gone: ``died`` (with an exit code or a sentence), or ``closed`` by us."""
+
+    def __init__(
+        self, kind: Literal["died", "closed"], *, exit_code: int | None = None, detail: str | None = None
+    ) -> None:
+        super().__init__(detail or kind)
+        self.kind: Literal["died", "closed"] = kind
+        self.exit_code = exit_code
+        self.detail = detail
+
+    def outcome(self, count: int | None) -> ExecOutcome:
+        return ExecOutcome(self.kind, count, self.exit_code, self.detail)
+
+
+class Channel(Protocol):
+    """How one kind of kernel sends a request and receives what answers it.
+
+    Each method raises ``KernelLost`` when the kernel is gone; ``output`` and ``reply`` may
+    raise a ``MALFORMED`` error for a message that could not be decoded."""
+
+    def send(self, code: str, *, silent: bool, store_history: bool) -> str:
+        """Send an ``execute_request``; its ``msg_id``."""
+        ...
+
+    async def check(self) -> float | None:
+        """Raise ``KernelLost`` when the kernel is known to be gone; else the monotonic time by
+        which it wants to be checked again (None: no need before the next message)."""
+        ...
+
+    async def output(self, timeout: float) -> Any:
+        """The next iopub message, or None when none came within ``timeout`` seconds (or what
+        came was for another channel)."""
+        ...
+
+    async def reply(self, timeout: float) -> Any:
+        """The next shell message, or None when none came within ``timeout`` seconds."""
+        ...
+
+
+class Requests(Protocol):
+    """What the loop keeps up to date on the kernel it drives."""
+
+    running_msg_id: str | None  # the request an interrupt is aimed at
+    execution_count: int  # of its last visible call
+
+
+async def run_request(
+    channel: Channel,
+    kernel: Requests,
+    code: str,
+    collector: OutputCollector,
+    *,
+    deadline: float | None = None,
+    silent: bool = False,
+    store_history: bool = True,
+) -> ExecOutcome:
+    """Run ``code`` through ``channel`` and fold its output into ``collector`` (the ``api.Kernel.execute``
+    contract): ``deadline`` (a monotonic time) that passes first returns ``deadline`` with the
+    output so far; cancelling it leaves the request running (interrupt it afterwards)."""
+    ignored = Ignored()
+    try:
+        msg_id = channel.send(code, silent=silent, store_history=store_history and not silent)
+    except KernelLost as lost:
+        return lost.outcome(None)
+    kernel.running_msg_id = msg_id
+    count: int | None = None
+    had_error = False
+    while True:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            return ignored.into(ExecOutcome("deadline", count))
+        try:
+            check_by = await channel.check()
+            until = min(t for t in (deadline, check_by, now + 3600) if t is not None)
+            got = await _next(channel.output, max(0.0, until - time.monotonic()), ignored)
+        except KernelLost as lost:
+            return ignored.into(lost.outcome(count))
+        if got is None:
+            continue
+        msg, (kind, parent_id, content) = got
+        if parent_id != msg_id:
+            continue
+        if kind == "status":
+            if content.get("execution_state") == "idle":
+                break
+            continue
+        count = fold_output(msg, collector, count)
+        had_error = had_error or kind == "error"
+    try:
+        count = await _reply_count(channel, msg_id, ignored, count)
+    except KernelLost as lost:
+        if lost.kind == "died":
+            return ignored.into(lost.outcome(count))
+    if count is not None and not silent:
+        kernel.execution_count = count
+    return ignored.into(ExecOutcome("error" if had_error else "ok", count))
+
+
+class ChannelKernel:
+    """``execute`` for a kernel whose messages come through a ``Channel`` (one per request, from
+    ``channel()``): local and gateway kernels derive from it, so they run requests alike."""
+
+    running_msg_id: str | None
+    execution_count: int
+
+    def channel(self) -> Channel:
+        raise NotImplementedError
+
+    async def execute(
+        self,
+        code: str,
+        collector: OutputCollector,
+        *,
+        deadline: float | None = None,
+        silent: bool = False,
+        store_history: bool = True,
+    ) -> ExecOutcome:
+        """Run ``code`` and fold its output into ``collector`` (``run_request``): ``deadline``
+        (with output so far) when ``deadline`` passes first, ``died`` when the kernel goes away.
+        Cancelling it leaves the request running: call ``interrupt`` afterwards."""
+        return await run_request(
+            self.channel(),
+            self,
+            code,
+            collector,
+            deadline=deadline,
+            silent=silent,
+            store_history=store_history,
+        )
+
+
+async def _reply_count(channel: Channel, msg_id: str, ignored: Ignored, count: int | None) -> int | None:
+    """The execution count of ``msg_id``'s shell reply (it arrives right around 'idle'), or
+    ``count`` when it does not come within ``REPLY_GRACE``."""
+    reply_by = time.monotonic() + REPLY_GRACE
+    while (left := reply_by - time.monotonic()) > 0:
+        got = await _next(channel.reply, left, ignored)
+        if got is not None and got[1][1] == msg_id:
+            return count_of(got[1][2].get("execution_count"), count)
+    return count
+
+
+async def await_interrupted(
+    channel: Channel, msg_id: str | None, sink: OutputCollector, grace: float
+) -> bool:
+    """After an interrupt was sent: True when request ``msg_id`` went idle within ``grace``
+    seconds; its remaining streams go to ``sink``. The interrupt's own busy/idle statuses have
+    another parent and are skipped."""
+    deadline = time.monotonic() + grace
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            got = await _next(channel.output, left, Ignored())
+        except KernelLost:
+            return False
+        except Exception as exc:  # a channel that fails now cannot say the kernel came back
+            log.debug("reading an interrupted kernel's output failed: %s", exc)
+            return False
+        if got is None or got[1][1] != msg_id:
+            continue
+        msg, (kind, _, content) = got
+        if kind == "stream":
+            fold_output(msg, sink, None)
+        elif kind == "status" and content.get("execution_state") == "idle":
+            return True
+    return False
+
+
+Parts = tuple[str, str | None, dict[str, Any]]
+
+
+async def _next(
+    receive: Callable[[float], Awaitable[Any]], timeout: float, ignored: Ignored
+) -> tuple[Any, Parts] | None:
+    """The next message ``receive`` gives within ``timeout`` and its parts (``message_parts``);
+    None when none came, or what came was malformed (counted in ``ignored``)."""
+    try:
+        msg = await receive(timeout)
+    except MALFORMED as exc:  # the message could not even be decoded
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        if msg is None:
+            return None
+        parts = message_parts(msg)
+        if not isinstance(parts, str):
+            return msg, parts
+        why = parts
+    ignored.add(why)
+    await anyio.lowlevel.checkpoint()  # a flood of malformed messages must not hold the event loop
+    return None

@@ -1,0 +1,448 @@
+"""The message loop every kernel shares (``kernels/exchange.py``), driven by scripted channels.
+
+Messages in, an ``ExecOutcome`` and a collector's output out, in milliseconds: which messages
+belong to the request, when it is over, which execution count it had and whether the
+kernel's changes (a silent run's does not), what a kernel lost mid-call returns, and what
+an interrupt waits for. The last tests drive the two real channels — a local kernel's over
+its ZeroMQ client, a gateway kernel's over its WebSocket — with scripted sockets, so their
+translations (a process that died, a shutdown under the call, a gateway's restart notice, a
+closed connection, a reply that comes before idle) are checked here too. The real kernels'
+end-to-end tests are beside this file (``test_kernel_python.py``, ``test_gateway.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from queue import Empty
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import pytest
+
+from kernmind.execution.kernels import exchange
+from kernmind.execution.kernels.exchange import KernelLost, await_interrupted, run_request
+from kernmind.execution.kernels.gateway.client import ChannelsClosed
+from kernmind.execution.kernels.gateway.kernels import GatewayKernel
+from kernmind.execution.kernels.local import Kernel
+from kernmind.execution.results import OutputCollector
+from kernmind.execution.sandbox.workspace import Workspace
+
+pytestmark = pytest.mark.anyio
+
+REQ = "req-1"
+
+
+def msg(
+    kind: str, content: dict[str, Any] | None = None, parent: str | None = REQ, channel: str = "iopub"
+) -> dict:
+    return {
+        "msg_type": kind,
+        "parent_header": {"msg_id": parent} if parent else {},
+        "content": content or {},
+        "channel": channel,
+    }
+
+
+def stream(text: str, name: str = "stdout", parent: str = REQ) -> dict:
+    return msg("stream", {"name": name, "text": text}, parent)
+
+
+def idle(parent: str | None = REQ) -> dict:
+    return msg("status", {"execution_state": "idle"}, parent)
+
+
+def busy(parent: str | None = REQ) -> dict:
+    return msg("status", {"execution_state": "busy"}, parent)
+
+
+def reply(count: int | None, parent: str = REQ) -> dict:
+    return msg("execute_reply", {"status": "ok", "execution_count": count}, parent, "shell")
+
+
+class ScriptedChannel:
+    """An ``exchange.Channel`` that plays back a script: each entry is a message, an exception
+    to raise, or None (nothing came); a script that is done waits out the timeout."""
+
+    def __init__(self, output: list[Any], replies: list[Any] = ()) -> None:  # type: ignore[assignment]
+        self.outputs = list(output)
+        self.replies = list(replies)
+        self.sent: list[tuple[str, bool, bool]] = []
+        self.checks = 0
+
+    def send(self, code: str, *, silent: bool, store_history: bool) -> str:
+        self.sent.append((code, silent, store_history))
+        return REQ
+
+    async def check(self) -> float | None:
+        self.checks += 1
+        return None
+
+    async def output(self, timeout: float) -> Any:
+        return await self._next(self.outputs, timeout)
+
+    async def reply(self, timeout: float) -> Any:
+        return await self._next(self.replies, timeout)
+
+    @staticmethod
+    async def _next(script: list[Any], timeout: float) -> Any:
+        if not script:
+            await anyio.sleep(timeout)
+            return None
+        entry = script.pop(0)
+        if isinstance(entry, BaseException):
+            raise entry
+        return entry
+
+
+class State:
+    def __init__(self, count: int = 0) -> None:
+        self.running_msg_id: str | None = None
+        self.execution_count = count
+
+
+async def test_output_is_folded_until_idle_and_the_reply_gives_the_count() -> None:
+    channel = ScriptedChannel(
+        [
+            busy(),
+            msg("execute_input", {"execution_count": 4}),
+            stream("hello\n"),
+            stream("careful\n", "stderr"),
+            msg("display_data", {"data": {"text/plain": "<Figure>", "image/png": "iVBORw0KGgo="}}),
+            msg("execute_result", {"data": {"text/plain": "42"}, "execution_count": 4}),
+            idle(),
+            stream("after idle: not this call's\n"),
+        ],
+        [reply(4)],
+    )
+    kernel, collector = State(3), OutputCollector(10_000)
+    outcome = await run_request(channel, kernel, "print('hello')", collector)
+    assert (outcome.kind, outcome.execution_count, outcome.ignored) == ("ok", 4, 0)
+    assert channel.sent == [("print('hello')", False, True)]
+    assert (kernel.running_msg_id, kernel.execution_count) == (REQ, 4)
+    assert "".join(collector.stdout) == "hello\n"
+    assert "".join(collector.stderr) == "careful\n"
+    assert [r.text for r in collector.results] == ["<Figure>", "42"]
+    assert collector.results[0].png is not None
+
+
+async def test_an_error_makes_the_outcome_error_with_the_traceback() -> None:
+    channel = ScriptedChannel(
+        [
+            msg("execute_input", {"execution_count": 2}),
+            msg(
+                "error",
+                {"ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": ["tb line"]},
+            ),
+            idle(),
+        ],
+        [reply(2)],
+    )
+    collector = OutputCollector(10_000)
+    outcome = await run_request(channel, State(), "1/0", collector)
+    assert (outcome.kind, outcome.execution_count) == ("error", 2)
+    assert collector.error is not None
+    assert (collector.error.name, collector.error.value) == ("ZeroDivisionError", "division by zero")
+
+
+async def test_a_silent_run_is_sent_off_the_record_and_leaves_the_kernels_count() -> None:
+    channel = ScriptedChannel([stream("set up\n"), idle()], [reply(7)])
+    kernel = State(6)
+    outcome = await run_request(channel, kernel, "setup()", OutputCollector(1000), silent=True)
+    assert channel.sent == [("setup()", True, False)]
+    assert (outcome.kind, outcome.execution_count) == ("ok", 7)
+    assert kernel.execution_count == 6  # a silent run is no visible call
+
+
+async def test_a_run_off_the_record_still_reports_its_count_to_the_kernel() -> None:
+    channel = ScriptedChannel([idle()], [reply(9)])
+    kernel = State(8)
+    await run_request(channel, kernel, "0", OutputCollector(100), store_history=False)
+    assert channel.sent == [("0", False, False)]
+    assert kernel.execution_count == 9
+
+
+async def test_messages_of_other_requests_are_skipped_their_idle_too() -> None:
+    channel = ScriptedChannel(
+        [stream("old\n", parent="req-0"), idle("req-0"), idle(None), stream("mine\n"), idle()],
+        [reply(1, parent="req-0"), reply(2)],
+    )
+    collector = OutputCollector(1000)
+    outcome = await run_request(channel, State(), "x", collector)
+    assert "".join(collector.stdout) == "mine\n"
+    assert (outcome.kind, outcome.execution_count) == ("ok", 2)
+
+
+async def test_a_kernel_that_dies_mid_run_returns_died_with_the_output_so_far() -> None:
+    channel = ScriptedChannel(
+        [msg("execute_input", {"execution_count": 5}), stream("working\n"), KernelLost("died", exit_code=-9)]
+    )
+    kernel, collector = State(4), OutputCollector(1000)
+    outcome = await run_request(channel, kernel, "boom()", collector)
+    assert (outcome.kind, outcome.exit_code, outcome.execution_count) == ("died", -9, 5)
+    assert "".join(collector.stdout) == "working\n"
+    assert kernel.execution_count == 4
+
+
+async def test_a_kernel_lost_before_the_request_is_sent_says_why() -> None:
+    class Lost(ScriptedChannel):
+        def send(self, code: str, *, silent: bool, store_history: bool) -> str:
+            raise KernelLost("died", detail="the gateway is gone")
+
+    kernel = State()
+    outcome = await run_request(Lost([]), kernel, "x", OutputCollector(100))
+    assert (outcome.kind, outcome.detail) == ("died", "the gateway is gone")
+    assert kernel.running_msg_id is None
+
+
+async def test_the_deadline_returns_the_output_so_far_without_waiting_for_a_reply() -> None:
+    channel = ScriptedChannel([stream("tick\n")], [reply(3)])
+    collector = OutputCollector(1000)
+    started = time.monotonic()
+    outcome = await run_request(channel, State(), "loop()", collector, deadline=time.monotonic() + 0.2)
+    assert outcome.kind == "deadline"
+    assert time.monotonic() - started < 2
+    assert "".join(collector.stdout) == "tick\n"
+    assert channel.replies == [reply(3)]  # not read
+
+
+async def test_after_idle_the_deadline_no_longer_applies() -> None:
+    class SlowReply(ScriptedChannel):
+        async def reply(self, timeout: float) -> Any:
+            await anyio.sleep(0.3)
+            return reply(5)
+
+    outcome = await run_request(
+        SlowReply([idle()]), State(), "x", OutputCollector(100), deadline=time.monotonic() + 0.1
+    )
+    assert (outcome.kind, outcome.execution_count) == ("ok", 5)
+
+
+async def test_a_missing_reply_is_waited_for_only_a_grace_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(exchange, "REPLY_GRACE", 0.1)
+    channel = ScriptedChannel([msg("execute_input", {"execution_count": 3}), idle()], [reply(99, "other")])
+    kernel = State()
+    outcome = await run_request(channel, kernel, "x", OutputCollector(100))
+    assert (outcome.kind, outcome.execution_count, kernel.execution_count) == ("ok", 3, 3)
+
+
+async def test_malformed_messages_are_counted_and_the_rest_is_shown() -> None:
+    channel = ScriptedChannel(
+        [
+            KeyError("msg_id"),
+            ["not", "a", "message"],
+            {"msg_type": "stream", "parent_header": [1], "content": {}},
+            stream("still here\n"),
+            idle(),
+        ],
+        [ValueError("bad frame"), reply(1)],
+    )
+    collector = OutputCollector(1000)
+    outcome = await run_request(channel, State(), "x", collector)
+    assert (outcome.kind, outcome.execution_count, outcome.ignored) == ("ok", 1, 4)
+    assert outcome.ignored_why == "KeyError: 'msg_id'"
+    assert "4 malformed Jupyter messages" in (outcome.ignored_note() or "")
+    assert "".join(collector.stdout) == "still here\n"
+
+
+async def test_a_kernel_closed_after_idle_still_returns_the_result_but_one_that_died_does_not() -> None:
+    closed = ScriptedChannel([stream("done\n"), idle()], [KernelLost("closed")])
+    outcome = await run_request(closed, State(), "x", OutputCollector(100))
+    assert outcome.kind == "ok"
+    died = ScriptedChannel([idle()], [KernelLost("died", detail="restarted")])
+    outcome = await run_request(died, State(), "x", OutputCollector(100))
+    assert (outcome.kind, outcome.detail) == ("died", "restarted")
+
+
+async def test_an_interrupted_request_is_back_at_its_own_idle() -> None:
+    channel = ScriptedChannel(
+        [busy("interrupt-1"), idle("interrupt-1"), stream("KeyboardInterrupt\n", "stderr"), idle()]
+    )
+    sink = OutputCollector(1000)
+    assert await await_interrupted(channel, REQ, sink, grace=1.0)
+    assert "".join(sink.stderr) == "KeyboardInterrupt\n"
+
+
+@pytest.mark.parametrize(
+    "script",
+    [[stream("still running\n")], [KernelLost("died", exit_code=-9)], [RuntimeError("sockets closed")]],
+    ids=["no-idle-within-grace", "lost", "channel-failed"],
+)
+async def test_an_interrupt_that_does_not_bring_the_request_back_is_false(script: list[Any]) -> None:
+    assert not await await_interrupted(ScriptedChannel(script), REQ, OutputCollector(100), grace=0.2)
+
+
+# --- The local kernel's channel, over a scripted ZeroMQ client -----------------------------------
+
+
+class ScriptedClient:
+    """The part of jupyter_client's ``AsyncKernelClient`` a kernel's channel uses."""
+
+    def __init__(self, iopub: list[Any], shell: list[Any]) -> None:
+        self.iopub, self.shell = list(iopub), list(shell)
+        self.executed: list[dict[str, Any]] = []
+
+    def execute(self, code: str, **kw: Any) -> str:
+        self.executed.append({"code": code, **kw})
+        return REQ
+
+    async def get_iopub_msg(self, timeout: float | None = None) -> Any:
+        if not self.iopub:
+            await anyio.sleep(timeout or 0)
+            raise Empty
+        entry = self.iopub.pop(0)
+        if isinstance(entry, BaseException):
+            raise entry
+        return entry
+
+    async def get_shell_msg(self) -> Any:
+        if not self.shell:
+            await anyio.sleep_forever()
+        return self.shell.pop(0)
+
+
+class ScriptedProcess:
+    def __init__(self) -> None:
+        self.alive, self.code = True, None
+
+    async def is_alive(self) -> bool:
+        return self.alive
+
+    async def poll(self) -> int | None:
+        return self.code
+
+
+def local_kernel(client: ScriptedClient, tmp_path: Path) -> tuple[Kernel, ScriptedProcess]:
+    process = ScriptedProcess()
+    km = SimpleNamespace(is_alive=process.is_alive, provisioner=process)
+    kernel = Kernel(id="k", workspace=Workspace(tmp_path), runtime_dir=tmp_path, km=km, uid=None, kc=client)  # type: ignore[arg-type]
+    return kernel, process
+
+
+async def test_a_local_kernel_runs_through_the_shared_loop(tmp_path: Path) -> None:
+    client = ScriptedClient([stream("hi\n"), Empty(), idle()], [reply(1)])
+    kernel, _ = local_kernel(client, tmp_path)
+    collector = OutputCollector(100)
+    outcome = await kernel.execute("print('hi')", collector, silent=False)
+    assert (outcome.kind, outcome.execution_count, kernel.execution_count) == ("ok", 1, 1)
+    assert client.executed == [
+        {"code": "print('hi')", "silent": False, "store_history": True, "allow_stdin": False}
+    ]
+    assert "".join(collector.stdout) == "hi\n"
+
+
+async def test_a_local_kernel_whose_process_dies_is_noticed_by_its_poll(tmp_path: Path) -> None:
+    client = ScriptedClient([stream("working\n")], [])
+    kernel, process = local_kernel(client, tmp_path)
+
+    async def die_soon() -> None:
+        await anyio.sleep(0.1)
+        process.alive, process.code = False, -9
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(die_soon)
+        outcome = await kernel.execute("work()", OutputCollector(100))
+    assert (outcome.kind, outcome.exit_code) == ("died", -9)
+    assert time.monotonic() - started < 3  # the poll runs although the kernel sends nothing
+
+
+async def test_a_local_kernel_shut_down_under_the_call_is_closed(tmp_path: Path) -> None:
+    client = ScriptedClient([stream("working\n")], [])
+    kernel, _ = local_kernel(client, tmp_path)
+
+    async def close_soon() -> None:
+        await anyio.sleep(0.1)
+        kernel.closed = True
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(close_soon)
+        outcome = await kernel.execute("work()", OutputCollector(100))
+    assert outcome.kind == "closed"
+
+
+# --- The gateway kernel's channel, over a scripted WebSocket -------------------------------------
+
+
+class ScriptedSocket:
+    """The part of ``gateway.client.KernelChannels`` a gateway kernel uses."""
+
+    def __init__(self, script: list[Any]) -> None:
+        self.script = list(script)
+        self.executed: list[tuple[str, bool, bool]] = []
+        self.closed = False
+
+    def execute(self, code: str, *, silent: bool = False, store_history: bool = True) -> str:
+        if self.closed:
+            raise ChannelsClosed("the kernel's connection is closed")
+        self.executed.append((code, silent, store_history))
+        return REQ
+
+    async def receive(self, timeout: float | None = None) -> Any:
+        until = time.monotonic() + (timeout or 0)
+        while not self.script:  # (what is added meanwhile arrives, as on a socket)
+            if time.monotonic() >= until:
+                return None
+            await anyio.sleep(0.01)
+        entry = self.script.pop(0)
+        if isinstance(entry, BaseException):
+            if isinstance(entry, ChannelsClosed):
+                self.closed = True
+            raise entry
+        return entry
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def gateway_kernel(socket: ScriptedSocket, tmp_path: Path) -> GatewayKernel:
+    gateway = SimpleNamespace(config=SimpleNamespace(base="http://127.0.0.1:8888"))
+    return GatewayKernel("g", Workspace(tmp_path), socket, gateway)  # type: ignore[arg-type]
+
+
+async def test_a_gateway_reply_that_comes_before_idle_is_kept(tmp_path: Path) -> None:
+    socket = ScriptedSocket([stream("hi\n"), reply(6), msg("comm_open", channel="control"), idle()])
+    kernel = gateway_kernel(socket, tmp_path)
+    collector = OutputCollector(100)
+    outcome = await kernel.execute("print('hi')", collector)
+    assert (outcome.kind, outcome.execution_count, kernel.execution_count) == ("ok", 6, 6)
+    assert "".join(collector.stdout) == "hi\n"
+
+
+async def test_a_gateway_restart_notice_ends_the_call_as_died_and_the_kernel_as_lost(tmp_path: Path) -> None:
+    socket = ScriptedSocket(
+        [stream("working\n"), msg("status", {"execution_state": "restarting"}, parent=None)]
+    )
+    kernel = gateway_kernel(socket, tmp_path)
+    outcome = await kernel.execute("crash()", OutputCollector(100))
+    assert outcome.kind == "died"
+    assert (
+        outcome.detail
+        == "the Python interpreter died while running this code (the kernel gateway restarted it)"
+    )
+    assert not await kernel.is_alive()
+    again = await kernel.execute("1", OutputCollector(100))
+    assert (again.kind, again.detail) == ("died", outcome.detail)
+    assert socket.executed == [("crash()", False, True)]  # nothing sent to a lost kernel
+
+
+async def test_a_closed_gateway_connection_is_died_unless_we_closed_it(tmp_path: Path) -> None:
+    lost = gateway_kernel(ScriptedSocket([ChannelsClosed("code 1006")]), tmp_path)
+    outcome = await lost.execute("x", OutputCollector(100))
+    assert outcome.kind == "died"
+    assert (
+        outcome.detail == "the connection to the kernel gateway at http://127.0.0.1:8888 was lost (code 1006)"
+    )
+    ours = gateway_kernel(ScriptedSocket([stream("x\n")]), tmp_path)
+
+    async def close_soon() -> None:
+        await anyio.sleep(0.05)
+        ours.closed = True
+        ours.channels.script.append(ChannelsClosed("closed by us"))  # type: ignore[attr-defined]
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(close_soon)
+        outcome = await ours.execute("x", OutputCollector(100), deadline=time.monotonic() + 5)
+    assert outcome.kind == "closed"
+    assert ours.lost is None
