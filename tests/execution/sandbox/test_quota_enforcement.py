@@ -98,19 +98,19 @@ print(json.dumps(out))
 """
 
 
-def run_probe(workspace: Path, *, over_quota: bool) -> dict[str, object]:
+def run_probe(workspace: Path, *, over_quota: bool, sandbox: Sandbox = SANDBOX) -> dict[str, object]:
     (workspace / "existing").write_bytes(b"")
     (workspace / "scratch").write_bytes(b"")
     (workspace / "victim").write_bytes(b"v" * 100)
     (workspace / "big").write_bytes(b"b" * MIB)
     (workspace / "olddir").mkdir()
-    uid = SANDBOX.allocate_uid()
+    uid = sandbox.allocate_uid()
     if uid is not None:
         for path in [workspace, *workspace.iterdir()]:
             os.chown(path, uid, uid)
-    limits = replace(SANDBOX.limits, writes_blocked=over_quota)
-    cmd = SANDBOX.wrap(["/usr/bin/python3", "-c", PROBE], workspace=workspace, uid=uid, limits=limits)
-    proc = subprocess.run(cmd.argv, env=cmd.env, capture_output=True, text=True, timeout=120)
+    limits = replace(sandbox.limits, writes_blocked=over_quota)
+    cmd = sandbox.wrap(["/usr/bin/python3", "-c", PROBE], workspace=workspace, uid=uid, limits=limits)
+    proc = subprocess.run(cmd.argv, env=cmd.env, cwd=cmd.cwd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -127,7 +127,10 @@ def test_filter_programs_for_known_machines_stay_whole_and_within_jump_range() -
 
 @needs_filter
 def test_over_quota_nothing_is_created_nor_preallocated_and_clean_up_works(tmp_path: Path) -> None:
-    out = run_probe(tmp_path, over_quota=True)
+    check_over_quota(run_probe(tmp_path, over_quota=True))
+
+
+def check_over_quota(out: dict[str, object]) -> None:
     # Not 10,000 directories, not one: the first mkdir is refused with "Disk quota exceeded".
     assert out["mkdir_10000"] == "EDQUOT" and out["dirs_made"] == 0, out
     for name in ("deep_tree", "symlink", "hardlink", "fifo", "create"):
@@ -171,9 +174,21 @@ def test_sandboxes_pick_their_filter_by_the_sessions_state() -> None:
     assert Path(strict).read_bytes() == seccomp.program(over_quota=True)
 
 
-def test_without_bubblewrap_there_is_no_filter_and_doctor_says_so() -> None:
+def test_without_bubblewrap_the_filter_still_holds_and_doctor_says_what_is_missing(tmp_path: Path) -> None:
+    """``--sandbox none``: no namespaces, but the lifeline parent loads the same filters, so a
+    session over its quota is held back the same way (code still runs as the server's user)."""
     none = Sandbox.detect("none")
-    assert none.seccomp_for(replace(none.limits, writes_blocked=True)) is None
-    described = none.describe()
+    if none.seccomp is None:
+        pytest.skip("seccomp filters cannot be loaded on this machine")
+    strict = none.seccomp_for(replace(none.limits, writes_blocked=True))
+    assert strict is not None and Path(strict).read_bytes() == seccomp.program(over_quota=True)
+    check_over_quota(run_probe(tmp_path, over_quota=True, sandbox=none))
+    assert "runs as the server's user" in str(none.describe()["quota"])
+
+
+def test_where_no_filter_can_be_loaded_doctor_names_the_gap() -> None:
+    bare = Sandbox("none", "disabled with --sandbox none", allow_network=True)
+    assert bare.seccomp_for(replace(bare.limits, writes_blocked=True)) is None
+    described = bare.describe()
     assert described["seccomp"] is None
     assert "no seccomp filter" in str(described["quota"]) and "raise its own" in str(described["quota"])

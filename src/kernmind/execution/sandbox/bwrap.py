@@ -159,7 +159,13 @@ class Sandbox:
         ``gpu="auto"`` an isolated sandbox gets the host's NVIDIA devices."""
         limits = limits or Limits()
         if mode == "none":
-            return cls("none", "disabled with --sandbox none", allow_network=True, limits=limits)
+            return cls(
+                "none",
+                "disabled with --sandbox none",
+                allow_network=True,
+                limits=limits,
+                seccomp=_unsandboxed_seccomp(),
+            )
         bwrap = shutil.which("bwrap")
         problem = None
         if sys.platform != "linux":
@@ -192,7 +198,9 @@ class Sandbox:
             "install bubblewrap or pass --sandbox required to refuse to start.",
             problem,
         )
-        return cls("none", f"fallback: {problem}", allow_network=True, limits=limits)
+        return cls(
+            "none", f"fallback: {problem}", allow_network=True, limits=limits, seccomp=_unsandboxed_seccomp()
+        )
 
     @classmethod
     def prefetch(cls, mode: str, *, allow_network: bool = False, limits: Limits | None = None) -> None:
@@ -311,7 +319,9 @@ class Sandbox:
             outer = _launcher(self._with_rlimits(full, limits, uid), self.seccomp_for(limits), join)
             return SandboxedCommand(outer, dict(environment), "/")
         # No pid namespace to end the tree with the server: a lifeline parent does (lifeline.py).
-        outer = _launcher(self._with_rlimits(lifeline_argv(argv), limits, None), None, join)
+        outer = _launcher(
+            self._with_rlimits(lifeline_argv(argv, self.seccomp_for(limits)), limits, None), None, join
+        )
         return SandboxedCommand(outer, environment, str(workspace))
 
     def seccomp_for(self, limits: Limits) -> str | None:
@@ -453,11 +463,16 @@ class Sandbox:
     def quota_enforcement(self) -> str:
         """How a session over its workspace quota is held back here (``kernmind doctor``)."""
         if self.seccomp is not None:
-            return (
-                "over the quota no file grows (RLIMIT_FSIZE 0) and code cannot lift that; sandboxes "
+            held = (
+                "over the quota no file grows (RLIMIT_FSIZE 0) and code cannot lift that; processes "
                 "started while over create nothing (seccomp); fallocate cannot preallocate past the limit"
             )
-        why = "without bubblewrap" if not self.isolated else "bubblewrap refused the filter"
+            if self.isolated:
+                return held
+            return (
+                held + "; but without bubblewrap code runs as the server's user and can reach files outside"
+            )
+        why = "no filter for this machine" if self.isolated else "it cannot be loaded here"
         return (
             f"over the quota no file grows (RLIMIT_FSIZE 0), but there is no seccomp filter ({why}): "
             "code can raise its own file-size limit, create directories and preallocate with fallocate "
@@ -496,12 +511,33 @@ def _launcher(argv: list[str], seccomp: str | None, join: Sequence[str | Path]) 
     return ["/bin/sh", "-c", _JOIN + run, "kernmind-sandbox", seccomp or "", *map(str, join), "--", *argv]
 
 
-def lifeline_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` under a parent that kills its whole tree when the server dies (Linux only)."""
+def lifeline_argv(argv: Sequence[str], seccomp: str | None = None) -> list[str]:
+    """``argv`` under a parent that kills its whole tree when the server dies (Linux only),
+    started under the seccomp filter in ``seccomp`` when given."""
     if sys.platform != "linux":
         return list(argv)
     script = str(Path(__file__).with_name("lifeline.py"))
-    return [sys.executable, "-S", "-E", "-s", script, str(os.getpid()), "--", *argv]
+    filtered = ["--seccomp", seccomp] if seccomp is not None else []
+    return [sys.executable, "-S", "-E", "-s", script, str(os.getpid()), *filtered, "--", *argv]
+
+
+def _unsandboxed_seccomp() -> str | None:
+    """The filter for commands run without bubblewrap, when a lifeline can load it here."""
+    path = _seccomp_file()
+    if path is None or sys.platform != "linux":
+        return None
+    try:
+        loaded = subprocess.run(lifeline_argv(["true"], path), capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("cannot try the seccomp filter without bubblewrap (%s); commands run without it", exc)
+        return None
+    if loaded.returncode != 0:
+        log.warning(
+            "the seccomp filter cannot be loaded here (%s); commands run without it",
+            loaded.stderr.decode(errors="replace").strip()[-200:],
+        )
+        return None
+    return path
 
 
 def _seccomp_file(*, over_quota: bool = False) -> str | None:
