@@ -464,8 +464,9 @@ class Sandbox:
         """How a session over its workspace quota is held back here (``kernmind doctor``)."""
         if self.seccomp is not None:
             held = (
-                "over the quota no file grows (RLIMIT_FSIZE 0) and code cannot lift that; processes "
-                "started while over create nothing (seccomp); fallocate cannot preallocate past the limit"
+                "over the quota no file grows (RLIMIT_FSIZE 0) and code cannot lift that nor preallocate "
+                "(seccomp); sandboxes started while over create nothing, a kernel already running can "
+                "still make directories until the quota check stops its call"
             )
             if self.isolated:
                 return held
