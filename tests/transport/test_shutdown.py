@@ -124,8 +124,8 @@ def test_stdio_shutdown_leaves_nothing_behind(tmp_path: Path, how: str) -> None:
 
 # --- HTTP -------------------------------------------------------------------------------------
 @pytest.mark.anyio
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
-async def test_http_shutdown_leaves_nothing_behind(tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize(("how", "era"), [("SIGTERM", "legacy"), ("SIGINT", "auto")])
+async def test_http_shutdown_leaves_nothing_behind(tmp_path: Path, how: str, era: str) -> None:
     """The stop arrives while a call runs (known from its progress, not from a sleep): the call
     answers that the server is shutting down, then everything stops and nothing is left.
 
@@ -151,9 +151,11 @@ async def test_http_shutdown_leaves_nothing_behind(tmp_path: Path, how: str) -> 
                     if message and "sleeping" in message:
                         running.set()
 
+                caller = legacy if era == "legacy" else modern  # a session's stream, or a sessionless POST
+
                 async def long_call() -> None:
                     try:
-                        outcome["result"] = await legacy.call_tool(
+                        outcome["result"] = await caller.call_tool(
                             "run_code",
                             {"code": "print('sleeping', flush=True); time.sleep(60)", "session_id": "busy"},
                             progress_callback=progress,
