@@ -157,4 +157,4 @@ def test_unprivileged_sandbox_confines_code(shared_dir: Path, test_user: pwd.str
     assert report["memory"] == "MemoryError"
     # Writes blocked (the workspace quota): the file cannot grow and the block cannot be lifted.
     assert report["seccomp"] is True
-    assert report["blocked"] == "refused 27"  # 27: EFBIG
+    assert report["blocked"] == "refused 122"  # 122: EDQUOT, not even created (the over-quota filter)

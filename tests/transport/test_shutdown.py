@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 import pytest
+from mcp.types import CallToolResult
 
 from kernmind.execution.sandbox.rundir import socket_root
 from tests.transport.procs import ProcInfo, StdioServer, descendants, mentioning, start_http, wait_until
@@ -123,8 +124,16 @@ def test_stdio_shutdown_leaves_nothing_behind(tmp_path: Path, how: str) -> None:
 
 # --- HTTP -------------------------------------------------------------------------------------
 @pytest.mark.anyio
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
-async def test_http_shutdown_leaves_nothing_behind(tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize(("how", "era"), [("SIGTERM", "legacy"), ("SIGINT", "auto")])
+async def test_http_shutdown_leaves_nothing_behind(tmp_path: Path, how: str, era: str) -> None:
+    """The stop arrives while a call runs (known from its progress, not from a sleep): the call
+    answers that the server is shutting down, then everything stops and nothing is left.
+
+    The stop is sent only once the server reports the call running: a stop that races the
+    request itself (still unwritten, or written onto a kept-alive connection as the server
+    closes it) is answered by the drain with a 503 while the server drains, and after that by
+    a refused connection, which the SDK's client raises from its exit (transport/drain.py).
+    """
     server = start_http(tmp_path, token="shutdown-token")
     try:
         with anyio.fail_after(90):
@@ -136,23 +145,34 @@ async def test_http_shutdown_leaves_nothing_behind(tmp_path: Path, how: str) -> 
                 before, runtime_dirs = _kernel_tree(server.proc.pid, kernels=2)
 
                 outcome: dict[str, object] = {}
+                running, answered = anyio.Event(), anyio.Event()
+
+                async def progress(done: float, total: float | None, message: str | None) -> None:
+                    if message and "sleeping" in message:
+                        running.set()
+
+                caller = legacy if era == "legacy" else modern  # a session's stream, or a sessionless POST
 
                 async def long_call() -> None:
                     try:
-                        outcome["result"] = await legacy.call_tool(
-                            "run_code", {"code": "time.sleep(60)", "session_id": "busy"}
+                        outcome["result"] = await caller.call_tool(
+                            "run_code",
+                            {"code": "print('sleeping', flush=True); time.sleep(60)", "session_id": "busy"},
+                            progress_callback=progress,
                         )
-                    except Exception as exc:  # the server went away mid-call: expected
+                    except Exception as exc:  # recorded: the assertion below says what was expected
                         outcome["error"] = exc
+                    answered.set()
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(long_call)
-                    await anyio.sleep(0.5)
+                    await running.wait()
                     t0 = time.monotonic()
                     server.proc.send_signal(getattr(signal, how))
                     rc = await anyio.to_thread.run_sync(server.proc.wait, STOP_WITHIN)
                     took = time.monotonic() - t0
-                    tg.cancel_scope.cancel()
+                    with anyio.fail_after(5):  # its answer was sent before the server closed
+                        await answered.wait()
     except BaseException:
         if server.proc.poll() is None:
             server.proc.kill()
@@ -164,4 +184,11 @@ async def test_http_shutdown_leaves_nothing_behind(tmp_path: Path, how: str) -> 
     log = server.log_text()
     assert rc == 0, log
     assert took < STOP_WITHIN, took
+    # The running call answered with a result that says why it stopped, not a cut stream.
+    result = outcome.get("result")
+    assert isinstance(result, CallToolResult), outcome
+    structured = result.structured_content or {}
+    assert structured.get("status") == "error", structured
+    assert structured["error"]["name"] == "ServerShuttingDown", structured["error"]
+    assert "shutting down" in structured["error"]["value"], structured["error"]
     _assert_clean(server.data_dir, before, runtime_dirs, log)

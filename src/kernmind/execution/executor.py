@@ -88,6 +88,11 @@ GATEWAY_PACKAGES_REFUSAL = (
     "packages installed there, or ask the operator to add them to that image."
 )
 
+SERVER_STOPPING = (
+    "the server is shutting down (it was asked to stop), so this code was interrupted. The session's "
+    "files are kept; call again once the server is back."
+)
+
 RESERVE_NAME = ".km-reserve"
 RESERVE_BYTES = 2 * 1024 * 1024
 
@@ -202,6 +207,7 @@ class Executor:
                 hooks=hooks,
                 new_layer=self._new_layer,
             )
+        self._calls: set[Session] = set()  # sessions whose call runs now (``stop_calls``)
         self.jobs = Jobs(
             settings.jobs_dir,
             new_collector=lambda: OutputCollector.of(settings),
@@ -525,4 +531,19 @@ class Executor:
         if session.limits is None:
             session.limits = SessionLimits(self.cgroups, self.sandbox.limits)
         quota = self.settings.workspace_mb * 1024 * 1024
-        return await supervise(runner, call, quota_bytes=quota, progress=progress)
+        self._calls.add(session)
+        try:
+            return await supervise(runner, call, quota_bytes=quota, progress=progress)
+        finally:
+            self._calls.discard(session)
+
+    def stop_calls(self, why: str = SERVER_STOPPING) -> int:
+        """An orderly server stop (transport/drain.py): interrupt every call that runs now, so
+        each answers with a result that says ``why`` while the transport can still carry it.
+        Returns how many were running."""
+        running = [s for s in self._calls if s.running is not None]
+        for session in running:
+            session.stopped_because = why
+            assert session.running is not None
+            session.running.cancel()
+        return len(running)

@@ -18,7 +18,8 @@
   result says so (``MemoryLimitExceeded``). While the runner runs, ``current_limits`` names
   the session's limits, so every sandbox it starts joins the session's group.
 - **Progress**: about once a second, the latest output line (or elapsed time).
-- **Closing**: ``close_session`` cancels the call's scope; the result is ``SessionClosed``.
+- **Closing**: ``close_session`` cancels the call's scope; the result is ``SessionClosed``
+  (``ServerShuttingDown`` when an orderly server stop interrupted it, ``Executor.stop_calls``).
 - **Client cancellation** (or server shutdown): the code is interrupted, then the
   cancellation propagates.
 - **The result**: one place turns what the call produced into a ``RunResult``: status,
@@ -251,6 +252,9 @@ async def _result(
         assert call.session.limits is not None
         status, state_preserved = "error", False
         collector.set_error("MemoryLimitExceeded", call.session.limits.memory_note(runner.language), "")
+    elif stop == "closed" and call.session.stopped_because and not call.session.closed:
+        status, state_preserved = "error", interrupted  # the server interrupted it: see stop_calls
+        collector.set_error("ServerShuttingDown", call.session.stopped_because, "")
     elif stop == "closed":
         status, state_preserved = "error", False
         collector.set_error(

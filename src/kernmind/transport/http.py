@@ -13,14 +13,18 @@ Design
   only; ``OriginGuard`` (guard.py) refuses other browser origins on every address unless
   ``--allowed-origin`` adds them, and transport sessions are bound to the principal that
   opened them (auth.py).
-- uvicorn keeps its own signal handlers (so the SSE streams sse-starlette keeps open are
-  drained), with a bounded graceful-shutdown wait, and the Starlette lifespan enters the
-  server lifespan once through the SDK's session manager. Unlike stock uvicorn we do not
-  re-raise the signal after a graceful shutdown: the exit code is 0.
+- The first SIGTERM/SIGINT drains first (drain.py): new requests get a 503 that says the
+  server is shutting down, the calls that run are interrupted with a result that says so
+  (``stop_calls``), and the requests in flight answer before anything closes. Then uvicorn's
+  own shutdown runs (stop listening, end the SSE streams sse-starlette keeps open, a bounded
+  graceful wait), and the Starlette lifespan leaves the server lifespan, entered once through
+  the SDK's session manager. Unlike stock uvicorn we do not re-raise the signal after a
+  graceful shutdown: the exit code is 0. A second signal exits at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import logging
@@ -35,6 +39,7 @@ from kernmind.config import Settings
 from kernmind.principals import TokenFile, TokenFileError, tokens_file_in_use
 from kernmind.settings_cli import where_set
 from kernmind.transport.auth import BearerTokenMiddleware, authenticator, redact_session_ids
+from kernmind.transport.drain import Drain
 from kernmind.transport.guard import JsonRpcGuard, OriginGuard, own_origins
 from kernmind.transport.shutdown import EXIT_FAILED, Shutdown
 
@@ -80,6 +85,10 @@ def check_http_settings(settings: Settings) -> str | None:
 
 
 # --- HTTP -------------------------------------------------------------------------------
+async def _unset_app(scope: Scope, receive: Receive, send: Send) -> None:
+    raise RuntimeError("the drain was not put in front of an app (build_http_app)")
+
+
 def _uvicorn_server_class() -> type[Any]:
     import uvicorn
 
@@ -103,17 +112,50 @@ def _uvicorn_server_class() -> type[Any]:
                     signal.signal(sig, handler)
 
         on_started: Callable[[], None] | None = None
+        drain: Drain | None = None
+        stop_calls: Callable[[], int] | None = None
+        _loop: asyncio.AbstractEventLoop | None = None
+        _draining = False
+        _drain_task: asyncio.Task[None] | None = None
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            self._loop = asyncio.get_running_loop()
             await super().startup(sockets)
             if self.started and self.on_started is not None:
                 self.on_started()
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.should_exit:
+            if self.should_exit or self._draining:
                 Shutdown().force_exit(sig)
             log.info("%s: stopping kernels and closing the database", signal.Signals(sig).name)
-            self.should_exit = True
+            if self.drain is None or self._loop is None or not self.started:
+                self.should_exit = True
+                return
+            self._draining = True
+            # A signal handler interrupts the loop's own thread mid-step: hand the drain to the loop.
+            self._loop.call_soon_threadsafe(self._start_drain)
+
+        def _start_drain(self) -> None:
+            assert self._loop is not None
+            self._drain_task = self._loop.create_task(self._drain_then_exit())
+
+        async def _drain_then_exit(self) -> None:
+            """Refuse new requests, interrupt running calls, let the requests in flight answer
+            (drain.py), then start uvicorn's shutdown."""
+            assert self.drain is not None
+            try:
+                self.drain.start()
+                stopped = self.stop_calls() if self.stop_calls is not None else 0
+                if stopped:
+                    log.info(
+                        "interrupted %d running call(s): they answer that the server is stopping", stopped
+                    )
+                if not await self.drain.wait_idle():
+                    log.warning("%d request(s) still unanswered when the drain ran out", self.drain.in_flight)
+            except Exception:  # the drain must never keep the server from stopping
+                log.exception("draining the HTTP server failed")
+            finally:
+                self.should_exit = True
 
     return Server
 
@@ -138,9 +180,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def build_http_app(server: Any, settings: Settings, port: int | None = None) -> ASGIApp:
-    """The SDK's Streamable HTTP app at /mcp behind the JSON-RPC guard, the Origin guard and,
-    with a token, its check (``port``: the one the server listens on, if not ``--port``)."""
+def build_http_app(
+    server: Any, settings: Settings, port: int | None = None, drain: Drain | None = None
+) -> ASGIApp:
+    """The SDK's Streamable HTTP app at /mcp behind the JSON-RPC guard, the Origin guard, the
+    drain of an orderly stop (``drain``, drain.py) and, with a token, its check (``port``: the
+    one the server listens on, if not ``--port``)."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     max_body = settings.max_request_mb * 1024 * 1024
@@ -164,18 +209,26 @@ def build_http_app(server: Any, settings: Settings, port: int | None = None) -> 
     )
     app = JsonRpcGuard(app, max_body=max_body, limit_setting=where_set("max_request_mb"))
     app = OriginGuard(app, own=own, allowed=settings.allowed_origin, same_host=not own)
+    if drain is not None:
+        drain.app = app
+        app = drain
     auth = authenticator(settings)
     if auth.required:
         app = BearerTokenMiddleware(app, auth)
     return app
 
 
-async def serve_http(server: Any, settings: Settings, sock: socket.socket) -> int:
+async def serve_http(
+    server: Any, settings: Settings, sock: socket.socket, stop_calls: Callable[[], int] | None = None
+) -> int:
+    """Serve until stopped; ``stop_calls`` interrupts the calls running when a stop is asked
+    (their results say so) and returns how many it interrupted."""
     import uvicorn
 
     host, port = sock.getsockname()[:2]
+    drain = Drain(_unset_app)
     config = uvicorn.Config(
-        build_http_app(server, settings, port),
+        build_http_app(server, settings, port, drain),
         lifespan="on",
         log_config=None,  # keep kernmind's stderr logging
         access_log=settings.log_level == "DEBUG",
@@ -193,6 +246,7 @@ async def serve_http(server: Any, settings: Settings, sock: socket.socket) -> in
         sys.stderr.flush()
 
     uv.on_started = announce
+    uv.drain, uv.stop_calls = drain, stop_calls
     try:
         await uv.serve(sockets=[sock])
     except SystemExit:  # uvicorn's startup failure (the lifespan did not start)

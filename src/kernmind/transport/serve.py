@@ -94,7 +94,7 @@ def serve(settings: Settings) -> int:
         return EXIT_FAILED
     try:
         if sock is not None:
-            return anyio.run(serve_http, server, settings, sock)
+            return anyio.run(serve_http, server, settings, sock, executor.stop_calls)
         return anyio.run(serve_stdio, server)
     except KeyboardInterrupt:  # Ctrl-C before the handlers were installed: nothing was started yet
         return 130

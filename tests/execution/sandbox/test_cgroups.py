@@ -329,7 +329,8 @@ def test_in_the_sandbox_code_cannot_change_its_file_size_limit(tmp_path: Path) -
     cmd = sandbox.wrap(["/usr/bin/python3", "-c", FSIZE_PROBE], workspace=tmp_path, uid=uid, limits=blocked)
     proc = subprocess.run(cmd.argv, env=cmd.env, capture_output=True, text=True, timeout=60)
     hard = sandbox.limits.max_file_mb * 2**20
-    assert proc.stdout.strip() == f"[0, {hard}, 'refused', 'refused', 256, 27]", proc.stderr  # 27: EFBIG
+    # 122: EDQUOT, a sandbox started over the quota cannot even create the file (test_quota_enforcement.py)
+    assert proc.stdout.strip() == f"[0, {hard}, 'refused', 'refused', 256, 122]", proc.stderr
 
 
 # --- cgroup v2 mechanics, on a real cgroup2 hierarchy (without controllers, where that is all there is) --

@@ -17,7 +17,9 @@ RLIMIT_NOFILE, and no core dumps.
 
 While a session is over its workspace quota, its sandboxes start with a soft RLIMIT_FSIZE of
 0 (``Limits.writes_blocked``; the hard limit stays, so the server can lift the block), and a
-seccomp filter (``seccomp.py``, ``--seccomp``) keeps code from changing its file-size limit.
+seccomp filter (``seccomp.py``, ``--seccomp``) keeps code from changing its file-size limit
+and from preallocating past it; such a sandbox loads the stricter filter that also refuses
+to create directories, links and files (``seccomp_for``).
 
 RLIMIT_NPROC is not enforced for root. When the server runs as root, bwrap runs
 privileged (no user namespace) and the command inside is started through
@@ -157,7 +159,13 @@ class Sandbox:
         ``gpu="auto"`` an isolated sandbox gets the host's NVIDIA devices."""
         limits = limits or Limits()
         if mode == "none":
-            return cls("none", "disabled with --sandbox none", allow_network=True, limits=limits)
+            return cls(
+                "none",
+                "disabled with --sandbox none",
+                allow_network=True,
+                limits=limits,
+                seccomp=_unsandboxed_seccomp(),
+            )
         bwrap = shutil.which("bwrap")
         problem = None
         if sys.platform != "linux":
@@ -190,7 +198,9 @@ class Sandbox:
             "install bubblewrap or pass --sandbox required to refuse to start.",
             problem,
         )
-        return cls("none", f"fallback: {problem}", allow_network=True, limits=limits)
+        return cls(
+            "none", f"fallback: {problem}", allow_network=True, limits=limits, seccomp=_unsandboxed_seccomp()
+        )
 
     @classmethod
     def prefetch(cls, mode: str, *, allow_network: bool = False, limits: Limits | None = None) -> None:
@@ -306,11 +316,20 @@ class Sandbox:
         environment = self.environment(inner_ws, env)
         if self.isolated:
             full = self._bwrap_args(argv, workspace, environment, ro_paths, runtime_dir, uid, limits, mounts)
-            outer = _launcher(self._with_rlimits(full, limits, uid), self.seccomp, join)
+            outer = _launcher(self._with_rlimits(full, limits, uid), self.seccomp_for(limits), join)
             return SandboxedCommand(outer, dict(environment), "/")
         # No pid namespace to end the tree with the server: a lifeline parent does (lifeline.py).
-        outer = _launcher(self._with_rlimits(lifeline_argv(argv), limits, None), None, join)
+        outer = _launcher(
+            self._with_rlimits(lifeline_argv(argv, self.seccomp_for(limits)), limits, None), None, join
+        )
         return SandboxedCommand(outer, environment, str(workspace))
+
+    def seccomp_for(self, limits: Limits) -> str | None:
+        """The filter a new sandbox loads: the stricter one while its session is over the workspace
+        quota (nothing created: seccomp.py), else the ordinary one; None where there is none."""
+        if self.seccomp is None or not limits.writes_blocked:
+            return self.seccomp
+        return _seccomp_file(over_quota=True) or self.seccomp
 
     def _nproc(self, limits: Limits, uid: int | None) -> int:
         if uid is not None or self.as_root:
@@ -441,6 +460,26 @@ class Sandbox:
         args += list(argv)
         return args
 
+    def quota_enforcement(self) -> str:
+        """How a session over its workspace quota is held back here (``kernmind doctor``)."""
+        if self.seccomp is not None:
+            held = (
+                "over the quota no file grows (RLIMIT_FSIZE 0) and code cannot lift that nor preallocate "
+                "(seccomp); sandboxes started while over create nothing, a kernel already running can "
+                "still make directories until the quota check stops its call"
+            )
+            if self.isolated:
+                return held
+            return (
+                held + "; but without bubblewrap code runs as the server's user and can reach files outside"
+            )
+        why = "no filter for this machine" if self.isolated else "it cannot be loaded here"
+        return (
+            f"over the quota no file grows (RLIMIT_FSIZE 0), but there is no seccomp filter ({why}): "
+            "code can raise its own file-size limit, create directories and preallocate with fallocate "
+            "until the next measurement finds it"
+        )
+
     def describe(self) -> dict[str, object]:
         return {
             "backend": self.backend,
@@ -449,6 +488,7 @@ class Sandbox:
             "runs_as": "a dedicated uid per sandbox" if self.drops_privileges else "the server's user",
             "gpu": self.gpu.describe() if self.gpu else None,
             "seccomp": "code cannot change its file-size limit" if self.seccomp else None,
+            "quota": self.quota_enforcement(),
             "limits": {
                 "memory_mb": self.limits.memory_mb,
                 "cpu_seconds": self.limits.cpu_seconds,
@@ -472,22 +512,44 @@ def _launcher(argv: list[str], seccomp: str | None, join: Sequence[str | Path]) 
     return ["/bin/sh", "-c", _JOIN + run, "kernmind-sandbox", seccomp or "", *map(str, join), "--", *argv]
 
 
-def lifeline_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` under a parent that kills its whole tree when the server dies (Linux only)."""
+def lifeline_argv(argv: Sequence[str], seccomp: str | None = None) -> list[str]:
+    """``argv`` under a parent that kills its whole tree when the server dies (Linux only),
+    started under the seccomp filter in ``seccomp`` when given."""
     if sys.platform != "linux":
         return list(argv)
     script = str(Path(__file__).with_name("lifeline.py"))
-    return [sys.executable, "-S", "-E", "-s", script, str(os.getpid()), "--", *argv]
+    filtered = ["--seccomp", seccomp] if seccomp is not None else []
+    return [sys.executable, "-S", "-E", "-s", script, str(os.getpid()), *filtered, "--", *argv]
 
 
-def _seccomp_file() -> str | None:
-    """The file holding kernmind's seccomp filter for this machine (None: none for it)."""
+def _unsandboxed_seccomp() -> str | None:
+    """The filter for commands run without bubblewrap, when a lifeline can load it here."""
+    path = _seccomp_file()
+    if path is None or sys.platform != "linux":
+        return None
+    try:
+        loaded = subprocess.run(lifeline_argv(["true"], path), capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("cannot try the seccomp filter without bubblewrap (%s); commands run without it", exc)
+        return None
+    if loaded.returncode != 0:
+        log.warning(
+            "the seccomp filter cannot be loaded here (%s); commands run without it",
+            loaded.stderr.decode(errors="replace").strip()[-200:],
+        )
+        return None
+    return path
+
+
+def _seccomp_file(*, over_quota: bool = False) -> str | None:
+    """The file holding kernmind's seccomp filter for this machine (None: none for it);
+    ``over_quota``: the stricter one of a sandbox whose session is over its quota."""
     try:
         from kernmind.execution.sandbox import seccomp
     except ImportError:  # this module copied on its own (the unprivileged-user test)
         return None
 
-    data = seccomp.program()
+    data = seccomp.program(over_quota=over_quota)
     if data is None:
         return None
     try:

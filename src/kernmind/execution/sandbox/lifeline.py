@@ -1,7 +1,7 @@
 """A process tree that dies with the server, for commands run without bubblewrap.
 
 Run as a script (standard library only, started with ``python -S -E``):
-``lifeline.py SERVER_PID -- command …``.
+``lifeline.py SERVER_PID [--seccomp FILE] -- command …``.
 
 Design
 - Under bubblewrap a sandbox ends with the server: bwrap runs with ``--die-with-parent``
@@ -19,12 +19,16 @@ Design
   these commands from its event-loop thread (which lives as long as the server).
 - The lifeline exits with the command's status (a command killed by a signal: the same
   signal), so callers that read exit codes see the command's own.
+- ``--seccomp FILE``: the command starts under that seccomp filter (``seccomp.py``, the one
+  bubblewrap loads into a sandbox), with ``no_new_privs``: without bubblewrap, code still
+  cannot lift the workspace quota's write block nor preallocate past it.
 - Signals: SIGTERM/SIGHUP/SIGQUIT sent to the lifeline alone while the server lives are
   passed on to the command; SIGINT is ignored here (it reaches the command through its
   process group, which it shares with us).
 
-Error policy: a command that cannot be executed exits 127 with the reason on stderr; a
-server already gone before we could tie ourselves to it: exit 137, nothing is started.
+Error policy: a command that cannot be executed exits 127 with the reason on stderr (126
+when its seccomp filter cannot be loaded: nothing runs unfiltered); a server already gone
+before we could tie ourselves to it: exit 137, nothing is started.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_NO_NEW_PRIVS = 22, 2, 38
 DEATH_SIGNAL = signal.SIGTERM
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -89,9 +94,32 @@ def reap(block: bool) -> tuple[int, int] | None:
             return None
 
 
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load_seccomp(libc: ctypes.CDLL, path: str) -> None:
+    """no_new_privs, then the filter in ``path`` for this process and what it executes."""
+    with open(path, "rb") as fh:
+        program = fh.read()
+    buffer = ctypes.create_string_buffer(program, len(program))
+    prog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    for args in (
+        (PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0),
+        (PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0),
+    ):
+        if libc.prctl(*args) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+
+
 def main() -> None:
     server = int(sys.argv[1])
-    command = sys.argv[3:] if sys.argv[2:3] == ["--"] else sys.argv[2:]
+    rest = sys.argv[2:]
+    seccomp = None
+    if rest[:1] == ["--seccomp"]:
+        seccomp, rest = rest[1], rest[2:]
+    command = rest[1:] if rest[:1] == ["--"] else rest
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     libc.prctl(PR_SET_PDEATHSIG, DEATH_SIGNAL, 0, 0, 0)
@@ -114,6 +142,12 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     child = os.fork()
     if child == 0:
+        if seccomp is not None:
+            try:
+                load_seccomp(libc, seccomp)
+            except OSError as exc:
+                os.write(2, f"kernmind: cannot load the seccomp filter: {exc}\n".encode())
+                os._exit(126)
         try:
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # ignored signals survive exec
             os.execvp(command[0], command)

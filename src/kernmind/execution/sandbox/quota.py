@@ -31,12 +31,15 @@ loop-mounted images per session need root, turn the warm pool's directory moves
 (``store.rebind``: a rename into the session's home) into copies, and leave mounts behind
 when a server is killed. Project quotas remain the better tool where a host has them.
 
-What this leaves open: a server that is not root can only lower the soft RLIMIT_FSIZE (a
-hard limit, once lowered, cannot be raised again without privileges), so code that raises
-its own soft limit while over can write one more burst, found by the next measurement;
-creating directories or empty files and ``fallocate(FALLOC_FL_KEEP_SIZE)`` are not bounded
-by RLIMIT_FSIZE (a directory costs a block), and such growth between calls is not seen by
-``write_bytes`` (the measurement after the next call finds it).
+What RLIMIT_FSIZE does not bound, the seccomp filters do (``seccomp.py``): no sandbox may
+raise its own soft limit nor preallocate with ``fallocate(FALLOC_FL_KEEP_SIZE)``, and a
+sandbox started while its session is over creates nothing (directories, links, files:
+EDQUOT). What this leaves open: a filter cannot change once loaded, so a process started
+before its session went over (the Python kernel) can still create directories and empty
+files (a block each); the sampling while code runs stops such a call, and growth between
+calls is not seen by ``write_bytes`` (the measurement after the next call finds it). Where
+no filter can be loaded, code can also raise its own soft limit while over and write one
+more burst, found by the next measurement.
 
 Error policy: a measurement that fails leaves the last one standing (logged); blocking
 skips processes that vanished.

@@ -1,14 +1,33 @@
-"""A seccomp filter that keeps sandboxed code from changing its own file-size limit.
+"""The seccomp filters of the sandbox: code cannot lift the workspace quota's write block, nor
+grow the workspace in ways a file-size limit does not bound.
 
 The workspace quota blocks a session's writes by lowering the *soft* RLIMIT_FSIZE of its
 processes to 0 (``sandbox/limits.py``): the server must be able to raise it again once the
 session has deleted files, and only a process with CAP_SYS_RESOURCE may raise a hard limit
 (root in a container often lacks it). A soft limit alone, though, can be raised by the
-process itself up to its hard limit. This filter, loaded into every bubblewrap sandbox
+process itself up to its hard limit. The filter, loaded into every bubblewrap sandbox
 (``--seccomp``) and into every fork-server kernel, makes ``setrlimit(RLIMIT_FSIZE, …)`` and
 ``prlimit64(…, RLIMIT_FSIZE, new, …)`` fail with EPERM; reading the limit, and every other
 resource, work as before. The server's own ``prlimit(2)`` calls come from outside the sandbox
 and are not filtered.
+
+It also refuses, always, the ``fallocate`` modes that allocate disk a file-size limit does not
+bound: ``FALLOC_FL_KEEP_SIZE`` (blocks past the end of the file, the size unchanged),
+``INSERT_RANGE`` and ``UNSHARE_RANGE``, with EOPNOTSUPP, the answer of a file system without
+them (programs fall back to writing, which the limit bounds). Plain ``fallocate`` (mode 0:
+the size grows, so RLIMIT_FSIZE applies), punching holes, collapsing and zeroing ranges
+inside the size stay allowed.
+
+``program(over_quota=True)`` is the filter of a sandbox started while its session is over
+the quota: besides the above, creating a directory, a link, a symbolic link, a device node
+or a file (``mkdir``, ``link``, ``symlink``, ``mknod``, ``open``/``openat`` with ``O_CREAT``,
+``creat``, their ``…at`` forms) fails with EDQUOT ("Disk quota exceeded"), so neither many
+directories nor deep trees nor empty files grow the workspace; ``openat2`` (whose flags the
+filter cannot read) fails with ENOSYS, which C libraries answer by falling back to ``openat``.
+Reading, deleting, renaming and truncating work. A filter cannot tell paths apart, so that
+sandbox creates nothing anywhere, ``/tmp`` included (R, which makes a temporary directory at
+start, does not start there: delete with Python or bash). A filter, once loaded, cannot be
+changed: a process started *before* its session went over keeps the ordinary one.
 
 Programs are built for x86_64 (with its i386 and x32 system-call tables) and aarch64 (with
 32-bit ARM); on other machines ``program()`` returns None and sandboxes run without it.
@@ -21,21 +40,85 @@ from __future__ import annotations
 import os
 import platform
 import struct
+from dataclasses import dataclass
 
 RLIMIT_FSIZE = 1
-EPERM = 1
+EPERM, ENOSYS, EOPNOTSUPP, EDQUOT = 1, 38, 95, 122
+O_CREAT = 0o100
+# fallocate modes that allocate nothing past what RLIMIT_FSIZE bounds: grow the size (0),
+# punch a hole (PUNCH_HOLE | KEEP_SIZE), collapse a range, zero a range inside the size.
+FALLOCATE_ALLOWED = (0x00, 0x03, 0x08, 0x10)
 
 _LD_W_ABS = 0x20
 _JEQ_K = 0x15
+_JSET_K = 0x45
 _RET_K = 0x06
 _ALLOW = 0x7FFF0000
-_DENY = 0x00050000 | EPERM  # SECCOMP_RET_ERRNO
+_ERRNO = 0x00050000  # SECCOMP_RET_ERRNO | errno
 
-# arch -> (audit arch, setrlimit numbers, prlimit64 numbers), the native table first.
-_X32 = 0x40000000
+
+@dataclass(frozen=True)
+class Table:
+    """One system-call table: its audit arch and the numbers the filters look at."""
+
+    arch: int
+    setrlimit: tuple[int, ...]
+    prlimit: tuple[int, ...]
+    fallocate: tuple[int, ...]
+    creating: tuple[int, ...] = ()  # mkdir, mkdirat, link, linkat, symlink, symlinkat, mknod, mknodat, creat
+    open_flags_arg1: tuple[int, ...] = ()  # open(path, flags, mode)
+    open_flags_arg2: tuple[int, ...] = ()  # openat(dirfd, path, flags, mode)
+    openat2: tuple[int, ...] = ()
+
+
+def _x32(*nrs: int) -> tuple[int, ...]:
+    return tuple(nr | 0x40000000 for nr in nrs)
+
+
+_X86_64 = dict(  # x86_64 numbers; x32 uses the same ones with the x32 bit set
+    setrlimit=(160,),
+    prlimit=(302,),
+    fallocate=(285,),
+    creating=(83, 258, 86, 265, 88, 266, 133, 259, 85),
+    open_flags_arg1=(2,),
+    open_flags_arg2=(257,),
+    openat2=(437,),
+)
 _TABLES = {
-    "x86_64": [(0xC000003E, [160, _X32 | 160], [302, _X32 | 302]), (0x40000003, [75], [340])],
-    "aarch64": [(0xC00000B7, [164], [261]), (0x40000028, [75], [369])],
+    "x86_64": [
+        Table(0xC000003E, **{k: v + _x32(*v) for k, v in _X86_64.items()}),  # type: ignore[arg-type]
+        Table(  # i386
+            0x40000003,
+            setrlimit=(75,),
+            prlimit=(340,),
+            fallocate=(324,),
+            creating=(39, 296, 9, 303, 83, 304, 14, 297, 8),
+            open_flags_arg1=(5,),
+            open_flags_arg2=(295,),
+            openat2=(437,),
+        ),
+    ],
+    "aarch64": [
+        Table(
+            0xC00000B7,
+            setrlimit=(164,),
+            prlimit=(261,),
+            fallocate=(47,),
+            creating=(34, 37, 36, 33),  # mkdirat, linkat, symlinkat, mknodat: no old forms here
+            open_flags_arg2=(56,),
+            openat2=(437,),
+        ),
+        Table(  # 32-bit ARM (EABI)
+            0x40000028,
+            setrlimit=(75,),
+            prlimit=(369,),
+            fallocate=(352,),
+            creating=(39, 323, 9, 330, 83, 331, 14, 324, 8),
+            open_flags_arg1=(5,),
+            open_flags_arg2=(322,),
+            openat2=(437,),
+        ),
+    ],
 }
 _NR, _ARCH = 0, 4
 
@@ -44,8 +127,9 @@ def _arg(i: int, high: bool = False) -> int:
     return 16 + 8 * i + (4 if high else 0)  # little-endian: the low word first
 
 
-def program(machine: str | None = None) -> bytes | None:
-    """The filter as ``struct sock_filter`` instructions, or None on an unknown machine."""
+def program(machine: str | None = None, *, over_quota: bool = False) -> bytes | None:
+    """The filter as ``struct sock_filter`` instructions, or None on an unknown machine
+    (``over_quota``: the stricter one of a sandbox started while its session is over)."""
     tables = _TABLES.get(machine or platform.machine())
     if tables is None:
         return None
@@ -64,15 +148,26 @@ def program(machine: str | None = None) -> bytes | None:
     def ret(value: int) -> None:
         code.append((_RET_K, 0, 0, value))
 
-    for n, (arch, set_nrs, prlimit_nrs) in enumerate(tables):
+    for n, table in enumerate(tables):
         label(f"arch{n}")
         load(_ARCH)
-        jeq(arch, 0, f"arch{n + 1}")
+        jeq(table.arch, 0, f"arch{n + 1}")
         load(_NR)
-        for nr in set_nrs:
-            jeq(nr, "setrlimit", 0)
-        for nr in prlimit_nrs:
-            jeq(nr, "prlimit", 0)
+        branches = [
+            (table.setrlimit, "setrlimit"),
+            (table.prlimit, "prlimit"),
+            (table.fallocate, "fallocate"),
+        ]
+        if over_quota:
+            branches += [
+                (table.creating, "edquot"),
+                (table.open_flags_arg1, "open1"),
+                (table.open_flags_arg2, "open2"),
+                (table.openat2, "enosys"),
+            ]
+        for nrs, target in branches:
+            for nr in nrs:
+                jeq(nr, target, 0)
         ret(_ALLOW)
     label(f"arch{len(tables)}")
     ret(_ALLOW)
@@ -86,10 +181,26 @@ def program(machine: str | None = None) -> bytes | None:
     jeq(0, 0, "deny")
     load(_arg(2, high=True))
     jeq(0, "allow", "deny")
+    label("fallocate")  # fallocate(fd, mode, offset, len)
+    load(_arg(1))
+    for mode in FALLOCATE_ALLOWED:
+        jeq(mode, "allow", 0)
+    ret(_ERRNO | EOPNOTSUPP)
+    if over_quota:
+        label("open1")  # open(path, flags, mode)
+        load(_arg(1))
+        code.append((_JSET_K, "edquot", "allow", O_CREAT))
+        label("open2")  # openat(dirfd, path, flags, mode)
+        load(_arg(2))
+        code.append((_JSET_K, "edquot", "allow", O_CREAT))
+        label("edquot")
+        ret(_ERRNO | EDQUOT)
+        label("enosys")
+        ret(_ERRNO | ENOSYS)
     label("allow")
     ret(_ALLOW)
     label("deny")
-    ret(_DENY)
+    ret(_ERRNO | EPERM)
 
     def rel(target: int | str, at: int) -> int:
         if isinstance(target, int):

@@ -124,6 +124,7 @@ class Session:
     packages: Layer | None = None  # what install_packages put here (see packages/layer.py)
     new_layer: Callable[[], Layer] | None = field(default=None, repr=False)
     running: anyio.CancelScope | None = None  # the call in progress
+    stopped_because: str | None = None  # why the server interrupted the call (``Executor.stop_calls``)
     last_call: tuple[str, Any] | None = None  # (code, RunResult) to add to the history on release
     limits: SessionLimits | None = field(default=None, repr=False)  # its control group, its write block
 

@@ -1,0 +1,134 @@
+"""An orderly stop for Streamable HTTP: the requests in flight answer before the streams close.
+
+Design
+- Stock uvicorn, on SIGTERM, stops listening, closes idle keep-alive connections at its next
+  tick, and sse-starlette ends every open event stream within half a second; a tool call still
+  running then never answers (the client reads "SSE stream ended without a response"), and a
+  request the client writes onto a kept-alive connection at that moment dies in the transport
+  (``httpx2.ReadError`` or ``ConnectError``). The MCP SDK's client does not turn a transport
+  error raised before a response starts into an error for that request: it leaves its task
+  group and surfaces from the client's ``async with`` exit. That is the race behind the
+  shutdown test that failed once under load.
+- So the first stop signal starts a *drain* instead (http.py): the server keeps listening and
+  keeps its streams open while :class:`Drain` answers every new request at once with a 503
+  and a JSON-RPC error that says the server is shutting down (the SDK's client surfaces that
+  error for the request it belongs to), the calls that run are interrupted with a result that
+  says so (``Executor.stop_calls``), and the requests in flight get up to
+  ``DRAIN_SECONDS`` to send their answers. Only then does uvicorn's own shutdown start.
+- Only POSTs are counted as in flight: a GET is a client's standing event stream, which has no
+  answer to wait for; a DELETE ends a transport session and is let through.
+
+Error policy: a request refused while draining gets HTTP 503 with a JSON-RPC error body
+(``id`` taken from the request when it can be read, else null) and ``Connection: close``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import anyio
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+DRAIN_SECONDS = 5.0  # how long the requests in flight may take to answer once a stop is asked
+SHUTTING_DOWN = (
+    "the server is shutting down: this request was not run. Send it again once the server is back."
+)
+SHUTDOWN_ERROR_CODE = -32000  # JSON-RPC "server error" range
+MAX_ID_BODY = 64 * 1024  # a refused request's body is read this far to echo its id
+
+
+class Drain:
+    """ASGI middleware: counts the POSTs in flight; while draining, refuses new requests."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.draining = False
+        self.in_flight = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method = scope.get("method", "")
+        if self.draining and method != "DELETE":
+            await _refuse(receive, send, read_id=method == "POST")
+            return
+        if method != "POST":
+            await self.app(scope, receive, send)
+            return
+        self.in_flight += 1
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+
+    def start(self) -> None:
+        """From now on, refuse new requests (see the module docstring)."""
+        self.draining = True
+
+    async def wait_idle(self, timeout: float = DRAIN_SECONDS) -> bool:
+        """Wait until no POST is in flight; False when ``timeout`` ran out first."""
+        with anyio.move_on_after(timeout):
+            await self._idle.wait()
+            return True
+        return False
+
+
+async def _refuse(receive: Receive, send: Send, *, read_id: bool) -> None:
+    request_id = await _request_id(receive) if read_id else None
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "error": {"code": SHUTDOWN_ERROR_CODE, "message": SHUTTING_DOWN},
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+                (b"retry-after", b"5"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _request_id(receive: Receive) -> str | int | None:
+    """The JSON-RPC id of the request being refused (None when the body is not one request)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= MAX_ID_BODY:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            break
+    else:
+        return None
+    try:
+        decoded = json.loads(b"".join(chunks))
+    except ValueError:
+        return None
+    value = decoded.get("id") if isinstance(decoded, dict) else None
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else None
