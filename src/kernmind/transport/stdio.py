@@ -7,6 +7,11 @@ Design
   fd 0 (fd 0 itself then points at /dev/null, as the SDK does) and the async side is
   cancellable. A signal cancels the serving scope; the lifespan's shielded cleanup runs
   (shutdown.py). Stdin closing is the normal way a client says goodbye.
+- Answers are written to a private duplicate of fd 1, non-blocking, straight from the event
+  loop (``StdoutLines``): the SDK's default hands every write and every flush to a worker
+  thread, two thread hops per answer on every call's path. A client slow to read makes the
+  write wait for the pipe to drain (``wait_writable``), never the event loop. fd 1 itself
+  points at stderr meanwhile (as the SDK does), so stray output misses the wire.
 - When stdin is a terminal (a person typed ``kernmind serve``), one line on stderr says that
   it speaks MCP on stdio and how to try it.
 """
@@ -92,6 +97,37 @@ class StdinLines:
             await self._receive.aclose()
 
 
+class StdoutLines:
+    """The protocol's stdout: whole lines written from the event loop to a non-blocking private
+    duplicate of fd 1 (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._fd = _dup_private(1)
+        self._was_blocking = os.get_blocking(self._fd)
+        os.set_blocking(self._fd, False)
+        with contextlib.suppress(OSError):
+            os.dup2(2, 1)  # stray prints (ours, a library's, a child's) go to stderr
+
+    async def write(self, text: str) -> None:
+        data = memoryview(text.encode("utf-8"))
+        while data:
+            try:
+                written = os.write(self._fd, data)
+            except BlockingIOError:  # the pipe is full: the client reads slowly
+                await anyio.wait_writable(self._fd)
+                continue
+            data = data[written:]
+
+    async def flush(self) -> None:
+        """Nothing is buffered here."""
+
+    def release(self) -> None:
+        """Point fd 1 back at the original stdout, blocking as it was."""
+        with contextlib.suppress(OSError):
+            os.set_blocking(self._fd, self._was_blocking)
+            os.dup2(self._fd, 1)
+
+
 def _dup_private(fd: int) -> int:
     try:
         import fcntl
@@ -125,6 +161,7 @@ async def serve_stdio(server: Any) -> int:
     state = Shutdown()
     on_terminal = _isatty(0)  # before StdinLines points fd 0 at /dev/null
     stdin = StdinLines()
+    stdout = _stdout_lines()
     try:
         async with anyio.create_task_group() as outer:
             serving = anyio.CancelScope()
@@ -132,11 +169,22 @@ async def serve_stdio(server: Any) -> int:
             if on_terminal:  # a person typed `kernmind serve`: say what it waits for
                 print(TTY_HINT, file=sys.stderr, flush=True)
             with serving:
-                async with stdio_server(stdin=stdin) as (read_stream, write_stream):  # type: ignore[arg-type]
+                async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):  # type: ignore[arg-type]
                     await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
             if state.signal is None:
                 log.info("stdin closed: kernels stopped, database closed")
             outer.cancel_scope.cancel()
     finally:
+        if stdout is not None:
+            stdout.release()
         stdin.release()
     return 0
+
+
+def _stdout_lines() -> StdoutLines | None:
+    """Our stdout writer, or None (the SDK's own) where fd 1 cannot be duplicated or made non-blocking."""
+    try:
+        return StdoutLines()
+    except OSError as exc:
+        log.info("writing stdout through the SDK's worker thread: %s", exc)
+        return None
