@@ -31,6 +31,7 @@ a runtime that cannot be started raises ``RuntimeUnavailable``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -88,6 +89,7 @@ GATEWAY_PACKAGES_REFUSAL = (
     "packages installed there, or ask the operator to add them to that image."
 )
 
+HEAP_SETTLE_WAIT = 60.0  # seconds the heap waits for the warm pool's first kernel before it is frozen
 RESERVE_NAME = ".km-reserve"
 RESERVE_BYTES = 2 * 1024 * 1024
 
@@ -286,6 +288,7 @@ class Executor:
                 self.jobs.open(tg, self.rundir.path)
                 await self.pool.run(tg)
                 await self.sessions.run_reaper(tg)
+                tg.start_soon(self._settle_heap)
                 try:
                     yield self
                 finally:
@@ -304,6 +307,17 @@ class Executor:
                 await anyio.to_thread.run_sync(self.cgroups.close)
             self.socket_rundir.close()
             self.rundir.close()
+
+    async def _settle_heap(self) -> None:
+        """Once the server has imported what it serves with (the SDK, and jupyter_client with the
+        warm pool's first kernel), move every object alive into the collector's permanent
+        generation (``gc.freeze``): the cyclic collector then no longer walks the hundreds of
+        thousands of objects of those modules on every full collection, which otherwise stall a
+        call now and then for a good part of a second (benchmarks/README.md, bench_python)."""
+        with anyio.move_on_after(HEAP_SETTLE_WAIT):
+            while self.pool.size > 0 and self.pool.ready_count == 0:  # noqa: ASYNC110 (a kernel starting)
+                await anyio.sleep(0.5)
+        gc.freeze()
 
     # --- queries ----------------------------------------------------------------
     def available_languages(self) -> list[str]:
