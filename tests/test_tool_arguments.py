@@ -367,3 +367,23 @@ async def test_text_of_a_whole_code_cell_is_checked_for_lone_surrogates_too(clie
     cell = "x = 'é'\n" * 5000 + "y = '\ud83d'"
     text = error_text(await client.call_tool("run_code", {"code": cell}))
     assert f"'code' holds a lone surrogate (\\ud83d at character {len(cell) - 2})" in text, text
+
+
+async def test_output_schemas_are_published_without_references(client: Client) -> None:
+    """A client validating every result resolves no ``$ref`` per result; the schema means the same."""
+    listed = {t.name: t.output_schema for t in (await client.list_tools()).tools}
+    assert listed["run_code"] is not None and "$ref" not in json.dumps(listed["run_code"])
+    image = listed["run_code"]["properties"]["results"]["items"]["properties"]["image"]
+    assert {"type": "null"} in image["anyOf"] and any(
+        option.get("required") == ["content_index", "mime_type", "bytes"] for option in image["anyOf"]
+    )
+    assert not [name for name, schema in listed.items() if schema and "$ref" in json.dumps(schema)]
+
+
+def test_a_schema_that_refers_to_itself_is_published_as_it_is() -> None:
+    from kernmind.tool_arguments import inline_definitions
+
+    nested = {"$defs": {"B": {"type": "integer"}}, "properties": {"b": {"$ref": "#/$defs/B", "title": "b"}}}
+    assert inline_definitions(nested) == {"properties": {"b": {"type": "integer", "title": "b"}}}
+    recursive = {"$defs": {"N": {"properties": {"next": {"$ref": "#/$defs/N"}}}}, "$ref": "#/$defs/N"}
+    assert inline_definitions(recursive) is recursive

@@ -6,7 +6,10 @@ also covers tools registered later: it looks tools up per call). It wraps the se
 server and the registered tools come through :mod:`kernmind.sdk_compat`):
 
 - ``tools/list``: every input schema says ``additionalProperties: false``, so a client
-  that validates before sending catches a misspelt argument itself.
+  that validates before sending catches a misspelt argument itself. Output schemas are
+  published with their definitions inlined (the same schema, without ``$ref``): a client
+  that validates every result against it (the SDK's does) then resolves no reference per
+  result, which was half of that validation's cost for a ``run_code`` result.
 - ``tools/call``: before the SDK sees the call, the arguments are validated against the
   tool's own argument model made strict: unknown names are refused (``sesion_id`` no
   longer silently runs in the default session), and non-finite numbers (``NaN``,
@@ -68,6 +71,8 @@ def strict_tool_arguments(server: MCPServer) -> None:
         for tool in result.tools:
             if tool.input_schema.get("type") == "object":
                 tool.input_schema = {**tool.input_schema, "additionalProperties": False}
+            if tool.output_schema is not None and "$defs" in tool.output_schema:
+                tool.output_schema = inline_definitions(tool.output_schema)
         return result
 
     low.add_request_handler("tools/call", call_entry.params_type, call_tool)
@@ -86,6 +91,35 @@ def _validated_once(arguments: dict[str, Any], original: Callable[[dict[str, Any
         _CHECKED.set(None)
         return dict(checked[1])
     return original(arguments)
+
+
+def inline_definitions(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with each local ``{"$ref": "#/$defs/X"}`` replaced by definition X (keywords
+    beside the reference kept) and no ``$defs``; unchanged when a definition refers to itself,
+    directly or not, or a reference is not to a local definition."""
+    definitions = schema["$defs"]
+
+    class Unsupported(Exception):
+        pass
+
+    def expand(node: Any, within: tuple[str, ...]) -> Any:
+        if isinstance(node, list):
+            return [expand(item, within) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out = {key: expand(value, within) for key, value in node.items() if key not in ("$ref", "$defs")}
+        ref = node.get("$ref")
+        if ref is None:
+            return out
+        name = ref.removeprefix("#/$defs/") if isinstance(ref, str) else None
+        if name is None or name == ref or name not in definitions or name in within:
+            raise Unsupported
+        return {**expand(definitions[name], (*within, name)), **out}
+
+    try:
+        return expand(schema, ())
+    except Unsupported:
+        return schema
 
 
 def check_arguments(server: MCPServer, name: str, arguments: dict[str, Any]) -> str | None:
