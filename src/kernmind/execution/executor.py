@@ -43,6 +43,7 @@ from anyio.abc import TaskGroup
 
 from kernmind.config import Settings
 from kernmind.diskio import Reserve
+from kernmind.execution import installs
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory
 from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
@@ -57,7 +58,7 @@ from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.rundir import RunDir, socket_root
 from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
-from kernmind.execution.sessions import history, package_layers
+from kernmind.execution.sessions import history
 from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
 from kernmind.execution.sessions.jobs import Job, Jobs
 from kernmind.execution.sessions.registry import (
@@ -76,18 +77,6 @@ if TYPE_CHECKING:
     from kernmind.execution.remote import RemoteKernels
 
 log = logging.getLogger(__name__)
-
-STATELESS_REFUSAL = (
-    "install_packages is not available on this server: it runs with --stateless, so every run_code "
-    "call starts from a fresh interpreter and an installed package would be gone before the next "
-    "call. Use the packages that are already installed, or ask the operator to run without --stateless."
-)
-
-GATEWAY_PACKAGES_REFUSAL = (
-    "install_packages is not available on this server: Python runs on a kernel gateway "
-    "(--kernel-gateway), whose kernels get their packages from the gateway's kernel image. Use the "
-    "packages installed there, or ask the operator to add them to that image."
-)
 
 HEAP_SETTLE_WAIT = 60.0  # seconds the heap waits for the warm pool's first kernel before it is frozen
 RESERVE_NAME = ".km-reserve"
@@ -400,39 +389,9 @@ class Executor:
     async def install(
         self, packages: list[str], *, owner: str = LOCAL_OWNER, language: str, session_id: str | None
     ) -> InstallResult:
-        """Install into the session's layer (``PackageError``, a ``ValueError``, when refused)."""
-        if self.settings.stateless:
-            raise SessionError(STATELESS_REFUSAL)
-        if self.remote is not None:
-            raise SessionError(GATEWAY_PACKAGES_REFUSAL)
+        """Install into the session's layer (``installs.py``; ``PackageError``, a ``ValueError``, when refused)."""
         lang = ALIASES.get(language.strip().lower(), language.strip().lower())
-        async with self.sessions.hold(session_id, owner=owner) as session:
-            result = await self.packages.install(packages, lang, session.layer())
-            if result.installed and (not_kept := await package_layers.keep(session, self.store)):
-                result.notes.append(not_kept)
-            if result.installed and session.home is not None:
-                # the kept packages' size is in the meta now, not a moment later: a server killed
-                # right after the install must still find them counted (and listed)
-                await self.sessions.books.save_meta(session)
-            if lang == "python" and result.installed:
-                kernel = PythonRunner.kernel_of(session)
-                if kernel is None or await kernel.use_packages():
-                    result.notes.append(
-                        "importable now in this session's Python (no restart needed) and, on "
-                        "PYTHONPATH, in its bash calls."
-                    )
-                else:
-                    result.notes.append(
-                        "installed, but the running interpreter did not take the new path: "
-                        "run_code with reset=true to use the packages."
-                    )
-            elif lang != "python" and result.installed:
-                name = result.installed[0].name
-                result.notes.append(
-                    f'import them by npm: specifier in this session, e.g. import x from "npm:{name}".'
-                )
-        result.session_id = session_id or DEFAULT_SESSION
-        return result
+        return await installs.install(self, packages, owner=owner, language=lang, session_id=session_id)
 
     # --- running code -------------------------------------------------------------
     async def run(
@@ -468,7 +427,7 @@ class Executor:
         async with self.sessions.hold(session_id, owner=owner, job_id=job_id) as session:
             result = await self._supervise(runner, session, code, reset, limit, notes, progress, collector)
             result.job_id = job_id
-            session.last_call = (code, result)  # the registry adds it to the session's history
+            await self.sessions.record(session, code, result)  # its history line (and meta)
             return result
 
     def start_job(

@@ -124,7 +124,6 @@ class Session:
     packages: Layer | None = None  # what install_packages put here (see packages/layer.py)
     new_layer: Callable[[], Layer] | None = field(default=None, repr=False)
     running: anyio.CancelScope | None = None  # the call in progress
-    last_call: tuple[str, Any] | None = None  # (code, RunResult) to add to the history on release
     limits: SessionLimits | None = field(default=None, repr=False)  # its control group, its write block
 
     @property
@@ -455,13 +454,17 @@ class SessionRegistry(MakingRoom):
                 await session.workspace.aremove()
             await _drop_packages(session)
 
-    async def _touch(self, session: Session) -> None:
+    async def record(self, session: Session, code: str, result: Any) -> None:
+        """Record a call (``result``: its RunResult) in the held session's home (``_touch``)."""
+        await self._touch(session, (code, result))
+
+    async def _touch(self, session: Session, call: tuple[str, Any] | None = None) -> None:
         """Record the call in the session's home: its history line (for export_notebook) now,
         and its meta (last used, size from the call's scan): now when it carries what matters
         (variables unsaved from now on, which a killed server must not lose; a new size, which
         the store's caps count), else a moment after the call, off the call's path (one fsync'd
-        write per call otherwise). What cannot be written is said in the call's notes."""
-        call, session.last_call = session.last_call, None
+        write per call otherwise). What cannot be written is said in the call's notes. Without
+        a call (``hold`` letting go), only the meta, when it changed since."""
         if session.home is None or session.meta is None or session.closed:
             return
         meta = session.meta
