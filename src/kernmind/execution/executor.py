@@ -376,6 +376,7 @@ class Executor:
             raise SessionError(
                 "export_notebook needs a stored session's history; sessions on a kernel gateway keep none."
             )
+        await self.sessions.books.flush(session)  # the last calls' lines are written after their answers
         entries = await off_loop(lambda: history.read(home.history), timeout=None)
         # Imported here: nbformat's import costs seconds (jsonschema's format checkers), every launch.
         from kernmind.execution.sessions import notebook
