@@ -10,13 +10,36 @@ first call and closed with it, see ``sandbox/limits.py``), this server's run dir
 throw-away workspaces and kernel sockets, cleaned after a crash by the next start), the
 session store (``store.py``: named sessions' files, variables and history, which outlive
 the server), the warm kernel pool, the session registry, the background jobs, the runners
-and the package installer (``install``: into the held session's layer, then onto its
-running kernel's path). ``running()`` starts the pool refill and the idle reaper and, on
-exit, cancels running jobs, unloads every session (variables saved, files kept), stops
-every kernel and process and deletes the run directory.
+and the package installer (``install``, whose route is ``installs.py``: into the held
+session's layer, then onto its running kernel's path). ``running()`` starts the pool refill
+and the idle reaper and, on exit, cancels running jobs, unloads every session (variables
+saved, files kept), stops every kernel and process and deletes the run directory. Once the
+pool's first kernel is up it freezes the heap (``gc.freeze``): the collector's full passes
+then skip the modules' objects, which otherwise stalled a call now and then.
 
-After every call of a stored session the result is appended to its history
-(``history.py``), which ``export_notebook`` turns into a notebook (``notebook.py``).
+After every call of a stored session the registry records it (``registry.record``): its
+history line (``history.py``, written by ``books.py`` just after the answer), which
+``export_notebook`` turns into a notebook (``notebook.py``).
+
+Design: what one call changes, and who writes it
+- A call's path is tool → ``Executor.run`` → ``registry.hold`` → ``supervise`` → runner →
+  kernel, then back through the supervisor's result and ``registry.record``. Arguments were
+  checked once before the tool ran (``tool_arguments.py``); a code call touches no memory.
+- Each piece of state a call changes has one writer:
+
+  | state | written by |
+  |---|---|
+  | the ``Call`` (output, count, notes, state kept) | made here; the runner fills it while the code runs, the supervisor after |
+  | ``Session.running`` (the call's cancel scope) | the supervisor, around the run |
+  | ``Session.limits`` (control group, write block) | made and closed here; its measurements by ``sandbox/quota.py`` for the supervisor |
+  | ``Session.state[language]`` (a kernel, a process) | that language's runner |
+  | the working directory's scan (``Workspace.last_scan``) | the supervisor's change scan (uploads through ``Workspace``) |
+  | ``busy``, ``last_used``, meta, history | the registry (``hold``, ``record``), written by ``sessions/books.py`` |
+  | ``Session.pending_notes`` | a mailbox: any part adds a note for the next call, only this module takes them |
+
+- Nothing of that is per-call work on a thread unless it must be: the change scan and the
+  quota read the inotify trackers' totals on the event loop when they have nothing to
+  look at, the history line goes after the answer, the meta a moment later.
 
 With ``--kernel-gateway`` (``remote.py``) Python's kernels come from the gateway instead,
 sessions' files live on a volume the gateway's kernels also mount, and with a PostgreSQL

@@ -24,6 +24,19 @@
 - **The result**: one place turns what the call produced into a ``RunResult``: status,
   error, output under the budget, notes, and the files the call created or changed
   (one bounded scan of the working directory, see ``filescan.py``).
+
+Design: the per-call cost
+- One watcher task per call (``watch``): it checks the session's memory every
+  ``MEMORY_PERIOD`` and, once the call has lasted that long, starts the quota sampler and the
+  progress ticker; a short call (the usual one) starts nothing else and wakes nobody.
+- The change scan and the quota's measurements before and after the call read the inotify
+  trackers (``Workspace.scan_now``, ``quota.measure_now``) on the event loop when they have
+  nothing to look at; only a call that left events (it wrote files) or a directory without a
+  tracker takes them off the loop. So after a call that wrote nothing the result costs no
+  thread hop and no walk.
+- Of the session this module writes ``session.running`` and its working directory's scan
+  baseline (``last_scan``), nothing else (see the table in ``executor.py``); ``quota.py``
+  keeps the measurements in ``session.limits``.
 """
 
 from __future__ import annotations
