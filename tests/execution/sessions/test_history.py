@@ -15,6 +15,7 @@ from kernmind.execution.sessions import history
 from kernmind.execution.sessions.books import Books
 from kernmind.execution.sessions.disk_store import SessionHome
 from kernmind.execution.sessions.registry import Session
+from kernmind.execution.tools.code_tools import run_result_content
 
 
 def result(n: int) -> RunResult:
@@ -63,7 +64,12 @@ async def test_lines_written_after_the_answer_keep_call_order_and_the_result_as_
             ran = RunResult(status="ok", language="python", session_id="s", execution_count=n)
             ran.results.append(DisplayResult(text="fig", png="iVBO"))
             assert books.record_later(session, f"x = {n}", ran, tg)
-            ran.results[0].png = None  # what the tool does to a result after (the image goes as a block)
+            blocks, structured = run_result_content(ran)  # what the tool answers meanwhile
+            assert (
+                structured["results"][0]["image"]["content_index"] == 1
+                and "png" not in structured["results"][0]
+            )
+            assert blocks[1].data == "iVBO"
         await books.flush(session)
         entries = history.read(session.home.history)
     assert [e["code"] for e in entries] == [f"x = {n}" for n in range(5)]

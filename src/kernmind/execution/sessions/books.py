@@ -34,7 +34,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -61,7 +61,7 @@ class _Lines:
     """A session's history lines waiting for its writer (``Books.record_later``)."""
 
     session: Session
-    waiting: list[dict[str, Any]] = field(default_factory=list)
+    waiting: list[tuple[str, RunResult]] = field(default_factory=list)
     done: anyio.Event = field(default_factory=anyio.Event)
 
 
@@ -138,14 +138,13 @@ class Books:
             disk = os.statvfs(home.root)
         except OSError:
             return False
-        line = history.entry(code, result)
         if disk.f_bavail * disk.f_frsize < HISTORY_ROOM + len(code):
             return False
         lines = self._writing.get(session.key)
         if lines is None or lines.session is not session:
             lines = self._writing[session.key] = _Lines(session)
             tg.start_soon(self._write_lines, lines)
-        lines.waiting.append(line)
+        lines.waiting.append((code, result))  # dumped by the writer (the result is not changed after)
         return True
 
     async def _write_lines(self, lines: _Lines) -> None:
@@ -156,10 +155,10 @@ class Books:
                 while lines.waiting:
                     batch, lines.waiting = lines.waiting, []
 
-                    def write(batch: list[dict[str, Any]] = batch) -> OSError | None:
+                    def write(batch: list[tuple[str, RunResult]] = batch) -> OSError | None:
                         failed = None
-                        for call in batch:
-                            failed = history.record_entry(home.history, call) or failed
+                        for code, result in batch:
+                            failed = history.record(home.history, code, result) or failed
                         return failed
 
                     if (failed := await off_loop(write, timeout=None)) is not None:

@@ -36,19 +36,9 @@ MAX_BYTES = 64 * 1024 * 1024
 _lines_after_write: dict[Path, tuple[int, int]] = {}
 
 
-def entry(code: str, result: RunResult) -> dict[str, Any]:
-    """The call as it is recorded: taken when the call ends (the tool reshapes its result after)."""
-    return {"code": code, "result": result.model_dump(mode="json", by_alias=True)}
-
-
 def record(path: Path, code: str, result: RunResult) -> OSError | None:
     """Append one call (blocking: call it off the event loop); the error when it could not."""
-    return record_entry(path, entry(code, result))
-
-
-def record_entry(path: Path, call: dict[str, Any]) -> OSError | None:
-    """Append one call's ``entry`` (blocking); the error when it could not."""
-    line = json.dumps(call) + "\n"
+    line = json.dumps({"code": code, "result": result.model_dump(mode="json", by_alias=True)}) + "\n"
     try:
         before, size = append_line(path, line.encode())
         known = _lines_after_write.pop(path, None)

@@ -133,7 +133,11 @@ def run_result_content(result: RunResult) -> tuple[list[TextContent | ImageConte
     if err:
         lines.append("[stderr]\n" + err.rstrip("\n"))
     images: list[ImageContent] = []
-    for r in result.results:
+    # No null fields but the contract's: a client that hands the structured result to its model
+    # pays for every one. The result itself is left as it is (its history line may still be
+    # being written from it, books.py): the image references go into the structured copy.
+    structured = lean_dump(result)
+    for r, row in zip(result.results, structured["results"], strict=True):
         if text := r.readable():
             lines.append(text)
         for field, mime in IMAGE_FIELDS.items():
@@ -141,16 +145,14 @@ def run_result_content(result: RunResult) -> tuple[list[TextContent | ImageConte
             if data:
                 images.append(ImageContent(type="image", data=data, mime_type=mime))
                 size = len(data) * 3 // 4 - data[-2:].count("=")
-                r.image = ImageRef(content_index=len(images), mime_type=mime, bytes=size)
-                setattr(r, field, None)
+                row["image"] = ImageRef(content_index=len(images), mime_type=mime, bytes=size).model_dump()
+                row.pop(field, None)
     if result.error:
         lines.append(result.error.traceback or f"{result.error.name}: {result.error.value}")
     if result.files:
         lines.append("[files] " + ", ".join(f"{f.path} ({f.size} B)" for f in result.files))
     text = TextContent(type="text", text="\n".join(lines) or "(no output)")
-    # No null fields but the contract's: a client that hands the structured result to its model
-    # pays for every one.
-    return [text, *images], lean_dump(result)
+    return [text, *images], structured
 
 
 class ExecutionTools:
