@@ -162,7 +162,7 @@ async def main() -> None:
     print(row("launch -> first tools/list, bwrap", bw["startup"], None))
     s50, r50 = pct(bw["stateful"], 0.5), pct(bw["reset"], 0.5)
     print()
-    print(f"stateful p50 / raw floor      = {s50 / floor:.2f}x   (target <= 1.5x)")
+    print(f"stateful p50 / raw floor      = {s50 / floor:.2f}x   (target <= 1.3x)")
     print(f"reset p50 / stateful p50      = {r50 / s50:.2f}x   (target <= 3x)")
     print(f"restart-per-call / reset p50  = {pct(restart, 0.5) / r50:.1f}x   (target >= 20x)")
     print(

@@ -151,3 +151,18 @@ def test_no_other_module_touches_private_sdk_attributes() -> None:
             if attr in private:
                 offenders.append(f"{path.relative_to(SRC)}:{node.lineno} .{attr}")
     assert not offenders, "use kernmind.sdk_compat instead of private SDK attributes: " + ", ".join(offenders)
+
+
+def test_validate_arguments_with_takes_the_sdks_validation_of_one_tool() -> None:
+    server, _ = _server()
+    tool = registered_tool(server, "where")
+    assert tool is not None
+    seen: list[dict[str, Any]] = []
+
+    def validate(arguments: dict[str, Any], original: Any) -> dict[str, Any]:
+        seen.append(arguments)
+        return original(arguments)
+
+    sdk_compat.validate_arguments_with(tool, validate)
+    assert tool.fn_metadata.validate_arguments({"n": "3"}) == {"n": 3}  # the SDK's own, through ours
+    assert seen == [{"n": "3"}]

@@ -12,13 +12,15 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx2
 import pytest
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
+from pydantic import AfterValidator
 
+from kernmind.sdk_compat import registered_tool
 from kernmind.server import create_server
 from kernmind.tool_arguments import strict_tool_arguments
 from tests.conftest import error_text, make_settings, structured
@@ -322,3 +324,66 @@ def test_a_raw_nan_literal_over_stdio_is_refused(tmp_path: Path) -> None:
     finally:
         server.close_stdin()
         assert server.wait() == 0
+
+
+VALIDATIONS: list[str] = []
+
+
+def _counted(value: str) -> str:
+    VALIDATIONS.append(value)
+    return value.upper()
+
+
+Counted = Annotated[str, AfterValidator(_counted)]
+
+
+async def test_a_calls_arguments_are_validated_once_and_the_tool_gets_what_the_check_accepted() -> None:
+    """The strict check's validated arguments stand in for the SDK's second validation of the same
+    call (``sdk_compat.validate_arguments_with``); a call the check never saw is validated as before."""
+    validations = VALIDATIONS
+    validations.clear()
+    server = MCPServer("once")
+
+    @server.tool()
+    async def shout(text: Counted, times: int = 1) -> str:
+        return text * times
+
+    strict_tool_arguments(server)
+    async with Client(server) as c:
+        assert structured(await c.call_tool("shout", {"text": "ab", "times": 2}))["result"] == "ABAB"
+        assert validations == ["ab"]
+        assert "'times' must be an integer" in error_text(
+            await c.call_tool("shout", {"text": "c", "times": "2"})
+        )
+        assert validations == ["ab", "c"]  # refused by the check: the tool never ran
+    tool = registered_tool(server, "shout")
+    assert tool is not None
+    # Arguments that did not come through the check: the SDK's own validation, as before.
+    assert tool.fn_metadata.validate_arguments({"text": "d"}) == {"text": "D", "times": 1}
+    assert validations == ["ab", "c", "d"]
+
+
+async def test_text_of_a_whole_code_cell_is_checked_for_lone_surrogates_too(client: Client) -> None:
+    cell = "x = 'é'\n" * 5000 + "y = '\ud83d'"
+    text = error_text(await client.call_tool("run_code", {"code": cell}))
+    assert f"'code' holds a lone surrogate (\\ud83d at character {len(cell) - 2})" in text, text
+
+
+async def test_output_schemas_are_published_without_references(client: Client) -> None:
+    """A client validating every result resolves no ``$ref`` per result; the schema means the same."""
+    listed = {t.name: t.output_schema for t in (await client.list_tools()).tools}
+    assert listed["run_code"] is not None and "$ref" not in json.dumps(listed["run_code"])
+    image = listed["run_code"]["properties"]["results"]["items"]["properties"]["image"]
+    assert {"type": "null"} in image["anyOf"] and any(
+        option.get("required") == ["content_index", "mime_type", "bytes"] for option in image["anyOf"]
+    )
+    assert not [name for name, schema in listed.items() if schema and "$ref" in json.dumps(schema)]
+
+
+def test_a_schema_that_refers_to_itself_is_published_as_it_is() -> None:
+    from kernmind.tool_arguments import inline_definitions
+
+    nested = {"$defs": {"B": {"type": "integer"}}, "properties": {"b": {"$ref": "#/$defs/B", "title": "b"}}}
+    assert inline_definitions(nested) == {"properties": {"b": {"type": "integer", "title": "b"}}}
+    recursive = {"$defs": {"N": {"properties": {"next": {"$ref": "#/$defs/N"}}}}, "$ref": "#/$defs/N"}
+    assert inline_definitions(recursive) is recursive

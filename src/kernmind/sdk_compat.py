@@ -8,6 +8,9 @@ The ``mcp`` 2.x SDK (``mcp>=2.3,<3``) does not expose everything kernmind needs:
   public ``add_request_handler``/``get_request_handler``.
 - ``MCPServer._tool_manager``: the registered ``Tool`` objects, whose argument model
   (``tool.fn_metadata.arg_model``) tool_arguments.py validates against strictly.
+- ``FuncMetadata.validate_arguments``: the SDK validates a call's arguments again after
+  tool_arguments.py has (``Tool.run``); ``validate_arguments_with`` puts tool_arguments.py's
+  answer in its place on one tool's metadata, so arguments are validated once per call.
 - ``MCPServer._handle_call_tool`` answers ``tools/call`` through ``self.call_tool``,
   ``_handle_read_resource`` ``resources/read`` through ``self.read_resource`` and
   ``_handle_get_prompt`` ``prompts/get`` through ``self.get_prompt`` (public methods):
@@ -67,6 +70,15 @@ def registered_tool(server: MCPServer, name: str) -> Tool | None:
     if tool is not None:
         _private(tool, "fn_metadata", "strict tool-argument validation")
     return tool
+
+
+def validate_arguments_with(tool: Tool, validate: Any) -> None:
+    """Make the SDK validate ``tool``'s arguments with ``validate(arguments, original)`` (``original``:
+    the SDK's own validation, for calls that did not come through tool_arguments.py)."""
+    metadata = _private(tool, "fn_metadata", "validating a call's arguments once")
+    original = _private(metadata, "validate_arguments", "validating a call's arguments once")
+    # FuncMetadata is a pydantic model: an instance attribute goes around its __setattr__
+    object.__setattr__(metadata, "validate_arguments", lambda arguments: validate(arguments, original))
 
 
 def route_calls_through(

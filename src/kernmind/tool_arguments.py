@@ -6,7 +6,10 @@ also covers tools registered later: it looks tools up per call). It wraps the se
 server and the registered tools come through :mod:`kernmind.sdk_compat`):
 
 - ``tools/list``: every input schema says ``additionalProperties: false``, so a client
-  that validates before sending catches a misspelt argument itself.
+  that validates before sending catches a misspelt argument itself. Output schemas are
+  published with their definitions inlined (the same schema, without ``$ref``): a client
+  that validates every result against it (the SDK's does) then resolves no reference per
+  result, which was half of that validation's cost for a ``run_code`` result.
 - ``tools/call``: before the SDK sees the call, the arguments are validated against the
   tool's own argument model made strict: unknown names are refused (``sesion_id`` no
   longer silently runs in the default session), and non-finite numbers (``NaN``,
@@ -20,6 +23,11 @@ server and the registered tools come through :mod:`kernmind.sdk_compat`):
   pydantic's raw text; the tool does not run. Text holding a lone surrogate (half of a UTF-16
   pair, which JSON lets through and UTF-8 cannot encode) is refused the same way.
 
+The check's validated arguments are what the tool receives: the SDK's own validation of the
+same arguments (``Tool.run``) is handed them instead of validating again
+(``sdk_compat.validate_arguments_with``; matched by the arguments object itself, within the
+request's context), so a call's arguments are validated once.
+
 Why here and not per tool: a new tool gets the same treatment without doing anything,
 and the rule cannot be forgotten. Tools still own their bounds (``ge=1``, a ceiling on a
 block's limit, what an id may be …); this module only decides how a violation of a declared
@@ -30,7 +38,8 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from functools import cache
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -39,7 +48,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from kernmind.sdk_compat import lowlevel_server, registered_tool
+from kernmind.sdk_compat import lowlevel_server, registered_tool, validate_arguments_with
 from kernmind.validation_text import location, problem, shown
 
 
@@ -62,18 +71,67 @@ def strict_tool_arguments(server: MCPServer) -> None:
         for tool in result.tools:
             if tool.input_schema.get("type") == "object":
                 tool.input_schema = {**tool.input_schema, "additionalProperties": False}
+            if tool.output_schema is not None and "$defs" in tool.output_schema:
+                tool.output_schema = inline_definitions(tool.output_schema)
         return result
 
     low.add_request_handler("tools/call", call_entry.params_type, call_tool)
     low.add_request_handler("tools/list", list_entry.params_type, list_tools)
 
 
+# The arguments this request's check accepted, and what they validated to (for the SDK's turn).
+_CHECKED: ContextVar[tuple[dict[str, Any], dict[str, Any]] | None] = ContextVar("checked", default=None)
+_HOOKED = "_kernmind_validated_once"
+
+
+def _validated_once(arguments: dict[str, Any], original: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+    """The SDK's validation of a tool's arguments: the check's result when it checked these."""
+    checked = _CHECKED.get()
+    if checked is not None and checked[0] is arguments:
+        _CHECKED.set(None)
+        return dict(checked[1])
+    return original(arguments)
+
+
+def inline_definitions(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with each local ``{"$ref": "#/$defs/X"}`` replaced by definition X (keywords
+    beside the reference kept) and no ``$defs``; unchanged when a definition refers to itself,
+    directly or not, or a reference is not to a local definition."""
+    definitions = schema["$defs"]
+
+    class Unsupported(Exception):
+        pass
+
+    def expand(node: Any, within: tuple[str, ...]) -> Any:
+        if isinstance(node, list):
+            return [expand(item, within) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out = {key: expand(value, within) for key, value in node.items() if key not in ("$ref", "$defs")}
+        ref = node.get("$ref")
+        if ref is None:
+            return out
+        name = ref.removeprefix("#/$defs/") if isinstance(ref, str) else None
+        if name is None or name == ref or name not in definitions or name in within:
+            raise Unsupported
+        return {**expand(definitions[name], (*within, name)), **out}
+
+    try:
+        return expand(schema, ())
+    except Unsupported:
+        return schema
+
+
 def check_arguments(server: MCPServer, name: str, arguments: dict[str, Any]) -> str | None:
     """Why these arguments are refused for tool ``name`` (None: fine, or not a tool we know)."""
+    _CHECKED.set(None)
     tool = registered_tool(server, name)
     if tool is None:
         return None  # the SDK answers "Unknown tool"
     metadata = tool.fn_metadata
+    if not getattr(tool, _HOOKED, False):
+        validate_arguments_with(tool, _validated_once)
+        object.__setattr__(tool, _HOOKED, True)
     valid = list(tool.parameters.get("properties", {}))
     problems: dict[str, str] = {}  # by argument path: one sentence each
     fields = metadata.arg_model.model_fields
@@ -82,8 +140,9 @@ def check_arguments(server: MCPServer, name: str, arguments: dict[str, Any]) -> 
         if field is not None:
             for path, why in _loose_scalars(field.annotation, value, (arg,)):
                 problems.setdefault(path, f"'{path}' {why}")
+    validated = None
     try:
-        _strict(metadata.arg_model).model_validate(metadata.pre_parse_json(arguments))
+        validated = _strict(metadata.arg_model).model_validate(metadata.pre_parse_json(arguments))
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
             problems.setdefault(location(err["loc"]), _sentence(err, valid))
@@ -91,6 +150,8 @@ def check_arguments(server: MCPServer, name: str, arguments: dict[str, Any]) -> 
         if (why := _unreadable(value)) is not None:
             problems.setdefault(path, f"'{path}' {why}")
     if not problems:
+        if validated is not None:
+            _CHECKED.set((arguments, validated.model_dump_one_level()))
         return None
     return (
         f"Invalid arguments for {name}: "
@@ -148,7 +209,7 @@ def _unreadable(value: Any) -> str | None:
     through; UTF-8, so a store or a kernel, cannot encode it)."""
     if isinstance(value, float) and not math.isfinite(value):
         return f"must be a finite number (not NaN or infinity), got {value}"
-    if isinstance(value, str):
+    if isinstance(value, str) and not value.isascii() and not _encodes(value):
         for index, char in enumerate(value):
             if 0xD800 <= ord(char) <= 0xDFFF:
                 return (
@@ -156,6 +217,16 @@ def _unreadable(value: Any) -> str | None:
                     "text UTF-8 can encode: remove it, or send the character it was half of"
                 )
     return None
+
+
+def _encodes(text: str) -> bool:
+    """Whether ``text`` is valid UTF-8 material (no lone surrogate): one C-speed pass, where a
+    look at each character costs a Python loop over a whole code cell on every call."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _loose_scalars(annotation: Any, value: Any, path: tuple[int | str, ...]) -> Iterator[tuple[str, str]]:

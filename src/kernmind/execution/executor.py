@@ -10,13 +10,36 @@ first call and closed with it, see ``sandbox/limits.py``), this server's run dir
 throw-away workspaces and kernel sockets, cleaned after a crash by the next start), the
 session store (``store.py``: named sessions' files, variables and history, which outlive
 the server), the warm kernel pool, the session registry, the background jobs, the runners
-and the package installer (``install``: into the held session's layer, then onto its
-running kernel's path). ``running()`` starts the pool refill and the idle reaper and, on
-exit, cancels running jobs, unloads every session (variables saved, files kept), stops
-every kernel and process and deletes the run directory.
+and the package installer (``install``, whose route is ``installs.py``: into the held
+session's layer, then onto its running kernel's path). ``running()`` starts the pool refill
+and the idle reaper and, on exit, cancels running jobs, unloads every session (variables
+saved, files kept), stops every kernel and process and deletes the run directory. Once the
+pool's first kernel is up it freezes the heap (``gc.freeze``): the collector's full passes
+then skip the modules' objects, which otherwise stalled a call now and then.
 
-After every call of a stored session the result is appended to its history
-(``history.py``), which ``export_notebook`` turns into a notebook (``notebook.py``).
+After every call of a stored session the registry records it (``registry.record``): its
+history line (``history.py``, written by ``books.py`` just after the answer), which
+``export_notebook`` turns into a notebook (``notebook.py``).
+
+Design: what one call changes, and who writes it
+- A call's path is tool → ``Executor.run`` → ``registry.hold`` → ``supervise`` → runner →
+  kernel, then back through the supervisor's result and ``registry.record``. Arguments were
+  checked once before the tool ran (``tool_arguments.py``); a code call touches no memory.
+- Each piece of state a call changes has one writer:
+
+  | state | written by |
+  |---|---|
+  | the ``Call`` (output, count, notes, state kept) | made here; the runner fills it while the code runs, the supervisor after |
+  | ``Session.running`` (the call's cancel scope) | the supervisor, around the run |
+  | ``Session.limits`` (control group, write block) | made and closed here; its measurements by ``sandbox/quota.py`` for the supervisor |
+  | ``Session.state[language]`` (a kernel, a process) | that language's runner |
+  | the working directory's scan (``Workspace.last_scan``) | the supervisor's change scan (uploads through ``Workspace``) |
+  | ``busy``, ``last_used``, meta, history | the registry (``hold``, ``record``), written by ``sessions/books.py`` |
+  | ``Session.pending_notes`` | a mailbox: any part adds a note for the next call, only this module takes them |
+
+- Nothing of that is per-call work on a thread unless it must be: the change scan and the
+  quota read the inotify trackers' totals on the event loop when they have nothing to
+  look at, the history line goes after the answer, the meta a moment later.
 
 With ``--kernel-gateway`` (``remote.py``) Python's kernels come from the gateway instead,
 sessions' files live on a volume the gateway's kernels also mount, and with a PostgreSQL
@@ -31,6 +54,7 @@ a runtime that cannot be started raises ``RuntimeUnavailable``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -42,6 +66,7 @@ from anyio.abc import TaskGroup
 
 from kernmind.config import Settings
 from kernmind.diskio import Reserve
+from kernmind.execution import installs
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory
 from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
@@ -56,7 +81,7 @@ from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.rundir import RunDir, socket_root
 from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
-from kernmind.execution.sessions import history, package_layers
+from kernmind.execution.sessions import history
 from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
 from kernmind.execution.sessions.jobs import Job, Jobs
 from kernmind.execution.sessions.registry import (
@@ -76,23 +101,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STATELESS_REFUSAL = (
-    "install_packages is not available on this server: it runs with --stateless, so every run_code "
-    "call starts from a fresh interpreter and an installed package would be gone before the next "
-    "call. Use the packages that are already installed, or ask the operator to run without --stateless."
-)
-
-GATEWAY_PACKAGES_REFUSAL = (
-    "install_packages is not available on this server: Python runs on a kernel gateway "
-    "(--kernel-gateway), whose kernels get their packages from the gateway's kernel image. Use the "
-    "packages installed there, or ask the operator to add them to that image."
-)
-
 SERVER_STOPPING = (
     "the server is shutting down (it was asked to stop), so this code was interrupted. The session's "
     "files are kept; call again once the server is back."
 )
 
+HEAP_SETTLE_WAIT = 60.0  # seconds the heap waits for the warm pool's first kernel before it is frozen
 RESERVE_NAME = ".km-reserve"
 RESERVE_BYTES = 2 * 1024 * 1024
 
@@ -291,6 +305,7 @@ class Executor:
                 self.jobs.open(tg, self.rundir.path)
                 await self.pool.run(tg)
                 await self.sessions.run_reaper(tg)
+                tg.start_soon(self._settle_heap)
                 try:
                     yield self
                 finally:
@@ -309,6 +324,17 @@ class Executor:
                 await anyio.to_thread.run_sync(self.cgroups.close)
             self.socket_rundir.close()
             self.rundir.close()
+
+    async def _settle_heap(self) -> None:
+        """Once the server has imported what it serves with (the SDK, and jupyter_client with the
+        warm pool's first kernel), move every object alive into the collector's permanent
+        generation (``gc.freeze``): the cyclic collector then no longer walks the hundreds of
+        thousands of objects of those modules on every full collection, which otherwise stall a
+        call now and then for a good part of a second (benchmarks/README.md, bench_python)."""
+        with anyio.move_on_after(HEAP_SETTLE_WAIT):
+            while self.pool.size > 0 and self.pool.ready_count == 0:  # noqa: ASYNC110 (a kernel starting)
+                await anyio.sleep(0.5)
+        gc.freeze()
 
     # --- queries ----------------------------------------------------------------
     def available_languages(self) -> list[str]:
@@ -378,6 +404,7 @@ class Executor:
             raise SessionError(
                 "export_notebook needs a stored session's history; sessions on a kernel gateway keep none."
             )
+        await self.sessions.books.flush(session)  # the last calls' lines are written after their answers
         entries = await off_loop(lambda: history.read(home.history), timeout=None)
         # Imported here: nbformat's import costs seconds (jsonschema's format checkers), every launch.
         from kernmind.execution.sessions import notebook
@@ -391,39 +418,9 @@ class Executor:
     async def install(
         self, packages: list[str], *, owner: str = LOCAL_OWNER, language: str, session_id: str | None
     ) -> InstallResult:
-        """Install into the session's layer (``PackageError``, a ``ValueError``, when refused)."""
-        if self.settings.stateless:
-            raise SessionError(STATELESS_REFUSAL)
-        if self.remote is not None:
-            raise SessionError(GATEWAY_PACKAGES_REFUSAL)
+        """Install into the session's layer (``installs.py``; ``PackageError``, a ``ValueError``, when refused)."""
         lang = ALIASES.get(language.strip().lower(), language.strip().lower())
-        async with self.sessions.hold(session_id, owner=owner) as session:
-            result = await self.packages.install(packages, lang, session.layer())
-            if result.installed and (not_kept := await package_layers.keep(session, self.store)):
-                result.notes.append(not_kept)
-            if result.installed and session.home is not None:
-                # the kept packages' size is in the meta now, not a moment later: a server killed
-                # right after the install must still find them counted (and listed)
-                await self.sessions.books.save_meta(session)
-            if lang == "python" and result.installed:
-                kernel = PythonRunner.kernel_of(session)
-                if kernel is None or await kernel.use_packages():
-                    result.notes.append(
-                        "importable now in this session's Python (no restart needed) and, on "
-                        "PYTHONPATH, in its bash calls."
-                    )
-                else:
-                    result.notes.append(
-                        "installed, but the running interpreter did not take the new path: "
-                        "run_code with reset=true to use the packages."
-                    )
-            elif lang != "python" and result.installed:
-                name = result.installed[0].name
-                result.notes.append(
-                    f'import them by npm: specifier in this session, e.g. import x from "npm:{name}".'
-                )
-        result.session_id = session_id or DEFAULT_SESSION
-        return result
+        return await installs.install(self, packages, owner=owner, language=lang, session_id=session_id)
 
     # --- running code -------------------------------------------------------------
     async def run(
@@ -459,7 +456,7 @@ class Executor:
         async with self.sessions.hold(session_id, owner=owner, job_id=job_id) as session:
             result = await self._supervise(runner, session, code, reset, limit, notes, progress, collector)
             result.job_id = job_id
-            session.last_call = (code, result)  # the registry adds it to the session's history
+            await self.sessions.record(session, code, result)  # its history line (and meta)
             return result
 
     def start_job(

@@ -25,6 +25,19 @@
 - **The result**: one place turns what the call produced into a ``RunResult``: status,
   error, output under the budget, notes, and the files the call created or changed
   (one bounded scan of the working directory, see ``filescan.py``).
+
+Design: the per-call cost
+- One watcher task per call (``watch``): it checks the session's memory every
+  ``MEMORY_PERIOD`` and, once the call has lasted that long, starts the quota sampler and the
+  progress ticker; a short call (the usual one) starts nothing else and wakes nobody.
+- The change scan and the quota's measurements before and after the call read the inotify
+  trackers (``Workspace.scan_now``, ``quota.measure_now``) on the event loop when they have
+  nothing to look at; only a call that left events (it wrote files) or a directory without a
+  tracker takes them off the loop. So after a call that wrote nothing the result costs no
+  thread hop and no walk.
+- Of the session this module writes ``session.running`` and its working directory's scan
+  baseline (``last_scan``), nothing else (see the table in ``executor.py``); ``quota.py``
+  keeps the measurements in ``session.limits``.
 """
 
 from __future__ import annotations
@@ -89,29 +102,35 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
         async def watch_quota() -> None:
             nonlocal stop, quota
             try:
-                await _watch_quota(call, quota_bytes, start_usage)
+                await _watch_quota(call, quota_bytes, start_usage, first=QUOTA_PERIOD - MEMORY_PERIOD)
             except QuotaExceeded as exc:
                 if limits is not None:  # at once: what the interrupt does not stop cannot write on
                     await anyio.to_thread.run_sync(limits.block_writes)
                 stop, quota = "quota", exc
                 run_scope.cancel()
 
-        async def watch_memory() -> None:
+        async def watch() -> None:
+            """One task per call watches: the session's memory itself, and once the call has run
+            a first period, the quota and progress in tasks of their own (a short call, the usual
+            one, starts neither)."""
             nonlocal stop
+            await anyio.sleep(MEMORY_PERIOD)
+            if quota_bytes > 0:
+                tg.start_soon(watch_quota)
+            if progress is not None:
+                tg.start_soon(ticker.run)
             if limits is None:
                 return
             while True:
-                await anyio.sleep(MEMORY_PERIOD)
                 if limits.memory_exceeded():
                     await anyio.to_thread.run_sync(limits.stop)
                     stop = stop or "memory"
                     run_scope.cancel()
                     return
+                await anyio.sleep(MEMORY_PERIOD)
 
         ticker = _ProgressTicker(call, progress)
-        tg.start_soon(ticker.run)
-        tg.start_soon(watch_quota)
-        tg.start_soon(watch_memory)
+        tg.start_soon(watch)
         session.running = run_scope
         token = current_limits.set(limits)
         try:
@@ -187,18 +206,21 @@ class _ProgressTicker:
                 log.debug("progress notification failed: %s", exc)
 
 
-async def _watch_quota(call: Call, limit: int, before: int | None) -> None:
+async def _watch_quota(call: Call, limit: int, before: int | None, *, first: float = QUOTA_PERIOD) -> None:
     """Return never; raise ``QuotaExceeded`` once the call has grown the directory (with its
-    runtime directory) past ``limit``. The first sample comes a period after the start, so a
-    short call costs no walk (the measurement after the call covers it); ``before`` is the
-    size the call started from (measured before it; None: the first sample's)."""
+    runtime directory) past ``limit``. The first sample comes ``first`` seconds from now (a
+    period after the start), so a short call costs no walk (the measurement after the call
+    covers it); ``before`` is the size the call started from (measured before it; None: the
+    first sample's)."""
     if limit <= 0:
         await anyio.sleep_forever()
     while call.session.workspace is None:  # noqa: ASYNC110 (an interpreter is being made ready; its directory comes with it)
         await anyio.sleep(QUOTA_PERIOD)
     baseline = before
+    pause = first
     while True:
-        await anyio.sleep(QUOTA_PERIOD)
+        await anyio.sleep(pause)
+        pause = QUOTA_PERIOD
         workspace = call.session.workspace
         if workspace is None:
             continue
@@ -290,12 +312,13 @@ async def _changed_files(call: Call, started_ns: int) -> tuple[list[FileInfo], s
     if workspace is None or call.session.closed:
         return [], None
     before = workspace.last_scan
-    after: Scan
-    try:
-        after = await workspace.ascan(since_ns=started_ns, budget_s=SCAN_BUDGET)
-    except Exception as exc:  # the call's own result matters more than its file list
-        log.warning("change scan of %s failed: %s", workspace.root, exc)
-        return [], "the working directory could not be scanned for changed files."
+    after: Scan | None = workspace.scan_now()  # the tracker, when it has nothing to look at: no thread hop
+    if after is None:
+        try:
+            after = await workspace.ascan(since_ns=started_ns, budget_s=SCAN_BUDGET)
+        except Exception as exc:  # the call's own result matters more than its file list
+            log.warning("change scan of %s failed: %s", workspace.root, exc)
+            return [], "the working directory could not be scanned for changed files."
     # A partial scan is no baseline: the next call then goes by change times instead.
     workspace.last_scan = after if after.complete else None
     changed = [p for p in changed_since(after, before, started_ns) if not p.startswith(HELPER_PREFIX)]

@@ -119,3 +119,32 @@ def test_no_inotify_means_walking(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     (root / "x.txt").write_text("1")
     ws = Workspace(root)
     assert list(ws.scan().files) == ["x.txt"] and ws.tracker is None and ws.untracked
+
+
+def test_a_tracker_with_nothing_to_look_at_answers_at_once_and_only_then(tmp_path: Path) -> None:
+    """``scan_now`` (what a call's result and the quota use on the event loop) answers when no
+    event waits, says None while one does, and its answers match a walk."""
+    ws = Workspace(tmp_path / "w")
+    ws.create()
+    ws.accounted = [tmp_path / "run"]
+    ws.accounted[0].mkdir()
+    assert ws.scan_now() is None and ws.accounted_scans_now() is None  # no tracker yet: walk first
+    before = ws.scan()
+    ws.accounted_scans()
+    quiet = ws.scan_now()
+    assert quiet is not None and quiet.files == before.files
+    quiet_runtime = ws.accounted_scans_now()
+    assert quiet_runtime is not None and quiet_runtime[0].files == {}
+    (ws.root / "new.txt").write_text("x" * 5000)
+    assert ws.scan_now() is None  # an event waits: the caller scans off the loop
+    after = ws.scan()
+    assert "new.txt" in after.files and changed_since(after, before, 0) == ["new.txt"]
+    again = ws.scan_now()
+    assert again is not None and again.bytes_used == scan_tree(ws.root).bytes_used
+    (ws.accounted[0] / "fill").write_bytes(b"y" * 10000)
+    assert ws.accounted_scans_now() is None
+    runtime = ws.accounted_scans()
+    assert runtime[0].bytes_used == scan_tree(ws.accounted[0]).bytes_used > 0
+    now = ws.accounted_scans_now()
+    assert now is not None and now[0].bytes_used == runtime[0].bytes_used
+    ws.remove()

@@ -111,14 +111,14 @@ class Cgroup:
         found: set[int] = set()
         for procs in self.join:
             with contextlib.suppress(OSError, ValueError):
-                found.update(int(line) for line in procs.read_text().split())
+                found.update(int(line) for line in read_small(procs).split())
         return sorted(found)
 
     def oom_kills(self) -> int:
         """How many processes the kernel's out-of-memory killer stopped in this group so far."""
         name = "memory.events" if self.mode == "v2" else "memory.oom_control"
         try:
-            text = (self.dirs[0] / name).read_text()
+            text = read_small(self.dirs[0] / name)
         except OSError:
             return 0
         for line in text.splitlines():
@@ -372,3 +372,16 @@ def _start_time(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def read_small(path: Path) -> str:
+    """A small kernel file (cgroup, /proc) in one read: a third of ``Path.read_text``'s cost, on
+    the per-call path (the out-of-memory count is read before and after every call)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks).decode("utf-8", "replace")
+    finally:
+        os.close(fd)

@@ -19,6 +19,11 @@ Design
   directory moved or renamed (its watch would keep the old path), the root itself moved or
   deleted, a directory that cannot be watched.
 - Writes through a shared memory mapping make no event: such a change shows at the next walk.
+- ``scan_if_quiet()`` answers on the event loop when there is nothing to look at: no event
+  waiting in the kernel's queue (one ``poll`` with no timeout), none of ours unprocessed, and
+  the lock free (never waited for: a walk may hold it). That is a call's usual case, so its
+  change scan and quota measurement cost no thread hop; otherwise the caller runs ``scan()``
+  off the loop.
 
 Error policy: no inotify (another OS, or the instance or watch limits reached) means no
 tracker: ``Tracker.start`` returns None and callers walk the tree as before.
@@ -31,6 +36,7 @@ import ctypes
 import errno
 import logging
 import os
+import select
 import stat
 import struct
 import sys
@@ -70,6 +76,12 @@ class _Inotify:
         self.libc = libc
         self.lock = threading.RLock()
         self.owners: dict[int, tuple[weakref.ref[Tracker], str]] = {}  # wd -> (tracker, rel dir)
+        self.poller = select.poll()
+        self.poller.register(fd, select.POLLIN)
+
+    def pending(self) -> bool:
+        """Whether an event (of any tracker) waits to be read."""
+        return bool(self.poller.poll(0))
 
     def watch(self, tracker: Tracker, path: str, rel: str) -> int:
         wd = self.libc.inotify_add_watch(self.fd, os.fsencode(path), MASK)
@@ -236,6 +248,21 @@ class Tracker:
             self.log.add(self.generation, shown)
             self.current = Scan(files=files, bytes_used=used)
             return self._answer(files, used)
+
+    def scan_if_quiet(self) -> Scan | None:
+        """``scan()`` when it has nothing to do (see the module's docstring), at once; else None."""
+        if self.stale or self.touched or self.new_dirs or self.gone_dirs:
+            return None
+        if not self.inotify.lock.acquire(blocking=False):
+            return None
+        try:
+            if self.stale or self.touched or self.new_dirs or self.gone_dirs or self.inotify.pending():
+                return None
+            self.generation += 1
+            self.log.add(self.generation, set())
+            return self._answer(self.current.files, self.current.bytes_used)
+        finally:
+            self.inotify.lock.release()
 
     def _answer(self, files: dict[str, FileStat], used: int) -> Scan:
         """A scan sharing ``files`` with the tracker (never changed in place: the next change

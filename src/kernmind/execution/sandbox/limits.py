@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kernmind.execution.sandbox.bwrap import Limits
-from kernmind.execution.sandbox.cgroups import Cgroup, CgroupSupport
+from kernmind.execution.sandbox.cgroups import Cgroup, CgroupSupport, read_small
 
 log = logging.getLogger(__name__)
 
@@ -272,8 +272,8 @@ class SessionLimits:
         written = 0
         for pid in self.pids():
             try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                io = Path(f"/proc/{pid}/io").read_text()
+                stat = read_small(Path(f"/proc/{pid}/stat"))
+                io = read_small(Path(f"/proc/{pid}/io"))
             except FileNotFoundError:
                 continue  # gone meanwhile: the set of processes differs from the next mark's anyway
             except OSError:

@@ -5,14 +5,19 @@ and its kernel's runtime (socket) directory, seen inside as ``/run/kernmind``
 (``Workspace.accounted``). Sizes are disk blocks.
 
 - **After every call** the usage is measured: the call's change scan (``filescan.py``) gives
-  the working directory's size when it was complete, plus a walk of the runtime directory;
-  else (a tree too big for the scan's time budget) the whole tree is walked, unless the
-  session's processes all lived through the call and what they wrote to disk
-  (``write_bytes``) keeps the last measurement plus that under the quota.
-- **Before every call** it is measured again unless nothing of the session can have written
-  since: same processes and the same disk ``write_bytes`` (``SessionLimits.io_mark``), or no
-  process alive. A kernel thread left writing between calls is therefore caught before the
-  next call runs.
+  the working directory's size when it was complete, plus the runtime directory's (kept
+  current by inotify too, ``Workspace.accounted_scans``); else (a tree too big for the scan's
+  time budget) the whole tree is walked, unless the session's processes all lived through
+  the call and what they wrote to disk (``write_bytes``) keeps the last measurement plus
+  that under the quota.
+- **Before every call** it is measured again. Where inotify trackers keep both directories
+  current, that is reading their totals after whatever events came in; else it is skipped
+  when nothing of the session can have written since: same processes and the same disk
+  ``write_bytes`` (``SessionLimits.io_mark``), or no process alive. A kernel thread left
+  writing between calls is therefore caught before the next call runs.
+- **On the call's path** both measurements cost no thread hop and no ``/proc`` read in the
+  usual case, a call after which the trackers have nothing to look at (``measure_now``: the
+  totals they hold); anything else is measured off the event loop.
 - **While the call runs** the supervisor samples it (``supervisor._watch_quota``) and stops
   code that grows it past the quota.
 - **Over the quota**, the session's writes are blocked by the kernel, not by polling:
@@ -55,7 +60,7 @@ from dataclasses import dataclass
 import anyio
 
 from kernmind.execution.sandbox.bwrap import RUNTIME_MOUNT
-from kernmind.execution.sandbox.filescan import Scan, scan_tree
+from kernmind.execution.sandbox.filescan import Scan
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.workspace import Workspace, off_loop
 
@@ -97,18 +102,52 @@ class Usage:
 
 
 def measure(workspace: Workspace, scan: Scan | None = None) -> Usage:
-    """The workspace (from ``scan`` when it is complete, else a walk) and its runtime directories."""
+    """The workspace (from ``scan`` when it is complete, else a scan) and its runtime directories
+    (blocking: run it off the event loop)."""
     if scan is None or not scan.complete:
         scan = workspace.scan()
-    return Usage(scan, [scan_tree(root) for root in workspace.accounted])
+    return Usage(scan, workspace.accounted_scans())
+
+
+def measure_now(workspace: Workspace, scan: Scan | None = None) -> Usage | None:
+    """``measure`` when inotify trackers can answer at once, with nothing to look at (fit for the
+    event loop); None when it needs real work."""
+    if scan is None or not scan.complete:
+        scan = workspace.scan_now()
+    if scan is None or not scan.complete:
+        return None
+    runtime = workspace.accounted_scans_now()
+    return None if runtime is None else Usage(scan, runtime)
 
 
 async def before_call(limits: SessionLimits, workspace: Workspace | None, quota: int) -> int | None:
-    """Measure unless nothing can have written since the last measurement; block writes when
-    over. Returns the usage the call starts from (None when unknown: no workspace yet)."""
+    """Measure (see the module's docstring for when that costs nothing); block writes when over.
+    Returns the usage the call starts from (None when unknown: no workspace yet)."""
     if quota <= 0 or workspace is None:
         return None
+    if (usage := measure_now(workspace)) is not None:  # the trackers' totals: nothing else to do
+        limits.measured, limits.measured_io = usage.total, None
+    elif workspace.tracked:  # events to look at: the trackers do, off the loop
+        await _measure_off_loop(workspace, limits)
+    else:
+        await _measure_unless_idle(workspace, limits)
+    if limits.measured is not None and limits.measured > quota:
+        await _safely(limits.block_writes)
+    return limits.measured
 
+
+async def _measure_off_loop(workspace: Workspace, limits: SessionLimits) -> None:
+    try:
+        usage = await off_loop(lambda: measure(workspace), timeout=None)
+    except Exception as exc:  # the call matters more; the measurement after it decides
+        log.warning("measuring %s before a call failed: %s", workspace.root, exc)
+        return
+    limits.measured, limits.measured_io = usage.total, None
+
+
+async def _measure_unless_idle(workspace: Workspace, limits: SessionLimits) -> None:
+    """Without trackers: measure (a walk) unless nothing of the session can have written since
+    the last measurement."""
     try:
         # A few /proc reads: on the loop for a session of a few processes (no thread hop on the
         # per-call path), off it for a crowd.
@@ -120,9 +159,6 @@ async def before_call(limits: SessionLimits, workspace: Workspace | None, quota:
             limits.measured, limits.measured_io = usage.total, mark
     except Exception as exc:  # the call matters more; the measurement after it decides
         log.warning("measuring %s before a call failed: %s", workspace.root, exc)
-    if limits.measured is not None and limits.measured > quota:
-        await _safely(limits.block_writes)
-    return limits.measured
 
 
 async def after_call(limits: SessionLimits, workspace: Workspace | None, quota: int) -> list[str]:
@@ -152,11 +188,15 @@ async def after_call(limits: SessionLimits, workspace: Workspace | None, quota: 
         limits.measured, limits.measured_io = usage.total, mark
         return usage
 
-    try:
-        usage = await off_loop(look, timeout=None)
-    except Exception as exc:
-        log.warning("measuring %s after a call failed: %s", workspace.root, exc)
-        return []
+    usage = measure_now(workspace, workspace.last_scan)  # the usual case: no thread hop, no /proc read
+    if usage is not None:
+        limits.measured, limits.measured_io = usage.total, None
+    else:
+        try:
+            usage = await off_loop(look, timeout=None)
+        except Exception as exc:
+            log.warning("measuring %s after a call failed: %s", workspace.root, exc)
+            return []
     if usage is None:
         return []
     if usage.total > quota:

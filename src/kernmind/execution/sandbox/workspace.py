@@ -37,6 +37,7 @@ import os
 import re
 import shutil
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,7 @@ LIST_TIMEOUT = 60.0  # a listing walks the whole tree
 _FS_THREADS = anyio.CapacityLimiter(8)  # hung file systems can hold at most these
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ESCAPE_RE = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])")
+_TRACKERS_LOCK = threading.Lock()  # accounted directories' trackers are made from worker threads
 
 
 class WorkspaceError(Refusal, ValueError):
@@ -129,6 +131,8 @@ class Workspace:
     # Keeps the file list current without walking the tree (filewatch.py); made by the first scan.
     tracker: Tracker | None = field(default=None, repr=False, compare=False)
     untracked: bool = field(default=False, repr=False, compare=False)  # no inotify for this one
+    # The same for each ``accounted`` directory (None: no inotify there, walked instead).
+    accounted_trackers: dict[Path, Tracker | None] = field(default_factory=dict, repr=False, compare=False)
 
     def create(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -142,6 +146,9 @@ class Workspace:
     def remove(self) -> None:
         if self.tracker is not None:
             self.tracker.close()
+        for tracker in self.accounted_trackers.values():
+            if tracker is not None:
+                tracker.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
     # --- path confinement -------------------------------------------------
@@ -309,6 +316,47 @@ class Workspace:
             return self.tracker.scan()
         return scan_tree(self.root, since_ns=since_ns, budget_s=budget_s)
 
+    @property
+    def tracked(self) -> bool:
+        """Whether an inotify tracker keeps this directory's scan current (no walk per scan)."""
+        return self.tracker is not None and not self.tracker.stale
+
+    def scan_now(self) -> Scan | None:
+        """``scan()`` when the tracker can answer at once, without any work (fit for the event
+        loop: ``Tracker.scan_if_quiet``); None when it cannot (run ``ascan``)."""
+        return self.tracker.scan_if_quiet() if self.tracker is not None else None
+
+    def accounted_scans(self) -> list[Scan]:
+        """Scans of the ``accounted`` directories (blocking), from their trackers where inotify works."""
+        trackers = self._accounted_trackers()
+        return [
+            tracker.scan() if (tracker := trackers.get(root)) is not None else scan_tree(root)
+            for root in self.accounted
+        ]
+
+    def accounted_scans_now(self) -> list[Scan] | None:
+        """``accounted_scans()`` when every tracker can answer at once (None: call that, off the loop)."""
+        scans = []
+        for root in self.accounted:
+            tracker = self.accounted_trackers.get(root)
+            scan = tracker.scan_if_quiet() if tracker is not None else None
+            if scan is None:
+                return None
+            scans.append(scan)
+        return scans
+
+    def _accounted_trackers(self) -> dict[Path, Tracker | None]:
+        """A tracker for each accounted directory (``accounted`` is replaced when a kernel joins)."""
+        trackers = self.accounted_trackers
+        with _TRACKERS_LOCK:
+            for root in [r for r in trackers if r not in self.accounted]:
+                if (old := trackers.pop(root)) is not None:
+                    old.close()
+            for root in self.accounted:
+                if root not in trackers:
+                    trackers[root] = Tracker.start(root)
+            return dict(trackers)
+
     def list(
         self, *, prefix: str = "", pattern: str | None = None, offset: int = 0, limit: int | None = None
     ) -> tuple[list[FileEntry], int]:
@@ -359,7 +407,7 @@ class Workspace:
         return self.scan().bytes_used + self.accounted_bytes()
 
     def accounted_bytes(self) -> int:
-        return sum(scan_tree(p).bytes_used for p in self.accounted)
+        return sum(scan.bytes_used for scan in self.accounted_scans())
 
     # --- the same, off the event loop ---------------------------------------------------
     async def aread(self, path: str, *, offset: int = 0, length: int) -> FileData:

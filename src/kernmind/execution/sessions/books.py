@@ -15,6 +15,12 @@ This module does the writing so that none of it can stop the server:
   reaper's turns (taking and releasing the session's lock: another server that has loaded
   the session meanwhile keeps its own, newer meta), or used when this server loads the
   session again. So the server recovers by itself once space is freed.
+- **A call's history line is written after its answer** when the disk has room
+  (``record_later``): one writer per session, in call order, a batch per trip off the event
+  loop; ``flush`` waits for it (``export_notebook``, unloading, closing). A line that then
+  cannot be written is said in the session's next call. On a disk with less than
+  ``HISTORY_ROOM`` free (one ``statvfs``) the line is written before the answer, as the
+  meta is, so a call that filled the disk says itself that it was not recorded.
 - **The reserve.** Meta writes may use the data disk's reserve (``diskio.Reserve``): when
   the disk is full, the reserve is given up and the write tried once more.
 
@@ -25,10 +31,13 @@ is a warning, the retries are at debug level.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 import anyio
+from anyio.abc import TaskGroup
 
 from kernmind.diskio import Reserve, disk_sentence, with_room
 from kernmind.execution.errors import SessionError
@@ -44,6 +53,16 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CALL_KEPT = "The call ran and its files are kept."
+HISTORY_ROOM = 16 * 1024 * 1024  # free bytes below which a call's history line is written before its answer
+
+
+@dataclass
+class _Lines:
+    """A session's history lines waiting for its writer (``Books.record_later``)."""
+
+    session: Session
+    waiting: list[tuple[str, RunResult]] = field(default_factory=list)
+    done: anyio.Event = field(default_factory=anyio.Event)
 
 
 class Books:
@@ -53,6 +72,7 @@ class Books:
         self.store = store
         self.reserve: Reserve | None = store.reserve if store is not None else None
         self.unsaved: dict[tuple[str, str], tuple[SessionHome, Meta]] = {}  # unloaded sessions' metas
+        self._writing: dict[tuple[str, str], _Lines] = {}  # history lines written after the answer
 
     def with_room(self, write: Callable[[], T]) -> T:
         """``write()``, given the reserve when the disk is full (blocking)."""
@@ -107,6 +127,58 @@ class Books:
             later = f"{CALL_KEPT[:-1]}; the records are written once there is room."
             if note := disk_sentence(unsaved, "update this session's records", kept=later):
                 notes.append(note)
+
+    def record_later(self, session: Session, code: str, result: RunResult, tg: TaskGroup) -> bool:
+        """Write the call's history line after the answer (see the module's docstring); False
+        when it must be written now (a disk nearly full, or one that cannot say)."""
+        home = session.home
+        if home is None:
+            return False
+        try:
+            disk = os.statvfs(home.root)
+        except OSError:
+            return False
+        if disk.f_bavail * disk.f_frsize < HISTORY_ROOM + len(code):
+            return False
+        lines = self._writing.get(session.key)
+        if lines is None or lines.session is not session:
+            lines = self._writing[session.key] = _Lines(session)
+            tg.start_soon(self._write_lines, lines)
+        lines.waiting.append((code, result))  # dumped by the writer (the result is not changed after)
+        return True
+
+    async def _write_lines(self, lines: _Lines) -> None:
+        session, home = lines.session, lines.session.home
+        assert home is not None
+        try:
+            with anyio.CancelScope(shield=True):
+                while lines.waiting:
+                    batch, lines.waiting = lines.waiting, []
+
+                    def write(batch: list[tuple[str, RunResult]] = batch) -> OSError | None:
+                        failed = None
+                        for code, result in batch:
+                            failed = history.record(home.history, code, result) or failed
+                        return failed
+
+                    if (failed := await off_loop(write, timeout=None)) is not None:
+                        what = (
+                            "record the previous call in the session's history (export_notebook will miss it)"
+                        )
+                        session.pending_notes.append(
+                            disk_sentence(failed, what, kept=CALL_KEPT)
+                            or f"the previous call could not be recorded in the session's history ({failed.strerror})."
+                        )
+        finally:
+            if self._writing.get(session.key) is lines:
+                del self._writing[session.key]
+            lines.done.set()
+
+    async def flush(self, session: Session) -> None:
+        """Wait until the session's history lines written after their answers are on disk."""
+        lines = self._writing.get(session.key)
+        if lines is not None and lines.session is session:
+            await lines.done.wait()
 
     async def unloaded(self, session: Session) -> None:
         """The session is unloaded: write its final meta (with its size), or keep it for later."""

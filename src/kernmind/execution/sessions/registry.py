@@ -125,7 +125,6 @@ class Session:
     new_layer: Callable[[], Layer] | None = field(default=None, repr=False)
     running: anyio.CancelScope | None = None  # the call in progress
     stopped_because: str | None = None  # why the server interrupted the call (``Executor.stop_calls``)
-    last_call: tuple[str, Any] | None = None  # (code, RunResult) to add to the history on release
     limits: SessionLimits | None = field(default=None, repr=False)  # its control group, its write block
 
     @property
@@ -456,13 +455,17 @@ class SessionRegistry(MakingRoom):
                 await session.workspace.aremove()
             await _drop_packages(session)
 
-    async def _touch(self, session: Session) -> None:
-        """Record the call in the session's home: its history line (for export_notebook) now,
-        and its meta (last used, size from the call's scan): now when it carries what matters
+    async def record(self, session: Session, code: str, result: Any) -> None:
+        """Record a call (``result``: its RunResult) in the held session's home (``_touch``)."""
+        await self._touch(session, (code, result))
+
+    async def _touch(self, session: Session, call: tuple[str, Any] | None = None) -> None:
+        """Record the call in the session's home: its history line (for export_notebook) after
+        the answer (before it on a disk nearly full, see books.py), and its meta (last used, size from the call's scan): now when it carries what matters
         (variables unsaved from now on, which a killed server must not lose; a new size, which
         the store's caps count), else a moment after the call, off the call's path (one fsync'd
-        write per call otherwise). What cannot be written is said in the call's notes."""
-        call, session.last_call = session.last_call, None
+        write per call otherwise). What cannot be written is said in the call's notes. Without
+        a call (``hold`` letting go), only the meta, when it changed since."""
         if session.home is None or session.meta is None or session.closed:
             return
         meta = session.meta
@@ -480,6 +483,13 @@ class SessionRegistry(MakingRoom):
             meta.bytes, meta.files = scan.bytes_used, len(scan.files)
             urgent = True  # the store's caps count it (and a disk filling up is met during the call)
         later = not urgent and self._tg is not None
+        if (
+            call is not None
+            and later
+            and self._tg is not None
+            and self.books.record_later(session, *call, self._tg)
+        ):
+            call = None  # its history line is written after the answer (books.py)
         await self.books.after_call(session, call, meta=not later)
         if later:
             self._meta_soon(session)
@@ -517,6 +527,7 @@ class SessionRegistry(MakingRoom):
                 await _drop_packages(session)
             except Exception as exc:
                 log.warning("removing the packages of session %r: %s", session.id, exc)
+            await self.books.flush(session)  # its last calls' history lines, before its home is let go
             home, meta, store = session.home, session.meta, self.store
             if home is not None and meta is not None and store is not None:
                 try:
@@ -553,6 +564,7 @@ class SessionRegistry(MakingRoom):
                 session.running.cancel()
             await self.hooks.release(session)
             await _drop_packages(session)
+            await self.books.flush(session)  # nothing written into the home once it is deleted
             if session.home is not None:
                 await off_loop(session.home.delete, timeout=None)
             elif session.workspace is not None:

@@ -149,7 +149,11 @@ def run_result_content(
     if result.error:  # (the collector's share of the budget: counted before the rich forms)
         budget.spend(len(result.error.traceback) or len(result.error.name) + len(result.error.value) + 2)
     images: list[ImageContent] = []
-    for i, r in enumerate(result.results):
+    # No null fields but the contract's: a client that hands the structured result to its model
+    # pays for every one. The result itself is left as it is (its history line may still be
+    # being written from it, books.py): the image references go into the structured copy.
+    structured = lean_dump(result)
+    for i, (r, row) in enumerate(zip(result.results, structured["results"], strict=True)):
         if text := r.readable():
             if text is r.text:
                 budget.spend(len(text) + 1)
@@ -165,8 +169,8 @@ def run_result_content(
             if data:
                 images.append(ImageContent(type="image", data=data, mime_type=mime))
                 size = len(data) * 3 // 4 - data[-2:].count("=")
-                r.image = ImageRef(content_index=len(images), mime_type=mime, bytes=size)
-                setattr(r, field, None)
+                row["image"] = ImageRef(content_index=len(images), mime_type=mime, bytes=size).model_dump()
+                row.pop(field, None)
     if result.error:
         lines.append(result.error.traceback or f"{result.error.name}: {result.error.value}")
     if result.files:
@@ -178,9 +182,7 @@ def run_result_content(
                 f"[{budget_left_out(len(named) - shown, 'files', budget, 'the structured result lists them.')}]"
             )
     text = TextContent(type="text", text="\n".join(lines) or "(no output)")
-    # No null fields but the contract's: a client that hands the structured result to its model
-    # pays for every one.
-    return [text, *images], lean_dump(result)
+    return [text, *images], structured
 
 
 class ExecutionTools:

@@ -1,0 +1,105 @@
+"""Stateful ``run_code`` ``1+1`` over stdio against the raw ``jupyter_client`` floor, interleaved.
+
+    python benchmarks/bench_stateful.py [--rounds 10] [--batch 30] [--sandbox bwrap] [--compare SRC]
+
+``bench_python.py`` measures its rows one after the other, so on a shared machine a change of
+load between the floor and the kernmind rows moves the ratio. Here the arms alternate in
+batches (floor, kernmind, and with ``--compare`` a second kernmind from another source tree,
+e.g. a ``git worktree`` of the commit before a change), so each sees the same load; the
+ratio is p50 against the floor's p50 in the same run. Also printed: the server's CPU time
+per call (user + system, every thread), which load changes less than wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+from jupyter_client.manager import AsyncKernelManager
+from mcp import Client, StdioServerParameters
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_python import SNIPPET, _execute, pct
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text()
+    fields_after = fields[fields.rindex(")") + 2 :].split()
+    return (int(fields_after[11]) + int(fields_after[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=30)
+    ap.add_argument("--sandbox", default="bwrap")
+    ap.add_argument("--compare", type=Path, help="another tree's src/ to run as a second arm")
+    args = ap.parse_args()
+    trees = {"kernmind": SRC, **({"compare": args.compare.resolve()} if args.compare else {})}
+    async with contextlib.AsyncExitStack() as stack:
+        clients: dict[str, Client] = {}
+        pids: dict[str, int] = {}
+        for name, src in trees.items():
+            data = stack.enter_context(tempfile.TemporaryDirectory())
+            params = StdioServerParameters(
+                command=sys.executable,
+                args=["-m", "kernmind", "serve", "--data-dir", data, "--sandbox", args.sandbox,
+                      "--pool-size", "2", "--log-level", "WARNING"],
+                env={**os.environ, "PYTHONPATH": str(src)},
+            )  # fmt: skip
+            client = await stack.enter_async_context(Client(params))
+            await client.list_tools()
+            for _ in range(20):
+                await client.call_tool("run_code", {"code": SNIPPET})
+            found = subprocess.run(
+                ["pgrep", "-f", f"kernmind serve --data-dir {data}"], capture_output=True, text=True
+            )
+            pids[name] = int(found.stdout.split()[0])
+            clients[name] = client
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        km = AsyncKernelManager(
+            kernel_name="python3", transport="ipc", ip=f"{tmp}/k", connection_file=f"{tmp}/c.json"
+        )
+        await km.start_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        kc = km.client()
+        kc.start_channels()
+        await kc.wait_for_ready(timeout=60)
+        for _ in range(20):
+            await _execute(kc, SNIPPET)
+        await anyio.sleep(3)  # the warm pools have filled
+        times: dict[str, list[float]] = {"floor": [], **{name: [] for name in clients}}
+        cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        for _ in range(args.rounds):
+            for name in times:
+                for _ in range(args.batch):
+                    t = time.perf_counter()
+                    if name == "floor":
+                        await _execute(kc, SNIPPET)
+                    else:
+                        await clients[name].call_tool("run_code", {"code": SNIPPET})
+                    times[name].append(time.perf_counter() - t)
+        cpu = {name: (cpu_seconds(pid) - cpu0[name]) / len(times[name]) for name, pid in pids.items()}
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+    floor = pct(times["floor"], 0.5)
+    print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} rounds of {args.batch} calls per arm")
+    print("| arm | p50 (ms) | p99 (ms) | vs floor | server CPU per call (ms) |")
+    print("|---|---|---|---|---|")
+    for name, values in times.items():
+        p50, p99 = pct(values, 0.5), pct(values, 0.99)
+        used = f"{cpu[name] * 1000:.2f}" if name in cpu else ""
+        print(f"| {name} | {p50 * 1000:.2f} | {p99 * 1000:.2f} | {p50 / floor:.2f}x | {used} |")
+    print(f"\nstateful p50 / raw floor = {pct(times['kernmind'], 0.5) / floor:.2f}x   (target <= 1.3x)")
+
+
+if __name__ == "__main__":
+    anyio.run(main)
