@@ -1,7 +1,7 @@
 """A shared server under load: 8 principals making mixed calls while a ninth burns CPU.
 
     python benchmarks/bench_shared_load.py [--clients 8] [--calls 30] [--burners 1] [--sandbox auto]
-        [--profile FILE]
+        [--profile FILE] [--serve-arg=--flag --serve-arg=value ...]
 
 One ``kernmind serve --transport http --tokens FILE`` (default settings otherwise); each
 client is its own principal with its own token, connected through the SDK's client
@@ -60,11 +60,13 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def start_server(data: Path, sandbox: str, tokens_file: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(
+    data: Path, sandbox: str, tokens_file: Path, extra: list[str]
+) -> tuple[subprocess.Popen[bytes], str]:
     log = data / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNMIND_")}
     argv = [sys.executable, "-m", "kernmind", "serve", "--data-dir", str(data / "data"), "--sandbox", sandbox]
-    argv += ["--transport", "http", "--port", "0", "--tokens", str(tokens_file)]
+    argv += ["--transport", "http", "--port", "0", "--tokens", str(tokens_file), *extra]
     with log.open("wb") as err:
         proc = subprocess.Popen(
             argv,
@@ -228,7 +230,7 @@ async def bench(args: argparse.Namespace) -> None:
         file = TokenFile(root / "tokens.json")
         names = [f"user{i}" for i in range(args.clients)]
         tokens = {name: file.add(name, []) for name in [*names, "burner"]}
-        proc, url = start_server(root, args.sandbox, root / "tokens.json")
+        proc, url = start_server(root, args.sandbox, root / "tokens.json", args.serve_arg)
         try:
             async with AsyncExitStack() as stack:
                 clients = [(await stack.enter_async_context(client(url, tokens[n])), n) for n in names]
@@ -267,6 +269,8 @@ async def bench(args: argparse.Namespace) -> None:
         finally:
             proc.terminate()
             proc.wait(60)
+            if args.log is not None:
+                shutil.copyfile(root / "server.log", args.log)
     load = os.getloadavg()[0]
     print(
         f"{args.clients} clients x {args.calls} mixed calls, sandbox {args.sandbox}, load average {load:.1f}"
@@ -302,6 +306,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--burners", type=int, default=1, help="background jobs spinning a core each")
     parser.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "none"])
+    parser.add_argument(
+        "--serve-arg", action="append", default=[], help="one more argument for `kernmind serve` (repeatable)"
+    )
+    parser.add_argument("--log", type=Path, help="keep the server's log in this file")
     parser.add_argument("--profile", type=Path, help="sample the server with py-spy into this file")
     args = parser.parse_args()
     anyio.run(bench, args)
