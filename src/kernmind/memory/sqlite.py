@@ -5,11 +5,12 @@ Design
 * Two ``aiosqlite`` connections per database object, both in autocommit mode so that every
   transaction is explicit: one for writes, one (``query_only``) for reads. Each has its own
   ``anyio.Lock`` that serialises the blocks of concurrent tasks of this process on it;
-  other processes are kept out by SQLite itself. A read block is one read transaction (one
-  snapshot for all its statements); it never waits for a write (WAL lets a reader see the
-  last commit while a writer works) and runs on its own thread, which SQLite releases the
-  GIL on: one principal's search does not hold up another's write, nor a write (its
-  transaction, its fsync) another's read. An in-memory database has one connection.
+  other processes are kept out by SQLite itself. Reads never wait for a write (WAL lets a
+  reader see the last commit while a writer works) and run on their own thread, which SQLite
+  releases the GIL on: one principal's search does not hold up another's write, nor a write
+  (its transaction, its fsync) another's read. Readers therefore tolerate a write between
+  two statements of one read (full-text ranking's counts, see ``fulltext.idf``), as they
+  must anyway with several processes on one file. An in-memory database has one connection.
 * WAL journal (readers never block the writer), ``busy_timeout`` so a writer waits for
   another process's transaction instead of failing, and ``BEGIN IMMEDIATE`` for every
   read-modify-write: in WAL mode a deferred transaction that reads and then writes gets
@@ -421,23 +422,17 @@ class SQLiteDatabase:
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[SQLiteTx]:
-        """A read: every statement of the block sees one snapshot (a read transaction on the
-        reading connection: what was committed when the block first read, while writes go on
-        beside it; full-text ranking counts documents and terms in separate statements, which
-        must agree). It never waits for a write."""
+        """Reads run outside explicit transactions (each statement sees the last commit), on the
+        reading connection: they never wait for a write, and a write may land between two
+        statements of a block, as one from another process sharing the file always could. (A
+        read transaction per block would give its statements one snapshot, at two more trips
+        to the database thread per block: measured in benchmarks/README.md, not worth it.)"""
         if self._reader is None:
             async with self._lock:
                 yield SQLiteTx(self.conn)
             return
         async with self._read_lock:
-            reader = self._reader
-            await reader.execute("BEGIN")
-            try:
-                yield SQLiteTx(reader)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    if reader.in_transaction:
-                        await reader.execute("COMMIT")
+            yield SQLiteTx(self._reader)
 
     async def _migrate(self) -> None:
         conn = self.conn
