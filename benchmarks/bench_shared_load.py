@@ -1,6 +1,7 @@
 """A shared server under load: 8 principals making mixed calls while a ninth burns CPU.
 
     python benchmarks/bench_shared_load.py [--clients 8] [--calls 30] [--burners 1] [--sandbox auto]
+        [--profile FILE] [--serve-arg=--flag --serve-arg=value ...]
 
 One ``kernmind serve --transport http --tokens FILE`` (default settings otherwise); each
 client is its own principal with its own token, connected through the SDK's client
@@ -17,9 +18,14 @@ and ``list_files``; all clients run at once. Two rounds, in the same run:
 Before the rounds every client has its kernel warm (first call) and its memory open. It
 prints p50, p95 and the largest latency per round, the number of errors (any tool error or
 exception counts), the server process's own CPU per call (its kernels and sandboxes not
-included: a figure that moves less with other load on the machine than latencies do), and
-the loaded/baseline ratio of p95. The figure to keep: loaded p95
+included: a figure that moves less with other load on the machine than latencies do), the
+clients' own CPU per call (this process: the SDK client's work, which shares the cores), the
+per-tool p50 and p95, and the loaded/baseline ratio of p95. The figure to keep: loaded p95
 under 100 ms, no errors.
+
+``--profile FILE`` samples the server process with py-spy (``pip install py-spy``; it needs
+ptrace rights) during both rounds and writes its collapsed stacks to FILE, then prints the
+functions the server spent most samples in (own time and with callees).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -51,14 +60,21 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def start_server(data: Path, sandbox: str, tokens_file: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(
+    data: Path, sandbox: str, tokens_file: Path, extra: list[str]
+) -> tuple[subprocess.Popen[bytes], str]:
     log = data / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNMIND_")}
     argv = [sys.executable, "-m", "kernmind", "serve", "--data-dir", str(data / "data"), "--sandbox", sandbox]
-    argv += ["--transport", "http", "--port", "0", "--tokens", str(tokens_file)]
+    argv += ["--transport", "http", "--port", "0", "--tokens", str(tokens_file), *extra]
     with log.open("wb") as err:
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+            start_new_session=True,
         )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -72,10 +88,69 @@ def start_server(data: Path, sandbox: str, tokens_file: Path) -> tuple[subproces
     raise RuntimeError(log.read_text(errors="replace"))
 
 
+def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` (all its threads) until it gets SIGINT."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    argv = [py_spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "-o", str(out)]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def frame_name(frame: str) -> str:
+    """``function (path/to/module.py:12)`` as ``function module.py`` (lines merged)."""
+    function, _, where = frame.partition(" (")
+    return f"{function} {where.rsplit('/', 1)[-1].split(':')[0]}"
+
+
+def stop_profiler(proc: subprocess.Popen[bytes], out: Path, top: int = 25) -> None:
+    """Stop py-spy and print where the samples fell: own time, then time with callees."""
+    proc.send_signal(signal.SIGINT)
+    proc.wait(60)
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in out.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [frame_name(f) for f in stack.split(";")]
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + n
+    print(f"  profile: {total} samples of the server process -> {out}")
+    for title, table in (("own", own), ("with callees", inclusive)):
+        print(f"    top {top}, {title}:")
+        for frame, n in sorted(table.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"      {n / max(total, 1) * 100:5.1f}%  {frame}")
+
+
 def process_cpu(pid: int) -> float:
     """CPU seconds (user + system) the server process itself has used so far (not its kernels)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu() -> float:
+    """CPU seconds this benchmark process (the clients) has used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Usage:
+    """Wall time and CPU (server process, client process) over a round."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.start = (time.perf_counter(), process_cpu(pid), own_cpu())
+        self.wall = self.server = self.client = 0.0
+
+    def stop(self) -> Usage:
+        wall, server, client = self.start
+        self.wall = time.perf_counter() - wall
+        self.server = process_cpu(self.pid) - server
+        self.client = own_cpu() - client
+        return self
 
 
 def client(url: str, token: str) -> Client:
@@ -155,7 +230,7 @@ async def bench(args: argparse.Namespace) -> None:
         file = TokenFile(root / "tokens.json")
         names = [f"user{i}" for i in range(args.clients)]
         tokens = {name: file.add(name, []) for name in [*names, "burner"]}
-        proc, url = start_server(root, args.sandbox, root / "tokens.json")
+        proc, url = start_server(root, args.sandbox, root / "tokens.json", args.serve_arg)
         try:
             async with AsyncExitStack() as stack:
                 clients = [(await stack.enter_async_context(client(url, tokens[n])), n) for n in names]
@@ -163,9 +238,10 @@ async def bench(args: argparse.Namespace) -> None:
                 t0 = time.perf_counter()
                 await one_round(clients, len(mix(clients[0][0], "warm")))  # kernels warm, memory open
                 print(f"warm-up: {time.perf_counter() - t0:.1f} s")
-                cpu0 = process_cpu(proc.pid)
+                profiler = start_profiler(proc.pid, args.profile) if args.profile else None
+                usage = Usage(proc.pid)
                 base, base_errors = await one_round(clients, args.calls)
-                cpu_base = process_cpu(proc.pid) - cpu0
+                use_base = usage.stop()
                 jobs = []
                 for i in range(args.burners):
                     r = await burner.call_tool(
@@ -182,26 +258,35 @@ async def bench(args: argparse.Namespace) -> None:
                         burned.append(await burn(burner, stop))
 
                     tg.start_soon(burner_task)
-                    cpu0 = process_cpu(proc.pid)
+                    usage = Usage(proc.pid)
                     loaded, loaded_errors = await one_round(clients, args.calls)
-                    cpu_loaded = process_cpu(proc.pid) - cpu0
+                    use_loaded = usage.stop()
                     stop.set()
+                if profiler is not None:
+                    stop_profiler(profiler, args.profile)
                 for job in jobs:
                     await burner.call_tool("job_cancel", {"job_id": job})
         finally:
             proc.terminate()
             proc.wait(60)
+            if args.log is not None:
+                shutil.copyfile(root / "server.log", args.log)
     load = os.getloadavg()[0]
     print(
         f"{args.clients} clients x {args.calls} mixed calls, sandbox {args.sandbox}, load average {load:.1f}"
     )
-    rounds = (("baseline", base, base_errors, cpu_base), ("loaded", loaded, loaded_errors, cpu_loaded))
-    for label, times, errors, cpu in rounds:
+    rounds = (("baseline", base, base_errors, use_base), ("loaded", loaded, loaded_errors, use_loaded))
+    for label, times, errors, use in rounds:
         flat = every(times)
+        n = max(len(flat), 1)
         print(
             f"  {label:<9} n={len(flat):<4} p50 {statistics.median(flat) * 1000:6.1f} ms   "
             f"p95 {pct(flat, 0.95) * 1000:6.1f} ms   max {max(flat) * 1000:6.1f} ms   errors {len(errors)}   "
-            f"server CPU {cpu / max(len(flat), 1) * 1000:.1f} ms/call"
+            f"server CPU {use.server / n * 1000:.1f} ms/call"
+        )
+        print(
+            f"    round {use.wall:.2f} s ({len(flat) / use.wall:.0f} calls/s); clients' own CPU "
+            f"{use.client / n * 1000:.1f} ms/call; server busy {use.server / use.wall * 100:.0f}% of one core"
         )
         for name, values in sorted(times.items()):
             print(
@@ -221,6 +306,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--burners", type=int, default=1, help="background jobs spinning a core each")
     parser.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "none"])
+    parser.add_argument(
+        "--serve-arg", action="append", default=[], help="one more argument for `kernmind serve` (repeatable)"
+    )
+    parser.add_argument("--log", type=Path, help="keep the server's log in this file")
+    parser.add_argument("--profile", type=Path, help="sample the server with py-spy into this file")
     args = parser.parse_args()
     anyio.run(bench, args)
 

@@ -281,6 +281,17 @@ class Settings(BaseSettings):
         "cgroup v2 (root, or a delegated subtree) or v1 (root) when it can, else per-process limits only; "
         "`none`: per-process limits only; `required`: refuse to start without them",
     )
+    sandbox_cpu_weight: Annotated[int, Cli(Group.SANDBOX, metavar="WEIGHT")] = Field(
+        default=100,
+        ge=1,
+        le=10000,
+        description="how much processor time all sandboxed code together gets, when the processor is "
+        "contended, against the server itself and each other process group of the host (cgroup "
+        "`cpu.weight` units: 100 = as much as one of them; sessions share it equally, so one session "
+        "spinning many threads cannot crowd out the others or the server); unused time is never held "
+        "back. Lower it on a host that runs only kernmind to favour the server further. Needs the cpu "
+        "controller (see `--cgroups`; `kernmind doctor` says whether it is in use)",
+    )
     cpu_seconds: Annotated[int, Cli(Group.SANDBOX, metavar="SECONDS")] = Field(
         default=3600, ge=1, description="CPU-time limit per kernel/process"
     )

@@ -80,7 +80,7 @@ async def _local_check(sandbox: Sandbox, runtime: PythonRuntime, cgroups: Cgroup
 def _limits_report(settings: Settings) -> tuple[dict[str, Any], CgroupSupport]:
     """Which limits hold a session: a control group (v2 or v1) per session, or per-process rlimits."""
     try:
-        cgroups = CgroupSupport.detect(settings.cgroups)
+        cgroups = CgroupSupport.detect(settings.cgroups, cpu_weight=settings.sandbox_cpu_weight)
     except CgroupsUnavailable as exc:
         return {"mode": "none", "reason": str(exc), "ok": False}, CgroupSupport.disabled(str(exc))
     if cgroups.active:
@@ -88,6 +88,8 @@ def _limits_report(settings: Settings) -> tuple[dict[str, Any], CgroupSupport]:
             f"per session: memory {settings.memory_mb} MiB (its processes with its /tmp and /dev/shm), "
             f"{settings.max_processes} processes"
         )
+        if cgroups.cpu_dir is not None:
+            enforced += f"; all sandboxes together weigh {settings.sandbox_cpu_weight} on the CPU (100 = one process group)"
     else:
         enforced = (
             f"per process only: RLIMIT_DATA {settings.memory_mb} MiB, RLIMIT_NPROC {settings.max_processes}; "

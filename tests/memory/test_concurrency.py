@@ -24,6 +24,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from kernmind.memory.database import PassageFilter
+from kernmind.memory.sqlite import SQLiteDatabase
 from kernmind.memory.store import MemoryStore
 from kernmind.server import create_server
 
@@ -194,3 +195,39 @@ async def test_kill_9_mid_burst_keeps_every_acknowledged_write(tmp_path: Path) -
     with sqlite3.connect(db) as con:
         assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         con.execute("INSERT INTO passages_fts(passages_fts) VALUES ('integrity-check')")  # raises if corrupt
+
+
+async def test_a_read_in_progress_does_not_hold_up_a_write_and_then_sees_it(tmp_path: Path) -> None:
+    """Reads have a connection of their own: a write (another principal's, say) goes through
+    while a read is still open, and the read's next statement sees it committed; the reading
+    connection refuses to write."""
+    db = SQLiteDatabase(tmp_path / "m.db")
+    await db.open()
+    try:
+        async with db.write() as tx:
+            await tx.run("CREATE TABLE t (x TEXT)")
+            await tx.run("INSERT INTO t VALUES ('a')")
+        async with db.read() as reading:
+            assert await reading.all("SELECT x FROM t") == [("a",)]
+            with anyio.fail_after(10):  # on one shared connection this would wait for the read forever
+                async with db.write() as tx:
+                    await tx.run("INSERT INTO t VALUES ('b')")
+            assert await reading.all("SELECT x FROM t ORDER BY x") == [("a",), ("b",)]
+            with pytest.raises(sqlite3.OperationalError, match="readonly"):
+                await reading.run("DELETE FROM t")
+    finally:
+        await db.close()
+    assert sqlite3.connect(tmp_path / "m.db").execute("SELECT count(*) FROM t").fetchone() == (2,)
+
+
+async def test_an_in_memory_database_reads_what_it_wrote() -> None:
+    db = SQLiteDatabase(":memory:")
+    await db.open()
+    try:
+        async with db.write() as tx:
+            await tx.run("CREATE TABLE t (x TEXT)")
+            await tx.run("INSERT INTO t VALUES ('a')")
+        async with db.read() as reading:
+            assert await reading.all("SELECT x FROM t") == [("a",)]
+    finally:
+        await db.close()

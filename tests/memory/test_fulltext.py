@@ -26,6 +26,12 @@ def test_idf_is_high_for_rare_terms_and_next_to_nothing_for_common_ones() -> Non
     assert idf(6_000, 10_000) == pytest.approx(1e-6)
 
 
+def test_idf_of_counts_read_at_different_moments_is_a_number_not_an_error() -> None:
+    """More texts with the term than texts in all (a write between the two counts) ranks like a
+    term in every text."""
+    assert idf(12, 10) == idf(10, 10) == pytest.approx(1e-6)
+
+
 def test_a_term_in_a_twentieth_of_the_texts_and_twenty_of_them_is_widespread() -> None:
     assert widespread(20, 400) and widespread(5_000, 100_000)
     assert not widespread(19, 400)  # too few texts to say

@@ -139,7 +139,7 @@ class Executor:
         )
         self._tg: TaskGroup | None = None  # while running: background clean-up of sessions' groups
         # Decided before anything is started (on cgroup v2 the server may move itself into a leaf).
-        self.cgroups = CgroupSupport.detect(settings.cgroups)
+        self.cgroups = CgroupSupport.detect(settings.cgroups, cpu_weight=settings.sandbox_cpu_weight)
         if not self.cgroups.active:
             log.info("no per-session control groups (%s): per-process limits only", self.cgroups.reason)
         self.runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)

@@ -114,7 +114,10 @@ def content_terms(terms: Sequence[str]) -> list[str]:
 
 def idf(docs: int, total: int) -> float:
     """Inverse document frequency of a term found in ``docs`` of ``total`` texts (FTS5's bm25: a
-    term in half the texts or more counts next to nothing)."""
+    term in half the texts or more counts next to nothing). Counts read at different moments
+    (a backend whose reads are not one snapshot, with writes in between) may say more ``docs``
+    than ``total``: such a term counts as one in every text, never as an error."""
+    docs = min(docs, total)
     value = math.log((total - docs + 0.5) / (docs + 0.5)) if total > 0 else 0.0
     return max(value, 1e-6)
 

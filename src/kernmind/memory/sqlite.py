@@ -2,9 +2,15 @@
 
 Design
 ------
-* One ``aiosqlite`` connection per database object, opened in autocommit mode so that
-  every transaction is explicit. Statements from concurrent tasks of this process are
-  serialised by an ``anyio.Lock``; other processes are kept out by SQLite itself.
+* Two ``aiosqlite`` connections per database object, both in autocommit mode so that every
+  transaction is explicit: one for writes, one (``query_only``) for reads. Each has its own
+  ``anyio.Lock`` that serialises the blocks of concurrent tasks of this process on it;
+  other processes are kept out by SQLite itself. Reads never wait for a write (WAL lets a
+  reader see the last commit while a writer works) and run on their own thread, which SQLite
+  releases the GIL on: one principal's search does not hold up another's write, nor a write
+  (its transaction, its fsync) another's read. Readers therefore tolerate a write between
+  two statements of one read (full-text ranking's counts, see ``fulltext.idf``), as they
+  must anyway with several processes on one file. An in-memory database has one connection.
 * WAL journal (readers never block the writer), ``busy_timeout`` so a writer waits for
   another process's transaction instead of failing, and ``BEGIN IMMEDIATE`` for every
   read-modify-write: in WAL mode a deferred transaction that reads and then writes gets
@@ -318,6 +324,8 @@ class SQLiteDatabase:
         self.busy_timeout_ms = busy_timeout_ms
         self._conn: aiosqlite.Connection | None = None
         self._lock = anyio.Lock()
+        self._reader: aiosqlite.Connection | None = None  # None: reads share the writer (``:memory:``)
+        self._read_lock = anyio.Lock()
         self.passage_text = FTS5Ranking(
             self, "passages", PASSAGE_COLUMNS, filter_sql, passage_row, hidden_state=True
         )
@@ -344,17 +352,30 @@ class SQLiteDatabase:
             await conn.execute("PRAGMA synchronous = FULL")
             await conn.execute("PRAGMA foreign_keys = ON")
             await self._migrate()
+            if str(self.path) != ":memory:":
+                self._reader = await self._open_reader()
         except BaseException:
-            await conn.close()
-            self._conn = None
+            await self.close()
             raise
         return self
 
+    async def _open_reader(self) -> aiosqlite.Connection:
+        reader = await aiosqlite.connect(str(self.path), isolation_level=None)
+        try:
+            await reader.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+            await reader.execute("PRAGMA query_only = ON")
+        except BaseException:
+            await reader.close()
+            raise
+        return reader
+
     async def close(self) -> None:
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            with anyio.CancelScope(shield=True):
-                await conn.close()
+        for name in ("_reader", "_conn"):
+            conn = getattr(self, name)
+            if conn is not None:
+                setattr(self, name, None)
+                with anyio.CancelScope(shield=True):
+                    await conn.close()
 
     @property
     def conn(self) -> aiosqlite.Connection:
@@ -401,9 +422,17 @@ class SQLiteDatabase:
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[SQLiteTx]:
-        """Reads run outside explicit transactions (each statement sees a consistent snapshot)."""
-        async with self._lock:
-            yield SQLiteTx(self.conn)
+        """Reads run outside explicit transactions (each statement sees the last commit), on the
+        reading connection: they never wait for a write, and a write may land between two
+        statements of a block, as one from another process sharing the file always could. (A
+        read transaction per block would give its statements one snapshot, at two more trips
+        to the database thread per block: measured in benchmarks/README.md, not worth it.)"""
+        if self._reader is None:
+            async with self._lock:
+                yield SQLiteTx(self.conn)
+            return
+        async with self._read_lock:
+            yield SQLiteTx(self._reader)
 
     async def _migrate(self) -> None:
         conn = self.conn

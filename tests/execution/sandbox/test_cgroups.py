@@ -333,6 +333,52 @@ def test_in_the_sandbox_code_cannot_change_its_file_size_limit(tmp_path: Path) -
     assert proc.stdout.strip() == f"[0, {hard}, 'refused', 'refused', 256, 122]", proc.stderr
 
 
+@needs_groups
+def test_with_a_cpu_weight_sessions_share_the_sandboxes_weight_equally() -> None:
+    """``cpu_weight``: one group per server weighs that much on the processor (v1: 1024 shares
+    per 100); each session's group below it has the default weight; a process started in the
+    session is in its cpu group too; everything is removed at the end."""
+    support = CgroupSupport.detect(cpu_weight=40)
+    try:
+        if support.cpu_dir is None:
+            pytest.skip(f"no cpu controller to use here: {support.cpu_reason}")
+        name = "cpu.weight" if support.mode == "v2" else "cpu.shares"
+        assert (support.cpu_dir / name).read_text().strip() == ("40" if support.mode == "v2" else "410")
+        one, two = (
+            support.new_group(memory_mb=256, max_pids=32),
+            support.new_group(memory_mb=256, max_pids=32),
+        )
+        assert one.cpu_weight() == two.cpu_weight() == 100
+        assert one.cpu_dir is not None and one.cpu_dir.parent == support.cpu_dir
+        proc = run_in(one, "print(open('/proc/self/cgroup').read())")
+        assert proc.returncode == 0, proc.stderr
+        weighed = [
+            line
+            for line in proc.stdout.split()
+            if (support.mode == "v2" and line.startswith("0::")) or "cpu" in line.split(":")[1].split(",")
+        ]
+        assert any(f"/{support.cpu_dir.name}/{one.cpu_dir.name}" in line for line in weighed), proc.stdout
+        assert one.remove() and two.remove() and not one.cpu_dir.exists()
+    finally:
+        support.close()
+    assert not any(d.exists() for d in support.server_dirs)
+
+
+@needs_groups
+def test_without_a_cpu_weight_the_cpu_is_left_to_the_scheduler(support: CgroupSupport) -> None:
+    assert support.cpu_dir is None and support.cpu_reason == "not asked for"
+    group = support.new_group(memory_mb=256, max_pids=32)
+    assert group.cpu_dir is None and group.cpu_weight() is None
+    assert group.remove()
+
+
+def test_a_v1_host_without_a_cpu_hierarchy_says_so() -> None:
+    found = cgroup_layout.detect_cpu_base("v1", (), V1_MOUNTINFO, V1_MEMBERSHIP)
+    assert found == "cgroup v1: no cpu hierarchy is mounted"
+    assert cgroup_layout.detect_cpu_base("none", ()) == "no control groups"
+    assert cgroups.v1_shares(100) == 1024 and cgroups.v1_shares(25) == 256 and cgroups.v1_shares(1) == 10
+
+
 # --- cgroup v2 mechanics, on a real cgroup2 hierarchy (without controllers, where that is all there is) --
 
 UNIFIED = Path("/sys/fs/cgroup/unified")

@@ -23,7 +23,7 @@ from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 
-SUPPORT = CgroupSupport.detect()
+SUPPORT = CgroupSupport.detect(cpu_weight=25)
 SUPPORT.close()
 pytestmark = [
     pytest.mark.anyio,
@@ -165,6 +165,45 @@ async def test_a_background_job_past_its_memory_is_stopped_and_says_so(
                 break
             await anyio.sleep(0.2)
     assert "MemoryLimitExceeded" in str(status), status
+
+
+@pytest.mark.skipif(SUPPORT.cpu_dir is None, reason=f"no cpu controller to use here: {SUPPORT.cpu_reason}")
+async def test_a_spinning_job_runs_in_its_sessions_cpu_group_below_the_sandboxes_weight(
+    tmp_path: Path,
+) -> None:
+    """The fairness a shared server needs: code spinning the CPU (a background job here) runs in its
+    session's cpu group, every session with the same weight, all below one group that weighs
+    ``--sandbox-cpu-weight`` against the server process, which stays outside."""
+    async for client, executor in serve(tmp_path, pool_size=0, sandbox_cpu_weight=30):
+        support = executor.cgroups
+        assert support.cpu_dir is not None, support.cpu_reason
+        weight_file = "cpu.weight" if support.mode == "v2" else "cpu.shares"
+        expected = "30" if support.mode == "v2" else str(round(30 * 1024 / 100))
+        assert (support.cpu_dir / weight_file).read_text().strip() == expected
+        job = structured(
+            await client.call_tool(
+                "run_code", {"code": "while True: pass", "session_id": "spin", "background": True}
+            )
+        )
+        await run(client, "1 + 1", session="quiet")
+        groups = {}
+        for name in ("spin", "quiet"):
+            session = executor.sessions.live(name)
+            assert session is not None and session.limits is not None and session.limits.group is not None
+            groups[name] = session.limits.group
+        spin, quiet = groups["spin"], groups["quiet"]
+        assert spin.cpu_dir is not None and spin.cpu_dir.parent == support.cpu_dir
+        assert spin.cpu_weight() == quiet.cpu_weight() == 100  # sessions share the sandboxes' part equally
+        in_cpu_group = {
+            int(pid)
+            for procs in spin.join
+            if procs.is_relative_to(support.cpu_dir)
+            for pid in procs.read_text().split()
+        }
+        kernels = [p for p in in_cpu_group if "forkserver/template.py" in cmdline(p)]
+        assert kernels, [cmdline(p) for p in in_cpu_group]
+        assert os.getpid() not in in_cpu_group  # the server itself is weighed on its own
+        await client.call_tool("job_cancel", {"job_id": job["job_id"]})
 
 
 def test_the_server_itself_is_never_in_a_session_group() -> None:

@@ -18,6 +18,12 @@ test gives) and returns the mode and the base directory per hierarchy under whic
 - Otherwise the reason, naming what is missing (a normal user without a delegated subtree
   learns how to get one).
 
+``detect_cpu_base()`` says, once the mode is known, where the ``cpu`` controller can weigh
+sandboxes against the server (optional: without it sessions keep their memory and process
+limits, and only the scheduler's defaults share the CPU): on v2 the same base, with ``cpu``
+handed down to it; on v1 the server's own group in the ``cpu`` hierarchy, when it is mounted
+and writable.
+
 Error policy: nothing here raises for a host that lacks cgroups; reasons are returned as text.
 """
 
@@ -31,6 +37,7 @@ from typing import Literal
 
 Mode = Literal["v2", "v1", "none"]
 CONTROLLERS = ("memory", "pids")
+CPU = "cpu"  # optional: the sandboxes' share of the processor (see detect_cpu_base)
 SERVER_LEAF = "kernmind-server"  # v2: where the server moves itself so its group can hand controllers down
 TOP_LEVEL = "kernmind"  # v2 as root, when the server's own group cannot be used
 
@@ -112,6 +119,40 @@ def detect_layout(
     return "; ".join(problems)
 
 
+def detect_cpu_base(
+    mode: Mode, bases: tuple[Path, ...], mountinfo: str | None = None, membership: str | None = None
+) -> Path | str:
+    """Where this server's ``cpu`` group goes (v2: ``bases[0]`` with ``cpu`` enabled for its
+    children; v1: the server's own group in the cpu hierarchy), or why there is none."""
+    if mode == "v2":
+        base = bases[0]
+        if CPU not in _controllers(base):
+            return f"cgroup v2: the cpu controller is not available in {base}"
+        try:
+            enable_controllers(base, (CPU,))
+        except OSError as exc:
+            return f"cgroup v2: cannot enable cpu in {base}: {exc.strerror or exc}"
+        return base
+    if mode != "v1":
+        return "no control groups"
+    try:
+        mounts = read_mounts(mountinfo if mountinfo is not None else Path("/proc/self/mountinfo").read_text())
+        member = read_membership(
+            membership if membership is not None else Path("/proc/self/cgroup").read_text()
+        )
+    except OSError as exc:
+        return f"cannot read this process's cgroups ({exc.strerror or exc})"
+    found = [m for m in mounts if m.fstype == "cgroup" and CPU in m.options]
+    if not found or CPU not in member:
+        return "cgroup v1: no cpu hierarchy is mounted"
+    base = own_dir(found[0], member[CPU])
+    if base is None or not base.is_dir():
+        return f"cgroup v1: this process's cpu group is not visible under {found[0].point}"
+    if not _writable(base):
+        return f"cgroup v1: {base} is not writable"
+    return base
+
+
 def _v1_bases(v1: dict[str, Mount], member: dict[str, str]) -> tuple[Path, ...] | str:
     bases = []
     for c in CONTROLLERS:
@@ -178,9 +219,9 @@ def _with_controllers(directory: Path) -> Path | str:
     return directory
 
 
-def enable_controllers(directory: Path) -> None:
+def enable_controllers(directory: Path, controllers: tuple[str, ...] = CONTROLLERS) -> None:
     have = _controllers(directory, "cgroup.subtree_control")
-    for c in CONTROLLERS:
+    for c in controllers:
         if c not in have:
             (directory / "cgroup.subtree_control").write_text(f"+{c}")
 

@@ -20,6 +20,18 @@ the session (``kill``). Where no group can be made (``--cgroups none``, a normal
 without a delegated v2 subtree, not Linux), the per-process rlimits stay the only limits,
 and ``kernmind doctor`` says so.
 
+**The processor is shared, with the server first.** Where the ``cpu`` controller can be used
+(v2 with ``cpu`` available, or a writable v1 ``cpu`` hierarchy; optional, see
+``cgroup_layout.detect_cpu_base``), the server's directory in it carries ``--sandbox-cpu-weight``
+(``cpu.weight``; v1 ``cpu.shares`` at 1024 per 100): every sandbox of every session, together,
+weighs that much against the server process and the host's other processes when the processor
+is contended, and nothing is taken from them when it is idle. Each session's group has the
+default weight, so sessions share what sandboxes get equally, however many processes or
+threads one of them spins. A principal's CPU-bound code then cannot starve the server's event
+loop, which answers every other principal (``benchmarks/bench_shared_load.py``). Groups
+replace the kernel's per-session "autogroups" here: bubblewrap's ``--new-session`` would
+otherwise give every sandbox a scheduling group as heavy as the whole server.
+
 Layout: each server makes one directory per hierarchy, ``kernmind-<pid>-<start time>-<random>``
 (the pid and its start time name one process), and puts every session's group in it. A
 server that dies leaves it behind; the next server started from the same group, or on
@@ -53,8 +65,10 @@ from pathlib import Path
 
 from kernmind.execution.sandbox.cgroup_layout import (
     CONTROLLERS,
+    CPU,
     SERVER_LEAF,
     Mode,
+    detect_cpu_base,
     detect_layout,
     enable_controllers,
 )
@@ -65,6 +79,12 @@ SERVER_PREFIX = "kernmind-"
 LEAF = "procs"  # v2: a session's processes live here, below the group that carries the limits
 JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; exec "$@"'
 KILL_WAIT = 2.0  # seconds to wait for killed processes to leave a group before giving up on it
+DEFAULT_CPU_WEIGHT = 100  # cgroup v2's default weight (an ordinary group); v1 shares are 1024 per 100
+
+
+def v1_shares(weight: int) -> int:
+    """cgroup v1 ``cpu.shares`` for a v2 ``cpu.weight`` (100 -> 1024, never under 2)."""
+    return max(2, round(weight * 1024 / DEFAULT_CPU_WEIGHT))
 
 
 class CgroupsUnavailable(RuntimeError):
@@ -76,11 +96,23 @@ class Cgroup:
     """One session's group: a directory per hierarchy (v1: memory and pids; v2: one)."""
 
     mode: Mode
-    dirs: tuple[Path, ...]  # where the limits are
+    dirs: tuple[Path, ...]  # where the limits are (v1: memory, pids, then cpu when used)
     join: tuple[Path, ...]  # the cgroup.procs files a process writes itself into
     memory_bytes: int
     max_pids: int
     removed: bool = False
+    cpu_dir: Path | None = None  # where its cpu weight is (v2: dirs[0]), None without the controller
+
+    def cpu_weight(self) -> int | None:
+        """The group's weight among the server's sessions, in v2 units (v1 shares converted)."""
+        if self.cpu_dir is None:
+            return None
+        name = "cpu.weight" if self.mode == "v2" else "cpu.shares"
+        try:
+            value = int((self.cpu_dir / name).read_text())
+        except (OSError, ValueError):
+            return None
+        return value if self.mode == "v2" else round(value * DEFAULT_CPU_WEIGHT / 1024)
 
     # --- joining ------------------------------------------------------------------------
     def join_argv(self, argv: Sequence[str]) -> list[str]:
@@ -176,6 +208,8 @@ class CgroupSupport:
     mode: Mode
     reason: str
     server_dirs: tuple[Path, ...] = ()  # this server's kernmind-<pid>-<start> directory per hierarchy
+    cpu_dir: Path | None = None  # the one of them that weighs the sandboxes' CPU (None: not weighed)
+    cpu_reason: str = ""  # why the CPU is not weighed
     _count: int = 0
     _leftovers: list[Cgroup] = field(default_factory=list)
 
@@ -188,8 +222,10 @@ class CgroupSupport:
         return cls("none", reason)
 
     @classmethod
-    def detect(cls, setting: str = "auto") -> CgroupSupport:
-        """Per-session groups as ``setting`` (auto|none|required) and this host allow."""
+    def detect(cls, setting: str = "auto", cpu_weight: int | None = None) -> CgroupSupport:
+        """Per-session groups as ``setting`` (auto|none|required) and this host allow; with
+        ``cpu_weight`` (v2 units), every sandbox together weighs that much on the processor
+        where the cpu controller can be used (see the module docstring)."""
         if setting == "none":
             return cls.disabled("turned off (--cgroups none)")
         found = detect_layout()
@@ -218,7 +254,39 @@ class CgroupSupport:
             if setting == "required":
                 raise CgroupsUnavailable(f"--cgroups required: {reason}") from exc
             return cls.disabled(reason)
-        return cls(mode, how, tuple(made))
+        support = cls(mode, how, tuple(made))
+        if cpu_weight is None:
+            support.cpu_reason = "not asked for"
+        else:
+            support._weigh_cpu(bases, name, cpu_weight)
+        return support
+
+    def _weigh_cpu(self, bases: tuple[Path, ...], name: str, weight: int) -> None:
+        """Give this server's sandboxes, together, ``weight`` on the processor (optional: a
+        failure leaves the CPU unweighed, with the reason in ``cpu_reason``)."""
+        base = detect_cpu_base(self.mode, bases)
+        if isinstance(base, str):
+            self.cpu_reason = base
+            return
+        server_dir = base / name
+        try:
+            if self.mode == "v2":
+                enable_controllers(server_dir, (CPU,))
+                (server_dir / "cpu.weight").write_text(str(weight))
+            else:
+                remove_orphans(base)
+                server_dir.mkdir(mode=0o755, exist_ok=True)
+                try:
+                    (server_dir / "cpu.shares").write_text(str(v1_shares(weight)))
+                except OSError:
+                    _rmdir_tree(server_dir)
+                    raise
+                self.server_dirs = (*self.server_dirs, server_dir)  # v1 sessions get a cpu group too
+        except OSError as exc:
+            self.cpu_reason = f"cannot weigh the sandboxes' CPU in {server_dir}: {exc.strerror or exc}"
+            log.info("sandboxes share the CPU by the scheduler's defaults: %s", self.cpu_reason)
+            return
+        self.cpu_dir = server_dir
 
     def new_group(self, memory_mb: int, max_pids: int) -> Cgroup:
         """A fresh group with these limits (``OSError`` when it cannot be made)."""
@@ -229,6 +297,8 @@ class CgroupSupport:
                 server_dir.mkdir(mode=0o755)
                 if self.mode == "v2":
                     enable_controllers(server_dir)
+                    if self.cpu_dir is not None:
+                        enable_controllers(server_dir, (CPU,))
         self._count += 1
         name = f"s{self._count}-{secrets.token_hex(3)}"
         memory = memory_mb * 1024 * 1024
@@ -247,7 +317,7 @@ class CgroupSupport:
                 (group / LEAF).mkdir(mode=0o755)
                 join: tuple[Path, ...] = (group / LEAF / "cgroup.procs",)
             else:
-                by_controller = dict(zip(CONTROLLERS, dirs, strict=True))
+                by_controller = dict(zip(CONTROLLERS, dirs[: len(CONTROLLERS)], strict=True))
                 _write(by_controller["memory"] / "memory.limit_in_bytes", str(memory))
                 _write(by_controller["memory"] / "memory.memsw.limit_in_bytes", str(memory), optional=True)
                 _write(by_controller["pids"] / "pids.max", str(max_pids))
@@ -256,7 +326,9 @@ class CgroupSupport:
             for d in made:
                 _rmdir_tree(d)
             raise
-        return Cgroup(self.mode, dirs, join, memory, max_pids)
+        # A session's group keeps the default weight: sessions share the sandboxes' part equally.
+        cpu_dir = None if self.cpu_dir is None else self.cpu_dir / name
+        return Cgroup(self.mode, dirs, join, memory, max_pids, cpu_dir=cpu_dir)
 
     def discard(self, group: Cgroup | None) -> None:
         """Remove ``group`` now, or when the server stops if its processes are slow to go."""
@@ -276,6 +348,7 @@ class CgroupSupport:
             "mode": self.mode,
             "reason": self.reason,
             "groups_in": [str(d) for d in self.server_dirs],
+            "cpu": f"weighed in {self.cpu_dir}" if self.cpu_dir is not None else self.cpu_reason,
         }
 
 
