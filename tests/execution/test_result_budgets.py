@@ -79,6 +79,31 @@ def test_a_traceback_keeps_both_ends_within_its_share() -> None:
     assert not small.truncated
 
 
+def test_output_and_traceback_together_stay_within_one_budget() -> None:
+    """A flood of output then a long traceback: the output's tail gives way, the head stays."""
+    collector = OutputCollector(Budget(BUDGET))
+    for i in range(5000):
+        collector.stream("stdout", f"line {i}\n")
+    tb = (
+        "Traceback (most recent call last)\n"
+        + "".join(f"  frame {i}\n" for i in range(2000))
+        + "ValueError: end"
+    )
+    collector.set_error("ValueError", "end", tb)
+    logs = collector.logs()
+    shown = "".join(logs.stdout) + "".join(logs.stderr)
+    assert collector.error is not None
+    assert collector.error.traceback.endswith("ValueError: end")
+    assert shown.startswith("line 0\n")
+    assert len(shown) + len(collector.error.traceback) <= BUDGET + 2 * MARKER_ROOM
+    # half the output, then a short traceback: the tail is kept as before
+    quiet = OutputCollector(Budget(BUDGET))
+    for i in range(5000):
+        quiet.stream("stdout", f"line {i}\n")
+    quiet.set_error("ValueError", "end", "Traceback\nValueError: end")
+    assert "".join(quiet.logs().stdout).endswith("line 4999\n")
+
+
 # --- through the server, with real kernels ---------------------------------------------------
 
 

@@ -408,9 +408,13 @@ class OutputCollector:
 
     def set_error(self, name: str, value: str, traceback: str) -> None:
         """The code's exception; its traceback keeps both ends (the call and the raise) within
-        half the output budget."""
+        half the output budget, or what the output's head left of it if that is less (at least
+        the tail's quarter: the head never takes more than three quarters). The output's tail
+        gives way to the traceback in ``logs``, so output and traceback together stay within
+        the one budget."""
         name, value, whole = safe_text(name)[:200], safe_text(value), safe_text(strip_ansi(traceback))
-        tb, cut = Budget(self.tail_budget * 2).take(whole, more="", keep="ends")
+        room = min(self.budget // 2, self.budget - self.head.used)
+        tb, cut = Budget(room).take(whole, more="", keep="ends")
         if cut is not None:
             self.dropped += len(whole) - len(tb)  # (the marker's own characters aside)
         value = Budget(2000).take(strip_ansi(value), more="")[0]
@@ -421,8 +425,11 @@ class OutputCollector:
         stdout, stderr = list(self.stdout), list(self.stderr)
         if self.dropped:
             # The tail budget is shared by the streams that have a tail.
-            share = self.tail_budget // max(1, len(self._tails))
-            tails = {name: text[-share:] for name, text in self._tails.items()}
+            # It gives way to a traceback: head, tails and traceback fit the one budget.
+            traceback = len(self.error.traceback) if self.error is not None else 0
+            room = max(0, min(self.tail_budget, self.budget - self.head.used - traceback))
+            share = room // max(1, len(self._tails))
+            tails = {name: text[len(text) - share :] for name, text in self._tails.items()}
             dropped = self.dropped + sum(len(self._tails[n]) - len(t) for n, t in tails.items())
             marker = gap(dropped)
             for name in tails or {"stdout": ""}:
