@@ -25,16 +25,10 @@ Error policy: a request refused while draining gets HTTP 503 with a JSON-RPC err
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 import anyio
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from kernmind.transport.guard import ASGIApp, Receive, Scope, Send, refuse
 
 DRAIN_SECONDS = 5.0  # how long the requests in flight may take to answer once a stop is asked
 SHUTTING_DOWN = (
@@ -89,26 +83,8 @@ class Drain:
 
 async def _refuse(receive: Receive, send: Send, *, read_id: bool) -> None:
     request_id = await _request_id(receive) if read_id else None
-    body = json.dumps(
-        {
-            "jsonrpc": "2.0",
-            "id": request_id,
-            "error": {"code": SHUTDOWN_ERROR_CODE, "message": SHUTTING_DOWN},
-        }
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-                (b"retry-after", b"5"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    closing = ((b"connection", b"close"), (b"retry-after", b"5"))
+    await refuse(send, 503, SHUTTING_DOWN, code=SHUTDOWN_ERROR_CODE, request_id=request_id, headers=closing)
 
 
 async def _request_id(receive: Receive) -> str | int | None:

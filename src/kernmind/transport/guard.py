@@ -98,7 +98,7 @@ class OriginGuard:
             return
         shown = origin if len(origin) <= 100 else origin[:97] + "…"
         own = ", ".join(sorted(self.own)) or "the address clients connect to"
-        await _refuse(
+        await refuse(
             send,
             403,
             f"Requests from the browser origin {shown!r} are not accepted: this server accepts browser "
@@ -130,7 +130,7 @@ class JsonRpcGuard:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_body:
-            await _refuse(send, 413, self._too_large(f"{declared / MIB:.1f} MB"))
+            await refuse(send, 413, self._too_large(f"{declared / MIB:.1f} MB"))
             return
         body = bytearray()
         while True:
@@ -139,13 +139,13 @@ class JsonRpcGuard:
                 return
             body += message.get("body", b"")
             if len(body) > self.max_body:
-                await _refuse(send, 413, self._too_large(f"more than {self.max_body / MIB:g} MB"))
+                await refuse(send, 413, self._too_large(f"more than {self.max_body / MIB:g} MB"))
                 return
             if not message.get("more_body", False):
                 break
         problem = shape_problem(bytes(body))
         if problem is not None:
-            await _refuse(send, 400, problem)
+            await refuse(send, 400, problem)
             return
         await self.app(scope, _replay(bytes(body), receive), send)
 
@@ -211,10 +211,20 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _refuse(send: Send, status: int, message: str) -> None:
+async def refuse(
+    send: Send,
+    status: int,
+    message: str,
+    *,
+    code: int = INVALID_REQUEST,
+    request_id: str | int | None = None,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    """Answer with HTTP ``status`` and a JSON-RPC error saying ``message`` (every refusal of the
+    HTTP transport's middlewares is written here)."""
     body = json.dumps(
-        {"jsonrpc": "2.0", "id": None, "error": {"code": INVALID_REQUEST, "message": message}}
+        {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
     ).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": body})
