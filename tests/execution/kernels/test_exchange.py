@@ -12,6 +12,7 @@ end-to-end tests are beside this file (``test_kernel_python.py``, ``test_gateway
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from queue import Empty
@@ -277,29 +278,52 @@ async def test_an_interrupt_that_does_not_bring_the_request_back_is_false(script
 
 
 class ScriptedClient:
-    """The part of jupyter_client's ``AsyncKernelClient`` a kernel's channel uses."""
+    """The part of jupyter_client's ``AsyncKernelClient`` a kernel's channel uses, over real
+    ZeroMQ sockets: the script's messages are signed by a real ``Session`` and sent from the
+    other end of in-process socket pairs; those after an ``Empty()`` entry come 0.1 s later."""
 
     def __init__(self, iopub: list[Any], shell: list[Any]) -> None:
-        self.iopub, self.shell = list(iopub), list(shell)
+        import zmq
+        import zmq.asyncio
+        from jupyter_client.session import Session
+
+        self.session = Session(key=b"scripted-key")
+        self.context = zmq.asyncio.Context()
+        senders = zmq.Context.shadow(self.context.underlying)
+        self.context.linger = senders.linger = 0  # what a test leaves unread never holds up exit
+        self.iopub_channel, self.shell_channel = (
+            SimpleNamespace(socket=self.context.socket(zmq.PAIR), session=self.session) for _ in range(2)
+        )
+        self.senders = []
+        for name, channel, script in (
+            ("iopub", self.iopub_channel, iopub),
+            ("shell", self.shell_channel, shell),
+        ):
+            channel.socket.bind(f"inproc://{id(self)}-{name}")
+            sender = senders.socket(zmq.PAIR)
+            sender.connect(f"inproc://{id(self)}-{name}")
+            self.senders.append(sender)
+            now, later = script, []
+            if any(isinstance(entry, Empty) for entry in script):
+                gap = next(i for i, entry in enumerate(script) if isinstance(entry, Empty))
+                now, later = script[:gap], script[gap + 1 :]
+            for entry in now:
+                self._send(sender, entry)
+            if later:
+                threading.Timer(0.1, lambda s=sender, rest=later: [self._send(s, e) for e in rest]).start()
         self.executed: list[dict[str, Any]] = []
+
+    def _send(self, sender: Any, entry: dict[str, Any]) -> None:
+        self.session.send(sender, entry["msg_type"], content=entry["content"], parent=entry["parent_header"])
 
     def execute(self, code: str, **kw: Any) -> str:
         self.executed.append({"code": code, **kw})
         return REQ
 
-    async def get_iopub_msg(self, timeout: float | None = None) -> Any:
-        if not self.iopub:
-            await anyio.sleep(timeout or 0)
-            raise Empty
-        entry = self.iopub.pop(0)
-        if isinstance(entry, BaseException):
-            raise entry
-        return entry
-
-    async def get_shell_msg(self) -> Any:
-        if not self.shell:
-            await anyio.sleep_forever()
-        return self.shell.pop(0)
+    def close(self) -> None:
+        for sender in self.senders:
+            sender.close(linger=0)
+        self.context.destroy(linger=0)
 
 
 class ScriptedProcess:

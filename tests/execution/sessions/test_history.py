@@ -98,3 +98,35 @@ async def test_on_a_disk_nearly_full_the_line_is_written_before_the_answer(
     books, session = Books(None), held_session(tmp_path)
     async with anyio.create_task_group() as tg:
         assert not books.record_later(session, "x = 1", result(1), tg)  # the caller writes it now
+
+
+@pytest.mark.anyio
+async def test_lines_are_appended_on_the_event_loop_until_a_disk_is_once_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The line of a call is written on the event loop (no thread that would hold the
+    interpreter lock while the next call runs); once a disk took longer than ``SLOW_WRITE``,
+    later lines go to a worker thread, so a blocking disk holds the loop at most once."""
+    import threading
+    import time
+
+    threads: list[threading.Thread] = []
+    record = history.record
+
+    def slow_first(path: Path, code: str, ran: RunResult) -> OSError | None:
+        threads.append(threading.current_thread())
+        if len(threads) == 2:
+            time.sleep(books_mod.SLOW_WRITE * 1.5)
+        return record(path, code, ran)
+
+    monkeypatch.setattr(history, "record", slow_first)
+    books, session = Books(None), held_session(tmp_path)
+    assert session.home is not None
+    async with anyio.create_task_group() as tg:
+        for n in range(3):
+            assert books.record_later(session, f"x = {n}", result(n), tg)
+            await books.flush(session)
+    main = threading.main_thread()
+    assert [thread is main for thread in threads] == [True, True, False]
+    assert books.lines_off_loop
+    assert [e["code"] for e in history.read(session.home.history)] == ["x = 0", "x = 1", "x = 2"]

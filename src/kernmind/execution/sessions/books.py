@@ -16,9 +16,15 @@ This module does the writing so that none of it can stop the server:
   the session meanwhile keeps its own, newer meta), or used when this server loads the
   session again. So the server recovers by itself once space is freed.
 - **A call's history line is written after its answer** when the disk has room
-  (``record_later``): one writer per session, in call order, a batch per trip off the event
-  loop; ``flush`` waits for it (``export_notebook``, unloading, closing). A line that then
-  cannot be written is said in the session's next call. On a disk with less than
+  (``record_later``): one writer per session, in call order; ``flush`` waits for it
+  (``export_notebook``, unloading, closing). A line that then cannot be written is said in
+  the session's next call. The line is appended on the event loop, while the server waits for
+  the next request, not on a worker thread: a thread that runs Python (the line's dump) while
+  the next call runs holds the interpreter lock the call needs, and on a busy machine the
+  thread is descheduled while holding it, which held calls up by milliseconds (see
+  benchmarks/README.md). The loop already asks this disk for its free space on every call; a
+  disk that once takes longer than ``SLOW_WRITE`` for a line has its lines written on a worker
+  thread from then on, so a disk that blocks (a network file system) never holds the loop twice. On a disk with less than
   ``HISTORY_ROOM`` free (one ``statvfs``) the line is written before the answer, as the
   meta is, so a call that filled the disk says itself that it was not recorded.
 - **The reserve.** Meta writes may use the data disk's reserve (``diskio.Reserve``): when
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -54,6 +61,7 @@ T = TypeVar("T")
 
 CALL_KEPT = "The call ran and its files are kept."
 HISTORY_ROOM = 16 * 1024 * 1024  # free bytes below which a call's history line is written before its answer
+SLOW_WRITE = 0.05  # seconds for one batch of lines on the event loop, past which they go to a thread
 
 
 @dataclass
@@ -73,6 +81,7 @@ class Books:
         self.reserve: Reserve | None = store.reserve if store is not None else None
         self.unsaved: dict[tuple[str, str], tuple[SessionHome, Meta]] = {}  # unloaded sessions' metas
         self._writing: dict[tuple[str, str], _Lines] = {}  # history lines written after the answer
+        self.lines_off_loop = False  # set once a disk was slow to take a line (see the module's docstring)
 
     def with_room(self, write: Callable[[], T]) -> T:
         """``write()``, given the reserve when the disk is full (blocking)."""
@@ -161,7 +170,19 @@ class Books:
                             failed = history.record(home.history, code, result) or failed
                         return failed
 
-                    if (failed := await off_loop(write, timeout=None)) is not None:
+                    if self.lines_off_loop:
+                        failed = await off_loop(write, timeout=None)
+                    else:
+                        await anyio.lowlevel.checkpoint()  # the answer's write goes first
+                        started = time.monotonic()
+                        failed = write()
+                        if (took := time.monotonic() - started) > SLOW_WRITE:
+                            self.lines_off_loop = True
+                            log.warning(
+                                "writing a history line took %.2fs: history goes to a worker thread from now on",
+                                took,
+                            )
+                    if failed is not None:
                         what = (
                             "record the previous call in the session's history (export_notebook will miss it)"
                         )
