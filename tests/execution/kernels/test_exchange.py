@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from queue import Empty
 from types import SimpleNamespace
@@ -289,20 +290,20 @@ class ScriptedClient:
 
         self.session = Session(key=b"scripted-key")
         self.context = zmq.asyncio.Context()
-        senders = zmq.Context.shadow(self.context.underlying)
-        self.context.linger = senders.linger = 0  # what a test leaves unread never holds up exit
+        self.context.linger = 0  # what a test leaves unread never holds up its end
         self.iopub_channel, self.shell_channel = (
             SimpleNamespace(socket=self.context.socket(zmq.PAIR), session=self.session) for _ in range(2)
         )
-        self.senders = []
+        self.executed: list[dict[str, Any]] = []
+        self.senders: dict[str, Any] = {}  # (held: a sender collected would leave its pair unconnected)
         for name, channel, script in (
             ("iopub", self.iopub_channel, iopub),
             ("shell", self.shell_channel, shell),
         ):
             channel.socket.bind(f"inproc://{id(self)}-{name}")
-            sender = senders.socket(zmq.PAIR)
+            sender = self.context.socket(zmq.PAIR, socket_class=zmq.Socket)
             sender.connect(f"inproc://{id(self)}-{name}")
-            self.senders.append(sender)
+            self.senders[name] = sender
             now, later = script, []
             if any(isinstance(entry, Empty) for entry in script):
                 gap = next(i for i, entry in enumerate(script) if isinstance(entry, Empty))
@@ -311,19 +312,32 @@ class ScriptedClient:
                 self._send(sender, entry)
             if later:
                 threading.Timer(0.1, lambda s=sender, rest=later: [self._send(s, e) for e in rest]).start()
-        self.executed: list[dict[str, Any]] = []
 
     def _send(self, sender: Any, entry: dict[str, Any]) -> None:
-        self.session.send(sender, entry["msg_type"], content=entry["content"], parent=entry["parent_header"])
+        from jupyter_client.session import Session
+
+        session = Session(key=b"another-key") if entry.get("forged") else self.session
+        session.send(sender, entry["msg_type"], content=entry["content"], parent=entry["parent_header"])
 
     def execute(self, code: str, **kw: Any) -> str:
         self.executed.append({"code": code, **kw})
         return REQ
 
     def close(self) -> None:
-        for sender in self.senders:
-            sender.close(linger=0)
         self.context.destroy(linger=0)
+
+
+@pytest.fixture
+def scripted_client() -> Iterator[Callable[[list[Any], list[Any]], ScriptedClient]]:
+    made: list[ScriptedClient] = []
+
+    def make(iopub: list[Any], shell: list[Any]) -> ScriptedClient:
+        made.append(ScriptedClient(iopub, shell))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()
 
 
 class ScriptedProcess:
@@ -344,8 +358,8 @@ def local_kernel(client: ScriptedClient, tmp_path: Path) -> tuple[Kernel, Script
     return kernel, process
 
 
-async def test_a_local_kernel_runs_through_the_shared_loop(tmp_path: Path) -> None:
-    client = ScriptedClient([stream("hi\n"), Empty(), idle()], [reply(1)])
+async def test_a_local_kernel_runs_through_the_shared_loop(tmp_path: Path, scripted_client: Any) -> None:
+    client = scripted_client([stream("hi\n"), Empty(), idle()], [reply(1)])
     kernel, _ = local_kernel(client, tmp_path)
     collector = OutputCollector(100)
     outcome = await kernel.execute("print('hi')", collector, silent=False)
@@ -356,8 +370,27 @@ async def test_a_local_kernel_runs_through_the_shared_loop(tmp_path: Path) -> No
     assert "".join(collector.stdout) == "hi\n"
 
 
-async def test_a_local_kernel_whose_process_dies_is_noticed_by_its_poll(tmp_path: Path) -> None:
-    client = ScriptedClient([stream("working\n")], [])
+async def test_a_local_kernel_reads_signed_messages_only_and_leaves_their_dates_as_sent(
+    tmp_path: Path, scripted_client: Any
+) -> None:
+    forged = {**stream("not from the kernel\n"), "forged": True}
+    client = scripted_client([forged, stream("from the kernel\n"), idle()], [reply(2)])
+    kernel, _ = local_kernel(client, tmp_path)
+    collector = OutputCollector(100)
+    outcome = await kernel.execute("x", collector)
+    assert (outcome.kind, outcome.execution_count, outcome.ignored) == ("ok", 2, 1)
+    assert (outcome.ignored_why or "").startswith("ValueError: Invalid Signature")
+    assert "".join(collector.stdout) == "from the kernel\n"
+    channel = kernel.channel()
+    client._send(client.senders["iopub"], stream("dated\n"))
+    message = await channel.output(1.0)
+    assert isinstance(message["header"]["date"], str)  # not parsed: nothing reads it
+
+
+async def test_a_local_kernel_whose_process_dies_is_noticed_by_its_poll(
+    tmp_path: Path, scripted_client: Any
+) -> None:
+    client = scripted_client([stream("working\n")], [])
     kernel, process = local_kernel(client, tmp_path)
 
     async def die_soon() -> None:
@@ -372,8 +405,10 @@ async def test_a_local_kernel_whose_process_dies_is_noticed_by_its_poll(tmp_path
     assert time.monotonic() - started < 3  # the poll runs although the kernel sends nothing
 
 
-async def test_a_local_kernel_shut_down_under_the_call_is_closed(tmp_path: Path) -> None:
-    client = ScriptedClient([stream("working\n")], [])
+async def test_a_local_kernel_shut_down_under_the_call_is_closed(
+    tmp_path: Path, scripted_client: Any
+) -> None:
+    client = scripted_client([stream("working\n")], [])
     kernel, _ = local_kernel(client, tmp_path)
 
     async def close_soon() -> None:
