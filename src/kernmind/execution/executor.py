@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskGroup
 
+from kernmind.budget import Budget
 from kernmind.config import Settings
 from kernmind.diskio import Reserve
 from kernmind.execution import installs
@@ -158,7 +159,7 @@ class Executor:
             self.runtime,
             new_workspace=self._new_workspace,
             socket_dirs=lambda: self.socket_rundir.new_dir("k-"),
-            output_limit=settings.max_output_chars,
+            output_budget=Budget.of(settings),
             new_layer=self._new_layer,
             guard=self.guard,
             cgroups=self.cgroups,
