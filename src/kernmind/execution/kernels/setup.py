@@ -62,7 +62,7 @@ def _kernmind_cap_output(head, tail_size, interval):
     from ipykernel.iostream import OutStream
 
     original = OutStream.write
-    state = {{"used": 0, "dropped": 0, "tail_len": 0, "timer": None}}
+    state = {{"used": 0, "dropped": 0, "tail_len": 0, "timer": None, "cell": 0}}
     tail = collections.deque()
     locks = {{"state": threading.Lock(), "send": threading.Lock()}}
 
@@ -93,7 +93,8 @@ def _kernmind_cap_output(head, tail_size, interval):
                         tail[0][1] = tail[0][1][excess:]
                         state["tail_len"] -= excess
                 if state["timer"] is None:  # in this context: the stream's parent is this cell's
-                    timer = threading.Timer(interval, contextvars.copy_context().run, (flush,))
+                    run = contextvars.copy_context().run
+                    timer = threading.Timer(interval, run, (flush, state["cell"]))
                     timer.daemon = True
                     timer.name = "kernmind-output-tail"
                     state["timer"] = timer
@@ -107,12 +108,15 @@ def _kernmind_cap_output(head, tail_size, interval):
         state.update(dropped=0, tail_len=0)
         return unsent, items
 
-    def flush(final=False):
-        # Sends are serialised, so the server gets the tails in the order they were taken.
+    def flush(cell=None):
+        # A timer's (``cell``: the output it was started for) or the cell's end (None). Sends are
+        # serialised, so the server gets the tails in the order they were taken.
         with locks["send"]:
             with locks["state"]:
+                if cell is not None and cell != state["cell"]:
+                    return  # a timer of output since cleared or ended, which fired late
                 timer, state["timer"] = state["timer"], None
-                if final and timer is not None:
+                if cell is None and timer is not None:
                     timer.cancel()
                 unsent, items = take()
             if items:
@@ -127,6 +131,7 @@ def _kernmind_cap_output(head, tail_size, interval):
                 timer.cancel()
             take()
             state["used"] = 0
+            state["cell"] += 1
         # IPython's output tee (turned off above, but active while this setup cell ran) leaves
         # the original bound write on the stream objects, which would bypass the cap.
         import sys
@@ -135,7 +140,7 @@ def _kernmind_cap_output(head, tail_size, interval):
                 stream.__dict__.pop("write", None)
 
     def finish(*_):
-        flush(final=True)
+        flush()
         reset()
 
     def forked():  # a lock held by the parent's timer at the fork would stay held in the child
