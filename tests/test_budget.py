@@ -7,6 +7,7 @@ from pydantic import BaseModel
 
 from kernmind.budget import Budget, gap, left_out, listed_size, next_page, shown_lines
 from kernmind.config import Settings
+from kernmind.execution.kernels.setup import setup_code
 
 
 def test_take_keeps_what_fits_and_says_what_was_cut() -> None:
@@ -95,3 +96,15 @@ def test_the_notes_name_what_was_shown_and_how_to_get_the_rest() -> None:
         "read on with view_range=[41, -1]."
     )
     assert gap(12) == "\n… [output truncated: 12 characters dropped] …\n"
+
+
+def test_the_kernels_output_cap_is_sized_by_the_answers_budget() -> None:
+    """The kernel sends twice the budget as printed, then holds a tail at least as long as the
+    collector keeps (so the tail a job shows is the real end of its output) and sends it once a
+    second; the setup cell every kernel runs carries exactly those sizes."""
+    cap = Budget(50_000).kernel_cap()
+    assert (cap.head, cap.tail, cap.interval) == (100_000, 12_500, 1.0)
+    assert cap.tail >= Budget(50_000).head_and_tail()[1]
+    small = Budget(1001).kernel_cap()
+    assert small.head == 2002 and small.tail == 1000 >= Budget(1001).head_and_tail()[1]
+    assert "_kernmind_cap_output(6000, 1000, 1.0)" in setup_code(Budget(3000))

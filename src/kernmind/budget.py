@@ -9,8 +9,8 @@ text a model reads of a run, ``download_file``, memory reads, writes' echoes, vi
 ``memory_history``, the ``memory`` prompt and ``memory://blocks``, archival and conversation
 search, ``list_files``, ``list_sessions`` and ``workspace://`` listings. (What a resource link
 points at — a block's or a file's whole content — is read by reference and is not cut; the
-kernel's own cap on a cell's output, ``execution/kernels/setup.py``, is sized from the same
-setting.) Its three ways to spend:
+kernel's own cap on a cell's output, ``execution/kernels/setup.py``, is sized by the same
+object: :meth:`Budget.kernel_cap`.) Its three ways to spend:
 
 * :meth:`Budget.take` keeps as much of one text as fits: its start (``keep="head"``), its
   end (``"tail"``: the latest output) or both ends around a :func:`gap` marker (``"ends"``:
@@ -39,13 +39,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel
+
+DEFAULT_OUTPUT_CHARS = 50_000  # --max-output-chars' default
 
 
 class BudgetSettings(Protocol):
     max_output_chars: int
+
+
+class KernelCap(NamedTuple):
+    """How a kernel caps one cell's printed output before it reaches the server."""
+
+    head: int  # characters sent as they are printed
+    tail: int  # past the head, the latest characters held, sent ``interval`` seconds apart at most
+    interval: float  # and when the cell ends (with how much was dropped before them)
 
 
 @dataclass
@@ -59,6 +69,20 @@ class Budget:
     def of(cls, settings: BudgetSettings) -> Budget:
         """The budget of one answer under ``settings`` (``--max-output-chars``)."""
         return cls(settings.max_output_chars)
+
+    def head_and_tail(self) -> tuple[int, int]:
+        """A stream's share of this budget (``OutputCollector``): a head kept whole, three quarters,
+        then the latest output, the rest."""
+        head = self.chars * 3 // 4
+        return head, self.chars - head
+
+    def kernel_cap(self) -> KernelCap:
+        """The cap a kernel puts on a cell's output for answers of this budget
+        (``execution/kernels/setup.py``). Its head is twice the budget, so what the server keeps
+        of the start and the end arrives as printed; past it the kernel holds a tail at least as
+        long as the answer's, and sends it once a second: a running background job's output
+        shows its latest lines, and the server reads that much per second, not what was printed."""
+        return KernelCap(head=2 * self.chars, tail=max(1000, self.head_and_tail()[1]), interval=1.0)
 
     @property
     def left(self) -> int:

@@ -34,6 +34,8 @@ import platformdirs
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from kernmind.budget import DEFAULT_OUTPUT_CHARS
+
 PER_PRINCIPAL_DEFAULT = "half of `{flag}` (at least 1) with a tokens file; all of it otherwise"
 MIN_MEMORY_MB = 256  # measured: ipykernel + numpy + pandas + matplotlib map ≈ 185 MiB of RLIMIT_DATA
 SandboxMode = Literal["auto", "bwrap", "none", "required"]
@@ -170,7 +172,7 @@ class Settings(BaseSettings):
         default=900.0, gt=0, description="largest `timeout` a call may ask for (s)"
     )
     max_output_chars: Annotated[int, Cli(metavar="N")] = Field(
-        default=50_000, ge=1000, description="output budget per call (head and tail kept)"
+        default=DEFAULT_OUTPUT_CHARS, ge=1000, description="output budget per call (head and tail kept)"
     )
     max_result_bytes: Annotated[int, Cli(metavar="BYTES")] = Field(
         default=4 * 1024 * 1024,

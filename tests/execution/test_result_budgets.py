@@ -152,7 +152,7 @@ async def _job_state(client: Client, job_id: str, predicate: Any) -> tuple[Any, 
 async def test_a_running_jobs_output_is_cut_to_its_latest_part_and_says_where_the_rest_is(
     client: Client,
 ) -> None:
-    # (under twice the budget: past that the kernel holds back the rest until the cell ends)
+    # (under twice the budget: the kernel sends it as printed; past that, see the next test)
     code = "for i in range(50): print(f'line {i:04}', 'y' * 60)\nimport time\ntime.sleep(60)"
     started = structured(
         await client.call_tool("run_code", {"code": code, "session_id": "b3", "background": True})
@@ -175,6 +175,47 @@ async def test_a_running_jobs_output_is_cut_to_its_latest_part_and_says_where_th
     got, status = await _job_state(client, quick["job_id"], lambda s: s["state"] != "running")
     assert status["result"]["logs"]["stdout"] == ["done\n"] and status["result"]["truncated"] is False
     assert text_of(got).endswith("\ndone")
+
+
+@pytest.mark.anyio
+@pytest.mark.xdist_group("python")
+async def test_a_job_that_floods_its_output_shows_its_latest_lines_while_it_runs(client: Client) -> None:
+    """Past twice the budget the kernel holds only a tail of the output, and sends it once a
+    second (``Budget.kernel_cap``): ``job_status`` shows the newest lines before the job ends,
+    and neither the running job's output nor its result leaves the budget."""
+    code = (
+        "import os, sys, time\n"
+        "for i in range(4000): print(f'line {i:05}')\n"  # 44,000 characters: 22 times the budget
+        "print('printed all; waiting', flush=True)\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not os.path.exists('go') and time.monotonic() < deadline: time.sleep(0.05)\n"
+        "print('went on')"
+    )
+    started = structured(
+        await client.call_tool("run_code", {"code": code, "session_id": "b5", "background": True})
+    )
+    got, status = await _job_state(
+        client,
+        started["job_id"],
+        lambda s: s["state"] != "running" or "waiting" in "".join(s["output"]["stdout"]),
+    )
+    assert status["state"] == "running", status  # seen while the job waits for its 'go' file
+    out = "".join(status["output"]["stdout"])
+    assert out.startswith("line 00000\n") and "line 03999\nprinted all; waiting\n" in out
+    assert status["truncated"] is True and len(out) <= BUDGET + MARKER_ROOM
+    assert len(text_of(got)) <= BUDGET + MARKER_ROOM
+    dropped = int(out.split("output truncated: ")[1].split(" ")[0])
+
+    await client.call_tool("upload_file", {"path": "go", "content": "", "session_id": "b5"})
+    got, status = await _job_state(client, started["job_id"], lambda s: s["state"] != "running")
+    result = "".join(status["result"]["logs"]["stdout"])
+    assert status["state"] == "done" and result.endswith("printed all; waiting\nwent on\n")
+    assert result.startswith("line 00000\n") and len(result) <= BUDGET + MARKER_ROOM
+    # Every character printed is either shown or counted in the marker, once.
+    whole = 4000 * 11 + len("printed all; waiting\n") + len("went on\n")
+    final_dropped = int(result.split("output truncated: ")[1].split(" ")[0])
+    shown = sum(len(x) for x in status["result"]["logs"]["stdout"] if "output truncated" not in x)
+    assert final_dropped >= dropped and final_dropped + shown == whole
 
 
 @pytest.mark.anyio

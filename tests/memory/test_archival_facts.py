@@ -267,7 +267,7 @@ def write_previous_schema(location: str) -> None:
                     "INSERT INTO passages (namespace, content, tags, created_at) VALUES (%s, %s, %s, %s)", r
                 )
         return
-    from kernmind.memory.sqlite import MIGRATIONS
+    from kernmind.memory.sqlite_schema import MIGRATIONS
 
     with sqlite3.connect(location) as con:
         for sql in MIGRATIONS[:5]:

@@ -11,7 +11,7 @@ import pytest
 from kernmind.config import Settings
 from kernmind.memory.database import PassageFilter
 from kernmind.memory.records import PassageIn
-from kernmind.memory.sqlite import MIGRATIONS, SCHEMA_VERSION
+from kernmind.memory.sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 from kernmind.memory.store import MemoryStore, open_database
 
 pytestmark = [

@@ -58,12 +58,13 @@ import gc
 import logging
 import math
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
 
+from kernmind.budget import Budget
 from kernmind.config import Settings
 from kernmind.diskio import Reserve
 from kernmind.execution import installs
@@ -80,8 +81,7 @@ from kernmind.execution.sandbox.bwrap import Sandbox, limits_from
 from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.rundir import RunDir, socket_root
-from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
-from kernmind.execution.sessions import history
+from kernmind.execution.sandbox.workspace import Workspace, own_tree
 from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
 from kernmind.execution.sessions.jobs import Job, Jobs
 from kernmind.execution.sessions.registry import (
@@ -159,7 +159,7 @@ class Executor:
             self.runtime,
             new_workspace=self._new_workspace,
             socket_dirs=lambda: self.socket_rundir.new_dir("k-"),
-            output_limit=settings.max_output_chars,
+            output_budget=Budget.of(settings),
             new_layer=self._new_layer,
             guard=self.guard,
             cgroups=self.cgroups,
@@ -397,22 +397,11 @@ class Executor:
         """Write the session's history as a notebook into its working directory: (path, cells, bytes)."""
         if self.settings.stateless:
             raise SessionError("the server runs with --stateless: sessions keep no history to export.")
-        sid = check_session_id(session_id)
-        session = await self.sessions.load(sid, owner=owner, create=False)
-        home = session.home
-        if home is None:
-            raise SessionError(
-                "export_notebook needs a stored session's history; sessions on a kernel gateway keep none."
-            )
-        await self.sessions.books.flush(session)  # the last calls' lines are written after their answers
-        entries = await off_loop(lambda: history.read(home.history), timeout=None)
-        # Imported here: nbformat's import costs seconds (jsonschema's format checkers), every launch.
+        session = await self.sessions.load(check_session_id(session_id), owner=owner, create=False)
+        # Imported here: nbformat's import is slow (jsonschema's format checkers), every launch.
         from kernmind.execution.sessions import notebook
 
-        nb = notebook.build(entries, sid, self.runtime.version)
-        data = notebook.dumps(nb)
-        rel = await session.files().awrite(path, data)
-        return rel, len(nb.cells), len(data)
+        return await notebook.export(self.sessions.books, session, self.runtime.version, path)
 
     # --- installing packages ------------------------------------------------------
     async def install(
@@ -469,42 +458,20 @@ class Executor:
         timeout: float | None = None,
         owner: str = LOCAL_OWNER,
     ) -> Job:
-        """Run the call in the background (see jobs.py); what is wrong with it is refused now."""
+        """Run the call in the background, holding its session (``sessions/jobs.py``); what is
+        wrong with it is refused now."""
         runner = self.runner_for(language)
         self.time_limit(timeout, background=True)
         sid = None if self.settings.stateless else check_session_id(session_id)
-        if sid is not None:
-            self.sessions.refuse_if_job(owner, sid)
-            self.sessions.check_room(owner, sid)  # counts against the caps from now (reserve)
-        else:
-            self.sessions.take_slot(owner)  # a --stateless job holds a sandbox until it ends
 
-        async def run(job: Job) -> RunResult:
-            try:
-                return await self.run(
-                    code,
-                    language=language,
-                    session_id=sid,
-                    reset=reset,
-                    timeout=timeout,
-                    owner=owner,
-                    job=job,
-                )
-            finally:
-                if sid is not None:
-                    self.sessions.unreserve(owner, sid, job.id)
-                else:
-                    self.sessions.give_slot(owner)
+        def run(job: Job) -> Awaitable[RunResult]:
+            return self.run(
+                code, language=language, session_id=sid, reset=reset, timeout=timeout, owner=owner, job=job
+            )
 
-        try:
-            job = self.jobs.start(run, owner=owner, session_id=sid, language=runner.language, code=code)
-        except BaseException:
-            if sid is None:
-                self.sessions.give_slot(owner)
-            raise
-        if sid is not None:
-            self.sessions.reserve(owner, sid, job.id)
-        return job
+        return self.jobs.start_held(
+            self.sessions, run, owner=owner, session_id=sid, language=runner.language, code=code
+        )
 
     async def _supervise(
         self,

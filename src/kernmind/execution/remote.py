@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kernmind.budget import Budget
 from kernmind.config import Settings
 from kernmind.execution.kernels.gateway.client import GatewayConfig, GatewayUnavailable, KernelGateway
 from kernmind.execution.kernels.gateway.kernels import GatewayKernelFactory, SharedWorkspaces
@@ -50,7 +51,7 @@ class RemoteKernels:
             gateway,
             settings.kernel_gateway_kernel,
             workspaces,
-            settings.max_output_chars,
+            Budget.of(settings),
             env=settings.kernel_gateway_env,
         )
         return cls(settings, gateway, workspaces, factory)

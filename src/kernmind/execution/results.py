@@ -263,9 +263,9 @@ class OutputCollector:
     """
 
     def __init__(self, budget: Budget | int, rich_budget: int = 4 * 1024 * 1024) -> None:
-        self.budget = budget.chars if isinstance(budget, Budget) else budget
-        self.head_budget = self.budget * 3 // 4
-        self.tail_budget = self.budget - self.head_budget
+        whole = budget if isinstance(budget, Budget) else Budget(budget)
+        self.budget = whole.chars
+        self.head_budget, self.tail_budget = whole.head_and_tail()
         self.rich_budget = rich_budget
         self.reset()
 

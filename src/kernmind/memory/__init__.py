@@ -23,7 +23,8 @@ The domain (no MCP in it):
     store        MemoryStore: one namespace in one database (opens it, hands out the parts).
 The database:
     database     what the stores need from a backend (Tx, transactions, full-text search).
-    sqlite       the SQLite backend: connection, WAL, busy retries, schema migrations.
+    sqlite       the SQLite backend: connection, WAL, busy retries, running the migrations.
+    sqlite_schema  the SQLite schema: its versioned migrations (SQL, then a Python step).
     fts5         full-text search on SQLite FTS5 (bm25, filters before paging), for any table.
 The surfaces:
     tools        the MCP surface: lifecycle, ``memory://blocks`` resources, the ``memory`` prompt.

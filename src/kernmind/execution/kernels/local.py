@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from kernmind.budget import DEFAULT_OUTPUT_CHARS, Budget
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernels.exchange import ChannelKernel, KernelLost, await_interrupted
 from kernmind.execution.kernels.launch import LaunchPlan
@@ -470,14 +471,14 @@ class KernelFactory:
         *,
         new_workspace: NewWorkspace,
         socket_dirs: Callable[[], Path],
-        output_limit: int = 50_000,
+        output_budget: Budget | None = None,  # None: the default --max-output-chars
         extra_env: dict[str, str] | None = None,
         limits: Limits | None = None,
         new_layer: Callable[[], Layer] | None = None,
         guard: SandboxGuard | None = None,
         cgroups: CgroupSupport | None = None,
     ) -> None:
-        self.setup = setup_code(output_limit)
+        self.setup = setup_code(output_budget or Budget(DEFAULT_OUTPUT_CHARS))
         self.extras: list[KernelExtras] = []  # added by other parts (kernel_extras.py)
         self.cgroups = cgroups  # None or inactive: kernels run with per-process limits only
         self.sandbox = sandbox

@@ -16,11 +16,16 @@ It cannot import kernmind (the kernel may run on another Python), so it is plain
   output within its budget, but without a cap in the kernel, every byte printed would
   still cross the zmq socket and be parsed, and ipykernel buffers it in memory: a loop
   printing as fast as it can, or a gigabyte of output, would keep the call busy long
-  after the code finished, or exhaust the kernel's memory limit. So ``OutStream.write`` keeps
-  a head of ``head`` characters per cell, then only a bounded tail; when the cell ends,
-  a marker with the number of dropped characters and the tail are written. This covers
-  stdout, stderr, fd-level output (ipykernel's fd watcher calls ``write``) and forked
-  children. The server then applies its own exact budget to what arrives.
+  after the code finished, or exhaust the kernel's memory limit. So ``OutStream.write`` sends
+  a head of ``head`` characters per cell, then only keeps a bounded tail; at most once every
+  ``interval`` seconds (a timer thread started by the first write past the head) and when the
+  cell ends, a marker with the number of characters dropped since the last send, then the
+  tail, are written, and the tail starts empty again. A background job that floods its
+  output thus shows its latest lines while it runs, and the server reads at most a tail's
+  worth a second. Sizes come from the server's ``Budget.kernel_cap`` (``budget.py``). This
+  covers stdout, stderr, fd-level output (ipykernel's fd watcher calls ``write``) and forked
+  children. The server then applies its own exact budget to what arrives, folding the
+  markers into one count (``results.OutputCollector``).
 - **Lone surrogates leave the kernel as escapes.** ``print('\\ud800')`` (a string Python
   can hold but UTF-8 cannot) made jupyter_client's packer fail in ipykernel's I/O thread:
   the output was lost and a traceback full of host paths went to stderr instead. The
@@ -34,6 +39,7 @@ It cannot import kernmind (the kernel may run on another Python), so it is plain
 
 from __future__ import annotations
 
+from kernmind.budget import Budget
 from kernmind.execution.packages.guard import KERNEL_GUARD
 
 _TEMPLATE = """\
@@ -48,13 +54,17 @@ if _kernmind_inline is not None and _kernmind_inline.InlineBackend.initialized()
 del _kernmind_inline
 
 
-def _kernmind_cap_output(head, tail_size):
+def _kernmind_cap_output(head, tail_size, interval):
     import collections
+    import contextvars
+    import os
+    import threading
     from ipykernel.iostream import OutStream
 
     original = OutStream.write
-    state = {{"used": 0, "dropped": 0, "tail_len": 0}}
+    state = {{"used": 0, "dropped": 0, "tail_len": 0, "timer": None, "cell": 0}}
     tail = collections.deque()
+    locks = {{"state": threading.Lock(), "send": threading.Lock()}}
 
     def write(self, string):
         if not isinstance(string, str):
@@ -68,23 +78,60 @@ def _kernmind_cap_output(head, tail_size):
             original(self, part)
             start = len(part)
         if start < n:
-            # Past the head: keep at most a tail's worth, without copying the rest.
-            state["dropped"] += n - start
+            # Past the head: keep at most a tail's worth, without copying the rest, and send it
+            # within ``interval`` seconds (a running job's latest lines; see ``flush``).
             keep = string[max(start, n - tail_size):]
-            tail.append([self, keep])
-            state["tail_len"] += len(keep)
-            while state["tail_len"] > tail_size:
-                excess = state["tail_len"] - tail_size
-                if len(tail[0][1]) <= excess:
-                    state["tail_len"] -= len(tail.popleft()[1])
-                else:
-                    tail[0][1] = tail[0][1][excess:]
-                    state["tail_len"] -= excess
+            with locks["state"]:
+                state["dropped"] += n - start
+                tail.append([self, keep])
+                state["tail_len"] += len(keep)
+                while state["tail_len"] > tail_size:
+                    excess = state["tail_len"] - tail_size
+                    if len(tail[0][1]) <= excess:
+                        state["tail_len"] -= len(tail.popleft()[1])
+                    else:
+                        tail[0][1] = tail[0][1][excess:]
+                        state["tail_len"] -= excess
+                if state["timer"] is None:  # in this context: the stream's parent is this cell's
+                    run = contextvars.copy_context().run
+                    timer = threading.Timer(interval, run, (flush, state["cell"]))
+                    timer.daemon = True
+                    timer.name = "kernmind-output-tail"
+                    state["timer"] = timer
+                    timer.start()
         return n
 
-    def reset(*_):
-        state.update(used=0, dropped=0, tail_len=0)
+    def take():
+        # What the tail holds, and how much was dropped before it; both handed over (the lock held).
+        items, unsent = list(tail), state["dropped"] - state["tail_len"]
         tail.clear()
+        state.update(dropped=0, tail_len=0)
+        return unsent, items
+
+    def flush(cell=None):
+        # A timer's (``cell``: the output it was started for) or the cell's end (None). Sends are
+        # serialised, so the server gets the tails in the order they were taken.
+        with locks["send"]:
+            with locks["state"]:
+                if cell is not None and cell != state["cell"]:
+                    return  # a timer of output since cleared or ended, which fired late
+                timer, state["timer"] = state["timer"], None
+                if cell is None and timer is not None:
+                    timer.cancel()
+                unsent, items = take()
+            if items:
+                original(items[0][0], "\\n… [kernel dropped %d characters of output] …\\n" % unsent)
+            for target, text in items:
+                original(target, text)
+
+    def reset(*_):
+        with locks["state"]:
+            timer, state["timer"] = state["timer"], None
+            if timer is not None:
+                timer.cancel()
+            take()
+            state["used"] = 0
+            state["cell"] += 1
         # IPython's output tee (turned off above, but active while this setup cell ran) leaves
         # the original bound write on the stream objects, which would bypass the cap.
         import sys
@@ -93,15 +140,14 @@ def _kernmind_cap_output(head, tail_size):
                 stream.__dict__.pop("write", None)
 
     def finish(*_):
-        if state["dropped"]:
-            kept = state["tail_len"]
-            stream = tail[0][0] if tail else None
-            if stream is not None:
-                original(stream, "\\n… [kernel dropped %d characters of output] …\\n" % (state["dropped"] - kept))
-            for target, text in tail:
-                original(target, text)
+        flush()
         reset()
 
+    def forked():  # a lock held by the parent's timer at the fork would stay held in the child
+        locks.update(state=threading.Lock(), send=threading.Lock())
+        state["timer"] = None
+
+    os.register_at_fork(after_in_child=forked)
     OutStream.write = write
     events = get_ipython().events
     events.register("pre_run_cell", reset)
@@ -118,7 +164,7 @@ def _kernmind_cap_output(head, tail_size):
     display_pub.clear_output = clear_output
 
 
-_kernmind_cap_output({head}, {tail})
+_kernmind_cap_output({head}, {tail}, {interval})
 del _kernmind_cap_output
 
 
@@ -167,7 +213,9 @@ del _kernmind_safe_pack
 """
 
 
-def setup_code(output_limit: int) -> str:
-    """The setup cell for a server whose per-call output budget is ``output_limit`` characters,
-    with the guard that refuses installs from inside code (``packages/guard.py``)."""
-    return _TEMPLATE.format(head=2 * output_limit, tail=max(1000, output_limit // 4)) + KERNEL_GUARD
+def setup_code(budget: Budget) -> str:
+    """The setup cell for a server whose answers have ``budget`` (the output cap is
+    ``budget.kernel_cap()``), with the guard that refuses installs from inside code
+    (``packages/guard.py``)."""
+    cap = budget.kernel_cap()
+    return _TEMPLATE.format(head=cap.head, tail=cap.tail, interval=cap.interval) + KERNEL_GUARD

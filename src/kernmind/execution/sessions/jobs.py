@@ -8,6 +8,12 @@ session is held (the registry refuses other calls to that session with the job's
 output budget); ``cancel()`` interrupts it like a client cancellation (the interpreter
 keeps its state when the interrupt works).
 
+**A job holds its session from the start.** ``start_held`` (what ``Executor.start_job``
+uses) reserves the job's session in the registry before the job gets the session's lock:
+until the job ends, other calls to it are refused with the job's id, and it counts against
+the caps on live sessions. A ``--stateless`` job takes a slot instead (it holds a sandbox
+until it ends). What the caps refuse is refused when the job is asked for, not once it runs.
+
 **Records that survive.** Each job is a small JSON file, ``<data dir>/jobs/<owner>/<id>.json``,
 written when it starts and when it ends (with its final result). ``status()`` of a job
 this server does not know reads that file, so a result survives a reconnect and a server
@@ -50,6 +56,7 @@ from anyio.abc import TaskGroup
 from kernmind.diskio import NotAFile, Reserve, StorageError, disk_sentence, read_file, with_room, write_file
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.sandbox.rundir import RunDir
+from kernmind.execution.sessions.registry import SessionRegistry
 from kernmind.refusals import Refusal
 
 log = logging.getLogger(__name__)
@@ -171,6 +178,45 @@ class Jobs:
             )
         self.jobs[job.id] = job
         self._tg.start_soon(self._run, run, job)
+        return job
+
+    def start_held(
+        self,
+        sessions: SessionRegistry,
+        run: RunJob,
+        *,
+        owner: str,
+        session_id: str | None,
+        language: str,
+        code: str,
+    ) -> Job:
+        """Start ``run(job)`` holding ``session_id``'s session (a checked id; None: a ``--stateless``
+        job, which takes a slot) until it ends; ``SessionError`` now when the session runs another
+        job or the caps leave no room for it."""
+        sid = session_id
+        if sid is not None:
+            sessions.refuse_if_job(owner, sid)
+            sessions.check_room(owner, sid)  # counts against the caps from now (reserve)
+        else:
+            sessions.take_slot(owner)  # a --stateless job holds a sandbox until it ends
+
+        async def held(job: Job) -> RunResult:
+            try:
+                return await run(job)
+            finally:
+                if sid is not None:
+                    sessions.unreserve(owner, sid, job.id)
+                else:
+                    sessions.give_slot(owner)
+
+        try:
+            job = self.start(held, owner=owner, session_id=sid, language=language, code=code)
+        except BaseException:
+            if sid is None:
+                sessions.give_slot(owner)
+            raise
+        if sid is not None:
+            sessions.reserve(owner, sid, job.id)
         return job
 
     async def _run(self, run: RunJob, job: Job) -> None:

@@ -14,19 +14,29 @@ Each recorded call becomes a cell, in order:
 Every cell carries ``metadata.kernmind`` (language, status, duration). The notebook is
 checked with ``nbformat.validate`` before it is written.
 
+``export`` writes a live session's notebook into its working directory, after the history
+lines of its last calls (written just after their answers, ``books.py``) are on disk.
+
 Error policy: ``build`` raises ``ValueError`` when there is nothing to export (the tools
-turn it into a sentence).
+turn it into a sentence); ``export`` refuses a session that keeps no history (a kernel
+gateway's) with a ``SessionError``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nbformat
 from nbformat import v4
 
 from kernmind import __version__
 from kernmind.execution.errors import SessionError
+from kernmind.execution.sandbox.workspace import off_loop
+from kernmind.execution.sessions import history
+
+if TYPE_CHECKING:
+    from kernmind.execution.sessions.books import Books
+    from kernmind.execution.sessions.registry import Session
 
 MIME_OF = {
     "png": "image/png",
@@ -115,3 +125,19 @@ def _outputs(result: dict[str, Any]) -> list[nbformat.NotebookNode]:
             )
         )
     return outputs
+
+
+async def export(books: Books, session: Session, python_version: str, path: str) -> tuple[str, int, int]:
+    """Write ``session``'s history as a notebook at ``path`` in its working directory:
+    (path, cells, bytes)."""
+    home = session.home
+    if home is None:
+        raise SessionError(
+            "export_notebook needs a stored session's history; sessions on a kernel gateway keep none."
+        )
+    await books.flush(session)  # the last calls' lines are written after their answers
+    entries = await off_loop(lambda: history.read(home.history), timeout=None)
+    nb = build(entries, session.id, python_version)
+    data = dumps(nb)
+    rel = await session.files().awrite(path, data)
+    return rel, len(nb.cells), len(data)

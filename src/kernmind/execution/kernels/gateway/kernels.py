@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from kernmind.budget import Budget
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernels.exchange import ChannelKernel, ExecOutcome, KernelLost, await_interrupted
 from kernmind.execution.kernels.gateway.client import (
@@ -240,14 +241,14 @@ class GatewayKernelFactory:
         gateway: KernelGateway,
         kernel_name: str,
         workspaces: SharedWorkspaces,
-        output_limit: int,
+        output_budget: Budget,
         env: dict[str, str] | None = None,
     ) -> None:
         self.gateway = gateway
         self.kernel_name = kernel_name
         self.env = env or {}  # KERNEL_* variables for every kernel (pod volumes, namespace …)
         self.workspaces = workspaces
-        self.setup = setup_code(output_limit)
+        self.setup = setup_code(output_budget)
 
     async def start(self, workspace: Workspace | None = None, group: Cgroup | None = None) -> GatewayKernel:
         """Start, connect, set up, and move into its own directory on the shared volume (``group``
