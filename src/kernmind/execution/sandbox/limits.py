@@ -17,7 +17,8 @@ where there are no groups, the process trees of what the runners registered (its
   work. ``allow_writes()`` raises it back to the hard limit (``--max-file-mb``), which is
   never lowered: raising a hard limit needs CAP_SYS_RESOURCE, which even root lacks in some
   containers. The sandbox's seccomp filter (``seccomp.py``) keeps code from raising its soft
-  limit itself. ``prlimit(2)`` on another uid's process needs CAP_SYS_RESOURCE too; without
+  limit itself, and the creation guard (``creation_guard.py``) reads that soft limit at every
+  creating call of a kernel: while it is 0, nothing is created either. ``prlimit(2)`` on another uid's process needs CAP_SYS_RESOURCE too; without
   it, a root server sets the limit through ``setpriv`` as the sandbox's uid.
 - **Disk writes seen by the kernel**: ``io_mark()`` sums ``write_bytes`` of
   ``/proc/<pid>/io`` over the session's processes (a process's count includes its reaped

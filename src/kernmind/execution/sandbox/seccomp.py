@@ -29,10 +29,16 @@ sandbox creates nothing anywhere, ``/tmp`` included (R, which makes a temporary 
 start, does not start there: delete with Python or bash). A filter, once loaded, cannot be
 changed: a process started *before* its session went over keeps the ordinary one.
 
+``guard_program()`` is the creation guard's filter (``creation_guard.py``), loaded on top of
+the ordinary one into kernels, which run across the session going over and back under:
+the same creating calls go to a listener (``SECCOMP_RET_USER_NOTIF``), which refuses them
+while the session is over and lets them through otherwise; every other call is allowed.
+
 Programs are built for x86_64 (with its i386 and x32 system-call tables) and aarch64 (with
 32-bit ARM); on other machines ``program()`` returns None and sandboxes run without it.
 
-Runs on its own (standard library only): the sandbox module and the fork-server template use it.
+Runs on its own (standard library only): the sandbox module and the unprivileged-user test
+copy it without the rest of kernmind.
 """
 
 from __future__ import annotations
