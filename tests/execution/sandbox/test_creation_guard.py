@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -173,6 +174,53 @@ async def test_a_helper_that_dies_ends_its_sandbox_instead_of_leaving_calls_wait
     finally:
         await kernel.shutdown()
         kernel.workspace.remove()
+
+
+# A long-lived command: creates under the quota, waits, tries again once told to.
+LONG_LIVED = (
+    "import os, sys\n"
+    "os.mkdir('under'); print('made', flush=True)\n"
+    "sys.stdin.readline()\n"
+    "try:\n    os.mkdir('over'); r = 'made'\nexcept OSError as e:\n    r = e.strerror\n"
+    "os.rmdir('under'); print(r, flush=True)\n"
+    "sys.stdin.readline()\n"
+    "os.mkdir('again'); print('made', flush=True)"
+)
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "none"])
+def test_any_long_lived_command_is_held_with_or_without_bubblewrap(backend: str, tmp_path: Path) -> None:
+    """``Sandbox.wrap(guard=True)``: the lifeline answers, in front of bubblewrap or (``--sandbox
+    none``) as the command's only parent."""
+    sandbox = SANDBOX if backend == "bwrap" else Sandbox.detect("none")
+    if sandbox.guard is None:
+        pytest.skip(f"no creation guard for --sandbox {backend}: {sandbox.guard_problem}")
+    uid = sandbox.allocate_uid()
+    if uid is not None:
+        os.chown(tmp_path, uid, uid)
+    cmd = sandbox.wrap(["/usr/bin/python3", "-u", "-c", LONG_LIVED], workspace=tmp_path, uid=uid, guard=True)
+    proc = subprocess.Popen(
+        cmd.argv, env=cmd.env, cwd=cmd.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdout.readline().strip() == "made"
+        limits = SessionLimits(CgroupSupport.disabled("not needed here"), sandbox.limits)
+        limits.track("command", [proc.pid])
+        limits.block_writes()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "Disk quota exceeded"
+        assert sorted(os.listdir(tmp_path)) == []  # nothing made, and deleting worked
+        limits.allow_writes()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "made"
+        assert proc.wait(timeout=30) == 0
+        assert sorted(os.listdir(tmp_path)) == ["again"]
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_the_guard_filter_sends_only_creating_calls_to_the_listener() -> None:
