@@ -8,9 +8,11 @@ later session. The interpreter, the uv binary, the stub wheels and local find-li
 directories are mounted read-only.
 
 Inside a session's call (``sandbox/limits.py``'s ``current_limits``, set by ``installs.py``)
-the build joins the session's control group and gets its write block: its processes and its
-in-memory ``/tmp`` count against the session's memory and process limits like the session's
-own, and a build that outgrows them is stopped with a sentence (``python.check_session_memory``).
+the build joins the session's control group: its processes and its in-memory ``/tmp`` count
+against the session's memory and process limits like the session's own, and a build that
+outgrows them is stopped with a sentence (``python.check_session_memory``). The workspace
+quota's write block does not apply: a build writes to its own scratch directory, not to the
+session's workspace, and what it produces is counted with the stored session's layers.
 
 The sandbox never has the network, loopback of the host included (its own network
 namespace: a build backend cannot reach kernmind's port, a database or the index on
@@ -75,14 +77,15 @@ class SandboxUv:
         return str(Path(self.sandbox.workspace_path(self.work)) / rel)
 
     async def __call__(self, args: Sequence[str], *, timeout: float) -> tuple[int, str, str]:
-        session = current_limits.get()  # a session's install: its group, limits and write block
+        # A session's install: the build counts against the session's memory and processes. Not
+        # its write block: it writes to this scratch directory, outside the workspace's quota.
+        session = current_limits.get()
         cmd = self.sandbox.wrap(
             [self.binary, *args],
             workspace=self.work,
             env=self.env,
             ro_paths=self.ro_paths,
             uid=self.uid,
-            limits=session.sandbox_limits(self.sandbox.limits) if session is not None else None,
             join=session.join_files() if session is not None else (),
         )
         with anyio.fail_after(timeout):
