@@ -525,7 +525,12 @@ class Sandbox:
             "runs_as": "a dedicated uid per sandbox" if self.drops_privileges else "the server's user",
             "gpu": self.gpu.describe() if self.gpu else None,
             "seccomp": "code cannot change its file-size limit" if self.seccomp else None,
-            "creation_guard": "active" if self.guard else f"off: {self.guard_problem}",
+            "creation_guard": (
+                f"active: seccomp user notification (Linux {platform.release()}); a running kernel creates "
+                "nothing while its session is over the quota"
+                if self.guard
+                else f"off: {self.guard_problem}"
+            ),
             "quota": self.quota_enforcement(),
             "limits": {
                 "memory_mb": self.limits.memory_mb,
