@@ -121,7 +121,12 @@ def fsize_limits(pid: int, proc: int) -> tuple[int, int] | None:
         return None
     finally:
         os.close(fd)
-    for line in text.splitlines():
+    return parse_fsize(text)
+
+
+def parse_fsize(limits: str) -> tuple[int, int] | None:
+    """(soft, hard) RLIMIT_FSIZE from the text of a ``/proc/<pid>/limits`` file."""
+    for line in limits.splitlines():
         if line.startswith("Max file size"):
             soft, hard = line[len("Max file size") :].split()[:2]
             unlimited = resource.RLIM_INFINITY

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from kernmind.execution.sandbox.bwrap import Limits
 from kernmind.execution.sandbox.cgroups import Cgroup, CgroupSupport, read_small
+from kernmind.execution.sandbox.creation_guard import parse_fsize
 
 log = logging.getLogger(__name__)
 
@@ -83,18 +84,9 @@ def tree_pids(roots: Iterable[int]) -> list[int]:
 def fsize_limits(pid: int) -> tuple[int, int] | None:
     """(soft, hard) RLIMIT_FSIZE of ``pid`` from ``/proc/<pid>/limits`` (None: gone)."""
     try:
-        text = Path(f"/proc/{pid}/limits").read_text()
+        return parse_fsize(Path(f"/proc/{pid}/limits").read_text())
     except OSError:
         return None
-    for line in text.splitlines():
-        if line.startswith("Max file size"):
-            soft, hard = line[len("Max file size") :].split()[:2]
-            unlimited = resource.RLIM_INFINITY
-            return (
-                unlimited if soft == "unlimited" else int(soft),
-                unlimited if hard == "unlimited" else int(hard),
-            )
-    return None
 
 
 def set_soft_fsize(pid: int, soft: int | None) -> None:
