@@ -283,6 +283,9 @@ async def test_a_fork_bomb_stays_in_its_session(deployment: Deployment, alice: C
 
 # --- the workspace quota ----------------------------------------------------------------------------
 
+# A new file of a session over its quota: not created where the creation guard holds running
+# kernels (``creation_guard.py``), else created empty and not grown.
+REFUSED_WRITE = "Disk quota exceeded" if Sandbox.detect("auto").guard is not None else "File too large"
 WRITE_150 = "import os\nfd = os.open('f{i}', os.O_WRONLY | os.O_CREAT)\nos.write(fd, b'\\1' * 150 * 2**20)"
 
 
@@ -302,7 +305,7 @@ async def check_quota_holds(alice: Client, bob: Client, session: str) -> None:
     # One burst: the first write (over the quota) is all that lands; then nothing grows.
     assert await files_mib(alice, session) <= 151
     for out in results[1:]:
-        assert out["status"] == "error" and "File too large" in out["error"]["value"], out
+        assert out["status"] == "error" and REFUSED_WRITE in out["error"]["value"], out
     note = over_note(results[-1])
     assert "is 90 MiB over" in note and "Delete at least 90 MiB" in note and "f0 (150 MiB)" in note
     # Other languages are blocked too (a new sandbox starts with the block).
@@ -333,7 +336,7 @@ async def test_repeated_writes_never_leave_more_than_one_burst_over_the_quota(
 FALLOCATE = (
     "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
     "libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]\n"
-    "fd = os.open('pre', os.O_RDWR | os.O_CREAT)\n"
+    "fd = os.open('pre', os.O_RDWR)\n"
     "codes = [0 if libc.fallocate(fd, mode, 0, 100 * 2**20) == 0 else ctypes.get_errno() for mode in (0, 1)]\n"
     "os.close(fd)\ncodes"
 )
@@ -344,14 +347,23 @@ async def test_over_the_quota_no_directories_links_or_preallocation_grow_it(alic
     Over the quota, a sandbox started then creates nothing, the kernel that was already running
     cannot preallocate, and code still deletes; every result carries the quota note."""
     session = "holes"
+    await run(alice, "open('pre', 'w').close()", session)
     await run(alice, WRITE_150.format(i=0), session)
     size = await files_mib(alice, session)
     assert size > 60
-    # Python, in the kernel that ran before the session went over: no preallocation at all
-    # (in a file it may still create: that kernel keeps the ordinary filter, see docs/security.md).
+    # Python, in the kernel that ran before the session went over: no preallocation at all.
     out = await run(alice, FALLOCATE, session)
     assert out["results"][0]["text"] == "[27, 95]", out  # EFBIG (the size would grow), EOPNOTSUPP
     over_note(out)
+    # That same running kernel creates nothing either (the creation guard, docs/security.md).
+    attempts = (
+        "import os\nrefused = []\n"
+        "for make in (lambda: os.mkdir('late'), lambda: open('late.txt', 'w').close()):\n"
+        "    try:\n        make()\n    except OSError as e:\n        refused.append(e.strerror)\n"
+        "refused"
+    )
+    out = await run(alice, attempts, session)
+    assert out["results"][0]["text"] == "['Disk quota exceeded', 'Disk quota exceeded']", out
     # Bash, a sandbox started while over: nothing is created, in the workspace or in a deep tree.
     script = (
         "echo refused $(mkdir d{1..10000} 2>&1 | grep -c 'Disk quota exceeded')\n"
@@ -384,7 +396,7 @@ async def test_the_runtime_directory_counts_against_the_quota(alice: Client) -> 
     size = "import os\nsum(os.path.getsize(f'/run/kernmind/{f}') for f in os.listdir('/run/kernmind'))"
     used = int((await run(alice, size, "runtime-dir"))["results"][0]["text"])
     again = await run(alice, code, "runtime-dir")
-    assert again["status"] == "error" and "File too large" in again["error"]["value"]
+    assert again["status"] == "error" and REFUSED_WRITE in again["error"]["value"]
     # One burst (what was written before the sample that found it over), and not a byte more
     # (opening fill0 again for writing truncated it: it may shrink).
     assert int((await run(alice, size, "runtime-dir"))["results"][0]["text"]) <= used
@@ -425,7 +437,9 @@ async def test_writes_between_calls_are_caught_before_the_next_call(alice: Clien
             await anyio.sleep(0.1)
     late = await run(alice, "sorted(set(errors))", "between")
     assert await files_mib(alice, "between") <= size + 0.1  # not growing once over
-    assert "27" in late["results"][0]["text"]  # EFBIG: the thread's writes fail
+    # The thread's writes fail: opening for writing is refused (EDQUOT, the creation guard), or
+    # a file opened just before the block cannot grow (EFBIG).
+    assert "122" in late["results"][0]["text"] or "27" in late["results"][0]["text"], late
     structured(await alice.call_tool("close_session", {"session_id": "between"}))
 
 

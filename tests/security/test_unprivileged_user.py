@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import kernmind.execution.sandbox.bwrap as sandbox_module
+import kernmind.execution.sandbox.creation_guard as creation_guard_module
 import kernmind.execution.sandbox.seccomp as seccomp_module
 
 USER = "kernmind-ci"
@@ -81,6 +82,32 @@ cmd = sandbox.wrap(["/usr/bin/python3", "-c", (
 proc = subprocess.run(cmd.argv, env=cmd.env, cwd=cmd.cwd, capture_output=True, text=True, timeout=60)
 report["blocked"] = proc.stdout.strip() or proc.stderr.strip()[-300:]
 report["seccomp"] = sandbox.seccomp is not None
+# A long-lived command (a kernel) under the creation guard: it creates under the quota; once its
+# processes get the write block (soft RLIMIT_FSIZE 0, as the quota sets it), it creates nothing.
+import os, resource
+report["guard"] = sandbox.guard_problem
+if sandbox.guard is not None:
+    cmd = sandbox.wrap(["/usr/bin/python3", "-u", "-c", (
+        "import os, sys\n"
+        "os.mkdir('under'); print('made', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "try:\n    os.mkdir('over'); r = 'made'\nexcept OSError as e:\n    r = e.errno\n"
+        "os.rmdir('under'); print(r, flush=True)")], workspace=ws, guard=True)
+    proc = subprocess.Popen(cmd.argv, env=cmd.env, cwd=cmd.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    first = proc.stdout.readline().strip()
+    todo, tree = [proc.pid], []
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            todo += [int(c) for c in open(f"/proc/{pid}/task/{tid}/children").read().split()]
+    for pid in tree:
+        try:
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (0, resource.prlimit(pid, resource.RLIMIT_FSIZE)[1]))
+        except OSError:
+            pass
+    out, _ = proc.communicate("go\n", timeout=60)
+    report["guarded"] = f"{first} {out.strip()}"
 print(json.dumps(report))
 """
 
@@ -120,6 +147,11 @@ def test_unprivileged_sandbox_confines_code(shared_dir: Path, test_user: pwd.str
         d.chmod(0o755)
         (d / "__init__.py").write_text("")
     shutil.copy(seccomp_module.__file__, package / "seccomp.py")
+    # The creation guard: its module (probed from the package), the lifeline that answers it and
+    # the guard module beside it (run as scripts from the sandbox module's directory).
+    shutil.copy(creation_guard_module.__file__, package / "creation_guard.py")
+    shutil.copy(creation_guard_module.__file__, lib / "creation_guard.py")
+    shutil.copy(Path(sandbox_module.__file__).with_name("lifeline.py"), lib / "lifeline.py")
     (lib / "driver.py").write_text(DRIVER)
     for f in [*lib.iterdir(), *(f for d in levels for f in d.iterdir())]:
         if f.is_file():

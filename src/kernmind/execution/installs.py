@@ -5,7 +5,8 @@ Design
   hold the session (``sessions.hold``: one call at a time, as ``run_code``), install into its
   layer, keep a copy of the layer in the stored session (``package_layers.keep``), write its
   meta at once (a server killed right after the install must still count and list what it
-  kept), and put the layer on the running kernel's path.
+  kept), and put the layer on the running kernel's path. While it installs, the session's
+  limits are ``current_limits``: uv and a source build run in the session's control group.
 - The notes say how to use what was installed: importable at once in Python (and on bash's
   ``PYTHONPATH``), or with an ``npm:`` specifier in JavaScript/TypeScript.
 
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 from kernmind.execution.errors import SessionError
 from kernmind.execution.packages import InstallResult
 from kernmind.execution.runners.python import PythonRunner
+from kernmind.execution.sandbox.limits import SessionLimits, current_limits
 from kernmind.execution.sessions import package_layers
 from kernmind.execution.sessions.registry import DEFAULT_SESSION
 
@@ -50,7 +52,13 @@ async def install(
     if ex.remote is not None:
         raise SessionError(GATEWAY_PACKAGES_REFUSAL)
     async with ex.sessions.hold(session_id, owner=owner) as session:
-        result = await ex.packages.install(packages, language, session.layer())
+        if session.limits is None:
+            session.limits = SessionLimits(ex.cgroups, ex.sandbox.limits)
+        token = current_limits.set(session.limits)  # its processes run in the session's group
+        try:
+            result = await ex.packages.install(packages, language, session.layer())
+        finally:
+            current_limits.reset(token)
         if result.installed and (not_kept := await package_layers.keep(session, ex.store)):
             result.notes.append(not_kept)
         if result.installed and session.home is not None:

@@ -15,7 +15,7 @@ import pytest
 from kernmind.execution.kernels.forkserver.kernels import PLACEHOLDER
 from kernmind.execution.kernels.launch import KERNEL_ARGS, LaunchPlan
 from kernmind.execution.kernels.local import Kernel, KernelFactory, PythonRuntime
-from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox, lifeline_argv
 from kernmind.execution.sandbox.workspace import Workspace
 
 pytestmark = [
@@ -51,6 +51,11 @@ def test_the_kernel_and_the_fork_servers_placeholder_get_the_same_sandbox_but_th
     placeholder = plan.wrap(PLACEHOLDER, as_kernel=False)
     assert kernel[-3:] == ["/usr/bin/python3", "-m", "ipykernel_launcher"]
     assert placeholder[-len(PLACEHOLDER) :] == PLACEHOLDER
+    if factory.sandbox.guard is not None:  # only the kernel has the creation guard's parent in front
+        guard = lifeline_argv([], guard=factory.sandbox.guard)
+        at = next(i for i in range(len(kernel)) if kernel[i : i + len(guard)] == guard)
+        kernel = kernel[:at] + kernel[at + len(guard) :]
+        assert not any("lifeline.py" in a for a in placeholder)
     sandbox = placeholder[: -len(PLACEHOLDER)]
     assert kernel[: len(sandbox)] == sandbox  # the same namespaces, mounts, limits, environment
     if plan.uid is not None:  # (a server that is not root runs kernels as itself)

@@ -119,6 +119,7 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    exec({build_code!r}, {{}})  # what a test's build does besides (hog memory…)
     info = DIST + "-" + VERSION + ".dist-info"
     files = {{
         DIST + "/__init__.py": "VERSION = %r\\nBUILT = %r\\nREACHED = %r\\n" % (VERSION, _where(), _reach()),
@@ -147,11 +148,12 @@ def make_sdist(
     connect: int | None = None,
     requires: tuple[str, ...] = (),
     dynamic: bool = False,
+    build_code: str = "",
 ) -> Path:
     """Build ``name-version.tar.gz``: an sdist with an in-tree build backend (no build deps);
     with ``connect``, its build tries to reach that port on 127.0.0.1 (``REACHED`` says how it went).
     ``requires`` are its dependencies, declared in ``pyproject.toml`` or, ``dynamic``, known only
-    once its backend runs (as a ``setup.py`` package's)."""
+    once its backend runs (as a ``setup.py`` package's). ``build_code`` runs when its wheel is built."""
     directory.mkdir(parents=True, exist_ok=True)
     dist = name.replace("-", "_")
     root = f"{dist}-{version}"
@@ -166,7 +168,9 @@ def make_sdist(
             f'[project]\nname = "{name}"\nversion = "{version}"\n{deps}'
         ),
         "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        "backend.py": _BACKEND.format(name=name, version=version, connect=connect, requires=requires),
+        "backend.py": _BACKEND.format(
+            name=name, version=version, connect=connect, requires=requires, build_code=build_code
+        ),
     }
     path = directory / f"{root}.tar.gz"
     with tarfile.open(path, "w:gz") as tf:

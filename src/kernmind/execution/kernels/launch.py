@@ -106,6 +106,7 @@ class LaunchPlan:
             limits=factory.limits,
             mounts=self.mounts,
             join=self.group.join if self.group is not None else (),
+            guard=as_kernel,  # the placeholder's kernel is guarded by the template's waiter instead
         ).argv
 
     def manager(self, wrap: Callable[[list[str]], list[str]], **kw: Any) -> SandboxedKernelManager:

@@ -49,6 +49,7 @@ Failure = Literal[
     "build_failed",
     "timeout",
     "installer",
+    "memory",
 ]
 
 PYPI = "https://pypi.org/simple"

@@ -19,7 +19,10 @@ a package any session installed before installs again as hard links, with no dow
 and no compile. Stub wheels for the interpreter are built once per set of installed versions.
 
 Where uv runs is a ``UvRunner``: ``HostUv`` here (wheels only: installing a wheel runs no
-code from the package), or the sandboxed runner in ``sdist.py`` for source builds.
+code from the package), or the sandboxed runner in ``sdist.py`` for source builds. For a
+session's install (``current_limits``, set by ``installs.py``) either runs in the session's
+control group, so it counts against the session's memory and process limits; an install the
+out-of-memory killer stopped is refused with a sentence (``check_session_memory``).
 
 Error policy: refusals and failures are ``PackageError`` (see ``diagnose.py``).
 """
@@ -46,6 +49,7 @@ from packaging.utils import canonicalize_name
 from kernmind.execution.packages.diagnose import explain
 from kernmind.execution.packages.layer import Distribution
 from kernmind.execution.packages.policy import PackageError, PackageSources
+from kernmind.execution.sandbox.limits import SessionLimits, current_limits
 
 _PIN_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)\s*$")
 
@@ -89,9 +93,32 @@ class HostUv:
         return str(host)
 
     async def __call__(self, args: Sequence[str], *, timeout: float) -> tuple[int, str, str]:
+        argv = [self.binary, *args]
+        session = current_limits.get()  # a session's install: uv counts against its memory too
+        group = session.ensure_group() if session is not None else None
+        if group is not None:
+            argv = group.join_argv(argv)
         with anyio.fail_after(timeout):
-            proc = await anyio.run_process([self.binary, *args], env=self.env, check=False)
+            proc = await anyio.run_process(argv, env=self.env, check=False)
+        check_session_memory(session)
         return proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+
+
+def check_session_memory(session: SessionLimits | None) -> None:
+    """Raise the memory sentence when the kernel's out-of-memory killer stopped a process of the
+    session (the install's, most likely) while it ran."""
+    if session is not None and session.memory_exceeded():
+        raise PackageError("memory", session_memory_note(session))
+
+
+def session_memory_note(session: SessionLimits) -> str:
+    return (
+        f"the install used more than the session's {session.limits.memory_mb} MiB memory limit "
+        "(--memory-mb), counted together with the session's interpreter and the files in its /tmp "
+        "and /dev/shm, and was stopped; nothing was added. Free memory in the session first (del "
+        "large variables, delete files in /tmp and /dev/shm), install fewer packages at once, or ask "
+        "the operator for a larger --memory-mb."
+    )
 
 
 @dataclass

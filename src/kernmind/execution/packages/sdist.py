@@ -7,6 +7,13 @@ private uv cache — never the shared one, which a build could otherwise poison 
 later session. The interpreter, the uv binary, the stub wheels and local find-links
 directories are mounted read-only.
 
+Inside a session's call (``sandbox/limits.py``'s ``current_limits``, set by ``installs.py``)
+the build joins the session's control group: its processes and its in-memory ``/tmp`` count
+against the session's memory and process limits like the session's own, and a build that
+outgrows them is stopped with a sentence (``python.check_session_memory``). The workspace
+quota's write block does not apply: a build writes to its own scratch directory, not to the
+session's workspace, and what it produces is counted with the stored session's layers.
+
 The sandbox never has the network, loopback of the host included (its own network
 namespace: a build backend cannot reach kernmind's port, a database or the index on
 127.0.0.1). When a package source is remote, the server first downloads what the build
@@ -40,8 +47,15 @@ from packaging.requirements import Requirement
 from kernmind.execution.packages.fetch import Fetcher, Target, missing_projects
 from kernmind.execution.packages.layer import distributions_in, merge_untrusted_tree
 from kernmind.execution.packages.policy import PackageError, PackageSources
-from kernmind.execution.packages.python import Installed, PythonTarget, Resolution, resolve_and_install
+from kernmind.execution.packages.python import (
+    Installed,
+    PythonTarget,
+    Resolution,
+    check_session_memory,
+    resolve_and_install,
+)
 from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.limits import current_limits
 
 
 @dataclass
@@ -63,11 +77,20 @@ class SandboxUv:
         return str(Path(self.sandbox.workspace_path(self.work)) / rel)
 
     async def __call__(self, args: Sequence[str], *, timeout: float) -> tuple[int, str, str]:
+        # A session's install: the build counts against the session's memory and processes. Not
+        # its write block: it writes to this scratch directory, outside the workspace's quota.
+        session = current_limits.get()
         cmd = self.sandbox.wrap(
-            [self.binary, *args], workspace=self.work, env=self.env, ro_paths=self.ro_paths, uid=self.uid
+            [self.binary, *args],
+            workspace=self.work,
+            env=self.env,
+            ro_paths=self.ro_paths,
+            uid=self.uid,
+            join=session.join_files() if session is not None else (),
         )
         with anyio.fail_after(timeout):
             proc = await anyio.run_process(cmd.argv, env=cmd.env, cwd=cmd.cwd, check=False)
+        check_session_memory(session)
         err = proc.stderr.decode(errors="replace")
         if proc.returncode != 0:
             self.last_error = err

@@ -19,7 +19,10 @@ While a session is over its workspace quota, its sandboxes start with a soft RLI
 0 (``Limits.writes_blocked``; the hard limit stays, so the server can lift the block), and a
 seccomp filter (``seccomp.py``, ``--seccomp``) keeps code from changing its file-size limit
 and from preallocating past it; such a sandbox loads the stricter filter that also refuses
-to create directories, links and files (``seccomp_for``).
+to create directories, links and files (``seccomp_for``). A kernel, which runs for long,
+gets the creation guard instead (``wrap(guard=True)``, ``creation_guard.py``): a lifeline
+parent outside bubblewrap loads its filter and answers its creating calls, refused exactly
+while the session's write block is on.
 
 RLIMIT_NPROC is not enforced for root. When the server runs as root, bwrap runs
 privileged (no user namespace) and the command inside is started through
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import random
 import shutil
 import subprocess
@@ -149,6 +153,9 @@ class Sandbox:
     _next_uid: int = field(default_factory=lambda: random.randrange(200_000, 900_000))
     gpu: GpuPassthrough | None = None  # NVIDIA devices passed through (``--gpu auto``), see gpu.py
     seccomp: str | None = None  # the filter file bwrap loads (seccomp.py); None: no filter
+    # The creation guard's filter file (creation_guard.py), where it works here; else why not.
+    guard: str | None = None
+    guard_problem: str | None = None
 
     # --- construction -------------------------------------------------------
     @classmethod
@@ -165,7 +172,7 @@ class Sandbox:
                 allow_network=True,
                 limits=limits,
                 seccomp=_unsandboxed_seccomp(),
-            )
+            ).with_guard()
         bwrap = shutil.which("bwrap")
         problem = None
         if sys.platform != "linux":
@@ -190,7 +197,7 @@ class Sandbox:
                     from kernmind.execution.sandbox.gpu import detect as detect_gpu
 
                     candidate.gpu = detect_gpu("auto", sandbox_uid_is_unprivileged=candidate.drops_privileges)
-                return candidate
+                return candidate.with_guard()
         if mode in ("bwrap", "required"):
             raise SandboxUnavailable(f"--sandbox {mode}: no isolation available: {problem}")
         log.warning(
@@ -200,7 +207,15 @@ class Sandbox:
         )
         return cls(
             "none", f"fallback: {problem}", allow_network=True, limits=limits, seccomp=_unsandboxed_seccomp()
-        )
+        ).with_guard()
+
+    def with_guard(self) -> Sandbox:
+        """This sandbox with the creation guard where it works here (probed once per process)."""
+        if self.seccomp is None:
+            self.guard, self.guard_problem = None, "there is no seccomp filter here"
+        else:
+            self.guard, self.guard_problem = _guard_file()
+        return self
 
     @classmethod
     def prefetch(cls, mode: str, *, allow_network: bool = False, limits: Limits | None = None) -> None:
@@ -301,6 +316,7 @@ class Sandbox:
         limits: Limits | None = None,
         mounts: Sequence[Mount] = (),
         join: Sequence[str | Path] = (),
+        guard: bool = False,
     ) -> SandboxedCommand:
         """Wrap ``argv`` so it runs confined to ``workspace`` under the limits.
 
@@ -310,17 +326,29 @@ class Sandbox:
         ``mounts`` are server directories exposed read-only at a path of their own (for the same
         reason). ``env`` is added to the allow-listed environment. ``join`` are ``cgroup.procs``
         files of a control group the process enters before anything else runs (``cgroups.py``).
+        ``guard``: a long-lived command (a kernel) gets the creation guard where it works here
+        (``creation_guard.py``): while its session is over the quota it creates nothing, though
+        it started under. A sandbox started over the quota has the stricter filter instead.
         """
         limits = limits or self.limits
         inner_ws = self.workspace_path(workspace)
         environment = self.environment(inner_ws, env)
+        guarded = self.guard if guard and not limits.writes_blocked else None
         if self.isolated:
-            full = self._bwrap_args(argv, workspace, environment, ro_paths, runtime_dir, uid, limits, mounts)
-            outer = _launcher(self._with_rlimits(full, limits, uid), self.seccomp_for(limits), join)
+            full = self._with_rlimits(
+                self._bwrap_args(argv, workspace, environment, ro_paths, runtime_dir, uid, limits, mounts),
+                limits,
+                uid,
+            )
+            if guarded is not None:  # its answering parent stays outside the sandbox
+                full = lifeline_argv(full, guard=guarded)
+            outer = _launcher(full, self.seccomp_for(limits), join)
             return SandboxedCommand(outer, dict(environment), "/")
         # No pid namespace to end the tree with the server: a lifeline parent does (lifeline.py).
         outer = _launcher(
-            self._with_rlimits(lifeline_argv(argv, self.seccomp_for(limits)), limits, None), None, join
+            self._with_rlimits(lifeline_argv(argv, self.seccomp_for(limits), guarded), limits, None),
+            None,
+            join,
         )
         return SandboxedCommand(outer, environment, str(workspace))
 
@@ -465,9 +493,18 @@ class Sandbox:
         if self.seccomp is not None:
             held = (
                 "over the quota no file grows (RLIMIT_FSIZE 0) and code cannot lift that nor preallocate "
-                "(seccomp); sandboxes started while over create nothing, a kernel already running can "
-                "still make directories until the quota check stops its call"
+                "(seccomp); sandboxes started while over create nothing"
             )
+            if self.guard is not None:
+                held += (
+                    ", and neither does a kernel already running (a seccomp listener outside its "
+                    "sandbox refuses its mkdir/open(O_CREAT) while the session is over)"
+                )
+            else:
+                held += (
+                    f"; a kernel already running can still make directories and empty files until the "
+                    f"quota check stops its call (no creation guard: {self.guard_problem})"
+                )
             if self.isolated:
                 return held
             return (
@@ -488,6 +525,12 @@ class Sandbox:
             "runs_as": "a dedicated uid per sandbox" if self.drops_privileges else "the server's user",
             "gpu": self.gpu.describe() if self.gpu else None,
             "seccomp": "code cannot change its file-size limit" if self.seccomp else None,
+            "creation_guard": (
+                f"active: seccomp user notification (Linux {platform.release()}); a running kernel creates "
+                "nothing while its session is over the quota"
+                if self.guard
+                else f"off: {self.guard_problem}"
+            ),
             "quota": self.quota_enforcement(),
             "limits": {
                 "memory_mb": self.limits.memory_mb,
@@ -512,13 +555,15 @@ def _launcher(argv: list[str], seccomp: str | None, join: Sequence[str | Path]) 
     return ["/bin/sh", "-c", _JOIN + run, "kernmind-sandbox", seccomp or "", *map(str, join), "--", *argv]
 
 
-def lifeline_argv(argv: Sequence[str], seccomp: str | None = None) -> list[str]:
+def lifeline_argv(argv: Sequence[str], seccomp: str | None = None, guard: str | None = None) -> list[str]:
     """``argv`` under a parent that kills its whole tree when the server dies (Linux only),
-    started under the seccomp filter in ``seccomp`` when given."""
+    started under the seccomp filter in ``seccomp`` and the creation guard in ``guard`` (which
+    that parent answers) when given."""
     if sys.platform != "linux":
         return list(argv)
     script = str(Path(__file__).with_name("lifeline.py"))
     filtered = ["--seccomp", seccomp] if seccomp is not None else []
+    filtered += ["--guard", guard] if guard is not None else []
     return [sys.executable, "-S", "-E", "-s", script, str(os.getpid()), *filtered, "--", *argv]
 
 
@@ -539,6 +584,46 @@ def _unsandboxed_seccomp() -> str | None:
         )
         return None
     return path
+
+
+_guard_lock = threading.Lock()
+_guard_outcome: list[tuple[str | None, str | None]] = []
+
+
+def _guard_file() -> tuple[str | None, str | None]:
+    """(the creation guard's filter file, None) where the guard works here, else (None, why):
+    tried once per process, for real, in a child process (``creation_guard.probe``)."""
+    with _guard_lock:
+        if not _guard_outcome:
+            _guard_outcome.append(_probe_guard())
+        return _guard_outcome[0]
+
+
+def _probe_guard() -> tuple[str | None, str | None]:
+    if sys.platform != "linux":
+        return None, f"seccomp needs Linux (this is {sys.platform})"
+    try:
+        from kernmind.execution.sandbox import creation_guard, seccomp
+    except ImportError:  # this module copied on its own (the unprivileged-user test)
+        return None, "kernmind's seccomp module is not available"
+    data = seccomp.guard_program()
+    if data is None or platform.machine() not in creation_guard.SYSCALL_SECCOMP:
+        return None, f"no filter for this machine ({platform.machine()})"
+    try:
+        path = seccomp.filter_file(data)
+        proc = subprocess.run(
+            [sys.executable, "-S", "-E", "-s", creation_guard.__file__, path],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"the probe did not run: {exc}"
+    if proc.returncode != 0:
+        why = (proc.stdout.strip() or proc.stderr.strip() or f"exit {proc.returncode}").splitlines()[-1]
+        return None, f"{why} (Linux {platform.release()})"
+    return path, None
 
 
 def _seccomp_file(*, over_quota: bool = False) -> str | None:

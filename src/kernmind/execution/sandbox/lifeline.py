@@ -1,7 +1,7 @@
 """A process tree that dies with the server, for commands run without bubblewrap.
 
 Run as a script (standard library only, started with ``python -S -E``):
-``lifeline.py SERVER_PID [--seccomp FILE] -- command …``.
+``lifeline.py SERVER_PID [--seccomp FILE] [--guard FILE] -- command …``.
 
 Design
 - Under bubblewrap a sandbox ends with the server: bwrap runs with ``--die-with-parent``
@@ -22,12 +22,18 @@ Design
 - ``--seccomp FILE``: the command starts under that seccomp filter (``seccomp.py``, the one
   bubblewrap loads into a sandbox), with ``no_new_privs``: without bubblewrap, code still
   cannot lift the workspace quota's write block nor preallocate past it.
+- ``--guard FILE``: the command starts under the creation guard's filter (``seccomp.py``'s
+  ``guard_program``) and this process answers it (``creation_guard.py``): while the
+  command's session is over the workspace quota, nothing it runs creates a file, however
+  long ago it started. ``Sandbox.wrap`` puts this parent, with only this option, in front
+  of bubblewrap for kernels (the guard cannot be given to bwrap): it stays outside the
+  sandbox, out of the code's reach, and bwrap's ``--die-with-parent`` ends the sandbox if it dies.
 - Signals: SIGTERM/SIGHUP/SIGQUIT sent to the lifeline alone while the server lives are
   passed on to the command; SIGINT is ignored here (it reaches the command through its
   process group, which it shares with us).
 
 Error policy: a command that cannot be executed exits 127 with the reason on stderr (126
-when its seccomp filter cannot be loaded: nothing runs unfiltered); a server already gone
+when its seccomp filter or guard cannot be loaded: nothing runs unfiltered); a server already gone
 before we could tie ourselves to it: exit 137, nothing is started.
 """
 
@@ -36,6 +42,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import sys
 
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
@@ -113,13 +120,58 @@ def load_seccomp(libc: ctypes.CDLL, path: str) -> None:
             raise OSError(code, os.strerror(code))
 
 
+def receive_listener(ours: socket.socket) -> int | None:
+    """The guard's listener from the command's process (None: it failed before sending it)."""
+    _, fds, _, _ = socket.recv_fds(ours, 16, 1)
+    ours.close()
+    return fds[0] if fds else None
+
+
+def send_listener(guard: str, pair: tuple[socket.socket, socket.socket]) -> None:
+    """In the command's process: load the guard's filter and send its listener to the parent."""
+    import creation_guard  # a sibling script (standard library only): sys.path[0] is this directory
+
+    pair[0].close()
+    with open(guard, "rb") as fh:
+        listener = creation_guard.load(fh.read())
+    socket.send_fds(pair[1], [b"l"], [listener])
+    os.close(listener)
+    pair[1].close()
+
+
+def serve_guard(child: int, fd: int | None) -> tuple[int, int] | None:
+    """Answer the guard's calls until ``child`` ends, reaping orphans meanwhile; (pid, status)."""
+    import creation_guard
+
+    listener = creation_guard.Listener(fd) if fd is not None else None
+    pidfd = os.pidfd_open(child)
+    while True:
+        if creation_guard.serve_until(listener, [pidfd], timeout=1.0):
+            return os.waitpid(child, 0)
+        while True:  # orphans that came back to us (a subreaper) meanwhile
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if pid == 0:
+                break
+            if pid == child:
+                return pid, status
+
+
 def main() -> None:
     server = int(sys.argv[1])
     rest = sys.argv[2:]
-    seccomp = None
-    if rest[:1] == ["--seccomp"]:
-        seccomp, rest = rest[1], rest[2:]
+    seccomp = guard = None
+    while rest[:1] in (["--seccomp"], ["--guard"]):
+        if rest[0] == "--seccomp":
+            seccomp = rest[1]
+        else:
+            guard = rest[1]
+        rest = rest[2:]
     command = rest[1:] if rest[:1] == ["--"] else rest
+    # The command's process sends the guard's listener to us over this pair (ours, theirs).
+    pair = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if guard is not None else None
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     libc.prctl(PR_SET_PDEATHSIG, DEATH_SIGNAL, 0, 0, 0)
@@ -148,6 +200,12 @@ def main() -> None:
             except OSError as exc:
                 os.write(2, f"kernmind: cannot load the seccomp filter: {exc}\n".encode())
                 os._exit(126)
+        if guard is not None and pair is not None:
+            try:
+                send_listener(guard, pair)
+            except OSError as exc:
+                os.write(2, f"kernmind: cannot load the creation guard: {exc}\n".encode())
+                os._exit(126)
         try:
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # ignored signals survive exec
             os.execvp(command[0], command)
@@ -157,10 +215,14 @@ def main() -> None:
     if os.getppid() != server:  # died while we forked (the signal may have come before the handler)
         kill_descendants()
         os._exit(137)
-    while True:
-        reaped = reap(block=True)
-        if reaped is None or reaped[0] == child:
-            break
+    if pair is not None:
+        pair[1].close()
+        reaped = serve_guard(child, receive_listener(pair[0]))
+    else:
+        while True:
+            reaped = reap(block=True)
+            if reaped is None or reaped[0] == child:
+                break
     kill_descendants()
     status = reaped[1] if reaped else 0
     if os.WIFSIGNALED(status):

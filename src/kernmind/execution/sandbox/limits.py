@@ -17,7 +17,8 @@ where there are no groups, the process trees of what the runners registered (its
   work. ``allow_writes()`` raises it back to the hard limit (``--max-file-mb``), which is
   never lowered: raising a hard limit needs CAP_SYS_RESOURCE, which even root lacks in some
   containers. The sandbox's seccomp filter (``seccomp.py``) keeps code from raising its soft
-  limit itself. ``prlimit(2)`` on another uid's process needs CAP_SYS_RESOURCE too; without
+  limit itself, and the creation guard (``creation_guard.py``) reads that soft limit at every
+  creating call of a kernel: while it is 0, nothing is created either. ``prlimit(2)`` on another uid's process needs CAP_SYS_RESOURCE too; without
   it, a root server sets the limit through ``setpriv`` as the sandbox's uid.
 - **Disk writes seen by the kernel**: ``io_mark()`` sums ``write_bytes`` of
   ``/proc/<pid>/io`` over the session's processes (a process's count includes its reaped
@@ -47,6 +48,7 @@ from pathlib import Path
 
 from kernmind.execution.sandbox.bwrap import Limits
 from kernmind.execution.sandbox.cgroups import Cgroup, CgroupSupport, read_small
+from kernmind.execution.sandbox.creation_guard import parse_fsize
 
 log = logging.getLogger(__name__)
 
@@ -82,18 +84,9 @@ def tree_pids(roots: Iterable[int]) -> list[int]:
 def fsize_limits(pid: int) -> tuple[int, int] | None:
     """(soft, hard) RLIMIT_FSIZE of ``pid`` from ``/proc/<pid>/limits`` (None: gone)."""
     try:
-        text = Path(f"/proc/{pid}/limits").read_text()
+        return parse_fsize(Path(f"/proc/{pid}/limits").read_text())
     except OSError:
         return None
-    for line in text.splitlines():
-        if line.startswith("Max file size"):
-            soft, hard = line[len("Max file size") :].split()[:2]
-            unlimited = resource.RLIM_INFINITY
-            return (
-                unlimited if soft == "unlimited" else int(soft),
-                unlimited if hard == "unlimited" else int(hard),
-            )
-    return None
 
 
 def set_soft_fsize(pid: int, soft: int | None) -> None:

@@ -39,12 +39,20 @@ when a server is killed. Project quotas remain the better tool where a host has 
 What RLIMIT_FSIZE does not bound, the seccomp filters do (``seccomp.py``): no sandbox may
 raise its own soft limit nor preallocate with ``fallocate(FALLOC_FL_KEEP_SIZE)``, and a
 sandbox started while its session is over creates nothing (directories, links, files:
-EDQUOT). What this leaves open: a filter cannot change once loaded, so a process started
-before its session went over (the Python kernel) can still create directories and empty
-files (a block each); the sampling while code runs stops such a call, and growth between
-calls is not seen by ``write_bytes`` (the measurement after the next call finds it). Where
-no filter can be loaded, code can also raise its own soft limit while over and write one
-more burst, found by the next measurement.
+EDQUOT). A filter cannot change once loaded, so a process started before its session went
+over (the Python kernel, warm or not) is held by the creation guard instead
+(``creation_guard.py``): its creating calls go to a helper outside its sandbox, which
+refuses them with EDQUOT exactly while the process's soft RLIMIT_FSIZE is 0 — the block
+above — and lets them through otherwise. So once a session is found over, nothing of it
+creates nor grows a file, enforced by the kernel at the moment of the call; the server's
+event loop is not asked. What stays open: where the guard is unavailable (Linux before
+5.5, no seccomp; ``kernmind doctor`` says so), a running kernel can still create directories
+and empty files (a block each) until the sampling while code runs stops such a call (growth
+between calls is not seen by ``write_bytes``: the measurement after the next call finds it);
+subprocess runners started under the quota (a long background bash job) have no guard;
+a unix socket bound to a path makes an inode with no data blocks. Where no filter can be
+loaded at all, code can also raise its own soft limit while over and write one more burst,
+found by the next measurement.
 
 Error policy: a measurement that fails leaves the last one standing (logged); blocking
 skips processes that vanished.

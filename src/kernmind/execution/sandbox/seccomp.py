@@ -29,10 +29,16 @@ sandbox creates nothing anywhere, ``/tmp`` included (R, which makes a temporary 
 start, does not start there: delete with Python or bash). A filter, once loaded, cannot be
 changed: a process started *before* its session went over keeps the ordinary one.
 
+``guard_program()`` is the creation guard's filter (``creation_guard.py``), loaded on top of
+the ordinary one into kernels, which run across the session going over and back under:
+the same creating calls go to a listener (``SECCOMP_RET_USER_NOTIF``), which refuses them
+while the session is over and lets them through otherwise; every other call is allowed.
+
 Programs are built for x86_64 (with its i386 and x32 system-call tables) and aarch64 (with
 32-bit ARM); on other machines ``program()`` returns None and sandboxes run without it.
 
-Runs on its own (standard library only): the sandbox module and the fork-server template use it.
+Runs on its own (standard library only): the sandbox module and the unprivileged-user test
+copy it without the rest of kernmind.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ _JSET_K = 0x45
 _RET_K = 0x06
 _ALLOW = 0x7FFF0000
 _ERRNO = 0x00050000  # SECCOMP_RET_ERRNO | errno
+_USER_NOTIF = 0x7FC00000  # SECCOMP_RET_USER_NOTIF: a listener decides (creation_guard.py)
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,20 @@ def _arg(i: int, high: bool = False) -> int:
 def program(machine: str | None = None, *, over_quota: bool = False) -> bytes | None:
     """The filter as ``struct sock_filter`` instructions, or None on an unknown machine
     (``over_quota``: the stricter one of a sandbox started while its session is over)."""
+    return _build(machine, limits=True, creating=_REFUSE if over_quota else None)
+
+
+def guard_program(machine: str | None = None) -> bytes | None:
+    """The creation guard's filter: the creating calls (those the stricter filter refuses) go
+    to a listener (``SECCOMP_RET_USER_NOTIF``, ``creation_guard.py``), everything else is
+    allowed; loaded on top of the ordinary filter. None on an unknown machine."""
+    return _build(machine, limits=False, creating=_NOTIFY)
+
+
+_REFUSE, _NOTIFY = "refuse", "notify"
+
+
+def _build(machine: str | None, *, limits: bool, creating: str | None) -> bytes | None:
     tables = _TABLES.get(machine or platform.machine())
     if tables is None:
         return None
@@ -153,17 +174,19 @@ def program(machine: str | None = None, *, over_quota: bool = False) -> bytes | 
         load(_ARCH)
         jeq(table.arch, 0, f"arch{n + 1}")
         load(_NR)
-        branches = [
-            (table.setrlimit, "setrlimit"),
-            (table.prlimit, "prlimit"),
-            (table.fallocate, "fallocate"),
-        ]
-        if over_quota:
+        branches: list[tuple[tuple[int, ...], str]] = []
+        if limits:
             branches += [
-                (table.creating, "edquot"),
+                (table.setrlimit, "setrlimit"),
+                (table.prlimit, "prlimit"),
+                (table.fallocate, "fallocate"),
+            ]
+        if creating:
+            branches += [
+                (table.creating, "create"),
                 (table.open_flags_arg1, "open1"),
                 (table.open_flags_arg2, "open2"),
-                (table.openat2, "enosys"),
+                (table.openat2, "openat2"),
             ]
         for nrs, target in branches:
             for nr in nrs:
@@ -171,36 +194,38 @@ def program(machine: str | None = None, *, over_quota: bool = False) -> bytes | 
         ret(_ALLOW)
     label(f"arch{len(tables)}")
     ret(_ALLOW)
-    label("setrlimit")  # setrlimit(resource, rlim)
-    load(_arg(0))
-    jeq(RLIMIT_FSIZE, "deny", "allow")
-    label("prlimit")  # prlimit64(pid, resource, new, old): only reading is allowed for FSIZE
-    load(_arg(1))
-    jeq(RLIMIT_FSIZE, 0, "allow")
-    load(_arg(2))
-    jeq(0, 0, "deny")
-    load(_arg(2, high=True))
-    jeq(0, "allow", "deny")
-    label("fallocate")  # fallocate(fd, mode, offset, len)
-    load(_arg(1))
-    for mode in FALLOCATE_ALLOWED:
-        jeq(mode, "allow", 0)
-    ret(_ERRNO | EOPNOTSUPP)
-    if over_quota:
+    if limits:
+        label("setrlimit")  # setrlimit(resource, rlim)
+        load(_arg(0))
+        jeq(RLIMIT_FSIZE, "deny", "allow")
+        label("prlimit")  # prlimit64(pid, resource, new, old): only reading is allowed for FSIZE
+        load(_arg(1))
+        jeq(RLIMIT_FSIZE, 0, "allow")
+        load(_arg(2))
+        jeq(0, 0, "deny")
+        load(_arg(2, high=True))
+        jeq(0, "allow", "deny")
+        label("fallocate")  # fallocate(fd, mode, offset, len)
+        load(_arg(1))
+        for mode in FALLOCATE_ALLOWED:
+            jeq(mode, "allow", 0)
+        ret(_ERRNO | EOPNOTSUPP)
+    if creating:
         label("open1")  # open(path, flags, mode)
         load(_arg(1))
-        code.append((_JSET_K, "edquot", "allow", O_CREAT))
+        code.append((_JSET_K, "create", "allow", O_CREAT))
         label("open2")  # openat(dirfd, path, flags, mode)
         load(_arg(2))
-        code.append((_JSET_K, "edquot", "allow", O_CREAT))
-        label("edquot")
-        ret(_ERRNO | EDQUOT)
-        label("enosys")
-        ret(_ERRNO | ENOSYS)
+        code.append((_JSET_K, "create", "allow", O_CREAT))
+        label("create")
+        ret(_USER_NOTIF if creating == _NOTIFY else _ERRNO | EDQUOT)
+        label("openat2")  # its flags are in a struct the filter cannot read
+        ret(_USER_NOTIF if creating == _NOTIFY else _ERRNO | ENOSYS)
     label("allow")
     ret(_ALLOW)
-    label("deny")
-    ret(_ERRNO | EPERM)
+    if limits:
+        label("deny")
+        ret(_ERRNO | EPERM)
 
     def rel(target: int | str, at: int) -> int:
         if isinstance(target, int):

@@ -66,6 +66,7 @@ from kernmind.execution.kernels.local import (
     start_wait,
 )
 from kernmind.execution.results import OutputCollector
+from kernmind.execution.sandbox import creation_guard
 from kernmind.execution.sandbox.cgroups import Cgroup
 from kernmind.execution.sandbox.workspace import Workspace
 
@@ -283,6 +284,8 @@ async def _spawn(
             "namespaces": names,
             "cgroup": [str(p) for p in plan.group.join] if plan.group is not None else [],
             "seccomp": plan.factory.sandbox.seccomp,
+            "guard": plan.factory.sandbox.guard,  # the waiter answers it (creation_guard.py)
+            "guard_module": creation_guard.__file__,
         }
         return await template.request(request, [exit_write, *fds])
     finally:

@@ -31,7 +31,9 @@ Design
   ``no_new_privs``, the sandbox's seccomp filter and a clean environment, reseeds random
   generators, starts the ipykernel app on its connection file, runs the setup cell, reports
   ``ready`` and serves.
-  C1 waits for C2 and writes its exit status to the placeholder, which exits with it, so
+  C1 waits for C2, answering its creating calls meanwhile (the creation guard,
+  ``sandbox/creation_guard.py``: refused while the session's write block is on), and writes
+  its exit status to the placeholder, which exits with it, so
   the sandbox (and everything still in it) ends when the kernel ends, and the server sees
   the status exactly as from a normal kernel; when the placeholder ends first (the server
   stopped the sandbox), C1 kills the kernel's process group (that matters only without
@@ -47,9 +49,11 @@ Protocol (SOCK_SEQPACKET, one JSON object per packet, descriptors as SCM_RIGHTS)
   snapshot speaks the same protocol (spawn, ping) on its socket.
 - server → template, first: ``{"server_pid", "preload": [modules], "setup", "kernel_args"}``
 - ``{"op": "spawn", "id", "argv", "cwd", "uid", "placeholder_pid", "namespaces": [names],
-  "cgroup": [cgroup.procs files], "seccomp": filter file}`` (the waiter writes itself into
-  each control group before it forks; the kernel loads the seccomp filter after dropping its
-  privileges, as bubblewrap does for every other sandbox)
+  "cgroup": [cgroup.procs files], "seccomp": filter file, "guard": filter file,
+  "guard_module": creation_guard.py}`` (the waiter writes itself into each control group
+  before it forks; the kernel loads the seccomp filter after dropping its privileges, as
+  bubblewrap does for every other sandbox, then the creation guard's filter, whose listener
+  it sends to the waiter, which answers it for as long as the kernel lives)
   with descriptors ``[exit_pipe, placeholder_pidfd, *namespace_fds]`` → ``{"id", "ok": true,
   "pid"}`` once the kernel is ready, or ``{"id", "ok": false, "error"}``.
 - ``{"op": "ping", "id"}`` → ``{"id", "ok": true, "threads"}``.
@@ -249,14 +253,20 @@ def reseed() -> None:
         numpy.random.seed()
 
 
-def become_kernel(request: dict, limits: dict[str, tuple[int, int]], status: int) -> None:
-    """In C2, inside the sandbox: confine this process, start the kernel, serve until it ends."""
+def become_kernel(
+    request: dict, limits: dict[str, tuple[int, int]], status: int, guard: tuple[object, int] | None
+) -> None:
+    """In C2, inside the sandbox: confine this process, start the kernel, serve until it ends.
+    ``guard``: the creation guard's module and the socket its listener goes to C1 over."""
     os.setsid()
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    os.closerange(3, status)
-    os.closerange(status + 1, 1 << 16)
+    last = 2
+    for keep in sorted({status, *([guard[1]] if guard else [])}):
+        os.closerange(last + 1, keep)
+        last = keep
+    os.closerange(last + 1, 1 << 16)
     for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, signal.SIG_DFL)
     os.chdir(request["cwd"])
@@ -265,6 +275,12 @@ def become_kernel(request: dict, limits: dict[str, tuple[int, int]], status: int
     drop_privileges(request["uid"])
     if request.get("seccomp_program"):
         load_seccomp(request["seccomp_program"])
+    if guard is not None:  # its listener goes to the waiter, which answers it (creation_guard.py)
+        module, channel = guard
+        listener = module.load(request["guard_program"])  # type: ignore[attr-defined]
+        with socket.socket(fileno=channel) as sock:
+            socket.send_fds(sock, [b"l"], [listener])
+        os.close(listener)
     template_mpl = os.environ.get("MPLCONFIGDIR")
     template_pythonpath = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     os.environ.clear()
@@ -287,6 +303,18 @@ def become_kernel(request: dict, limits: dict[str, tuple[int, int]], status: int
 
 
 # --- the waiter (C1) -------------------------------------------------------------------------
+
+
+def load_by_path(name: str, path: str):  # -> module
+    """Import the standard-library-only module at ``path`` (kernmind itself is not importable here)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def enter_namespaces(names: list[str], fds: list[int]) -> None:
@@ -339,6 +367,13 @@ def run_waiter(request: dict, fds: list[int], status: int) -> None:
         if request.get("seccomp"):  # read before the kernel drops its privileges
             with open(request["seccomp"], "rb") as fh:
                 request["seccomp_program"] = fh.read()
+        guard = None
+        if request.get("guard"):  # host paths: read before entering the sandbox's mount namespace
+            with open(request["guard"], "rb") as fh:
+                request["guard_program"] = fh.read()
+            guard = load_by_path("kernmind_creation_guard", request["guard_module"])
+            guard_ours, guard_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            host_proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)  # the sandbox's hides our pids
         # Without a pid namespace of its own (``--sandbox none``) nothing ends what the kernel
         # leaves running: the waiter becomes its subreaper and kills that tree (``wait_for``).
         own_pid_ns = dict(zip(request["namespaces"], ns_fds, strict=True)).get("pid")
@@ -355,7 +390,10 @@ def run_waiter(request: dict, fds: list[int], status: int) -> None:
         if kernel == 0:
             try:
                 os.close(exit_pipe)
-                become_kernel(request, limits, status)
+                if guard is not None:
+                    guard_ours.close()
+                    os.close(host_proc)
+                become_kernel(request, limits, status, (guard, guard_theirs.detach()) if guard else None)
             except BaseException as exc:
                 os.write(status, f"error {type(exc).__name__}: {exc}\n".encode())
             finally:
@@ -365,7 +403,13 @@ def run_waiter(request: dict, fds: list[int], status: int) -> None:
     except BaseException as exc:
         os.write(status, f"error {type(exc).__name__}: {exc}\n".encode())
         os._exit(1)
-    code = wait_for(kernel, placeholder)
+    listener = None
+    if guard is not None:  # the kernel sends it once its filters are in (nothing: it failed first)
+        guard_theirs.close()
+        _, fds, _, _ = socket.recv_fds(guard_ours, 16, 1)
+        guard_ours.close()
+        listener = guard.Listener(fds[0], host_proc) if fds else None
+    code = wait_for(kernel, placeholder, guard, listener)
     if shared_pid_ns:
         kill_descendants()
     try:
@@ -375,11 +419,15 @@ def run_waiter(request: dict, fds: list[int], status: int) -> None:
     os._exit(0)
 
 
-def wait_for(kernel: int, placeholder: int) -> int:
+def wait_for(kernel: int, placeholder: int, guard: object = None, listener: object = None) -> int:
     """The kernel's exit code (128 + signal when killed, as bwrap reports it). When the
-    placeholder ends first (the sandbox was stopped), the kernel's process group is killed."""
+    placeholder ends first (the sandbox was stopped), the kernel's process group is killed.
+    Meanwhile the creation guard's calls are answered (``listener``, when there is one)."""
     kernel_fd = os.pidfd_open(kernel)
-    readable, _, _ = select.select([kernel_fd, placeholder], [], [])
+    if guard is not None:
+        readable = guard.serve_until(listener, [kernel_fd, placeholder])  # type: ignore[attr-defined]
+    else:
+        readable, _, _ = select.select([kernel_fd, placeholder], [], [])
     if kernel_fd not in readable:
         try:
             os.killpg(kernel, signal.SIGKILL)
