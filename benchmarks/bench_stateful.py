@@ -5,7 +5,8 @@
 ``bench_python.py`` measures its rows one after the other, so on a shared machine a change of
 load between the floor and the kernmind rows moves the ratio. Here the arms alternate in
 batches (floor, kernmind, and with ``--compare`` a second kernmind from another source tree,
-e.g. a ``git worktree`` of the commit before a change), so each sees the same load; the
+e.g. a ``git worktree`` of the commit before a change, or ``git archive REV src kernels``: the
+kernelspec in ``kernels/`` is needed), so each sees the same load; the
 ratio is p50 against the floor's p50 in the same run. Also printed: the server's CPU time
 per call (user + system, every thread), which load changes less than wall time.
 """
@@ -59,7 +60,9 @@ async def main() -> None:
             client = await stack.enter_async_context(Client(params))
             await client.list_tools()
             for _ in range(20):
-                await client.call_tool("run_code", {"code": SNIPPET})
+                warm = await client.call_tool("run_code", {"code": SNIPPET})
+            if (warm.structured_content or {}).get("status") != "ok":  # an arm that fails is fast and wrong
+                sys.exit(f"{name} ({src}) does not run code: {warm.structured_content or warm.content}")
             found = subprocess.run(
                 ["pgrep", "-f", f"kernmind serve --data-dir {data}"], capture_output=True, text=True
             )
