@@ -10,7 +10,7 @@ inside a network namespace. Interrupts are sent as messages on the control chann
 ``Kernel.execute`` is the hot path: one ``execute_request``, then iopub messages for that
 request are folded into an ``OutputCollector`` until the kernel reports idle. The loop is
 ``exchange.run_request`` (``ChannelKernel``), shared with gateway kernels; what is local is its channel
-(``_ZmqChannel``): the client's sockets, and a check about twice a second that the kernel's
+(``ZmqChannel``, ``zmq_channel.py``): the client's sockets, and a check about twice a second that the kernel's
 process is still alive. Time limits, progress, the quota and cancellation belong to the
 caller (the supervisor, through ``runners/python.py``), which interrupts and, when that does
 not work, replaces the kernel.
@@ -33,10 +33,8 @@ A kernel's own group goes with it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
-import hmac
 import importlib
 import json
 import logging
@@ -56,9 +54,10 @@ import anyio
 
 from kernmind.budget import DEFAULT_OUTPUT_CHARS, Budget
 from kernmind.execution.errors import RuntimeUnavailable
-from kernmind.execution.kernels.exchange import ChannelKernel, KernelLost, await_interrupted
+from kernmind.execution.kernels.exchange import ChannelKernel, await_interrupted
 from kernmind.execution.kernels.launch import LaunchPlan
 from kernmind.execution.kernels.setup import setup_code
+from kernmind.execution.kernels.zmq_channel import ZmqChannel
 from kernmind.execution.packages.guard import SandboxGuard, activate_layer_code
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
@@ -78,7 +77,6 @@ log = logging.getLogger(__name__)
 
 KERNEL_NAME = "kernmind-python"
 START_TIMEOUT = 60.0
-POLL_INTERVAL = 0.5  # seconds between checks that a running kernel's process is alive
 MIN_START_WAIT = 3.0  # the least a start waits for a helper (a fork-server template), deadline or not
 
 # When the call that needs a kernel started wants its answer (a monotonic time): waits for a
@@ -282,9 +280,9 @@ class Kernel(ChannelKernel):
         except Exception:
             return None
 
-    def channel(self) -> _ZmqChannel:
+    def channel(self) -> ZmqChannel:
         """The channel of its next request (``exchange.ChannelKernel``)."""
-        return _ZmqChannel(self)
+        return ZmqChannel(self)
 
     async def interrupt(self, collector: OutputCollector | None = None, grace: float = 3.0) -> bool:
         """Interrupt the running code; True when the kernel went idle within ``grace`` seconds."""
@@ -338,123 +336,6 @@ class Kernel(ChannelKernel):
             silent=True,
         )
         return outcome.kind == "ok"
-
-
-def read_message(session: Any, frames: list[bytes]) -> dict[str, Any]:
-    """A message from its ZeroMQ frames: jupyter_client's ``Session.deserialize`` (signature,
-    replay and length checks; buffers; protocol adaptation) without turning the header's and
-    parent header's date strings into datetimes, which nothing here reads and which was the
-    largest part of unpacking a message. A bad message raises ``ValueError``/``TypeError``, as
-    there (``exchange`` counts it as malformed)."""
-    from jupyter_client.adapter import adapt
-
-    _, frames = session.feed_identities(frames)
-    if session.auth is not None:
-        signature = frames[0]
-        if not signature:
-            raise ValueError("Unsigned Message")
-        if signature in session.digest_history:
-            raise ValueError(f"Duplicate Signature: {signature!r}")
-        session._add_digest(signature)
-        if not hmac.compare_digest(signature, session.sign(frames[1:5])):
-            raise ValueError(f"Invalid Signature: {signature!r}")
-    if len(frames) < 5:
-        raise TypeError("malformed message, must have at least 5 elements")
-    header = session.unpack(frames[1])
-    return adapt(
-        {
-            "header": header,
-            "msg_id": header["msg_id"],
-            "msg_type": header["msg_type"],
-            "parent_header": session.unpack(frames[2]),
-            "metadata": session.unpack(frames[3]),
-            "content": session.unpack(frames[4]),
-            "buffers": [memoryview(b) for b in frames[5:]],
-        }
-    )
-
-
-class _ZmqChannel:
-    """A local kernel's ``exchange.Channel`` for one request: its client's iopub and shell
-    sockets, with its process polled twice a second and our own shutdown told apart."""
-
-    def __init__(self, kernel: Kernel) -> None:
-        assert kernel.kc is not None
-        self.kernel = kernel
-        self.kc = kernel.kc
-        self.next_poll = time.monotonic() + POLL_INTERVAL
-        self.views: dict[int, Any] = {}  # socket id -> its zmq.Socket.shadow (see _receive)
-
-    def send(self, code: str, *, silent: bool, store_history: bool) -> str:
-        return self.kc.execute(code, silent=silent, store_history=store_history, allow_stdin=False)
-
-    def _view(self, socket: Any) -> Any:
-        """The blocking-free view of one of the client's sockets, to use at once: a view does not
-        own its socket, so it is handed out only while the socket is open (a socket closed by a
-        shutdown under the call raises, as the socket itself would)."""
-        import zmq
-
-        if socket.closed:
-            raise zmq.ZMQError(zmq.ENOTSOCK)
-        view = self.views.get(id(socket))
-        if view is None:
-            view = self.views[id(socket)] = zmq.Socket.shadow(socket.underlying)
-        return view
-
-    async def check(self) -> float | None:
-        if self.kernel.closed:
-            raise KernelLost("closed")
-        now = time.monotonic()
-        if now >= self.next_poll:  # on schedule even while output keeps arriving
-            self.next_poll = now + POLL_INTERVAL
-            if not await self.kernel.is_alive():
-                raise KernelLost("died", exit_code=await self.kernel.exit_code())
-        return self.next_poll
-
-    async def output(self, timeout: float) -> Any:
-        return await self._receive(self.kc.iopub_channel, timeout)
-
-    async def reply(self, timeout: float) -> Any:
-        return await self._receive(self.kc.shell_channel, timeout)
-
-    async def _receive(self, channel: Any, timeout: float) -> Any:
-        """The channel's next message, or None once ``timeout`` seconds pass without one.
-
-        A message already waiting is read at once from a blocking-free view of the same socket
-        (``zmq.Socket.shadow``): most of a request's messages are waiting by the time the one
-        before them is folded in, and jupyter_client's ``get_msg`` would first await a poll
-        future and then a receive future for each. Only when nothing waits is the socket polled
-        (one future). Messages are unpacked by ``read_message``.
-        """
-        import zmq
-
-        socket = channel.socket
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                try:
-                    frames = self._view(socket).recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not await socket.poll(max(1, int(left * 1000)), zmq.POLLIN):
-                        return None
-                    continue
-                return read_message(channel.session, frames)
-        except BaseException as exc:
-            if self._stopped_under_us(exc):
-                raise KernelLost("closed") from None
-            raise
-
-    def _stopped_under_us(self, exc: BaseException) -> bool:
-        """True when ``exc`` comes from a concurrent shutdown closing our sockets, rather than
-        from the caller (a closed socket cancels the pending zmq future: a CancelledError
-        although nobody cancelled this task)."""
-        if not self.kernel.closed:
-            return False
-        if isinstance(exc, asyncio.CancelledError):
-            task = asyncio.current_task()
-            return task is not None and task.cancelling() == 0
-        return isinstance(exc, Exception)
 
 
 class KernelFactory:
