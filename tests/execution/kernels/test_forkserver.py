@@ -19,7 +19,6 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
@@ -33,6 +32,7 @@ from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox.bwrap import Limits, Sandbox
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
+from tests.execution.kernels.calls import run, run_json
 
 pytestmark = [
     pytest.mark.anyio,
@@ -64,19 +64,6 @@ print(json.dumps({
     "connection_file": __import__("ipykernel.kernelapp").kernelapp.IPKernelApp.instance().connection_file,
 }))
 """
-
-
-async def run(kernel: Kernel, code: str) -> OutputCollector:
-    collector = OutputCollector(100_000)
-    outcome = await kernel.execute(code, collector, deadline=time.monotonic() + 60)
-    assert outcome.kind in ("ok", "error"), outcome
-    return collector
-
-
-async def run_json(kernel: Kernel, code: str) -> Any:
-    collector = await run(kernel, code)
-    assert collector.error is None, collector.error
-    return json.loads("".join(collector.logs().stdout).strip().splitlines()[-1])
 
 
 def fds_of(pid: int) -> list[str]:

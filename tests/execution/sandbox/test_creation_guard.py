@@ -14,25 +14,22 @@ tests/security/test_session_limits.py.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 
 from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory
 from kernmind.execution.kernels.local import Kernel, KernelFactory, PythonRuntime
-from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import creation_guard, seccomp
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits
+from tests.execution.kernels.calls import run, run_json
 
 SANDBOX = Sandbox.detect("auto")
 
@@ -70,19 +67,6 @@ out["child_mkdir"] = child.stderr.strip()
 out["listing"] = sorted(os.listdir("."))
 print(json.dumps(out))
 """
-
-
-async def run(kernel: Kernel, code: str) -> OutputCollector:
-    collector = OutputCollector(100_000)
-    outcome = await kernel.execute(code, collector, deadline=time.monotonic() + 60)
-    assert outcome.kind in ("ok", "error"), outcome
-    return collector
-
-
-async def run_json(kernel: Kernel, code: str) -> Any:
-    collector = await run(kernel, code)
-    assert collector.error is None, collector.error
-    return json.loads("".join(collector.logs().stdout).strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
