@@ -20,9 +20,9 @@ This module does the writing so that none of it can stop the server:
   (``export_notebook``, unloading, closing). A line that then cannot be written is said in
   the session's next call. The line is appended on the event loop, while the server waits for
   the next request, not on a worker thread: a thread that runs Python (the line's dump) while
-  the next call runs holds the interpreter lock the call needs, and on a busy machine the
-  thread is descheduled while holding it, which held calls up by milliseconds (see
-  benchmarks/README.md). The loop already asks this disk for its free space on every call; a
+  the next call runs holds the interpreter lock the call needs, and a hop to a thread and back
+  costs more than appending one line (the server's CPU per call, benchmarks/README.md). The
+  loop already asks this disk for its free space on every call; a
   disk that once takes longer than ``SLOW_WRITE`` for a line has its lines written on a worker
   thread from then on, so a disk that blocks (a network file system) never holds the loop twice. On a disk with less than
   ``HISTORY_ROOM`` free (one ``statvfs``) the line is written before the answer, as the
