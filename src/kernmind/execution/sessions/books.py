@@ -22,11 +22,11 @@ This module does the writing so that none of it can stop the server:
   the next request, not on a worker thread: a thread that runs Python (the line's dump) while
   the next call runs holds the interpreter lock the call needs, and a hop to a thread and back
   costs more than appending one line (the server's CPU per call, benchmarks/README.md). The
-  loop already asks this disk for its free space on every call; a
-  disk that once takes longer than ``SLOW_WRITE`` for a line has its lines written on a worker
-  thread from then on, so a disk that blocks (a network file system) never holds the loop twice. On a disk with less than
-  ``HISTORY_ROOM`` free (one ``statvfs``) the line is written before the answer, as the
-  meta is, so a call that filled the disk says itself that it was not recorded.
+  loop already asks this disk for its free space on every call; a disk that once takes
+  longer than ``SLOW_WRITE`` for a line has its lines written on a worker thread from then
+  on, so a disk that blocks (a network file system) never holds the loop twice. On a disk
+  with less than ``HISTORY_ROOM`` free (one ``statvfs``) the line is written before the
+  answer, as the meta is, so a call that filled the disk says itself that it was not recorded.
 - **The reserve.** Meta writes may use the data disk's reserve (``diskio.Reserve``): when
   the disk is full, the reserve is given up and the write tried once more.
 
