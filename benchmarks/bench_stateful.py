@@ -8,7 +8,9 @@ batches (floor, kernmind, and with ``--compare`` a second kernmind from another 
 e.g. a ``git worktree`` of the commit before a change, or ``git archive REV src kernels``: the
 kernelspec in ``kernels/`` is needed), so each sees the same load; the
 ratio is p50 against the floor's p50 in the same run. Also printed: the server's CPU time
-per call (user + system, every thread), which load changes less than wall time.
+per call (user + system, every thread), which load changes less than wall time, and a tool
+that runs no code (``list_sessions``) on the same client: the MCP round trip alone, which
+any tool pays on top of the floor.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_python import SNIPPET, _execute, pct
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+NOOP = "list_sessions (no kernel)"  # the MCP round trip alone, on the kernmind arm's server
 
 
 def cpu_seconds(pid: int) -> float:
@@ -79,18 +82,24 @@ async def main() -> None:
         for _ in range(20):
             await _execute(kc, SNIPPET)
         await anyio.sleep(3)  # the warm pools have filled
-        times: dict[str, list[float]] = {"floor": [], **{name: [] for name in clients}}
-        cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        times: dict[str, list[float]] = {"floor": [], **{name: [] for name in clients}, NOOP: []}
+        used: dict[str, float] = {}
         for _ in range(args.rounds):
             for name in times:
+                pid = pids.get("kernmind" if name == NOOP else name)
+                before = cpu_seconds(pid) if pid else 0.0
                 for _ in range(args.batch):
                     t = time.perf_counter()
                     if name == "floor":
                         await _execute(kc, SNIPPET)
+                    elif name == NOOP:
+                        await clients["kernmind"].call_tool("list_sessions", {})
                     else:
                         await clients[name].call_tool("run_code", {"code": SNIPPET})
                     times[name].append(time.perf_counter() - t)
-        cpu = {name: (cpu_seconds(pid) - cpu0[name]) / len(times[name]) for name, pid in pids.items()}
+                if pid:
+                    used[name] = used.get(name, 0.0) + cpu_seconds(pid) - before
+        cpu = {name: seconds / len(times[name]) for name, seconds in used.items()}
         kc.stop_channels()
         await km.shutdown_kernel(now=True)
     floor = pct(times["floor"], 0.5)
@@ -102,6 +111,11 @@ async def main() -> None:
         used = f"{cpu[name] * 1000:.2f}" if name in cpu else ""
         print(f"| {name} | {p50 * 1000:.2f} | {p99 * 1000:.2f} | {p50 / floor:.2f}x | {used} |")
     print(f"\nstateful p50 / raw floor = {pct(times['kernmind'], 0.5) / floor:.2f}x   (target <= 1.3x)")
+    noop = pct(times[NOOP], 0.5)
+    print(
+        f"a tool that does nothing costs {noop * 1000:.2f} ms over the same stdio client: no tool that "
+        f"runs the floor's round trip can be under {(floor + noop) / floor:.2f}x"
+    )
 
 
 if __name__ == "__main__":
