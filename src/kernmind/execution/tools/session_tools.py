@@ -24,7 +24,7 @@ from kernmind.execution.results import Logs, RunResult, lean_dump
 from kernmind.execution.sandbox.workspace import off_loop
 from kernmind.execution.sessions.client_defaults import client_default
 from kernmind.execution.sessions.jobs import Job
-from kernmind.execution.sessions.registry import check_session_id
+from kernmind.execution.sessions.session import check_session_id
 from kernmind.execution.tools.runtime_refusals import model_errors
 from kernmind.principals import OWNER_RE, Principal, principal_of
 from kernmind.refusals import Unavailable
