@@ -15,7 +15,7 @@ from mcp import Client
 
 from kernmind.budget import Budget
 from kernmind.execution.results import DisplayResult, OutputCollector, RunResult
-from kernmind.execution.tools.code_tools import run_result_content
+from kernmind.execution.tools.run_content import run_result_content
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 

@@ -22,7 +22,7 @@ from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.runners.base import Call
 from kernmind.execution.runners.python import PythonRunner, SnapshotBudget
 from kernmind.execution.sandbox.workspace import Workspace
-from kernmind.execution.sessions.registry import Session
+from kernmind.execution.sessions.session import Session
 from kernmind.execution.supervisor import supervise
 from tests.execution.fakes import FakeKernel, FakeKernelFactory
 

@@ -8,9 +8,12 @@ The call path (this folder):
     remote        ``--kernel-gateway``: the gateway client, kernel factory and session registry
                   (shared by replicas on PostgreSQL), wired from settings.
 The rooms:
-    tools/        the MCP surface: run_code, files and workspace:// resources (code_tools),
-                  sessions and jobs (session_tools), ``kernmind sessions`` (sessions_cli).
-    sessions/     who owns which session: the registry, caps, the on-disk store, the PostgreSQL
+    tools/        the MCP surface: run_code and install_packages (code_tools), a run result's
+                  content blocks (run_content), files and workspace:// resources (file_tools),
+                  sessions and jobs (session_tools), an interpreter that cannot start worded
+                  as a refusal (runtime_refusals), ``kernmind sessions`` (sessions_cli).
+    sessions/     who owns which session: the registry (session: a Session; idle_reaper;
+                  session_rows: what list_sessions shows), caps, the on-disk store, the PostgreSQL
                   rows shared by replicas, history, notebooks, background jobs.
     kernels/      Jupyter kernels behind one interface (api: the Kernel and KernelFactory
                   protocols): local, forked from a template (forkserver/), on a gateway

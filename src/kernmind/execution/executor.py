@@ -84,15 +84,8 @@ from kernmind.execution.sandbox.rundir import RunDir, socket_root
 from kernmind.execution.sandbox.workspace import Workspace, own_tree
 from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
 from kernmind.execution.sessions.jobs import Job, Jobs
-from kernmind.execution.sessions.registry import (
-    DEFAULT_SESSION,
-    LOCAL_OWNER,
-    Hooks,
-    Session,
-    SessionError,
-    SessionRegistry,
-    check_session_id,
-)
+from kernmind.execution.sessions.registry import LOCAL_OWNER, SessionError, SessionRegistry
+from kernmind.execution.sessions.session import DEFAULT_SESSION, Hooks, Session, check_session_id
 from kernmind.execution.supervisor import Progress, supervise
 
 if TYPE_CHECKING:

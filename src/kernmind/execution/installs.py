@@ -24,7 +24,7 @@ from kernmind.execution.packages import InstallResult
 from kernmind.execution.runners.python import PythonRunner
 from kernmind.execution.sandbox.limits import SessionLimits, current_limits
 from kernmind.execution.sessions import package_layers
-from kernmind.execution.sessions.registry import DEFAULT_SESSION
+from kernmind.execution.sessions.session import DEFAULT_SESSION
 
 if TYPE_CHECKING:
     from kernmind.execution.executor import Executor

@@ -20,7 +20,8 @@ from kernmind.config import Settings
 from kernmind.execution.kernels.gateway.client import GatewayConfig, GatewayUnavailable, KernelGateway
 from kernmind.execution.kernels.gateway.kernels import GatewayKernelFactory, SharedWorkspaces
 from kernmind.execution.sessions.postgres_rows import SessionRows
-from kernmind.execution.sessions.registry import Hooks, SessionRegistry
+from kernmind.execution.sessions.registry import SessionRegistry
+from kernmind.execution.sessions.session import Hooks
 from kernmind.execution.sessions.shared import SharedSessionRegistry
 
 STORE_SPARE_CONNECTIONS = 4  # beyond one per session held at once: reads, the reaper

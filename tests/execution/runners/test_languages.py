@@ -354,7 +354,7 @@ async def test_small_memory_limit_still_runs_deno_and_java(tmp_path: Path) -> No
     from kernmind.execution.runners.base import Call
     from kernmind.execution.sandbox.bwrap import Sandbox, limits_from
     from kernmind.execution.sandbox.workspace import Workspace
-    from kernmind.execution.sessions.registry import Session
+    from kernmind.execution.sessions.session import Session
     from kernmind.execution.supervisor import supervise
 
     settings = Settings(data_dir=tmp_path, pool_size=0, memory_mb=512)

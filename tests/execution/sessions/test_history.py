@@ -14,8 +14,8 @@ from kernmind.execution.sessions import books as books_mod
 from kernmind.execution.sessions import history
 from kernmind.execution.sessions.books import Books
 from kernmind.execution.sessions.disk_store import SessionHome
-from kernmind.execution.sessions.registry import Session
-from kernmind.execution.tools.code_tools import run_result_content
+from kernmind.execution.sessions.session import Session
+from kernmind.execution.tools.run_content import run_result_content
 
 
 def result(n: int) -> RunResult:

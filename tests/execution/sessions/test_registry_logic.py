@@ -16,7 +16,8 @@ from kernmind.execution.errors import SessionError
 from kernmind.execution.sandbox.workspace import Workspace
 from kernmind.execution.sessions import registry as registry_mod
 from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
-from kernmind.execution.sessions.registry import Hooks, Session, SessionRegistry
+from kernmind.execution.sessions.registry import SessionRegistry
+from kernmind.execution.sessions.session import Hooks, Session
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fast]
 

@@ -38,7 +38,7 @@ __all__ = ["Call", "Runner", "RuntimeUnavailable", "StatelessRunner"]
 
 if TYPE_CHECKING:
     from kernmind.execution.sandbox.workspace import Workspace
-    from kernmind.execution.sessions.registry import Session
+    from kernmind.execution.sessions.session import Session
 
 
 @dataclass

@@ -53,7 +53,7 @@ from kernmind.execution.runners.core import Context, exit_error, kill_tree
 from kernmind.execution.sandbox.workspace import Workspace
 
 if TYPE_CHECKING:
-    from kernmind.execution.sessions.registry import Session
+    from kernmind.execution.sessions.session import Session
 
 INSTALL_HINT = "a JDK 11+ with jshell and javac (Debian/Ubuntu: apt-get install openjdk-17-jdk-headless)"
 HOST_SOURCE = Path(__file__).with_name("JShellHost.java")

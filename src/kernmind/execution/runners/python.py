@@ -47,7 +47,7 @@ from kernmind.execution.sandbox.workspace import WorkspaceError, off_loop
 
 if TYPE_CHECKING:
     from kernmind.execution.kernels.extras import KernelExtras
-    from kernmind.execution.sessions.registry import Session
+    from kernmind.execution.sessions.session import Session
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ from kernmind.execution.sessions import history
 from kernmind.execution.sessions.disk_store import Meta, SessionHome, SessionStore
 
 if TYPE_CHECKING:
-    from kernmind.execution.sessions.registry import Session
+    from kernmind.execution.sessions.session import Session
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

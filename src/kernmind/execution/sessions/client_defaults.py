@@ -25,7 +25,7 @@ import re
 from contextvars import ContextVar
 from typing import Any
 
-from kernmind.execution.sessions.registry import DEFAULT_SESSION
+from kernmind.execution.sessions.session import DEFAULT_SESSION
 
 MAX_NAME = 40  # characters of the client's name kept (session ids are at most 64)
 _OTHER = re.compile(r"[^a-z0-9._-]+")

@@ -36,7 +36,7 @@ from kernmind.execution.sessions import history
 
 if TYPE_CHECKING:
     from kernmind.execution.sessions.books import Books
-    from kernmind.execution.sessions.registry import Session
+    from kernmind.execution.sessions.session import Session
 
 MIME_OF = {
     "png": "image/png",

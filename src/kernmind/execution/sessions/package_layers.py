@@ -27,7 +27,7 @@ from kernmind.execution.sandbox.workspace import off_loop
 
 if TYPE_CHECKING:
     from kernmind.execution.sessions.disk_store import SessionStore
-    from kernmind.execution.sessions.registry import Session
+    from kernmind.execution.sessions.session import Session
 
 log = logging.getLogger(__name__)
 

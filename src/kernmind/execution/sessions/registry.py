@@ -1,7 +1,9 @@
 """The session registry: ``(owner, session_id)`` → a lock, a working directory and runner state.
 
 It only keeps the books; running code is the supervisor's and the runners' job, and what a
-session leaves on disk is the store's (``store.py``).
+session leaves on disk is the store's (``disk_store.py``). A ``Session`` and the id rule are
+``session.py``'s; the idle reaper and autosave are ``idle_reaper.py``'s (inherited, like the
+caps' side, ``caps.MakingRoom``); what ``list_sessions`` shows is ``session_rows.py``'s.
 
 - Calls without a session id use the ``default`` session; a named session is created on
   first use. An empty or malformed id is refused. Live sessions are capped per owner and
@@ -30,7 +32,8 @@ session leaves on disk is the store's (``store.py``).
   ``suspend`` hook saves what it can (the Python namespace) and stops its interpreter; the
   files stay and the lock is let go. ``close()`` is what deletes a session, stored or live.
 - Autosave: a session whose code ran and that has been idle ``autosave_after`` seconds is
-  checkpointed once (``autosave`` hook), so a server killed later loses little.
+  checkpointed once (``autosave`` hook, by the reaper: ``idle_reaper.py``), so a server
+  killed later loses little.
 - ``ephemeral()``: a session for one ``--stateless`` call, never registered or stored,
   discarded after the call with everything in it.
 - **Bookkeeping never stops the server.** The reaper, autosave, unloading and the record
@@ -51,11 +54,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -67,107 +68,21 @@ from kernmind.execution.sandbox.workspace import Workspace, off_loop
 from kernmind.execution.sessions import package_layers
 from kernmind.execution.sessions.books import Books
 from kernmind.execution.sessions.caps import Caps, MakingRoom
-from kernmind.execution.sessions.disk_store import (
-    LOCAL_OWNER,
-    Meta,
-    SessionHome,
-    SessionStore,
-    StoredSession,
-    ago,
-)
+from kernmind.execution.sessions.disk_store import LOCAL_OWNER, Meta, SessionStore, StoredSession, ago
+from kernmind.execution.sessions.idle_reaper import IdleReaping
+from kernmind.execution.sessions.session import Hooks, Session, check_session_id
+from kernmind.execution.sessions.session_rows import session_rows
 
-if TYPE_CHECKING:
-    from kernmind.execution.sandbox.limits import SessionLimits
-
-__all__ = ["DEFAULT_SESSION", "LOCAL_OWNER", "Session", "SessionError", "SessionRegistry", "check_session_id"]
+__all__ = ["LOCAL_OWNER", "SessionError", "SessionRegistry"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SESSION = "default"
-RESERVE_DELAY = 2.0  # seconds after start before the disk reserve is taken (diskio.Reserve)
 META_DELAY = 1.0  # seconds after a call before its session's meta is written (off the call's path)
-SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-def check_session_id(session_id: str | None) -> str:
-    if session_id is None:
-        return DEFAULT_SESSION
-    if not isinstance(session_id, str) or not SESSION_ID_RE.match(session_id):
-        shown = repr(session_id)[:80]
-        raise SessionError(
-            f"invalid session_id {shown}: use 1-64 letters, digits, '_', '-' or '.', starting with a "
-            "letter or digit, or leave it out for the default session."
-        )
-    return session_id
+class SessionRegistry(IdleReaping, MakingRoom):
+    """Live sessions by ``(owner, session id)``: loading, holding, recording, unloading, closing."""
 
-
-@dataclass(eq=False)
-class Session:
-    id: str
-    new_workspace: Callable[[], Workspace] = field(repr=False)
-    owner: str = LOCAL_OWNER
-    home: SessionHome | None = field(default=None, repr=False)  # None: ephemeral
-    meta: Meta | None = field(default=None, repr=False)
-    ephemeral: bool = False
-    lock: anyio.Lock = field(default_factory=anyio.Lock, repr=False)
-    created: float = field(default_factory=time.monotonic)
-    last_used: float = field(default_factory=time.monotonic)
-    busy: bool = False
-    closed: bool = False
-    resumed: bool = False  # loaded from the store: its variables may come back
-    dirty: bool = False  # code ran since the last checkpoint
-    meta_unsaved: bool = False  # its meta could not be written (a full disk): written at the next chance
-    meta_due: bool = False  # its meta is written a moment after its last call (``_meta_soon``)
-    pending_notes: list[str] = field(default_factory=list)
-    state: dict[str, Any] = field(default_factory=dict)  # per-runner state, keyed by language
-    workspace: Workspace | None = None
-    packages: Layer | None = None  # what install_packages put here (see packages/layer.py)
-    new_layer: Callable[[], Layer] | None = field(default=None, repr=False)
-    running: anyio.CancelScope | None = None  # the call in progress
-    stopped_because: str | None = None  # why the server interrupted the call (``Executor.stop_calls``)
-    limits: SessionLimits | None = field(default=None, repr=False)  # its control group, its write block
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.owner, self.id
-
-    def files(self) -> Workspace:
-        """The session's working directory, made on first use."""
-        if self.workspace is None:
-            self.workspace = self.new_workspace()
-        return self.workspace
-
-    def layer(self) -> Layer:
-        """The session's package layer, made on first use."""
-        if self.packages is None:
-            if self.new_layer is None:
-                raise SessionError("this server cannot install packages into sessions.")
-            self.packages = self.new_layer()
-        return self.packages
-
-    def take_notes(self) -> list[str]:
-        notes, self.pending_notes = self.pending_notes, []
-        return notes
-
-    def idle(self) -> bool:
-        """Could be unloaded now without losing anything but its interpreter (variables are saved)."""
-        return not (self.busy or self.closed or self.lock.locked() or self.home is None)
-
-
-Hook = Callable[[Session], Awaitable[None]]
-
-
-@dataclass
-class Hooks:
-    """What the executor does to a session's runners (the registry only decides when)."""
-
-    open_home: Callable[[SessionHome], Workspace]  # the Workspace of a home, files handed to its uid
-    release: Hook  # stop what runners keep for it (closing)
-    suspend: Hook  # save what can be saved, then stop (unloading)
-    autosave: Hook  # checkpoint a live, idle session
-
-
-class SessionRegistry(MakingRoom):
     def __init__(
         self,
         *,
@@ -196,54 +111,7 @@ class SessionRegistry(MakingRoom):
         self._unloading: dict[tuple[str, str], anyio.Event] = {}  # sessions unloaded to make room
         self._tg: TaskGroup | None = None  # the reaper's (see ``run_reaper``)
 
-    # --- lifecycle ----------------------------------------------------------------
-    async def run_reaper(self, tg: TaskGroup) -> None:
-        self._tg = tg  # also writes metas a moment after calls (``_meta_soon``)
-        tg.start_soon(self._reap_loop)
-
-    def _period(self) -> float:
-        return max(0.5, min(60.0, self.idle_timeout / 4, self.autosave_after / 2))
-
-    async def _reap_loop(self) -> None:
-        await anyio.sleep(min(RESERVE_DELAY, self._period()))  # after the handshake and a first call
-        while True:
-            await self.books.take_reserve()  # (back) once the disk has room
-            await anyio.sleep(self._period())
-            await self._reap_once()
-
-    async def _reap_once(self) -> None:
-        """One turn: unload idle sessions, autosave idle dirty ones, write what could not be
-        written before. Nothing that fails here stops the loop (or the server)."""
-        now = time.monotonic()
-        for s in list(self.sessions.values()):
-            idle = now - s.last_used
-            if s.busy or s.lock.locked():
-                continue
-            try:
-                if idle > self.idle_timeout:
-                    log.info("unloading session %r after %.0fs idle (its files stay)", s.id, idle)
-                    s.pending_notes.clear()
-                    await self.unload(s)
-                elif s.dirty and idle > self.autosave_after:
-                    async with s.lock:
-                        if not s.closed and not s.busy:
-                            s.dirty = False
-                            await self.hooks.autosave(s)
-                elif s.meta_unsaved and not s.closed:
-                    await self.books.save_meta(s)
-            except Exception:
-                log.exception("looking after idle session %r failed; the server goes on", s.id)
-        await self._write_unsaved()
-
-    async def _write_unsaved(self) -> None:
-        if not self.books.unsaved:
-            return
-        try:
-            async with self._loading:
-                await self.books.write_unsaved(lambda key: key in self.sessions)
-        except Exception:
-            log.exception("writing the metas that could not be written failed; will retry")
-
+    # --- lifecycle (the reaper: idle_reaper.py) ------------------------------------
     async def unload_all(self) -> None:
         """Server stop: save and stop every live session, keeping their files (``unload``
         never raises, so one session's full disk does not stop the others' saves)."""
@@ -273,49 +141,8 @@ class SessionRegistry(MakingRoom):
         self, owner: str | None, execution_count: Callable[[Session], int | None]
     ) -> list[dict[str, Any]]:
         """Every session of ``owner`` (of every owner when None): live here, stored, or live in
-        another server, most recently used first (blocking: it reads the store)."""
-        now_m, now = time.monotonic(), time.time()
-        rows: dict[tuple[str, str], dict[str, Any]] = {}
-        for stored in self.stored(owner):
-            m = stored.meta
-            rows[(m.owner, m.session_id)] = {
-                "session_id": m.session_id,
-                "owner": m.owner,
-                "state": "stored" if stored.held_by is None else "in_other_server",
-                "held_by_pid": stored.held_by,
-                "idle_seconds": round(now - m.last_used, 1),
-                "age_seconds": round(now - m.created, 1),
-                "last_used": m.last_used,
-                "workspace_files": m.files,
-                "workspace_bytes": m.bytes,
-                "packages_bytes": m.packages_bytes,
-                "variables_saved_at": m.snapshot_at,
-            }
-        for (who, sid), s in self.sessions.items():
-            if owner is not None and who != owner:
-                continue
-            count = execution_count(s)
-            scan = s.workspace.last_scan if s.workspace is not None else None
-            row = rows.setdefault((who, sid), {"session_id": sid, "owner": who})
-            row.update(
-                state="live",
-                held_by_pid=None,
-                execution_count=count or 0,
-                idle_seconds=round(now_m - s.last_used, 1),
-                busy=s.busy,
-                job_id=self.jobs.get((who, sid)),
-                kernel_running=count is not None,
-                last_used=now - (now_m - s.last_used),
-            )
-            if scan is not None:
-                row.update(workspace_files=len(scan.files), workspace_bytes=scan.bytes_used)
-            if s.meta is not None:
-                row.update(
-                    age_seconds=round(now - s.meta.created, 1),
-                    variables_saved_at=s.meta.snapshot_at,
-                    packages_bytes=s.meta.packages_bytes,
-                )
-        return sorted(rows.values(), key=lambda r: r.get("last_used", 0.0), reverse=True)
+        another server, most recently used first (blocking: it reads the store; ``session_rows.py``)."""
+        return session_rows(self.stored(owner), self.sessions, self.jobs, owner, execution_count)
 
     def stored(self, owner: str | None) -> list[StoredSession]:
         return self.store.list(owner) if self.store is not None else []

@@ -40,13 +40,8 @@ from kernmind.execution.kernels.gateway.client import GatewayUnavailable, Kernel
 from kernmind.execution.kernels.gateway.kernels import GatewayKernel, GatewayKernelFactory, SharedWorkspaces
 from kernmind.execution.runners.python import LANGUAGE
 from kernmind.execution.sessions.postgres_rows import SessionRecord, SessionRows
-from kernmind.execution.sessions.registry import (
-    LOCAL_OWNER,
-    Session,
-    SessionError,
-    SessionRegistry,
-    check_session_id,
-)
+from kernmind.execution.sessions.registry import LOCAL_OWNER, SessionError, SessionRegistry
+from kernmind.execution.sessions.session import Session, check_session_id
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The MCP tools for sessions and background jobs: ``list_sessions``, ``close_session``,
 ``export_notebook``, ``job_status``, ``job_cancel``.
 
-Registered by ``ExecutionTools.register`` (``tools.py``) next to ``run_code`` and the file
+Registered by ``ExecutionTools.register`` (``code_tools.py``) next to ``run_code`` and the file
 tools, and thin in the same way: the executor, the registry and the job records know
 nothing of MCP; these functions shape their answers. Errors go through the same
 ``model_errors`` wording; refusals are answered by the error boundary (``boundary.py``).
@@ -24,7 +24,8 @@ from kernmind.execution.results import Logs, RunResult, lean_dump
 from kernmind.execution.sandbox.workspace import off_loop
 from kernmind.execution.sessions.client_defaults import client_default
 from kernmind.execution.sessions.jobs import Job
-from kernmind.execution.sessions.registry import check_session_id
+from kernmind.execution.sessions.session import check_session_id
+from kernmind.execution.tools.runtime_refusals import model_errors
 from kernmind.principals import OWNER_RE, Principal, principal_of
 from kernmind.refusals import Unavailable
 
@@ -179,8 +180,9 @@ def left_out(*args: Any, **kwargs: Any) -> Callable[[Any], Any]:
     return lambda fn: fn
 
 
-def register(server: MCPServer, ex: Executor, model_errors: Any, run_result_content: Content) -> None:
-    """Add the session and job tools (``model_errors`` and ``run_result_content`` from tools.py)."""
+def register(server: MCPServer, ex: Executor, run_result_content: Content) -> None:
+    """Add the session and job tools (``run_result_content``: ``run_content.py``'s, under the
+    server's output budget)."""
     settings = ex.settings
 
     @server.tool(
