@@ -586,44 +586,13 @@ def _unsandboxed_seccomp() -> str | None:
     return path
 
 
-_guard_lock = threading.Lock()
-_guard_outcome: list[tuple[str | None, str | None]] = []
-
-
 def _guard_file() -> tuple[str | None, str | None]:
-    """(the creation guard's filter file, None) where the guard works here, else (None, why):
-    tried once per process, for real, in a child process (``creation_guard.probe``)."""
-    with _guard_lock:
-        if not _guard_outcome:
-            _guard_outcome.append(_probe_guard())
-        return _guard_outcome[0]
-
-
-def _probe_guard() -> tuple[str | None, str | None]:
-    if sys.platform != "linux":
-        return None, f"seccomp needs Linux (this is {sys.platform})"
+    """(the creation guard's filter file, None) where the guard works here, else (None, why)."""
     try:
-        from kernmind.execution.sandbox import creation_guard, seccomp
+        from kernmind.execution.sandbox import creation_guard
     except ImportError:  # this module copied on its own (the unprivileged-user test)
         return None, "kernmind's seccomp module is not available"
-    data = seccomp.guard_program()
-    if data is None or platform.machine() not in creation_guard.SYSCALL_SECCOMP:
-        return None, f"no filter for this machine ({platform.machine()})"
-    try:
-        path = seccomp.filter_file(data)
-        proc = subprocess.run(
-            [sys.executable, "-S", "-E", "-s", creation_guard.__file__, path],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"the probe did not run: {exc}"
-    if proc.returncode != 0:
-        why = (proc.stdout.strip() or proc.stderr.strip() or f"exit {proc.returncode}").splitlines()[-1]
-        return None, f"{why} (Linux {platform.release()})"
-    return path, None
+    return creation_guard.filter_file_here()
 
 
 def _seccomp_file(*, over_quota: bool = False) -> str | None:

@@ -33,8 +33,9 @@ Design
 - **Cost**: one round trip to the helper per creating call (``benchmarks/README.md``,
   "creation guard"); reading, writing and every other call cost nothing more.
 - **Support**: Linux ≥ 5.5 (``CONTINUE``), x86_64 or aarch64, seccomp allowed in the
-  container. ``probe()`` tries the whole path once (``Sandbox.detect``); where it fails,
-  kernels run without the guard as before and ``kernmind doctor`` says so.
+  container. ``probe()`` tries the whole path once per server (``filter_file_here``, asked by
+  ``Sandbox.detect``); where it fails, kernels run without the guard as before and
+  ``kernmind doctor`` says so.
 
 Runs on its own (standard library only): the lifeline script imports it as a sibling module
 and the fork-server template loads it by path.
@@ -54,7 +55,9 @@ import platform
 import resource
 import select
 import struct
+import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 
 SECCOMP_SET_MODE_FILTER = 1
@@ -275,6 +278,44 @@ def probe(program: bytes) -> str | None:
             3: "the guard did not refuse a call while writes were blocked",
             4: "the guard refused a call with the wrong error",
         }.get(os.waitstatus_to_exitcode(status), f"the probe ended with status {status}")
+
+
+_here_lock = threading.Lock()
+_here: list[tuple[str | None, str | None]] = []
+
+
+def filter_file_here() -> tuple[str | None, str | None]:
+    """(the guard's filter file, None) where the guard works on this machine, else (None, why):
+    tried once per process, for real, in a child process (``probe``, run as this file)."""
+    with _here_lock:
+        if not _here:
+            _here.append(_try_here())
+        return _here[0]
+
+
+def _try_here() -> tuple[str | None, str | None]:
+    if sys.platform != "linux":
+        return None, f"seccomp needs Linux (this is {sys.platform})"
+    from kernmind.execution.sandbox import seccomp  # (not at the top: this file also runs on its own)
+
+    data = seccomp.guard_program()
+    if data is None or platform.machine() not in SYSCALL_SECCOMP:
+        return None, f"no filter for this machine ({platform.machine()})"
+    try:
+        path = seccomp.filter_file(data)
+        proc = subprocess.run(
+            [sys.executable, "-S", "-E", "-s", __file__, path],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"the probe did not run: {exc}"
+    if proc.returncode != 0:
+        why = (proc.stdout.strip() or proc.stderr.strip() or f"exit {proc.returncode}").splitlines()[-1]
+        return None, f"{why} (Linux {platform.release()})"
+    return path, None
 
 
 if __name__ == "__main__":  # ``python creation_guard.py PROGRAM_FILE``: probe, print the outcome
