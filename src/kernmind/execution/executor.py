@@ -485,14 +485,19 @@ class Executor:
             reset=reset,
             notes=[*session.take_notes(), *notes],
         )
-        if session.limits is None:
-            session.limits = SessionLimits(self.cgroups, self.sandbox.limits)
+        self.limits_of(session)
         quota = self.settings.workspace_mb * 1024 * 1024
         self._calls.add(session)
         try:
             return await supervise(runner, call, quota_bytes=quota, progress=progress)
         finally:
             self._calls.discard(session)
+
+    def limits_of(self, session: Session) -> SessionLimits:
+        """The session's limits (its control group, quota write block), made at its first use."""
+        if session.limits is None:
+            session.limits = SessionLimits(self.cgroups, self.sandbox.limits)
+        return session.limits
 
     def stop_calls(self, why: str = SERVER_STOPPING) -> int:
         """An orderly server stop (transport/drain.py): interrupt every call that runs now, so

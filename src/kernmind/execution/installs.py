@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from kernmind.execution.errors import SessionError
 from kernmind.execution.packages import InstallResult
 from kernmind.execution.runners.python import PythonRunner
-from kernmind.execution.sandbox.limits import SessionLimits, current_limits
+from kernmind.execution.sandbox.limits import current_limits
 from kernmind.execution.sessions import package_layers
 from kernmind.execution.sessions.session import DEFAULT_SESSION
 
@@ -52,9 +52,7 @@ async def install(
     if ex.remote is not None:
         raise SessionError(GATEWAY_PACKAGES_REFUSAL)
     async with ex.sessions.hold(session_id, owner=owner) as session:
-        if session.limits is None:
-            session.limits = SessionLimits(ex.cgroups, ex.sandbox.limits)
-        token = current_limits.set(session.limits)  # its processes run in the session's group
+        token = current_limits.set(ex.limits_of(session))  # its processes run in the session's group
         try:
             result = await ex.packages.install(packages, language, session.layer())
         finally:

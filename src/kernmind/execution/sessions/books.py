@@ -173,7 +173,7 @@ class Books:
                     if self.lines_off_loop:
                         failed = await off_loop(write, timeout=None)
                     else:
-                        await anyio.lowlevel.checkpoint()  # the answer's write goes first
+                        await anyio.lowlevel.checkpoint()  # a ready answer goes out first
                         started = time.monotonic()
                         failed = write()
                         if (took := time.monotonic() - started) > SLOW_WRITE:
