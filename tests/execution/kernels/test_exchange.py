@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import pytest
 
-from kernmind.execution.kernels import exchange
+from kernmind.execution.kernels import exchange, zmq_channel
 from kernmind.execution.kernels.exchange import KernelLost, await_interrupted, run_request
 from kernmind.execution.kernels.gateway.client import ChannelsClosed
 from kernmind.execution.kernels.gateway.kernels import GatewayKernel
@@ -385,6 +385,33 @@ async def test_a_local_kernel_reads_signed_messages_only_and_leaves_their_dates_
     client._send(client.senders["iopub"], stream("dated\n"))
     message = await channel.output(1.0)
     assert isinstance(message["header"]["date"], str)  # not parsed: nothing reads it
+
+
+async def test_a_flood_of_waiting_messages_still_lets_other_tasks_run(
+    tmp_path: Path, scripted_client: Any
+) -> None:
+    """Messages already waiting are read without awaiting; every ``READS_PER_YIELD`` of them
+    the event loop gets a turn, so another client's call is not held up by a flood."""
+    flood = 20 * zmq_channel.READS_PER_YIELD
+    client = scripted_client([*(stream("x") for _ in range(flood)), idle()], [reply(1)])
+    kernel, _ = local_kernel(client, tmp_path)
+    turns, running = 0, True
+
+    async def other_task() -> None:
+        nonlocal turns
+        while running:
+            turns += 1
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other_task)
+        await anyio.lowlevel.checkpoint()  # it has started
+        before = turns
+        outcome = await kernel.execute("flood()", OutputCollector(10 * flood))
+        during = turns - before
+        running = False
+    assert outcome.kind == "ok"
+    assert during >= flood // zmq_channel.READS_PER_YIELD - 1
 
 
 async def test_a_local_kernel_whose_process_dies_is_noticed_by_its_poll(

@@ -7,7 +7,9 @@ Design
   kernel that dies mid-call sends nothing more).
 - A message already waiting is read at once from a blocking-free view of the same socket
   (``zmq.Socket.shadow``); only an empty socket is polled, with one future. jupyter_client's
-  ``get_msg`` awaits a poll future and then a receive future for every message.
+  ``get_msg`` awaits a poll future and then a receive future for every message. A request
+  whose messages keep waiting (a flood of displays) still lets the event loop run every
+  ``READS_PER_YIELD`` messages, so other clients' calls are not held up by it.
 - Messages are unpacked by ``read_message``: jupyter_client's checks, without parsing dates.
 
 Error policy: a socket closed by our own shutdown under the call raises ``KernelLost("closed")``
@@ -23,12 +25,16 @@ import hmac
 import time
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.lowlevel
+
 from kernmind.execution.kernels.exchange import KernelLost
 
 if TYPE_CHECKING:
     from kernmind.execution.kernels.local import Kernel
 
 POLL_INTERVAL = 0.5  # seconds between checks that a running kernel's process is alive
+READS_PER_YIELD = 64  # messages read without waiting before the event loop gets a turn
 
 
 def read_message(session: Any, frames: list[bytes]) -> dict[str, Any]:
@@ -74,6 +80,7 @@ class ZmqChannel:
         self.kernel = kernel
         self.kc = kernel.kc
         self.next_poll = time.monotonic() + POLL_INTERVAL
+        self.read_at_once = 0  # messages read in a row without waiting (see READS_PER_YIELD)
         self.views: dict[int, Any] = {}  # socket id -> its zmq.Socket.shadow (see _receive)
 
     def send(self, code: str, *, silent: bool, store_history: bool) -> str:
@@ -122,14 +129,19 @@ class ZmqChannel:
         socket = channel.socket
         deadline = time.monotonic() + timeout
         try:
+            if self.read_at_once >= READS_PER_YIELD:  # before reading: a cancel here loses nothing
+                self.read_at_once = 0
+                await anyio.lowlevel.checkpoint()
             while True:
                 try:
                     frames = self._view(socket).recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
+                    self.read_at_once = 0
                     left = deadline - time.monotonic()
                     if left <= 0 or not await socket.poll(max(1, int(left * 1000)), zmq.POLLIN):
                         return None
                     continue
+                self.read_at_once += 1
                 return read_message(channel.session, frames)
         except BaseException as exc:
             if self._stopped_under_us(exc):
