@@ -61,6 +61,19 @@ def _ask(path: Path, *lines: bytes) -> list[dict]:
         return answers
 
 
+async def answer_on_connect(path: Path) -> dict:
+    """Connect and send nothing: what the channel says by itself (a refusal comes at once, and
+    the channel closes; sending a request first would race that close)."""
+    return await anyio.to_thread.run_sync(_answer_on_connect, path)
+
+
+def _answer_on_connect(path: Path) -> dict:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(str(path))
+        return json.loads(s.makefile("rb").readline())
+
+
 async def test_another_session_cannot_see_the_channel_and_an_outsider_is_refused(
     client: Client, settings: Settings
 ) -> None:
@@ -94,8 +107,8 @@ emit(out)
     assert tries == [False, False, "FileNotFoundError"]
 
     # The server's user (root here, or the server's uid) is not the kernel's uid: refused.
-    (answer,) = await ask(a_socket, b'{"op": "describe"}\n')
-    assert answer["ok"] is False and "connection refused" in answer["error"]
+    answer = await answer_on_connect(a_socket)
+    assert answer["ok"] is False and answer["closed"] is True and "connection refused" in answer["error"]
 
     # Another unprivileged uid cannot even reach it (the socket directory is the kernel uid's, 0700).
     # (The system's Python: the venv's may live where that uid cannot read, under /root.)
