@@ -253,10 +253,11 @@ async def test_shutting_a_kernel_down_ends_everything_it_started(factory: ForkKe
     assert template is not None
     marker = f"fs-bg-{os.getpid()}-{time.monotonic_ns()}"
     kernel = await forked(factory)
-    await run(
+    started = await run(
         kernel,
         f"import subprocess\nsubprocess.Popen(['sh', '-c', 'trap \"\" TERM HUP; sleep 300', '{marker}'], start_new_session=True)",
     )
+    assert started.error is None, started.error
     assert processes_matching(marker)
     await kernel.shutdown()
     assert await gone(marker)

@@ -32,6 +32,20 @@ It cannot import kernmind (the kernel may run on another Python), so it is plain
   session's packer now retries such a message with every lone surrogate written as an
   escape (``\\ud800``; a byte smuggled in by ``surrogateescape`` as ``\\xff``), the way the
   server's ``results.safe_text`` shows them.
+- **No blind wait at the end of a cell.** ipykernel sleeps half a millisecond before every
+  reply (``Kernel._execute_sleep``, a "FIXME" mitigation), so that output a child process
+  wrote to fd 1/2 just before the cell ended has a chance to pass through its fd watcher
+  threads before the streams are flushed; a chance, not a guarantee (a watcher that has not
+  run by then misses the cell). Here the sleep is 0 and, when a cell ends
+  (``post_run_cell``, before the flush), each watcher is waited for until its pipe is empty
+  and the watcher itself is back in ``read`` on it (``/proc/self/task/<tid>/syscall``): then
+  everything written before has reached the stream. Bounded (``DRAIN_LIMIT`` seconds: a
+  background process may keep writing); where a watcher's state cannot be read, the old
+  half-millisecond sleep.
+- **A flush with nothing to send returns at once.** ipykernel flushes stdout and stderr twice
+  per cell and each flush is a round trip to its I/O thread, even when nothing was written;
+  a stream with nothing pending now skips it (messages still leave in order: every iopub
+  message goes through that one thread's queue).
 - **The install guard** (``packages/guard.py``): ``%pip install``, ``!pip install`` and the
   like fail at once naming the ``install_packages`` tool; a ``!cmd`` that exits non-zero
   says so on stderr.
@@ -41,6 +55,8 @@ from __future__ import annotations
 
 from kernmind.budget import Budget
 from kernmind.execution.packages.guard import KERNEL_GUARD
+
+DRAIN_LIMIT = 0.02  # seconds a cell's end waits at most for output a child wrote to fd 1/2
 
 _TEMPLATE = """\
 get_ipython()._tee = lambda channel, _null=__import__("contextlib").nullcontext: _null()
@@ -52,6 +68,59 @@ _kernmind_inline = __import__("sys").modules.get("matplotlib_inline.config")
 if _kernmind_inline is not None and _kernmind_inline.InlineBackend.initialized():
     _kernmind_inline.InlineBackend.instance().figure_formats = {{"png"}}
 del _kernmind_inline
+
+
+def _kernmind_prompt_io(drain_limit):
+    import fcntl
+    import os
+    import struct
+    import sys
+    import termios
+    import time
+    from ipykernel.iostream import OutStream
+
+    get_ipython().kernel._execute_sleep = 0
+    read_call = {{"x86_64": "0", "aarch64": "63", "riscv64": "63"}}.get(os.uname().machine)
+
+    def unread(fid):
+        return struct.unpack("i", fcntl.ioctl(fid, termios.FIONREAD, b"\\0\\0\\0\\0"))[0]
+
+    def reading(thread, fid):
+        # True when the watcher is blocked in read(fid): whatever it read before is written on.
+        with open("/proc/self/task/%d/syscall" % thread.native_id) as f:
+            fields = f.read().split()
+        return len(fields) > 1 and fields[0] == read_call and int(fields[1], 16) == fid
+
+    def drain(*_):
+        deadline = time.monotonic() + drain_limit
+        for stream in (sys.stdout, sys.stderr):
+            fid, thread = getattr(stream, "_fid", None), getattr(stream, "watch_fd_thread", None)
+            if not isinstance(stream, OutStream) or fid is None or thread is None or not thread.is_alive():
+                continue
+            try:
+                while not (unread(fid) == 0 and reading(thread, fid)) and time.monotonic() < deadline:
+                    time.sleep(0.0002)
+            except (OSError, ValueError):  # no /proc, another kernel, an unknown machine
+                time.sleep(0.0005)
+                return
+
+    if read_call is None:
+        get_ipython().kernel._execute_sleep = 0.0005
+    else:
+        get_ipython().events.register("post_run_cell", drain)
+
+    original_flush = OutStream.flush
+
+    def flush(self):
+        if not getattr(self, "_flush_pending", True) and self.echo is None and self._is_master_process():
+            return None
+        return original_flush(self)
+
+    OutStream.flush = flush
+
+
+_kernmind_prompt_io({drain_limit})
+del _kernmind_prompt_io
 
 
 def _kernmind_cap_output(head, tail_size, interval):
@@ -218,4 +287,7 @@ def setup_code(budget: Budget) -> str:
     ``budget.kernel_cap()``), with the guard that refuses installs from inside code
     (``packages/guard.py``)."""
     cap = budget.kernel_cap()
-    return _TEMPLATE.format(head=cap.head, tail=cap.tail, interval=cap.interval) + KERNEL_GUARD
+    return (
+        _TEMPLATE.format(head=cap.head, tail=cap.tail, interval=cap.interval, drain_limit=DRAIN_LIMIT)
+        + KERNEL_GUARD
+    )
