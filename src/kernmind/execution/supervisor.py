@@ -27,9 +27,10 @@
   (one bounded scan of the working directory, see ``filescan.py``).
 
 Design: the per-call cost
-- One watcher task per call (``watch``): it checks the session's memory every
-  ``MEMORY_PERIOD`` and, once the call has lasted that long, starts the quota sampler and the
-  progress ticker; a short call (the usual one) starts nothing else and wakes nobody.
+- A call that lasts ``MEMORY_PERIOD`` gets a watcher task (``watch``), started by a timer of
+  the event loop: it checks the session's memory every ``MEMORY_PERIOD`` and starts the quota
+  sampler and the progress ticker. A short call (the usual one) starts no task, so ending it
+  waits for no cancelled task to finish (the memory is looked at once more after every call).
 - The change scan and the quota's measurements before and after the call read the inotify
   trackers (``Workspace.scan_now``, ``quota.measure_now``) on the event loop when they have
   nothing to look at; only a call that left events (it wrote files) or a directory without a
@@ -42,6 +43,7 @@ Design: the per-call cost
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -110,11 +112,9 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
                 run_scope.cancel()
 
         async def watch() -> None:
-            """One task per call watches: the session's memory itself, and once the call has run
-            a first period, the quota and progress in tasks of their own (a short call, the usual
-            one, starts neither)."""
+            """Once the call has run a first period: the session's memory, and the quota and
+            progress in tasks of their own."""
             nonlocal stop
-            await anyio.sleep(MEMORY_PERIOD)
             if quota_bytes > 0:
                 tg.start_soon(watch_quota)
             if progress is not None:
@@ -130,7 +130,7 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
                 await anyio.sleep(MEMORY_PERIOD)
 
         ticker = _ProgressTicker(call, progress)
-        tg.start_soon(watch)
+        first_period = asyncio.get_running_loop().call_later(MEMORY_PERIOD, tg.start_soon, watch)
         session.running = run_scope
         token = current_limits.set(limits)
         try:
@@ -165,6 +165,7 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
                 await runner.settle(call)
             raise
         finally:
+            first_period.cancel()
             current_limits.reset(token)
             session.running = None
             tg.cancel_scope.cancel()

@@ -102,6 +102,9 @@ class Cgroup:
     max_pids: int
     removed: bool = False
     cpu_dir: Path | None = None  # where its cpu weight is (v2: dirs[0]), None without the controller
+    # The out-of-memory count's file, opened at the first look and read in place (one pread)
+    # before and after every call; closed when the group is removed.
+    _oom_fd: int | None = field(default=None, repr=False, compare=False)
 
     def cpu_weight(self) -> int | None:
         """The group's weight among the server's sessions, in v2 units (v1 shares converted)."""
@@ -148,9 +151,11 @@ class Cgroup:
 
     def oom_kills(self) -> int:
         """How many processes the kernel's out-of-memory killer stopped in this group so far."""
-        name = "memory.events" if self.mode == "v2" else "memory.oom_control"
         try:
-            text = read_small(self.dirs[0] / name)
+            if self._oom_fd is None:
+                name = "memory.events" if self.mode == "v2" else "memory.oom_control"
+                self._oom_fd = os.open(self.dirs[0] / name, os.O_RDONLY | os.O_CLOEXEC)
+            text = os.pread(self._oom_fd, 4096, 0).decode("utf-8", "replace")
         except OSError:
             return 0
         for line in text.splitlines():
@@ -195,6 +200,9 @@ class Cgroup:
         """Kill what runs in the group and remove its directories; False when some remain."""
         if self.removed:
             return True
+        if self._oom_fd is not None:
+            os.close(self._oom_fd)
+            self._oom_fd = None
         self.kill()
         ok = all(_rmdir_tree(d) for d in self.dirs)
         self.removed = ok
@@ -448,8 +456,7 @@ def _start_time(pid: int) -> int | None:
 
 
 def read_small(path: Path) -> str:
-    """A small kernel file (cgroup, /proc) in one read: a third of ``Path.read_text``'s cost, on
-    the per-call path (the out-of-memory count is read before and after every call)."""
+    """A small kernel file (cgroup, /proc) in one read: a third of ``Path.read_text``'s cost."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks = []
