@@ -1,4 +1,4 @@
-"""The seccomp filter files this machine's sandboxes load, decided when the sandbox is detected.
+"""The seccomp filter files this machine's sandboxes load: which exist here, and which load.
 
 Design
 - ``seccomp_file``: kernmind's filter (``seccomp.py``) for this machine written to a file,
