@@ -24,7 +24,8 @@ import anyio
 
 from kernmind.config import Settings
 from kernmind.execution.runners import Runner, discover
-from kernmind.execution.sandbox.bwrap import Sandbox, limits_from
+from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.rlimits import limits_from
 from kernmind.execution.sandbox.workspace import Workspace
 
 

@@ -34,8 +34,9 @@ from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
 from kernmind.execution.packages import PackageInstaller, PythonTarget
 from kernmind.execution.remote import RemoteKernels
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.sandbox.bwrap import Sandbox, SandboxUnavailable, limits_from
+from kernmind.execution.sandbox.bwrap import Sandbox, SandboxUnavailable
 from kernmind.execution.sandbox.cgroups import CgroupsUnavailable, CgroupSupport
+from kernmind.execution.sandbox.rlimits import limits_from
 from kernmind.memory.embedder_factory import make_embedder
 from kernmind.memory.embeddings import EmbeddingUnavailable, LocalEmbedder
 

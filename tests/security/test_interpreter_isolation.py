@@ -41,7 +41,8 @@ import anyio
 import pytest
 from mcp import Client
 
-from kernmind.execution.sandbox.bwrap import Limits, Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.rlimits import Limits
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 

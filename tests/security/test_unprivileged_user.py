@@ -2,10 +2,10 @@
 
 CI runs as root, where kernmind drops every sandbox to its own uid; a laptop user runs
 kernmind as themselves, where bubblewrap makes a user namespace and the process limit is
-counted on top of that user's own processes. This test runs ``sandbox.py`` (it needs only
-the standard library) under the system Python as a dedicated unprivileged user and checks
-the same promises as the root-mode suite: confinement, no network, a clean environment,
-and contained fork and memory bombs.
+counted on top of that user's own processes. This test runs the sandbox's core modules
+(``CORE``: they need only the standard library), without the rest of kernmind, under the
+system Python as a dedicated unprivileged user and checks the same promises as the root-mode
+suite: confinement, no network, a clean environment, and contained fork and memory bombs.
 """
 
 from __future__ import annotations
@@ -22,11 +22,21 @@ from pathlib import Path
 import pytest
 
 import kernmind.execution.sandbox.bwrap as sandbox_module
-import kernmind.execution.sandbox.creation_guard as creation_guard_module
-import kernmind.execution.sandbox.seccomp as seccomp_module
 
 USER = "kernmind-ci"
 SYSTEM_PYTHON = "/usr/bin/python3"
+# The sandbox's core, copied as they are: the entry point and what it builds command lines
+# with, the seccomp filters, the creation guard, and the lifeline run as a script beside them.
+CORE = (
+    "bwrap.py",
+    "rlimits.py",
+    "bwrap_args.py",
+    "launcher.py",
+    "filter_files.py",
+    "seccomp.py",
+    "creation_guard.py",
+    "lifeline.py",
+)
 
 pytestmark = [
     pytest.mark.xdist_group("security"),
@@ -39,7 +49,8 @@ pytestmark = [
 DRIVER = r"""
 import json, subprocess, sys
 from pathlib import Path
-from kmsandbox import Limits, Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.rlimits import Limits
 
 sandbox = Sandbox.detect("auto", limits=Limits(memory_mb=256, max_processes=48))
 ws = Path(sys.argv[1])
@@ -138,20 +149,15 @@ def test_unprivileged_sandbox_confines_code(shared_dir: Path, test_user: pwd.str
     tmp_path = shared_dir
     lib = tmp_path / "lib"
     lib.mkdir(mode=0o755)
-    shutil.copy(sandbox_module.__file__, lib / "kmsandbox.py")
-    # The seccomp filter's module, where the sandbox module imports it from.
+    # The core at its own place in an otherwise empty package: nothing else of kernmind.
     package = lib / "kernmind" / "execution" / "sandbox"
     package.mkdir(parents=True, mode=0o755)
     levels = (lib / "kernmind", lib / "kernmind" / "execution", package)
     for d in levels:
         d.chmod(0o755)
         (d / "__init__.py").write_text("")
-    shutil.copy(seccomp_module.__file__, package / "seccomp.py")
-    # The creation guard: its module (probed from the package), the lifeline that answers it and
-    # the guard module beside it (run as scripts from the sandbox module's directory).
-    shutil.copy(creation_guard_module.__file__, package / "creation_guard.py")
-    shutil.copy(creation_guard_module.__file__, lib / "creation_guard.py")
-    shutil.copy(Path(sandbox_module.__file__).with_name("lifeline.py"), lib / "lifeline.py")
+    for name in CORE:
+        shutil.copy(Path(sandbox_module.__file__).with_name(name), package / name)
     (lib / "driver.py").write_text(DRIVER)
     for f in [*lib.iterdir(), *(f for d in levels for f in d.iterdir())]:
         if f.is_file():

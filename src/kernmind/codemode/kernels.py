@@ -30,7 +30,8 @@ from anyio.abc import TaskGroup
 
 from kernmind.codemode.channel import SOCKET_NAME, Channel
 from kernmind.codemode.dispatch import ToolDispatch
-from kernmind.execution.sandbox.bwrap import Mount, Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.bwrap_args import Mount
 from kernmind.principals import principal_keeping
 
 if TYPE_CHECKING:

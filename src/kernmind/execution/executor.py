@@ -77,9 +77,10 @@ from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.runners.base import Call, Runner
 from kernmind.execution.runners.python import PythonRunner, SnapshotBudget
-from kernmind.execution.sandbox.bwrap import Sandbox, limits_from
+from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits
+from kernmind.execution.sandbox.rlimits import limits_from
 from kernmind.execution.sandbox.rundir import RunDir, socket_root
 from kernmind.execution.sandbox.workspace import Workspace, own_tree
 from kernmind.execution.sessions.disk_store import SessionHome, SessionStore

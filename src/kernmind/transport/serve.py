@@ -57,7 +57,8 @@ def return_freed_memory() -> None:
 def serve(settings: Settings) -> int:
     """Run ``kernmind serve``; returns the process exit code."""
     from kernmind.execution import runners
-    from kernmind.execution.sandbox.bwrap import Sandbox, limits_from
+    from kernmind.execution.sandbox.bwrap import Sandbox
+    from kernmind.execution.sandbox.rlimits import limits_from
 
     return_freed_memory()
 

@@ -29,7 +29,8 @@ from kernmind.execution.executor import Executor
 from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory, describe, fork_server_report
 from kernmind.execution.kernels.local import Kernel, KernelFactory, PythonRuntime
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.sandbox.bwrap import Limits, Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.rlimits import Limits
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 from tests.execution.kernels.calls import run, run_json
@@ -508,7 +509,8 @@ from pathlib import Path
 from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory
 from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.sandbox.bwrap import Limits, Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.rlimits import Limits
 
 CODE = '''
 import json, os, socket, subprocess

@@ -15,7 +15,8 @@ import pytest
 from kernmind.execution.kernels.forkserver.kernels import PLACEHOLDER
 from kernmind.execution.kernels.launch import KERNEL_ARGS, LaunchPlan
 from kernmind.execution.kernels.local import Kernel, KernelFactory, PythonRuntime
-from kernmind.execution.sandbox.bwrap import Sandbox, lifeline_argv
+from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.launcher import lifeline_argv
 from kernmind.execution.sandbox.workspace import Workspace
 
 pytestmark = [

@@ -25,9 +25,10 @@ from kernmind.execution.packages import (
     PackageSources,
     PythonTarget,
 )
-from kernmind.execution.sandbox.bwrap import Limits, Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits, current_limits
+from kernmind.execution.sandbox.rlimits import Limits
 from tests.execution.packages.package_sources import make_sdist, make_wheel
 
 SANDBOX = Sandbox.detect("auto")

@@ -352,7 +352,8 @@ async def test_small_memory_limit_still_runs_deno_and_java(tmp_path: Path) -> No
     """V8 needs --jitless and the JVM explicit sizes under a 512 MiB RLIMIT_DATA."""
     from kernmind.execution.results import OutputCollector
     from kernmind.execution.runners.base import Call
-    from kernmind.execution.sandbox.bwrap import Sandbox, limits_from
+    from kernmind.execution.sandbox.bwrap import Sandbox
+    from kernmind.execution.sandbox.rlimits import limits_from
     from kernmind.execution.sandbox.workspace import Workspace
     from kernmind.execution.sessions.session import Session
     from kernmind.execution.supervisor import supervise

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from kernmind.execution.kernels.local import Kernel
-    from kernmind.execution.sandbox.bwrap import Mount, Sandbox
+    from kernmind.execution.sandbox.bwrap import Sandbox
+    from kernmind.execution.sandbox.bwrap_args import Mount
 
 
 class KernelExtras(Protocol):

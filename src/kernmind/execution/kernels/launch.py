@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from kernmind.execution.packages.layer import Layer
-from kernmind.execution.sandbox.bwrap import Mount
+from kernmind.execution.sandbox.bwrap_args import Mount
 from kernmind.execution.sandbox.cgroups import Cgroup
 from kernmind.execution.sandbox.workspace import Workspace
 

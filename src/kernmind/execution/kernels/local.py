@@ -61,8 +61,9 @@ from kernmind.execution.kernels.zmq_channel import ZmqChannel
 from kernmind.execution.packages.guard import SandboxGuard, activate_layer_code
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.sandbox.bwrap import Limits, Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import Cgroup, CgroupSupport
+from kernmind.execution.sandbox.rlimits import Limits
 from kernmind.execution.sandbox.rundir import RunDir, socket_root
 from kernmind.execution.sandbox.workspace import Workspace
 

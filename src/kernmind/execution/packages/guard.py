@@ -23,7 +23,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernmind.execution.sandbox.bwrap import Mount, Sandbox
+from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.bwrap_args import Mount
 
 REFUSAL = (
     "packages cannot be installed from inside the sandbox (it has no network). Call the "

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from kernmind.execution.sandbox.bwrap import Mount
+from kernmind.execution.sandbox.bwrap_args import Mount
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,8 @@ from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.runners.base import RuntimeUnavailable
-from kernmind.execution.sandbox.bwrap import DEFAULT_PATH, Mount, Sandbox, SandboxedCommand
+from kernmind.execution.sandbox.bwrap import DEFAULT_PATH, Sandbox, SandboxedCommand
+from kernmind.execution.sandbox.bwrap_args import Mount
 from kernmind.execution.sandbox.limits import current_limits
 from kernmind.execution.sandbox.workspace import Workspace
 

@@ -1,5 +1,9 @@
 """The sandbox layer: every kernel and subprocess command line is wrapped here.
 
+``Sandbox`` is the entry point: ``detect`` picks the backend once at start-up (probing
+bubblewrap for real), ``wrap`` turns a command line into one that runs confined, and
+``describe`` says what holds for ``kernmind doctor``.
+
 Backends
 - ``bwrap`` (bubblewrap): new pid, ipc, uts, network (unless ``--allow-network``) and
   mount namespaces. The root filesystem is an empty tmpfs with only system directories
@@ -7,34 +11,36 @@ Backends
   size-limited ``/tmp`` and ``/dev/shm``, and the session's workspace bound read-write at ``/workspace``.
   Nothing of ``$HOME``, the memory database, kernmind's data directory, other sessions or
   the server's environment is visible. ``--die-with-parent`` ties the sandbox to the server.
+  The command line is built in ``bwrap_args.py``.
 - ``none``: no isolation; rlimits and the clean environment only (a loud warning is logged);
-  a lifeline parent (``lifeline.py``) ends the command's whole tree when the server dies.
+  a lifeline parent (``lifeline.py``, see ``launcher.py``) ends the command's whole tree
+  when the server dies.
 
-Limits are rlimits set by ``prlimit`` on the sandbox's first process and inherited:
-RLIMIT_DATA for memory (it counts what a program writes, not the address space that V8
-and the JVM reserve, so those runtimes keep working), RLIMIT_CPU, RLIMIT_NPROC, RLIMIT_FSIZE,
-RLIMIT_NOFILE, and no core dumps.
+Limits are rlimits set on the sandbox's first process and inherited (``rlimits.py``).
 
 While a session is over its workspace quota, its sandboxes start with a soft RLIMIT_FSIZE of
 0 (``Limits.writes_blocked``; the hard limit stays, so the server can lift the block), and a
-seccomp filter (``seccomp.py``, ``--seccomp``) keeps code from changing its file-size limit
-and from preallocating past it; such a sandbox loads the stricter filter that also refuses
-to create directories, links and files (``seccomp_for``). A kernel, which runs for long,
-gets the creation guard instead (``wrap(guard=True)``, ``creation_guard.py``): a lifeline
-parent outside bubblewrap loads its filter and answers its creating calls, refused exactly
-while the session's write block is on.
+seccomp filter (``seccomp.py``, ``--seccomp``; its files: ``filter_files.py``) keeps code
+from changing its file-size limit and from preallocating past it; such a sandbox loads the
+stricter filter that also refuses to create directories, links and files (``seccomp_for``).
+A kernel, which runs for long, gets the creation guard instead (``wrap(guard=True)``,
+``creation_guard.py``): a lifeline parent outside bubblewrap loads its filter and answers
+its creating calls, refused exactly while the session's write block is on.
 
 RLIMIT_NPROC is not enforced for root. When the server runs as root, bwrap runs
 privileged (no user namespace) and the command inside is started through
-``setpriv`` as a dedicated unprivileged uid, one per sandbox, with no capabilities and
-``no_new_privs``; so the process limit holds and a fork bomb is contained. A normal user's
-bwrap uses an unprivileged user namespace, and the process limit is counted on top of
-that user's current processes (the kernel counts per real uid).
+``setpriv`` as a dedicated unprivileged uid, one per sandbox (``allocate_uid``), with no
+capabilities and ``no_new_privs``; so the process limit holds and a fork bomb is contained.
+A normal user's bwrap uses an unprivileged user namespace, and the process limit is counted
+on top of that user's current processes (the kernel counts per real uid).
 
-GPUs (``--gpu auto``): when the host has NVIDIA devices, ``gpu`` (see ``gpu.py``) adds a
-``--dev-bind`` for each device node after ``--dev /dev``, binds the driver's libraries that the
-system directories do not already show, sets ``LD_LIBRARY_PATH`` for those outside the ld
-cache, and gives the per-sandbox uid the groups that own nodes not open to everyone.
+GPUs (``--gpu auto``): when the host has NVIDIA devices, ``gpu`` (see ``gpu.py``) holds what
+``bwrap_args.py`` binds (device nodes, the driver's libraries, the groups that own the nodes)
+and the ``LD_LIBRARY_PATH`` ``environment`` sets for libraries outside the ld cache.
+
+The sandbox's core (this module, ``rlimits.py``, ``bwrap_args.py``, ``launcher.py`` and
+``filter_files.py``, with ``seccomp.py``, ``creation_guard.py`` and ``lifeline.py``) needs
+only the standard library: the unprivileged-user test copies it without the rest of kernmind.
 
 Error policy: ``Sandbox.detect`` decides once at start-up (the bwrap probe runs once per
 process and configuration; ``Sandbox.prefetch`` runs it on a thread while the server is
@@ -58,18 +64,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-if TYPE_CHECKING:  # this module runs on its own too (it needs only the standard library)
-    from kernmind.config import Settings
+from kernmind.execution.sandbox.bwrap_args import RUNTIME_MOUNT, WORKSPACE_MOUNT, Mount, bwrap_args
+from kernmind.execution.sandbox.filter_files import guard_file, seccomp_file, unsandboxed_seccomp
+from kernmind.execution.sandbox.launcher import launcher_argv, lifeline_argv
+from kernmind.execution.sandbox.rlimits import Limits, threads_of_uid, with_rlimits
+
+if TYPE_CHECKING:
     from kernmind.execution.sandbox.gpu import GpuPassthrough
 
 log = logging.getLogger(__name__)
 
-WORKSPACE_MOUNT = "/workspace"
-RUNTIME_MOUNT = "/run/kernmind"
-SYSTEM_DIRS = ("/usr", "/etc", "/opt")
-USR_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-THREAD_STACK_MB = 2
 
 _probe_lock = threading.Lock()
 _probe_outcomes: dict[tuple[object, ...], str | None] = {}
@@ -79,56 +84,6 @@ Backend = Literal["bwrap", "none"]
 
 class SandboxUnavailable(RuntimeError):
     """Isolation was required but cannot be provided on this machine."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    memory_mb: int = 2048
-    cpu_seconds: int = 3600
-    max_processes: int = 256
-    max_file_mb: int = 1024
-    max_open_files: int = 1024
-    tmp_mb: int = 512
-    writes_blocked: bool = False  # over the workspace quota: no file may grow (soft RLIMIT_FSIZE 0)
-
-    def rlimits(self, nproc: int) -> dict[str, int | tuple[int, int]]:
-        """prlimit option name -> value (soft = hard) or (soft, hard)."""
-        fsize = self.max_file_mb * 1024 * 1024
-        return {
-            "data": self.memory_mb * 1024 * 1024,
-            "cpu": self.cpu_seconds,
-            "nproc": nproc,
-            "fsize": (0, fsize) if self.writes_blocked else fsize,
-            "nofile": self.max_open_files,
-            "core": 0,
-            # The default stack of every new thread (glibc takes it from RLIMIT_STACK): thread
-            # stacks count against RLIMIT_DATA, and 8 MiB each (kernel, BLAS and zmq threads)
-            # would eat a small memory limit before any user data.
-            "stack": THREAD_STACK_MB * 1024 * 1024,
-        }
-
-
-def limits_from(settings: Settings) -> Limits:
-    """The per-sandbox limits the settings ask for."""
-    return Limits(
-        memory_mb=settings.memory_mb,
-        cpu_seconds=settings.cpu_seconds,
-        max_processes=settings.max_processes,
-        max_file_mb=settings.max_file_mb,
-        max_open_files=settings.max_open_files,
-    )
-
-
-@dataclass(frozen=True)
-class Mount:
-    """A server directory that sandboxed code sees read-only at ``inner`` (never under /tmp)."""
-
-    host: Path
-    inner: str
-
-    def path(self, sandbox: Sandbox) -> str:
-        """Where code finds it: ``inner`` in an isolated sandbox, the host path without one."""
-        return self.inner if sandbox.isolated else str(self.host)
 
 
 @dataclass
@@ -171,7 +126,7 @@ class Sandbox:
                 "disabled with --sandbox none",
                 allow_network=True,
                 limits=limits,
-                seccomp=_unsandboxed_seccomp(),
+                seccomp=unsandboxed_seccomp(),
             ).with_guard()
         bwrap = shutil.which("bwrap")
         problem = None
@@ -183,7 +138,7 @@ class Sandbox:
             candidate = cls(
                 "bwrap", "bubblewrap works", allow_network=allow_network, limits=limits, bwrap=bwrap
             )
-            candidate.seccomp = _seccomp_file()
+            candidate.seccomp = seccomp_file()
             problem = candidate.probe_once()
             if problem is not None and candidate.seccomp is not None:
                 candidate.seccomp = None  # the filter must never cost the isolation itself
@@ -206,7 +161,7 @@ class Sandbox:
             problem,
         )
         return cls(
-            "none", f"fallback: {problem}", allow_network=True, limits=limits, seccomp=_unsandboxed_seccomp()
+            "none", f"fallback: {problem}", allow_network=True, limits=limits, seccomp=unsandboxed_seccomp()
         ).with_guard()
 
     def with_guard(self) -> Sandbox:
@@ -214,7 +169,7 @@ class Sandbox:
         if self.seccomp is None:
             self.guard, self.guard_problem = None, "there is no seccomp filter here"
         else:
-            self.guard, self.guard_problem = _guard_file()
+            self.guard, self.guard_problem = guard_file()
         return self
 
     @classmethod
@@ -225,7 +180,7 @@ class Sandbox:
         if mode == "none" or bwrap is None or sys.platform != "linux":
             return
         candidate = cls("bwrap", "", allow_network=allow_network, limits=limits or Limits(), bwrap=bwrap)
-        candidate.seccomp = _seccomp_file()
+        candidate.seccomp = seccomp_file()
         threading.Thread(target=candidate.probe_once, name="kernmind-sandbox-probe", daemon=True).start()
 
     def probe_once(self) -> str | None:
@@ -336,16 +291,16 @@ class Sandbox:
         guarded = self.guard if guard and not limits.writes_blocked else None
         if self.isolated:
             full = self._with_rlimits(
-                self._bwrap_args(argv, workspace, environment, ro_paths, runtime_dir, uid, limits, mounts),
+                bwrap_args(self, argv, workspace, environment, ro_paths, runtime_dir, uid, limits, mounts),
                 limits,
                 uid,
             )
             if guarded is not None:  # its answering parent stays outside the sandbox
                 full = lifeline_argv(full, guard=guarded)
-            outer = _launcher(full, self.seccomp_for(limits), join)
+            outer = launcher_argv(full, self.seccomp_for(limits), join)
             return SandboxedCommand(outer, dict(environment), "/")
         # No pid namespace to end the tree with the server: a lifeline parent does (lifeline.py).
-        outer = _launcher(
+        outer = launcher_argv(
             self._with_rlimits(lifeline_argv(argv, self.seccomp_for(limits), guarded), limits, None),
             None,
             join,
@@ -357,136 +312,15 @@ class Sandbox:
         quota (nothing created: seccomp.py), else the ordinary one; None where there is none."""
         if self.seccomp is None or not limits.writes_blocked:
             return self.seccomp
-        return _seccomp_file(over_quota=True) or self.seccomp
+        return seccomp_file(over_quota=True) or self.seccomp
 
     def _nproc(self, limits: Limits, uid: int | None) -> int:
         if uid is not None or self.as_root:
             return limits.max_processes
-        return limits.max_processes + _threads_of_uid(os.getuid())
+        return limits.max_processes + threads_of_uid(os.getuid())
 
     def _with_rlimits(self, argv: list[str], limits: Limits, uid: int | None) -> list[str]:
-        values = limits.rlimits(self._nproc(limits, uid))
-        if self.prlimit:
-            options = (
-                f"--{k}={v[0]}:{v[1]}" if isinstance(v, tuple) else f"--{k}={v}" for k, v in values.items()
-            )
-            return [self.prlimit, *options, "--", *argv]
-        # No util-linux prlimit (e.g. macOS): a tiny Python shim sets the limits and execs.
-        return [sys.executable, "-m", "kernmind.execution.sandbox.rlimit_exec", repr(values), "--", *argv]
-
-    def _bwrap_args(
-        self,
-        argv: Sequence[str],
-        workspace: Path,
-        env: Mapping[str, str],
-        ro_paths: Sequence[Path | str],
-        runtime_dir: Path | None,
-        uid: int | None,
-        limits: Limits,
-        mounts: Sequence[Mount] = (),
-    ) -> list[str]:
-        assert self.bwrap is not None
-        args: list[str] = [self.bwrap]
-        if self.as_root:
-            # Privileged bwrap: no user namespace, so the uid switch below is a real one.
-            args += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
-        else:
-            args += [
-                "--unshare-user",
-                "--unshare-ipc",
-                "--unshare-pid",
-                "--unshare-uts",
-                "--unshare-cgroup-try",
-            ]
-        if not self.allow_network:
-            args.append("--unshare-net")
-        args += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
-        if self.seccomp is not None:
-            args += ["--seccomp", "9"]
-
-        made: set[str] = {"/"}  # every path that exists inside: binds and the directories made for them
-        bound: set[str] = set()  # binds only: a path under one of these is already visible
-        for d in SYSTEM_DIRS:
-            if os.path.isdir(d):
-                args += ["--ro-bind", d, d]
-                made.add(d)
-                bound.add(d)
-        for link in USR_LINKS:
-            if os.path.islink(link):
-                args += ["--symlink", os.readlink(link), link]
-            elif os.path.isdir(link):
-                args += ["--ro-bind", link, link]
-            made.add(link)
-            bound.add(link)
-
-        def covered(path: str) -> bool:
-            # Directories made for a bind's parents are empty: they cover nothing, nor does /tmp.
-            return any(path == m or path.startswith(m.rstrip("/") + "/") for m in bound)
-
-        def ensure_parents(path: str) -> None:
-            parents = []
-            parent = os.path.dirname(path)
-            while parent not in made and not covered(parent) and parent != "/":
-                parents.append(parent)
-                parent = os.path.dirname(parent)
-            for p in reversed(parents):
-                args.extend(["--perms", "0755", "--dir", p])
-                made.add(p)
-
-        def under_tmp(path: str) -> bool:
-            return path == "/tmp" or path.startswith("/tmp/")
-
-        def bind_ro(paths: list[str]) -> None:
-            for path in paths:
-                if covered(path) or not os.path.exists(path):
-                    continue
-                ensure_parents(path)
-                args.extend(["--ro-bind", path, path])
-                made.add(path)
-                bound.add(path)
-
-        gpu_libraries = list(self.gpu.library_dirs) if self.gpu else []
-        ro = [os.path.abspath(p) for p in _dedupe([*ro_paths, *gpu_libraries])]
-        bind_ro([p for p in ro if not under_tmp(p)])
-        for mount in mounts:
-            ensure_parents(mount.inner)
-            args += ["--ro-bind", str(mount.host), mount.inner]
-            made.add(mount.inner)
-            bound.add(mount.inner)
-        args += ["--proc", "/proc", "--dev", "/dev"]
-        if self.gpu is not None:  # after --dev, which would hide them
-            args += self.gpu.bwrap_args()
-        tmpfs_size = str(limits.tmp_mb * 1024 * 1024)
-        # --dev makes /dev/shm root-owned 0755: a private writable one (POSIX semaphores, joblib).
-        args += ["--perms", "1777", "--size", tmpfs_size, "--tmpfs", "/dev/shm"]
-        args += ["--perms", "1777", "--size", tmpfs_size, "--tmpfs", "/tmp"]
-        made.add("/tmp")
-        # Binds under /tmp must come after the tmpfs, or it would hide them.
-        bind_ro([p for p in ro if under_tmp(p)])
-        if runtime_dir is not None:
-            ensure_parents(RUNTIME_MOUNT)
-            args += ["--bind", str(runtime_dir), RUNTIME_MOUNT]
-            bound.add(RUNTIME_MOUNT)
-        args += ["--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
-        args.append("--clearenv")
-        for key, value in env.items():
-            args += ["--setenv", key, value]
-        args.append("--")
-        if uid is not None and self.setpriv:
-            args += [
-                self.setpriv,
-                f"--reuid={uid}",
-                f"--regid={uid}",
-                # The groups that own the GPU's device nodes, when those are not open to all.
-                f"--groups={','.join(map(str, self.gpu.groups))}"
-                if self.gpu and self.gpu.groups
-                else "--clear-groups",
-                "--bounding-set=-all",
-                "--inh-caps=-all",
-                "--no-new-privs",
-            ]
-        args += list(argv)
-        return args
+        return with_rlimits(argv, limits.rlimits(self._nproc(limits, uid)), self.prlimit)
 
     def quota_enforcement(self) -> str:
         """How a session over its workspace quota is held back here (``kernmind doctor``)."""
@@ -540,99 +374,3 @@ class Sandbox:
                 "max_open_files": self.limits.max_open_files,
             },
         }
-
-
-# One shell in front of the command, when needed: it writes its own pid into each control
-# group's cgroup.procs (so the command is in the group from its first instruction, whatever
-# uid it drops to later), opens the seccomp filter as descriptor 9 for bwrap, and execs.
-_JOIN = 'f=$1; shift; while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; '
-
-
-def _launcher(argv: list[str], seccomp: str | None, join: Sequence[str | Path]) -> list[str]:
-    if seccomp is None and not join:
-        return argv
-    run = 'exec "$@" 9<"$f"' if seccomp is not None else 'exec "$@"'
-    return ["/bin/sh", "-c", _JOIN + run, "kernmind-sandbox", seccomp or "", *map(str, join), "--", *argv]
-
-
-def lifeline_argv(argv: Sequence[str], seccomp: str | None = None, guard: str | None = None) -> list[str]:
-    """``argv`` under a parent that kills its whole tree when the server dies (Linux only),
-    started under the seccomp filter in ``seccomp`` and the creation guard in ``guard`` (which
-    that parent answers) when given."""
-    if sys.platform != "linux":
-        return list(argv)
-    script = str(Path(__file__).with_name("lifeline.py"))
-    filtered = ["--seccomp", seccomp] if seccomp is not None else []
-    filtered += ["--guard", guard] if guard is not None else []
-    return [sys.executable, "-S", "-E", "-s", script, str(os.getpid()), *filtered, "--", *argv]
-
-
-def _unsandboxed_seccomp() -> str | None:
-    """The filter for commands run without bubblewrap, when a lifeline can load it here."""
-    path = _seccomp_file()
-    if path is None or sys.platform != "linux":
-        return None
-    try:
-        loaded = subprocess.run(lifeline_argv(["true"], path), capture_output=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("cannot try the seccomp filter without bubblewrap (%s); commands run without it", exc)
-        return None
-    if loaded.returncode != 0:
-        log.warning(
-            "the seccomp filter cannot be loaded here (%s); commands run without it",
-            loaded.stderr.decode(errors="replace").strip()[-200:],
-        )
-        return None
-    return path
-
-
-def _guard_file() -> tuple[str | None, str | None]:
-    """(the creation guard's filter file, None) where the guard works here, else (None, why)."""
-    try:
-        from kernmind.execution.sandbox import creation_guard
-    except ImportError:  # this module copied on its own (the unprivileged-user test)
-        return None, "kernmind's seccomp module is not available"
-    return creation_guard.filter_file_here()
-
-
-def _seccomp_file(*, over_quota: bool = False) -> str | None:
-    """The file holding kernmind's seccomp filter for this machine (None: none for it);
-    ``over_quota``: the stricter one of a sandbox whose session is over its quota."""
-    try:
-        from kernmind.execution.sandbox import seccomp
-    except ImportError:  # this module copied on its own (the unprivileged-user test)
-        return None
-
-    data = seccomp.program(over_quota=over_quota)
-    if data is None:
-        return None
-    try:
-        return seccomp.filter_file(data)
-    except OSError as exc:
-        log.warning("cannot write the seccomp filter (%s); sandboxes run without it", exc)
-        return None
-
-
-def _dedupe(paths: Sequence[Path | str]) -> list[str]:
-    """Absolute, existing-or-not paths in order, dropping ones nested in an earlier one."""
-    out: list[str] = []
-    for p in sorted({os.path.abspath(str(p)) for p in paths}, key=len):
-        if not any(p == o or p.startswith(o.rstrip("/") + "/") for o in out):
-            out.append(p)
-    return out
-
-
-def _threads_of_uid(uid: int) -> int:
-    """How many threads ``uid`` runs now (RLIMIT_NPROC counts threads per real uid)."""
-    total = 0
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return 0
-    for pid in pids:
-        try:
-            if os.stat(f"/proc/{pid}").st_uid == uid:
-                total += len(os.listdir(f"/proc/{pid}/task"))
-        except OSError:
-            continue
-    return total

@@ -46,9 +46,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kernmind.execution.sandbox.bwrap import Limits
 from kernmind.execution.sandbox.cgroups import Cgroup, CgroupSupport, read_small
 from kernmind.execution.sandbox.creation_guard import parse_fsize
+from kernmind.execution.sandbox.rlimits import Limits
 
 log = logging.getLogger(__name__)
 

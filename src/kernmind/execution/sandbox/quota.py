@@ -67,7 +67,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from kernmind.execution.sandbox.bwrap import RUNTIME_MOUNT
+from kernmind.execution.sandbox.bwrap_args import RUNTIME_MOUNT
 from kernmind.execution.sandbox.filescan import Scan
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.workspace import Workspace, off_loop

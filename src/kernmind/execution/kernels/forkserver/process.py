@@ -47,7 +47,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from kernmind.execution.kernels.forkserver.channel import Channel, TemplateGone
-from kernmind.execution.sandbox.bwrap import THREAD_STACK_MB
+from kernmind.execution.sandbox.rlimits import THREAD_STACK_MB
 
 log = logging.getLogger(__name__)
 

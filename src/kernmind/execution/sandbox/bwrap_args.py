@@ -1,0 +1,179 @@
+"""The bubblewrap command line of one sandbox: its namespaces, the filesystem code sees, its
+environment and the uid it runs as.
+
+Design
+- New pid, ipc, uts, network (unless ``--allow-network``) and mount namespaces; a normal
+  user's bwrap also makes an unprivileged user namespace. ``--die-with-parent`` ties the
+  sandbox to the server (or to the lifeline in front of it, ``lifeline.py``); ``--seccomp 9``
+  loads the filter file the launcher opened as descriptor 9 (``launcher.py``).
+- The root filesystem is an empty tmpfs with only system directories (``SYSTEM_DIRS``, and
+  the ``USR_LINKS`` as they are on the host) and the runtime's own prefix bound read-only, a
+  private size-limited ``/tmp`` and ``/dev/shm``, and the session's workspace bound
+  read-write at ``WORKSPACE_MOUNT``. Nothing of ``$HOME``, the memory database, kernmind's
+  data directory, other sessions or the server's environment is visible.
+- Server directories code must see (``Mount``) and a kernel's socket directory
+  (``RUNTIME_MOUNT``) appear at fixed paths of their own, so the host's directory names stay
+  hidden.
+- When the server is root, bwrap runs privileged (no user namespace) and the command inside
+  is started through ``setpriv`` as the sandbox's own unprivileged uid, with no capabilities
+  and ``no_new_privs`` (so RLIMIT_NPROC, which root ignores, holds).
+- GPUs (``gpu.py``): the device nodes are bound after ``--dev /dev`` (which would hide
+  them), the driver's libraries the system directories do not show are bound read-only, and
+  the per-sandbox uid gets the groups that own nodes not open to everyone.
+
+Runs on its own (standard library only), like the rest of the sandbox's core (``bwrap.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kernmind.execution.sandbox.bwrap import Sandbox
+    from kernmind.execution.sandbox.rlimits import Limits
+
+WORKSPACE_MOUNT = "/workspace"
+RUNTIME_MOUNT = "/run/kernmind"
+SYSTEM_DIRS = ("/usr", "/etc", "/opt")
+USR_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A server directory that sandboxed code sees read-only at ``inner`` (never under /tmp)."""
+
+    host: Path
+    inner: str
+
+    def path(self, sandbox: Sandbox) -> str:
+        """Where code finds it: ``inner`` in an isolated sandbox, the host path without one."""
+        return self.inner if sandbox.isolated else str(self.host)
+
+
+def bwrap_args(
+    sandbox: Sandbox,
+    argv: Sequence[str],
+    workspace: Path,
+    env: Mapping[str, str],
+    ro_paths: Sequence[Path | str],
+    runtime_dir: Path | None,
+    uid: int | None,
+    limits: Limits,
+    mounts: Sequence[Mount] = (),
+) -> list[str]:
+    """The whole ``bwrap …`` command line that runs ``argv`` in ``sandbox``'s isolation
+    (``Sandbox.wrap`` documents the arguments)."""
+    assert sandbox.bwrap is not None
+    args: list[str] = [sandbox.bwrap]
+    if sandbox.as_root:
+        # Privileged bwrap: no user namespace, so the uid switch below is a real one.
+        args += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+    else:
+        args += [
+            "--unshare-user",
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+        ]
+    if not sandbox.allow_network:
+        args.append("--unshare-net")
+    args += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    if sandbox.seccomp is not None:
+        args += ["--seccomp", "9"]
+
+    made: set[str] = {"/"}  # every path that exists inside: binds and the directories made for them
+    bound: set[str] = set()  # binds only: a path under one of these is already visible
+    for d in SYSTEM_DIRS:
+        if os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+            made.add(d)
+            bound.add(d)
+    for link in USR_LINKS:
+        if os.path.islink(link):
+            args += ["--symlink", os.readlink(link), link]
+        elif os.path.isdir(link):
+            args += ["--ro-bind", link, link]
+        made.add(link)
+        bound.add(link)
+
+    def covered(path: str) -> bool:
+        # Directories made for a bind's parents are empty: they cover nothing, nor does /tmp.
+        return any(path == m or path.startswith(m.rstrip("/") + "/") for m in bound)
+
+    def ensure_parents(path: str) -> None:
+        parents = []
+        parent = os.path.dirname(path)
+        while parent not in made and not covered(parent) and parent != "/":
+            parents.append(parent)
+            parent = os.path.dirname(parent)
+        for p in reversed(parents):
+            args.extend(["--perms", "0755", "--dir", p])
+            made.add(p)
+
+    def under_tmp(path: str) -> bool:
+        return path == "/tmp" or path.startswith("/tmp/")
+
+    def bind_ro(paths: list[str]) -> None:
+        for path in paths:
+            if covered(path) or not os.path.exists(path):
+                continue
+            ensure_parents(path)
+            args.extend(["--ro-bind", path, path])
+            made.add(path)
+            bound.add(path)
+
+    gpu = sandbox.gpu
+    gpu_libraries = list(gpu.library_dirs) if gpu else []
+    ro = [os.path.abspath(p) for p in _dedupe([*ro_paths, *gpu_libraries])]
+    bind_ro([p for p in ro if not under_tmp(p)])
+    for mount in mounts:
+        ensure_parents(mount.inner)
+        args += ["--ro-bind", str(mount.host), mount.inner]
+        made.add(mount.inner)
+        bound.add(mount.inner)
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    if gpu is not None:  # after --dev, which would hide them
+        args += gpu.bwrap_args()
+    tmpfs_size = str(limits.tmp_mb * 1024 * 1024)
+    # --dev makes /dev/shm root-owned 0755: a private writable one (POSIX semaphores, joblib).
+    args += ["--perms", "1777", "--size", tmpfs_size, "--tmpfs", "/dev/shm"]
+    args += ["--perms", "1777", "--size", tmpfs_size, "--tmpfs", "/tmp"]
+    made.add("/tmp")
+    # Binds under /tmp must come after the tmpfs, or it would hide them.
+    bind_ro([p for p in ro if under_tmp(p)])
+    if runtime_dir is not None:
+        ensure_parents(RUNTIME_MOUNT)
+        args += ["--bind", str(runtime_dir), RUNTIME_MOUNT]
+        bound.add(RUNTIME_MOUNT)
+    args += ["--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
+    args.append("--clearenv")
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    args.append("--")
+    if uid is not None and sandbox.setpriv:
+        args += [
+            sandbox.setpriv,
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            # The groups that own the GPU's device nodes, when those are not open to all.
+            f"--groups={','.join(map(str, gpu.groups))}" if gpu and gpu.groups else "--clear-groups",
+            "--bounding-set=-all",
+            "--inh-caps=-all",
+            "--no-new-privs",
+        ]
+    args += list(argv)
+    return args
+
+
+def _dedupe(paths: Sequence[Path | str]) -> list[str]:
+    """Absolute, existing-or-not paths in order, dropping ones nested in an earlier one."""
+    out: list[str] = []
+    for p in sorted({os.path.abspath(str(p)) for p in paths}, key=len):
+        if not any(p == o or p.startswith(o.rstrip("/") + "/") for o in out):
+            out.append(p)
+    return out

@@ -1,0 +1,47 @@
+"""What runs in front of a sandboxed command: the shell that joins its control groups and
+opens its seccomp filter, and the lifeline parent that ends its tree with the server.
+
+Design
+- ``launcher_argv``: one shell in front of the command, only when needed. It writes its own
+  pid into each control group's ``cgroup.procs`` (so the command is in the group from its
+  first instruction, whatever uid it drops to later, ``cgroups.py``), opens the seccomp
+  filter file as descriptor 9 for bwrap's ``--seccomp 9`` (``bwrap_args.py``), and execs.
+- ``lifeline_argv``: the command under ``lifeline.py``, a parent that kills its whole tree
+  when the server dies (a sandbox without bubblewrap has no pid namespace to do it), and
+  that loads the seccomp filter and answers the creation guard (``creation_guard.py``) when
+  asked to. Linux only: elsewhere the command runs as it is.
+
+Runs on its own (standard library only), like the rest of the sandbox's core (``bwrap.py``);
+``lifeline.py`` must sit beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+# The launcher's script: $1 is the filter file (or empty), then cgroup.procs files up to "--".
+_JOIN = 'f=$1; shift; while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; '
+
+
+def launcher_argv(argv: list[str], seccomp: str | None, join: Sequence[str | Path]) -> list[str]:
+    """``argv`` started in the control groups whose ``cgroup.procs`` files are ``join``, with
+    the filter file ``seccomp`` open as descriptor 9; ``argv`` itself when there is neither."""
+    if seccomp is None and not join:
+        return argv
+    run = 'exec "$@" 9<"$f"' if seccomp is not None else 'exec "$@"'
+    return ["/bin/sh", "-c", _JOIN + run, "kernmind-sandbox", seccomp or "", *map(str, join), "--", *argv]
+
+
+def lifeline_argv(argv: Sequence[str], seccomp: str | None = None, guard: str | None = None) -> list[str]:
+    """``argv`` under a parent that kills its whole tree when the server dies (Linux only),
+    started under the seccomp filter in ``seccomp`` and the creation guard in ``guard`` (which
+    that parent answers) when given."""
+    if sys.platform != "linux":
+        return list(argv)
+    script = str(Path(__file__).with_name("lifeline.py"))
+    filtered = ["--seccomp", seccomp] if seccomp is not None else []
+    filtered += ["--guard", guard] if guard is not None else []
+    return [sys.executable, "-S", "-E", "-s", script, str(os.getpid()), *filtered, "--", *argv]

@@ -1,0 +1,95 @@
+"""The resource limits of one sandbox: what the settings ask for, and the command line that
+sets them on the sandbox's first process.
+
+Design
+- The limits are rlimits set by ``prlimit`` on the sandbox's first process and inherited:
+  RLIMIT_DATA for memory (it counts what a program writes, not the address space that V8
+  and the JVM reserve, so those runtimes keep working), RLIMIT_CPU, RLIMIT_NPROC,
+  RLIMIT_FSIZE, RLIMIT_NOFILE, and no core dumps. Without util-linux ``prlimit`` (e.g.
+  macOS) a tiny Python shim (``rlimit_exec.py``) sets them and execs.
+- ``Limits.writes_blocked``: a session over its workspace quota gets a soft RLIMIT_FSIZE of 0
+  while the hard limit stays, so the server can lift the block (``limits.py``).
+- RLIMIT_NPROC counts threads per real uid: a sandbox that shares the server's uid gets its
+  process limit on top of that uid's current threads (``threads_of_uid``).
+
+Runs on its own (standard library only), like the rest of the sandbox's core
+(``bwrap.py``): the unprivileged-user test copies it without the rest of kernmind.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kernmind.config import Settings
+
+THREAD_STACK_MB = 2
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_mb: int = 2048
+    cpu_seconds: int = 3600
+    max_processes: int = 256
+    max_file_mb: int = 1024
+    max_open_files: int = 1024
+    tmp_mb: int = 512
+    writes_blocked: bool = False  # over the workspace quota: no file may grow (soft RLIMIT_FSIZE 0)
+
+    def rlimits(self, nproc: int) -> dict[str, int | tuple[int, int]]:
+        """prlimit option name -> value (soft = hard) or (soft, hard)."""
+        fsize = self.max_file_mb * 1024 * 1024
+        return {
+            "data": self.memory_mb * 1024 * 1024,
+            "cpu": self.cpu_seconds,
+            "nproc": nproc,
+            "fsize": (0, fsize) if self.writes_blocked else fsize,
+            "nofile": self.max_open_files,
+            "core": 0,
+            # The default stack of every new thread (glibc takes it from RLIMIT_STACK): thread
+            # stacks count against RLIMIT_DATA, and 8 MiB each (kernel, BLAS and zmq threads)
+            # would eat a small memory limit before any user data.
+            "stack": THREAD_STACK_MB * 1024 * 1024,
+        }
+
+
+def limits_from(settings: Settings) -> Limits:
+    """The per-sandbox limits the settings ask for."""
+    return Limits(
+        memory_mb=settings.memory_mb,
+        cpu_seconds=settings.cpu_seconds,
+        max_processes=settings.max_processes,
+        max_file_mb=settings.max_file_mb,
+        max_open_files=settings.max_open_files,
+    )
+
+
+def with_rlimits(argv: list[str], values: dict[str, int | tuple[int, int]], prlimit: str | None) -> list[str]:
+    """``argv`` started under the rlimits ``values`` (``Limits.rlimits``), through ``prlimit``
+    (the util-linux program's path) or, where there is none, the ``rlimit_exec`` shim."""
+    if prlimit:
+        options = (
+            f"--{k}={v[0]}:{v[1]}" if isinstance(v, tuple) else f"--{k}={v}" for k, v in values.items()
+        )
+        return [prlimit, *options, "--", *argv]
+    # No util-linux prlimit (e.g. macOS): a tiny Python shim sets the limits and execs.
+    return [sys.executable, "-m", "kernmind.execution.sandbox.rlimit_exec", repr(values), "--", *argv]
+
+
+def threads_of_uid(uid: int) -> int:
+    """How many threads ``uid`` runs now (RLIMIT_NPROC counts threads per real uid)."""
+    total = 0
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0
+    for pid in pids:
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                total += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue
+    return total
