@@ -33,8 +33,8 @@ Design
 - **Cost**: one round trip to the helper per creating call (``benchmarks/README.md``,
   "creation guard"); reading, writing and every other call cost nothing more.
 - **Support**: Linux ≥ 5.5 (``CONTINUE``), x86_64 or aarch64, seccomp allowed in the
-  container. ``probe()`` tries the whole path once per server (``filter_file_here``, asked by
-  ``Sandbox.detect``); where it fails, kernels run without the guard as before and
+  container. ``probe()`` tries the whole path once per server (``filter_file_here``, asked
+  through ``filter_files.guard_file``); where it fails, kernels run without the guard as before and
   ``kernmind doctor`` says so.
 
 Runs on its own (standard library only): the lifeline script imports it as a sibling module

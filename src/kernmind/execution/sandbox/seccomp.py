@@ -37,8 +37,8 @@ while the session is over and lets them through otherwise; every other call is a
 Programs are built for x86_64 (with its i386 and x32 system-call tables) and aarch64 (with
 32-bit ARM); on other machines ``program()`` returns None and sandboxes run without it.
 
-Runs on its own (standard library only): the sandbox module and the unprivileged-user test
-copy it without the rest of kernmind.
+Runs on its own (standard library only): it is part of the sandbox's standard-library core,
+which the unprivileged-user test copies without the rest of kernmind.
 """
 
 from __future__ import annotations
