@@ -154,6 +154,11 @@ class SharedSessionRegistry(SessionRegistry):
                 session = self.sessions[(owner, sid)] = Session(sid, self._new_workspace, owner=owner)
             async with session.lock:
                 if session.closed:
+                    # Its close is under way (``close`` marks it, then waits for the row): the next
+                    # round makes a new session, which waits for the row too, instead of finding
+                    # this one again and again until the close forgets it (a busy loop).
+                    if self.sessions.get((owner, sid)) is session:
+                        del self.sessions[(owner, sid)]
                     continue
                 self.refuse_if_job(owner, sid, job_id)
                 async with self.records.locked(owner, sid):
