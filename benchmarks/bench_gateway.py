@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,14 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from jupyter_client.manager import AsyncKernelManager
 from mcp import Client
 
-sys.path[:0] = [str(Path(__file__).parent.parent)]  # tests/
+sys.path[:0] = [str(Path(__file__).parent.parent), str(Path(__file__).parent)]  # tests/, benchmarks/
 from tests.execution.gateway_server import KernelGatewayServer  # noqa: E402
 from tests.memory.postgres_server import PostgresServer  # noqa: E402
 from tests.transport.procs import HttpServer, start_http  # noqa: E402
 
+from bench_python import raw_kernel  # noqa: E402
 from kernmind.config import Settings  # noqa: E402
 from kernmind.execution.kernels.gateway.client import GatewayConfig, KernelGateway  # noqa: E402
 from kernmind.server import create_server  # noqa: E402
@@ -74,23 +73,12 @@ async def raw_gateway(gateway: KernelGatewayServer, n: int) -> list[float]:
 
 
 async def raw_local(n: int) -> list[float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        km = AsyncKernelManager(
-            kernel_name="python3", transport="ipc", ip=f"{tmp}/k", connection_file=f"{tmp}/c.json"
-        )
-        await km.start_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        kc = km.client()
-        kc.start_channels()
-        await kc.wait_for_ready(timeout=60)
+    async with raw_kernel() as (_, kc):
 
         async def once() -> None:
             await kc.execute_interactive(SNIPPET, output_hook=lambda _: None, timeout=30)
 
-        try:
-            return await timed(once, n)
-        finally:
-            kc.stop_channels()
-            await km.shutdown_kernel(now=True)
+        return await timed(once, n)
 
 
 async def through_kernmind(settings: Settings, n: int) -> list[float]:

@@ -16,12 +16,15 @@ the warm pool has refilled before each one ("while the pool is warm").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 from jupyter_client.manager import AsyncKernelManager
@@ -57,7 +60,10 @@ async def _execute(kc: object, code: str) -> None:
             return
 
 
-async def raw_floor(n: int, restarts: int) -> tuple[list[float], list[float]]:
+@contextlib.asynccontextmanager
+async def raw_kernel(setup: str | None = None) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
+    """A stock ipykernel (ipc transport) and its started client, ready; ``setup`` run in it
+    first when given. The floor of every Python benchmark here."""
     with tempfile.TemporaryDirectory() as tmp:
         km = AsyncKernelManager(
             kernel_name="python3", transport="ipc", ip=f"{tmp}/k", connection_file=f"{tmp}/c.json"
@@ -65,7 +71,18 @@ async def raw_floor(n: int, restarts: int) -> tuple[list[float], list[float]]:
         await km.start_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         kc = km.client()
         kc.start_channels()
-        await kc.wait_for_ready(timeout=60)
+        try:
+            await kc.wait_for_ready(timeout=60)
+            if setup is not None:
+                await _execute(kc, setup)
+            yield km, kc
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+
+
+async def raw_floor(n: int, restarts: int) -> tuple[list[float], list[float]]:
+    async with raw_kernel() as (km, kc):
         for _ in range(10):
             await _execute(kc, SNIPPET)
         warm = []
@@ -80,8 +97,6 @@ async def raw_floor(n: int, restarts: int) -> tuple[list[float], list[float]]:
             await kc.wait_for_ready(timeout=60)
             await _execute(kc, SNIPPET)
             restart.append(time.perf_counter() - t)
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
     return warm, restart
 
 

@@ -34,11 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from jupyter_client.manager import AsyncKernelManager
 from mcp import Client, StdioServerParameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_python import SNIPPET, _execute, pct
+from bench_python import SNIPPET, _execute, pct, raw_kernel
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 NOOP = "a refused call (no tool runs)"  # the MCP round trip alone, on the kernmind arm's server
@@ -82,8 +81,8 @@ async def main() -> None:
             pids[name] = int(found.stdout.split()[0])
             clients[name] = client
         floors = {
-            "floor": await stack.enter_async_context(raw_kernel()),
-            TUNED: await stack.enter_async_context(raw_kernel(setup=True)),
+            "floor": await stack.enter_async_context(floor_kernel()),
+            TUNED: await stack.enter_async_context(floor_kernel(setup=True)),
         }
         await anyio.sleep(3)  # the warm pools have filled
         times: dict[str, list[float]] = {
@@ -127,30 +126,20 @@ async def main() -> None:
 
 
 @contextlib.asynccontextmanager
-async def raw_kernel(*, setup: bool = False) -> AsyncIterator[Any]:
+async def floor_kernel(*, setup: bool = False) -> AsyncIterator[Any]:
     """A stock ipykernel's client, warmed up; with ``setup``, after running kernmind's setup cell."""
-    with tempfile.TemporaryDirectory() as tmp:
-        km = AsyncKernelManager(
-            kernel_name="python3", transport="ipc", ip=f"{tmp}/k", connection_file=f"{tmp}/c.json"
-        )
-        await km.start_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        kc = km.client()
-        kc.start_channels()
-        try:
-            await kc.wait_for_ready(timeout=60)
-            if setup:
-                sys.path.insert(0, str(SRC))
-                from kernmind.budget import Budget
-                from kernmind.config import Settings
-                from kernmind.execution.kernels.setup import setup_code
+    code = None
+    if setup:
+        sys.path.insert(0, str(SRC))
+        from kernmind.budget import Budget
+        from kernmind.config import Settings
+        from kernmind.execution.kernels.setup import setup_code
 
-                await _execute(kc, setup_code(Budget(Settings().max_output_chars)))
-            for _ in range(20):
-                await _execute(kc, SNIPPET)
-            yield kc
-        finally:
-            kc.stop_channels()
-            await km.shutdown_kernel(now=True)
+        code = setup_code(Budget(Settings().max_output_chars))
+    async with raw_kernel(code) as (_, kc):
+        for _ in range(20):
+            await _execute(kc, SNIPPET)
+        yield kc
 
 
 if __name__ == "__main__":
