@@ -1,8 +1,8 @@
 """A session's install runs in the session's control group (issue 23: one memory limit per session).
 
 ``install_packages`` sets the session's limits as ``current_limits`` (``installs.py``); then uv
-(on the host, wheels) and a source build (``--allow-sdist``, in a sandbox with no network) run
-in the session's group. Real uv, a real sandboxed build from a wheelhouse the test writes, a
+(on the host, wheels), a source build (``--allow-sdist``, in a sandbox with no network) and
+Deno fetching npm packages run in the session's group. Real uv, a real sandboxed build from a wheelhouse the test writes, a
 real control group with a 300 MiB memory limit: a build's memory (here files in its in-memory
 ``/dev/shm``) is charged to the session, and a build that outgrows it is stopped and refused
 with a sentence that names ``--memory-mb``; nothing is added, and the session installs again
@@ -29,7 +29,7 @@ from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits, current_limits
 from kernmind.execution.sandbox.rlimits import Limits
-from tests.execution.packages.package_sources import make_sdist, make_wheel
+from tests.execution.packages.package_sources import NpmRegistry, make_sdist, make_wheel
 
 SANDBOX = Sandbox.detect("auto")
 SUPPORT = CgroupSupport.detect()
@@ -77,7 +77,7 @@ def installer(wheelhouse: Path, cache: Path) -> PackageInstaller:
         PythonTarget(runtime.executable, runtime.paths, runtime.pythonpath),
         cache,
         SANDBOX,
-        None,
+        PackageInstaller.find_deno(),
         PackageInstaller.find_uv(),
         {},
     )
@@ -104,3 +104,24 @@ async def test_a_build_runs_in_the_sessions_group_and_one_past_its_memory_is_sto
     again = await install.install(["plain"], "python", layer)
     assert [p.name for p in again.installed] == ["plain"]
     assert set(layer.python_distributions()) >= {"modest", "plain"}
+
+
+async def test_deno_fetching_npm_packages_runs_in_the_sessions_group(
+    session: SessionLimits, wheelhouse: Path, tmp_path: Path
+) -> None:
+    install = installer(wheelhouse, tmp_path / "cache")
+    if install.deno is None:
+        pytest.skip("Deno is not installed")
+    group = session.group
+    assert group is not None and not group.pids()
+    before = group.memory_peak()
+    assert before is not None and before < MIB, before  # a new group: nothing ran in it yet
+    layer = Layer(tmp_path / "layer").create()
+    with NpmRegistry({"leftpad": {"1.0.0": "module.exports = (s) => s;"}}).running() as registry:
+        install.host_env["NPM_CONFIG_REGISTRY"] = f"{registry.url}/"
+        result = await install.install(["npm:leftpad@1"], "javascript", layer)
+    assert [p.name for p in result.installed] == ["leftpad"]
+    peak = group.memory_peak()
+    # Deno's memory was charged to the session (its binary's pages, already cached, are not: a
+    # few MiB of its own; 0 when it runs outside the group).
+    assert peak is not None and peak >= 2 * MIB, peak

@@ -13,6 +13,10 @@ Code in the sandbox then runs with ``DENO_DIR`` = the layer's folder, read-only,
 host's ``NPM_CONFIG_REGISTRY`` (default registry.npmjs.org); the sandbox must be given the
 same value, since Deno keys its cache by registry.
 
+Within a session's install (``current_limits``, set by ``installs.py``) Deno runs in the
+session's control group, as uv does (``python.py``): its memory counts against the session's,
+and an install the out-of-memory killer stopped is refused with the memory sentence.
+
 Error policy: ``PackageError`` — "not_found" (no such package or no matching version),
 "network" (a certificate it does not trust: the cause and what to do, ``trust.py``),
 "timeout", else "installer" with Deno's message.
@@ -33,7 +37,9 @@ import anyio
 
 from kernmind.execution.packages.layer import Distribution
 from kernmind.execution.packages.policy import PackageError
+from kernmind.execution.packages.python import check_session_memory
 from kernmind.execution.packages.trust import certificate_refusal
+from kernmind.execution.sandbox.limits import current_limits
 
 _DOES_NOT_EXIST = re.compile(r"npm package '([^']+)' does not exist")
 _NO_MATCH = re.compile(r"Could not find npm package '([^']+)' matching '([^']+)'")
@@ -103,13 +109,20 @@ async def prefetch(
 async def _deno(
     deno: str, args: list[str], env: Mapping[str, str], timeout: float
 ) -> CompletedProcess[bytes]:
+    argv = [deno, *args]
+    session = current_limits.get()
+    group = session.ensure_group() if session is not None else None
+    if group is not None:
+        argv = group.join_argv(argv)
     try:
         with anyio.fail_after(timeout):
-            return await anyio.run_process([deno, *args], env=env, check=False)
+            proc = await anyio.run_process(argv, env=env, check=False)
     except TimeoutError:
         raise PackageError(
             "timeout", f"fetching the npm packages did not finish within {timeout:g} s; try again."
         ) from None
+    check_session_memory(session)
+    return proc
 
 
 def _link_packages(folders: Sequence[Path], shared_dir: Path, deno_dir: Path) -> None:
