@@ -386,6 +386,50 @@ async def test_over_the_quota_no_directories_links_or_preallocation_grow_it(alic
     assert "".join(again["logs"]["stdout"]).strip() == "x" and again["notes"] == [], again
 
 
+JAVA_MKDIR = (
+    'String made;\ntry { java.nio.file.Files.createDirectory(java.nio.file.Path.of("{name}")); made = "made"; }\n'
+    'catch (java.io.IOException e) { made = e.getMessage(); }\nmade + " by " + java.lang.management.ManagementFactory.getRuntimeMXBean().getStartTime()'
+)
+WRITE_70 = "open('big', 'wb').write(b'\\1' * 70 * 2**20)"  # over 60 MiB, too quick for the sampler
+
+
+async def java_mkdir(client: Client, session: str, name: str) -> tuple[str, str]:
+    """(what making directory ``name`` from Java said, its JVM's start time: one per JVM)."""
+    out = await run(client, JAVA_MKDIR.replace("{name}", name), session, "java")
+    said, _, pid = out["results"][0]["text"].strip('"').rpartition(" by ")
+    return said, pid
+
+
+async def test_a_java_host_creates_nothing_while_its_session_is_over_the_quota(alice: Client) -> None:
+    """Java's JShell host lives across calls, like a kernel: one started under the quota has the
+    creation guard (nothing created while over, creating again once under, the same JVM); one
+    started over is retired once the session is back under, so creating works again."""
+    if Sandbox.detect("auto").guard is None:
+        pytest.skip("the creation guard does not work here (kernmind doctor says why)")
+    session = "java-guard"
+    await run(alice, "1", session)  # Python first: its kernel settles the workspace's uid
+    probe = structured(
+        await alice.call_tool("run_code", {"code": "1", "session_id": session, "language": "java"})
+    )
+    if probe["status"] != "ok":
+        pytest.skip(f"no Java here: {probe.get('error')}")
+    said, host = await java_mkdir(alice, session, "early")
+    assert said == "made"
+    over = await run(alice, WRITE_70, session)
+    over_note(over)
+    assert await java_mkdir(alice, session, "late") == ("late: Disk quota exceeded", host)  # the same JVM
+    await run(alice, "import os\nos.remove('big')", session)
+    assert await java_mkdir(alice, session, "again") == ("made", host)
+    # A host started while over: the stricter filter for life; retired once the session is under.
+    await run(alice, "System.exit(0);", session, "java")
+    over_note(await run(alice, WRITE_70, session))
+    said, blocked_host = await java_mkdir(alice, session, "over")
+    assert said == "over: Disk quota exceeded" and blocked_host != host
+    await run(alice, "import os\nos.remove('big')", session)
+    said, fresh_host = await java_mkdir(alice, session, "under")
+    assert said == "made" and fresh_host != blocked_host
+
+
 async def test_the_runtime_directory_counts_against_the_quota(alice: Client) -> None:
     """300 MB written into /run/kernmind (a host directory) is stopped and blocked like the workspace."""
     code = "for i in range(30):\n    open(f'/run/kernmind/fill{i}', 'wb').write(b'x' * 10 * 2**20)"

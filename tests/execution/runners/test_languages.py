@@ -293,6 +293,30 @@ async def test_java_calls_do_not_share_state(client: mcp.Client) -> None:
     assert value(res) == "null"
 
 
+JVM_PID = "java.lang.management.ManagementFactory.getRuntimeMXBean().getStartTime()"  # one per JVM
+
+
+async def test_a_java_host_that_must_go_is_replaced_and_says_why(client: mcp.Client) -> None:
+    """System.exit, threads left running: the call says so, its JVM goes, the next one gets a new
+    JVM (these used to fail as an internal error: the host could not be set aside to stop)."""
+    sid = "java-hosts"
+    first = value(await run(client, JVM_PID, "java", session_id=sid))
+    res = await run(client, "System.exit(0);", "java", session_id=sid)
+    assert res["status"] == "ok" and "the code called System.exit(0); its JVM ended." in res["notes"], res
+    second = value(await run(client, JVM_PID, "java", session_id=sid))
+    assert second is not None and second != first
+    res = await run(client, "new Thread(() -> { while (true) {} }).start();", "java", session_id=sid)
+    assert "the code left threads running; they were stopped with its JVM." in res["notes"], res
+    third = value(await run(client, JVM_PID, "java", session_id=sid))
+    assert third is not None and third != second
+
+
+async def test_java_in_stateless_mode_gets_a_jvm_per_call(tmp_path: Path) -> None:
+    async with mcp.Client(create_server(Settings(data_dir=tmp_path, pool_size=0, stateless=True))) as c:
+        pids = [value(await run(c, JVM_PID, "java")) for _ in range(2)]
+    assert None not in pids and pids[0] != pids[1]
+
+
 async def test_javascript_network_is_off(client: mcp.Client) -> None:
     res = await run(client, 'await fetch("http://example.com")', "javascript")
     assert res["status"] == "error"

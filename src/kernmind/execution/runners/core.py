@@ -241,11 +241,14 @@ class Context:
         env: dict[str, str],
         ro_paths: Sequence[str] = (),
         layer: Layer | None = None,
+        lasting: bool = False,
     ) -> SandboxedCommand:
         """``argv`` in the sandbox; with ``layer``, the session's installed Python packages are
         mounted read-only, on ``PYTHONPATH`` and (their scripts) on ``PATH``. Inside a call
         (``current_limits``), the process joins the session's control group and gets its write
-        block (``sandbox/limits.py``)."""
+        block (``sandbox/limits.py``). ``lasting``: a process that outlives the call (Java's
+        JShell host) gets the creation guard, so it creates nothing while its session is over
+        the quota, though it started under (a per-call process is started with the block)."""
         env = dict(env)
         mounts: list[Mount] = []
         path = env.get("PATH", DEFAULT_PATH)
@@ -268,6 +271,7 @@ class Context:
             mounts=mounts,
             limits=session.sandbox_limits(self.sandbox.limits) if session is not None else None,
             join=session.join_files() if session is not None else (),
+            guard=lasting,
         )
 
 

@@ -5,7 +5,11 @@ Design
   compiled once with ``javac`` into the user cache directory) that uses the JShell API with
   local execution. The host starts inside the sandbox like any other process — bound to
   one workspace (at ``/workspace``), as that workspace's uid, with the rlimits — warms up
-  the compiler, and then serves snippets over stdin/stdout frames.
+  the compiler, and then serves snippets over stdin/stdout frames. It outlives calls, so it
+  carries the creation guard, as Python kernels do: once its session is over the workspace
+  quota it creates nothing, though it started under. A host started while the session was
+  over has the stricter filter for life instead (``bwrap.py``), so once the session is back
+  under it is retired and the call starts a fresh one (a host keeps no state between calls).
 - No state leaks between calls: every call gets a brand-new ``JShell`` instance (a fresh
   class loader: variables, methods and classes are gone) and the host restores
   ``System.out/err/in``, system properties, default locale and time zone. A call that
@@ -50,6 +54,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.runners.base import Call, RuntimeUnavailable, StatelessRunner
 from kernmind.execution.runners.core import Context, exit_error, kill_tree
+from kernmind.execution.sandbox.limits import current_limits
 from kernmind.execution.sandbox.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -84,7 +89,7 @@ def jvm_flags(memory_mb: int) -> list[str]:
     ]
 
 
-@dataclass
+@dataclass(eq=False)  # a host is itself (kept in a set until the call's result is ready)
 class Host:
     process: Process
     reader: BufferedByteReceiveStream
@@ -94,6 +99,7 @@ class Host:
     calls: int = 0
     last_used: float = field(default_factory=time.monotonic)
     broken: bool = False
+    started_blocked: bool = False  # started over the quota: it creates nothing for life
 
     async def read_frame(self, collector: OutputCollector | None) -> tuple[str, bytes]:
         """The next frame; bytes outside frames are passed to ``collector`` as stdout."""
@@ -201,7 +207,7 @@ class JavaRunner(StatelessRunner):
     async def _start_host(self, workspace: Workspace) -> Host:
         classes = await self._host_classes()
         argv = [self.java, *jvm_flags(self.ctx.settings.memory_mb), "-cp", str(classes), "JShellHost"]
-        cmd = self.ctx.wrap(argv, workspace, env={}, ro_paths=[str(classes), self.java_home])
+        cmd = self.ctx.wrap(argv, workspace, env={}, ro_paths=[str(classes), self.java_home], lasting=True)
         fd, err_name = tempfile.mkstemp(prefix="kernmind-jshell-", suffix=".log")
         try:
             process = await anyio.open_process(
@@ -222,6 +228,7 @@ class JavaRunner(StatelessRunner):
             (str(workspace.root), workspace.owner_uid),
             workspace,
             Path(err_name),
+            started_blocked=_writes_blocked(),
         )
         try:
             with anyio.fail_after(START_TIMEOUT):
@@ -266,7 +273,11 @@ class JavaRunner(StatelessRunner):
         collector, workspace = call.collector, call.workspace
         key = (str(workspace.root), workspace.owner_uid)
         host = self._hosts.pop(key, None)
-        if host is not None and (host.broken or host.process.returncode is not None):
+        if host is not None and (
+            host.broken
+            or host.process.returncode is not None
+            or (host.started_blocked and not _writes_blocked())
+        ):
             await host.stop()
             host = None
         await self._reap(keep=key)
@@ -338,6 +349,12 @@ class JavaRunner(StatelessRunner):
         stopping, self._stopping = self._stopping, set()
         for host in stopping:
             await host.stop()
+
+
+def _writes_blocked() -> bool:
+    """Whether the session of this call is over its quota now (``sandbox/limits.py``)."""
+    limits = current_limits.get()
+    return limits is not None and limits.writes_blocked
 
 
 def _exists(path: Path) -> bool:
