@@ -79,7 +79,6 @@ def _kernmind_prompt_io(drain_limit):
     import time
     from ipykernel.iostream import OutStream
 
-    get_ipython().kernel._execute_sleep = 0
     read_call = {{"x86_64": "0", "aarch64": "63", "riscv64": "63"}}.get(os.uname().machine)
 
     def unread(fid):
@@ -104,9 +103,8 @@ def _kernmind_prompt_io(drain_limit):
                 time.sleep(0.0005)
                 return
 
-    if read_call is None:
-        get_ipython().kernel._execute_sleep = 0.0005
-    else:
+    if read_call is not None:  # else ipykernel's sleep stays
+        get_ipython().kernel._execute_sleep = 0
         get_ipython().events.register("post_run_cell", drain)
 
     original_flush = OutStream.flush

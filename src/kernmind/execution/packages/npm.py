@@ -37,9 +37,8 @@ import anyio
 
 from kernmind.execution.packages.layer import Distribution
 from kernmind.execution.packages.policy import PackageError
-from kernmind.execution.packages.python import check_session_memory
+from kernmind.execution.packages.python import run_in_session_group
 from kernmind.execution.packages.trust import certificate_refusal
-from kernmind.execution.sandbox.limits import current_limits
 
 _DOES_NOT_EXIST = re.compile(r"npm package '([^']+)' does not exist")
 _NO_MATCH = re.compile(r"Could not find npm package '([^']+)' matching '([^']+)'")
@@ -109,20 +108,12 @@ async def prefetch(
 async def _deno(
     deno: str, args: list[str], env: Mapping[str, str], timeout: float
 ) -> CompletedProcess[bytes]:
-    argv = [deno, *args]
-    session = current_limits.get()
-    group = session.ensure_group() if session is not None else None
-    if group is not None:
-        argv = group.join_argv(argv)
     try:
-        with anyio.fail_after(timeout):
-            proc = await anyio.run_process(argv, env=env, check=False)
+        return await run_in_session_group([deno, *args], env, timeout)
     except TimeoutError:
         raise PackageError(
             "timeout", f"fetching the npm packages did not finish within {timeout:g} s; try again."
         ) from None
-    check_session_memory(session)
-    return proc
 
 
 def _link_packages(folders: Sequence[Path], shared_dir: Path, deno_dir: Path) -> None:

@@ -93,15 +93,24 @@ class HostUv:
         return str(host)
 
     async def __call__(self, args: Sequence[str], *, timeout: float) -> tuple[int, str, str]:
-        argv = [self.binary, *args]
-        session = current_limits.get()  # a session's install: uv counts against its memory too
-        group = session.ensure_group() if session is not None else None
-        if group is not None:
-            argv = group.join_argv(argv)
-        with anyio.fail_after(timeout):
-            proc = await anyio.run_process(argv, env=self.env, check=False)
-        check_session_memory(session)
+        proc = await run_in_session_group([self.binary, *args], self.env, timeout)
         return proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+
+
+async def run_in_session_group(
+    argv: Sequence[str], env: Mapping[str, str], timeout: float
+) -> subprocess.CompletedProcess[bytes]:
+    """Run a host command of an install (uv, Deno); within a session's install
+    (``current_limits``) in the session's control group, so it counts against the session's
+    memory, with the memory sentence when the out-of-memory killer stopped it. Raises
+    ``TimeoutError`` after ``timeout`` seconds."""
+    session = current_limits.get()
+    group = session.ensure_group() if session is not None else None
+    command = group.join_argv(argv) if group is not None else list(argv)
+    with anyio.fail_after(timeout):
+        proc = await anyio.run_process(command, env=env, check=False)
+    check_session_memory(session)
+    return proc
 
 
 def check_session_memory(session: SessionLimits | None) -> None:
