@@ -120,7 +120,11 @@ def dialogues() -> list[Dialogue]:
 
 
 def questions() -> list[dict]:
-    return [q for path in sorted(DATA.glob("real_dialogue_questions_*.json")) for q in json.loads(path.read_text())]
+    return [
+        q
+        for path in sorted(DATA.glob("real_dialogue_questions_*.json"))
+        for q in json.loads(path.read_text())
+    ]
 
 
 def check() -> list[str]:
