@@ -22,6 +22,7 @@ import pytest
 
 from kernmind.execution.sandbox import seccomp
 from kernmind.execution.sandbox.bwrap import Sandbox
+from tests.execution.sandbox import name_makers
 
 SANDBOX = Sandbox.detect("auto")
 needs_filter = pytest.mark.skipif(
@@ -172,6 +173,45 @@ def test_sandboxes_pick_their_filter_by_the_sessions_state() -> None:
     strict = SANDBOX.seccomp_for(blocked)
     assert strict is not None and strict != SANDBOX.seccomp
     assert Path(strict).read_bytes() == seccomp.program(over_quota=True)
+
+
+def run_name_makers(workspace: Path, *, over_quota: bool, sandbox: Sandbox = SANDBOX) -> dict[str, str]:
+    """``name_makers.PROBE`` in a sandbox started under or over the quota, ``SETUP`` done first by
+    the host (as the sandbox's uid)."""
+    uid = sandbox.allocate_uid()
+    subprocess.run(["/usr/bin/python3", "-c", name_makers.SETUP], cwd=workspace, check=True)
+    if uid is not None:
+        for path in [workspace, *workspace.iterdir()]:
+            os.chown(path, uid, uid)
+    limits = replace(sandbox.limits, writes_blocked=over_quota)
+    cmd = sandbox.wrap(
+        ["/usr/bin/python3", "-c", name_makers.PROBE], workspace=workspace, uid=uid, limits=limits
+    )
+    proc = subprocess.run(cmd.argv, env=cmd.env, cwd=cmd.cwd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return name_makers.parse(proc.stdout)
+
+
+@needs_filter
+def test_over_quota_every_call_that_makes_a_name_is_refused_and_io_uring_is_off(tmp_path: Path) -> None:
+    """Each family on its own, by ``syscall(2)``: O_CREAT and O_TMPFILE through openat and openat2,
+    mkdirat, mknodat, symlinkat, linkat, renameat2(RENAME_WHITEOUT), bind of a Unix socket,
+    setxattr. Under the quota each works (the control: the call is real and reaches the disk)."""
+    (tmp_path / "under").mkdir()
+    under = run_name_makers(tmp_path / "under", over_quota=False)
+    for family in name_makers.FAMILIES:
+        if family == "setxattr" and under[family] in ("ENOTSUP", "EOPNOTSUPP"):
+            continue  # no user attributes on this file system
+        assert under[family] == "ok", (family, under)
+    (tmp_path / "over").mkdir()
+    over = run_name_makers(tmp_path / "over", over_quota=True)
+    for family in name_makers.FAMILIES:
+        expected = "ENOSYS" if family.startswith("openat2") else "EDQUOT"  # openat2: libc falls back
+        assert over[family] == expected, (family, over)
+    assert sorted(os.listdir(tmp_path / "over")) == ["p_existing", "p_moved_from", "p_xattr_target"]
+    for out in (under, over):
+        for call in name_makers.IO_URING:
+            assert out[call] == "ENOSYS", (call, out)
 
 
 def test_without_bubblewrap_the_filter_still_holds_and_doctor_says_what_is_missing(tmp_path: Path) -> None:

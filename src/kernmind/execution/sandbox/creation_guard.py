@@ -9,7 +9,9 @@ the call instead, with seccomp user notification.
 Design
 - **The filter** (``seccomp.guard_program``) sends the calls that create something —
   ``mkdir``, ``link``, ``symlink``, ``mknod``, ``creat``, their ``…at`` forms, ``open``/``openat``
-  with ``O_CREAT`` and ``openat2`` — to a listener (``SECCOMP_RET_USER_NOTIF``) and allows
+  with ``O_CREAT`` or ``O_TMPFILE``, ``openat2``, ``renameat2`` with ``RENAME_WHITEOUT``,
+  ``bind`` and ``setxattr`` (the list is ``seccomp.py``'s; io_uring, which would bypass it,
+  is off in every sandbox) — to a listener (``SECCOMP_RET_USER_NOTIF``) and allows
   every other call at once. ``load`` installs it with ``SECCOMP_FILTER_FLAG_NEW_LISTENER``
   and returns the listener's descriptor, which the loading process hands (``SCM_RIGHTS``) to
   a helper outside the sandbox and closes.

@@ -18,10 +18,19 @@ them (programs fall back to writing, which the limit bounds). Plain ``fallocate`
 the size grows, so RLIMIT_FSIZE applies), punching holes, collapsing and zeroing ranges
 inside the size stay allowed.
 
+And it turns io_uring off in every sandbox: ``io_uring_setup``, ``io_uring_enter`` and
+``io_uring_register`` fail with ENOSYS (what a kernel without io_uring answers; programs fall
+back to ordinary calls). An io_uring operation (``IORING_OP_MKDIRAT``, ``OPENAT``, …) is no
+system call of the process, so no filter would see what it creates.
+
 ``program(over_quota=True)`` is the filter of a sandbox started while its session is over
-the quota: besides the above, creating a directory, a link, a symbolic link, a device node
-or a file (``mkdir``, ``link``, ``symlink``, ``mknod``, ``open``/``openat`` with ``O_CREAT``,
-``creat``, their ``…at`` forms) fails with EDQUOT ("Disk quota exceeded"), so neither many
+the quota: besides the above, every call that makes a name fails with EDQUOT ("Disk quota
+exceeded"): a directory, a link, a symbolic link, a device node or a file (``mkdir``,
+``link``, ``symlink``, ``mknod``, ``open``/``openat`` with ``O_CREAT`` or ``O_TMPFILE`` (an
+unnamed file still takes blocks), ``creat``, their ``…at`` forms), ``renameat2`` with
+``RENAME_WHITEOUT`` (it leaves a device node behind), ``bind`` (a Unix socket's path is an
+inode; the filter cannot read the address, so every bind is refused) and the ``setxattr``
+family (attributes take disk blocks a file-size limit does not bound). So neither many
 directories nor deep trees nor empty files grow the workspace; ``openat2`` (whose flags the
 filter cannot read) fails with ENOSYS, which C libraries answer by falling back to ``openat``.
 Reading, deleting, renaming and truncating work. A filter cannot tell paths apart, so that
@@ -51,6 +60,11 @@ from dataclasses import dataclass
 RLIMIT_FSIZE = 1
 EPERM, ENOSYS, EOPNOTSUPP, EDQUOT = 1, 38, 95, 122
 O_CREAT = 0o100
+O_TMPFILE_BIT = 0o20000000  # __O_TMPFILE: an unnamed file (O_TMPFILE has O_DIRECTORY too, not O_CREAT)
+RENAME_WHITEOUT = 4  # renameat2 leaves a whiteout (a 0:0 character device) where the name was
+SYS_BIND = 2  # socketcall(SYS_BIND, args) on i386
+IO_URING = (425, 426, 427)  # io_uring_setup, io_uring_enter, io_uring_register: one number everywhere
+SETXATTRAT = 463
 # fallocate modes that allocate nothing past what RLIMIT_FSIZE bounds: grow the size (0),
 # punch a hole (PUNCH_HOLE | KEEP_SIZE), collapse a range, zero a range inside the size.
 FALLOCATE_ALLOWED = (0x00, 0x03, 0x08, 0x10)
@@ -76,6 +90,11 @@ class Table:
     open_flags_arg1: tuple[int, ...] = ()  # open(path, flags, mode)
     open_flags_arg2: tuple[int, ...] = ()  # openat(dirfd, path, flags, mode)
     openat2: tuple[int, ...] = ()
+    io_uring: tuple[int, ...] = IO_URING
+    renameat2: tuple[int, ...] = ()  # renameat2(olddirfd, old, newdirfd, new, flags)
+    bind: tuple[int, ...] = ()  # bind(fd, addr, len): a Unix socket's path is a new name
+    socketcall: tuple[int, ...] = ()  # i386's socketcall(call, args)
+    setxattr: tuple[int, ...] = ()  # extended attributes take disk blocks RLIMIT_FSIZE does not bound
 
 
 def _x32(*nrs: int) -> tuple[int, ...]:
@@ -90,6 +109,10 @@ _X86_64 = dict(  # x86_64 numbers; x32 uses the same ones with the x32 bit set
     open_flags_arg1=(2,),
     open_flags_arg2=(257,),
     openat2=(437,),
+    io_uring=IO_URING,
+    renameat2=(316,),
+    bind=(49,),
+    setxattr=(188, 189, 190, SETXATTRAT),
 )
 _TABLES = {
     "x86_64": [
@@ -103,6 +126,10 @@ _TABLES = {
             open_flags_arg1=(5,),
             open_flags_arg2=(295,),
             openat2=(437,),
+            renameat2=(353,),
+            bind=(361,),
+            socketcall=(102,),
+            setxattr=(226, 227, 228, SETXATTRAT),
         ),
     ],
     "aarch64": [
@@ -114,6 +141,9 @@ _TABLES = {
             creating=(34, 37, 36, 33),  # mkdirat, linkat, symlinkat, mknodat: no old forms here
             open_flags_arg2=(56,),
             openat2=(437,),
+            renameat2=(276,),
+            bind=(200,),
+            setxattr=(5, 6, 7, SETXATTRAT),
         ),
         Table(  # 32-bit ARM (EABI)
             0x40000028,
@@ -124,6 +154,9 @@ _TABLES = {
             open_flags_arg1=(5,),
             open_flags_arg2=(322,),
             openat2=(437,),
+            renameat2=(382,),
+            bind=(282,),
+            setxattr=(226, 227, 228, SETXATTRAT),
         ),
     ],
 }
@@ -180,6 +213,7 @@ def _build(machine: str | None, *, limits: bool, creating: str | None) -> bytes 
                 (table.setrlimit, "setrlimit"),
                 (table.prlimit, "prlimit"),
                 (table.fallocate, "fallocate"),
+                (table.io_uring, "io_uring"),
             ]
         if creating:
             branches += [
@@ -187,6 +221,10 @@ def _build(machine: str | None, *, limits: bool, creating: str | None) -> bytes 
                 (table.open_flags_arg1, "open1"),
                 (table.open_flags_arg2, "open2"),
                 (table.openat2, "openat2"),
+                (table.renameat2, "rename2"),
+                (table.bind, "create"),
+                (table.socketcall, "socketcall"),
+                (table.setxattr, "create"),
             ]
         for nrs, target in branches:
             for nr in nrs:
@@ -210,13 +248,21 @@ def _build(machine: str | None, *, limits: bool, creating: str | None) -> bytes 
         for mode in FALLOCATE_ALLOWED:
             jeq(mode, "allow", 0)
         ret(_ERRNO | EOPNOTSUPP)
+        label("io_uring")  # its operations are not system calls a filter sees: off, everywhere
+        ret(_ERRNO | ENOSYS)
     if creating:
         label("open1")  # open(path, flags, mode)
         load(_arg(1))
-        code.append((_JSET_K, "create", "allow", O_CREAT))
+        code.append((_JSET_K, "create", "allow", O_CREAT | O_TMPFILE_BIT))
         label("open2")  # openat(dirfd, path, flags, mode)
         load(_arg(2))
-        code.append((_JSET_K, "create", "allow", O_CREAT))
+        code.append((_JSET_K, "create", "allow", O_CREAT | O_TMPFILE_BIT))
+        label("rename2")  # renameat2(…, flags): only a whiteout makes a name
+        load(_arg(4))
+        code.append((_JSET_K, "create", "allow", RENAME_WHITEOUT))
+        label("socketcall")  # socketcall(call, args): its bind
+        load(_arg(0))
+        jeq(SYS_BIND, "create", "allow")
         label("create")
         ret(_USER_NOTIF if creating == _NOTIFY else _ERRNO | EDQUOT)
         label("openat2")  # its flags are in a struct the filter cannot read
