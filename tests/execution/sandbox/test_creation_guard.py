@@ -30,6 +30,7 @@ from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits
 from tests.execution.kernels.calls import run, run_json
+from tests.execution.sandbox import name_makers
 
 SANDBOX = Sandbox.detect("auto")
 
@@ -138,6 +139,37 @@ async def test_a_running_kernel_creates_nothing_while_its_session_is_over_and_cl
             kernel, "import os\nos.mkdir('after')\nopen('after/x', 'w').close()\nos.listdir('after')"
         )
         assert again.error is None and again.results[0].text == "['x']", again.error
+    finally:
+        await kernel.shutdown()
+        kernel.workspace.remove()
+
+
+@pytest.mark.parametrize("how", ["normal", "forked"])
+async def test_every_call_that_makes_a_name_is_held_in_a_running_kernel_and_io_uring_is_off(
+    how: str, base: KernelFactory, forks: ForkKernelFactory
+) -> None:
+    """Each family by ``syscall(2)`` from the kernel's own process (``name_makers``): made under
+    the quota, refused once the session is over, while io_uring fails with ENOSYS throughout."""
+    kernel = await started(how, base, forks)
+    try:
+        for tag in ("u", "o"):
+            assert (
+                await run(kernel, f"import os\nos.environ['KM_PROBE_TAG'] = '{tag}'\n" + name_makers.SETUP)
+            ).error is None
+        under = await run_json(kernel, "import os\nos.environ['KM_PROBE_TAG'] = 'u'\n" + name_makers.PROBE)
+        for family in name_makers.FAMILIES:
+            assert under[family] == "ok", (family, under)
+        limits = session_of(kernel)
+        await anyio.to_thread.run_sync(limits.block_writes)
+        over = await run_json(kernel, "import os\nos.environ['KM_PROBE_TAG'] = 'o'\n" + name_makers.PROBE)
+        for family in name_makers.FAMILIES:
+            expected = "ENOSYS" if family.startswith("openat2") else "EDQUOT"
+            assert over[family] == expected, (family, over)
+        made = sorted(n for n in os.listdir(kernel.workspace.root) if n.startswith("o_"))
+        assert made == ["o_existing", "o_moved_from", "o_xattr_target"], made  # SETUP's, nothing more
+        for out in (under, over):
+            for call in name_makers.IO_URING:
+                assert out[call] == "ENOSYS", (call, out)
     finally:
         await kernel.shutdown()
         kernel.workspace.remove()
