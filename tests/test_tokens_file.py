@@ -11,9 +11,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anyio
 import pytest
 
-from kernmind.principals import TokenFile, TokenFileError
+from kernmind.principals import (
+    LOCAL,
+    SHARED_TOKEN,
+    Authenticator,
+    Principal,
+    TokenFile,
+    TokenFileError,
+    default_tokens_file,
+    in_force,
+    is_revoked,
+    revoked,
+    revoked_sentence,
+    still_valid,
+)
+from kernmind.revocation import watch_revocations
 
 
 def principal(file: TokenFile, token: str) -> tuple[str, str]:
@@ -80,3 +95,66 @@ def test_malformed_keys_and_records_are_refused(tmp_path: Path, doc: dict[str, o
     path.write_text(json.dumps(doc))
     with pytest.raises(TokenFileError):
         TokenFile(path).refresh(strict=True)
+
+
+# --- changes while a server runs: added tokens, revocation --------------------------------------
+def test_a_server_with_only_a_token_reads_the_tokens_file_made_later(tmp_path: Path) -> None:
+    """``--token`` and no tokens file at start: ``kernmind tokens add`` makes the default file, and
+    its principal is known at its first request (before, the file was never looked at: 401)."""
+    auth = Authenticator.of("owner-secret", None, tmp_path)
+    assert auth.required and auth.principal_for(b"owner-secret") == SHARED_TOKEN
+    token = TokenFile(default_tokens_file(tmp_path)).add("alice", [])
+    found = auth.principal_for(token.encode())
+    assert found is not None and found.name == "alice"
+
+
+def test_a_file_that_turns_malformed_after_start_keeps_the_last_good_contents(tmp_path: Path) -> None:
+    """A request's check never raises once the file was read (a 500 for everyone would follow)."""
+    auth = Authenticator.of("owner-secret", None, tmp_path)  # no file yet: read as empty
+    default_tokens_file(tmp_path).write_text("{not json")
+    assert auth.principal_for(b"anything") is None
+    assert auth.principal_for(b"owner-secret") == SHARED_TOKEN
+
+
+def test_revoked_says_why_while_a_file_is_in_force(tmp_path: Path) -> None:
+    file = TokenFile(tmp_path / "tokens.json")
+    file.add("alice", [])
+    file.add("bob", [])
+    alice = Principal("alice")
+    assert revoked(alice) is None  # no tokens file in force: nothing is revoked
+    with in_force(TokenFile(file.path)):
+        assert revoked(alice) is None and still_valid(alice)
+        file.revoke("alice")
+        assert revoked(alice) == revoked_sentence("alice")  # at once, not at the watch's next turn
+        assert is_revoked("alice") and not is_revoked("bob") and not still_valid(alice)
+        assert revoked(LOCAL) is None and revoked(SHARED_TOKEN) is None
+        file.add("carol", [], adopt="alice")  # the key is live again, under another name
+        assert revoked(alice) is None
+    assert revoked(Principal("nobody")) is None
+
+
+@pytest.mark.anyio
+async def test_the_watch_ends_a_revoked_key_without_a_request(tmp_path: Path) -> None:
+    file = TokenFile(tmp_path / "tokens.json")
+    file.add("alice", [])
+    file.add("bob", [])
+    ended: list[tuple[str, str]] = []
+    done = anyio.Event()
+
+    async def on_revoked(owner: str, why: str) -> None:
+        ended.append((owner, why))
+        done.set()
+        raise RuntimeError("a failure here does not stop the watch")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: watch_revocations(file.path, on_revoked, period=0.05))
+        await anyio.wait_all_tasks_blocked()
+        file.revoke("alice")
+        with anyio.fail_after(10):
+            await done.wait()
+        file.revoke("bob")  # the watch survived the failure above
+        with anyio.fail_after(10):
+            while len(ended) < 2:  # noqa: ASYNC110 (the watch's next turn)
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert ended == [("alice", revoked_sentence("alice")), ("bob", revoked_sentence("bob"))]

@@ -8,8 +8,17 @@ Design
 - The tokens file is JSON, mode 0600, and never holds a token: only its SHA-256 digest
   (tokens are 256-bit random strings, so a plain digest is enough), the principal's name,
   its roles and when it was made. ``kernmind tokens add NAME`` prints the new token once.
-- Revocation needs no restart: the file is re-read whenever its modification time, size
-  or inode changes (checked on each request; a ``stat`` costs microseconds).
+- Token changes need no restart: the file is re-read whenever its modification time, size
+  or inode changes (checked on each request; a ``stat`` costs microseconds). A server started
+  with ``--token`` and no tokens file watches the file ``kernmind tokens add`` would make
+  (``Authenticator.of``), so a principal added later works at its first request.
+- **Revocation reaches running code.** While a server runs, its tokens file is *in force*
+  (``revocation.watch_revocations``, started by the executor): twice a second the file is
+  looked at, and for each data key a live entry held and none holds now, ``on_revoked`` ends
+  what runs under it (kernels, jobs, processes; ``Executor.end_principal``) without waiting
+  for a request. Anything that acts for a principal later (a code-mode call, a call queued
+  behind a revoked one) asks ``revoked(principal or key)``: the sentence to refuse with, or
+  None. The local user and the ``--token`` principal are never revoked.
 - **A principal's data has a key of its own** (``Principal.owner``): sessions, memory
   namespaces and background jobs are kept under it, not under the name. Revoking moves the
   entry to the file's ``revoked`` list (its digest dropped, its key kept; nothing is
@@ -120,6 +129,8 @@ class TokenFile:
 
     path: Path
     _stamp: tuple[int, int, int] | None = field(default=None, repr=False)
+    _read: bool = field(default=False, repr=False)  # read once (a missing file counts): keep it from then on
+    _bad: tuple[int, int, int] | None = field(default=None, repr=False)  # the unusable version logged last
     _by_digest: dict[str, Principal] = field(default_factory=dict, repr=False)
     _entries: list[dict[str, Any]] = field(default_factory=list, repr=False)
     _revoked: list[dict[str, Any]] = field(default_factory=list, repr=False)
@@ -140,22 +151,43 @@ class TokenFile:
             st = os.stat(self.path)
         except FileNotFoundError:
             self._stamp, self._entries, self._revoked, self._by_digest = None, [], [], {}
+            self._read = True
+            return
+        except OSError as exc:  # (a directory above it lost its permissions): as unreadable
+            self._unusable(exc, strict)
             return
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if stamp == self._stamp:
+        if stamp == self._stamp or (stamp == self._bad and not strict):
             return
         try:
             entries, revoked = _parse(self.path.read_bytes(), self.path)
         except (OSError, TokenFileError) as exc:
-            if strict or self._stamp is None:
-                raise TokenFileError(str(exc)) from exc
-            log.error("tokens file %s is unusable, keeping the previous contents: %s", self.path, exc)
+            self._bad = stamp  # (read again, and logged again, once it changes)
+            self._unusable(exc, strict)
             return
         self._entries, self._revoked = entries, revoked
         self._by_digest = {
             e["sha256"]: Principal(e["name"], tuple(e.get("roles", ())), owner_of(e)) for e in entries
         }
-        self._stamp = stamp
+        self._stamp, self._read = stamp, True
+
+    def _unusable(self, exc: Exception, strict: bool) -> None:
+        """Raise at start (or when asked to); after that, keep the last good contents (a request's
+        check must never fail: a 500 for everyone would follow)."""
+        if strict or not self._read:
+            raise TokenFileError(str(exc)) from exc
+        log.error("tokens file %s is unusable, keeping the previous contents: %s", self.path, exc)
+
+    def live_owners(self) -> set[str]:
+        """The data keys of the live principals, as the file was at the last ``refresh``."""
+        return {owner_of(e) for e in self._entries}
+
+    def revoked_name(self, owner: str) -> str | None:
+        """The name of the latest revoked principal whose data key is ``owner`` (last ``refresh``)."""
+        for record in reversed(self._revoked):
+            if owner_of(record) == owner:
+                return str(record["name"])
+        return None
 
     def principal_for(self, token: str | bytes) -> Principal | None:
         self.refresh()
@@ -317,6 +349,20 @@ class Authenticator:
     token: str | None = None
     tokens: TokenFile | None = None
 
+    @classmethod
+    def of(cls, token: str | None, tokens_file: Path | None, data_dir: Path) -> Authenticator:
+        """``--token`` and the tokens file in use, read now (``TokenFileError`` for a malformed file
+        stops the start). With a token and no tokens file yet, the file ``kernmind tokens add``
+        would make is watched: a principal added while the server runs works at once."""
+        path = tokens_file_in_use(tokens_file, data_dir)
+        if path is None and token:
+            path = default_tokens_file(data_dir)
+        tokens = None
+        if path is not None:
+            tokens = TokenFile(path)
+            tokens.refresh(strict=True)
+        return cls(token=token or None, tokens=tokens)
+
     @property
     def required(self) -> bool:
         return bool(self.token) or self.tokens is not None
@@ -416,3 +462,57 @@ def identify_callers(
                 _CALLER.reset(token)
 
         low.add_request_handler(method, entry.params_type, handler)
+
+
+# --- revocation: the tokens files in force, and what running code checks ------------------
+REVOKED_ERROR = "PrincipalRevoked"  # the error name of a result stopped by a revocation
+
+_IN_FORCE: list[TokenFile] = []  # the tokens files of the servers running in this process
+
+
+@contextlib.contextmanager
+def in_force(tokens: TokenFile) -> Iterator[TokenFile]:
+    """While in this block, ``revoked()`` consults ``tokens`` (a server's tokens file)."""
+    _IN_FORCE.append(tokens)
+    try:
+        yield tokens
+    finally:
+        _IN_FORCE.remove(tokens)
+
+
+def revoked(who: Principal | str) -> str | None:
+    """Why ``who`` (a principal, or the data key its sessions and jobs are kept under) may no
+    longer act: a sentence (``revoked_sentence``) when a tokens file in force no longer names its
+    key; None while it may (always for the local user and the ``--token`` principal, and when
+    no tokens file is in force). Each call looks at the file (a ``stat``), so a revocation counts
+    from the next check on, not from the watch's next turn."""
+    owner = who.owner if isinstance(who, Principal) else who
+    if owner in (LOCAL.owner, SHARED_TOKEN.owner) or not _IN_FORCE:
+        return None
+    name = None
+    for tokens in list(_IN_FORCE):
+        try:
+            tokens.refresh()
+        except TokenFileError:  # never read yet (cannot happen once in force): trust the last look
+            pass
+        if owner in tokens.live_owners():
+            return None
+        name = name or tokens.revoked_name(owner)
+    return revoked_sentence(name or principal_keeping(owner).name)
+
+
+def is_revoked(who: Principal | str) -> bool:
+    """``revoked(who) is not None``: ``who`` was revoked and may no longer act."""
+    return revoked(who) is not None
+
+
+def still_valid(principal: Principal) -> bool:
+    """The principal may still act (its token, or the entry behind it, is live)."""
+    return revoked(principal) is None
+
+
+def revoked_sentence(name: str) -> str:
+    return (
+        f"stopped: the principal {name!r} was revoked, so its code no longer runs and its calls are "
+        "refused; its files and saved variables are kept."
+    )

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from kernmind.config import Settings
-from kernmind.principals import SCOPE_KEY, Authenticator, Principal, TokenFile, tokens_file_in_use
+from kernmind.principals import SCOPE_KEY, Authenticator, Principal
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -107,12 +107,9 @@ def sdk_user(principal: Principal) -> Any:
 
 
 def authenticator(settings: Settings) -> Authenticator:
-    """``--token`` and the tokens file (read now, so a malformed file stops the start)."""
-    tokens = None
-    if (path := tokens_file_in_use(settings.tokens_file, settings.data_dir)) is not None:
-        tokens = TokenFile(path)
-        tokens.refresh(strict=True)
-    return Authenticator(token=settings.token or None, tokens=tokens)
+    """``--token`` and the tokens file (read now, so a malformed file stops the start; with a
+    token and no file yet, the file ``kernmind tokens add`` makes is read when it appears)."""
+    return Authenticator.of(settings.token or None, settings.tokens_file, settings.data_dir)
 
 
 # --- session ids out of the log --------------------------------------------------------------
