@@ -84,6 +84,11 @@ class Budget:
         shows its latest lines, and the server reads that much per second, not what was printed."""
         return KernelCap(head=2 * self.chars, tail=max(1000, self.head_and_tail()[1]), interval=1.0)
 
+    def keep_after(self) -> int:
+        """Printed characters past which a call's whole output is also kept in a file (the
+        answer's head: what comes after it may be cut)."""
+        return self.head_and_tail()[0]
+
     @property
     def left(self) -> int:
         return max(self.chars - self.used, 0)

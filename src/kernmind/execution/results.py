@@ -29,7 +29,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, Field
 
 from kernmind.budget import Budget, gap
-from kernmind.execution import plotly_result
+from kernmind.execution import kept_output, plotly_result
 
 Status = Literal["ok", "error", "timeout", "running"]
 
@@ -267,6 +267,8 @@ class OutputCollector:
         self.budget = whole.chars
         self.head_budget, self.tail_budget = whole.head_and_tail()
         self.rich_budget = rich_budget
+        self.kept: dict[str, kept_output.Kept] = {}  # stream -> the file holding all of it
+        self.keeper: kept_output.OutputFile | None = None  # a process runner's (kept_output.py)
         self.reset()
 
     @classmethod
@@ -319,8 +321,12 @@ class OutputCollector:
         text = safe_text(text)
         if "kernel dropped" in text:  # fold the kernel's count into ours: one accurate marker
             text = KERNEL_DROP_RE.sub(self._count_kernel_drop, text)
+        if "kernmind kept" in text:  # the kernel kept the cell's whole output in a file
+            text = kept_output.KEPT_RE.sub(self._record_kept, text)
         if not text:
             return
+        if self.keeper is not None:
+            self.keeper.add(name, text)
         stripped = text.rstrip("\n")
         if stripped:
             self.last_line = stripped.rsplit("\n", 1)[-1][-200:]
@@ -329,6 +335,17 @@ class OutputCollector:
             self._append(name, kept)
         if len(kept) < len(text):
             self._to_tail(name, text[len(kept) :])
+
+    def _record_kept(self, match: re.Match[str]) -> str:
+        chars, stream, path, why = match.groups()
+        self.kept[stream] = kept_output.Kept(path, int(chars), why)
+        return ""
+
+    def kept_note(self) -> str | None:
+        """Where the whole output went when it was longer than the answer (for the notes)."""
+        if self.keeper is not None:
+            self.kept.update(self.keeper.close())
+        return kept_output.note(self.kept)
 
     def _count_kernel_drop(self, match: re.Match[str]) -> str:
         self.dropped += int(match.group(1))

@@ -50,6 +50,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
+from kernmind.execution.kept_output import MAX_KEPT, OutputFile
 from kernmind.execution.results import FileInfo, RunResult
 from kernmind.execution.runners.base import Call, Runner
 from kernmind.execution.sandbox import quota as workspace_quota
@@ -97,6 +98,16 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
             await anyio.to_thread.run_sync(limits.stop)
             call.notes.append(f"between calls, {limits.memory_note(runner.language)}")
         start_usage = await workspace_quota.before_call(limits, session.workspace, quota_bytes)
+
+    if not getattr(runner, "keeps_output", False) and not session.ephemeral:
+        left = quota_bytes - (start_usage or 0) if quota_bytes > 0 else MAX_KEPT
+        workspace = call.workspace
+        call.collector.keeper = OutputFile(
+            workspace.root,
+            keep_after=call.collector.head_budget,
+            limit=max(0, left),
+            owner_uid=workspace.owner_uid,
+        )
 
     async with anyio.create_task_group() as tg:
         run_scope = anyio.CancelScope()
@@ -285,8 +296,11 @@ async def _result(
             "the session was closed (close_session, idle reaping or shutdown) while this code ran.",
             "",
         )
+    kept = collector.kept_note()  # before the scan: the files it names are among the call's
+    if kept and call.session.ephemeral:
+        kept = "the output was longer than this answer keeps; a --stateless server keeps no files."
     files, more = await _changed_files(call, started_ns)
-    notes.extend(n for n in (more, collector.omitted_note()) if n)
+    notes.extend(n for n in (more, collector.omitted_note(), kept) if n)
     if call.session.limits is not None and not call.session.closed:
         notes.extend(
             await workspace_quota.after_call(call.session.limits, call.session.workspace, quota_bytes)

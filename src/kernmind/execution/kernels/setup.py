@@ -121,10 +121,108 @@ _kernmind_prompt_io({drain_limit})
 del _kernmind_prompt_io
 
 
-def _kernmind_cap_output(head, tail_size, interval):
+def _kernmind_keep_output(keep_after, folder):
+    # A cell's whole output, once it passes ``keep_after`` characters, also goes to a file per
+    # stream in the session's working directory (the one the first cell starts in, held open so
+    # a chdir or the directory's rename does not move it), named to the server by a marker at
+    # the cell's end. Bounded by the workspace quota: a refused write ends the file there.
+    import os
+    import threading
+    import time
+
+    state = {{"total": 0, "early": {{}}, "files": {{}}, "chars": {{}}, "stamp": None, "why": None, "root": None}}
+    lock = threading.Lock()
+
+    def first_cell(*_):
+        get_ipython().events.unregister("pre_run_cell", first_cell)
+        try:
+            state["root"] = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            pass
+
+    get_ipython().events.register("pre_run_cell", first_cell)
+
+    def forked():  # a child's prints reach the parent's streams (fd watchers): the parent keeps them
+        state["why"] = "a forked process"
+
+    os.register_at_fork(after_in_child=forked)
+
+    def open_file(name):
+        if state["root"] is None:
+            state["root"] = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.mkdir(folder, 0o755, dir_fd=state["root"])
+        except FileExistsError:
+            pass
+        where = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state["root"])
+        try:
+            if state["stamp"] is None:
+                state["stamp"] = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            for n in range(100):
+                path = "%s%s-%s.txt" % (state["stamp"], "-%d" % n if n else "", name)
+                try:
+                    fd = os.open(path, flags, 0o644, dir_fd=where)
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise FileExistsError("no free name for the output file")
+        finally:
+            os.close(where)
+        state["files"][name] = (folder + "/" + path, fd)
+        state["chars"][name] = 0
+        return fd
+
+    def put(fd, text):  # unbuffered: a forked child holds no copy of pending data to write twice
+        data = text.encode("utf-8", "backslashreplace")
+        while data:
+            data = data[os.write(fd, data):]
+
+    def keep(stream, string):
+        if state["why"] is not None:
+            return
+        name = stream.name if stream.name in ("stdout", "stderr") else "stdout"
+        with lock:
+            state["total"] += len(string)
+            if not state["files"] and state["total"] <= keep_after:
+                state["early"].setdefault(name, []).append(string)
+                return
+            try:
+                kept = state["files"].get(name)
+                fd = kept[1] if kept else open_file(name)
+                if not kept:
+                    early = "".join(state["early"].pop(name, []))
+                    put(fd, early)
+                    state["chars"][name] += len(early)
+                put(fd, string)
+                state["chars"][name] += len(string)
+            except (OSError, ValueError) as e:
+                state["why"] = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+
+    def finish():
+        # Close this cell's files; return the markers that name them (one per stream).
+        with lock:
+            files, why = state["files"], state["why"]
+            state.update(total=0, early={{}}, files={{}}, stamp=None, why=None)
+            markers = []
+            for name, (path, fd) in files.items():
+                try:
+                    os.close(fd)
+                except OSError as e:
+                    why = why or e.strerror
+                cut = "; the workspace refused the rest: %s" % why if why else ""
+                markers.append((name, "\\n… [kernmind kept %d characters of this %s in %s%s] …\\n" % (state["chars"][name], name, path, cut)))
+            return markers
+
+    return keep, finish
+
+
+def _kernmind_cap_output(head, tail_size, interval, keep_after):
     import collections
     import contextvars
     import os
+    import sys
     import threading
     from ipykernel.iostream import OutStream
 
@@ -132,10 +230,13 @@ def _kernmind_cap_output(head, tail_size, interval):
     state = {{"used": 0, "dropped": 0, "tail_len": 0, "timer": None, "cell": 0}}
     tail = collections.deque()
     locks = {{"state": threading.Lock(), "send": threading.Lock()}}
+    keep_whole, kept_files = _kernmind_keep_output(keep_after, "kernmind-output") if keep_after else (None, None)
 
     def write(self, string):
         if not isinstance(string, str):
             return original(self, string)
+        if keep_whole is not None:
+            keep_whole(self, string)
         n = len(string)
         start = 0
         room = head - state["used"]
@@ -208,6 +309,9 @@ def _kernmind_cap_output(head, tail_size, interval):
 
     def finish(*_):
         flush()
+        if kept_files is not None:
+            for name, marker in kept_files():
+                original(sys.stdout if name == "stdout" else sys.stderr, marker)
         reset()
 
     def forked():  # a lock held by the parent's timer at the fork would stay held in the child
@@ -231,8 +335,8 @@ def _kernmind_cap_output(head, tail_size, interval):
     display_pub.clear_output = clear_output
 
 
-_kernmind_cap_output({head}, {tail}, {interval})
-del _kernmind_cap_output
+_kernmind_cap_output({head}, {tail}, {interval}, {keep_after})
+del _kernmind_cap_output, _kernmind_keep_output
 
 
 def _kernmind_safe_pack(session):
@@ -280,12 +384,21 @@ del _kernmind_safe_pack
 """
 
 
-def setup_code(budget: Budget) -> str:
+def setup_code(budget: Budget, *, keep_output: bool = True) -> str:
     """The setup cell for a server whose answers have ``budget`` (the output cap is
     ``budget.kernel_cap()``), with the guard that refuses installs from inside code
-    (``packages/guard.py``)."""
+    (``packages/guard.py``). With ``keep_output``, a cell's output past what an answer keeps
+    (``budget.keep_after()``) also goes whole to a file in the working directory
+    (``results.KEPT_RE`` reads the marker that names it)."""
     cap = budget.kernel_cap()
+    keep_after = budget.keep_after() if keep_output else 0
     return (
-        _TEMPLATE.format(head=cap.head, tail=cap.tail, interval=cap.interval, drain_limit=DRAIN_LIMIT)
+        _TEMPLATE.format(
+            head=cap.head,
+            tail=cap.tail,
+            interval=cap.interval,
+            keep_after=keep_after,
+            drain_limit=DRAIN_LIMIT,
+        )
         + KERNEL_GUARD
     )

@@ -63,6 +63,7 @@ class SnapshotBudget:
 
 class PythonRunner:
     language = LANGUAGE
+    keeps_output = True  # the kernel keeps a cut cell's whole output itself (kernels/setup.py)
     prepares = True  # calls call.begin() once a kernel is ready: the time limit starts there
 
     def __init__(
