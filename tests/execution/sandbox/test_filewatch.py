@@ -33,8 +33,34 @@ def _step(ws: Workspace, before):  # type: ignore[no-untyped-def]
     after = ws.scan()
     truth = scan_tree(ws.root)
     assert after.files == truth.files
+    assert after.others == truth.others
     assert after.bytes_used == truth.bytes_used
     return after, changed_since(after, before, 0)
+
+
+def test_directories_links_and_special_files_count_in_blocks_and_names(tmp_path: Path) -> None:
+    """What the quota saw as 0 bytes: directories, long symbolic links (a block each), FIFOs,
+    sockets and empty files (no block, one inode each), in bursts, and removed again."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    ws = Workspace(root)
+    first = ws.scan()
+    assert first.inodes == 1 and first.others == {"": os.lstat(root).st_blocks}  # the root itself
+    for i in range(300):
+        (root / f"dir{i}").mkdir()
+        (root / f"link{i}").symlink_to("x" * 3000)  # too long to live in the inode: a block
+    os.mkfifo(root / "fifo")
+    for i in range(200):
+        (root / "dir0" / f"empty{i}").touch()
+    after, _ = _step(ws, first)
+    assert after.inodes == 1 + 300 + 300 + 1 + 200
+    assert after.bytes_used >= 600 * 4096  # a block per directory and per long link
+    assert after.files.keys() == {f"dir0/empty{i}" for i in range(200)}
+    for i in range(300):
+        (root / f"link{i}").unlink()
+        (root / f"dir{i}").rmdir() if i else shutil.rmtree(root / "dir0")
+    gone, _ = _step(ws, after)
+    assert gone.inodes == 2 and gone.bytes_used < after.bytes_used // 20  # (a directory never shrinks)
 
 
 def test_tracker_matches_a_full_walk_after_every_kind_of_change(tmp_path: Path) -> None:

@@ -15,7 +15,12 @@ cost that grows with the tree (benchmarks/README.md, a big working directory), s
 - With a time budget, directories are walked most recently changed first (creating or
   removing an entry updates a directory's ctime), so new files are found first; when the
   budget runs out the scan says it is incomplete and the caller says so in a note.
-- Sizes for the quota are disk blocks (a sparse file costs what it occupies).
+- Sizes for the quota are disk blocks (a sparse file costs what it occupies), of **every**
+  kind of inode: regular files (``files``, what results list) and directories, symbolic links,
+  FIFOs, sockets and device nodes (``others``, the root directory itself under ``""``), so
+  40,000 directories or long symbolic links cost what they take on the disk. ``inodes`` counts
+  every name (the ``--workspace-files`` cap): 20,000 empty files occupy no block but 20,000
+  inodes. A hard link counts once per name (an overestimate, never an underestimate).
 
 Names are shown as text: bytes that are not UTF-8 become ``\\xNN`` escapes
 (``display_name``), so no file name can make a result unserialisable.
@@ -48,11 +53,19 @@ class FileStat:
 class Scan:
     files: dict[str, FileStat] = field(default_factory=dict)
     complete: bool = True
-    bytes_used: int = 0
+    bytes_used: int = 0  # disk blocks of every entry, files and others, in bytes
+    # Every entry that is not a regular file (directories, the root "" included, links,
+    # FIFOs, sockets, devices): its disk blocks (512-byte units).
+    others: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     # From an inotify tracker (filewatch.py): its change log and this scan's place in it.
     log: ChangeLog | None = field(default=None, repr=False, compare=False)
     generation: int = 0
+
+    @property
+    def inodes(self) -> int:
+        """How many names the tree holds (files, directories with the root, links, others)."""
+        return len(self.files) + len(self.others)
 
 
 @dataclass
@@ -103,8 +116,9 @@ def display_name(name: str) -> str:
 def scan_tree(
     root: Path, *, since_ns: int | None = None, budget_s: float | None = None, under: Sequence[str] = ()
 ) -> Scan:
-    """Regular files under ``root`` (symlinks and special files skipped), keyed by their path
-    relative to ``root``.
+    """Regular files under ``root`` (``files``, keyed by their path relative to ``root``) and
+    the blocks of every other entry (``others``: the directory walked from, under its path
+    ("" for ``root``), directories, symlinks, special files; none is followed).
 
     With ``under`` (the file-system components of a directory inside ``root``), only that
     directory is walked; none of its components may be a symlink (nothing is found otherwise).
@@ -123,6 +137,11 @@ def scan_tree(
         except OSError:
             return result
     prefix = "".join(f"{display_name(p)}/" for p in under)
+    try:
+        result.others[prefix[:-1]] = os.lstat(start).st_blocks
+        result.bytes_used += result.others[prefix[:-1]] * 512
+    except OSError:
+        return result
     # (priority, tie-breaker, path, display prefix): most recently changed first.
     queue: list[tuple[int, int, str, str]] = [(0, 0, start, prefix)]
     order = 0
@@ -143,20 +162,21 @@ def scan_tree(
                     result.seconds = time.perf_counter() - started
                     return result
                 try:
+                    st = entry.stat(follow_symlinks=False)
                     if entry.is_dir(follow_symlinks=False):
                         order += 1
-                        rank = 0
-                        if since_ns is not None:
-                            rank = -entry.stat(follow_symlinks=False).st_ctime_ns
+                        rank = -st.st_ctime_ns if since_ns is not None else 0
                         heapq.heappush(
                             queue, (rank, order, entry.path, f"{prefix}{display_name(entry.name)}/")
                         )
+                        result.others[prefix + display_name(entry.name)] = st.st_blocks
                     elif entry.is_file(follow_symlinks=False):
-                        st = entry.stat(follow_symlinks=False)
                         result.files[prefix + display_name(entry.name)] = FileStat(
                             st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_blocks
                         )
-                        result.bytes_used += st.st_blocks * 512
+                    else:  # a link, FIFO, socket or device: no content we list, but its blocks
+                        result.others[prefix + display_name(entry.name)] = st.st_blocks
+                    result.bytes_used += st.st_blocks * 512
                 except OSError:
                     continue
     result.seconds = time.perf_counter() - started

@@ -190,6 +190,8 @@ class Tracker:
             if not rel_dir or mask & IN_MOVE_SELF:  # the root, or a directory moved away
                 self.stale = True
             return
+        # An entry came, went or changed in this directory: its own blocks may have too.
+        self.touched.add(rel_dir[:-1])
         if mask & IN_ISDIR:
             if mask & (IN_MOVED_FROM | IN_MOVED_TO):
                 self.stale = True  # watches below would keep the old paths
@@ -197,8 +199,7 @@ class Tracker:
                 self.new_dirs.add(path)
             elif mask & IN_DELETE:
                 self.gone_dirs.add(path)
-            return
-        self.touched.add(path)
+        self.touched.add(path)  # a directory too: its own entry (blocks) comes or goes
 
     # --- answers --------------------------------------------------------------------------
     def scan(self) -> Scan:
@@ -212,6 +213,7 @@ class Tracker:
                 self.log.add(self.generation, set())
                 return self._answer(self.current.files, self.current.bytes_used)
             files = dict(self.current.files)  # a new dictionary: earlier scans stay what they were
+            others = dict(self.current.others)
             used = self.current.bytes_used
             shown: set[str] = set()
             for gone in self.gone_dirs:
@@ -219,24 +221,34 @@ class Tracker:
                 for rel in [r for r in files if r.startswith(prefix)]:
                     used -= files.pop(rel).blocks * 512
                     shown.add(rel)
+                for rel in [r for r in others if r.startswith(prefix)]:
+                    used -= others.pop(rel) * 512
             for new in self.new_dirs:
                 try:
                     self._watch_tree(new)
                 except OSError as exc:
                     log.info("cannot watch %s (%s): walking instead", new, exc)
                     return self._walk()
-                for rel, st in scan_tree(self.root, under=new.split("/")).files.items():
+                walked = scan_tree(self.root, under=new.split("/"))
+                for rel, st in walked.files.items():
                     old = files.get(rel)
                     used += (st.blocks - (old.blocks if old else 0)) * 512
                     files[rel] = st
                     shown.add(rel)
+                for rel, blocks in walked.others.items():
+                    used += (blocks - others.get(rel, 0)) * 512
+                    others[rel] = blocks
             for path, st in self._stat_all(self.touched):
                 rel = display_name(path)
                 old = files.pop(rel, None)
                 if old is not None:
                     used -= old.blocks * 512
+                used -= others.pop(rel, 0) * 512
                 if st is not None and stat.S_ISREG(st.st_mode):
                     files[rel] = FileStat(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_blocks)
+                elif st is not None:
+                    others[rel] = st.st_blocks
+                if st is not None:
                     used += st.st_blocks * 512
                 shown.add(rel)
             self.touched.clear()
@@ -246,7 +258,7 @@ class Tracker:
                 self._sorted = None
             self.generation += 1
             self.log.add(self.generation, shown)
-            self.current = Scan(files=files, bytes_used=used)
+            self.current = Scan(files=files, bytes_used=used, others=others)
             return self._answer(files, used)
 
     def scan_if_quiet(self) -> Scan | None:
@@ -265,9 +277,11 @@ class Tracker:
             self.inotify.lock.release()
 
     def _answer(self, files: dict[str, FileStat], used: int) -> Scan:
-        """A scan sharing ``files`` with the tracker (never changed in place: the next change
-        makes a new dictionary; ``Workspace._remember`` copies before it writes)."""
-        return Scan(files=files, bytes_used=used, log=self.log, generation=self.generation)
+        """A scan sharing ``files`` (and ``others``) with the tracker (never changed in place: the
+        next change makes new dictionaries; ``Workspace._remember`` copies before it writes)."""
+        return Scan(
+            files=files, bytes_used=used, others=self.current.others, log=self.log, generation=self.generation
+        )
 
     def sorted_paths(self) -> list[str]:
         """Every file's path, sorted (kept until a file comes or goes): pages of a listing
@@ -316,7 +330,8 @@ class Tracker:
                     st = None
                     if fd is not None:
                         with contextlib.suppress(OSError):
-                            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                            # "" is the root itself (its own blocks): the descriptor's directory
+                            st = os.stat(name, dir_fd=fd, follow_symlinks=False) if name else os.fstat(fd)
                     out.append((f"{parent}/{name}" if parent else name, st))
             finally:
                 if fd is not None:
