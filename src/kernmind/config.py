@@ -310,6 +310,12 @@ class Settings(BaseSettings):
         "around every call, and over it the session's writes are blocked (RLIMIT_FSIZE 0) until it deletes "
         "files",
     )
+    workspace_files: Annotated[int, Cli(Group.SANDBOX, metavar="N")] = Field(
+        default=100_000,
+        ge=100,
+        description="names a session's working directory and `/run/kernmind` may hold (files, directories, "
+        "links, others); over it the session creates nothing until it deletes some",
+    )
     max_open_files: Annotated[int, Cli(Group.SANDBOX, metavar="N")] = Field(
         default=1024, ge=64, description="open files per process"
     )

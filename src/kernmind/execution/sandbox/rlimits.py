@@ -37,6 +37,7 @@ class Limits:
     max_file_mb: int = 1024
     max_open_files: int = 1024
     tmp_mb: int = 512
+    workspace_files: int = 100_000  # names a session's workspace may hold (not an rlimit: quota.py)
     writes_blocked: bool = False  # over the workspace quota: no file may grow (soft RLIMIT_FSIZE 0)
 
     def rlimits(self, nproc: int) -> dict[str, int | tuple[int, int]]:
@@ -64,6 +65,7 @@ def limits_from(settings: Settings) -> Limits:
         max_processes=settings.max_processes,
         max_file_mb=settings.max_file_mb,
         max_open_files=settings.max_open_files,
+        workspace_files=settings.workspace_files,
     )
 
 
