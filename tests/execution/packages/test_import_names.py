@@ -97,6 +97,8 @@ async def test_readme_sklearn_gets_scikit_learn(installer: PackageInstaller, tmp
     listed = result.already_installed if have else result.installed
     assert [(p.name.lower(), p.version) for p in listed] == [("scikit-learn", have or "0.0.1")]
     assert any("published as 'scikit-learn'" in n for n in result.notes), result.notes
+    said = "already installed: nothing was installed" if have else "installed under the published name"
+    assert any(said in n for n in result.notes), result.notes
 
 
 async def test_an_allow_list_of_published_names_lets_the_import_name_through(

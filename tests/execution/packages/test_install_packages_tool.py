@@ -31,6 +31,7 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_wheel(d, "beta", "2.0")
     make_wheel(d, "gamma-tool", "1.0", modules={"gamma_tool/__init__.py": "ANSWER = 42\n"})
     make_sdist(d, "sourceonly", "1.0")
+    make_sdist(d, "sourceonly", "1.1")  # uv then says "all versions of sourceonly have no usable wheels"
     return d
 
 

@@ -27,7 +27,9 @@ _NETWORK = re.compile(
 )
 _NOT_FOUND = re.compile(r"Because (\S+) was not found in the (?:package registry|provided package locations)")
 _NO_VERSION = re.compile(r"there is no version of (\S+?)(?:\[[^\]]*\])?(==|>=|<=|~=|!=|>|<)(\S+?)[ ,]")
-_SDIST_ONLY = re.compile(r"(?:Because |and )(\S+?)(?:==\S+)? has no usable wheels")
+_SDIST_ONLY = re.compile(
+    r"(?:Because |and )(?:all versions of )?(\S+?)(?:==\S+)? (?:has|have) no usable wheels"
+)
 _NO_TAGS = re.compile(
     r"(\S+?)(?:==\S+)? has no wheels with a matching (Python ABI tag|platform tag|Python implementation tag|Python version)"
 )

@@ -19,7 +19,7 @@ sandbox has no display, and ``opencv-python`` needs ``libGL`` to import at all.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -136,11 +136,17 @@ def substitute(requirements: Sequence[Requirement]) -> tuple[list[Requirement], 
     return out, replaced
 
 
-def substitution_note(replaced: dict[str, str]) -> str:
+def substitution_note(replaced: dict[str, str], installed: Collection[str]) -> str:
+    """The note for ``replaced`` import names; ``installed``: canonical names this call installed
+    (the rest were there already)."""
     said = "; ".join(
         f"{asked} is the name you import, published as {dist!r}" for asked, dist in replaced.items()
     )
-    return f"{said}: installed under the published name (ask for that name next time)."
+    if any(canonicalize_name(dist) in installed for dist in replaced.values()):
+        return f"{said}: installed under the published name (ask for that name next time)."
+    return (
+        f"{said}, which is already installed: nothing was installed (ask for the published name next time)."
+    )
 
 
 def other_project_note(asked: str, dist: str) -> str:

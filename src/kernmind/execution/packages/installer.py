@@ -215,7 +215,8 @@ class PackageInstaller:
                 raise PackageError(
                     again.kind, f"{said}, and installing that failed too: {again.message}"
                 ) from None
-            return installed, already, [import_names.substitution_note(replaced), *notes]
+            note = import_names.substitution_note(replaced, {d.key for d in installed})
+            return installed, already, [note, *notes]
         have = {d.key for d in [*installed, *already]}
         have |= set(await anyio.to_thread.run_sync(layer.python_distributions))
         have |= set(await anyio.to_thread.run_sync(self.base.distributions))
