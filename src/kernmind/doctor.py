@@ -13,6 +13,7 @@ the report says why.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -328,6 +329,8 @@ def describe_meaning_search(info: dict[str, Any]) -> str:
 
 
 def doctor(settings: Settings, *, as_json: bool = False) -> int:
+    if settings.log_level == "INFO":  # the report says what the components' routine lines would,
+        logging.getLogger("kernmind").setLevel(logging.WARNING)  # and they came after its last line
     report = gather(settings)
     if as_json:
         print(json.dumps(report, indent=2))

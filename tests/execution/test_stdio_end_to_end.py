@@ -56,6 +56,7 @@ def test_doctor_reports_a_working_setup(tmp_path: Path) -> None:
     assert "python         ok" in proc.stdout
     assert str(tmp_path / "kernmind.db") in proc.stdout
     assert "meaning search ok — sentence-transformers/all-MiniLM-L6-v2 loaded in" in proc.stdout
+    assert " INFO " not in proc.stderr  # routine lines would land after "ready:" on a terminal
 
 
 def templates_of_server(data_dir: Path) -> list[int]:

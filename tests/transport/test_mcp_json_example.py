@@ -24,7 +24,8 @@ def test_stdio_entries_are_valid_serve_command_lines(example: dict[str, Any]) ->
     entries = [example["mcpServers"]["kernmind"], example["servers"]["kernmind"]]
     assert example["servers"]["kernmind"]["type"] == "stdio"
     for entry in entries:
-        assert entry["command"] == "kernmind"
+        # absolute, as README insists: desktop clients do not inherit the shell's PATH
+        assert entry["command"].startswith("/") and entry["command"].endswith("/bin/kernmind")
         args = build_parser().parse_args(entry["args"])  # exits (SystemExit) on an unknown flag
         assert args.command == "serve"
     for key in example["mcpServers"]["kernmind"].get("env", {}):
