@@ -15,7 +15,8 @@ Design
   (``session#1a2b3c``), which still lets an operator follow one session through the log.
 
 Error policy: a refused request gets a 401 with a JSON body saying what to send; nothing
-reaches the tools or the SDK.
+reaches the tools or the SDK. A tokens file that cannot be read (past what ``TokenFile``
+absorbs itself) refuses only the request that met it, with a 503 and a ref in the log.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 from kernmind.config import Settings
 from kernmind.principals import SCOPE_KEY, Authenticator, Principal
+from kernmind.transport.guard import INTERNAL_ERROR, logged_ref, refuse
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -66,7 +68,11 @@ class BearerTokenMiddleware:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        principal = self.authorized(scope.get("headers", []))
+        try:
+            principal = self.authorized(scope.get("headers", []))
+        except Exception as exc:  # the tokens file could not be read: this request only is refused
+            await self._unavailable(scope, send, logged_ref(exc, "checking a bearer token"))
+            return
         if principal is not None:
             scope[SCOPE_KEY] = principal
             scope["user"] = sdk_user(principal)
@@ -93,6 +99,21 @@ class BearerTokenMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+    @staticmethod
+    async def _unavailable(scope: Scope, send: Send, ref: str) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1011})
+            return
+        await refuse(
+            send,
+            503,
+            f"the server could not check this request's bearer token (ref {ref}): reading its tokens "
+            "file failed. Nothing was done. Try again shortly; if it goes on, give the ref to the "
+            "server's operator.",
+            code=INTERNAL_ERROR,
+            headers=((b"retry-after", b"5"),),
+        )
 
 
 def sdk_user(principal: Principal) -> Any:

@@ -24,10 +24,9 @@ Error policy: a request refused while draining gets HTTP 503 with a JSON-RPC err
 
 from __future__ import annotations
 
-import json
-
 import anyio
 
+from kernmind.transport.bad_messages import decode, reply_id
 from kernmind.transport.guard import ASGIApp, Receive, Scope, Send, refuse
 
 DRAIN_SECONDS = 5.0  # how long the requests in flight may take to answer once a stop is asked
@@ -102,9 +101,5 @@ async def _request_id(receive: Receive) -> str | int | None:
             break
     else:
         return None
-    try:
-        decoded = json.loads(b"".join(chunks))
-    except ValueError:
-        return None
-    value = decoded.get("id") if isinstance(decoded, dict) else None
-    return value if isinstance(value, str | int) and not isinstance(value, bool) else None
+    decoded, _ = decode(b"".join(chunks))  # never raises (a body nested too deeply reads as None)
+    return reply_id(decoded)

@@ -21,21 +21,30 @@ send instead — the SDK client shows that message to its caller:
 
 - body over ``max_body`` bytes (declared or streamed): 413 at once, without buffering the
   rest (uvicorn discards it, so the client still reads the answer);
+- a ``Content-Type`` that is not ``application/json`` (the SDK's own rule): 415;
+- a body that is not one JSON value — not UTF-8, not JSON, nested too deeply to read (the
+  SDK says only "Parse error"): 400 with code -32700;
 - a JSON array (a batch; MCP dropped batching in 2025-06-18): 400;
 - an ``id`` that is not a string or an integer (object, array, boolean, fraction, or null
   on a request): 400.
 
-Anything else — including JSON that does not parse, which the SDK reports as a parse
-error — goes to the SDK unchanged, with the body replayed. GET and DELETE pass through.
+The sentences are shared with the stdio transport (bad_messages.py). Anything else goes to
+the SDK unchanged, with the body replayed. GET and DELETE pass through.
 Error policy: refusals never reach the server's tools or state; the server keeps serving.
+A client that went away before its refusal is sent costs nothing: uvicorn drops what is
+sent to a closed connection.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from kernmind.transport.bad_messages import PARSE_ERROR, decode, parse_sentence, shape_problem
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -43,7 +52,14 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+log = logging.getLogger(__name__)
+
 INVALID_REQUEST = -32600
+INTERNAL_ERROR = -32603
+CONTENT_TYPE_SENTENCE = (
+    "This request's Content-Type is not application/json. Nothing was done. Send the JSON-RPC "
+    "message with the header Content-Type: application/json."
+)
 MIB = 1024 * 1024
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
@@ -143,7 +159,14 @@ class JsonRpcGuard:
                 return
             if not message.get("more_body", False):
                 break
-        problem = shape_problem(bytes(body))
+        if not _json_content_type(scope):
+            await refuse(send, 415, CONTENT_TYPE_SENTENCE)
+            return
+        message, unreadable = decode(bytes(body))
+        if unreadable is not None:
+            await refuse(send, 400, parse_sentence(unreadable), code=PARSE_ERROR)
+            return
+        problem = shape_problem(message)
         if problem is not None:
             await refuse(send, 400, problem)
             return
@@ -157,35 +180,13 @@ class JsonRpcGuard:
         )
 
 
-def shape_problem(body: bytes) -> str | None:
-    """Why this POST body cannot be served as MCP (None: let the SDK handle it)."""
-    try:
-        message = json.loads(body)
-    except (ValueError, RecursionError):
-        return None  # the SDK answers with a JSON-RPC parse error
-    if isinstance(message, list):
-        return (
-            "JSON-RPC batch requests are not supported: MCP removed batching in protocol version "
-            "2025-06-18. Nothing was done. Send each request in its own POST."
-        )
-    if not isinstance(message, dict) or "id" not in message:
-        return None
-    rid = message["id"]
-    if isinstance(rid, str) or (isinstance(rid, int) and not isinstance(rid, bool)):
-        return None
-    if isinstance(rid, float) and rid.is_integer():
-        return None
-    if rid is None and "method" not in message:
-        return None  # an error response may carry a null id
-    kind = {dict: "an object", list: "an array", bool: "a boolean", float: "a fraction"}.get(
-        type(rid), "null"
-    )
-    shown = json.dumps(rid)
-    shown = shown if len(shown) <= 60 else shown[:55] + "…"
-    return (
-        f'The JSON-RPC "id" must be a string or an integer; this request\'s id is {kind} ({shown}). '
-        'Nothing was done. Send it again with an id such as 1 or "req-1".'
-    )
+def _json_content_type(scope: Scope) -> bool:
+    """The SDK's rule: ``application/json`` among the types before the first ``;``."""
+    for key, value in scope.get("headers", []):
+        if key.lower() == b"content-type":
+            first = value.decode("latin-1").split(";")[0]
+            return any(part.strip() == "application/json" for part in first.split(","))
+    return False
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -228,3 +229,49 @@ async def refuse(
     head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
     await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": body})
+
+
+def logged_ref(exc: BaseException, where: str) -> str:
+    """Log ``exc`` with its traceback under a fresh ref (what the caller is told, to give the
+    operator); returns the ref."""
+    ref = secrets.token_hex(4)
+    log.error("internal error (ref %s) in %s: %s", ref, where, type(exc).__name__, exc_info=exc)
+    return ref
+
+
+class LastResort:
+    """ASGI middleware, outermost: an exception from anything inside answers this request with
+    a 500 and a sentence carrying a ref (logged with its traceback), instead of uvicorn's bare
+    "Internal Server Error"; it ends only this request. A response already started is left as
+    it is (uvicorn closes the connection)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:
+            ref = logged_ref(exc, f"HTTP {scope.get('method', '?')} {scope.get('path', '?')}")
+            if started:
+                return
+            sentence = (
+                f"internal error (ref {ref}): the server failed while handling this request, not because "
+                f"of anything in it. Try again; if it fails again, give the ref {ref} to the server's "
+                "operator (the server's log has the details)."
+            )
+            try:
+                await refuse(send, 500, sentence, code=INTERNAL_ERROR)
+            except OSError:  # the client went away meanwhile: nothing to tell
+                return

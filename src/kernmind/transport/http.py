@@ -40,7 +40,7 @@ from kernmind.principals import TokenFile, TokenFileError, tokens_file_in_use
 from kernmind.settings_cli import where_set
 from kernmind.transport.auth import BearerTokenMiddleware, authenticator, redact_session_ids
 from kernmind.transport.drain import Drain
-from kernmind.transport.guard import JsonRpcGuard, OriginGuard, own_origins
+from kernmind.transport.guard import JsonRpcGuard, LastResort, OriginGuard, own_origins
 from kernmind.transport.shutdown import EXIT_FAILED, Shutdown
 
 log = logging.getLogger(__name__)
@@ -184,8 +184,9 @@ def build_http_app(
     server: Any, settings: Settings, port: int | None = None, drain: Drain | None = None
 ) -> ASGIApp:
     """The SDK's Streamable HTTP app at /mcp behind the JSON-RPC guard, the Origin guard, the
-    drain of an orderly stop (``drain``, drain.py) and, with a token, its check (``port``: the
-    one the server listens on, if not ``--port``)."""
+    drain of an orderly stop (``drain``, drain.py), with a token its check, and outermost the
+    last resort that answers any failure inside in words (``port``: the one the server listens
+    on, if not ``--port``)."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     max_body = settings.max_request_mb * 1024 * 1024
@@ -215,7 +216,7 @@ def build_http_app(
     auth = authenticator(settings)
     if auth.required:
         app = BearerTokenMiddleware(app, auth)
-    return app
+    return LastResort(app)
 
 
 async def serve_http(

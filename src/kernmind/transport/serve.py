@@ -96,6 +96,6 @@ def serve(settings: Settings) -> int:
     try:
         if sock is not None:
             return anyio.run(serve_http, server, settings, sock, executor.stop_calls)
-        return anyio.run(serve_stdio, server)
+        return anyio.run(serve_stdio, server, settings.max_request_mb * 1024 * 1024)
     except KeyboardInterrupt:  # Ctrl-C before the handlers were installed: nothing was started yet
         return 130

@@ -2,13 +2,16 @@
 
 Design
 - The SDK's ``run_stdio_async`` reads stdin on a worker thread that cannot be cancelled, so a
-  signal could never finish a shutdown while the client keeps stdin open. We hand
-  ``stdio_server`` our own line reader instead, on a private duplicate of fd 0 (fd 0 itself
-  then points at /dev/null, as the SDK does). When stdin is a pipe or a socket (what clients
-  launch us with) the event loop itself waits for it to be readable and reads what is there:
-  no thread, no hop per request; otherwise (a terminal, a file) a daemon thread reads it
-  line by line. Either way the async side is cancellable. A signal cancels the serving scope; the lifespan's shielded cleanup runs
-  (shutdown.py). Stdin closing is the normal way a client says goodbye.
+  signal could never finish a shutdown while the client keeps stdin open. We read stdin
+  ourselves, on a private duplicate of fd 0 (fd 0 itself then points at /dev/null, as the
+  SDK does), and frame the lines ourselves (stdio_framing.py: every line the SDK cannot read
+  is answered in words, a line past ``--max-request-mb`` is read past without being kept).
+  When stdin is a pipe or a socket (what clients launch us with) the event loop itself waits
+  for it to be readable and reads what is there: no thread, no hop per request; otherwise (a
+  terminal, a file) a daemon thread reads it line by line. Either way the async side is
+  cancellable. A signal cancels the serving scope; the lifespan's shielded cleanup runs
+  (shutdown.py). Stdin closing is the normal way a client says goodbye; a client that closes
+  our stdout says it too (nobody could read an answer), and the server stops the same way.
 - Answers are written to a private duplicate of fd 1, non-blocking, straight from the event
   loop (``StdoutLines``): the SDK's default hands every write and every flush to a worker
   thread, two thread hops per answer on every call's path. A client slow to read makes the
@@ -31,33 +34,39 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from kernmind.transport.shutdown import Shutdown, watch_signals
+from kernmind.transport.stdio_framing import HEAD_BYTES, Line, Oversize, line_streams
 
 log = logging.getLogger(__name__)
 
 READ_SIZE = 1 << 16  # bytes read from stdin at a time
+DEFAULT_MAX_LINE = 32 * 1024 * 1024  # one message; serve.py passes --max-request-mb
 
 
 class StdinLines:
-    """Cancellable async iterator over the lines of stdin.
+    """Cancellable async iterator over the lines of stdin, as bytes.
 
-    It reads a private duplicate of fd 0: on the event loop (non-blocking) when that is a pipe
+    A line longer than ``max_line`` is read past without being kept and stands as an
+    ``Oversize`` (its first bytes and its size): a client's endless line cannot fill the
+    server's memory. It reads a private duplicate of fd 0: on the event loop (non-blocking) when that is a pipe
     or a socket, else on a daemon thread that hands lines to the loop. fd 0 itself is pointed
     at /dev/null so that nothing else (a child, stray ``input()``) can steal protocol bytes.
     A blocked read never delays shutdown: the thread is a daemon and the async side simply
     stops listening.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
+        self.max_line = max_line
         self._fd = _dup_private(0)
         with contextlib.suppress(OSError):
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             os.close(devnull)
-        self._file = os.fdopen(self._fd, "r", encoding="utf-8", errors="replace", closefd=False)
-        self._receive: MemoryObjectReceiveStream[str] | None = None
+        self._file = os.fdopen(self._fd, "rb", closefd=False)
+        self._receive: MemoryObjectReceiveStream[Line] | None = None
         try:
             mode = os.fstat(self._fd).st_mode
         except OSError:
@@ -73,6 +82,7 @@ class StdinLines:
         self._buffer = bytearray()
         self._searched = 0  # bytes of the buffer known to hold no newline
         self._eof = False
+        self._skipping: Oversize | None = None  # a line past the limit, being read past
 
     def release(self) -> None:
         """Point fd 0 back at the original stdin, blocking as it was (the reader thread keeps its
@@ -82,18 +92,18 @@ class StdinLines:
                 os.set_blocking(self._fd, self._was_blocking)
             os.dup2(self._fd, 0)
 
-    def _start(self) -> MemoryObjectReceiveStream[str]:
-        send: MemoryObjectSendStream[str]
-        send, receive = anyio.create_memory_object_stream[str](16)
+    def _start(self) -> MemoryObjectReceiveStream[Line]:
+        send: MemoryObjectSendStream[Line]
+        send, receive = anyio.create_memory_object_stream[Line](16)
         token = anyio.lowlevel.current_token()
 
         def pump() -> None:
             try:
                 while True:
                     try:
-                        line = self._file.readline()
+                        line = self._read_line_blocking()
                     except (OSError, ValueError):
-                        line = ""
+                        line = b""
                     if not line:
                         break
                     anyio.from_thread.run(send.send, line, token=token)
@@ -105,10 +115,23 @@ class StdinLines:
         threading.Thread(target=pump, name="kernmind-stdin", daemon=True).start()
         return receive
 
+    def _read_line_blocking(self) -> Line:
+        """The next line from a terminal or a file (b"" at the end), never more than the limit
+        in memory: a longer line is read past and stands as an ``Oversize``."""
+        line = self._file.readline(self.max_line + 1)
+        if len(line) <= self.max_line or line.endswith(b"\n"):
+            return line
+        skipped = Oversize(bytes(line[:HEAD_BYTES]), len(line))
+        while True:
+            more = self._file.readline(READ_SIZE)
+            skipped.size += len(more)
+            if not more or more.endswith(b"\n"):
+                return skipped
+
     def __aiter__(self) -> StdinLines:
         return self
 
-    async def __anext__(self) -> str:
+    async def __anext__(self) -> Line:
         if self._direct:
             return await self._next_line()
         if self._receive is None:
@@ -118,21 +141,41 @@ class StdinLines:
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise StopAsyncIteration from None
 
-    async def _next_line(self) -> str:
+    async def _next_line(self) -> Line:
         """The next line, read on the event loop (stdin is a pipe or a socket)."""
         while True:
-            newline = self._buffer.find(b"\n", self._searched)
-            if newline >= 0:
-                line = bytes(self._buffer[: newline + 1])
-                del self._buffer[: newline + 1]
-                self._searched = 0
-                return line.decode("utf-8", "replace")
-            self._searched = len(self._buffer)
+            if self._skipping is not None:
+                newline = self._buffer.find(b"\n")
+                if newline >= 0 or self._eof:
+                    end = newline + 1 if newline >= 0 else len(self._buffer)
+                    skipped, self._skipping = self._skipping, None
+                    skipped.size += end
+                    del self._buffer[:end]
+                    return skipped
+                self._skipping.size += len(self._buffer)
+                self._buffer.clear()
+            else:
+                newline = self._buffer.find(b"\n", self._searched)
+                if newline >= 0:
+                    line = bytes(self._buffer[: newline + 1])
+                    del self._buffer[: newline + 1]
+                    self._searched = 0
+                    if len(line) > self.max_line:
+                        return Oversize(line[:HEAD_BYTES], len(line))
+                    return line
+                self._searched = len(self._buffer)
+                if len(self._buffer) > self.max_line:  # no end in sight: stop keeping it
+                    self._skipping = Oversize(bytes(self._buffer[:HEAD_BYTES]), len(self._buffer))
+                    self._buffer.clear()
+                    self._searched = 0
+                    continue
+                if self._eof:
+                    if not self._buffer:
+                        raise StopAsyncIteration
+                    line, self._buffer, self._searched = bytes(self._buffer), bytearray(), 0
+                    return line
             if self._eof:
-                if not self._buffer:
-                    raise StopAsyncIteration
-                line, self._buffer, self._searched = bytes(self._buffer), bytearray(), 0
-                return line.decode("utf-8", "replace")
+                continue
             await anyio.wait_readable(self._fd)
             try:
                 chunk = os.read(self._fd, READ_SIZE)
@@ -204,40 +247,66 @@ def _isatty(fd: int) -> bool:
         return False
 
 
-async def serve_stdio(server: Any) -> int:
-    """Serve MCP on stdin/stdout until stdin closes or SIGTERM/SIGINT arrives."""
-    from mcp.server.stdio import stdio_server
-
+async def serve_stdio(server: Any, max_line: int = DEFAULT_MAX_LINE) -> int:
+    """Serve MCP on stdin/stdout until stdin closes, the client closes stdout, or SIGTERM/SIGINT
+    arrives; ``max_line``: the longest message (a line) accepted."""
     from kernmind.sdk_compat import lowlevel_server
 
     lowlevel = lowlevel_server(server)  # MCPServer.run_stdio_async has no stdin hook
     state = Shutdown()
     on_terminal = _isatty(0)  # before StdinLines points fd 0 at /dev/null
-    stdin = StdinLines()
+    stdin = StdinLines(max_line)
     stdout = _stdout_lines()
+    stdout_closed = False
     try:
         async with anyio.create_task_group() as outer:
             serving = anyio.CancelScope()
             await outer.start(watch_signals, serving, state)
             if on_terminal:  # a person typed `kernmind serve`: say what it waits for
                 print(TTY_HINT, file=sys.stderr, flush=True)
+
+            def closed() -> None:
+                nonlocal stdout_closed
+                stdout_closed = True
+                serving.cancel()
+
             with serving:
-                async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):  # type: ignore[arg-type]
-                    await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
-            if state.signal is None:
+                async with line_streams(stdin, stdout, max_line=max_line, on_closed=closed) as (
+                    reading,
+                    writing,
+                ):
+                    await lowlevel.run(reading, writing, lowlevel.create_initialization_options())
+            if stdout_closed:
+                log.info("stdout closed: kernels stopped, database closed")
+            elif state.signal is None:
                 log.info("stdin closed: kernels stopped, database closed")
             outer.cancel_scope.cancel()
     finally:
-        if stdout is not None:
-            stdout.release()
+        stdout.release()
         stdin.release()
     return 0
 
 
-def _stdout_lines() -> StdoutLines | None:
-    """Our stdout writer, or None (the SDK's own) where fd 1 cannot be duplicated or made non-blocking."""
+class ThreadStdout:
+    """Where fd 1 cannot be duplicated or made non-blocking: blocking writes on a worker thread."""
+
+    async def write(self, text: str) -> None:
+        await anyio.to_thread.run_sync(self._write, text.encode("utf-8"))
+
+    @staticmethod
+    def _write(data: bytes) -> None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+    def release(self) -> None:
+        """Nothing was redirected."""
+
+
+def _stdout_lines() -> StdoutLines | ThreadStdout:
+    """Our stdout writer on the event loop, or one on a worker thread where fd 1 cannot be
+    duplicated or made non-blocking."""
     try:
         return StdoutLines()
     except OSError as exc:
-        log.info("writing stdout through the SDK's worker thread: %s", exc)
-        return None
+        log.info("writing stdout through a worker thread: %s", exc)
+        return ThreadStdout()

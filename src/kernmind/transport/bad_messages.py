@@ -1,0 +1,134 @@
+"""What a message that MCP cannot serve is told, on either transport (HTTP or stdio).
+
+Design
+- One place for the sentences: the HTTP guard (guard.py) and the stdio reader (stdio.py)
+  refuse the same mistakes with the same words, as a JSON-RPC error object a client shows its
+  caller. Every sentence says what was wrong, that nothing was done, and what to send instead.
+- ``decode`` never raises: not UTF-8, not JSON, JSON nested too deeply (``RecursionError``
+  from the parser, which a caller can provoke with ``[`` × 200,000) and numbers past Python's
+  digit limit are all "not one JSON-RPC message", answered with ``PARSE_ERROR``.
+- ``reply_id`` says which id an answer may carry: the request's own when it is a string or an
+  integer that can be written back (a lone surrogate cannot be encoded), else null, as JSON-RPC
+  asks when the id cannot be determined.
+
+Error policy: nothing here raises for any input; every function returns a sentence or None.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+_NOTHING_DONE = "Nothing was done."
+_SEND = 'Send one JSON-RPC 2.0 object such as {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}'
+# An id written right after the opening brace (as every MCP SDK writes requests) is the
+# message's own: read it from the head of a message too large to parse.
+_HEAD_ID = re.compile(
+    rb'\A\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d{1,18}|"[^"\\]{0,200}")\s*[,}]'
+)
+
+
+def decode(body: bytes) -> tuple[Any, str | None]:
+    """(the decoded message, None), or (None, why it is not one JSON value)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"it is not valid UTF-8 (byte {exc.start} cannot start or continue a character)"
+    try:
+        return json.loads(text), None
+    except RecursionError:
+        return None, "it is JSON nested too deeply to read"
+    except ValueError as exc:  # JSONDecodeError, and integers past the digit limit
+        shown = str(exc)
+        return None, f"it is not valid JSON ({shown if len(shown) <= 120 else shown[:117] + '…'})"
+
+
+def parse_sentence(why: str, *, per_line: bool = False) -> str:
+    where = " per line" if per_line else ""
+    return f"This message cannot be read: {why}. {_NOTHING_DONE} {_SEND}{where}, encoded as UTF-8."
+
+
+def shape_problem(message: Any, each: str = "in its own POST") -> str | None:
+    """Why this decoded message cannot be served as MCP: a batch, or an ``id`` that is not a
+    string or an integer (None: nothing wrong seen here). ``each``: how requests go one by one."""
+    if isinstance(message, list):
+        return (
+            "JSON-RPC batch requests are not supported: MCP removed batching in protocol version "
+            f"2025-06-18. {_NOTHING_DONE} Send each request {each}."
+        )
+    if not isinstance(message, dict) or "id" not in message:
+        return None
+    rid = message["id"]
+    if isinstance(rid, str) or (isinstance(rid, int) and not isinstance(rid, bool)):
+        return None
+    if isinstance(rid, float) and rid.is_integer():
+        return None
+    if rid is None and "method" not in message:
+        return None  # an error response may carry a null id
+    kind = {dict: "an object", list: "an array", bool: "a boolean", float: "a fraction"}.get(
+        type(rid), "null"
+    )
+    shown = json.dumps(rid)
+    shown = shown if len(shown) <= 60 else shown[:55] + "…"
+    return (
+        f'The JSON-RPC "id" must be a string or an integer; this request\'s id is {kind} ({shown}). '
+        f'{_NOTHING_DONE} Send it again with an id such as 1 or "req-1".'
+    )
+
+
+def form_problem(message: Any, each: str = "in its own POST") -> str:
+    """Why a decoded message is not a JSON-RPC 2.0 request, notification or response (for a
+    message the SDK's model refused)."""
+    shape = shape_problem(message, each)
+    if shape is not None:
+        return shape
+    if not isinstance(message, dict):
+        kind = {str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
+            type(message), "null"
+        )
+        why = f"it is {kind}, not an object"
+    elif message.get("jsonrpc") != "2.0":
+        why = 'its "jsonrpc" member must be the string "2.0"'
+    elif "method" in message and not isinstance(message["method"], str):
+        why = 'its "method" must be a string'
+    elif "params" in message and not isinstance(message["params"], dict):
+        why = 'its "params" must be an object'
+    elif "method" not in message and "result" not in message and "error" not in message:
+        why = 'it has no "method" (nor the "result" or "error" of a response)'
+    else:
+        why = "it is not a JSON-RPC 2.0 request, notification or response"
+    return f"This message is not a JSON-RPC 2.0 message: {why}. {_NOTHING_DONE} {_SEND}."
+
+
+def reply_id(message: Any) -> str | int | None:
+    """The id an answer to ``message`` carries (see the module docstring)."""
+    rid = message.get("id") if isinstance(message, dict) else None
+    if isinstance(rid, bool) or not isinstance(rid, str | int):
+        return None
+    if isinstance(rid, str):
+        try:
+            rid.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+    return rid
+
+
+def head_id(head: bytes) -> str | int | None:
+    """The id of a message from its first bytes, when it is written first (else None)."""
+    match = _HEAD_ID.match(head)
+    if match is None:
+        return None
+    raw = match.group(1)
+    if raw.startswith(b'"'):
+        try:
+            return raw[1:-1].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return int(raw)
+
+
+def error_object(rid: str | int | None, code: int, message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
