@@ -270,7 +270,7 @@ def test_export_import_and_migrate_carry_when_and_what_replaced_what(tmp_path: P
     out = tmp_path / "alice.json"
     assert main(["memory", "export", "--db", db, "--agent", "alice", "-o", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["format_version"] == 2
+    assert doc["format_version"] == 3
     lyon = next(p for p in doc["passages"] if p["content"] == "Ana lives in Lyon")
     assert lyon["occurred_at"] == "2020-09-13T12:26:40.000000Z" and isinstance(lyon["superseded_by"], int)
 

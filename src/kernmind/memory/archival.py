@@ -33,6 +33,7 @@ stored; an unavailable embedder never fails a call (it only skips the near-dupli
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -43,9 +44,11 @@ from kernmind.memory.database import PassageFilter
 from kernmind.memory.embeddings import Embedder
 from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.fulltext import NO_TERMS_NOTE, query_terms
-from kernmind.memory.passages import Passages, Stored, check_ids, normalize_tags
+from kernmind.memory.passages import Passages, Stored, check_ids, check_thread, normalize_tags
 from kernmind.memory.recall import Recall, Vector
 from kernmind.memory.records import Facets, PassageIn, PassageRow, iso, parse_when, time_range
+
+log = logging.getLogger(__name__)
 
 NEAR_DUPLICATES = 3  # live passages a note names at most
 SNIPPET_CHARS = 80
@@ -68,6 +71,8 @@ class InsertOutcome:
     superseded: list[int] = field(default_factory=list)
     similar: list[int] = field(default_factory=list)  # live passages close in meaning (near-duplicates)
     note: str | None = None
+    thread: str | None = None
+    seq: int | None = None  # its position in its thread
 
 
 class Archive:
@@ -88,21 +93,30 @@ class Archive:
         *,
         occurred_at: str | None = None,
         supersedes: Sequence[int] = (),
+        thread: str | None = None,
     ) -> InsertOutcome:
         """Store a passage (see the module docstring for duplicates and superseding)."""
         self.passages.check(content)
         occurred = parse_when(occurred_at) if occurred_at and occurred_at.strip() else None
         wanted = check_ids(supersedes)
         normalize_tags(tags)  # refuse bad tags before embedding
-        duplicate = await self.passages.live_duplicate(content)
+        thread = check_thread(thread)
+        duplicate = await self.passages.live_duplicate(content, thread=thread)
         if duplicate is not None and not wanted:
             return self._outcome(duplicate, tags, occurred, Vector(None, None, None), [])
-        vector = Vector(None, None, None) if duplicate is not None else await self.recall.vector_for(content)
+        vector = Vector(None, None, None) if duplicate is not None else await self._vector_for(content)
         similar: list[PassageRow] = []
+        skipped: str | None = None
 
         async def look_for_similar() -> None:
-            nonlocal similar
-            similar = await self.near_duplicates(vector.blob, exclude=wanted, spare=1)
+            nonlocal similar, skipped
+            if thread is not None:
+                return  # a thread records what was said: restating something is no older version of it
+            try:
+                similar = await self.near_duplicates(vector.blob, exclude=wanted, spare=1)
+            except Exception as exc:  # the check is advice: it never costs the insert
+                log.warning("near-duplicate check failed; the passage is stored without it", exc_info=True)
+                skipped = f"The near-duplicate check was skipped ({type(exc).__name__}: {exc})."
 
         # the meaning search runs while the database's thread writes: an insert costs the longer of
         # the two, not their sum (benchmarks/bench_supersede.py)
@@ -110,7 +124,8 @@ class Archive:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(look_for_similar)
                 stored = await self.passages.store(
-                    PassageIn(content, list(tags), None, vector.blob, vector.model, occurred), wanted
+                    PassageIn(content, list(tags), None, vector.blob, vector.model, occurred, thread=thread),
+                    wanted,
                 )
         except BaseExceptionGroup as group:
             # the write failed (a refusal, a full disk) and the search was cancelled: the write's
@@ -121,7 +136,20 @@ class Archive:
         if stored.duplicate_of is not None:
             similar = []
         similar = [r for r in similar if r.id != stored.id][:NEAR_DUPLICATES]  # the index may hold it already
-        return self._outcome(stored, tags, occurred, vector, similar)
+        out = self._outcome(stored, tags, occurred, vector, similar)
+        if skipped is not None:
+            out.note = f"{out.note} {skipped}" if out.note else skipped
+        return out
+
+    async def _vector_for(self, content: str) -> Vector:
+        """The new passage's vector; an embedder that fails in any way leaves it without one (the
+        background backfill embeds it later), never failing the insert."""
+        try:
+            return await self.recall.vector_for(content)
+        except Exception as exc:
+            log.warning("embedding a new passage failed; stored without a vector", exc_info=True)
+            self.recall.backlog = True
+            return Vector(None, None, f"stored without an embedding ({exc}); full-text search finds it")
 
     def _outcome(
         self,
@@ -168,6 +196,8 @@ class Archive:
             stored.superseded,
             [r.id for r in similar],
             " ".join(notes) or None,
+            stored.thread,
+            stored.seq,
         )
 
     async def near_duplicates(
@@ -213,6 +243,7 @@ class Archive:
         end_datetime: str | None = None,
         page: int = 0,
         include_superseded: bool = False,
+        thread: str | None = None,
     ) -> SearchOutcome:
         if tag_match_mode not in ("any", "all"):
             raise MemoryRefusal("tag_match_mode must be 'any' or 'all', got {mode!r}.", mode=tag_match_mode)
@@ -221,7 +252,9 @@ class Archive:
         if page < 0:
             raise MemoryRefusal("page must be 0 or more, got {page}.", page=page)
         start, end = time_range(start_datetime, end_datetime)
-        where = PassageFilter(tuple(normalize_tags(tags)), tag_match_mode, start, end, include_superseded)
+        where = PassageFilter(
+            tuple(normalize_tags(tags)), tag_match_mode, start, end, include_superseded, check_thread(thread)
+        )
         offset = page * top_k
         if not query.strip():
             return SearchOutcome(await self.passages.search_text("", where, top_k, offset), "recent")

@@ -60,12 +60,16 @@ class Passage(BaseModel):
         default=None,
         description="the passage that replaced this one (only with include_superseded); null: current",
     )
+    thread: str | None = Field(
+        default=None, description="the conversation, session or document it belongs to (null: none)"
+    )
 
     @classmethod
     def of(cls, r: PassageRow) -> Passage:
         return cls(
             id=r.id, content=r.content, tags=r.tags, created_at=iso(r.created_at),
             occurred_at=iso(r.occurred_at), score=r.score, match=r.match, superseded_by=r.superseded_by,
+            thread=r.thread,
         )  # fmt: skip
 
 
@@ -84,6 +88,7 @@ class ArchivalInsertResult(BaseModel):
         description="live passages close in meaning (possible restatements or older versions): see note",
     )
     embedded: bool = Field(description="whether the passage has an embedding (meaning search)")
+    thread: str | None = Field(default=None, description="the thread it belongs to (null: none)")
     note: str | None = None
 
     @classmethod
@@ -91,7 +96,7 @@ class ArchivalInsertResult(BaseModel):
         return cls(
             id=out.id, created_at=iso(out.created_at), occurred_at=iso(out.occurred_at),
             duplicate_of=out.duplicate_of, superseded=out.superseded, similar=out.similar,
-            embedded=out.embedded, note=out.note,
+            embedded=out.embedded, thread=out.thread, note=out.note,
         )  # fmt: skip
 
 
@@ -228,9 +233,22 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
                 max_length=limits.TAGS,
             ),
         ] = [],  # noqa: B006
+        thread: Annotated[
+            str | None,
+            Field(
+                description=(
+                    "A short label grouping passages that belong together: one conversation, session or "
+                    "document (e.g. 'call-2024-03-12'). Passages of a thread keep the order they were "
+                    "inserted in; search reads each with its neighbours and can filter on the thread."
+                ),
+                max_length=limits.THREAD_CHARS,
+            ),
+        ] = None,
     ) -> ArchivalInsertResult:
         out = await call(
-            memory_tools.archive.insert(content, tags, occurred_at=occurred_at, supersedes=supersedes)
+            memory_tools.archive.insert(
+                content, tags, occurred_at=occurred_at, supersedes=supersedes, thread=thread
+            )
         )
         return ArchivalInsertResult.of(out)
 
@@ -279,6 +297,10 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
                 )
             ),
         ] = False,
+        thread: Annotated[
+            str | None,
+            Field(description="Only passages of this thread.", max_length=limits.THREAD_CHARS),
+        ] = None,
     ) -> ArchivalSearchResult:
         out = await call(
             memory_tools.archive.search(
@@ -290,6 +312,7 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
                 end_datetime=end_datetime,
                 page=page,
                 include_superseded=include_superseded,
+                thread=thread,
             )
         )
         return ArchivalSearchResult.of(out, page=page, top_k=top_k, budget=Budget.of(memory_tools.settings))

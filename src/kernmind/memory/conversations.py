@@ -87,6 +87,7 @@ class Conversations(TextTable):
     rewrite_column = "conversation_rewrites"
 
     label_column = "role"
+    thread_column = "conversation_id"  # a conversation is a thread; ``seq`` its messages' order
 
     def labels(self, value: str) -> list[str]:
         return [value]
@@ -146,6 +147,8 @@ class Conversations(TextTable):
             ),
         )  # fmt: skip
         assert row is not None
+        if embedding is not None and embedding_model is not None:
+            self.expect_vector(embedding_model, len(embedding))
         return int(row[0])
 
     async def search_text(

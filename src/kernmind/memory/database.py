@@ -47,18 +47,19 @@ class Tx(Protocol):
 @dataclass(frozen=True, slots=True)
 class PassageFilter:
     """Which passages a search may return: tags (any/all of them), a range of when they happened
-    (``occurred_at``), and whether superseded passages are included."""
+    (``occurred_at``), whether superseded passages are included, and one thread's only."""
 
     tags: tuple[str, ...] = ()
     tag_match_mode: Literal["any", "all"] = "any"
     start: float | None = None
     end: float | None = None
     include_superseded: bool = False
+    thread: str | None = None
 
     @property
     def narrows(self) -> bool:
-        """Whether tags or times narrow the passages (hiding superseded ones is :attr:`hides`)."""
-        return bool(self.tags) or self.start is not None or self.end is not None
+        """Whether tags, times or a thread narrow the passages (hiding superseded ones is :attr:`hides`)."""
+        return bool(self.tags) or self.start is not None or self.end is not None or self.thread is not None
 
     @property
     def hides(self) -> bool:

@@ -9,7 +9,8 @@ conversations with their messages and vectors. Rows are read from the source thr
 backend and written to the destination through its own, inside one write transaction on
 the destination: all or nothing. Ids of passages and messages are assigned anew by the
 destination (tags follow their passage, and ``superseded_by`` its successor's new id); a
-passage keeps when its fact occurred, and its duplicate digest is computed again.
+passage keeps when its fact occurred and its thread and position there, and its duplicate digest
+is computed again.
 
 ``sqlite:PATH``, a plain path, and ``postgresql://…`` name databases, so either direction works.
 
@@ -38,7 +39,9 @@ TABLES: dict[str, tuple[str, str]] = {
         "id",
     ),
 }
-PASSAGE_COLUMNS = "content, search_text, tags, created_at, occurred_at, embedding, embedding_model"
+PASSAGE_COLUMNS = (
+    "content, search_text, tags, created_at, occurred_at, embedding, embedding_model, thread, seq"
+)
 
 
 def database_location(text: str) -> str:
@@ -106,7 +109,7 @@ async def _copy(src: Any, dst: Any, namespace: str) -> dict[str, int]:
         for old_id, _successor, *values in passages:
             row = await tx.one(
                 f"INSERT INTO passages (namespace, content_key, {PASSAGE_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 (namespace, content_key(values[0]), *values),
             )
             assert row is not None

@@ -47,6 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernmind.input_limits import THREAD_CHARS
 from kernmind.memory.database import Database, PassageFilter, TextHits, Tx, namespace_and_time_sql
 from kernmind.memory.errors import MemoryRefusal
 from kernmind.memory.fulltext import index_text
@@ -55,14 +56,20 @@ from kernmind.memory.texts import TextTable, chunks, marks
 
 MAX_ROW_ID = 2**63 - 1  # SQLite's (and PostgreSQL's bigint) largest integer
 MAX_TAG_CHARS = 100
+MAX_THREAD_CHARS = THREAD_CHARS
 MAX_SUPERSEDES = 100  # ids one insert may supersede
 _SPACES = re.compile(r"\s+")
 
 
 def normalized(content: str) -> str:
-    """The text as duplicates are compared: Unicode-compatible forms (NFKC), case folded,
-    whitespace runs as one space, no leading or trailing space."""
-    return _SPACES.sub(" ", unicodedata.normalize("NFKC", content).casefold()).strip()
+    """The text as duplicates are compared: Unicode-compatible forms (NFKC), without format
+    characters (zero-width space and joiners, byte-order mark, bidirectional marks: category
+    ``Cf``, invisible yet enough to make a copy look new), case folded, whitespace runs as one
+    space, no leading or trailing space."""
+    text = unicodedata.normalize("NFKC", content)
+    if not text.isascii():
+        text = "".join(c for c in text if unicodedata.category(c) != "Cf")
+    return _SPACES.sub(" ", text.casefold()).strip()
 
 
 def content_key(content: str) -> str:
@@ -108,6 +115,29 @@ def normalize_tags(tags: Iterable[str] | None) -> list[str]:
     return list(out)
 
 
+def check_thread(thread: str | None) -> str | None:
+    """A thread label as a caller sent it: stripped; None or blank for none; at most
+    MAX_THREAD_CHARS characters, none of them control or format characters (they would make two
+    labels that look alike differ)."""
+    if thread is None or not thread.strip():
+        return None
+    label = thread.strip()
+    if len(label) > MAX_THREAD_CHARS:
+        raise MemoryRefusal(
+            "thread {start!r}… is {chars} characters; a thread label is at most {max} (a short name for the "
+            "conversation, session or document, e.g. 'call-2024-03-12').",
+            start=label[:20],
+            chars=len(label),
+            max=MAX_THREAD_CHARS,
+        )
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Cn") for c in label):
+        raise MemoryRefusal(
+            "thread {label!r} holds control, format or unassigned characters; use visible characters only.",
+            label=label,
+        )
+    return label
+
+
 def filter_sql(
     namespace: str, where: PassageFilter, *, drive_from_tags: bool = False
 ) -> tuple[str, list[Any]]:
@@ -122,6 +152,9 @@ def filter_sql(
     sql, params = namespace_and_time_sql(namespace, where.start, where.end, "occurred_at")
     if where.hides:
         sql += " AND p.superseded_by IS NULL"
+    if where.thread is not None:
+        sql += " AND p.thread = ?"
+        params.append(where.thread)
     wanted = normalize_tags(where.tags)
     if not wanted:
         return sql, params
@@ -142,12 +175,12 @@ def filter_sql(
     return sql, [*params, *wanted]
 
 
-PASSAGE_COLUMNS = "p.id, p.content, p.tags, p.created_at, p.occurred_at, p.superseded_by"
+PASSAGE_COLUMNS = "p.id, p.content, p.tags, p.created_at, p.occurred_at, p.superseded_by, p.thread, p.seq"
 
 
 def passage_row(r: Sequence[Any], score: float | None = None) -> PassageRow:
     """A row of :data:`PASSAGE_COLUMNS` as a :class:`PassageRow`."""
-    return PassageRow(r[0], r[1], json.loads(r[2]), r[3], r[4], score, r[5])
+    return PassageRow(r[0], r[1], json.loads(r[2]), r[3], r[4], score, r[5], thread=r[6], seq=r[7])
 
 
 @dataclass(slots=True)
@@ -162,6 +195,8 @@ class Stored:
     superseded: list[int] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)  # the stored passage's (a duplicate keeps its own)
     embedded: bool = False  # whether the stored passage has a vector
+    thread: str | None = None
+    seq: int | None = None  # its position in its thread (1, 2, …)
 
 
 class Passages(TextTable):
@@ -198,20 +233,31 @@ class Passages(TextTable):
         return out
 
     async def add_in(self, tx: Tx, item: PassageIn) -> tuple[int, float]:
-        """One passage inside the caller's transaction (which must also bump the generation)."""
+        """One passage inside the caller's transaction (which must also bump the generation); a
+        passage of a thread goes after the thread's last one (``seq``: its position, from 1)."""
         tags = normalize_tags(item.tags)
+        thread = check_thread(item.thread)
         ts = item.created_at if item.created_at is not None else now_ts()
         occurred = item.occurred_at if item.occurred_at is not None else ts
+        seq = None
+        if thread is not None:
+            last = await tx.one(
+                "SELECT max(seq) FROM passages WHERE namespace = ? AND thread = ?", (self.namespace, thread)
+            )
+            seq = int(last[0] or 0) + 1 if last else 1
         row = await tx.one(
             "INSERT INTO passages (namespace, content, search_text, tags, created_at, occurred_at, content_key, "
-            "embedding, embedding_model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            "embedding, embedding_model, thread, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
             (
                 self.namespace, item.content, index_text(item.content), json.dumps(tags), ts, occurred,
-                content_key(item.content), item.embedding, item.embedding_model,
+                content_key(item.content), item.embedding, item.embedding_model, thread, seq,
             ),
         )  # fmt: skip
         assert row is not None
         pid = int(row[0])
+        item.seq = seq
+        if item.embedding is not None and item.embedding_model is not None:
+            self.expect_vector(item.embedding_model, len(item.embedding))
         if tags:
             await tx.many(
                 "INSERT INTO passage_tags (passage_id, namespace, tag) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
@@ -275,20 +321,25 @@ class Passages(TextTable):
 
     # ---------------------------------------------------------------- duplicates and superseding
 
-    async def live_duplicate(self, content: str, tx: Tx | None = None) -> Stored | None:
-        """The oldest live passage whose text equals ``content`` (case and whitespace aside)."""
+    async def live_duplicate(
+        self, content: str, tx: Tx | None = None, thread: str | None = None
+    ) -> Stored | None:
+        """The oldest live passage of ``thread`` (None: of no thread) whose text equals ``content``
+        (:func:`normalized`: case, spacing, Unicode forms and invisible characters aside). Threads
+        are compared apart: a conversation's "Yes!" is not a copy of another conversation's."""
         if tx is None:
             async with self.db.read() as rtx:
-                return await self.live_duplicate(content, rtx)
+                return await self.live_duplicate(content, rtx, thread)
         want = normalized(content)
+        same_thread = "thread IS NULL" if thread is None else "thread = ?"
         rows = await tx.all(
-            "SELECT id, content, tags, created_at, occurred_at, embedding IS NOT NULL FROM passages "
-            "WHERE namespace = ? AND content_key = ? AND superseded_by IS NULL ORDER BY id",
-            (self.namespace, content_key(content)),
+            "SELECT id, content, tags, created_at, occurred_at, embedding IS NOT NULL, thread, seq FROM passages "
+            f"WHERE namespace = ? AND content_key = ? AND superseded_by IS NULL AND {same_thread} ORDER BY id",
+            (self.namespace, content_key(content), *([] if thread is None else [thread])),
         )
         for r in rows:
             if normalized(r[1]) == want:  # the digest narrows; the text decides
-                return Stored(int(r[0]), r[3], r[4], int(r[0]), [], json.loads(r[2]), bool(r[5]))
+                return Stored(int(r[0]), r[3], r[4], int(r[0]), [], json.loads(r[2]), bool(r[5]), r[6], r[7])
         return None
 
     async def store(self, item: PassageIn, supersedes: Sequence[int] = ()) -> Stored:
@@ -297,15 +348,17 @@ class Passages(TextTable):
         holds the text — all in one transaction, or nothing when any id is refused."""
         self.check(item.content)
         wanted = check_ids(supersedes)
+        thread = item.thread = check_thread(item.thread)
         async with self.db.write() as tx:
-            out = await self.live_duplicate(item.content, tx)
+            out = await self.live_duplicate(item.content, tx, thread)
             targets = [i for i in wanted if out is None or i != out.id]  # a passage never supersedes itself
             await self._check_supersedable(tx, targets)
             if out is None:
                 pid, created = await self.add_in(tx, item)
                 out = Stored(
                     pid, created, item.occurred_at if item.occurred_at is not None else created,
-                    tags=normalize_tags(item.tags), embedded=item.embedding is not None,
+                    tags=normalize_tags(item.tags), embedded=item.embedding is not None, thread=thread,
+                    seq=item.seq,
                 )  # fmt: skip
             elif not targets:
                 return out  # nothing written
@@ -366,6 +419,9 @@ class Passages(TextTable):
 
     time_column = "occurred_at"
     hidden_column = "superseded_by"
+    thread_column = "thread"
 
     def facets(self, where: PassageFilter) -> Facets:
-        return Facets(where.tags, where.tag_match_mode == "all", where.start, where.end, where.hides)
+        return Facets(
+            where.tags, where.tag_match_mode == "all", where.start, where.end, where.hides, where.thread
+        )

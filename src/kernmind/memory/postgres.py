@@ -155,12 +155,19 @@ MIGRATIONS: list[str] = [
     CREATE INDEX passages_by_content_key ON passages (namespace, content_key);
     CREATE INDEX passages_superseded ON passages (superseded_by) WHERE superseded_by IS NOT NULL;
     """,
+    # 4: threads (passages.py): the conversation, session or document a passage belongs to and its
+    # position there; duplicates now also ignore format characters (zero-width, BOM), so every
+    # passage's digest is computed again (_fill_content_keys)
+    """
+    ALTER TABLE passages ADD COLUMN thread TEXT, ADD COLUMN seq BIGINT;
+    CREATE INDEX passages_in_thread ON passages (namespace, thread, seq) WHERE thread IS NOT NULL;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
 async def _fill_content_keys(conn: psycopg.AsyncConnection[Any]) -> None:
-    """After migration 3: the duplicate digest of every stored passage (computed in Python, as on insert)."""
+    """After migrations 3 and 4: the duplicate digest of every stored passage (computed in Python, as on insert)."""
     cur = await conn.execute("SELECT id, content FROM passages")
     rows = await cur.fetchall()
     async with conn.cursor() as c:
@@ -172,7 +179,8 @@ async def _fill_content_keys(conn: psycopg.AsyncConnection[Any]) -> None:
 
 # Python steps that run after a migration's SQL, by the version the migration produces.
 AFTER_MIGRATION: dict[int, Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]] = {
-    3: _fill_content_keys
+    3: _fill_content_keys,
+    4: _fill_content_keys,
 }
 
 

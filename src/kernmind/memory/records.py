@@ -107,6 +107,8 @@ class PassageRow:
     score: float | None = None  # search: in [0, 1], higher is better (fusion.py)
     superseded_by: int | None = None  # the passage that replaced it (None: live)
     match: str | None = None  # search: words | meaning | both
+    thread: str | None = None  # the conversation, session or document it belongs to (None: none)
+    seq: int | None = None  # its position in its thread, from 1 (None: no thread)
 
 
 def happened_at(row: PassageRow | MessageRow) -> float:
@@ -124,6 +126,8 @@ class PassageIn:
     embedding: bytes | None = None
     embedding_model: str | None = None
     occurred_at: float | None = None  # None: the same as created_at
+    thread: str | None = None
+    seq: int | None = None  # set by Passages.add_in: the position it got in its thread
 
 
 @dataclass(slots=True)
@@ -135,6 +139,12 @@ class MessageRow:
     created_at: float
     score: float | None = None  # search: in [0, 1], higher is better (fusion.py)
     match: str | None = None  # search: words | meaning | both
+    seq: int | None = None  # its position in its conversation, from 1
+
+    @property
+    def thread(self) -> str:
+        """A conversation is a thread (the same facts as a passage's ``thread``/``seq``)."""
+        return self.conversation_id
 
 
 # --- what the vector index reads from a corpus (vector_index.py) -----------------------------
@@ -154,23 +164,52 @@ class StoredVector:
     blob: bytes  # little-endian float32, L2-normalised
     at: float  # the time filters read: a passage's occurred_at, a message's created_at
     labels: list[str]
+    thread: str | None = None  # a passage's thread, a message's conversation (None: none)
+    seq: int | None = None  # its position in that thread, from 1
 
 
 @dataclass(frozen=True, slots=True)
 class Facets:
     """What a filter asks of a text in the index's terms: any (or all) of some labels, a time
     (``StoredVector.at``) in [start, end), and, with ``live_only``, none of the texts a later
-    one replaced (the corpus's hidden ids: superseded passages)."""
+    one replaced (the corpus's hidden ids: superseded passages); with ``thread``, only the
+    texts of that thread (``StoredVector.thread``)."""
 
     labels: tuple[str, ...] = ()
     all_labels: bool = False
     start: float | None = None
     end: float | None = None
     live_only: bool = False
+    thread: str | None = None
 
     @property
     def narrows(self) -> bool:
-        return bool(self.labels) or self.start is not None or self.end is not None or self.live_only
+        return (
+            bool(self.labels)
+            or self.start is not None
+            or self.end is not None
+            or self.live_only
+            or self.thread is not None
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Neighbour:
+    """The text next to another in its thread: its id, text and position."""
+
+    id: int
+    content: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Neighbours:
+    """A text's previous and next texts in its thread (None: it is the first / the last, or has no thread)."""
+
+    thread: str
+    seq: int
+    previous: Neighbour | None = None
+    next: Neighbour | None = None
 
 
 class VectorSource(Protocol):
@@ -207,8 +246,8 @@ def message_filter_sql(namespace: str, where: MessageFilter) -> tuple[str, list[
     return sql, params
 
 
-MESSAGE_COLUMNS = "p.id, p.conversation_id, p.role, p.content, p.created_at"
+MESSAGE_COLUMNS = "p.id, p.conversation_id, p.role, p.content, p.created_at, p.seq"
 
 
 def message_row(r: Sequence[Any], score: float | None = None) -> MessageRow:
-    return MessageRow(r[0], r[1], r[2], r[3], r[4], score)
+    return MessageRow(r[0], r[1], r[2], r[3], r[4], score, seq=r[5])

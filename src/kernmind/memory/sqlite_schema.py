@@ -200,6 +200,14 @@ MIGRATIONS: list[str] = [
         );
     END;
     """,
+    # 7: threads (passages.py): the conversation, session or document a passage belongs to and its
+    # position there; duplicates now also ignore format characters (zero-width, BOM), so every
+    # passage's digest is computed again (_refill_content_keys)
+    """
+    ALTER TABLE passages ADD COLUMN thread TEXT;
+    ALTER TABLE passages ADD COLUMN seq INTEGER;
+    CREATE INDEX passages_in_thread ON passages (namespace, thread, seq) WHERE thread IS NOT NULL;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -223,10 +231,20 @@ async def _fill_content_keys(db: aiosqlite.Connection) -> None:
     await db.execute("INSERT INTO passages_fts(passages_fts) VALUES ('rebuild')")
 
 
+async def _refill_content_keys(db: aiosqlite.Connection) -> None:
+    """After migration 7: the duplicate digest of every stored passage, under the new rule."""
+    async with db.execute("SELECT id, content FROM passages") as cur:
+        rows = await cur.fetchall()
+    await db.executemany(
+        "UPDATE passages SET content_key = ? WHERE id = ?", [(content_key(c), i) for i, c in rows]
+    )
+
+
 # Python steps that run after a migration's SQL, by the version the migration produces.
 AFTER_MIGRATION: dict[int, Callable[[aiosqlite.Connection], Awaitable[None]]] = {
     2: _fill_search_text,
     6: _fill_content_keys,
+    7: _refill_content_keys,
 }
 
 

@@ -18,6 +18,17 @@ whether fetching the new rows is enough (vector_index.py).
   later — whether a text is hidden from searches (``hidden_column`` not NULL: a superseded
   passage) — is read as a list of ids (:meth:`TextTable.hidden_ids`), which the index reads
   again after every rewrite (writes that hide or reveal texts count as rewrites).
+* Threads: a text may belong to a thread (a passage's ``thread``, a message's conversation:
+  ``thread_column``) at a position (``seq``, from 1, in the order the thread's texts were
+  stored). Both travel with the vector (:class:`StoredVector`), and :meth:`TextTable.neighbours`
+  reads, for a set of texts, the previous and next text of each one's thread in one statement
+  (the ``(namespace, thread, seq)`` index makes each a probe).
+* Vectors that do not fit: every vector of one model has one length. The length the embedder
+  makes is learnt from the vectors written through this table (:meth:`TextTable.expect_vector`),
+  or, before any, from the namespace's most recent vectors of that model. A stored vector of
+  another length (a corrupted row, a partial write by another tool) is left out of what the
+  index reads and counted as missing, so the background backfill embeds its text again
+  (recall.py); :attr:`TextTable.bad_vectors` names those seen, for a note.
 * Rows are looked up by id with the namespace compared on the fetched rows, not in the SQL:
   SQLite, lacking statistics, would otherwise walk the ``(namespace, created_at)`` index over
   the whole namespace instead of looking the ids up (benchmarks/README.md, the search machinery).
@@ -29,13 +40,18 @@ Nothing here refuses anything; database errors propagate.
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from kernmind.memory.database import Database, Tx
-from kernmind.memory.records import Facets, Generation, StoredVector
+from kernmind.memory.records import Facets, Generation, Neighbour, Neighbours, StoredVector
+
+log = logging.getLogger(__name__)
 
 ID_CHUNK = 500  # ids per ``IN (…)`` list
+LENGTH_SAMPLE = 64  # recent vectors whose most common length is the model's, before one is written here
 
 
 class TextTable:
@@ -47,10 +63,58 @@ class TextTable:
     label_column: str  # what filters match besides time: a JSON list of tags, or a role
     time_column: str = "created_at"  # what time filters read
     hidden_column: str | None = None  # not NULL: searches leave the text out unless asked
+    thread_column: str | None = None  # the thread a text belongs to (its position: ``seq``)
 
     def __init__(self, db: Database, namespace: str) -> None:
         self.db = db
         self.namespace = namespace
+        self.vector_bytes: dict[str, int] = {}  # model -> the length of its vectors, in bytes
+        self.bad_vectors: set[int] = set()  # texts whose stored vector has another length (re-embedded)
+
+    def expect_vector(self, model: str, nbytes: int) -> None:
+        """Vectors of ``model`` are ``nbytes`` long: what the embedder just made (see the module docstring)."""
+        if self.vector_bytes.get(model) != nbytes:
+            if model in self.vector_bytes:
+                log.warning(
+                    "%s vectors are now %d bytes, not %d: the others are embedded again",
+                    model,
+                    nbytes,
+                    self.vector_bytes[model],
+                )
+            self.vector_bytes[model] = nbytes
+
+    async def _expected(self, tx: Tx, model: str) -> int | None:
+        """The length of ``model``'s vectors: learnt, or the most common among the latest stored."""
+        if (known := self.vector_bytes.get(model)) is not None:
+            return known
+        rows = await tx.all(
+            f"SELECT length(embedding) FROM {self.table} WHERE namespace = ? AND embedding_model = ? "
+            "AND embedding IS NOT NULL ORDER BY id DESC LIMIT ?",
+            (self.namespace, model, LENGTH_SAMPLE),
+        )
+        if not rows:
+            return None
+        length = Counter(int(r[0]) for r in rows).most_common(1)[0][0]
+        self.vector_bytes.setdefault(model, length)
+        return length
+
+    def _fits(self, pid: int, blob: bytes | None, expected: int | None) -> bool:
+        """Whether a stored vector has the model's length (one that does not is noted as bad)."""
+        if blob is None:
+            return False
+        if expected is None or len(blob) == expected:
+            return True
+        if pid not in self.bad_vectors:
+            log.warning(
+                "%s %d has a stored vector of %d bytes where its model's are %d: left out of meaning "
+                "search and embedded again",
+                self.table,
+                pid,
+                len(blob),
+                expected,
+            )
+            self.bad_vectors.add(pid)
+        return False
 
     def labels(self, value: Any) -> list[str]:
         """A row's ``label_column`` as labels."""
@@ -93,8 +157,22 @@ class TextTable:
             row = await tx.one(f"SELECT count(*) FROM {self.table} WHERE namespace = ?", (self.namespace,))
         return int(row[0]) if row else 0
 
+    def _vector_columns(self, prefix: str = "") -> str:
+        """The columns :meth:`_stored` reads (``prefix``: the table's alias and a dot)."""
+        thread = (
+            f"{prefix}{self.thread_column}, {prefix}seq" if self.thread_column is not None else "NULL, NULL"
+        )
+        return f"{prefix}id, {prefix}embedding, {prefix}{self.time_column}, {prefix}{self.label_column}, {thread}"
+
     def _stored(self, row: Sequence[Any]) -> StoredVector:
-        return StoredVector(row[0], bytes(row[1]), row[2], self.labels(row[3]))
+        return StoredVector(
+            row[0],
+            bytes(row[1]),
+            row[2],
+            self.labels(row[3]),
+            row[4],
+            None if row[5] is None else int(row[5]),
+        )
 
     async def hidden_ids(self) -> list[int]:
         if self.hidden_column is None:
@@ -108,26 +186,36 @@ class TextTable:
 
     async def vectors_after(self, model: str, after_id: int) -> list[StoredVector]:
         async with self.db.read() as tx:
+            expected = await self._expected(tx, model)
             rows = await tx.all(
-                f"SELECT id, embedding, {self.time_column}, {self.label_column} FROM {self.table} WHERE namespace = ? "
+                f"SELECT {self._vector_columns()} FROM {self.table} WHERE namespace = ? "
                 "AND embedding_model = ? AND embedding IS NOT NULL AND id > ? ORDER BY id",
                 (self.namespace, model, after_id),
             )
-        return [self._stored(r) for r in rows]
+        return [self._stored(r) for r in rows if self._fits(r[0], r[1], expected)]
 
     async def vector_ids(self, model: str) -> list[int]:
         async with self.db.read() as tx:
+            expected = await self._expected(tx, model)
             rows = await tx.all(
-                f"SELECT id FROM {self.table} WHERE namespace = ? AND embedding_model = ? AND embedding IS NOT NULL",
+                f"SELECT id, length(embedding) FROM {self.table} WHERE namespace = ? AND embedding_model = ? "
+                "AND embedding IS NOT NULL",
                 (self.namespace, model),
             )
-        return [r[0] for r in rows]
+        return [r[0] for r in rows if expected is None or r[1] == expected or not self._note_bad(r[0])]
+
+    def _note_bad(self, pid: int) -> bool:
+        """Note a text whose vector does not fit (its length alone was read); False."""
+        self.bad_vectors.add(pid)
+        return False
 
     async def vectors_of(self, model: str, ids: Sequence[int]) -> list[StoredVector]:
-        columns = f"p.id, p.embedding, p.{self.time_column}, p.{self.label_column}, p.embedding_model"
-        rows = await self.rows_by_id(columns, ids)
+        rows = await self.rows_by_id(f"{self._vector_columns('p.')}, p.embedding_model", ids)
+        async with self.db.read() as tx:
+            expected = await self._expected(tx, model)
         return sorted(
-            (self._stored(r) for r in rows if r[4] == model and r[1] is not None), key=lambda v: v.id
+            (self._stored(r) for r in rows if r[6] == model and self._fits(r[0], r[1], expected)),
+            key=lambda v: v.id,
         )
 
     async def count_vectors(self, model: str) -> int:
@@ -140,22 +228,63 @@ class TextTable:
         return int(row[0]) if row else 0
 
     async def missing_vectors(self, model: str, limit: int) -> list[tuple[int, str]]:
-        """Texts without a vector of ``model`` (none yet, or one from another model)."""
+        """Texts without a vector of ``model`` (none yet, one from another model, or one whose
+        length does not fit the model's)."""
         async with self.db.read() as tx:
+            expected = await self._expected(tx, model)
+            misfit, args = ("", []) if expected is None else (" OR length(embedding) <> ?", [expected])
             rows = await tx.all(
                 f"SELECT id, content FROM {self.table} WHERE namespace = ? AND (embedding IS NULL OR "
-                "embedding_model IS NULL OR embedding_model <> ?) ORDER BY id LIMIT ?",
-                (self.namespace, model, limit),
+                f"embedding_model IS NULL OR embedding_model <> ?{misfit}) ORDER BY id LIMIT ?",
+                (self.namespace, model, *args, limit),
             )
         return [(r[0], r[1]) for r in rows]
 
     async def set_vectors(self, rows: Sequence[tuple[int, bytes]], model: str) -> None:
+        if rows:
+            self.expect_vector(model, len(rows[-1][1]))  # what the embedder makes now
         async with self.db.write() as tx:
             await tx.many(
                 f"UPDATE {self.table} SET embedding = ?, embedding_model = ? WHERE id = ? AND namespace = ?",
                 [(blob, model, pid, self.namespace) for pid, blob in rows],
             )
             await self.bump_generation(tx, rewrite=True)
+        self.bad_vectors.difference_update(pid for pid, _ in rows)
+
+    async def neighbours(self, ids: Sequence[int]) -> dict[int, Neighbours]:
+        """For each of ``ids`` that belongs to a thread, the text before and after it there (id,
+        text, position; superseded passages included: they were said). Ids of other namespaces,
+        of no thread or unknown are left out."""
+        if self.thread_column is None or not ids:
+            return {}
+        t = self.thread_column
+        near = (
+            f"(SELECT q.id FROM {self.table} q WHERE q.namespace = p.namespace AND q.{t} = p.{t} "
+            "AND q.seq {op} p.seq ORDER BY q.seq {order} LIMIT 1)"
+        )
+        before, after = near.format(op="<", order="DESC"), near.format(op=">", order="ASC")
+        found: list[tuple[Any, ...]] = []
+        async with self.db.read() as tx:
+            for chunk in chunks(ids):
+                found += await tx.all(
+                    f"SELECT p.id, p.{t}, p.seq, {before}, {after} FROM {self.table} p "
+                    f"WHERE p.id IN ({marks(chunk)}) AND p.namespace = ? AND p.{t} IS NOT NULL",
+                    (*chunk, self.namespace),
+                )
+            wanted = list({n for r in found for n in r[3:] if n is not None})
+            texts: dict[int, tuple[str, int]] = {}
+            for chunk in chunks(wanted):
+                rows = await tx.all(
+                    f"SELECT id, content, seq FROM {self.table} WHERE id IN ({marks(chunk)})", chunk
+                )
+                texts.update((int(r[0]), (r[1], int(r[2]))) for r in rows)
+
+        def neighbour(pid: int | None) -> Neighbour | None:
+            if pid is None or pid not in texts:
+                return None
+            return Neighbour(int(pid), *texts[pid])
+
+        return {int(r[0]): Neighbours(r[1], int(r[2]), neighbour(r[3]), neighbour(r[4])) for r in found}
 
 
 def chunks(ids: Sequence[int]) -> list[list[int]]:

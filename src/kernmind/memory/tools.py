@@ -63,6 +63,7 @@ from kernmind.memory.store import MemoryStore
 from kernmind.principals import LOCAL, Principal, current_principal
 from kernmind.refusals import Unavailable
 from kernmind.sdk_compat import lowlevel_server, registered_tool_names, session_connection, subscription_bus
+from kernmind.supervise import task_group as supervised_group
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class MemoryTools:
             self._embedder.model if self._embedder is not None else "off",
         )
         try:
-            async with anyio.create_task_group() as background:
+            async with supervised_group("memory") as background:  # a failed backfill ends alone
                 self._background = background
                 background.start_soon(self._warm_up, self._embedder)
                 await self._add_space(root)

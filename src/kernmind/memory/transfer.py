@@ -7,7 +7,9 @@ times), passages (id, content, tags, when stored, when the fact occurred, and th
 passage that superseded it, if any) and recorded conversations (each with its messages:
 role, text, tool-call details, time), optionally every block's history. Format version 2
 added the passages' ``id``, ``occurred_at`` and ``superseded_by``; a version-1 document
-imports as before (occurred_at = created_at, every passage live). Passage ids only tie
+imports as before (occurred_at = created_at, every passage live). Format version 3 added each
+passage's ``thread`` and its position there (``seq``): an import appends a thread's passages to
+that thread in the order of their ``seq`` (after any it already holds here). Passage ids only tie
 ``superseded_by`` to its passage inside the document: an import assigns new ids and links
 each imported passage to the new id of its successor.
 Conversations keep their ids, so importing the same export twice adds them once.
@@ -19,7 +21,8 @@ Error policy
 ------------
 A document that is not an export, an invalid label, a block larger than this server's
 ceiling, a block whose label exists (unless ``overwrite``, or it is an untouched
-default block), a passage id given twice, or ``superseded_by`` links that loop are refused
+default block), a passage id given twice, an invalid thread label, or ``superseded_by`` links
+that loop are refused
 with :class:`MemoryRefusal`; nothing is imported then.
 """
 
@@ -31,12 +34,12 @@ from typing import Any
 from kernmind.memory import blocks as rules
 from kernmind.memory.conversations import check_roles
 from kernmind.memory.errors import MemoryRefusal, Verb
-from kernmind.memory.passages import normalize_tags
+from kernmind.memory.passages import check_thread, normalize_tags
 from kernmind.memory.records import PassageIn, iso, now_ts, parse_when
 from kernmind.memory.store import MemoryStore
 
 FORMAT = "kernmind-memory"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 
 async def export_namespace(store: MemoryStore, *, with_history: bool = False) -> dict[str, Any]:
@@ -68,6 +71,8 @@ async def export_namespace(store: MemoryStore, *, with_history: bool = False) ->
                 "created_at": iso(p.created_at),
                 "occurred_at": iso(p.occurred_at),
                 "superseded_by": p.superseded_by,
+                "thread": p.thread,
+                "seq": p.seq,
             }
             for p in passages
         ],
@@ -127,12 +132,14 @@ async def import_namespace(
             [str(t) for t in p.get("tags") or []],
             parse_when(str(p["created_at"])) if p.get("created_at") else None,
             occurred_at=parse_when(str(p["occurred_at"])) if p.get("occurred_at") else None,
+            thread=check_thread(str(p["thread"])) if p.get("thread") is not None else None,
         )
         for p in docs
     ]
     for item in items:
         passages.check(item.content)
     doc_ids, successors = supersede_links(docs)
+    order = thread_order(items, [p.get("seq") for p in docs])
     async with store.db.write() as tx:
         for b in doc.get("blocks") or []:
             label = str(b["label"])
@@ -172,7 +179,8 @@ async def import_namespace(
             stats["blocks_replaced"] += 1
         new_ids: dict[int, int] = {}  # document id -> id here
         added: set[int] = set()  # document ids of passages this import adds
-        for doc_id, item in zip(doc_ids, items, strict=True):
+        for i in order:
+            doc_id, item = doc_ids[i], items[i]
             item.tags = normalize_tags(item.tags)
             twin = None
             if item.created_at is not None:
@@ -208,6 +216,25 @@ async def import_namespace(
             stats["conversations_added"] += 1
         await store.conversations.bump_generation(tx)
     return stats
+
+
+def thread_order(items: list[PassageIn], seqs: list[Any]) -> list[int]:
+    """The order to add passages in: the document's, except that each thread's passages take that
+    thread's places in the order of their ``seq`` (passages without one stay where they are)."""
+    places: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        if item.thread is not None:
+            places.setdefault(item.thread, []).append(i)
+    order = list(range(len(items)))
+
+    def position(i: int) -> tuple[int, int]:
+        seq = seqs[i]
+        return (seq, i) if isinstance(seq, int) and not isinstance(seq, bool) else (2**62, i)
+
+    for spots in places.values():
+        for spot, i in zip(spots, sorted(spots, key=position), strict=True):
+            order[spot] = i
+    return order
 
 
 def supersede_links(docs: list[Any]) -> tuple[list[int | None], dict[int, int]]:
