@@ -28,6 +28,7 @@ from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.principals import TokenFile
 from tests.conftest import structured
+from tests.execution.sandbox import name_makers
 from tests.transport.procs import HttpServer, http_client, start_http, wait_until
 
 SUPPORT = CgroupSupport.detect()
@@ -42,7 +43,10 @@ pytestmark = [
 needs_groups = pytest.mark.skipif(not GROUPS, reason=f"no control groups here: {SUPPORT.reason}")
 
 MIB = 2**20
-LIMITS = ["--memory-mb", "300", "--workspace-mb", "60", "--max-processes", "64", "--timeout", "60"]
+LIMITS = [
+    *("--memory-mb", "300", "--workspace-mb", "60", "--workspace-files", "20000"),
+    *("--max-processes", "64", "--timeout", "60"),
+]
 # No preloads: with 300 MiB the fork-server template would drop them anyway (they use over half).
 FLAGS = ["--sandbox", "required", "--preload", "[]", "--embedding-model", "none", *LIMITS]
 
@@ -286,7 +290,11 @@ async def test_a_fork_bomb_stays_in_its_session(deployment: Deployment, alice: C
 # A new file of a session over its quota: not created where the creation guard holds running
 # kernels (``creation_guard.py``), else created empty and not grown.
 REFUSED_WRITE = "Disk quota exceeded" if Sandbox.detect("auto").guard is not None else "File too large"
-WRITE_150 = "import os\nfd = os.open('f{i}', os.O_WRONLY | os.O_CREAT)\nos.write(fd, b'\\1' * 150 * 2**20)"
+# (closed however the write ends: a file deleted while still open keeps counting, held_files.py)
+WRITE_150 = (
+    "import os\nfd = os.open('f{i}', os.O_WRONLY | os.O_CREAT)\n"
+    "try:\n    os.write(fd, b'\\1' * 150 * 2**20)\nfinally:\n    os.close(fd)"
+)
 
 
 async def files_mib(client: Client, session: str) -> float:
@@ -384,6 +392,95 @@ async def test_over_the_quota_no_directories_links_or_preallocation_grow_it(alic
     assert any("back under its 60 MiB quota" in n for n in cleaned["notes"]), cleaned
     again = await run(alice, "mkdir d1 && touch d1/x && ls d1", session, "bash")
     assert "".join(again["logs"]["stdout"]).strip() == "x" and again["notes"] == [], again
+
+
+async def list_row(client: Client, session: str) -> dict[str, Any]:
+    rows = structured(await client.call_tool("list_sessions", {}))["sessions"]
+    return next(r for r in rows if r["session_id"] == session)
+
+
+async def check_blocked_then_cleaned(client: Client, session: str, clean: str) -> None:
+    """The next write is refused; cleaning up (``clean``) brings the session back under."""
+    refused = await run(client, "open('after.txt', 'w').write('x')", session)
+    assert refused["status"] == "error" and REFUSED_WRITE in refused["error"]["value"], refused
+    cleaned = await run(client, clean, session)
+    assert any("back under its 60 MiB quota" in n for n in cleaned["notes"]), cleaned
+    again = await run(client, "open('after.txt', 'w').write('fits')", session)
+    assert again["status"] == "ok" and again["notes"] == [], again
+
+
+async def test_a_burst_of_directories_and_long_links_is_counted_and_the_next_write_refused(
+    alice: Client,
+) -> None:
+    """The red team's 40,000 directories and 40,000 symbolic links with 4,000-byte targets, scaled
+    down: 8,000 of each hold no byte of file data but 64 MiB of disk blocks, past 60 MiB."""
+    session = "dir-burst"
+    burst = "import os\nfor i in range(8000):\n    os.mkdir(f'd{i}')\n    os.symlink('x' * 4000, f'l{i}')"
+    note = over_note(await run(alice, burst, session))
+    assert "in the working directory" in note, note
+    assert (await list_row(alice, session))["workspace_bytes"] > 60 * MIB
+    clean = "import os\nfor i in range(8000):\n    os.rmdir(f'd{i}'); os.remove(f'l{i}')"
+    await check_blocked_then_cleaned(alice, session, clean)
+
+
+async def test_many_empty_files_hit_the_names_cap(alice: Client) -> None:
+    """25,000 empty files take no block but 25,000 inodes: past ``--workspace-files 20000``."""
+    session = "names"
+    make = "import os\nfor i in range(25000):\n    os.close(os.open(f'e{i}', os.O_CREAT | os.O_WRONLY))"
+    out = await run(alice, make, session)
+    notes = [n for n in out["notes"] if "(--workspace-files)" in n]
+    assert len(notes) == 1 and "over its 20,000" in notes[0], out["notes"]
+    clean = "import os\nfor i in range(25000):\n    os.remove(f'e{i}')"
+    await check_blocked_then_cleaned(alice, session, clean)
+
+
+async def test_files_deleted_while_open_and_o_tmpfile_files_count(alice: Client) -> None:
+    """40 MiB in an ``O_TMPFILE`` file and 30 MiB in a file deleted while open: no name in the
+    working directory, 70 MiB of disk held by the kernel's descriptors."""
+    session = "held"
+    hold = (
+        "import os\nheld = []\n"
+        "fd = os.open('.', os.O_TMPFILE | os.O_RDWR, 0o600)\nos.write(fd, b'\\1' * 40 * 2**20)\n"
+        "held.append(fd)\n"
+        "fd = os.open('gone', os.O_CREAT | os.O_RDWR, 0o600)\nos.write(fd, b'\\2' * 30 * 2**20)\n"
+        "os.remove('gone')\nheld.append(fd)\nos.listdir('.')"
+    )
+    out = await run(alice, hold, session)
+    assert out["results"][0]["text"] == "[]", out  # nothing with a name
+    note = over_note(out)
+    assert "that its processes still hold open" in note, note
+    await check_blocked_then_cleaned(alice, session, "import os\nfor fd in held:\n    os.close(fd)")
+
+
+async def test_io_uring_is_off_and_no_name_is_made_over_the_quota_from_python_or_bash(alice: Client) -> None:
+    """``name_makers.PROBE`` from the session's running Python kernel (the creation guard) and from
+    bash (a sandbox started over the quota: the stricter filter); io_uring fails under and over."""
+    session = "families"
+    for tag in ("u", "o", "bu", "bo"):
+        setup = f"KM_PROBE_TAG={tag} python3 - <<'KMEOF'\n{name_makers.SETUP}\nKMEOF"
+        assert (await run(alice, setup, session, "bash"))["status"] == "ok"
+
+    async def probe(tag: str, language: str) -> dict[str, str]:
+        if language == "bash":
+            code = f"export KM_PROBE_TAG={tag}\npython3 - <<'KMEOF'\n{name_makers.PROBE}\nKMEOF"
+        else:
+            code = f"import os\nos.environ['KM_PROBE_TAG'] = '{tag}'\n{name_makers.PROBE}"
+        out = await run(alice, code, session, language)
+        return name_makers.parse("".join(out["logs"]["stdout"]))
+
+    under = [await probe("u", "python"), await probe("bu", "bash")]
+    over_note(await run(alice, WRITE_70, session))
+    over = [await probe("o", "python"), await probe("bo", "bash")]
+    for out in under:
+        assert all(out[f] == "ok" for f in name_makers.FAMILIES), out
+    for out in over:
+        for family in name_makers.FAMILIES:
+            assert out[family] == ("ENOSYS" if family.startswith("openat2") else "EDQUOT"), (family, out)
+    for out in under + over:
+        assert all(out[call] == "ENOSYS" for call in name_makers.IO_URING), out
+    names = "import os\nprint(' '.join(sorted(n for n in os.listdir('.') if n[:2] in ('o_', 'bo'))))"
+    made = "".join((await run(alice, names, session))["logs"]["stdout"]).split()
+    assert made == sorted(f"{t}_{n}" for t in ("o", "bo") for n in ("existing", "moved_from", "xattr_target"))
 
 
 JAVA_MKDIR = (

@@ -19,7 +19,8 @@
   the session's limits, so every sandbox it starts joins the session's group.
 - **Progress**: about once a second, the latest output line (or elapsed time).
 - **Closing**: ``close_session`` cancels the call's scope; the result is ``SessionClosed``
-  (``ServerShuttingDown`` when an orderly server stop interrupted it, ``Executor.stop_calls``).
+  (``ServerShuttingDown`` when an orderly server stop interrupted it, ``Executor.stop_calls``;
+  ``PrincipalRevoked`` when its principal was revoked, ``Executor.end_principal``).
 - **Client cancellation** (or server shutdown): the code is interrupted, then the
   cancellation propagates.
 - **The result**: one place turns what the call produced into a ``RunResult``: status,
@@ -228,7 +229,11 @@ async def _watch_quota(call: Call, limit: int, before: int | None, *, first: flo
         await anyio.sleep_forever()
     while call.session.workspace is None:  # noqa: ASYNC110 (an interpreter is being made ready; its directory comes with it)
         await anyio.sleep(QUOTA_PERIOD)
-    baseline = before
+    limits = call.session.limits
+    baseline: tuple[int, int] | None = None
+    if before is not None:
+        names = limits.measured_names if limits is not None else None
+        baseline = (before, names if names is not None else 0)
     pause = first
     while True:
         await anyio.sleep(pause)
@@ -237,14 +242,14 @@ async def _watch_quota(call: Call, limit: int, before: int | None, *, first: flo
         if workspace is None:
             continue
         t = time.perf_counter()
-        tree, accounted = await workspace.ausage_parts()
+        # Bytes of every kind of inode, with the unnamed files its processes hold, and the names.
+        usage = await workspace_quota.sample(limits, workspace)
         took = time.perf_counter() - t
         if baseline is None:
-            baseline = min(tree + accounted, limit)
+            baseline = (min(usage[0], limit), min(usage[1], workspace_quota.files_cap(limits)))
         # Stop code that grows the directory past the limit, not code that merely runs
         # while it is over (so a call that deletes files, or only reads them, still works).
-        if tree + accounted > max(limit, baseline):
-            raise QuotaExceeded(tree + accounted, limit)
+        workspace_quota.check_growth(usage, limits, limit, baseline)
         await anyio.sleep(max(0.0, 4 * took))
 
 
@@ -286,9 +291,11 @@ async def _result(
         assert call.session.limits is not None
         status, state_preserved = "error", False
         collector.set_error("MemoryLimitExceeded", call.session.limits.memory_note(runner.language), "")
-    elif stop == "closed" and call.session.stopped_because and not call.session.closed:
-        status, state_preserved = "error", interrupted  # the server interrupted it: see stop_calls
-        collector.set_error("ServerShuttingDown", call.session.stopped_because, "")
+    elif stop == "closed" and call.session.stopped_because:
+        # The server stopped it and says why: an orderly stop (``Executor.stop_calls``), or a
+        # revoked principal (``Executor.end_principal``: its sessions are ended, not kept running).
+        status, state_preserved = "error", False if call.session.closed else interrupted
+        collector.set_error(call.session.stopped_as, call.session.stopped_because, "")
     elif stop == "closed":
         status, state_preserved = "error", False
         collector.set_error(

@@ -153,10 +153,12 @@ class SessionLimits:
     writes_blocked: bool = False
     # Where there is no group: the roots of the session's long-lived process trees, by owner.
     roots: dict[str, list[int]] = field(default_factory=dict)
-    # The workspace quota's last measurement (bytes, with the runtime directory) and the io mark
-    # taken with it (see ``quota.py``).
+    # The workspace quota's last measurement (bytes, with the runtime directory and the files
+    # held open without a name) and the io mark taken with it (see ``quota.py``).
     measured: int | None = None
     measured_io: IoMark | None = None
+    measured_names: int | None = None  # names (inodes) with it, for ``--workspace-files``
+    measured_held: int = 0  # of ``measured``: unlinked files its processes hold (held_files.py)
     _oom_seen: int = 0
     _group_failed: bool = False
 

@@ -69,13 +69,21 @@ class WorkspaceError(Refusal, ValueError):
 class QuotaExceeded(Exception):
     """Code filled its working directory past the workspace limit."""
 
-    def __init__(self, used: int, limit: int) -> None:
+    def __init__(self, used: int, limit: int, *, names: int = 0, names_limit: int = 0) -> None:
         super().__init__(used, limit)
         self.used = used
         self.limit = limit
+        self.names = names  # set when it is the number of names (--workspace-files) that went over
+        self.names_limit = names_limit
 
     def message(self) -> str:
         mib = 1024 * 1024
+        if self.names_limit:
+            return (
+                f"the code made the session's files {self.names:,} names (files, directories, links), past its "
+                f"{self.names_limit:,} (--workspace-files), and was stopped; creating files is blocked until "
+                "some are deleted."
+            )
         return (
             f"the code grew the session's files to {self.used // mib} MiB, past its {self.limit // mib} MiB "
             "workspace quota (--workspace-mb), and was stopped; writing files is blocked until files are "
