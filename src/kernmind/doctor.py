@@ -263,6 +263,8 @@ def _print_text(report: dict[str, Any]) -> None:
         line("  runs as", sb["runs_as"])
         line("  limits", ", ".join(f"{k}={v}" for k, v in sb["limits"].items()))
         line("  disk quota", sb["quota"])
+        line("  quota counts", sb.get("quota_counts"))
+        line("  io_uring", sb.get("io_uring"))
         line("  create guard", sb.get("creation_guard"))
         gpu = sb.get("gpu")
         line("  gpu", f"{len(gpu['devices'])} NVIDIA device(s) passed through" if gpu else "none")

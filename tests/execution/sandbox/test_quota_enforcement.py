@@ -232,3 +232,12 @@ def test_where_no_filter_can_be_loaded_doctor_names_the_gap() -> None:
     described = bare.describe()
     assert described["seccomp"] is None
     assert "no seccomp filter" in str(described["quota"]) and "raise its own" in str(described["quota"])
+
+
+def test_doctor_says_how_the_quota_is_counted_and_whether_io_uring_is_off() -> None:
+    counts = str(SANDBOX.describe()["quota_counts"])
+    assert "every file, directory, link" in counts and "--workspace-files" in counts and "O_TMPFILE" in counts
+    bare = Sandbox("none", "disabled with --sandbox none", allow_network=True)
+    assert str(bare.describe()["io_uring"]).startswith("not filtered")
+    if SANDBOX.seccomp is not None:
+        assert str(SANDBOX.describe()["io_uring"]).startswith("off in every sandbox")

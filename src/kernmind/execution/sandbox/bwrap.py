@@ -81,6 +81,15 @@ _probe_outcomes: dict[tuple[object, ...], str | None] = {}
 
 Backend = Literal["bwrap", "none"]
 
+# How the workspace quota is measured (``quota.py``): by counting; no file system enforces it.
+QUOTA_COUNTS = (
+    "counting, after and before every call and every 0.5 s while code runs: the disk blocks of every file, "
+    "directory, link and special file in the working directory and /run/kernmind, their number "
+    "(--workspace-files), and files deleted while open or made with O_TMPFILE (the session's processes' "
+    "/proc/<pid>/fd); no per-session file system or project quota enforces it (one burst may pass "
+    "before the count that finds it over)"
+)
+
 
 class SandboxUnavailable(RuntimeError):
     """Isolation was required but cannot be provided on this machine."""
@@ -322,7 +331,7 @@ class Sandbox:
     def _with_rlimits(self, argv: list[str], limits: Limits, uid: int | None) -> list[str]:
         return with_rlimits(argv, limits.rlimits(self._nproc(limits, uid)), self.prlimit)
 
-    def quota_enforcement(self) -> str:
+    def quota_enforcement(self) -> str:  # what stops a session over its quota (QUOTA_COUNTS: what counts)
         """How a session over its workspace quota is held back here (``kernmind doctor``)."""
         if self.seccomp is not None:
             held = (
@@ -366,6 +375,12 @@ class Sandbox:
                 else f"off: {self.guard_problem}"
             ),
             "quota": self.quota_enforcement(),
+            "quota_counts": QUOTA_COUNTS,
+            "io_uring": (
+                "off in every sandbox (seccomp: io_uring_setup, io_uring_enter, io_uring_register fail)"
+                if self.seccomp
+                else "not filtered (no seccomp filter here): the host's kernel.io_uring_disabled decides"
+            ),
             "limits": {
                 "memory_mb": self.limits.memory_mb,
                 "cpu_seconds": self.limits.cpu_seconds,
