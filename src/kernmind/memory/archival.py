@@ -8,8 +8,14 @@ Design
 * Meaning comes from recall.py: a passage is embedded when stored (the bundled local
   model by default, or an OpenAI-compatible endpoint), and a search fuses the full-text and
   vector rankings. Passages stored without a vector are embedded in the background.
-* An empty query lists the newest passages (``mode: "recent"``); a query with no searchable
-  words (only emoji or punctuation) matches nothing and says so.
+* An empty query lists the newest passages (``mode: "recent"``), and with a time range or a
+  thread it lists that range's passages in the order they happened (``mode: "time"``: by
+  ``occurred_at``, or a thread's order), paged, with a note naming the next page; a query with
+  no searchable words (only emoji or punctuation) matches nothing and says so.
+* Threads: an insert may name the ``thread`` (a conversation, session or document) it belongs
+  to; its passages keep their order (passages.py), searches can filter on one, and exact
+  duplicates are judged within a thread. A thread records what was said, so its passages are
+  not compared for near-duplicates.
 * Time: a passage has ``occurred_at``, when its fact happened or was said (the caller's ISO
   date or datetime; default: when it is stored), and ``start_datetime`` / ``end_datetime``
   filter on it, not on when it was stored.
@@ -28,7 +34,10 @@ Error policy
 ------------
 Bad arguments (empty or oversized content, malformed dates, unknown ids, superseding a passage
 that is already superseded) raise ``MemoryRefusal`` with what to do instead, and nothing is
-stored; an unavailable embedder never fails a call (it only skips the near-duplicate check).
+stored; an unavailable or failing embedder never fails a call (the passage is stored without a
+vector, embedded later), nor does a failing near-duplicate check (the insert's note says it was
+skipped); a stored vector of the wrong length is left out of meaning search, with a note, and
+embedded again (texts.py).
 """
 
 from __future__ import annotations
@@ -57,7 +66,7 @@ SNIPPET_CHARS = 80
 @dataclass(slots=True)
 class SearchOutcome:
     results: list[PassageRow]
-    mode: Literal["bm25", "hybrid", "recent"]
+    mode: Literal["bm25", "hybrid", "recent", "time"]
     note: str | None = None
 
 
@@ -257,11 +266,60 @@ class Archive:
         )
         offset = page * top_k
         if not query.strip():
-            return SearchOutcome(await self.passages.search_text("", where, top_k, offset), "recent")
+            if where.start is not None or where.end is not None or where.thread is not None:
+                return await self._browse(where, top_k, page)
+            rows = await self.passages.search_text("", where, top_k, offset)
+            return SearchOutcome(rows, "recent", RECENT_NOTE if rows else None)
         if not query_terms(query):
             return SearchOutcome([], "bm25", NO_TERMS_NOTE)
         ranked = await self.recall.rank(query, where, top_k, offset)
-        return SearchOutcome(ranked.rows, ranked.mode, ranked.note)
+        return SearchOutcome(ranked.rows, ranked.mode, _joined(ranked.note, self._misfit_note()))
+
+    async def _browse(self, where: PassageFilter, top_k: int, page: int) -> SearchOutcome:
+        """No query, a time range or a thread: its passages in the order they happened, a page at a
+        time, and a note saying where this page is and how to get the next one."""
+        rows = await self.passages.browse(where, top_k + 1, page * top_k)
+        more, rows = len(rows) > top_k, rows[:top_k]
+        what = f"thread {where.thread!r}" if where.thread is not None else "this time range"
+        if where.start is not None or where.end is not None:
+            what += " in this time range" if where.thread is not None else ""
+        if not rows:
+            note = f"No passage of {what} on page {page}" + (
+                "; the earlier pages hold them all." if page else "."
+            )
+            return SearchOutcome([], "time", note)
+        first = page * top_k + 1
+        order = "the thread's order" if where.thread is not None else "the order they happened (occurred_at)"
+        note = f"Passages {first}–{first + len(rows) - 1} of {what}, in {order}"
+        note += (
+            f"; more follow: call archival_memory_search again with the same arguments and page={page + 1}."
+            if more
+            else "; that is all of them."
+        )
+        return SearchOutcome(rows, "time", note)
+
+    def _misfit_note(self) -> str | None:
+        """A note when stored vectors did not fit the model (texts.py): those passages are embedded
+        again in the background (the backlog flag wakes the backfill)."""
+        bad = len(self.passages.bad_vectors)
+        if not bad:
+            return None
+        self.recall.backlog = True
+        return (
+            f"{bad} stored vector{'s' if bad > 1 else ''} did not fit the embedding model (another length): "
+            f"left out of meaning search and being embedded again in the background; full text finds "
+            f"{'those passages' if bad > 1 else 'that passage'} meanwhile."
+        )
+
+
+RECENT_NOTE = (
+    "An empty query lists the newest passages. Give a query to search, or start_datetime/end_datetime "
+    "or thread (with an empty query) to read passages in the order they happened."
+)
+
+
+def _joined(*notes: str | None) -> str | None:
+    return " ".join(n for n in notes if n) or None
 
 
 def _ids(ids: Sequence[int]) -> str:

@@ -102,8 +102,9 @@ class ArchivalInsertResult(BaseModel):
 
 class ArchivalSearchResult(BaseModel):
     results: list[Passage] = Field(description="best first")
-    mode: Literal["bm25", "hybrid", "recent"] = Field(
-        description="bm25: full text; hybrid: full text fused with embeddings; recent: empty query, newest first"
+    mode: Literal["bm25", "hybrid", "recent", "time"] = Field(
+        description="bm25: full text; hybrid: full text fused with embeddings; recent: empty query, newest "
+        "first; time: empty query with a date range or thread, in the order the passages happened"
     )
     note: str | None = Field(
         default=None,
@@ -258,12 +259,22 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
             "passages with only some of the words; with embeddings configured it also ranks by meaning. "
             "Filters (tags, dates) apply before top_k and paging; the dates are when the facts happened "
             "(occurred_at). Passages replaced by newer ones (superseded) are left out unless "
-            "include_superseded is true. An empty query lists the newest passages."
+            "include_superseded is true. An empty query with start_datetime/end_datetime or thread lists those "
+            "passages in the order they happened (a thread: in its order), paged; with neither, the newest."
         ),
         annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
     )
     async def archival_memory_search(
-        query: Annotated[str, Field(description="What to look for.", max_length=limits.QUERY_CHARS)],
+        query: Annotated[
+            str,
+            Field(
+                description=(
+                    "What to look for; leave it out (or empty) with a date range or thread to list those "
+                    "passages in order."
+                ),
+                max_length=limits.QUERY_CHARS,
+            ),
+        ] = "",
         tags: Annotated[
             list[str] | None, Field(description="Only passages with these tags.", max_length=limits.TAGS)
         ] = None,

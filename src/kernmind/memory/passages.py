@@ -402,6 +402,20 @@ class Passages(TextTable):
                 ),
             )
 
+    async def browse(self, where: PassageFilter, limit: int, offset: int = 0) -> list[PassageRow]:
+        """The passages that pass ``where`` in the order they happened: by ``occurred_at`` (a stored
+        passage's is when it was stored), or, within one thread, in the thread's order (``seq``);
+        ties by id. Scores are None."""
+        conditions, params = filter_sql(self.namespace, where, drive_from_tags=bool(where.tags))
+        order = "p.seq, p.occurred_at, p.id" if where.thread is not None else "p.occurred_at, p.id"
+        async with self.db.read() as tx:
+            rows = await tx.all(
+                f"SELECT {PASSAGE_COLUMNS} FROM passages p WHERE 1 = 1{conditions} ORDER BY {order} "
+                "LIMIT ? OFFSET ?",
+                (*params, limit, offset),
+            )
+        return [passage_row(r) for r in rows]
+
     async def search_text(
         self, query: str, where: PassageFilter, limit: int, offset: int = 0
     ) -> list[PassageRow]:
