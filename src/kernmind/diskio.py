@@ -29,6 +29,13 @@ mislead the server, and a full disk can neither stop it nor leave half a file:
   needs to start (its connection file: the call that deletes the big file must be able to
   run) still fit. It is taken back once space returns.
 
+- **Faults for tests.** With ``KERNMIND_TEST_DISK_FAULTS=FILE`` in the server's environment
+  (only tests set it), every ``read_file``, ``write_file`` and ``append_line`` first reads
+  FILE, a JSON object such as ``{"write */meta.json": "EIO", "append *": "ENOSPC"}``: an
+  operation (``read``, ``write``, ``append``) and a glob on the full path, mapped to the errno
+  to fail with. A write fails half-way (after half its bytes are written, as a disk that fills
+  up does), a read before it starts. Without the variable the check costs one comparison.
+
 Error policy: ``read_file``, ``write_file`` and ``append_line`` raise ``OSError`` (never
 leaving a temporary file or a partial line behind); ``StorageError`` (a
 :class:`~kernmind.refusals.Refusal`) carries a sentence for the model, answered by the error
@@ -40,6 +47,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
+import json
 import logging
 import os
 import secrets
@@ -64,6 +73,8 @@ _SQLITE_CODES = {13: "the disk is full", 10: "the disk reported an I/O error", 8
 _SQLSTATES = {"53100": "the disk is full", "58030": "the disk reported an I/O error"}
 
 SAFE_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+FAULTS_VARIABLE = "KERNMIND_TEST_DISK_FAULTS"
+_FAULTS_FILE = os.environ.get(FAULTS_VARIABLE) or None
 
 
 class StorageError(Refusal, ValueError):
@@ -117,6 +128,37 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
+def injected_fault(operation: str, path: Path) -> OSError | None:
+    """The error a test asked ``operation`` on ``path`` to fail with (see "Faults for tests")."""
+    if _FAULTS_FILE is None:
+        return None
+    try:
+        with open(_FAULTS_FILE, "rb") as rules_file:
+            rules = json.loads(rules_file.read() or b"{}")
+    except (OSError, ValueError):
+        return None
+    for rule, name in rules.items():
+        op, _, pattern = str(rule).partition(" ")
+        if op == operation and fnmatch.fnmatchcase(str(path), pattern):
+            number = getattr(errno, str(name), errno.EIO)
+            return OSError(number, os.strerror(number), str(path))
+    return None
+
+
+def _write_all(fd: int, data: bytes | memoryview, fault: OSError | None) -> int:
+    """Write every byte of ``data`` (``fault``: fail after half of them); the count written."""
+    view = memoryview(data)
+    if fault is not None:
+        half = view[: len(view) // 2]
+        while half:
+            half = half[os.write(fd, half) :]
+        raise fault
+    total = len(view)
+    while view:
+        view = view[os.write(fd, view) :]
+    return total
+
+
 def _open_regular(path: Path, flags: int, mode: int = 0o600) -> int:
     """Open ``path`` without following a link or blocking; refuse what is not a regular file."""
     try:
@@ -136,6 +178,8 @@ def _open_regular(path: Path, flags: int, mode: int = 0o600) -> int:
 
 def read_file(path: Path, limit: int) -> bytes:
     """At most ``limit`` bytes of the regular file ``path`` (``NotAFile`` for anything else)."""
+    if (fault := injected_fault("read", path)) is not None:
+        raise fault
     fd = _open_regular(path, os.O_RDONLY)
     try:
         chunks, left = [], limit
@@ -168,9 +212,7 @@ def write_file(path: Path, data: bytes, *, sync: bool = True) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, data, injected_fault("write", path))
             if sync:
                 os.fsync(fd)
         finally:
@@ -201,7 +243,8 @@ def append_line(path: Path, line: bytes) -> tuple[int, int]:
     try:
         before = os.fstat(fd).st_size
         try:
-            written = os.write(fd, line)
+            fault = injected_fault("append", path)
+            written = os.write(fd, line) if fault is None else _write_all(fd, line, fault)
             if written != len(line):
                 raise OSError(errno.ENOSPC, "short write", str(path))
         except OSError:
