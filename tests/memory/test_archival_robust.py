@@ -10,9 +10,11 @@ import pytest
 from mcp import Client
 
 from kernmind.memory.archival import Archive
+from kernmind.memory.conversations import search_messages
 from kernmind.memory.database import PassageFilter
 from kernmind.memory.embeddings import to_blob
 from kernmind.memory.passages import normalized
+from kernmind.memory.recall import Recall
 from kernmind.memory.store import MemoryStore
 from kernmind.server import create_server
 
@@ -141,3 +143,27 @@ async def test_invisible_characters_do_not_make_a_duplicate_new(tmp_path: Path, 
         other = await ok(client, "archival_memory_insert", content="Ana likes teas")
         assert other["duplicate_of"] is None
     assert normalized(copy) == "ana likes tea"
+
+
+async def test_a_misfit_message_vector_fails_no_conversation_search(tmp_path: Path) -> None:
+    location = db_location(tmp_path)
+    async with MemoryStore(location) as store:
+        recall = Recall(store.conversations, ConceptEmbedder(), what="messages")
+        cid = await store.conversations.start()
+        for note in NOTES:
+            vector = await recall.vector_for(note)
+            await store.conversations.add(
+                cid, "user", note, embedding=vector.blob, embedding_model=vector.model
+            )
+    settings = make_settings(tmp_path, db=location)
+    [(bad,)] = await run_sql(settings, "SELECT id FROM messages WHERE content = ?", NOTES[0])
+    await run_sql(settings, "UPDATE messages SET embedding = ? WHERE id = ?", to_blob([1.0, 0.0]), bad)
+    async with MemoryStore(location) as store:
+        recall = Recall(store.conversations, ConceptEmbedder(), what="messages")
+        out = await search_messages(recall, store.conversations, "automobile vehicle")
+        assert out.mode == "hybrid" and out.note is not None and "did not fit" in out.note
+        out = await search_messages(recall, store.conversations, "red car")
+        assert bad in [r.id for r in out.results]
+        assert await recall.backfill_batch() == 1
+        out = await search_messages(recall, store.conversations, "automobile vehicle")
+        assert out.note is None and out.results[0].id == bad

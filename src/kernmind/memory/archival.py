@@ -273,7 +273,9 @@ class Archive:
         if not query_terms(query):
             return SearchOutcome([], "bm25", NO_TERMS_NOTE)
         ranked = await self.recall.rank(query, where, top_k, offset)
-        return SearchOutcome(ranked.rows, ranked.mode, _joined(ranked.note, self._misfit_note()))
+        return SearchOutcome(
+            ranked.rows, ranked.mode, _joined(ranked.note, self.passages.misfit_note(self.recall, "passages"))
+        )
 
     async def _browse(self, where: PassageFilter, top_k: int, page: int) -> SearchOutcome:
         """No query, a time range or a thread: its passages in the order they happened, a page at a
@@ -297,19 +299,6 @@ class Archive:
             else "; that is all of them."
         )
         return SearchOutcome(rows, "time", note)
-
-    def _misfit_note(self) -> str | None:
-        """A note when stored vectors did not fit the model (texts.py): those passages are embedded
-        again in the background (the backlog flag wakes the backfill)."""
-        bad = len(self.passages.bad_vectors)
-        if not bad:
-            return None
-        self.recall.backlog = True
-        return (
-            f"{bad} stored vector{'s' if bad > 1 else ''} did not fit the embedding model (another length): "
-            f"left out of meaning search and being embedded again in the background; full text finds "
-            f"{'those passages' if bad > 1 else 'that passage'} meanwhile."
-        )
 
 
 RECENT_NOTE = (

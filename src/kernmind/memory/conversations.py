@@ -216,4 +216,5 @@ async def search_messages(
     if not query_terms(query):
         return MessageSearch([], "bm25", NO_TERMS_NOTE)
     ranked = await recall.rank(query, where, limit, 0)
-    return MessageSearch(ranked.rows, ranked.mode, ranked.note)
+    misfit = conversations.misfit_note(recall, "messages")
+    return MessageSearch(ranked.rows, ranked.mode, " ".join(n for n in (ranked.note, misfit) if n) or None)

@@ -43,10 +43,13 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernmind.memory.database import Database, Tx
 from kernmind.memory.records import Facets, Generation, Neighbour, Neighbours, StoredVector
+
+if TYPE_CHECKING:
+    from kernmind.memory.recall import Recall
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,22 @@ class TextTable:
         length = Counter(int(r[0]) for r in rows).most_common(1)[0][0]
         self.vector_bytes.setdefault(model, length)
         return length
+
+    def misfit_note(self, recall: Recall, what: str) -> str | None:
+        """What a search says while stored vectors that did not fit wait to be embedded again
+        (``what``: the texts, e.g. "passages"), waking ``recall``'s backfill; None when there are none."""
+        bad = len(self.bad_vectors)
+        if not bad:
+            return None
+        if not recall.backlog:
+            recall.backlog = True
+            if (wake := getattr(recall, "wake", None)) is not None:  # Recall.wake: issue 32, ranking's part
+                wake()
+        return (
+            f"{bad} stored vector{'s' if bad > 1 else ''} of {what} did not fit the embedding model (another "
+            f"length): left out of meaning search and being embedded again in the background; full text "
+            f"finds {'those' if bad > 1 else 'that one'} meanwhile."
+        )
 
     def _fits(self, pid: int, blob: bytes | None, expected: int | None) -> bool:
         """Whether a stored vector has the model's length (one that does not is noted as bad)."""
@@ -195,19 +214,14 @@ class TextTable:
         return [self._stored(r) for r in rows if self._fits(r[0], r[1], expected)]
 
     async def vector_ids(self, model: str) -> list[int]:
+        """Ids of the texts with a vector of ``model`` (from the index on the model alone: a vector
+        that does not fit is listed, and left out when :meth:`vectors_of` reads it)."""
         async with self.db.read() as tx:
-            expected = await self._expected(tx, model)
             rows = await tx.all(
-                f"SELECT id, length(embedding) FROM {self.table} WHERE namespace = ? AND embedding_model = ? "
-                "AND embedding IS NOT NULL",
+                f"SELECT id FROM {self.table} WHERE namespace = ? AND embedding_model = ? AND embedding IS NOT NULL",
                 (self.namespace, model),
             )
-        return [r[0] for r in rows if expected is None or r[1] == expected or not self._note_bad(r[0])]
-
-    def _note_bad(self, pid: int) -> bool:
-        """Note a text whose vector does not fit (its length alone was read); False."""
-        self.bad_vectors.add(pid)
-        return False
+        return [r[0] for r in rows]
 
     async def vectors_of(self, model: str, ids: Sequence[int]) -> list[StoredVector]:
         rows = await self.rows_by_id(f"{self._vector_columns('p.')}, p.embedding_model", ids)
