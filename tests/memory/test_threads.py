@@ -19,7 +19,16 @@ from kernmind.memory.store import MemoryStore
 from kernmind.memory.transfer import export_namespace, import_namespace
 from kernmind.server import create_server
 
-from .conftest import EmbeddingServer, another_db_location, db_location, make_settings, ok, refused, run_sql
+from .conftest import (
+    EmbeddingServer,
+    another_db_location,
+    db_location,
+    make_settings,
+    ok,
+    on_postgres,
+    refused,
+    run_sql,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -202,3 +211,30 @@ async def test_an_older_database_gains_threads_and_the_new_duplicate_rule(tmp_pa
         stored = await store.passages.store(PassageIn("Ben: hi", thread="t"))
         assert (stored.thread, stored.seq) == ("t", 1)
     assert (await run_sql(make_settings(tmp_path, db=str(path)), "SELECT count(*) FROM passages"))[0][0] == 2
+
+
+async def test_an_older_postgres_database_gains_threads(tmp_path: Path) -> None:
+    if not on_postgres():
+        pytest.skip("the SQLite twin is test_an_older_database_gains_threads_and_the_new_duplicate_rule")
+    import psycopg
+
+    from kernmind.memory.postgres import MIGRATIONS as PG_MIGRATIONS
+
+    url = db_location(tmp_path)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kernmind_schema (version INTEGER NOT NULL)")
+        for version, script in enumerate(PG_MIGRATIONS[:3], start=1):
+            conn.execute(script)  # type: ignore[arg-type]
+            conn.execute("INSERT INTO kernmind_schema (version) VALUES (%s)", (version,))
+        conn.execute("INSERT INTO namespaces (namespace, created_at) VALUES ('default', 0)")
+        conn.execute(
+            "INSERT INTO passages (namespace, content, created_at, occurred_at, content_key) "
+            "VALUES ('default', 'Ana likes tea', 1, 1, 'an old digest')"
+        )
+    async with MemoryStore(url) as store:
+        [row] = await store.passages.all()
+        assert row.thread is None and row.seq is None
+        dup = await store.passages.store(PassageIn("\ufeffAna likes\u200b TEA"))
+        assert dup.duplicate_of == row.id
+        stored = await store.passages.store(PassageIn("Ben: hi", thread="t"))
+        assert (stored.thread, stored.seq) == ("t", 1)
