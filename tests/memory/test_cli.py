@@ -12,6 +12,7 @@ import pytest
 
 from kernmind.cli import main
 from kernmind.memory import query_cache
+from kernmind.memory.archival import Archive
 from kernmind.memory.database import PassageFilter
 from kernmind.memory.embeddings import StaticEmbedder
 from kernmind.memory.recall import Recall
@@ -350,3 +351,24 @@ def test_search_from_the_shell_shows_superseded_passages_when_asked(
     )
     out = capsys.readouterr().out
     assert f"superseded by #{ids['oslo']}" in out and "2022-04-15T" in out
+
+
+def test_search_from_the_shell_reads_a_thread_in_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = db_location(tmp_path)
+
+    async def fill() -> None:
+        async with MemoryStore(db) as store:
+            archive = Archive(store.passages)
+            for turn in ["Ana: hello", "Ben: hi there", "Ana: bye"]:
+                await archive.insert(turn, thread="call-7")
+            await archive.insert("Ana: hello from elsewhere", thread="call-8")
+
+    anyio.run(fill)
+    capsys.readouterr()
+    assert main(["memory", "search", "", "--thread", "call-7", "--db", db, "--embedding-model", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "ranked by time" in out and "elsewhere" not in out
+    assert out.index("Ana: hello") < out.index("Ben: hi there") < out.index("Ana: bye")
+    assert "thread call-7 #2" in out

@@ -3,7 +3,7 @@
 Usage::
 
     kernmind memory show [LABEL]                 every block (a table), or one block's value
-    kernmind memory search QUERY [--top-k N] [--tag T …] [--include-superseded]
+    kernmind memory search QUERY [--top-k N] [--tag T …] [--include-superseded] [--thread T]
     kernmind memory export [-o FILE] [--with-history]
     kernmind memory import FILE|- [--replace]
     kernmind memory migrate --from sqlite:PATH --to postgresql://… [--agent NAME]
@@ -85,6 +85,9 @@ def add_parser(sub: Any, settings_flags: argparse.ArgumentParser) -> None:
     search.add_argument(
         "--include-superseded", action="store_true", help="also show passages that newer ones replaced"
     )
+    search.add_argument(
+        "--thread", help="only passages of this thread (with an empty QUERY: the thread in order)"
+    )
     export = actions.add_parser("export", parents=[settings_flags], help="write the namespace as JSON")
     export.add_argument("-o", "--output", help="write here instead of stdout")
     export.add_argument("--with-history", action="store_true", help="include every block's change history")
@@ -125,7 +128,12 @@ async def _show(settings: Settings, label: str | None) -> str:
 
 
 async def _search(
-    settings: Settings, query: str, top_k: int, tags: list[str] | None, include_superseded: bool = False
+    settings: Settings,
+    query: str,
+    top_k: int,
+    tags: list[str] | None,
+    include_superseded: bool = False,
+    thread: str | None = None,
 ) -> str:
     async with MemoryStore.from_settings(settings) as store:
         embedder = with_query_cache(make_embedder(settings))
@@ -140,7 +148,9 @@ async def _search(
                 anything = PassageFilter(include_superseded=True)
                 if not await store.passages.search_text("", anything, 1):
                     archive = Archive(store.passages, None)  # nothing to compare a meaning with
-            out = await archive.search(query, tags=tags, top_k=top_k, include_superseded=include_superseded)
+            out = await archive.search(
+                query, tags=tags, top_k=top_k, include_superseded=include_superseded, thread=thread
+            )
         finally:
             if embedder is not None:
                 await embedder.aclose()
@@ -150,7 +160,10 @@ async def _search(
         tag_text = f"  tags {', '.join(r.tags)}" if r.tags else ""
         stored = f"  (stored {iso(r.created_at)})" if r.occurred_at != r.created_at else ""
         replaced = f"  superseded by #{r.superseded_by}" if r.superseded_by is not None else ""
-        lines.append(f"\n#{r.id}  {iso(r.occurred_at)}{stored}{score}{tag_text}{replaced}\n{r.content}")
+        thread = f"  thread {r.thread} #{r.seq}" if r.thread is not None else ""
+        lines.append(
+            f"\n#{r.id}  {iso(r.occurred_at)}{stored}{score}{tag_text}{thread}{replaced}\n{r.content}"
+        )
     return "\n".join(lines)
 
 
@@ -209,7 +222,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             print(anyio.run(_show, settings, args.label))
             return 0
         if args.action == "search":
-            print(anyio.run(_search, settings, args.query, args.top_k, args.tags, args.include_superseded))
+            print(
+                anyio.run(
+                    _search, settings, args.query, args.top_k, args.tags, args.include_superseded, args.thread
+                )
+            )
             return 0
         if args.action == "export":
             return _run_export(args, settings)
