@@ -158,3 +158,14 @@ async def test_the_watch_ends_a_revoked_key_without_a_request(tmp_path: Path) ->
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
     assert ended == [("alice", revoked_sentence("alice")), ("bob", revoked_sentence("bob"))]
+
+
+def test_a_key_no_file_ever_named_is_not_revoked(tmp_path: Path) -> None:
+    """A principal made in-process (tests, the server's own callers) is not refused because a
+    tokens file is in force: only a key the file records as revoked, or one the watch saw go."""
+    file = TokenFile(tmp_path / "tokens.json")
+    file.add("alice", [])
+    with in_force(TokenFile(file.path)) as tokens:
+        assert revoked(Principal("stranger")) is None
+        tokens.ended.add("stranger")  # (what the watch does when a live key disappears)
+        assert revoked(Principal("stranger")) == revoked_sentence("stranger")

@@ -134,6 +134,8 @@ class TokenFile:
     _by_digest: dict[str, Principal] = field(default_factory=dict, repr=False)
     _entries: list[dict[str, Any]] = field(default_factory=list, repr=False)
     _revoked: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    # Keys a live entry held while a server watched this file and none holds now (revocation.py).
+    ended: set[str] = field(default_factory=set, repr=False)
 
     # --- reading ---------------------------------------------------------------------
     def entries(self) -> list[dict[str, Any]]:
@@ -483,22 +485,25 @@ def in_force(tokens: TokenFile) -> Iterator[TokenFile]:
 def revoked(who: Principal | str) -> str | None:
     """Why ``who`` (a principal, or the data key its sessions and jobs are kept under) may no
     longer act: a sentence (``revoked_sentence``) when a tokens file in force no longer names its
-    key; None while it may (always for the local user and the ``--token`` principal, and when
-    no tokens file is in force). Each call looks at the file (a ``stat``), so a revocation counts
-    from the next check on, not from the watch's next turn."""
+    key and either records it as revoked or named it earlier while the server ran (the watch's
+    ``ended``); None while it may: always for the local user and the ``--token`` principal,
+    for a key no file in force ever named, and when no tokens file is in force. Each call looks
+    at the file (a ``stat``), so a revocation counts from the next check on, not from the
+    watch's next turn."""
     owner = who.owner if isinstance(who, Principal) else who
     if owner in (LOCAL.owner, SHARED_TOKEN.owner) or not _IN_FORCE:
         return None
-    name = None
-    for tokens in list(_IN_FORCE):
-        try:
+    files = list(_IN_FORCE)
+    for tokens in files:
+        with contextlib.suppress(TokenFileError):  # never read yet (not once in force): the last look
             tokens.refresh()
-        except TokenFileError:  # never read yet (cannot happen once in force): trust the last look
-            pass
         if owner in tokens.live_owners():
             return None
-        name = name or tokens.revoked_name(owner)
-    return revoked_sentence(name or principal_keeping(owner).name)
+    for tokens in files:
+        name = tokens.revoked_name(owner)
+        if name is not None or owner in tokens.ended:
+            return revoked_sentence(name or principal_keeping(owner).name)
+    return None
 
 
 def is_revoked(who: Principal | str) -> bool:

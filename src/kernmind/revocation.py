@@ -64,6 +64,7 @@ async def _revocation_turn(tokens: TokenFile, seen: set[str], on_revoked: OnRevo
         await anyio.sleep(REVOCATION_SETTLE)
         tokens.refresh()
         gone -= tokens.live_owners()
+    tokens.ended = (tokens.ended | gone) - tokens.live_owners()  # (principals.revoked reads it)
     for owner in sorted(gone):
         name = tokens.revoked_name(owner) or principal_keeping(owner).name
         log.warning("principal %r (data key %r) was revoked: ending what runs for it", name, owner)

@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskGroup
 
+from kernmind import principals
 from kernmind.budget import Budget
 from kernmind.config import Settings
 from kernmind.diskio import Reserve
@@ -88,6 +89,7 @@ from kernmind.execution.sessions.jobs import Job, Jobs
 from kernmind.execution.sessions.registry import LOCAL_OWNER, SessionError, SessionRegistry
 from kernmind.execution.sessions.session import DEFAULT_SESSION, Hooks, Session, check_session_id
 from kernmind.execution.supervisor import Progress, supervise
+from kernmind.revocation import watch_revocations
 
 if TYPE_CHECKING:
     from kernmind.execution.kernels.extras import KernelExtras
@@ -216,6 +218,7 @@ class Executor:
                 new_layer=self._new_layer,
             )
         self._calls: set[Session] = set()  # sessions whose call runs now (``stop_calls``)
+        self.sessions.refusal = principals.revoked  # a revoked principal's calls are refused
         self.jobs = Jobs(
             settings.jobs_dir,
             new_collector=lambda: OutputCollector.of(settings),
@@ -300,6 +303,8 @@ class Executor:
                 await self.pool.run(tg)
                 await self.sessions.run_reaper(tg)
                 tg.start_soon(self._settle_heap)
+                tokens = self.settings.tokens_file or principals.default_tokens_file(self.settings.data_dir)
+                tg.start_soon(watch_revocations, tokens, self.end_principal)
                 try:
                     yield self
                 finally:
@@ -351,14 +356,14 @@ class Executor:
             f"unknown language {language[:40]!r}; available: {', '.join(self.available_languages())}."
         )
 
-    def session_summaries(self, owner: str | None = LOCAL_OWNER) -> list[dict[str, Any]]:
-        """Every session of ``owner`` (every owner's when None: an admin's view; blocking: it reads the store)."""
+    async def session_summaries(self, owner: str | None = LOCAL_OWNER) -> list[dict[str, Any]]:
+        """Every session of ``owner`` (every owner's when None: an admin's view)."""
 
         def execution_count(session: Session) -> int | None:
             kernel = PythonRunner.kernel_of(session)
             return kernel.execution_count if kernel else None
 
-        return self.sessions.summaries(owner, execution_count)
+        return await self.sessions.summaries(owner, execution_count)
 
     def time_limit(self, requested: float | None, *, background: bool = False) -> tuple[float, list[str]]:
         """The call's time limit, and a note when the request was lowered to the maximum."""
@@ -499,6 +504,28 @@ class Executor:
         if session.limits is None:
             session.limits = SessionLimits(self.cgroups, self.sandbox.limits)
         return session.limits
+
+    async def end_principal(self, owner: str, why: str) -> None:
+        """A revoked principal (``revocation.py``): everything that runs under its data key
+        ``owner`` ends now, each result saying ``why`` (error ``PrincipalRevoked``): its calls
+        (``--stateless`` ones too), its sessions' kernels and processes (without saving: that
+        would run its code; files and earlier saves stay), and its background jobs (their
+        records say so). New calls of it are refused (``registry.refusal``)."""
+        error = principals.REVOKED_ERROR
+        calls = [s for s in list(self._calls) if s.owner == owner and s.running is not None]
+        for session in calls:  # (before any await: each sees why it stops when it wakes)
+            session.stopped_because, session.stopped_as = why, error
+            assert session.running is not None
+            session.running.cancel()
+        sessions = await self.sessions.end_owner(owner, why, error)
+        jobs = await self.jobs.stop_owner(owner, why, error)
+        log.warning(
+            "ended what ran for the revoked key %r: %d calls, %d sessions, %d jobs",
+            owner,
+            len(calls),
+            sessions,
+            jobs,
+        )
 
     def stop_calls(self, why: str = SERVER_STOPPING) -> int:
         """An orderly server stop (transport/drain.py): interrupt every call that runs now, so

@@ -15,26 +15,22 @@ Design
   call, one a background job holds, and one without a stored home (its files would be lost).
 - A refusal names only the caller's sessions and says what to do; a refusal by the
   server-wide bound says that it is the server's bound, without naming anyone else's.
-- ``Caps`` decides (pure bookkeeping); ``MakingRoom``, which the session registry inherits,
-  acts: ``--stateless`` slots, the early check a background job makes before it starts, and
-  the unloading of a session to make room (a load of that session waits until it is done, so
-  it never finds its home still locked by this very server).
+- ``Caps`` decides (pure bookkeeping, no state of the registry's); the session registry acts
+  on what it says: ``--stateless`` slots, the early check a background job makes before it
+  starts, and the unloading of a session to make room (through its one unloading path, so a
+  load of that session waits until it is done and never finds its home still locked by this
+  very server).
 
 Error policy: refusals are ``SessionError`` (a ``ValueError``) with a sentence.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
-
-import anyio
+from typing import Protocol, TypeVar
 
 from kernmind.execution.errors import SessionError
-
-log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (owner, session id)
 
@@ -134,54 +130,3 @@ def _lru(session: LiveSession) -> float:
 
 def _names(sessions: Mapping[Key, LiveSession], reserved: set[Key], owner: str) -> list[str]:
     return sorted({sid for who, sid in (*sessions, *reserved) if who == owner})
-
-
-class MakingRoom:
-    """The registry's side of the caps (``SessionRegistry`` inherits it): slots, early checks and
-    unloading a session to make room, while a load of that session waits until it is done."""
-
-    caps: Caps
-    sessions: dict[Key, Any]
-    jobs: dict[Key, str]
-    _unloading: dict[Key, anyio.Event]
-
-    async def unload(self, session: Any) -> None:
-        raise NotImplementedError
-
-    def check_room(self, owner: str, sid: str | None) -> None:
-        """Refuse now (``SessionError``) when a session ``sid`` (a stateless slot: None) of ``owner``
-        could not be had, even by unloading an idle session: for background jobs, before they start."""
-        key = (owner, sid) if sid is not None else None
-        if key is not None and (key in self.sessions or key in self.jobs):
-            return
-        self.caps.room(self.sessions, self.jobs, owner, key)
-
-    def take_slot(self, owner: str) -> None:
-        """A ``--stateless`` call or job starts: count it against ``owner`` (``SessionError`` at a cap;
-        a stateless server has no live sessions to unload). ``give_slot`` when it ends."""
-        self.caps.room(self.sessions, self.jobs, owner, None)
-        self.caps.slots[owner] = self.caps.slots.get(owner, 0) + 1
-
-    def give_slot(self, owner: str) -> None:
-        left = self.caps.slots.get(owner, 0) - 1
-        if left > 0:
-            self.caps.slots[owner] = left
-        else:
-            self.caps.slots.pop(owner, None)
-
-    def _start_unloading(self, victim: Any) -> None:
-        """Take ``victim`` out of the live sessions now (it no longer counts; a call that waits for
-        it sees it closed and waits for the unloading to end before loading it again)."""
-        self.sessions.pop(victim.key, None)
-        victim.closed = True
-        self._unloading[victim.key] = anyio.Event()
-
-    async def _make_room(self, victim: Any) -> None:
-        log.info(
-            "unloading idle session %r of %r to make room (its variables are saved)", victim.id, victim.owner
-        )
-        victim.pending_notes.clear()
-        try:
-            await self.unload(victim)
-        finally:
-            self._unloading.pop(victim.key).set()

@@ -91,6 +91,7 @@ class Job:
     # Only for a job running in this server (a record read back has neither).
     scope: anyio.CancelScope | None = field(default=None, repr=False)
     done: anyio.Event | None = field(default=None, repr=False)
+    stopped_as: str = "JobCancelled"  # the error name of its result when it is cancelled (``stop_owner``)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -252,7 +253,7 @@ class Jobs:
             result.logs, result.results, result.truncated = c.logs(), c.results, c.truncated
         result.error = None
         data = result.model_dump(mode="json", by_alias=True)
-        data["error"] = {"name": "JobCancelled", "value": job.note or "cancelled", "traceback": ""}
+        data["error"] = {"name": job.stopped_as, "value": job.note or "cancelled", "traceback": ""}
         return data
 
     async def cancel(self, job_id: str, *, owner: str) -> Job:
@@ -265,6 +266,30 @@ class Jobs:
             with anyio.move_on_after(30):
                 await job.done.wait()
         return job
+
+    async def stop_owner(self, owner: str, why: str, error: str, *, grace: float = 1.0) -> int:
+        """A revoked principal: its running jobs end saying ``why`` (their records too). Each has
+        ``grace`` seconds to end by itself (its session was ended: its result then says ``error``:
+        ``why``), then it is cancelled (its output so far, with that error). Returns how many ran."""
+        running = [
+            j
+            for j in list(self.jobs.values())
+            if j.owner == owner and j.done is not None and not j.done.is_set()
+        ]
+        for job in running:
+            job.note, job.stopped_as = why, error
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(grace):
+                for job in running:
+                    assert job.done is not None
+                    await job.done.wait()
+            for job in running:
+                assert job.scope is not None and job.done is not None
+                if not job.done.is_set():
+                    job.scope.cancel()
+                    with anyio.move_on_after(15):
+                        await job.done.wait()
+        return len(running)
 
     async def stop_all(self) -> None:
         """Server stop: cancel running jobs and wait until each has recorded itself."""

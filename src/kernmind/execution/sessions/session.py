@@ -72,6 +72,7 @@ class Session:
     new_layer: Callable[[], Layer] | None = field(default=None, repr=False)
     running: anyio.CancelScope | None = None  # the call in progress
     stopped_because: str | None = None  # why the server interrupted the call (``Executor.stop_calls``)
+    stopped_as: str = "ServerShuttingDown"  # the error name of that result (``PrincipalRevoked``: revoked)
     limits: SessionLimits | None = field(default=None, repr=False)  # its control group, its write block
 
     @property

@@ -42,6 +42,7 @@ from kernmind.execution.runners.python import LANGUAGE
 from kernmind.execution.sessions.postgres_rows import SessionRecord, SessionRows
 from kernmind.execution.sessions.registry import LOCAL_OWNER, SessionError, SessionRegistry
 from kernmind.execution.sessions.session import Session, check_session_id
+from kernmind.supervise import keeps_running
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class SharedSessionRegistry(SessionRegistry):
         await self.records.open()
         tg.start_soon(self._reap_loop)
 
+    @keeps_running  # a supervised group restarts it if it ever fails (supervise.py)
     async def _reap_loop(self) -> None:
         period = max(0.5, min(60.0, self.idle_timeout / 4))
         while True:
@@ -149,6 +151,7 @@ class SharedSessionRegistry(SessionRegistry):
         sid = check_session_id(session_id)
         while True:
             self.refuse_if_job(owner, sid, job_id)
+            self.refuse_owner(owner)
             session = self.sessions.get((owner, sid))
             if session is None:
                 session = self.sessions[(owner, sid)] = Session(sid, self._new_workspace, owner=owner)
@@ -235,6 +238,17 @@ class SharedSessionRegistry(SessionRegistry):
         record.execution_count = kernel.execution_count if alive else 0
         record.workdir = self.workspaces.name_of(session.workspace) if session.workspace else None
         await self.records.save(record)
+
+    async def end_owner(self, owner: str, why: str, error: str) -> int:
+        """A revoked principal: the calls running here in its sessions are interrupted and answer
+        ``error``: ``why``; its sessions' kernels stay on the gateway for the other replicas (the
+        idle reaping stops them), and every replica refuses its calls (``refuse_owner``)."""
+        running = [s for s in list(self.sessions.values()) if s.owner == owner and s.running is not None]
+        for s in running:
+            s.stopped_because, s.stopped_as = why, error
+            assert s.running is not None
+            s.running.cancel()
+        return len(running)
 
     # --- closing ----------------------------------------------------------------------
     async def close(self, session_id: str, *, owner: str = LOCAL_OWNER) -> bool:

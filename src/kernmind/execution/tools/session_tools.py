@@ -196,7 +196,7 @@ def register(server: MCPServer, ex: Executor, run_result_content: Content) -> No
     ) -> SessionList:
         caller = principal_of(ctx)
         owner = None if caller.admin else caller.owner
-        rows = await off_loop(lambda: ex.session_summaries(owner), timeout=None)
+        rows = await ex.session_summaries(owner)  # (a copy taken on the loop; the store read on a thread)
         budget = Budget.of(settings)  # many sessions (an admin sees every owner's): a page at a time
         budget.spend(LISTING_ENVELOPE_CHARS)
         sessions: list[SessionSummary] = []
