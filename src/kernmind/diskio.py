@@ -1,7 +1,7 @@
 """The server's own bookkeeping files: safe reads, whole-or-nothing writes, disk errors in words.
 
-Every part that keeps files of its own (a stored session's meta and history, job records)
-reads and writes them through here, so that what is on the disk can neither hang nor
+Every part that keeps files of its own (a stored session's meta and history, job records,
+the tokens file it reads) reads and writes them through here, so that what is on the disk can neither hang nor
 mislead the server, and a full disk can neither stop it nor leave half a file:
 
 - **Reads never follow a link and never wait.** ``read_file`` opens with ``O_NOFOLLOW`` and
@@ -159,10 +159,12 @@ def _write_all(fd: int, data: bytes | memoryview, fault: OSError | None) -> int:
     return total
 
 
-def _open_regular(path: Path, flags: int, mode: int = 0o600) -> int:
-    """Open ``path`` without following a link or blocking; refuse what is not a regular file."""
+def _open_regular(path: Path, flags: int, mode: int = 0o600, *, follow_links: bool = False) -> int:
+    """Open ``path`` without following a link (unless asked) or blocking; refuse what is not a
+    regular file."""
+    nofollow = 0 if follow_links else os.O_NOFOLLOW
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+        fd = os.open(path, flags | nofollow | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW on a symbolic link
             raise NotAFile(errno.ELOOP, f"{path.name} is a symbolic link", str(path)) from None
@@ -176,11 +178,13 @@ def _open_regular(path: Path, flags: int, mode: int = 0o600) -> int:
     return fd
 
 
-def read_file(path: Path, limit: int) -> bytes:
-    """At most ``limit`` bytes of the regular file ``path`` (``NotAFile`` for anything else)."""
+def read_file(path: Path, limit: int, *, follow_links: bool = False) -> bytes:
+    """At most ``limit`` bytes of the regular file ``path`` (``NotAFile`` for anything else).
+    ``follow_links``: a symbolic link to a regular file is read too (a file an operator may
+    link, such as the tokens file); a FIFO or a device is still refused without waiting."""
     if (fault := injected_fault("read", path)) is not None:
         raise fault
-    fd = _open_regular(path, os.O_RDONLY)
+    fd = _open_regular(path, os.O_RDONLY, follow_links=follow_links)
     try:
         chunks, left = [], limit
         while left > 0:

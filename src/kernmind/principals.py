@@ -64,6 +64,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernmind.diskio import read_file
+
 log = logging.getLogger(__name__)
 
 SCOPE_KEY = "kernmind.principal"  # where the HTTP middleware leaves the caller in the ASGI scope
@@ -162,7 +164,8 @@ class TokenFile:
         if stamp == self._stamp or (stamp == self._bad and not strict):
             return
         try:
-            entries, revoked = _parse(self.path.read_bytes(), self.path)
+            # never waits (a FIFO planted here hung the event loop), never more than 64 MiB
+            entries, revoked = _parse(read_file(self.path, 1 << 26, follow_links=True), self.path)
         except (OSError, TokenFileError) as exc:
             self._bad = stamp  # (read again, and logged again, once it changes)
             self._unusable(exc, strict)
@@ -310,7 +313,7 @@ def _revoked_record(revoked: list[dict[str, Any]], wanted: str, path: Path) -> d
 def _parse(raw: bytes, path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     try:
         doc = json.loads(raw or b'{"tokens": []}')
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # (nested too deeply: RecursionError)
         raise TokenFileError(f"{path} is not valid JSON: {exc}") from exc
     entries = doc.get("tokens") if isinstance(doc, dict) else None
     if not isinstance(entries, list):

@@ -21,6 +21,7 @@ each record on its own.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -210,3 +211,50 @@ async def test_a_stored_session_whose_meta_cannot_be_read_is_refused_in_words_th
     deployment.fail()
     out = await run(alice, "kept + 1", session)
     assert out["results"][0]["text"] == "42", out
+
+
+# --- the tokens file ------------------------------------------------------------------------------
+def replace_tokens_file(deployment: Deployment, kind: str) -> bytes:
+    """Put something unreadable where the tokens file is (atomically); returns the good contents."""
+    path = deployment.root / "tokens.json"
+    good = path.read_bytes()
+    spare = deployment.root / "tokens.new"
+    if kind == "fifo":
+        os.mkfifo(spare)
+    elif kind == "directory":
+        spare.mkdir()
+    elif kind == "nested":
+        spare.write_bytes(b"[" * 200_000)
+    else:  # the same contents in a new file (its stamp changes), which cannot be read
+        spare.write_bytes(good)
+        deployment.fail(**{f"read {path}": kind})
+    if kind == "directory":  # (a directory cannot be renamed over a file)
+        path.unlink()
+    os.replace(spare, path)
+    return good
+
+
+def restore_tokens_file(deployment: Deployment, good: bytes) -> None:
+    path = deployment.root / "tokens.json"
+    spare = deployment.root / "tokens.new"
+    spare.write_bytes(good)
+    if path.is_dir():
+        path.rmdir()
+    os.replace(spare, path)
+    deployment.fail()
+
+
+@pytest.mark.parametrize("kind", ["EIO", "nested", "directory", "fifo"])
+async def test_a_tokens_file_that_cannot_be_read_keeps_the_last_good_one(
+    deployment: Deployment, kind: str
+) -> None:
+    good = replace_tokens_file(deployment, kind)
+    try:
+        for who in ("bob", "alice"):
+            with anyio.fail_after(30):  # (a FIFO waited on would hang every request: it fails here)
+                async with deployment.client(who) as client:
+                    assert (await run(client, "6 * 7", "t"))["results"][0]["text"] == "42"
+    finally:
+        restore_tokens_file(deployment, good)
+    log = deployment.server.log_text()
+    assert "is unusable, keeping the previous contents" in log
