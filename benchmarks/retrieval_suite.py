@@ -1,10 +1,16 @@
-"""The three families of the retrieval benchmark as corpora and questions (bench_retrieval.py runs them).
+"""The four families of the retrieval benchmark as corpora and questions (bench_retrieval.py runs them).
 
 * ``paraphrase``: paraphrase_set.py's hand-written pairs and generated pairs (questions that
   share no content word with their note) among distractor notes on the same themes;
 * ``exact``: exact_set.py's unique names, ids, numbers and rare words among near-duplicates;
 * ``conversations``: dialogue_set.py's multi-session dialogues, one corpus (one memory) per
-  dialogue, a turn per passage, stored with the session's time as the passage's time.
+  dialogue, a turn per passage, stored with the session's time as the passage's time;
+* ``real``: real_dialogue_set.py's real multi-session chats between the same two people
+  (chitchat-dataset, a test extra), one corpus per pair of people, a turn per passage with the
+  conversation's start as its time and the conversation as its session and its ``thread``;
+  questions written by reading them (``data/real_dialogue_questions_{tune,held}.json``). The
+  halves are split by pair of people (real_dialogue_set.py). This family decides the defaults;
+  the generated ones are regression checks.
 
 Every question belongs to the ``tune`` half or the ``held`` half: fusion parameters are chosen
 on ``tune`` only and figures are reported on ``held``. Pairs and facts alternate between the
@@ -22,7 +28,7 @@ import paraphrase_set
 
 # kinds of questions about things never said: the right answer is no result. ("absent-other", asking one
 # speaker about what only the other did, is about something said: reported on its own.)
-NEVER_SAID = ("absent", "absent/topic")
+NEVER_SAID = ("absent", "absent/topic")  # the real family's never-said kind is "absent"
 
 
 @dataclass(slots=True)
@@ -30,6 +36,7 @@ class Corpus:
     texts: list[str]
     times: list[float] | None = None  # epoch seconds per text (None: stored now)
     sessions: list[int] | None = None  # conversations: each turn's session
+    threads: list[str] | None = None  # each text's thread (stored with it where the store has threads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,4 +101,38 @@ def conversations(quick: bool = False) -> Family:
     return family
 
 
-FAMILIES = {"paraphrase": paraphrase, "exact": exact, "conversations": conversations}
+def real(quick: bool = False) -> Family:
+    """The real dialogues that have questions (quick: the first two of each half)."""
+    import real_dialogue_set
+
+    asked: dict[str, list[dict]] = {}
+    for q in real_dialogue_set.questions():
+        asked.setdefault(q["dialogue"], []).append(q)
+    family = Family("real", [])
+    taken = {"tune": 0, "held": 0}
+    for d in real_dialogue_set.dialogues():
+        if d.key not in asked or (quick and taken[d.half] >= 2):
+            continue
+        taken[d.half] += 1
+        index = {t.id: i for i, t in enumerate(d.turns)}
+        c_index = len(family.corpora)
+        family.corpora.append(
+            Corpus(
+                d.passages(),
+                [t.at.timestamp() for t in d.turns],
+                [t.session for t in d.turns],
+                [f"{d.key}/{t.session}" for t in d.turns],
+            )
+        )
+        for q in asked[d.key]:
+            evidence = tuple(index[e] for e in q.get("evidence", []) if e in index)
+            kind = q.get("kind", "single")
+            family.questions.append(
+                Question(
+                    c_index, q["q"], evidence, kind, d.half, bool(q.get("need_all")) and len(evidence) > 1
+                )
+            )
+    return family
+
+
+FAMILIES = {"paraphrase": paraphrase, "exact": exact, "conversations": conversations, "real": real}

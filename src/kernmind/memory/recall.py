@@ -15,13 +15,11 @@ Design
   *focus* — the query without them, which says what it is about without the words that make
   every text holding them look close. The texts nearest in meaning are nearest to the mix of
   the two that fusion.py weighs (one matrix-vector product: the mix of two unit vectors scores
-  each text by the mix of its two cosines). fusion.py turns the scores into one in [0, 1] with
-  what matched (``words``, ``meaning``, ``both``), leaves out candidates whose focus does not
-  match ("no match"; stricter when the query names something no text holds: ``absent``, the
-  names full text found nowhere in this corpus), and keeps exact matches of rare terms above
-  texts that matched no word. (Weighted reciprocal-rank fusion, used before, kept only the
-  order of each list: the first meaning hit outranked the only exact full-text match of a
-  surname.)
+  each text by the mix of its two cosines). A text of a thread is read with the one before it
+  (vector_index.py reads its vector with its neighbour's; its neighbour's words score joins its
+  own) and each candidate's thread is passed on for the thread prior. fusion.py turns the
+  scores into one in [0, 1] with what matched (``words``, ``meaning``, ``both``), leaving out
+  only candidates that matched nothing.
   The lists are drawn side by side: the full-text query runs in the database's thread while
   the query is embedded in a worker thread (ONNX Runtime releases the GIL) and the vector index
   reads what changed since the last search; as soon as full text has counted the query's terms,
@@ -72,7 +70,7 @@ import anyio.to_thread
 
 from kernmind.memory.database import TextHits
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, to_blob
-from kernmind.memory.fulltext import content_terms, names_in, query_terms, without_terms
+from kernmind.memory.fulltext import content_terms, query_terms, without_terms
 from kernmind.memory.records import Facets, Generation, StoredVector, happened_at
 from kernmind.memory.when import TimeRef, affinity, time_in
 
@@ -131,9 +129,9 @@ class Gathered:
     unavailable: EmbeddingUnavailable | None = None
     rows: dict[int, Any] = field(default_factory=dict)  # candidates' rows read so far
     fit: dict[int, float] = field(default_factory=dict)  # how well each fits the time the query names
-    names: set[str] = field(default_factory=set)  # the query's terms written like names, ids, numbers
     focus: dict[int, float] | None = None  # similarity to the query's focus (None: the query is its focus)
-    absent: list[str] = field(default_factory=list)  # names the query asks about that no text holds
+    threads: dict[int, int] = field(default_factory=dict)  # each threaded candidate's thread (a code)
+    previous: dict[int, int] = field(default_factory=dict)  # each threaded candidate's previous text
 
 
 @dataclass(slots=True)
@@ -185,6 +183,11 @@ class Recall:
         if self.backlog:
             self._wake.set()
         return Vector(to_blob(vector), self.embedder.model, None)
+
+    def wake(self) -> None:
+        """Look for texts without a current vector now (archival.py: vectors found not to fit the model)."""
+        self.backlog = self.embedder is not None
+        self._wake.set()
 
     async def backfill(self) -> None:
         """Run forever: embed texts that lack a vector of the current model, a batch at a time."""
@@ -241,13 +244,12 @@ class Recall:
         return self.fusion or fusion_for(self.embedder.model)
 
     def _fuse(self, gathered: Gathered) -> list[Scored]:
-        from kernmind.memory.fusion import fuse, rare_shares
+        from kernmind.memory.fusion import fuse
 
-        fusion = self.fusion_now
         words = {r.id: r.score or 0.0 for r in gathered.text.rows}
-        rare = rare_shares(gathered.text.terms, fusion, gathered.names)
+        before = {pid: words[prev] for pid, prev in gathered.previous.items() if prev in words}
         return fuse(
-            words, gathered.cosines, rare, fusion, gathered.fit, gathered.focus, absent=bool(gathered.absent)
+            words, gathered.cosines, self.fusion_now, gathered.fit, gathered.focus, before, gathered.threads
         )
 
     async def gather(self, query: str, where: Any, depth: int) -> Gathered:
@@ -284,6 +286,8 @@ class Recall:
             gathered.cosines = {**inside.cosines, **gathered.cosines}
             if gathered.focus is not None and inside.focus is not None:
                 gathered.focus = {**inside.focus, **gathered.focus}
+            gathered.threads = {**inside.threads, **gathered.threads}
+            gathered.previous = {**inside.previous, **gathered.previous}
         rows = {r.id: r for r in gathered.text.rows}
         rows.update(await self.corpus.get([pid for pid in gathered.cosines if pid not in rows]))
         gathered.rows = rows
@@ -323,22 +327,21 @@ class Recall:
             tg.start_soon(by_text)
             tg.start_soon(embed)
             tg.start_soon(self.index.refresh)
-        names = names_in(query)
         if qvec is None or unavailable is not None:
-            return Gathered(text, {}, unavailable, names=names)
-        mixed = qvec if fvec is None else _mix(qvec, fvec, self.fusion_now.focus_weight)
-        nearest, candidates = await self._nearest(mixed, where, depth)
+            return Gathered(text, {}, unavailable)
+        fusion = self.fusion_now
+        mixed = qvec if fvec is None else _mix(qvec, fvec, fusion.focus_weight)
+        nearest, candidates = await self._nearest(mixed, where, depth, fusion.neighbour)
         from kernmind.memory.vector_index import similarity_of
 
         ids = list(dict.fromkeys([pid for pid, _ in nearest] + [r.id for r in text.rows]))
-        cosines = similarity_of(candidates, qvec, ids)
-        focus = None if fvec is None else similarity_of(candidates, fvec, ids)
-        absent = [
-            t.term
-            for t in text.terms  # found nowhere, or only in other namespaces' texts (a rare term's ids)
-            if t.term in names and (t.docs == 0 or (t.ids is not None and not self.index.holds_any(t.ids)))
-        ]
-        return Gathered(text, cosines, None, names=names, focus=focus, absent=absent)
+        cosines = similarity_of(candidates, qvec, ids, fusion.neighbour)
+        focus = None if fvec is None else similarity_of(candidates, fvec, ids, fusion.neighbour)
+        gathered = Gathered(text, cosines, None, focus=focus)
+        if candidates is not None:
+            gathered.threads = candidates.thread_of(ids)
+            gathered.previous = candidates.previous_of(ids) if fusion.neighbour else {}
+        return gathered
 
     async def query_vector(self, query: str) -> list[float]:
         """The query's vector; the last few are kept, so the next page of a search (or the same
@@ -352,15 +355,16 @@ class Recall:
         return vector
 
     async def _nearest(
-        self, qvec: Sequence[float], where: Any, depth: int
+        self, qvec: Sequence[float], where: Any, depth: int, neighbour: float = 0.0
     ) -> tuple[list[tuple[int, float]], Candidates | None]:
         """The ``depth`` texts nearest in meaning that pass the filter, best first, with their
-        similarity; and the snapshot of the index they were picked from."""
+        similarity (threaded texts read with ``neighbour`` times the one before them); and the
+        snapshot of the index they were picked from."""
         assert self.index is not None
         candidates = self.index.candidates(self.corpus.facets(where))
         from kernmind.memory.vector_index import nearest_scored
 
-        find = functools.partial(nearest_scored, candidates, qvec, depth)
+        find = functools.partial(nearest_scored, candidates, qvec, depth, None, neighbour)
         if candidates is not None and candidates.matrix.size > THREAD_FLOATS:
             # a large matrix: off the event loop
             return await anyio.to_thread.run_sync(find), candidates

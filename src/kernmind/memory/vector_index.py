@@ -32,6 +32,17 @@ Design
   counts differing bits over every row (a sixth of the bytes a float32 scan reads), keeps the
   ``SHORTLIST`` rows that differ least, and scores only those exactly. Searches, which look for
   texts only somewhat close in meaning, keep the exact scan.
+* Threads: a text of a thread (a conversation, a session, a document: ``StoredVector.thread``,
+  ordered by ``seq``) is read with the one before it. Next to each row the index keeps its
+  thread (a small integer code), its previous row in that thread and the dot product of the two
+  vectors; a search asks for the *neighbour share* ``a`` and scores each threaded row as its
+  vector plus ``a`` times its previous one, normalised — computed from the one matrix-vector
+  product already made (``(s_i + a·s_prev) / |v_i + a·v_prev|``), so reading neighbours costs
+  a gather, not a second scan, and needs no extra vectors stored. Replies in real conversations
+  refer back ("Yes! The kids loved it"): the turn before says what they are about (measured on
+  the real family: benchmarks/README.md). The previous row is found as rows arrive (a thread's
+  ``seq`` grows with each insert); a row arriving out of order, a removal or a reload recomputes
+  them all (one sort). A filter on a thread keeps that thread's rows.
 * Searches may score in a worker thread while the event loop refreshes the index for another
   request: :meth:`VectorIndex.candidates` takes a snapshot on the event loop (appends never
   modify it, reconciles replace the arrays), and :func:`nearest` only reads that snapshot.
@@ -88,12 +99,41 @@ class Column:
 @dataclass(frozen=True, slots=True)
 class Candidates:
     """A snapshot to score: every indexed text, or only ``rows`` of it; ``signs``: the vectors' sign
-    bits, packed (see the module docstring)."""
+    bits, packed; ``threads`` each row's thread code (-1: none), ``previous`` its previous row in
+    its thread (-1: none) and ``pair`` its dot product with that row (see the module docstring)."""
 
     ids: np.ndarray
     matrix: np.ndarray
     rows: np.ndarray | None = None
     signs: np.ndarray | None = None  # (words, texts): sign_bits of the matrix, word-major
+    threads: np.ndarray | None = None
+    previous: np.ndarray | None = None
+    pair: np.ndarray | None = None
+
+    def thread_of(self, ids: Sequence[int]) -> dict[int, int]:
+        """Thread code of each of ``ids`` that is in the snapshot and in a thread."""
+        pos, found = _positions(self.ids, ids)
+        if self.threads is None or not found.any():
+            return {}
+        codes = self.threads[pos[found]]
+        return {int(i): int(c) for i, c in zip(np.asarray(ids)[found], codes, strict=True) if c >= 0}
+
+    def previous_of(self, ids: Sequence[int]) -> dict[int, int]:
+        """Id of the previous text in its thread, for each of ``ids`` that has one in the snapshot."""
+        pos, found = _positions(self.ids, ids)
+        if self.previous is None or not found.any():
+            return {}
+        prev = self.previous[pos[found]]
+        return {int(i): int(self.ids[p]) for i, p in zip(np.asarray(ids)[found], prev, strict=True) if p >= 0}
+
+
+def _positions(have: np.ndarray, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Row of each of ``ids`` in the sorted ``have``, and which were found."""
+    wanted = np.asarray(ids, dtype=np.int64)
+    if not len(have) or not len(wanted):
+        return np.zeros(len(wanted), dtype=np.int64), np.zeros(len(wanted), dtype=bool)
+    pos = np.minimum(np.searchsorted(have, wanted), len(have) - 1)
+    return pos, have[pos] == wanted
 
 
 def sign_bits(matrix: np.ndarray) -> np.ndarray:
@@ -122,6 +162,12 @@ class VectorIndex:
         self._buf = np.zeros((0, 0), dtype=np.float32)
         self._signs = np.zeros((0, 0), dtype=np.uint64)  # _buf's sign bits, word-major: (words, rows)
         self._hidden = np.zeros(0, dtype=np.int64)  # sorted; replaced, never modified (snapshots)
+        self._codes: dict[str, int] = {}  # thread label -> code
+        self._thread = Column(np.int32)  # per row: its thread's code (-1: none)
+        self._seq = Column(np.int64)
+        self._prev = Column(np.int64)  # per row: its previous row in its thread (-1: none)
+        self._pair = Column(np.float32)  # per row: its vector's dot product with the previous row's
+        self._last: dict[int, tuple[int, int]] = {}  # thread code -> (seq, row) of its last row
 
     def __len__(self) -> int:
         return self._ids.n
@@ -156,7 +202,13 @@ class VectorIndex:
         ids = self._ids.view()
         keep = np.isin(ids, stored, assume_unique=True)
         if not keep.all():
-            self._rebuild(ids[keep], self._buf[: len(ids)][keep], self._times.view()[keep])
+            self._rebuild(
+                ids[keep],
+                self._buf[: len(ids)][keep],
+                self._times.view()[keep],
+                self._thread.view()[keep],
+                self._seq.view()[keep],
+            )
         missing = np.setdiff1d(stored, self._ids.view(), assume_unique=True)
         if not len(missing):
             return
@@ -164,17 +216,22 @@ class VectorIndex:
         ids = self._ids.view()
         if len(ids) and rows and rows[0].id < ids[-1]:  # not only newer rows: merge in id order
             new_ids, mat, times = self._decode(rows)
+            threads, seqs = self._thread_of(rows)
             order = np.argsort(np.concatenate([ids, new_ids]), kind="stable")
             self._rebuild(
                 np.concatenate([ids, new_ids])[order],
                 np.vstack([self._buf[: len(ids)], mat])[order],
                 np.concatenate([self._times.view(), times])[order],
+                np.concatenate([self._thread.view(), threads])[order],
+                np.concatenate([self._seq.view(), seqs])[order],
             )
             self._add_labels(rows)
         else:
             self._append(rows)
 
-    def _rebuild(self, ids: np.ndarray, matrix: np.ndarray, times: np.ndarray) -> None:
+    def _rebuild(
+        self, ids: np.ndarray, matrix: np.ndarray, times: np.ndarray, threads: np.ndarray, seqs: np.ndarray
+    ) -> None:
         """Keep only ``ids`` (labels of other ids are dropped)."""
         labels = {}
         for label, col in self._labels.items():
@@ -186,6 +243,53 @@ class VectorIndex:
         self._buf = np.array(matrix, dtype=np.float32, order="C")
         self._signs = np.ascontiguousarray(sign_bits(self._buf).T)
         self._labels = labels
+        self._thread = Column(np.int32, threads)
+        self._seq = Column(np.int64, seqs)
+        self._link_all()
+
+    def _link_all(self) -> None:
+        """Every row's previous row in its thread, from scratch (one sort)."""
+        n = self._ids.n
+        threads, seqs = self._thread.view(), self._seq.view()
+        prev = np.full(n, -1, dtype=np.int64)
+        order = np.lexsort((np.arange(n), seqs, threads))
+        same = threads[order[1:]] == threads[order[:-1]]
+        same &= threads[order[1:]] >= 0
+        prev[order[1:][same]] = order[:-1][same]
+        self._prev = Column(np.int64, prev)
+        self._pair = Column(np.float32, self._pairs(np.arange(n), prev))
+        self._last = {}
+        for row in order[::-1]:  # the last row (highest seq) of each thread
+            code = int(threads[row])
+            if code >= 0 and code not in self._last:
+                self._last[code] = (int(seqs[row]), int(row))
+
+    def _pairs(self, rows: np.ndarray, prev: np.ndarray) -> np.ndarray:
+        has = prev >= 0
+        out = np.zeros(len(rows), dtype=np.float32)
+        if has.any():
+            out[has] = np.einsum("ij,ij->i", self._buf[rows[has]], self._buf[prev[has]])
+        return out
+
+    def _link_new(self, start: int, stop: int) -> None:
+        """Previous rows of rows ``start:stop``, just appended; recomputes them all when a row arrives
+        before the last of its thread."""
+        threads, seqs = self._thread.view(), self._seq.view()
+        prev = np.full(stop - start, -1, dtype=np.int64)
+        for k, row in enumerate(range(start, stop)):
+            code = int(threads[row])
+            if code < 0:
+                continue
+            last = self._last.get(code)
+            if last is not None and seqs[row] <= last[0]:  # out of order: relink everything
+                self._link_all()
+                return
+            if last is not None:
+                prev[k] = last[1]
+            self._last[code] = (int(seqs[row]), row)
+        rows = np.arange(start, stop)
+        self._prev.extend(prev)
+        self._pair.extend(self._pairs(rows, prev))
 
     def _decode(self, rows: list[StoredVector]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         dim = len(rows[-1].blob) // 4
@@ -196,10 +300,21 @@ class VectorIndex:
         times = np.fromiter((r.at for r in rows), dtype=np.float64, count=len(rows))
         return ids, matrix.astype(np.float32), times
 
+    def _thread_of(self, rows: list[StoredVector]) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's thread code (new labels get new codes) and seq (rows without one: their id)."""
+        codes = np.fromiter(
+            (-1 if r.thread is None else self._codes.setdefault(r.thread, len(self._codes)) for r in rows),
+            dtype=np.int32,
+            count=len(rows),
+        )
+        seqs = np.fromiter((r.id if r.seq is None else r.seq for r in rows), dtype=np.int64, count=len(rows))
+        return codes, seqs
+
     def _append(self, rows: list[StoredVector]) -> None:
         if not rows:
             return
         ids, matrix, times = self._decode(rows)
+        threads, seqs = self._thread_of(rows)
         n = len(self)
         need = n + len(ids)
         signs = sign_bits(matrix).T
@@ -214,8 +329,11 @@ class VectorIndex:
         self._buf[n:need] = matrix  # rows past every snapshot's end
         self._signs[:, n:need] = signs
         self._times.extend(times)
+        self._thread.extend(threads)
+        self._seq.extend(seqs)
         self._add_labels(rows)
-        self._ids.extend(ids)  # last: a snapshot's length is the ids' length
+        self._ids.extend(ids)  # a snapshot's length is the ids' length: neighbours are read up to it
+        self._link_new(n, need)
 
     def _add_labels(self, rows: list[StoredVector]) -> None:
         by_label: dict[str, list[int]] = {}
@@ -241,12 +359,19 @@ class VectorIndex:
         signs = self._signs[:, : len(ids)]
         if not len(ids):
             return None
+        n = len(ids)
+        links = (self._thread.view()[:n], self._prev.view()[:n], self._pair.view()[:n])
+        if len(links[1]) < n:  # appended rows not linked yet (cannot happen between awaits): none
+            links = (links[0], np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.float32))
         hidden = self._hidden if facets is not None and facets.live_only else self._hidden[:0]
+        thread = None if facets is None else facets.thread
         if facets is None or not (
-            facets.labels or facets.start is not None or facets.end is not None or len(hidden)
+            facets.labels or facets.start is not None or facets.end is not None or len(hidden) or thread
         ):
-            return Candidates(ids, matrix, None, signs)
+            return Candidates(ids, matrix, None, signs, *links)
         keep = np.ones(len(ids), dtype=bool) if not facets.labels else self._with_labels(ids, facets)
+        if thread is not None:
+            keep &= links[0] == self._codes.get(thread, -2)
         times = self._times.view()[: len(ids)]
         if facets.start is not None:
             keep &= times >= facets.start
@@ -258,7 +383,7 @@ class VectorIndex:
         rows = np.flatnonzero(keep)
         if not len(rows):
             return None
-        return Candidates(ids, matrix, rows, signs)
+        return Candidates(ids, matrix, rows, signs, *links)
 
     def _with_labels(self, ids: np.ndarray, facets: Facets) -> np.ndarray:
         hits = np.zeros(len(ids), dtype=np.int32)
@@ -289,32 +414,57 @@ def _unit(candidates: Candidates, query: Sequence[float]) -> np.ndarray | None:
 
 
 def similarity_of(
-    candidates: Candidates | None, query: Sequence[float], ids: Sequence[int]
+    candidates: Candidates | None, query: Sequence[float], ids: Sequence[int], neighbour: float = 0.0
 ) -> dict[int, float]:
     """Cosine similarity of ``query`` with each of ``ids`` that has a vector in the snapshot
-    (whether or not it passes the snapshot's filter: callers pass ids that do)."""
+    (whether or not it passes the snapshot's filter: callers pass ids that do), each threaded text
+    read with ``neighbour`` times its previous one (see the module docstring)."""
     if candidates is None or not len(ids) or (q := _unit(candidates, query)) is None:
         return {}
-    wanted = np.asarray(ids, dtype=np.int64)
-    pos = np.minimum(np.searchsorted(candidates.ids, wanted), len(candidates.ids) - 1)
-    found = candidates.ids[pos] == wanted
-    sims = similarities(candidates.matrix[pos[found]], q)
-    return {int(i): float(v) for i, v in zip(wanted[found], sims, strict=True)}
+    pos, found = _positions(candidates.ids, ids)
+    rows = pos[found]
+    sims = _read(candidates, rows, similarities(candidates.matrix[rows], q), q, neighbour)
+    return {int(i): float(v) for i, v in zip(np.asarray(ids, dtype=np.int64)[found], sims, strict=True)}
+
+
+def _read(
+    candidates: Candidates, rows: np.ndarray, sims: np.ndarray, q: np.ndarray, a: float, every: bool = False
+) -> np.ndarray:
+    """``sims`` (of ``rows``; ``every``: of every row, in order) with each threaded row read with ``a``
+    times its previous row: ``(s + a·s_prev) / |v + a·v_prev|``."""
+    if not a or candidates.previous is None:
+        return sims
+    prev = candidates.previous[rows]
+    has = prev >= 0
+    if not has.any():
+        return sims
+    before = sims[prev[has]] if every else similarities(candidates.matrix[prev[has]], q)
+    assert candidates.pair is not None
+    pair = candidates.pair[rows[has]].astype(np.float64)
+    out = sims.astype(np.float64)
+    out[has] = (sims[has] + a * before) / np.sqrt(np.maximum(1 + a * a + 2 * a * pair, 1e-12))
+    return out.astype(sims.dtype)
 
 
 def nearest_scored(
-    candidates: Candidates | None, query: Sequence[float], k: int, min_similarity: float | None = None
+    candidates: Candidates | None,
+    query: Sequence[float],
+    k: int,
+    min_similarity: float | None = None,
+    neighbour: float = 0.0,
 ) -> list[tuple[int, float]]:
-    """:func:`nearest` with each id's cosine similarity. Pure numpy over a snapshot: safe in a worker thread."""
+    """:func:`nearest` with each id's cosine similarity (threaded texts read with ``neighbour`` times
+    their previous one). Pure numpy over a snapshot: safe in a worker thread."""
     if candidates is None or k <= 0 or (q := _unit(candidates, query)) is None:
         return []
     ids, rows = candidates.ids, candidates.rows
     if rows is None:
-        sims = similarities(candidates.matrix, q)
+        sims = _read(candidates, np.arange(len(ids)), similarities(candidates.matrix, q), q, neighbour, True)
     elif len(rows) < GATHER_SHARE * len(ids):
-        sims, ids = similarities(candidates.matrix[rows], q), ids[rows]
+        sims, ids = _read(candidates, rows, similarities(candidates.matrix[rows], q), q, neighbour), ids[rows]
     else:
-        sims, ids = similarities(candidates.matrix, q)[rows], ids[rows]
+        every = _read(candidates, np.arange(len(ids)), similarities(candidates.matrix, q), q, neighbour, True)
+        sims, ids = every[rows], ids[rows]
     k = min(k, len(sims))
     best = np.argpartition(-sims, k - 1)[:k] if k < len(sims) else np.arange(len(sims))
     best = best[np.argsort(-sims[best], kind="stable")]
