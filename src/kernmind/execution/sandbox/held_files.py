@@ -6,7 +6,7 @@ of the working directory sees them: ten such files of 50 MB were 500 MB of host 
 the quota counted as 0. The kernel still shows them, through each process's descriptors.
 
 Design
-- ``held_bytes(pids, devices)`` looks at every open descriptor of the session's processes
+- ``HeldFiles.bytes(pids, devices)`` looks at every open descriptor of the session's processes
   (``/proc/<pid>/fd/<n>``, ``stat`` through the link: the open file itself) and every mapped
   file (``/proc/<pid>/map_files``, for a mapping whose descriptor was closed) and adds the
   disk blocks of each regular file with **no link left** (``st_nlink == 0``) on one of
@@ -15,8 +15,11 @@ Design
   several descriptors or processes counts once (device, inode).
 - A deleted file that is linked again (``linkat`` of an ``O_TMPFILE``) has a name: the
   directory scan counts it and this does not, so nothing counts twice.
-- Cost: one ``listdir`` and one ``stat`` per descriptor, plus the mapped files' list; a
-  Python kernel has a few dozen (``benchmarks/README.md``, "held files").
+- Cost: one ``listdir`` and one ``stat`` per descriptor (a Python kernel's four processes
+  have about 80: ≈ 0.5 ms), plus the list of mappings, the costly part (≈ 1 ms for a
+  kernel's hundreds), read at most every ``MAPS_PERIOD`` seconds on the per-call path (a
+  mapping that appears meanwhile is found by the next read, or at once by a measurement
+  that asks for ``fresh``: the sampler while code runs, a measurement after file events).
 
 Error policy: a process or descriptor that goes away meanwhile is skipped; a ``/proc`` that
 cannot be read (another uid's process without the right to look) counts nothing for that
@@ -28,54 +31,91 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
 _warned = False
 
 
+MAPS_PERIOD = 2.0  # seconds a process's list of deleted mappings is reused on the per-call path
+
+
+@dataclass
+class HeldFiles:
+    """One session's look at what its processes hold: the descriptors every time, the mappings
+    (``/proc/<pid>/maps``, the costly read: a Python kernel has hundreds) at most every
+    ``MAPS_PERIOD`` seconds unless ``fresh`` is asked; the deleted mappings found are looked at
+    (``stat``) every time, so one that went away stops counting at once."""
+
+    maps: dict[int, tuple[float, list[str]]] = field(default_factory=dict)  # pid -> (read at, paths)
+
+    def bytes(self, pids: Iterable[int], devices: set[int], *, fresh: bool = False) -> int:
+        """Disk blocks (in bytes) of the unlinked regular files on ``devices`` that ``pids`` hold
+        open or mapped (see the module docstring)."""
+        seen: set[tuple[int, int]] = set()
+        total = 0
+        now = time.monotonic()
+        alive = set()
+        for pid in pids:
+            alive.add(pid)
+            paths = _fd_paths(pid)
+            if paths is None:
+                continue
+            known = self.maps.get(pid)
+            if fresh or known is None or now - known[0] > MAPS_PERIOD:
+                known = (now, _deleted_mappings(pid))
+                self.maps[pid] = known
+            for path in paths + known[1]:
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                if st.st_nlink or not stat.S_ISREG(st.st_mode) or st.st_dev not in devices:
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if key not in seen:
+                    seen.add(key)
+                    total += st.st_blocks * 512
+        for pid in [p for p in self.maps if p not in alive]:
+            del self.maps[pid]
+        return total
+
+
 def held_bytes(pids: Iterable[int], devices: set[int]) -> int:
-    """Disk blocks (in bytes) of the unlinked regular files on ``devices`` that ``pids`` hold open
-    or mapped (see the module docstring)."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for pid in pids:
-        for path in _held_paths(pid):
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            if st.st_nlink or not stat.S_ISREG(st.st_mode) or st.st_dev not in devices:
-                continue
-            key = (st.st_dev, st.st_ino)
-            if key not in seen:
-                seen.add(key)
-                total += st.st_blocks * 512
-    return total
+    """``HeldFiles.bytes`` with everything read now (no remembered mappings)."""
+    return HeldFiles().bytes(pids, devices, fresh=True)
 
 
-def _held_paths(pid: int) -> list[str]:
-    """``/proc`` links to what ``pid`` has open, and to its mapped files that were deleted."""
+def _fd_paths(pid: int) -> list[str] | None:
+    """``/proc`` links to what ``pid`` has open (None: gone, or not ours to look at)."""
     global _warned
-    paths: list[str] = []
-    base = f"/proc/{pid}"
+    base = f"/proc/{pid}/fd"
     try:
-        paths += [f"{base}/fd/{n}" for n in os.listdir(f"{base}/fd")]
+        return [f"{base}/{n}" for n in os.listdir(base)]
     except FileNotFoundError:
-        return []
+        return None
     except PermissionError as exc:
         if not _warned:
             _warned = True
             log.warning("cannot look at a session's open files (%s): deleted open files are not counted", exc)
-        return []
+        return None
+
+
+def _deleted_mappings(pid: int) -> list[str]:
+    """``/proc/<pid>/map_files`` links to ``pid``'s mappings of deleted files."""
+    base = f"/proc/{pid}"
     try:
         with open(f"{base}/maps", "rb") as fh:
             maps = fh.read()
     except OSError:
-        return paths
-    if b" (deleted)" in maps:
-        for line in maps.splitlines():
-            if line.endswith(b" (deleted)"):
-                paths.append(f"{base}/map_files/{line.split(b' ', 1)[0].decode()}")
-    return paths
+        return []
+    if b" (deleted)" not in maps:
+        return []
+    return [
+        f"{base}/map_files/{line.split(b' ', 1)[0].decode()}"
+        for line in maps.splitlines()
+        if line.endswith(b" (deleted)")
+    ]

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from kernmind.execution.sandbox.cgroups import Cgroup, CgroupSupport, read_small
 from kernmind.execution.sandbox.creation_guard import parse_fsize
+from kernmind.execution.sandbox.held_files import HeldFiles
 from kernmind.execution.sandbox.rlimits import Limits
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,8 @@ class SessionLimits:
     measured_io: IoMark | None = None
     measured_names: int | None = None  # names (inodes) with it, for ``--workspace-files``
     measured_held: int = 0  # of ``measured``: unlinked files its processes hold (held_files.py)
+    held_files: HeldFiles = field(default_factory=HeldFiles)
+    held_at: float = float("-inf")  # when ``measured_held`` was counted (time.monotonic)
     _oom_seen: int = 0
     _group_failed: bool = False
 

@@ -63,6 +63,7 @@ from __future__ import annotations
 import heapq
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -70,7 +71,6 @@ import anyio
 
 from kernmind.execution.sandbox.bwrap_args import RUNTIME_MOUNT
 from kernmind.execution.sandbox.filescan import Scan
-from kernmind.execution.sandbox.held_files import held_bytes
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.workspace import QuotaExceeded, Workspace, off_loop
 
@@ -80,6 +80,9 @@ MIB = 1024 * 1024
 LARGEST_SHOWN = 5
 INLINE_PROCESSES = 32  # up to this many processes, their io mark and open files are read on the event loop
 SHOWN_FROM = 64 * 1024  # smaller files are not worth naming (a kernel's connection file…)
+# Seconds a count of unnamed held files stands for the next call's start (back-to-back calls
+# look at the descriptors once each, at their end).
+HELD_FRESH = 1.0
 
 
 @dataclass
@@ -134,20 +137,22 @@ def devices(workspace: Workspace) -> set[int]:
 
 
 def held(limits: SessionLimits | None, workspace: Workspace) -> int:
-    """Bytes of unnamed files the session's processes hold (blocking: a ``/proc`` read per process)."""
+    """Bytes of unnamed files the session's processes hold, every list read now (blocking: a few
+    ``/proc`` reads per process)."""
     if limits is None:
         return 0
-    return held_bytes(limits.pids(), devices(workspace))
+    return limits.held_files.bytes(limits.pids(), devices(workspace), fresh=True)
 
 
 def held_now(limits: SessionLimits | None, workspace: Workspace) -> int | None:
-    """``held`` on the event loop for a session of a few processes; None for a crowd (run it off the loop)."""
+    """``held`` on the event loop for a session of a few processes (their descriptors; their
+    mappings as read in the last ``MAPS_PERIOD`` seconds); None for a crowd (run ``held`` off the loop)."""
     if limits is None:
         return 0
     pids = limits.pids()
     if len(pids) > INLINE_PROCESSES:
         return None
-    return held_bytes(pids, devices(workspace))
+    return limits.held_files.bytes(pids, devices(workspace))
 
 
 def measure(workspace: Workspace, scan: Scan | None = None, limits: SessionLimits | None = None) -> Usage:
@@ -159,10 +164,15 @@ def measure(workspace: Workspace, scan: Scan | None = None, limits: SessionLimit
 
 
 def measure_now(
-    workspace: Workspace, scan: Scan | None = None, limits: SessionLimits | None = None
+    workspace: Workspace,
+    scan: Scan | None = None,
+    limits: SessionLimits | None = None,
+    *,
+    reuse_held: bool = False,
 ) -> Usage | None:
     """``measure`` when inotify trackers can answer at once, with nothing to look at, and the
-    session has few processes (fit for the event loop); None when it needs real work."""
+    session has few processes (fit for the event loop); None when it needs real work.
+    ``reuse_held``: the unnamed files counted less than ``HELD_FRESH`` seconds ago stand."""
     if scan is None or not scan.complete:
         scan = workspace.scan_now()
     if scan is None or not scan.complete:
@@ -170,6 +180,8 @@ def measure_now(
     runtime = workspace.accounted_scans_now()
     if runtime is None:
         return None
+    if reuse_held and limits is not None and time.monotonic() - limits.held_at < HELD_FRESH:
+        return Usage(scan, runtime, limits.measured_held)  # the call's own end just looked
     kept = held_now(limits, workspace)
     return None if kept is None else Usage(scan, runtime, kept)
 
@@ -185,6 +197,7 @@ def over(limits: SessionLimits, quota: int) -> bool:
 def _record(limits: SessionLimits, usage: Usage, mark: object = None) -> None:
     limits.measured, limits.measured_io = usage.total, mark  # type: ignore[assignment]
     limits.measured_names, limits.measured_held = usage.names, usage.held
+    limits.held_at = time.monotonic()
 
 
 async def sample(limits: SessionLimits | None, workspace: Workspace) -> tuple[int, int]:
@@ -211,7 +224,7 @@ async def before_call(limits: SessionLimits, workspace: Workspace | None, quota:
     Returns the usage the call starts from (None when unknown: no workspace yet)."""
     if quota <= 0 or workspace is None:
         return None
-    if (usage := measure_now(workspace, None, limits)) is not None:  # nothing else to do
+    if (usage := measure_now(workspace, None, limits, reuse_held=True)) is not None:  # nothing else to do
         _record(limits, usage)
     elif workspace.tracked:  # events to look at: the trackers do, off the loop
         await _measure_off_loop(workspace, limits)
@@ -249,7 +262,7 @@ async def _measure_unless_idle(workspace: Workspace, limits: SessionLimits) -> N
             if kept is None:
                 kept = await off_loop(lambda: held(limits, workspace), timeout=None)
             limits.measured += kept - limits.measured_held
-            limits.measured_held = kept
+            limits.measured_held, limits.held_at = kept, time.monotonic()
     except Exception as exc:  # the call matters more; the measurement after it decides
         log.warning("measuring %s before a call failed: %s", workspace.root, exc)
 
@@ -278,7 +291,7 @@ async def after_call(limits: SessionLimits, workspace: Workspace | None, quota: 
             estimate = start + max(0, mark[1] - start_mark[1]) + kept
             if start_mark[0] <= mark[0] and estimate <= quota:
                 limits.measured, limits.measured_io = estimate, mark
-                limits.measured_held = kept
+                limits.measured_held, limits.held_at = kept, time.monotonic()
                 return None
         usage = measure(workspace, scan, limits)
         _record(limits, usage, mark)
