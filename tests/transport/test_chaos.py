@@ -38,6 +38,7 @@ import anyio
 import pytest
 
 from kernmind.principals import TokenFile
+from kernmind.transport.session_cap import PER_PRINCIPAL
 from tests.conftest import structured
 from tests.transport.procs import (
     HttpServer,
@@ -523,6 +524,52 @@ async def test_http_chaos_in_both_eras_stops_no_one(deployment: tuple[HttpServer
     log = server.log_text()
     for crash in ("Task group is not initialized", "Exception in ASGI application", "internal error (ref"):
         assert crash not in log, log[log.index(crash) - 2000 : log.index(crash) + 2000]
+
+
+async def test_a_flood_of_handshakes_takes_no_one_elses_sessions(
+    deployment: tuple[HttpServer, Target],
+) -> None:
+    """alice opening session after session (2025-11-25 initialize) is refused past her share;
+    bob's handshake still works; a session alice closes makes room for one more."""
+    server, target = deployment
+    init = envelope(
+        "initialize",
+        {"protocolVersion": LEGACY, "capabilities": {}, "clientInfo": {"name": "flood", "version": "0"}},
+        era="legacy",
+    )
+    opening = target.request(body_of(init), era="legacy", headers={"Mcp-Session-Id": None})
+    opened: list[str] = []
+
+    def open_until_refused() -> Reply:
+        for _ in range(PER_PRINCIPAL + 5):  # bounded: past the cap
+            reply = target.exchange(opening)
+            assert reply is not None
+            if reply.status != 200:
+                return reply
+            opened.append(reply.headers["mcp-session-id"])
+        raise AssertionError(f"{len(opened)} sessions opened and none refused")
+
+    def delete(sid: str) -> int:
+        reply = target.exchange(
+            target.request(b"", era="legacy", method="DELETE", headers={"Mcp-Session-Id": sid})
+        )
+        assert reply is not None
+        return reply.status
+
+    try:
+        refused = await anyio.to_thread.run_sync(open_until_refused)
+        assert refused.status == 429, refused
+        message = json.loads(refused.body)["error"]["message"]
+        assert f"already has {PER_PRINCIPAL} MCP sessions open" in message and "Nothing was done" in message
+        await bob_calls(server, target, "legacy")  # another principal's handshake is not refused
+        await bob_calls(server, target, "auto")
+        assert await anyio.to_thread.run_sync(delete, opened.pop()) == 200
+        again = await anyio.to_thread.run_sync(target.exchange, opening)
+        assert again is not None and again.status == 200, again
+        opened.append(again.headers["mcp-session-id"])
+    finally:
+        for sid in opened:
+            await anyio.to_thread.run_sync(delete, sid)
 
 
 # --- stdio ----------------------------------------------------------------------------------------

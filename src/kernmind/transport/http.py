@@ -11,8 +11,12 @@ Design
   address without a token is refused before anything starts. On loopback the SDK's
   DNS-rebinding protection (Host/Origin allow-lists) stays on, with the server's own origins
   only; ``OriginGuard`` (guard.py) refuses other browser origins on every address unless
-  ``--allowed-origin`` adds them, and transport sessions are bound to the principal that
-  opened them (auth.py).
+  ``--allowed-origin`` adds them, transport sessions are bound to the principal that
+  opened them (auth.py), and each principal may hold a bounded number of them open
+  (session_cap.py), so one cannot take every slot the SDK has.
+- Outermost, ``LastResort`` (guard.py) answers any failure inside with a 500 that carries a
+  ref, logged with its traceback: one request's failure ends that request only. uvicorn runs
+  each connection on its own task and drops what is sent to a peer that went away.
 - The first SIGTERM/SIGINT drains first (drain.py): new requests get a 503 that says the
   server is shutting down, the calls that run are interrupted with a result that says so
   (``stop_calls``), and the requests in flight answer before anything closes. Then uvicorn's
@@ -41,6 +45,7 @@ from kernmind.settings_cli import where_set
 from kernmind.transport.auth import BearerTokenMiddleware, authenticator, redact_session_ids
 from kernmind.transport.drain import Drain
 from kernmind.transport.guard import JsonRpcGuard, LastResort, OriginGuard, own_origins
+from kernmind.transport.session_cap import SessionCap
 from kernmind.transport.shutdown import EXIT_FAILED, Shutdown
 
 log = logging.getLogger(__name__)
@@ -214,8 +219,8 @@ def build_http_app(
         drain.app = app
         app = drain
     auth = authenticator(settings)
-    if auth.required:
-        app = BearerTokenMiddleware(app, auth)
+    if auth.required:  # (the cap on each principal's handshake sessions needs the principal)
+        app = BearerTokenMiddleware(SessionCap(app), auth)
     return LastResort(app)
 
 
