@@ -354,7 +354,7 @@ class Settings(BaseSettings):
         default=32,
         ge=1,
         le=1024,
-        description="largest HTTP request body (MiB); a larger one gets a 413 that says so",
+        description="largest request (MiB): an HTTP body (a larger one gets a 413 that says so) or a line on stdio",
     )
 
     # --- memory ---
