@@ -517,14 +517,15 @@ class Executor:
             session.stopped_because, session.stopped_as = why, error
             assert session.running is not None
             session.running.cancel()
+        jobs = self.jobs.stopping(owner, why, error)  # (their records say why, however they end)
         sessions = await self.sessions.end_owner(owner, why, error)
-        jobs = await self.jobs.stop_owner(owner, why, error)
+        await self.jobs.end(jobs)
         log.warning(
             "ended what ran for the revoked key %r: %d calls, %d sessions, %d jobs",
             owner,
             len(calls),
             sessions,
-            jobs,
+            len(jobs),
         )
 
     def stop_calls(self, why: str = SERVER_STOPPING) -> int:

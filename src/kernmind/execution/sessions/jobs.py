@@ -267,10 +267,9 @@ class Jobs:
                 await job.done.wait()
         return job
 
-    async def stop_owner(self, owner: str, why: str, error: str, *, grace: float = 1.0) -> int:
-        """A revoked principal: its running jobs end saying ``why`` (their records too). Each has
-        ``grace`` seconds to end by itself (its session was ended: its result then says ``error``:
-        ``why``), then it is cancelled (its output so far, with that error). Returns how many ran."""
+    def stopping(self, owner: str, why: str, error: str) -> list[Job]:
+        """A revoked principal: mark its running jobs so that each ends saying ``why`` (in its
+        result, as ``error``, and in its record's note), however it ends; ``end`` them next."""
         running = [
             j
             for j in list(self.jobs.values())
@@ -278,18 +277,22 @@ class Jobs:
         ]
         for job in running:
             job.note, job.stopped_as = why, error
+        return running
+
+    async def end(self, jobs: list[Job], *, grace: float = 1.0) -> None:
+        """Give each job ``grace`` seconds to end by itself (its session was ended: its result then
+        says why), then cancel it (its output so far, with the error ``stopping`` set)."""
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(grace):
-                for job in running:
+                for job in jobs:
                     assert job.done is not None
                     await job.done.wait()
-            for job in running:
+            for job in jobs:
                 assert job.scope is not None and job.done is not None
                 if not job.done.is_set():
                     job.scope.cancel()
                     with anyio.move_on_after(15):
                         await job.done.wait()
-        return len(running)
 
     async def stop_all(self) -> None:
         """Server stop: cancel running jobs and wait until each has recorded itself."""
