@@ -1,8 +1,9 @@
 """``kernmind tokens add NAME [--adopt [WHO]] | list | revoke NAME``: the principals of an HTTP deployment.
 
 The tokens file is ``--tokens FILE`` (``KERNMIND_TOKENS_FILE``), by default
-``<data dir>/tokens.json``; a running server re-reads it on change, so ``revoke`` takes
-effect at once. ``add`` prints the new token once, as the last word of its last line
+``<data dir>/tokens.json``; a running server re-reads it on change, so ``add`` and ``revoke``
+take effect at once, and ends a revoked principal's running code by itself within about a
+second (``revocation.py``). ``add`` prints the new token once, as the last word of its last line
 (scripts can take it with ``| tail -1 | awk '{print $NF}'``); only its digest is stored.
 
 Revoking keeps the principal's data (sessions, memory, job records) under its data key
@@ -160,7 +161,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         else:
             record = file.revoke(args.name)
             print(
-                f"revoked {args.name!r}: its token no longer works (running servers notice at once); its "
+                f"revoked {args.name!r}: its token no longer works and its running code is stopped (running "
+                f"servers notice within a second); its "
                 f"data stays under {record['owner']!r} ({census.describe(record['owner'])}); "
                 f"`kernmind tokens add {args.name} --adopt` would give it to a new token"
             )
