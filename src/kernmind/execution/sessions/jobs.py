@@ -91,7 +91,7 @@ class Job:
     # Only for a job running in this server (a record read back has neither).
     scope: anyio.CancelScope | None = field(default=None, repr=False)
     done: anyio.Event | None = field(default=None, repr=False)
-    stopped_as: str = "JobCancelled"  # the error name of its result when it is cancelled (``stop_owner``)
+    stopped_as: str = "JobCancelled"  # the error name of its result when it is cancelled (``stopping``)
 
     def record(self) -> dict[str, Any]:
         return {

@@ -444,10 +444,14 @@ class SessionRegistry:
     async def _stop_runners(self, session: Session, *, save: bool) -> None:
         try:
             if save:
-                await self.hooks.suspend(session)
+                try:
+                    await self.hooks.suspend(session)
+                except Exception as exc:  # the files matter more than the snapshot: stop it all the same
+                    log.warning("saving session %r: %s", session.id, exc)
+                    await self.hooks.release(session)
             else:
                 await self.hooks.release(session)
-        except Exception as exc:  # the files matter more than the snapshot
+        except Exception as exc:
             log.warning("stopping session %r: %s", session.id, exc)
         try:
             await _drop_packages(session)
