@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import random
+import resource
 import socket
 import struct
 import time
@@ -40,6 +41,7 @@ import pytest
 from kernmind.principals import TokenFile
 from kernmind.transport.session_cap import PER_PRINCIPAL
 from tests.conftest import structured
+from tests.transport import procs
 from tests.transport.procs import (
     HttpServer,
     StdioServer,
@@ -450,7 +452,7 @@ async def bob_calls(server: HttpServer, target: Target, mode: str, code: str = "
 
 def long_call(target: Target, era: str, session: str, marker: Path, then: str) -> Reply | None:
     """Start a run_code call that runs for a while, and drop the connection once it runs."""
-    code = f"open({str(marker)!r}, 'w').close()\nimport time\ntime.sleep(2)\n7"
+    code = f"open({str(marker)!r}, 'w').close()\nimport time\ntime.sleep(1)\n7"
     call = envelope(
         "tools/call", {"name": "run_code", "arguments": {"code": code, "session_id": session}}, era=era
     )
@@ -570,6 +572,48 @@ async def test_a_flood_of_handshakes_takes_no_one_elses_sessions(
     finally:
         for sid in opened:
             await anyio.to_thread.run_sync(delete, sid)
+
+
+async def test_a_flood_past_the_soft_open_files_limit_keeps_no_one_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server started with a soft limit of 256 open files (as a shell's default of 1,024 is,
+    for a bigger flood): 400 loopback connections held open by one client do not keep another
+    principal's calls out (before, every accept failed with EMFILE until they closed)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard open-files limit here is {hard}")
+    wrapped = procs.serve_argv
+    monkeypatch.setattr(
+        procs, "serve_argv", lambda *a: ["prlimit", f"--nofile=256:{min(hard, 4096)}", "--", *wrapped(*a)]
+    )
+    file = TokenFile(tmp_path / "tokens.json")
+    tokens = {name: file.add(name, []) for name in ("alice", "bob")}
+    server = await anyio.to_thread.run_sync(
+        lambda: start_http(
+            tmp_path,
+            "--tokens",
+            str(tmp_path / "tokens.json"),
+            "--sandbox",
+            "none",
+            "--embedding-model",
+            "none",
+        )
+    )
+    target = Target(int(server.url.rsplit(":", 1)[1].split("/")[0]), tokens)
+    held: list[socket.socket] = []
+    try:
+        for _ in range(400):
+            sock = socket.create_connection(("127.0.0.1", target.port), timeout=READ_TIMEOUT)
+            held.append(sock)
+            sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: x\r\n")  # and never more
+        await bob_calls(server, target, "auto")
+        await bob_calls(server, target, "legacy")
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()
+    assert "Too many open files" not in server.log_text()
 
 
 # --- stdio ----------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ traceback. Anything unexpected propagates.
 
 from __future__ import annotations
 
+import logging
 import socket
 import sys
 
@@ -32,6 +33,8 @@ from kernmind.config import Settings
 from kernmind.transport.http import bind_socket, check_http_settings, serve_http
 from kernmind.transport.shutdown import EXIT_FAILED, EXIT_REFUSED
 from kernmind.transport.stdio import serve_stdio
+
+log = logging.getLogger(__name__)
 
 M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # glibc's mallopt parameters
 MMAP_THRESHOLD = 256 * 1024
@@ -54,6 +57,23 @@ def return_freed_memory() -> None:
         pass
 
 
+def raise_open_files_limit() -> None:
+    """Take the hard limit on open files as the soft one. Each HTTP connection is a descriptor,
+    and at a soft limit of 1,024 (a common default) a few hundred connections a client opens and
+    holds made every accept fail (EMFILE): every other principal's request waited until they
+    closed (measured: 400 held connections at a limit of 256, another principal's call timed
+    out). Kernels and sandboxed processes get their own limit (sandbox/rlimits.py)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = 1 << 20 if hard == resource.RLIM_INFINITY else hard  # (Linux's nr_open default)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ImportError, OSError, ValueError) as exc:  # best effort: the limit stays as it was
+        log.debug("open-files limit left as it was: %s", exc)
+
+
 def serve(settings: Settings) -> int:
     """Run ``kernmind serve``; returns the process exit code."""
     from kernmind.execution import runners
@@ -61,6 +81,7 @@ def serve(settings: Settings) -> int:
     from kernmind.execution.sandbox.rlimits import limits_from
 
     return_freed_memory()
+    raise_open_files_limit()
 
     # the probes run on threads while the rest starts (see Design)
     Sandbox.prefetch(settings.sandbox, allow_network=settings.allow_network, limits=limits_from(settings))
