@@ -15,7 +15,8 @@ import errno
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -30,9 +31,13 @@ from kernmind.memory.archival import Archive
 from kernmind.memory.archival_tools import Passage
 from kernmind.memory.block_store import Blocks
 from kernmind.memory.errors import MemoryRefusal
+from kernmind.principals import TokenFile
 from kernmind.refusals import Refusal
 from kernmind.server import create_server
+from tests.codemode.conftest import run_emitting
 from tests.conftest import error_text, make_settings, structured
+from tests.memory.postgres_server import PostgresServer
+from tests.transport.procs import HttpServer, http_client, start_http
 
 pytestmark = pytest.mark.anyio
 
@@ -369,3 +374,128 @@ def test_only_the_boundary_speaks_the_sdks_error_types() -> None:
                     if a.name in sdk_errors
                 ]
     assert not offenders, "raise a kernmind.refusals.Refusal instead: " + ", ".join(offenders)
+
+
+# ------------------------------------------------------------------ the boundary is outermost
+
+
+async def test_a_fault_in_a_hook_before_the_tool_is_answered_in_words(
+    client: Client, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The strict argument check runs before the SDK's call_tool (a request-handler wrapper): a
+    fault there is an internal error result with its ref, not a raw JSON-RPC error."""
+    import kernmind.tool_arguments
+
+    monkeypatch.setattr(kernmind.tool_arguments, "check_arguments", lambda *a, **k: _key_error())
+    with caplog.at_level(logging.ERROR, logger="kernmind.boundary"):
+        text = await call(client, "memory_list")
+    match = INTERNAL.search(text)
+    assert match and text.startswith("Error executing tool memory_list: "), text
+    logged_under(caplog, match.group(1))
+
+
+def test_a_database_that_cannot_be_reached_is_said_in_words() -> None:
+    import psycopg
+    import psycopg_pool
+
+    for exc in (
+        psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
+        psycopg.OperationalError("connection failed: No such file or directory"),
+        psycopg_pool.PoolTimeout("couldn't get a connection after 30.00 sec"),
+    ):
+        wrapped = RuntimeError("while reading")
+        wrapped.__cause__ = exc
+        text, missing = boundary.answer(wrapped, "a test")
+        assert text.startswith(f"the memory database is unavailable: {exc}"), text
+        assert not missing
+    # a query's own fault is not about reachability
+    assert INTERNAL.match(boundary.answer(psycopg.errors.SyntaxError("bad"), "a test")[0])
+
+
+# ------------------------------------------------------------------ a database that goes away and comes back
+
+
+class Database:
+    """A PostgreSQL server of this test's own, stopped and started again by the test."""
+
+    def __init__(self) -> None:
+        try:
+            self.pg = PostgresServer().start()
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+            pytest.skip(f"cannot start PostgreSQL here: {getattr(exc, 'stderr', '') or exc}")
+        self.url = self.pg.new_database()
+
+    def _pg_ctl(self, *args: str) -> None:
+        self.pg._run(str(self.pg.bindir / "pg_ctl"), "-D", str(self.pg.data), *args)
+
+    def stop(self) -> None:
+        self._pg_ctl("-m", "fast", "-w", "stop")  # connections end: "terminating connection …"
+
+    def start(self) -> None:
+        options = f"-k {self.pg.dir} -p {self.pg.port} -c listen_addresses='' -c fsync=off"
+        self._pg_ctl("-o", options, "-l", str(self.pg.dir / "log"), "-w", "start")
+
+
+@pytest.fixture(scope="module")
+def database_deployment(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[HttpServer, dict, Database]]:
+    database = Database()
+    tmp = tmp_path_factory.mktemp("database-down")
+    file = TokenFile(tmp / "tokens.json")
+    tokens = {name: file.add(name, []) for name in ("alice", "bob")}
+    server = start_http(
+        tmp,
+        *("--tokens", str(file.path), "--db", database.url, "--sandbox", "none"),
+        *("--embedding-model", "none", "--preload", "[]"),
+    )
+    try:
+        yield server, tokens, database
+    finally:
+        server.stop()
+        database.pg.stop()
+
+
+CODE_READS = (
+    "import kernmind_tools as km\n"
+    "try:\n    emit(km.memory_read(label='human')['label'])\n"
+    "except km.ToolError as e:\n    emit(str(e))\n"
+)
+
+
+async def test_a_database_that_is_down_is_a_sentence_and_the_server_recovers_by_itself(
+    database_deployment: tuple[HttpServer, dict, Database],
+) -> None:
+    """Over real HTTP, two principals. alice's first memory call (client and code alike) meets a
+    PostgreSQL that is down: opening her memory space fails inside the boundary, so each call is
+    a tool error result saying the database is unavailable (not a raw JSON-RPC error, not an
+    internal error); bob, whose space is open, gets the same sentence. PostgreSQL comes back: the
+    next calls of both work, without a restart."""
+    server, tokens, database = database_deployment
+
+    def client(who: str) -> Client:
+        return http_client(server.url, {"Authorization": f"Bearer {tokens[who]}"}, "auto")
+
+    async with client("alice") as alice, client("bob") as bob:
+        structured(await bob.call_tool("memory_list", {}))  # bob's space is open
+        await run_emitting(alice, "x = 1", session_id="work")  # alice has a kernel, no memory yet
+        database.stop()
+        try:
+            for who, c in (("alice", alice), ("bob", bob)):
+                text = error_text(await c.call_tool("memory_read", {"label": "human"}))
+                assert text.startswith(
+                    "Error executing tool memory_read: the memory database is unavailable: "
+                )
+                (said,) = await run_emitting(c, CODE_READS, session_id="work")
+                assert said.startswith(
+                    "Error executing tool memory_read: the memory database is unavailable"
+                ), (
+                    who,
+                    said,
+                )
+            assert server.proc.poll() is None
+        finally:
+            database.start()
+        for c in (alice, bob):
+            assert structured(await c.call_tool("memory_read", {"label": "human"}))["label"] == "human"
+            assert await run_emitting(c, CODE_READS, session_id="work") == ["human"]

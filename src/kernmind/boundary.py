@@ -11,6 +11,9 @@
 - a ``ToolError`` or ``ResourceError`` raised on purpose keeps its text (the SDK's own,
   for an unknown tool or arguments that fail the schema, included);
 - a full (failing, read-only) disk under any other error is said in words (``diskio``);
+- a memory database that cannot be reached (PostgreSQL down, restarting, or a connection it
+  dropped) reads ``the memory database is unavailable: <why>``; the pool reconnects by itself,
+  so the next call after the database is back works;
 - anything else is a fault of the server, never blamed on the caller's arguments (a
   pydantic ``ValidationError`` or a ``JSONDecodeError`` from our own code is a fault too):
   the caller reads ``internal error (ref 1a2b3c4d): …`` and the traceback is logged on
@@ -20,8 +23,14 @@ An exception group of one leaf (what an anyio task group raises around a single 
 is unwrapped first, so a refusal inside a task group reads the same as one outside it.
 
 :func:`call_tool` is the single function for calling a tool from inside the server (code
-mode: memory tools called from a kernel): strict arguments, the tool, and this boundary,
-exactly as a client's ``tools/call`` gets them.
+mode: memory tools called from a kernel): its hooks (opening the principal's memory), strict
+arguments, the tool, and this boundary, exactly as a client's ``tools/call`` gets them.
+
+The boundary is outermost: :func:`outermost` (installed last, after every other wrapper of the
+request handlers: principals, client defaults, strict arguments) answers whatever escapes
+those wrappers too — a hook that opens a principal's memory on a database that is down, an
+argument check that fails — as a tool error result (a JSON-RPC error with the sentence for a
+resource or a prompt), never as a raw JSON-RPC error carrying an exception's text.
 
 Error policy
 ------------
@@ -34,7 +43,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -51,7 +61,7 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, CallToolResult, TextConten
 
 from kernmind.diskio import disk_sentence
 from kernmind.refusals import Refusal
-from kernmind.sdk_compat import route_calls_through
+from kernmind.sdk_compat import lowlevel_server, route_calls_through
 from kernmind.tool_arguments import check_arguments
 
 log = logging.getLogger(__name__)
@@ -90,6 +100,9 @@ def answer(exc: BaseException, where: str) -> tuple[str, bool]:
         return str(raised), isinstance(raised, ResourceNotFoundError)
     if (sentence := _disk_cause(raised)) is not None:
         return sentence, False
+    if (sentence := _database_cause(raised)) is not None:
+        log.warning("while answering %s: %s", where, sentence)
+        return sentence, False
     return internal_error(raised, where), False
 
 
@@ -117,6 +130,38 @@ def _disk_cause(exc: BaseException) -> str | None:
             return None
         if (sentence := disk_sentence(leaf(seen), "complete this call")) is not None:
             return sentence
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _unreachable_database(exc: BaseException) -> bool:
+    """Whether ``exc`` says the memory database cannot be reached (not that a query is wrong)."""
+    if "psycopg" not in sys.modules:  # only PostgreSQL can be down (SQLite is a file: diskio)
+        return False
+    import psycopg
+    import psycopg_pool
+
+    if isinstance(exc, psycopg_pool.PoolTimeout | psycopg_pool.PoolClosed | psycopg.InterfaceError):
+        return True
+    # OperationalError: the connection failed or was dropped (AdminShutdown, "server closed the
+    # connection"); its subclasses that are a query's own fault are not about reachability.
+    return isinstance(exc, psycopg.OperationalError) and not isinstance(
+        exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable
+    )
+
+
+def _database_cause(exc: BaseException) -> str | None:
+    seen: BaseException | None = exc
+    for _ in range(CAUSES_FOLLOWED):
+        if seen is None:
+            return None
+        found = leaf(seen)
+        if _unreachable_database(found):
+            why = " ".join(str(found).split())[:300] or type(found).__name__
+            return (
+                f"the memory database is unavailable: {why}. Try again in a moment: the server "
+                "reconnects by itself once the database is back."
+            )
         seen = seen.__cause__ or seen.__context__
     return None
 
@@ -195,15 +240,76 @@ def error_result(text: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
 
-async def call_tool(server: MCPServer, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
-    """Call tool ``name`` from inside the server as a client's ``tools/call`` would: arguments
-    checked strictly (``tool_arguments``), failures answered by this boundary; a refusal or
-    an internal error comes back as an ``isError`` result, never as an exception."""
-    install(server)
-    refusal = check_arguments(server, name, arguments)
-    if refusal is not None:
-        return error_result(refusal)
-    try:
-        return await server.call_tool(name, arguments, context)
-    except ToolError as exc:
+def tool_failure(name: Any, exc: BaseException) -> CallToolResult:
+    """The error result a client reads when calling tool ``name`` raised ``exc``."""
+    if isinstance(exc, ToolError) and not isinstance(exc, UnexpectedToolError):
         return error_result(str(exc))
+    shown = str(name)[:100]
+    text, _ = answer(exc, f"tool {shown!r}")
+    return error_result(f"Error executing tool {shown}: {text}")
+
+
+Hook = Callable[[], Awaitable[None]]
+
+
+async def call_tool(
+    server: MCPServer,
+    name: str,
+    arguments: dict[str, Any],
+    context: Any = None,
+    *,
+    before: Sequence[Hook] = (),
+) -> Any:
+    """Call tool ``name`` from inside the server as a client's ``tools/call`` would: the hooks
+    ``before`` it (opening the caller's memory), arguments checked strictly
+    (``tool_arguments``), failures of any of them answered by this boundary; a refusal or an
+    internal error comes back as an ``isError`` result, never as an exception."""
+    install(server)
+    try:
+        for hook in before:
+            await hook()
+        refusal = check_arguments(server, name, arguments)
+        if refusal is not None:
+            return error_result(refusal)
+        return await server.call_tool(name, arguments, context)
+    except Exception as exc:
+        return tool_failure(name, exc)
+
+
+_OUTERMOST = "_kernmind_boundary_outermost"
+
+
+def outermost(server: MCPServer) -> None:
+    """Answer whatever escapes the request handlers' wrappers (hooks, checks) in words: call it
+    once every other wrapper of ``tools/call``, ``resources/read`` and ``prompts/get`` is in place."""
+    if getattr(server, _OUTERMOST, False):
+        return
+    low = lowlevel_server(server)
+    for method in ("tools/call", "resources/read", "prompts/get"):
+        entry = low.get_request_handler(method)
+        if entry is None:
+            continue
+
+        async def handler(ctx: Any, params: Any, _inner: Any = entry.handler, method: str = method) -> Any:
+            try:
+                return await _inner(ctx, params)
+            except MCPError:
+                raise  # already a JSON-RPC error in words (the SDK's, or a guarded resource/prompt)
+            except ValueError as exc:
+                if method == "prompts/get" and getattr(exc.__cause__, "__cause__", None) is None:
+                    raise  # the SDK's own refusal (an unknown prompt, missing arguments; see guard_prompts)
+                return _outermost_answer(method, params, exc)
+            except Exception as exc:
+                return _outermost_answer(method, params, exc)
+
+        low.add_request_handler(method, entry.params_type, handler)
+    setattr(server, _OUTERMOST, True)
+
+
+def _outermost_answer(method: str, params: Any, exc: Exception) -> Any:
+    """A tool's error result for ``exc``; for a resource or a prompt, a JSON-RPC error in words."""
+    if method == "tools/call":
+        return tool_failure(getattr(params, "name", "?"), exc)
+    what = f"{method} {str(getattr(params, 'uri', None) or getattr(params, 'name', ''))[:200]!r}"
+    text, missing = answer(exc, what)
+    raise MCPError(INVALID_PARAMS if missing else INTERNAL_ERROR, text) from exc

@@ -4,7 +4,13 @@ This module only wires: the executor (``execution/``) and the memory store (``me
 are created here, their MCP surfaces registered (``execution/tools/code_tools.py``,
 ``memory/tools.py``), and the server's lifespan starts and stops them. Tools and their
 result shapes live with the part they belong to; errors are answered in one place
-(``boundary.py``).
+(``boundary.py``), installed outermost: the hooks that run before a tool (principals, client
+defaults, strict arguments, opening a principal's memory) are inside it.
+
+Supervision: every long-lived task the lifespan's parts start (code-mode channels, the
+reaper, jobs, the warm pool's refill, memory's backfills, the fork-server template's reader)
+runs in a ``supervise.task_group``: one task's failure is logged with a ref and ends (or, for
+a service, restarts) that task only; no child's exception cancels the lifespan.
 
 Tests drive a complete server in-process with ``mcp.Client(create_server(settings))``.
 """
@@ -22,7 +28,7 @@ from kernmind.execution.executor import Executor
 from kernmind.execution.sessions.client_defaults import per_client_defaults
 from kernmind.execution.tools.code_tools import ExecutionTools
 from kernmind.memory.tools import MemoryTools
-from kernmind.principals import identify_callers
+from kernmind.principals import identify_callers, revoked
 from kernmind.tool_arguments import strict_tool_arguments
 
 INSTRUCTIONS = """\
@@ -54,7 +60,7 @@ def create_server(settings: Settings | None = None, executor: Executor | None = 
     # Code mode: session code calls the memory tools, through the same checks, as its principal
     # (added to the kernels before run_code is registered: its description says so).
     code_mode = CodeMode(
-        ToolDispatch(server, on_caller=[memory.open_space]),
+        ToolDispatch(server, on_caller=[memory.open_space], revoked=revoked),
         max_request_bytes=settings.max_request_mb * 1024 * 1024,
     )
     executor.add_kernel_extras(code_mode)
@@ -66,4 +72,5 @@ def create_server(settings: Settings | None = None, executor: Executor | None = 
     identify_callers(server, on_caller=[memory.open_space], when=memory.concerns)
     if not settings.stateless:
         per_client_defaults(server)  # and each client's default session (sessions/client_defaults.py)
+    boundary.outermost(server)  # last: whatever those hooks raise is answered in words too
     return server

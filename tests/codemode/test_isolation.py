@@ -17,6 +17,7 @@ import anyio
 import pytest
 from mcp import Client
 
+from kernmind.codemode.channel import MAX_CONNECTIONS
 from kernmind.config import Settings
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.rundir import socket_root
@@ -183,15 +184,16 @@ async def test_stateless_calls_each_get_a_channel_and_share_the_principals_memor
         assert await eventually(lambda: not sockets(settings))
 
 
-async def test_a_session_may_hold_sixteen_connections_at_once(client: Client) -> None:
-    """The main thread (its import described the tools) and fifteen threads each hold a connection;
-    a sixteenth thread is told why it was refused, and the others keep working."""
+async def test_a_session_may_hold_its_connections_open_and_the_next_is_told_why(client: Client) -> None:
+    """The main thread (its import described the tools) and MAX_CONNECTIONS - 1 threads each hold a
+    connection; one more thread is told why it was refused, and the others keep working."""
+    n = MAX_CONNECTIONS
     (answers, main) = await run_emitting(
         client,
-        """
+        f"""
 import threading, kernmind_tools as km
-out = [None] * 16
-arrived = threading.Barrier(16)
+out = [None] * {n}
+arrived = threading.Barrier({n})
 def worker(n):
     try:
         out[n] = km.memory_list()["total"] >= 0
@@ -199,7 +201,7 @@ def worker(n):
         out[n] = str(e)
     arrived.wait()
 threads = []
-for n in range(16):  # one after the other: the last connects while the others hold theirs
+for n in range({n}):  # one after the other: the last connects while the others hold theirs
     threads.append(threading.Thread(target=worker, args=(n,)))
     threads[-1].start()
     while out[n] is None:
@@ -211,6 +213,6 @@ emit(km.memory_list()["total"] >= 0)
 """,
         session_id="many",
     )
-    assert answers[:15] == [True] * 15
-    assert "too many connections" in answers[15] and "at most 16" in answers[15]
+    assert answers[: n - 1] == [True] * (n - 1)
+    assert "too many connections" in answers[n - 1] and f"at most {n} open" in answers[n - 1]
     assert main is True

@@ -13,12 +13,23 @@ Design
 - The protocol is one JSON object per line each way: ``{"op": "describe"}`` or
   ``{"op": "call", "tool": …, "arguments": {…}}``, answered ``{"ok": true, …}`` or
   ``{"ok": false, "error": "<sentence>"}`` (with ``"closed": true`` when the connection is
-  closed after it: a refused peer, too many connections, an oversized request). A connection serves its requests one at a time
-  (the client opens one per thread); a channel holds at most ``MAX_CONNECTIONS``.
+  closed after it: a refused peer, too many connections, an oversized or truncated request).
+  A connection serves its requests one at a time (the client opens one per thread).
+- Limits count what costs: at most ``MAX_CALLS`` requests of a channel are read and answered at
+  once (a request's line is read only once it holds a turn; the others wait, none is refused),
+  so an idle connection (the one ``import kernmind_tools`` keeps) costs no turn. Open
+  connections, idle or not, are bounded by ``MAX_CONNECTIONS`` (each is a file descriptor of
+  the server): past it a connection is told why and closed.
+- Supervised (``supervise.py``): each connection is a guarded task, so whatever fails in one
+  ends that connection only (logged with a ref); the accept loop is a service, restarted (the
+  socket made again) if it fails. Nothing raised here reaches the server's lifespan.
 
-Error policy: a malformed or oversized request is answered with a sentence, and an oversized
-one also closes the connection (its end cannot be found); a client that goes away mid-call
-leaves the call to finish (its write is not half done) and its answer is dropped.
+Error policy: every request that cannot be read as one JSON object (not JSON, invalid UTF-8,
+nested too deeply, not an object, larger than ``--max-request-mb``, cut off by the peer closing
+its side) is answered with a sentence when the peer still reads; an oversized or truncated one
+also closes the connection (its end cannot be found). Every send is guarded: a peer that went
+away ends its connection, nothing else. A client that goes away mid-call leaves the call to
+finish (its write is not half done) and its answer is dropped.
 """
 
 from __future__ import annotations
@@ -34,16 +45,66 @@ from typing import Any
 
 import anyio
 from anyio.abc import SocketAttribute, SocketListener, SocketStream
-from anyio.streams.buffered import BufferedByteReceiveStream
 
+from kernmind import supervise
 from kernmind.codemode.dispatch import ToolDispatch
 from kernmind.principals import Principal
 
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = "tools.sock"
-MAX_CONNECTIONS = 16
+MAX_CALLS = 16  # requests of one channel read and answered at once (the others wait their turn)
+MAX_CONNECTIONS = 64  # open connections of one channel (idle ones included: each is a descriptor)
 ENOUGH = 2  # two connections past the cap are told why, the rest simply closed
+CHUNK = 65536
+# A peer gone away: its connection ends, quietly.
+GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
+
+
+class Oversize(Exception):
+    pass
+
+
+class Truncated(Exception):
+    pass
+
+
+class Lines:
+    """Newline-ended requests read from one connection, each at most ``limit`` bytes."""
+
+    def __init__(self, stream: SocketStream, limit: int) -> None:
+        self.stream = stream
+        self.limit = limit
+        self.buffer = bytearray()
+        self.scanned = 0  # bytes of the buffer known to hold no newline
+
+    async def waiting(self) -> bool:
+        """Wait until a request starts arriving; False when the peer closed (or broke) first."""
+        if self.buffer:
+            return True
+        try:
+            self.buffer += await self.stream.receive(CHUNK)
+        except GONE:
+            return False
+        return True
+
+    async def line(self) -> bytes:
+        """The next line (without its newline); ``Oversize`` past the limit, ``Truncated`` when
+        the peer stopped sending before its newline."""
+        while True:
+            end = self.buffer.find(b"\n", self.scanned)
+            if end >= 0:
+                line = bytes(self.buffer[:end])
+                del self.buffer[: end + 1]
+                self.scanned = 0
+                return line
+            self.scanned = len(self.buffer)
+            if len(self.buffer) > self.limit:
+                raise Oversize
+            try:
+                self.buffer += await self.stream.receive(CHUNK)
+            except anyio.EndOfStream:
+                raise Truncated from None
 
 
 class Channel:
@@ -65,7 +126,9 @@ class Channel:
         self.dispatch = dispatch
         self.max_request_bytes = max_request_bytes
         self.scope = anyio.CancelScope()
+        self.calls = anyio.CapacityLimiter(MAX_CALLS)
         self._connections = 0
+        self._listener: SocketListener | None = None
 
     @classmethod
     async def open(
@@ -78,14 +141,26 @@ class Channel:
         max_request_bytes: int,
     ) -> tuple[Channel, SocketListener]:
         path = directory / SOCKET_NAME
-        path.unlink(missing_ok=True)
-        listener = await anyio.create_unix_listener(path, mode=0o600)
-        if uid is not None:
-            os.chown(path, uid, uid, follow_symlinks=False)
         channel = cls(
             path, principal, session_id, os.getuid() if uid is None else uid, dispatch, max_request_bytes
         )
-        return channel, listener
+        return channel, await channel._listen()
+
+    async def _listen(self) -> SocketListener:
+        """A fresh listening socket at ``path``, owned by the kernel's uid, mode 0600."""
+        self.path.unlink(missing_ok=True)
+        listener = await anyio.create_unix_listener(self.path, mode=0o600)
+        try:
+            if self.uid != os.getuid():
+                os.chown(self.path, self.uid, self.uid, follow_symlinks=False)
+        except BaseException:
+            await listener.aclose()
+            raise
+        return listener
+
+    @property
+    def what(self) -> str:
+        return f"code mode of session {self.session_id!r} of {self.principal.owner!r}"
 
     def stop(self) -> None:
         """Stop listening and drop the connections (the kernel stopped); synchronous, for ``on_stop``."""
@@ -94,31 +169,43 @@ class Channel:
             self.path.unlink(missing_ok=True)
 
     async def serve(self, listener: SocketListener) -> None:
+        """Accept connections until ``stop``; never raises (supervised, see the module docstring)."""
+        self._listener = listener
         with self.scope:
-            async with listener:
-                await listener.serve(self._connection)
+            async with supervise.task_group(self.what) as connections:
+                await supervise.service(f"{self.what}: listener", self._accept, connections)
+
+    async def _accept(self, connections: supervise.Supervised) -> None:
+        listener = self._listener
+        self._listener = None  # a restart after a failure makes the socket again
+        if listener is None:
+            listener = await self._listen()
+        async with listener:
+            while True:
+                stream = await listener.accept()
+                connections.start_soon(self._connection, stream, name="connection")
 
     async def _connection(self, stream: SocketStream) -> None:
         async with stream:
             refusal = self._refusal(stream)
             if refusal is not None:
-                log.warning(
-                    "code mode: %s (session %r of %r)", refusal, self.session_id, self.principal.owner
-                )
+                log.warning("%s: %s", self.what, refusal)
                 await _send(stream, {"ok": False, "error": refusal, "closed": True})
                 return
             self._connections += 1
             try:
                 if self._connections > MAX_CONNECTIONS:
-                    await _send(
-                        stream,
-                        {
-                            "ok": False,
-                            "closed": True,
-                            "error": f"too many connections to code mode from this session (at most "
-                            f"{MAX_CONNECTIONS} threads or processes may call tools at once); use fewer threads.",
-                        },
-                    )
+                    if self._connections <= MAX_CONNECTIONS + ENOUGH:
+                        await _send(
+                            stream,
+                            {
+                                "ok": False,
+                                "closed": True,
+                                "error": f"too many connections to code mode from this session (at most "
+                                f"{MAX_CONNECTIONS} open at once, one per thread or process that calls "
+                                "tools); close some, or use fewer threads.",
+                            },
+                        )
                     return
                 await self._requests(stream)
             finally:
@@ -139,44 +226,35 @@ class Channel:
         return None
 
     async def _requests(self, stream: SocketStream) -> None:
-        reader = BufferedByteReceiveStream(stream)
-        while True:
-            try:
-                line = await reader.receive_until(b"\n", self.max_request_bytes)
-            except (
-                anyio.EndOfStream,
-                anyio.IncompleteRead,
-                anyio.BrokenResourceError,
-                anyio.ClosedResourceError,
-            ):
+        lines = Lines(stream, self.max_request_bytes)
+        while await lines.waiting():  # an idle connection waits here, holding no turn
+            async with self.calls:
+                try:
+                    line = await lines.line()
+                except Oversize:
+                    mib = self.max_request_bytes / (1024 * 1024)
+                    answer = _refused(
+                        f"the request is larger than {mib:g} MiB; send less per call "
+                        "(e.g. one passage per archival_memory_insert).",
+                        closed=True,
+                    )
+                except Truncated:
+                    answer = _refused(
+                        "the request ended before its end of line (the connection was closed mid-request); "
+                        "kernmind_tools sends one JSON object per line.",
+                        closed=True,
+                    )
+                except GONE:
+                    return
+                else:
+                    answer = await self._answer(line)
+            if not await _send(stream, answer) or answer.get("closed"):
                 return
-            except anyio.DelimiterNotFound:
-                await _send(
-                    stream,
-                    {
-                        "ok": False,
-                        "closed": True,
-                        "error": f"the request is larger than {self.max_request_bytes // (1024 * 1024)} MiB; "
-                        "send less per call (e.g. one passage per archival_memory_insert).",
-                    },
-                )
-                return
-            answer = await self._answer(line)
-            try:
-                await _send(stream, answer)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                return  # the client went away (an interrupt): the call itself is complete
 
     async def _answer(self, line: bytes) -> dict[str, Any]:
-        try:
-            request = json.loads(line)
-        except ValueError:
-            return {
-                "ok": False,
-                "error": "the request is not valid JSON (kernmind_tools sends one object per line).",
-            }
-        if not isinstance(request, dict):
-            return {"ok": False, "error": "the request must be a JSON object."}
+        request = _parsed(line)
+        if isinstance(request, str):
+            return _refused(request)
         op = request.get("op")
         if op == "describe":
             return await self.dispatch.describe()
@@ -186,9 +264,37 @@ class Channel:
                 return await self.dispatch.call(
                     self.principal, self.session_id, request.get("tool"), request.get("arguments", {})
                 )
-        return {"ok": False, "error": "unknown request: 'op' must be 'describe' or 'call'."}
+        return _refused("unknown request: 'op' must be 'describe' or 'call'.")
 
 
-async def _send(stream: SocketStream, answer: dict[str, Any]) -> None:
+def _parsed(line: bytes) -> dict[str, Any] | str:
+    """The request on ``line``, or why it is not one (a sentence)."""
+    how = "kernmind_tools sends one JSON object per line"
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"the request is not valid UTF-8 (byte {exc.start}); {how}."
+    try:
+        request = json.loads(text)
+    except RecursionError:
+        return f"the request is nested too deeply to read; {how}."
+    except ValueError as exc:
+        return f"the request is not valid JSON ({str(exc)[:200]}); {how}."
+    if not isinstance(request, dict):
+        return f"the request must be a JSON object, not {type(request).__name__}; {how}."
+    return request
+
+
+def _refused(sentence: str, *, closed: bool = False) -> dict[str, Any]:
+    return {"ok": False, "error": sentence, **({"closed": True} if closed else {})}
+
+
+async def _send(stream: SocketStream, answer: dict[str, Any]) -> bool:
+    """Send ``answer``; False when the peer went away (nothing is raised)."""
     # ASCII with escapes: a lone surrogate in stored text still travels as valid JSON.
-    await stream.send(json.dumps(answer, default=str).encode("ascii") + b"\n")
+    data = json.dumps(answer, default=str).encode("ascii") + b"\n"
+    try:
+        await stream.send(data)
+    except GONE:
+        return False
+    return True

@@ -7,8 +7,9 @@ Design
 - A call runs through the server's own pieces in the order a client's call does
   (``principals.identify_callers`` → ``tool_arguments.strict_tool_arguments`` → the SDK's
   ``call_tool``): the caller is set to the session's principal (``acting_as``), the hooks a
-  client's call runs first run (opening that principal's memory namespace), then
-  ``boundary.call_tool``: the strict argument check refusing in the same words, and
+  client's call runs first run inside ``boundary.call_tool`` (opening that principal's memory
+  namespace: a database that is down is answered in words), then the strict argument check
+  refusing in the same words, and
   ``MCPServer.call_tool`` running the registered tool, with its validation, limits, versions,
   undo and change notifications, its failures answered by the one error boundary. An error
   result becomes the answer's ``error``: the sentence a client would read.
@@ -16,17 +17,22 @@ Design
   ``PER_PRINCIPAL`` at a time; the rest wait their turn, so a loop that floods the channel
   queues behind itself, and other principals' calls (from code or from clients) keep being
   served between its calls.
+- Revocation reaches running code: before each call ``revoked(principal)`` is asked (the
+  server gives ``principals.revoked``, which looks at the tokens file in force); a principal
+  whose token was revoked is refused at once with that sentence, and nothing runs.
 - Every call is logged as coming from code (principal, session, tool, outcome).
 
-Error policy: a refusal is an answer, never an exception; an unexpected failure of a tool is
-answered as the boundary answers a client (``internal error (ref …)``, the traceback logged
-under that ref).
+Error policy: a refusal is an answer, never an exception; an unexpected failure anywhere in a
+call (the hooks included: opening a memory space on a database that is down) is answered as
+the boundary answers a client (``boundary.answer``: ``the memory database is unavailable: …``,
+``internal error (ref …)`` with the traceback logged under that ref).
 """
 
 from __future__ import annotations
 
 import collections
 import difflib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -47,6 +53,7 @@ FAMILY_NAMES = ("memory", "conversation_search")
 
 Answer = dict[str, Any]
 OnCaller = Callable[[Principal], Awaitable[None]]
+Revoked = Callable[[Principal], str | None]  # why a principal may no longer act (None: it may)
 
 
 def in_family(name: str) -> bool:
@@ -56,9 +63,15 @@ def in_family(name: str) -> bool:
 class ToolDispatch:
     """Answers code's requests for one server (``server.py`` makes one)."""
 
-    def __init__(self, server: MCPServer, on_caller: Sequence[OnCaller] = ()) -> None:
+    def __init__(
+        self,
+        server: MCPServer,
+        on_caller: Sequence[OnCaller] = (),
+        revoked: Revoked | None = None,
+    ) -> None:
         self.server = server
         self.on_caller = list(on_caller)
+        self.revoked = revoked
         self._limiters: dict[str, anyio.CapacityLimiter] = collections.defaultdict(
             lambda: anyio.CapacityLimiter(PER_PRINCIPAL)
         )
@@ -79,7 +92,10 @@ class ToolDispatch:
 
     async def call(self, principal: Principal, session_id: str, name: Any, arguments: Any) -> Answer:
         started = time.perf_counter()
-        answer = await self._answer(principal, name, arguments)
+        try:
+            answer = await self._answer(principal, name, arguments)
+        except Exception as exc:  # the boundary's words for whatever failed (a hook included)
+            answer = _refusal(boundary.answer(exc, f"code call {_shown(name)}")[0])
         log.info(
             "code call %s from session %r of %r: %s (%.1f ms)",
             _shown(name),
@@ -91,16 +107,17 @@ class ToolDispatch:
         return answer
 
     async def _answer(self, principal: Principal, name: Any, arguments: Any) -> Answer:
+        if self.revoked is not None and (why := self.revoked(principal)) is not None:
+            return _refusal(why)
         names = [t["name"] for t in await self.allowed()]
         if not isinstance(name, str) or name not in names:
             return _refusal(self._not_offered(name, names))
         if not isinstance(arguments, dict):
             return _refusal(f"the arguments of {name} must be given by name (a JSON object).")
+        hooks = [functools.partial(hook, principal) for hook in self.on_caller]
         async with self._limiters[principal.owner]:
             with acting_as(principal):
-                for hook in self.on_caller:
-                    await hook(principal)
-                result = await boundary.call_tool(self.server, name, arguments)
+                result = await boundary.call_tool(self.server, name, arguments, before=hooks)
         if result.is_error:
             return _refusal("\n".join(getattr(c, "text", "") for c in result.content))
         return {"ok": True, "result": self._result(name, result)}

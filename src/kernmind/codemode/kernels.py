@@ -15,6 +15,8 @@ the executor:
 
 Error policy: a channel that cannot be opened (a full disk) is logged; that kernel's code then
 gets ``ToolError`` saying code mode is unavailable, and its ``run_code`` calls are unaffected.
+Channels run in a supervised task group (``supervise.py``): whatever fails in one is logged
+with a ref and ends that channel only (a channel restarts its own listener, ``channel.py``).
 """
 
 from __future__ import annotations
@@ -25,9 +27,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import anyio
-from anyio.abc import TaskGroup
-
+from kernmind import supervise
 from kernmind.codemode.channel import SOCKET_NAME, Channel
 from kernmind.codemode.dispatch import ToolDispatch
 from kernmind.execution.sandbox.bwrap import Sandbox
@@ -51,12 +51,13 @@ class CodeMode:
         self.dispatch = dispatch
         self.max_request_bytes = max_request_bytes
         self.client = Mount(CLIENT_DIR, CLIENT_MOUNT)
-        self._tg: TaskGroup | None = None
+        self._tg: supervise.Supervised | None = None
         self.channels: dict[str, Channel] = {}  # by kernel id, while open
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        async with anyio.create_task_group() as tg:
+        # Supervised: one channel's failure ends that channel, never the server's lifespan.
+        async with supervise.task_group("code mode") as tg:
             self._tg = tg
             try:
                 yield
@@ -109,4 +110,4 @@ class CodeMode:
             self.channels.pop(kernel.id, None)
 
         kernel.on_stop.append(stop)
-        tg.start_soon(channel.serve, listener)
+        tg.start_soon(channel.serve, listener, name=channel.what)

@@ -90,6 +90,7 @@ from kernmind.execution.sessions.registry import LOCAL_OWNER, SessionError, Sess
 from kernmind.execution.sessions.session import DEFAULT_SESSION, Hooks, Session, check_session_id
 from kernmind.execution.supervisor import Progress, supervise
 from kernmind.revocation import watch_revocations
+from kernmind.supervise import task_group as supervised_group
 
 if TYPE_CHECKING:
     from kernmind.execution.kernels.extras import KernelExtras
@@ -296,7 +297,9 @@ class Executor:
             self.remote.workspaces.open()
         forks = self.factory.running() if isinstance(self.factory, ForkKernelFactory) else _nothing()
         try:
-            async with forks, anyio.create_task_group() as tg:
+            # Supervised: a failing background task (a job, a clean-up, the reaper) is logged with a
+            # ref and ends or restarts alone, never cancelling the server (supervise.py).
+            async with forks, supervised_group("executor") as tg:
                 self._tg = tg
                 assert self.rundir.path is not None
                 self.jobs.open(tg, self.rundir.path)

@@ -30,7 +30,12 @@ Design
 Error policy
 ------------
 Connection failures and SQL errors propagate (psycopg's messages name the host and the
-problem); a database written by a newer kernmind is refused with a ``RuntimeError``.
+problem; the error boundary says ``the memory database is unavailable: …`` for the first);
+a database written by a newer kernmind is refused with a ``RuntimeError``. A database that
+went away and came back needs no restart: each connection the pool hands out is checked
+first (one empty round trip), and once one fails the database counts as down: until a
+direct connection succeeds again, each call fails at once with the reason (instead of
+waiting out the pool's timeout), and then the pool's stale connections are dropped.
 """
 
 from __future__ import annotations
@@ -310,6 +315,7 @@ class PostgresDatabase:
     def __init__(self, url: str, *, max_connections: int = 8) -> None:
         self.url = url
         self.location = redacted_location(url)
+        self._down = False  # a connection failed: look directly before waiting on the pool
         self._pool = AsyncConnectionPool(url, min_size=1, max_size=max_connections, open=False, timeout=30)
         self.passage_text = TSRanking(self, "passages", PASSAGE_COLUMNS, filter_sql, passage_row)
         self.message_text = TSRanking(self, "messages", MESSAGE_COLUMNS, message_filter_sql, message_row)
@@ -329,15 +335,41 @@ class PostgresDatabase:
         await self._pool.close()
 
     @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection known to work (see the error policy: a database that restarted)."""
+        conn = await self._working_connection()
+        try:
+            async with conn:  # as the pool's own ``connection()``: commit on success, else roll back
+                yield conn
+        finally:
+            await self._pool.putconn(conn)
+
+    async def _working_connection(self) -> psycopg.AsyncConnection[Any]:
+        for _ in range(3):
+            if self._down:  # raises at once while the database cannot be reached
+                async with await psycopg.AsyncConnection.connect(self.url, connect_timeout=5):
+                    pass
+                self._down = False
+                await self._pool.check()  # drop the connections that died with the old server
+            conn = await self._pool.getconn()
+            try:
+                await AsyncConnectionPool.check_connection(conn)
+                return conn
+            except psycopg.Error:
+                await self._pool.putconn(conn)  # broken: the pool discards it
+                self._down = True
+        raise psycopg.OperationalError("the database keeps dropping new connections")
+
+    @contextlib.asynccontextmanager
     async def write(self) -> AsyncIterator[PostgresTx]:
         """A transaction that holds the write lock: committed on success, rolled back on any error."""
-        async with self._pool.connection() as conn, conn.transaction():
+        async with self._connection() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
             yield PostgresTx(conn)
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[PostgresTx]:
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             yield PostgresTx(conn)
 
     async def _migrate(self) -> None:
@@ -370,7 +402,7 @@ class PostgresDatabase:
     async def announce(self, namespace: str, label: str, listing: bool) -> None:
         """Tell other processes that a block changed (delivered to their :meth:`listen`)."""
         payload = json.dumps({"pid": os.getpid(), "ns": namespace, "label": label, "listing": listing})
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
 
     async def listen(self, namespace: str) -> AsyncIterator[tuple[str, bool]]:

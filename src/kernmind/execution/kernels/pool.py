@@ -38,6 +38,7 @@ from kernmind.execution.packages.layer import Layer
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
 from kernmind.execution.sessions.disk_store import rebind
+from kernmind.supervise import keeps_running
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class KernelPool:
         self._tg = tg
         tg.start_soon(self._refill_loop, delay)
 
+    @keeps_running  # a supervised group restarts it if it ever fails (supervise.py)
     async def _refill_loop(self, delay: float) -> None:
         assert self._tg is not None
         # A server just launched is answering its handshake (and maybe a first call, which

@@ -48,6 +48,7 @@ from anyio.abc import TaskGroup
 
 from kernmind.execution.kernels.forkserver.channel import Channel, TemplateGone
 from kernmind.execution.sandbox.rlimits import THREAD_STACK_MB
+from kernmind.supervise import task_group as supervised_group
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ class ForkServer:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[ForkServer]:
         """Start the template in the background; stop it (not the kernels it made) on exit."""
-        async with anyio.create_task_group() as tg:
+        async with supervised_group("fork server") as tg:  # a failed reader ends alone (supervise.py)
             self._tg = tg
             self._kick()
             try:
