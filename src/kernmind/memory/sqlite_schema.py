@@ -232,12 +232,12 @@ async def _fill_content_keys(db: aiosqlite.Connection) -> None:
 
 
 async def _refill_content_keys(db: aiosqlite.Connection) -> None:
-    """After migration 7: the duplicate digest of every stored passage, under the new rule."""
-    async with db.execute("SELECT id, content FROM passages") as cur:
+    """After migration 7: the duplicate digest of every stored passage under the new rule (written
+    only where it changed: texts holding format characters, a few if any)."""
+    async with db.execute("SELECT id, content, content_key FROM passages") as cur:
         rows = await cur.fetchall()
-    await db.executemany(
-        "UPDATE passages SET content_key = ? WHERE id = ?", [(content_key(c), i) for i, c in rows]
-    )
+    changed = [(key, i) for i, c, old in rows if (key := content_key(c)) != old]
+    await db.executemany("UPDATE passages SET content_key = ? WHERE id = ?", changed)
 
 
 # Python steps that run after a migration's SQL, by the version the migration produces.
