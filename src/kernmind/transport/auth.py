@@ -30,7 +30,8 @@ from typing import Any
 
 from kernmind.config import Settings
 from kernmind.principals import SCOPE_KEY, Authenticator, Principal
-from kernmind.transport.guard import INTERNAL_ERROR, logged_ref, refuse
+from kernmind.supervise import failed
+from kernmind.transport.guard import INTERNAL_ERROR, refuse
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -71,7 +72,7 @@ class BearerTokenMiddleware:
         try:
             principal = self.authorized(scope.get("headers", []))
         except Exception as exc:  # the tokens file could not be read: this request only is refused
-            await self._unavailable(scope, send, logged_ref(exc, "checking a bearer token"))
+            await self._unavailable(scope, send, failed("checking a bearer token", exc))
             return
         if principal is not None:
             scope[SCOPE_KEY] = principal

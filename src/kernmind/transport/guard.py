@@ -38,12 +38,11 @@ sent to a closed connection.
 from __future__ import annotations
 
 import json
-import logging
 import re
-import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from kernmind.supervise import failed
 from kernmind.transport.bad_messages import PARSE_ERROR, decode, parse_sentence, shape_problem
 
 Scope = MutableMapping[str, Any]
@@ -51,8 +50,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-log = logging.getLogger(__name__)
 
 INVALID_REQUEST = -32600
 INTERNAL_ERROR = -32603
@@ -231,14 +228,6 @@ async def refuse(
     await send({"type": "http.response.body", "body": body})
 
 
-def logged_ref(exc: BaseException, where: str) -> str:
-    """Log ``exc`` with its traceback under a fresh ref (what the caller is told, to give the
-    operator); returns the ref."""
-    ref = secrets.token_hex(4)
-    log.error("internal error (ref %s) in %s: %s", ref, where, type(exc).__name__, exc_info=exc)
-    return ref
-
-
 class LastResort:
     """ASGI middleware, outermost: an exception from anything inside answers this request with
     a 500 and a sentence carrying a ref (logged with its traceback), instead of uvicorn's bare
@@ -263,7 +252,7 @@ class LastResort:
         try:
             await self.app(scope, receive, watch)
         except Exception as exc:
-            ref = logged_ref(exc, f"HTTP {scope.get('method', '?')} {scope.get('path', '?')}")
+            ref = failed(f"HTTP {scope.get('method', '?')} {scope.get('path', '?')}", exc)
             if started:
                 return
             sentence = (

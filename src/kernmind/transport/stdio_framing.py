@@ -18,7 +18,8 @@ Design
   and exit code 1.
 
 Error policy: nothing a client writes on stdin raises out of here; a stdout that cannot be
-written stops serving in order (the lifespan's cleanup runs, exit code 0, one log line).
+written stops serving in order (the lifespan's cleanup runs, exit code 0, one log line), and
+so does an unexpected failure of the reader or the writer (logged with a ref, supervise.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from kernmind.supervise import failed
 from kernmind.transport.bad_messages import (
     INVALID_REQUEST,
     PARSE_ERROR,
@@ -43,7 +45,7 @@ from kernmind.transport.bad_messages import (
     reply_id,
     shape_problem,
 )
-from kernmind.transport.guard import INTERNAL_ERROR, logged_ref
+from kernmind.transport.guard import INTERNAL_ERROR
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +137,7 @@ async def line_streams(
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     return  # the server stopped reading: serving is over
                 except Exception as exc:  # one bad line must never stop the reader
-                    ref = logged_ref(exc, "reading a line on stdin")
+                    ref = failed("reading a line on stdin", exc)
                     await answer(
                         error_object(None, INTERNAL_ERROR, f"internal error (ref {ref}) reading this line.")
                     )
@@ -146,18 +148,18 @@ async def line_streams(
                 try:
                     text = item.message.model_dump_json(by_alias=True, exclude_unset=True)
                 except Exception as exc:  # e.g. a lone surrogate in a string
-                    ref = logged_ref(exc, "writing a message to stdout")
+                    ref = failed("writing a message to stdout", exc)
                     rid = getattr(item.message, "id", None)
                     if not isinstance(item.message, JSONRPCResponse | JSONRPCError) or rid is None:
                         continue
-                    failed = JSONRPCError.model_validate(
+                    replacement = JSONRPCError.model_validate(
                         error_object(
                             rid,
                             INTERNAL_ERROR,
                             f"internal error (ref {ref}): the answer could not be written.",
                         )
                     )
-                    text = failed.model_dump_json(by_alias=True, exclude_unset=True)
+                    text = replacement.model_dump_json(by_alias=True, exclude_unset=True)
                 try:
                     await stdout.write(text + "\n")
                 except OSError as exc:  # the client closed our stdout: nobody can be answered
@@ -167,15 +169,25 @@ async def line_streams(
 
     written = anyio.Event()
 
-    async def write_all() -> None:
+    async def reading() -> None:
+        try:
+            await read()
+        except Exception as exc:  # no request can be read any more: stop serving in order
+            failed("the stdio reader", exc)
+            on_closed()
+
+    async def writing() -> None:
         try:
             await write()
+        except Exception as exc:  # no answer can be written any more: stop serving in order
+            failed("the stdio writer", exc)
+            on_closed()
         finally:
             written.set()
 
     async with anyio.create_task_group() as tasks:
-        tasks.start_soon(read)
-        tasks.start_soon(write_all)
+        tasks.start_soon(reading)
+        tasks.start_soon(writing)
         try:
             yield incoming, outgoing
             await outgoing.aclose()  # the answers already sent are written, then the writer ends
