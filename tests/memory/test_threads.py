@@ -56,11 +56,7 @@ async def search(client: Client, query: str, **kw: object) -> list[dict]:
     return (await ok(client, "archival_memory_search", query=query, **kw))["results"]
 
 
-# the vector index honours Facets.thread once vector_index.py reads it (ranking's part of issue 32)
-NEEDS_INDEX = pytest.mark.xfail(reason="VectorIndex.candidates does not filter on Facets.thread yet")
-
-
-@pytest.mark.parametrize("meaning", [False, pytest.param(True, marks=NEEDS_INDEX)], ids=["words", "hybrid"])
+@pytest.mark.parametrize("meaning", [False, True], ids=["words", "hybrid"])
 async def test_thread_round_trip_and_filter(
     tmp_path: Path, embedding_server: EmbeddingServer, meaning: bool
 ) -> None:

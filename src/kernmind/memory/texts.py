@@ -108,9 +108,7 @@ class TextTable:
         if not bad:
             return None
         if not recall.backlog:
-            recall.backlog = True
-            if (wake := getattr(recall, "wake", None)) is not None:  # Recall.wake: issue 32, ranking's part
-                wake()
+            recall.wake()
         return (
             f"{bad} stored vector{'s' if bad > 1 else ''} of {what} did not fit the embedding model (another "
             f"length): left out of meaning search and being embedded again in the background; full text "
