@@ -29,6 +29,7 @@ import random
 import resource
 import socket
 import struct
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -698,3 +699,43 @@ def test_a_client_that_closes_stdout_stops_the_server_in_order(tmp_path: Path) -
     assert "Traceback" not in log, log[-3000:]
     assert "stdout closed" in log
     assert wait_until(lambda: not mentioning(str(tmp_path)), 30), mentioning(str(tmp_path))  # kernels stopped
+
+
+def test_stdin_from_a_file_is_answered_line_by_line(tmp_path: Path) -> None:
+    """stdin that is a file is read on a thread (not the event loop): the same answers, and a
+    line past the limit is read past without being kept."""
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": LEGACY,
+            "capabilities": {},
+            "clientInfo": {"name": "f", "version": "0"},
+        },
+    }
+    lines = [
+        body_of(init),
+        body_of({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        b"[" * 200_000,
+        b"\xff not UTF-8",
+        b'{"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"x": "' + b"a" * (2 * MIB) + b'"}}',
+    ]
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(b"\n".join(lines) + b"\n")
+    with requests.open("rb") as stdin:
+        done = subprocess.run(
+            procs.serve_argv(tmp_path / "data", "--sandbox", "none", "--max-request-mb", str(LIMIT_MB)),
+            stdin=stdin,
+            capture_output=True,
+            env=procs.server_env(tmp_path),
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [a.get("id") for a in answers] == [1, None, None, 5], answers
+    assert "nested too deeply" in answers[1]["error"]["message"]
+    assert "not valid UTF-8" in answers[2]["error"]["message"]
+    assert "This message is 2.0 MB" in answers[3]["error"]["message"]
+    assert b"Traceback" not in done.stderr
