@@ -73,7 +73,8 @@ def ranked(s: Sample, fusion: Fusion, top: int = 10) -> list[int]:
     if not len(s.pid):
         return []
     score, code = fused_scores(s.words, s.cosines, fusion, s.fit, s.focus, s.before, s.threads)
-    order = np.lexsort((-s.pid, -score))
+    inside = s.fit >= 1.0 if s.fit is not None else np.zeros(len(score), dtype=bool)
+    order = np.lexsort((-s.pid, -score, ~inside))
     return [int(s.index[i]) for i in order if code[i] >= 0][:top]
 
 

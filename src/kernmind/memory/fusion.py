@@ -169,5 +169,8 @@ def fuse(
         labels: dict[Hashable, int] = {}
         t = np.array([labels.setdefault(threads[i], len(labels)) if i in threads else -1 for i in ids])
     score, code = fused_scores(w, c, fusion, f, o, b, t)
-    order = sorted((i for i in range(len(ids)) if code[i] >= 0), key=lambda i: (-score[i], -ids[i]))
+    inside = [bool(x) for x in (f >= 1.0)] if f is not None else [False] * len(ids)  # ties at 0: inside first
+    order = sorted(
+        (i for i in range(len(ids)) if code[i] >= 0), key=lambda i: (-inside[i], -score[i], -ids[i])
+    )
     return [Scored(ids[i], round(float(score[i]), 4), MATCHES[code[i]]) for i in order]

@@ -132,6 +132,7 @@ class Gathered:
     focus: dict[int, float] | None = None  # similarity to the query's focus (None: the query is its focus)
     threads: dict[int, int] = field(default_factory=dict)  # each threaded candidate's thread (a code)
     previous: dict[int, int] = field(default_factory=dict)  # each threaded candidate's previous text
+    carried: dict[int, float] = field(default_factory=dict)  # words score a passage has from what it replaced
 
 
 @dataclass(slots=True)
@@ -247,6 +248,8 @@ class Recall:
         from kernmind.memory.fusion import fuse
 
         words = {r.id: r.score or 0.0 for r in gathered.text.rows}
+        for pid, score in gathered.carried.items():
+            words[pid] = max(words.get(pid, 0.0), score)
         before = {pid: words[prev] for pid, prev in gathered.previous.items() if prev in words}
         return fuse(
             words, gathered.cosines, self.fusion_now, gathered.fit, gathered.focus, before, gathered.threads
@@ -307,7 +310,7 @@ class Recall:
 
         async def by_text() -> None:
             nonlocal text, fvec, unavailable
-            text = await self.corpus.rank_text(query, where, depth)
+            text = await self.corpus.rank_text(query, _with_replaced(where), depth)
             if (focus_text := _focus(asked, text)) != asked:  # embedded beside the query as asked
                 try:
                     fvec = await self.query_vector(focus_text)
@@ -327,6 +330,7 @@ class Recall:
             tg.start_soon(by_text)
             tg.start_soon(embed)
             tg.start_soon(self.index.refresh)
+        replaced = _drop_replaced(text) if _hides(where) else {}
         if qvec is None or unavailable is not None:
             return Gathered(text, {}, unavailable)
         fusion = self.fusion_now
@@ -338,6 +342,8 @@ class Recall:
         cosines = similarity_of(candidates, qvec, ids, fusion.neighbour)
         focus = None if fvec is None else similarity_of(candidates, fvec, ids, fusion.neighbour)
         gathered = Gathered(text, cosines, None, focus=focus)
+        if replaced and candidates is not None:
+            _carry(gathered, replaced, candidates, qvec, fvec, fusion.neighbour)
         if candidates is not None:
             gathered.threads = candidates.thread_of(ids)
             gathered.previous = candidates.previous_of(ids) if fusion.neighbour else {}
@@ -382,6 +388,56 @@ class Recall:
             f"meaning search covers {covered} of {total} {self.what} so far (the rest are being embedded in the "
             f"background); full-text ranking covers all of them"
         )
+
+
+def _hides(where: Any) -> bool:
+    return getattr(where, "include_superseded", True) is False
+
+
+def _with_replaced(where: Any) -> Any:
+    """A passage filter that also finds replaced (superseded) passages where ``where`` hides them:
+    their matches pass to the passages that replaced them (:func:`_carry`)."""
+    return dataclasses.replace(where, include_superseded=True) if _hides(where) else where
+
+
+def _drop_replaced(text: TextHits) -> dict[int, Any]:
+    """Take replaced passages out of the full-text hits; replaced row per replacing id (the best)."""
+    replaced: dict[int, Any] = {}
+    live = []
+    for row in text.rows:
+        new = getattr(row, "superseded_by", None)
+        if new is None:
+            live.append(row)
+        elif new not in replaced:  # rows come best first
+            replaced[new] = row
+    text.rows = live
+    return replaced
+
+
+def _carry(
+    gathered: Gathered,
+    replaced: dict[int, Any],
+    candidates: Candidates,
+    qvec: Sequence[float],
+    fvec: Sequence[float] | None,
+    neighbour: float,
+) -> None:
+    """A fact that changed is found by what it used to say: "Mira lives in Bergen" matches "Where does
+    Mira live?", and "Mira moved from Bergen to Oslo", which replaced it, is the answer. The replacing
+    passage gets the better of its own words score and similarity and those of the passage it
+    replaced (only where it passes the search's filter: it is in the snapshot's rows)."""
+    from kernmind.memory.vector_index import similarity_of
+
+    passing = set(candidates.passing([*replaced]))
+    for new, old in replaced.items():
+        if new not in passing:
+            continue
+        gathered.carried[new] = max(gathered.carried.get(new, 0.0), old.score or 0.0)
+        for sims, vec in ((gathered.cosines, qvec), (gathered.focus, fvec)):
+            if sims is not None and vec is not None:
+                got = similarity_of(candidates, vec, [old.id, new], neighbour)
+                if got:
+                    sims[new] = max(got.values())
 
 
 def _focus(asked: str, text: TextHits) -> str:

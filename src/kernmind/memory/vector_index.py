@@ -118,6 +118,13 @@ class Candidates:
         codes = self.threads[pos[found]]
         return {int(i): int(c) for i, c in zip(np.asarray(ids)[found], codes, strict=True) if c >= 0}
 
+    def passing(self, ids: Sequence[int]) -> list[int]:
+        """Those of ``ids`` in the snapshot that pass its filter."""
+        pos, found = _positions(self.ids, ids)
+        if self.rows is not None:
+            found &= np.isin(pos, self.rows)
+        return [int(i) for i in np.asarray(ids, dtype=np.int64)[found]]
+
     def previous_of(self, ids: Sequence[int]) -> dict[int, int]:
         """Id of the previous text in its thread, for each of ``ids`` that has one in the snapshot."""
         pos, found = _positions(self.ids, ids)
