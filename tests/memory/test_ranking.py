@@ -585,3 +585,83 @@ async def test_the_thread_prior_keeps_a_conversation_together(tmp_path: Path) ->
         archive.recall.fusion = replace(archive.recall.fusion_now, thread_weight=0.0)
         found = [r.id for r in (await archive.search(question, top_k=6)).results]
         assert sorted(found[:4]) != ids[:4], found  # without the prior another conversation's turn gets in
+
+
+REAL_SAMPLE = (
+    "fccb9320",
+    "75955f82",
+)  # two held-out dialogues of the real family (≈ 740 turns, 53 questions)
+
+
+async def test_on_real_dialogue_the_default_is_never_below_words_or_meaning_and_scores_tell(
+    tmp_path: Path,
+) -> None:
+    """A fixed sample of the real family (benchmarks/real_dialogue_set.py: real chats between the same
+    two people, a conversation a thread, questions written by reading them): at top 1, top 5 and the
+    right conversation first, the default is at least as good as words alone and meaning alone; and
+    the score rule (docs/tools.md): answer turns score clearly above the best turn for a question
+    about something never said."""
+    import statistics
+    import sys
+
+    pytest.importorskip("chitchat_dataset")
+    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+    import real_dialogue_set
+    from kernmind.memory.embeddings import to_blob
+
+    embedder = MiniLMEmbedder()
+    asked = real_dialogue_set.questions()
+    tally = {name: {"top 1": 0, "top 5": 0, "session": 0} for name in ("words", "meaning", "default")}
+    answer_scores, never_scores = [], []
+    for d in real_dialogue_set.dialogues():
+        if d.key not in REAL_SAMPLE:
+            continue
+        texts = d.passages()
+        async with MemoryStore(db_location(tmp_path / d.key)) as store:
+            vectors = await embedder.embed(texts)
+            added = await store.passages.add(
+                [
+                    PassageIn(
+                        t,
+                        [],
+                        turn.at.timestamp(),
+                        to_blob(v),
+                        embedder.model,
+                        thread=f"{d.key}/{turn.session}",
+                    )
+                    for t, v, turn in zip(texts, vectors, d.turns, strict=True)
+                ]
+            )
+            index_of = {pid: i for i, (pid, _) in enumerate(added)}
+            turn_of = {t.id: i for i, t in enumerate(d.turns)}
+            words, default = Archive(store.passages), Archive(store.passages, embedder)
+            default.recall.clock = lambda now=d.turns[-1].at.timestamp() + 86400: now
+            index = default.recall.index
+            assert index is not None
+            await index.refresh()
+            for q in (q for q in asked if q["dialogue"] == d.key):
+                evidence = {turn_of[e] for e in q["evidence"]}
+                results = (await default.search(q["q"], top_k=10)).results
+                if not evidence:
+                    never_scores.append(results[0].score if results else 0.0)
+                    continue
+                answer_scores += [r.score for r in results if index_of[r.id] in evidence]
+                vector = await default.recall.query_vector(q["q"])
+                got = {
+                    "words": [index_of[r.id] for r in (await words.search(q["q"], top_k=5)).results],
+                    "meaning": [
+                        index_of[i] for i in nearest(index.candidates(), vector, 5, embedder.min_similarity)
+                    ],
+                    "default": [index_of[r.id] for r in results[:5]],
+                }
+                sessions = {d.turns[e].session for e in evidence}
+                for name, found in got.items():
+                    tally[name]["top 1"] += bool(evidence & set(found[:1]))
+                    tally[name]["top 5"] += bool(evidence & set(found))
+                    tally[name]["session"] += bool(found) and d.turns[found[0]].session in sessions
+    for metric in ("top 1", "top 5", "session"):
+        assert tally["default"][metric] >= max(tally["words"][metric], tally["meaning"][metric]), tally
+    assert statistics.median(answer_scores) >= statistics.median(never_scores) + 0.1, (
+        statistics.median(answer_scores),
+        statistics.median(never_scores),
+    )
