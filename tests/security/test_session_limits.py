@@ -455,6 +455,29 @@ async def test_files_deleted_while_open_and_o_tmpfile_files_count(alice: Client)
     await check_blocked_then_cleaned(alice, session, "for fd in held:\n    os.close(fd)")
 
 
+async def test_a_long_call_growing_unnamed_files_or_names_is_stopped_while_it_runs(alice: Client) -> None:
+    """The sampler while code runs counts what the measurement around calls counts: an
+    ``O_TMPFILE`` file growing by 2 MiB steps, and empty files made one by one, are each stopped
+    past the caps, in the call, with ``WorkspaceQuotaExceeded``."""
+    grow = (
+        "import os, time\nfd = os.open('.', os.O_TMPFILE | os.O_RDWR, 0o600)\n"
+        "for i in range(150):\n    os.write(fd, b'\\1' * 2 * 2**20)\n    time.sleep(0.02)"
+    )
+    out = await run(alice, grow, "long-held")
+    assert out["status"] == "error" and out["error"]["name"] == "WorkspaceQuotaExceeded", out
+    assert "still hold open" in over_note(out)
+    await check_blocked_then_cleaned(alice, "long-held", "os.close(fd)")
+    names = (
+        "import time\nfor i in range(60000):\n    open(f'n{i}', 'w').close()\n"
+        "    if i % 1000 == 0:\n        time.sleep(0.05)"
+    )
+    out = await run(alice, names, "long-names")
+    assert out["status"] == "error" and out["error"]["name"] == "WorkspaceQuotaExceeded", out
+    assert "past its 20,000 (--workspace-files)" in out["error"]["value"], out
+    clean = "import glob, os\nfor f in glob.glob('n*'):\n    os.remove(f)"
+    await check_blocked_then_cleaned(alice, "long-names", clean)
+
+
 async def test_io_uring_is_off_and_no_name_is_made_over_the_quota_from_python_or_bash(alice: Client) -> None:
     """``name_makers.PROBE`` from the session's running Python kernel (the creation guard) and from
     bash (a sandbox started over the quota: the stricter filter); io_uring fails under and over."""
