@@ -15,7 +15,9 @@ reaches code mode: a revoked principal's code-mode call is refused at once with 
 from __future__ import annotations
 
 import json
+import os
 import random
+import resource
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -387,6 +389,44 @@ def _deliver(path: Path, payload: bytes, how: str) -> list[dict[str, Any]]:
             return _answers(s)
         except ConnectionResetError:
             return []
+
+
+async def test_a_server_short_of_descriptors_keeps_its_listener(
+    alices_channel: Path, bob: Client, deployment: Deployment
+) -> None:
+    """The server's descriptor limit is lowered to what it has open, and a flood of connections
+    arrives: accepting fails (EMFILE) and the channel waits and accepts again, instead of leaving
+    its listener (before: the error left listener.serve and stopped the server). Once the limit
+    is back, the connections that waited are served, and so is bob."""
+    pid = deployment.server.proc.pid
+    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    highest = max(int(fd) for fd in os.listdir(f"/proc/{pid}/fd"))
+    opened: list[socket.socket] = []
+    try:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (highest + 1, before[1]))
+        opened = [_connect(alices_channel) for _ in range(100)]
+        for s in opened:
+            s.sendall(DESCRIBE)
+        short = "cannot accept a connection now"
+        for _ in range(600):  # until the server says it is short of descriptors (bounded)
+            if short in deployment.server.log_text():
+                break
+            await anyio.sleep(0.05)
+        assert short in deployment.server.log_text()
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+
+    def answered() -> list[dict[str, Any]]:
+        out = []
+        for s in opened[:10]:  # the first ten waited in the backlog: now served
+            out.append(json.loads(s.makefile("rb").readline()))
+        return out
+
+    assert all(a["ok"] for a in await anyio.to_thread.run_sync(answered))
+    for s in opened:
+        s.close()
+    await anyio.to_thread.run_sync(still_serves, alices_channel)
+    await others_call_works(bob, deployment)
 
 
 # --- revocation -------------------------------------------------------------------------------

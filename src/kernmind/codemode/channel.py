@@ -22,7 +22,8 @@ Design
   the server): past it a connection is told why and closed.
 - Supervised (``supervise.py``): each connection is a guarded task, so whatever fails in one
   ends that connection only (logged with a ref); the accept loop is a service, restarted (the
-  socket made again) if it fails. Nothing raised here reaches the server's lifespan.
+  socket made again) if it fails, and it waits a moment and accepts again while the server is
+  short of descriptors (``EMFILE``). Nothing raised here reaches the server's lifespan.
 
 Error policy: every request that cannot be read as one JSON object (not JSON, invalid UTF-8,
 nested too deeply, not an object, larger than ``--max-request-mb``, cut off by the peer closing
@@ -35,6 +36,7 @@ finish (its write is not half done) and its answer is dropped.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -57,6 +59,8 @@ MAX_CALLS = 16  # requests of one channel read and answered at once (the others 
 MAX_CONNECTIONS = 64  # open connections of one channel (idle ones included: each is a descriptor)
 ENOUGH = 2  # two connections past the cap are told why, the rest simply closed
 CHUNK = 65536
+SHORT_OF = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED}
+ACCEPT_PAUSE = 0.1  # seconds between tries to accept while the server is short of descriptors
 # A peer gone away: its connection ends, quietly.
 GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
@@ -147,14 +151,19 @@ class Channel:
         return channel, await channel._listen()
 
     async def _listen(self) -> SocketListener:
-        """A fresh listening socket at ``path``, owned by the kernel's uid, mode 0600."""
-        self.path.unlink(missing_ok=True)
-        listener = await anyio.create_unix_listener(self.path, mode=0o600)
+        """A fresh listening socket at ``path``, owned by the kernel's uid, mode 0600. Made under
+        another name and renamed into place, so a socket being replaced stays reachable until
+        its successor is ready."""
+        fresh = self.path.with_name(self.path.name + ".new")
+        fresh.unlink(missing_ok=True)
+        listener = await anyio.create_unix_listener(fresh, mode=0o600)
         try:
             if self.uid != os.getuid():
-                os.chown(self.path, self.uid, self.uid, follow_symlinks=False)
+                os.chown(fresh, self.uid, self.uid, follow_symlinks=False)
+            os.replace(fresh, self.path)
         except BaseException:
             await listener.aclose()
+            fresh.unlink(missing_ok=True)
             raise
         return listener
 
@@ -180,9 +189,25 @@ class Channel:
         self._listener = None  # a restart after a failure makes the socket again
         if listener is None:
             listener = await self._listen()
+        short = False  # short of descriptors now (said once per spell)
         async with listener:
             while True:
-                stream = await listener.accept()
+                try:
+                    stream = await listener.accept()
+                except (OSError, anyio.BrokenResourceError) as exc:  # anyio wraps accept's OSError
+                    if getattr(exc.__cause__ or exc, "errno", None) not in SHORT_OF:
+                        raise  # the listener itself failed: the service makes it again
+                    # Out of descriptors or memory for now (the server's, shared by everyone): the
+                    # socket is fine; wait a moment instead of spinning, and accept again.
+                    if not short:
+                        why = exc.__cause__ or exc
+                        log.warning("%s: cannot accept a connection now (%s); trying again", self.what, why)
+                    short = True
+                    await anyio.sleep(ACCEPT_PAUSE)
+                    continue
+                if short:
+                    log.info("%s: accepting connections again", self.what)
+                short = False
                 connections.start_soon(self._connection, stream, name="connection")
 
     async def _connection(self, stream: SocketStream) -> None:
