@@ -489,10 +489,10 @@ async def test_a_database_that_is_down_is_a_sentence_and_the_server_recovers_by_
                 (said,) = await run_emitting(c, CODE_READS, session_id="work")
                 assert said.startswith(
                     "Error executing tool memory_read: the memory database is unavailable"
-                ), (
-                    who,
-                    said,
-                )
+                ), (who, said)
+                with pytest.raises(MCPError) as raised:  # a resource read: the same sentence
+                    await c.read_resource("memory://blocks")
+                assert raised.value.error.message.startswith("the memory database is unavailable: ")
             assert server.proc.poll() is None
         finally:
             database.start()
