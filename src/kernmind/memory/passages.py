@@ -239,23 +239,25 @@ class Passages(TextTable):
         thread = check_thread(item.thread)
         ts = item.created_at if item.created_at is not None else now_ts()
         occurred = item.occurred_at if item.occurred_at is not None else ts
-        seq = None
-        if thread is not None:
-            last = await tx.one(
-                "SELECT max(seq) FROM passages WHERE namespace = ? AND thread = ?", (self.namespace, thread)
-            )
-            seq = int(last[0] or 0) + 1 if last else 1
+        # a thread's next position is read inside the insert: one statement, in the write transaction
+        seq_sql = (
+            "NULL"
+            if thread is None
+            else "(SELECT coalesce(max(seq), 0) + 1 FROM passages WHERE namespace = ? AND thread = ?)"
+        )
         row = await tx.one(
             "INSERT INTO passages (namespace, content, search_text, tags, created_at, occurred_at, content_key, "
-            "embedding, embedding_model, thread, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            f"embedding, embedding_model, thread, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {seq_sql}) "
+            "RETURNING id, seq",
             (
                 self.namespace, item.content, index_text(item.content), json.dumps(tags), ts, occurred,
-                content_key(item.content), item.embedding, item.embedding_model, thread, seq,
+                content_key(item.content), item.embedding, item.embedding_model, thread,
+                *(() if thread is None else (self.namespace, thread)),
             ),
         )  # fmt: skip
         assert row is not None
         pid = int(row[0])
-        item.seq = seq
+        item.seq = None if row[1] is None else int(row[1])
         if item.embedding is not None and item.embedding_model is not None:
             self.expect_vector(item.embedding_model, len(item.embedding))
         if tags:

@@ -277,13 +277,14 @@ class TextTable:
         before, after = near.format(op="<", order="DESC"), near.format(op=">", order="ASC")
         found: list[tuple[Any, ...]] = []
         async with self.db.read() as tx:
-            for chunk in chunks(ids):
-                found += await tx.all(
-                    f"SELECT p.id, p.{t}, p.seq, {before}, {after} FROM {self.table} p "
-                    f"WHERE p.id IN ({marks(chunk)}) AND p.namespace = ? AND p.{t} IS NOT NULL",
-                    (*chunk, self.namespace),
+            for chunk in chunks(ids):  # the namespace compared on the rows: see the module docstring
+                rows = await tx.all(
+                    f"SELECT p.id, p.{t}, p.seq, {before}, {after}, p.namespace FROM {self.table} p "
+                    f"WHERE p.id IN ({marks(chunk)})",
+                    chunk,
                 )
-            wanted = list({n for r in found for n in r[3:] if n is not None})
+                found += [r for r in rows if r[5] == self.namespace and r[1] is not None]
+            wanted = list({n for r in found for n in r[3:5] if n is not None})
             texts: dict[int, tuple[str, int]] = {}
             for chunk in chunks(wanted):
                 rows = await tx.all(
