@@ -105,3 +105,19 @@ async def test_an_empty_query_without_a_range_lists_the_newest_and_says_how_to_b
         out = await browse(client, query=" ")
         assert out["mode"] == "recent" and out["results"][0]["content"] == "April fools"
         assert "start_datetime" in out["note"] and "thread" in out["note"]
+
+
+async def test_a_page_cut_to_the_output_budget_names_where_to_go_on(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path, max_output_chars=5000, archival_max_chars=20_000, embedding_model="none"
+    )
+    async with Client(create_server(settings)) as client:
+        for day in range(1, 13):
+            text = f"log of March {day}: " + "word " * 400
+            await ok(client, "archival_memory_insert", content=text, occurred_at=f"2024-03-{day:02d}")
+        out = await browse(client, start_datetime="2024-03-01", end_datetime="2024-03-31", top_k=10)
+        shown = len(out["results"])
+        assert 1 <= shown < 10
+        # the budget's note names the top_k and page that go on from the last passage shown; the
+        # listing's own "more follow: page=1" would skip the ones cut from this page
+        assert "more follow" not in out["note"] and "top_k=" in out["note"]

@@ -138,6 +138,8 @@ class ArchivalSearchResult(BaseModel):
             results.append(passage)
             notes.append(cut or "")
         if len(results) < len(out.results):
+            if out.mode == "time" and out.note:  # its "passages n-m, next page=…" no longer holds
+                notes.remove(out.note)
             size, nxt = next_page(page, top_k, len(results))
             how = f"call archival_memory_search again with top_k={size}, page={nxt} for the next ones"
             notes.append(left_out(len(out.results) - len(results), "passages of this page", budget, how))
