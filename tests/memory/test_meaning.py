@@ -169,3 +169,36 @@ async def test_the_next_page_of_a_search_does_not_embed_the_query_again(tmp_path
     assert embedder.asked.count(QUESTION) == 1
     assert first.mode == second.mode == "hybrid"
     assert not {r.id for r in first.results} & {r.id for r in second.results}
+
+
+async def test_a_questions_focus_is_embedded_with_it_once_its_terms_were_seen(tmp_path: Path) -> None:
+    """'Leo' is in every turn (widespread): the focus ('Did get a tattoo?') is embedded too. The first
+    time the terms are new, so the focus waits for full text to count them; the next question with
+    known terms has both embedded in one batch, beside full text."""
+
+    class Counting(StaticEmbedder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batches: list[list[str]] = []
+
+        def embed_now(self, texts: Sequence[str]) -> np.ndarray:
+            self.batches.append(list(texts))
+            return super().embed_now(texts)
+
+    embedder = Counting()
+    async with MemoryStore(db_location(tmp_path)) as store:
+        archive = Archive(store.passages, embedder)
+        for i in range(24):
+            await archive.insert(f"Leo (day {i}): I walked {i} km along the river today.")
+        await archive.insert("Leo (day 25): I got a tattoo of a whale on my arm.")
+        embedder.batches.clear()
+        first = await archive.search("Did Leo get a tattoo?")
+        assert embedder.batches == [["Did Leo get a tattoo?"], ["Did get a tattoo?"]]
+        embedder.batches.clear()
+        second = await archive.search("Leo, did you get the tattoo?")
+        assert embedder.batches == [["Leo, did you get the tattoo?", ", did you get the tattoo?"]]
+    assert (
+        first.results[0].content
+        == second.results[0].content
+        == "Leo (day 25): I got a tattoo of a whale on my arm."
+    )

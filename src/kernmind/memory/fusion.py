@@ -159,18 +159,26 @@ def fuse(
     ids = list(dict.fromkeys([*words, *cosines]))
     if not ids:
         return []
-    w = np.array([words.get(i, 0.0) for i in ids], dtype=np.float64)
-    c = np.array([cosines.get(i, np.nan) for i in ids], dtype=np.float64)
-    f = np.array([fit.get(i, 1.0) for i in ids], dtype=np.float64) if fit else None
-    o = None if focus is None else np.array([focus.get(i, np.nan) for i in ids], dtype=np.float64)
-    b = None if not before else np.array([before.get(i, 0.0) for i in ids], dtype=np.float64)
+    n = len(ids)
+
+    def column(values: Mapping[int, float], missing: float) -> np.ndarray:
+        return np.fromiter((values.get(i, missing) for i in ids), dtype=np.float64, count=n)
+
+    f = column(fit, 1.0) if fit else None
+    o = None if focus is None else column(focus, np.nan)
+    b = column(before, 0.0) if before else None
     t = None
     if threads:
         labels: dict[Hashable, int] = {}
-        t = np.array([labels.setdefault(threads[i], len(labels)) if i in threads else -1 for i in ids])
-    score, code = fused_scores(w, c, fusion, f, o, b, t)
-    inside = [bool(x) for x in (f >= 1.0)] if f is not None else [False] * len(ids)  # ties at 0: inside first
-    order = sorted(
-        (i for i in range(len(ids)) if code[i] >= 0), key=lambda i: (-inside[i], -score[i], -ids[i])
-    )
-    return [Scored(ids[i], round(float(score[i]), 4), MATCHES[code[i]]) for i in order]
+        t = np.fromiter(
+            (labels.setdefault(threads[i], len(labels)) if i in threads else -1 for i in ids), np.int64, n
+        )
+    score, code = fused_scores(column(words, 0.0), column(cosines, np.nan), fusion, f, o, b, t)
+    keep = np.flatnonzero(code >= 0)
+    inside = f[keep] >= 1.0 if f is not None else np.zeros(len(keep), dtype=bool)  # inside first, even at 0
+    order = keep[np.lexsort((-np.asarray(ids)[keep], -score[keep], ~inside))]
+    rounded = np.round(score[order], 4).tolist()
+    return [
+        Scored(ids[i], s, MATCHES[c])
+        for i, s, c in zip(order.tolist(), rounded, code[order].tolist(), strict=True)
+    ]

@@ -22,8 +22,9 @@ Design
   only candidates that matched nothing.
   The lists are drawn side by side: the full-text query runs in the database's thread while
   the query is embedded in a worker thread (ONNX Runtime releases the GIL) and the vector index
-  reads what changed since the last search; as soon as full text has counted the query's terms,
-  the focus (if it differs) is embedded beside the query; then the index is scored, applying
+  reads what changed since the last search. The focus is embedded in the same batch as the query
+  when the query's terms were seen before (whether each is widespread is remembered from earlier
+  searches; it changes slowly), else as soon as full text has counted them; then the index is scored, applying
   filters in memory (vector_index.py); only the rows of the page that full text did not
   already return are fetched. Without an embedder, rows come in full-text order with their
   words score and ``match: words``, nothing left out.
@@ -85,6 +86,7 @@ TIME_DEPTH = 20  # candidates drawn from inside the time a query names, besides 
 BACKFILL_BATCH = 256
 MIN_DEPTH = 50  # pages within the first 50 results are slices of one ranking
 RECENT_QUERIES = 64  # query vectors kept for the next page of the same search
+SPREAD_TERMS = 4096  # terms whose spread (widespread or not) is remembered for the next query's focus
 THREAD_FLOATS = 4_000_000  # score more (≈ 16k × 256) in a worker thread, off the event loop
 
 
@@ -160,6 +162,7 @@ class Recall:
         self._wake.set()  # look for a backlog once at start
         self.backlog = embedder is not None  # whether texts without a current vector may exist
         self._queries: dict[str, list[float]] = {}  # recent query -> vector, oldest first
+        self._spread: dict[str, bool] = {}  # term -> widespread when last seen, oldest first
         self.fusion: Fusion | None = None  # None: the model's parameters (fusion.py); benchmarks set others
         self.clock: Callable[[], float] = time.time  # "now" for queries naming relative times ("last week")
 
@@ -308,21 +311,33 @@ class Recall:
         fvec: list[float] | None = None  # the focus's vector (None: the query is its own focus)
         unavailable: EmbeddingUnavailable | None = None
 
+        # the focus as the terms' last known spread says: embedded with the query, in one batch
+        guess = self._guess_focus(asked, query)
+
         async def by_text() -> None:
             nonlocal text, fvec, unavailable
             text = await self.corpus.rank_text(query, _with_replaced(where), depth)
+            self._learn_spread(text)
             if (focus_text := _focus(asked, text)) != asked:  # embedded beside the query as asked
                 try:
+                    if focus_text == guess:  # embedded with the query: its vector is kept once that is done
+                        await embedding.wait()
                     fvec = await self.query_vector(focus_text)
                 except EmbeddingUnavailable as exc:
                     unavailable = exc
 
+        embedding = anyio.Event()
+
         async def embed() -> None:
             nonlocal qvec, unavailable
             try:
-                qvec = await self.query_vector(asked)
+                qvec = (await self.query_vectors([asked, *([guess] if guess not in (None, asked) else [])]))[
+                    0
+                ]
             except EmbeddingUnavailable as exc:
                 unavailable = exc
+            finally:
+                embedding.set()
 
         # the database ranks by full text while the query is embedded (ONNX Runtime releases the GIL)
         # and the vector index reads what changed since the last search
@@ -352,13 +367,38 @@ class Recall:
     async def query_vector(self, query: str) -> list[float]:
         """The query's vector; the last few are kept, so the next page of a search (or the same
         question asked again) does not embed it again."""
+        return (await self.query_vectors([query]))[0]
+
+    async def query_vectors(self, queries: Sequence[str]) -> list[list[float]]:
+        """:meth:`query_vector` of each; those not kept are embedded in one batch."""
         assert self.embedder is not None
-        if (vector := self._queries.pop(query, None)) is None:
-            [vector] = await self.embedder.embed_query([query])
-        self._queries[query] = vector  # most recent last
+        missing = [q for q in dict.fromkeys(queries) if q not in self._queries]
+        if missing:
+            for q, vector in zip(missing, await self.embedder.embed_query(missing), strict=True):
+                self._queries[q] = vector
+        out = []
+        for q in queries:
+            out.append(vector := self._queries.pop(q))
+            self._queries[q] = vector  # most recent last
         while len(self._queries) > RECENT_QUERIES:
             self._queries.pop(next(iter(self._queries)))
-        return vector
+        return out
+
+    def _learn_spread(self, text: TextHits) -> None:
+        """Remember whether each term of a query is widespread (fulltext.py), for the next query's
+        focus (:meth:`_guess_focus`); a term's spread changes slowly as texts are added."""
+        for t in text.terms:
+            self._spread.pop(t.term, None)
+            self._spread[t.term] = t.widespread
+        while len(self._spread) > SPREAD_TERMS:
+            self._spread.pop(next(iter(self._spread)))
+
+    def _guess_focus(self, asked: str, query: str) -> str | None:
+        """The focus of ``asked`` if every term of ``query`` was seen before (None: unknown)."""
+        terms = content_terms(query_terms(query))
+        if not terms or any(t not in self._spread for t in terms):
+            return None
+        return _focus_without(asked, {t for t in terms if self._spread[t]})
 
     async def _nearest(
         self, qvec: Sequence[float], where: Any, depth: int, neighbour: float = 0.0
@@ -443,8 +483,12 @@ def _carry(
 def _focus(asked: str, text: TextHits) -> str:
     """The query as asked without its widespread terms (a speaker's name in every turn: fulltext.py);
     the query itself when it has none, or nothing but them."""
-    if common := {t.term for t in text.terms if t.widespread}:
-        rest = without_terms(asked, common)
+    return _focus_without(asked, {t.term for t in text.terms if t.widespread})
+
+
+def _focus_without(asked: str, common: set[str]) -> str:
+    if common:
+        rest = without_terms(asked, sorted(common))
         if any(t not in common for t in content_terms(query_terms(rest))):
             return rest
     return asked
