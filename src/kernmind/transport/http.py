@@ -17,6 +17,9 @@ Design
 - Outermost, ``LastResort`` (guard.py) answers any failure inside with a 500 that carries a
   ref, logged with its traceback: one request's failure ends that request only. uvicorn runs
   each connection on its own task and drops what is sent to a peer that went away.
+- Should the server's lifespan end while it serves (an exception that cancelled its task
+  group: every later request would fail), the server stops with exit code 1 instead of
+  answering 500 until someone restarts it by hand; a supervisor restarts it.
 - The first SIGTERM/SIGINT drains first (drain.py): new requests get a 503 that says the
   server is shutting down, the calls that run are interrupted with a result that says so
   (``stop_calls``), and the requests in flight answer before anything closes. Then uvicorn's
@@ -123,11 +126,34 @@ def _uvicorn_server_class() -> type[Any]:
         _draining = False
         _drain_task: asyncio.Task[None] | None = None
 
+        lifespan_lost = False  # the app's lifespan ended while the server was serving
+        _lifespan_watch: asyncio.Task[None] | None = None
+
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             self._loop = asyncio.get_running_loop()
             await super().startup(sockets)
+            if self.started:
+                self._lifespan_watch = self._loop.create_task(self._watch_lifespan())
             if self.started and self.on_started is not None:
                 self.on_started()
+
+        async def _watch_lifespan(self) -> None:
+            """Stop the server when the app's lifespan ends while it serves: without it (its
+            task group gone) every request of every principal would fail until a restart. The
+            process exits with EXIT_FAILED, so a supervisor (systemd, a container) restarts it."""
+            ended = getattr(self.lifespan, "shutdown_event", None)
+            if ended is None:  # (lifespan "off", or a uvicorn without the event: nothing to watch)
+                return
+            await ended.wait()
+            if self.should_exit or self._draining:
+                return  # the normal end of a stop
+            self.lifespan_lost = True
+            log.error(
+                "the server's lifespan ended while it was serving (see the error above): no request can be "
+                "answered any more, so the server stops (exit code %d) to be restarted",
+                EXIT_FAILED,
+            )
+            self.should_exit = True
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             if self.should_exit or self._draining:
@@ -260,7 +286,7 @@ async def serve_http(
         return EXIT_FAILED
     finally:
         sock.close()
-    if not uv.started:
+    if not uv.started or uv.lifespan_lost:
         return EXIT_FAILED
     log.info("HTTP server stopped: kernels stopped, database closed")
     return 0
