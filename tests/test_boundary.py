@@ -499,3 +499,28 @@ async def test_a_database_that_is_down_is_a_sentence_and_the_server_recovers_by_
         for c in (alice, bob):
             assert structured(await c.call_tool("memory_read", {"label": "human"}))["label"] == "human"
             assert await run_emitting(c, CODE_READS, session_id="work") == ["human"]
+
+
+async def test_the_first_call_after_the_database_restarted_unseen_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PostgreSQL restarts while nobody calls: the pooled connections died with it, and the next
+    read is given a working one (a connection idle for a while is checked before use)."""
+    from kernmind.memory import postgres
+
+    monkeypatch.setattr(postgres, "CHECK_IDLE", 0.0)  # every connection counts as idle
+    database = Database()
+    try:
+        db = await postgres.PostgresDatabase(database.url).open()
+        try:
+            for _ in range(2):
+                async with db.read() as tx:
+                    await tx.conn.execute("SELECT 1")
+            database.stop()
+            database.start()
+            async with db.read() as tx:
+                assert await (await tx.conn.execute("SELECT 41 + 1")).fetchone() == (42,)
+        finally:
+            await db.close()
+    finally:
+        database.pg.stop()

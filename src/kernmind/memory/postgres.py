@@ -32,8 +32,9 @@ Error policy
 Connection failures and SQL errors propagate (psycopg's messages name the host and the
 problem; the error boundary says ``the memory database is unavailable: …`` for the first);
 a database written by a newer kernmind is refused with a ``RuntimeError``. A database that
-went away and came back needs no restart: each connection the pool hands out is checked
-first (one empty round trip), and once one fails the database counts as down: until a
+went away and came back needs no restart: a connection the pool hands out that was not used
+for ``CHECK_IDLE`` seconds is checked first (one empty round trip; a busy connection is not),
+and once a connection fails the database counts as down: until a
 direct connection succeeds again, each call fails at once with the reason (instead of
 waiting out the pool's timeout), and then the pool's stale connections are dropped.
 """
@@ -45,6 +46,7 @@ import functools
 import json
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
@@ -62,6 +64,8 @@ log = logging.getLogger(__name__)
 WRITE_LOCK = 7_256_318_911  # the advisory-lock key every write transaction takes
 MIGRATION_LOCK = 7_256_318_912
 CHANNEL = "kernmind_memory"
+CHECK_IDLE = 2.0  # seconds a pooled connection may sit unused before it is checked on its next use
+_USED = "_kernmind_used"  # when a pooled connection was last given back (an attribute on it)
 
 MIGRATIONS: list[str] = [
     """
@@ -342,6 +346,7 @@ class PostgresDatabase:
             async with conn:  # as the pool's own ``connection()``: commit on success, else roll back
                 yield conn
         finally:
+            setattr(conn, _USED, time.monotonic())
             await self._pool.putconn(conn)
 
     async def _working_connection(self) -> psycopg.AsyncConnection[Any]:
@@ -352,6 +357,8 @@ class PostgresDatabase:
                 self._down = False
                 await self._pool.check()  # drop the connections that died with the old server
             conn = await self._pool.getconn()
+            if time.monotonic() - getattr(conn, _USED, 0.0) < CHECK_IDLE:
+                return conn  # in use a moment ago: checking it would cost a round trip per call
             try:
                 await AsyncConnectionPool.check_connection(conn)
                 return conn
