@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 
 import anyio
 import anyio.lowlevel
@@ -102,3 +103,31 @@ async def test_start_raises_a_failure_before_started_and_logs_one_after(
             assert await tg.start(late) == "listening"
     ((_, what),) = refs(caplog)
     assert "late" in what
+
+
+async def test_a_background_task_of_the_server_that_fails_does_not_stop_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real server whose executor starts a background task that fails at once (planted in
+    ``Executor._settle_heap``): logged with a ref, and the server goes on answering calls (before,
+    the failure cancelled the lifespan's task group and every later call failed)."""
+    from mcp import Client
+
+    from kernmind.execution.executor import Executor
+    from kernmind.server import create_server
+    from tests.conftest import make_settings, structured
+
+    async def fails(self: Executor) -> None:
+        raise RuntimeError("a planted failure")
+
+    monkeypatch.setattr(Executor, "_settle_heap", fails)
+    settings = make_settings(tmp_path, embedding_model="none", preload=[], sandbox="none", pool_size=0)
+    with caplog.at_level(logging.ERROR, logger="kernmind.supervise"):
+        async with Client(create_server(settings)) as client:
+            for _ in range(2):
+                assert structured(await client.call_tool("memory_list", {}))["total"] >= 0
+            out = structured(await client.call_tool("run_code", {"code": "1 + 1"}))
+            assert out["results"][0]["text"] == "2"
+    ((_, what),) = refs(caplog)
+    assert what.startswith("executor: ")
+    assert any("a planted failure" in r.getMessage() for r in caplog.records)
