@@ -14,7 +14,7 @@ import pytest
 
 from kernmind.execution.errors import SessionError
 from kernmind.execution.sandbox.workspace import Workspace
-from kernmind.execution.sessions import registry as registry_mod
+from kernmind.execution.sessions import books as books_mod
 from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
 from kernmind.execution.sessions.registry import SessionRegistry
 from kernmind.execution.sessions.session import Hooks, Session
@@ -146,7 +146,7 @@ async def test_close_releases_the_runners_and_deletes_the_home(tmp_path: Path) -
 async def test_the_meta_is_written_with_a_call_that_leaves_variables_unsaved_else_just_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(registry_mod, "META_DELAY", 0.05)
+    monkeypatch.setattr(books_mod, "META_DELAY", 0.05)
     recorded = Recorded()
     registry = _registry(tmp_path, recorded, total=2)
     async with anyio.create_task_group() as tg:

@@ -1,10 +1,11 @@
 """The books a stored session keeps on disk — its history and meta — written on a disk that may be full.
 
-The registry (``sessions/registry.py``) decides *when* a session's home is written: after each
-call (the call's history line; its meta — last used, size, unsaved variables — with the call
-when the call left variables unsaved, else a moment later, off the call's path), when it is
-unloaded (its final meta), and on the reaper's turns (what could not be written before).
-This module does the writing so that none of it can stop the server:
+The registry (``sessions/registry.py``) says *when* something happened to a session's home:
+after each call and when a call lets it go (``touch``: the call's history line; its meta —
+last used, size, unsaved variables — with the call when the call left variables unsaved or
+changed its size, else a moment later, off the call's path), when it is unloaded (its final
+meta), and on the reaper's turns (what could not be written before). This module decides
+how and does the writing, so that none of it can stop the server:
 
 - **Nothing raises.** A history line that cannot be appended is said in the call's notes
   (``the disk is full: could not record this call …``), and so is a meta that cannot be
@@ -62,6 +63,7 @@ T = TypeVar("T")
 CALL_KEPT = "The call ran and its files are kept."
 HISTORY_ROOM = 16 * 1024 * 1024  # free bytes below which a call's history line is written before its answer
 SLOW_WRITE = 0.05  # seconds for one batch of lines on the event loop, past which they go to a thread
+META_DELAY = 1.0  # seconds after a call before its session's meta is written (off the call's path)
 
 
 @dataclass
@@ -107,6 +109,54 @@ class Books:
     async def save_meta(self, session: Session) -> bool:
         """Write the live session's meta; False when it is kept for the next chance."""
         return await off_loop(lambda: self._write_meta(session), timeout=None) is None
+
+    async def touch(self, session: Session, call: tuple[str, RunResult] | None, tg: TaskGroup | None) -> None:
+        """Record the call in the session's home: its history line (for export_notebook) after
+        the answer (before it on a disk nearly full, see books.py), and its meta (last used, size from the call's scan): now when it carries what matters
+        (variables unsaved from now on, which a killed server must not lose; a new size, which
+        the store's caps count), else a moment after the call, off the call's path (one fsync'd
+        write per call otherwise). What cannot be written is said in the call's notes. Without
+        a call (``hold`` letting go), only the meta, when it changed since. ``tg``: where the
+        writes after the answer run (None: everything now)."""
+        if session.home is None or session.meta is None or session.closed:
+            return
+        meta = session.meta
+        meta.last_used = time.time()
+        urgent = session.meta_unsaved  # (a write that failed before: tried again now)
+        if session.dirty and meta.unsaved_since is None:
+            meta.unsaved_since = meta.last_used  # variables the next save must keep
+            urgent = True
+        scan = session.workspace.last_scan if session.workspace else None
+        if (
+            scan is not None
+            and scan.complete
+            and (meta.bytes, meta.files) != (scan.bytes_used, len(scan.files))
+        ):
+            meta.bytes, meta.files = scan.bytes_used, len(scan.files)
+            urgent = True  # the store's caps count it (and a disk filling up is met during the call)
+        if urgent or tg is None:
+            await self.after_call(session, call, meta=True)
+            return
+        if call is not None and self.record_later(session, *call, tg):
+            call = None  # its history line is written after the answer
+        await self.after_call(session, call, meta=False)
+        self._meta_soon(session, tg)
+
+    def _meta_soon(self, session: Session, tg: TaskGroup) -> None:
+        """Write the session's meta ``META_DELAY`` seconds from now (one write for a burst of calls)."""
+        if session.meta_due:
+            return
+        session.meta_due = True
+
+        async def write() -> None:
+            await anyio.sleep(META_DELAY)
+            session.meta_due = False
+            # An unloaded or closed session's meta is unload's to write (or gone with its home):
+            # every way out of the live sessions marks it closed first (registry._leave).
+            if not session.closed:
+                await self.save_meta(session)
+
+        tg.start_soon(write)
 
     async def after_call(
         self, session: Session, call: tuple[str, RunResult] | None, *, meta: bool = True

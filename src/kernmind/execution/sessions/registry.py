@@ -87,8 +87,6 @@ __all__ = ["LOCAL_OWNER", "SessionError", "SessionRegistry"]
 
 log = logging.getLogger(__name__)
 
-META_DELAY = 1.0  # seconds after a call before its session's meta is written (off the call's path)
-
 Leaving = Literal["unload", "end", "close"]  # save and stop; stop without saving; stop and delete
 Key = tuple[str, str]  # (owner, session id)
 
@@ -128,7 +126,7 @@ class SessionRegistry:
 
     # --- lifecycle (the reaper: idle_reaper.py) ------------------------------------
     async def run_reaper(self, tg: TaskGroup) -> None:
-        self._tg = tg  # also writes metas a moment after calls (``_meta_soon``)
+        self._tg = tg  # also writes history lines and metas a moment after calls (``Books.touch``)
         tg.start_soon(IdleReaper(self).run)
 
     async def unload_all(self) -> None:
@@ -209,7 +207,7 @@ class SessionRegistry:
                 finally:
                     session.busy = False
                     session.last_used = time.monotonic()
-                    await self._touch(session)
+                    await self.books.touch(session, None, self._tg)
                 return
 
     def reserve(self, owner: str, sid: str, job_id: str) -> None:
@@ -353,58 +351,8 @@ class SessionRegistry:
             await _drop_packages(session)
 
     async def record(self, session: Session, code: str, result: Any) -> None:
-        """Record a call (``result``: its RunResult) in the held session's home (``_touch``)."""
-        await self._touch(session, (code, result))
-
-    async def _touch(self, session: Session, call: tuple[str, Any] | None = None) -> None:
-        """Record the call in the session's home: its history line (for export_notebook) after
-        the answer (before it on a disk nearly full, see books.py), and its meta (last used, size from the call's scan): now when it carries what matters
-        (variables unsaved from now on, which a killed server must not lose; a new size, which
-        the store's caps count), else a moment after the call, off the call's path (one fsync'd
-        write per call otherwise). What cannot be written is said in the call's notes. Without
-        a call (``hold`` letting go), only the meta, when it changed since."""
-        if session.home is None or session.meta is None or session.closed:
-            return
-        meta = session.meta
-        meta.last_used = time.time()
-        urgent = session.meta_unsaved  # (a write that failed before: tried again now)
-        if session.dirty and meta.unsaved_since is None:
-            meta.unsaved_since = meta.last_used  # variables the next save must keep
-            urgent = True
-        scan = session.workspace.last_scan if session.workspace else None
-        if (
-            scan is not None
-            and scan.complete
-            and (meta.bytes, meta.files) != (scan.bytes_used, len(scan.files))
-        ):
-            meta.bytes, meta.files = scan.bytes_used, len(scan.files)
-            urgent = True  # the store's caps count it (and a disk filling up is met during the call)
-        later = not urgent and self._tg is not None
-        if (
-            call is not None
-            and later
-            and self._tg is not None
-            and self.books.record_later(session, *call, self._tg)
-        ):
-            call = None  # its history line is written after the answer (books.py)
-        await self.books.after_call(session, call, meta=not later)
-        if later:
-            self._meta_soon(session)
-
-    def _meta_soon(self, session: Session) -> None:
-        """Write the session's meta ``META_DELAY`` seconds from now (one write for a burst of calls)."""
-        if session.meta_due or self._tg is None:
-            return
-        session.meta_due = True
-
-        async def write() -> None:
-            await anyio.sleep(META_DELAY)
-            session.meta_due = False
-            # An unloaded or closed session's meta is unload's to write (or gone with its home).
-            if not session.closed and self.sessions.get(session.key) is session:
-                await self.books.save_meta(session)
-
-        self._tg.start_soon(write)
+        """Record a call (``result``: its RunResult) in the held session's home (``Books.touch``)."""
+        await self.books.touch(session, (code, result), self._tg)
 
     # --- unloading, ending and closing: one way out -----------------------------------------
     def _leave(self, session: Session) -> bool:
