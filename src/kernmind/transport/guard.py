@@ -230,9 +230,13 @@ async def refuse(
 
 class LastResort:
     """ASGI middleware, outermost: an exception from anything inside answers this request with
-    a 500 and a sentence carrying a ref (logged with its traceback), instead of uvicorn's bare
-    "Internal Server Error"; it ends only this request. A response already started is left as
-    it is (uvicorn closes the connection)."""
+    a 500 and a sentence carrying a ref (logged with its traceback), instead of a bare
+    "Internal Server Error"; it ends only this request.
+
+    Starlette's own error middleware (inside the SDK's app) answers an exception with a plain
+    500 before re-raising it: a 500 is therefore held back until the app returns, and replaced
+    by the sentence when an exception follows (a 500 the app meant is passed on as it was).
+    A response already under way otherwise is left as it is (uvicorn closes the connection)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -242,18 +246,25 @@ class LastResort:
             await self.app(scope, receive, send)
             return
         started = False
+        held: list[Message] = []  # a 500 being sent, held back (see the docstring)
 
         async def watch(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                if message.get("status") == 500:
+                    held.append(message)
+                    return
+            elif held:
+                held.append(message)
+                return
             await send(message)
 
         try:
             await self.app(scope, receive, watch)
         except Exception as exc:
             ref = failed(f"HTTP {scope.get('method', '?')} {scope.get('path', '?')}", exc)
-            if started:
+            if started and not held:
                 return
             sentence = (
                 f"internal error (ref {ref}): the server failed while handling this request, not because "
@@ -264,3 +275,6 @@ class LastResort:
                 await refuse(send, 500, sentence, code=INTERNAL_ERROR)
             except OSError:  # the client went away meanwhile: nothing to tell
                 return
+        else:
+            for message in held:
+                await send(message)
