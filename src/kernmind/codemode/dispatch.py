@@ -9,10 +9,10 @@ Design
   ``call_tool``): the caller is set to the session's principal (``acting_as``), the hooks a
   client's call runs first run inside ``boundary.call_tool`` (opening that principal's memory
   namespace: a database that is down is answered in words), then the strict argument check
-  refusing in the same words, and
-  ``MCPServer.call_tool`` running the registered tool, with its validation, limits, versions,
-  undo and change notifications, its failures answered by the one error boundary. An error
-  result becomes the answer's ``error``: the sentence a client would read.
+  refusing in the same words, and ``MCPServer.call_tool`` running the registered tool, with its
+  validation, limits, versions, undo and change notifications, its failures answered by the one
+  error boundary. An error result becomes the answer's ``error``: the sentence a client would
+  read.
 - Fairness: a principal's code calls (all its sessions, all their threads) run at most
   ``PER_PRINCIPAL`` at a time; the rest wait their turn, so a loop that floods the channel
   queues behind itself, and other principals' calls (from code or from clients) keep being
