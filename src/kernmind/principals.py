@@ -400,6 +400,11 @@ def _principal_in(request: Any) -> Principal:
     return LOCAL
 
 
+def principal_in(ctx: Any) -> Principal:
+    """The principal of the request a low-level handler's ``ctx`` carries (``local`` without one)."""
+    return _principal_in(getattr(ctx, "request", None))
+
+
 def principal_of(ctx: Any) -> Principal:
     """The principal of the request ``ctx`` belongs to (``local`` without an HTTP request)."""
     try:

@@ -50,3 +50,37 @@ def test_two_clients_on_one_data_dir_each_get_their_own_default(tmp_path: Path) 
     finally:
         zed.close_stdin()
         zed.wait()
+
+
+def test_the_same_app_launched_twice_gets_a_default_of_its_own(tmp_path: Path) -> None:
+    """Two windows of one app (one client name, one data dir): the second server's calls without
+    ``session_id`` were refused ('in use by another kernmind server') until the first stopped."""
+    data = tmp_path / "data"
+    first = StdioServer.start(tmp_path / "a", data_dir=data, client_name="Claude Code")
+    second = StdioServer.start(tmp_path / "b", data_dir=data, client_name="Claude Code")
+    try:
+        one = _run(first, "window = 1")
+        two = _run(second, "window = 2")
+        assert one["status"] == two["status"] == "ok", (one, two)
+        assert one["session_id"] == "default-claude-code"
+        assert two["session_id"] == "default-claude-code-2"
+        assert any("default-claude-code-2" in n and "in use by another" in n for n in two["notes"]), two
+        assert not any("in use" in n for n in one.get("notes", []))
+        assert _run(first, "window")["results"][0]["text"] == "1"
+        again = _run(second, "window")
+        assert again["results"][0]["text"] == "2" and again["session_id"] == "default-claude-code-2"
+        assert not any("in use" in n for n in again.get("notes", []))  # said once
+    finally:
+        first.close_stdin()
+        second.close_stdin()
+        assert first.wait() == 0 and second.wait() == 0
+
+
+def test_client_names_without_ascii_letters_get_their_own_default() -> None:
+    from kernmind.execution.sessions.client_defaults import default_session_for
+
+    accents, greek = default_session_for("é" * 500), default_session_for("αβγ")
+    assert accents.startswith("default-u-") and greek.startswith("default-u-")
+    assert accents != greek != "default"
+    assert default_session_for("é" * 500) == accents  # stable across launches
+    assert default_session_for("!!!") == "default" and default_session_for(None) == "default"

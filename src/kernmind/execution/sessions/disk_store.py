@@ -288,6 +288,18 @@ def is_held(root: Path) -> bool:
     return False
 
 
+def held_elsewhere(root: Path, own_pid: int) -> int | None:
+    """The pid of another process holding the session's lock now (-1: held, pid not written yet);
+    None when no one holds it or the holder is ``own_pid`` (a session this server is loading or
+    unloading)."""
+    if not is_held(root):
+        return None
+    pid = holder_pid(root)
+    if pid == own_pid:
+        return None
+    return pid if pid is not None else -1
+
+
 def read_meta(root: Path) -> Meta | None:
     try:
         data = json.loads(read_file(root / META, MAX_META_BYTES))
