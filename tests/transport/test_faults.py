@@ -258,3 +258,34 @@ async def test_a_tokens_file_that_cannot_be_read_keeps_the_last_good_one(
         restore_tokens_file(deployment, good)
     log = deployment.server.log_text()
     assert "is unusable, keeping the previous contents" in log
+
+
+async def test_a_job_whose_final_record_cannot_be_written_keeps_its_result(
+    deployment: Deployment, bob: Client, alice: Client
+) -> None:
+    records = deployment.server.data_dir / "jobs" / "bob"
+    go = deployment.root / "go"  # the job ends once the fault is in place
+    code = f"import os, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n6 * 7"
+    with anyio.fail_after(60):
+        started = await bob.call_tool("run_code", {"code": code, "session_id": "job", "background": True})
+    job = structured(started)["job_id"]
+    deployment.fail(**{f"write {records}/*": "EIO"})
+    go.touch()
+
+    async def status() -> dict[str, Any]:
+        with anyio.fail_after(60):
+            return structured(await bob.call_tool("job_status", {"job_id": job}))
+
+    with anyio.fail_after(60):
+        while (now := await status())["state"] == "running":
+            assert now["job_id"] == job
+            await anyio.sleep(0.25)
+    assert now["state"] == "done" and now["result"]["results"][0]["text"] == "42", now  # kept in memory
+    assert json.loads((records / f"{job}.json").read_bytes())["state"] == "running"  # the last good record
+    no_temporary_files(records)
+    assert (await run(alice, "6 * 7", "a"))["results"][0]["text"] == "42"
+
+    deployment.fail()  # the disk is back: the next job start writes what could not be written
+    with anyio.fail_after(60):
+        structured(await bob.call_tool("run_code", {"code": "1", "session_id": "job2", "background": True}))
+    assert json.loads((records / f"{job}.json").read_bytes())["state"] == "done"
