@@ -43,10 +43,21 @@ def test_the_rule_is_a_weighted_sum_of_the_words_share_and_calibrated_meaning() 
     assert fuse({1: 1.0}, {1: 0.9}, F)[0].score == 1.0  # every word and a paraphrase
 
 
-def test_only_a_candidate_that_matched_nothing_is_left_out() -> None:
-    out = fuse({1: 0.2}, {1: 0.1, 2: 0.05, 3: 0.21}, F)
+def test_a_candidate_scoring_below_the_cutoff_is_left_out() -> None:
+    out = fuse({1: 0.3}, {1: 0.1, 2: 0.05, 3: 0.3}, F)
     assert [s.id for s in out] == [1, 3]  # 2: no word, meaning at or below the floor
     assert out[0].match == "words" and out[1].match == "meaning"
+    assert fuse({1: 0.15}, {3: 0.25}, F) == []  # 0.06 and 0.06: below the cut-off (0.08)
+
+
+def test_a_text_close_only_to_the_speakers_name_is_no_match() -> None:
+    """'Did Leo get a tattoo?' in a conversation where every other turn is Leo's: small talk looks close
+    to the question as asked (the name), not to its focus ("Did get a tattoo?"), and is left out; a
+    turn about the question is close to both and stays."""
+    cosines = {1: 0.55, 2: 0.62}  # 1: "Leo: Wait, seriously?"  2: "Leo: I got a tattoo of a whale."
+    focus = {1: 0.2, 2: 0.5}
+    assert [s.id for s in fuse({}, cosines, F, focus=focus)] == [2]
+    assert [s.id for s in fuse({}, cosines, F)] == [2, 1]  # without the focus both would match
 
 
 def test_a_passage_holding_what_was_asked_scores_clearly_above_one_that_does_not() -> None:
@@ -104,7 +115,7 @@ def test_a_named_time_ranks_every_text_inside_it_above_every_text_outside() -> N
 
 
 def test_a_text_inside_the_named_time_is_a_match_on_its_own() -> None:
-    out = fuse({}, {1: 0.1, 2: 0.1}, F, fit={1: 1.0, 2: 0.4})
+    out = fuse({}, {1: 0.1, 2: 0.1}, F, fit={1: 1.0, 2: 0.4})  # both below the cut-off
     assert [s.id for s in out] == [1]
 
 
@@ -113,13 +124,13 @@ def test_every_model_has_parameters_in_range(model: str) -> None:
     f = fusion_for(model)
     assert f is FUSION.get(model, DEFAULT)
     assert 0 < f.words_weight < 1 and f.floor < f.ceiling
-    assert 0 <= f.focus_weight <= 1 and 0 <= f.neighbour <= 1 and 0 <= f.thread_weight
+    assert 0 <= f.focus_weight <= 1 and 0 <= f.neighbour <= 1 and 0 <= f.thread_weight and 0 <= f.cutoff < 1
 
 
 def test_meaning_weighs_the_focus_by_focus_weight() -> None:
     cosines, focus = {1: 0.7, 2: 0.5}, {1: 0.3, 2: 0.6}
-    by_asked = fuse({}, cosines, replace(F, focus_weight=0.0), focus=focus)
-    by_focus = fuse({}, cosines, replace(F, focus_weight=1.0), focus=focus)
+    by_asked = fuse({}, cosines, replace(F, focus_weight=0.0, cutoff=0.0), focus=focus)
+    by_focus = fuse({}, cosines, replace(F, focus_weight=1.0, cutoff=0.0), focus=focus)
     assert [s.id for s in by_asked] == [1, 2] and [s.id for s in by_focus] == [2, 1]
-    mixed = fuse({}, {1: 0.7}, replace(F, focus_weight=0.5), focus={1: 0.3})
+    mixed = fuse({}, {1: 0.7}, replace(F, focus_weight=0.5, cutoff=0.0), focus={1: 0.3})
     assert mixed[0].score == pytest.approx((1 - F.words_weight) * (0.5 - F.floor) / (F.ceiling - F.floor))

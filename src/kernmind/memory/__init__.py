@@ -16,7 +16,7 @@ The domain (no MCP in it):
     vector_index the in-memory vector index: exact search, filters in memory, coherent with writers.
     texts        what searchable tables share: counting texts, keeping their vectors, change counters.
     recall       hybrid search for any corpus (full text + vectors), background backfill.
-    fusion       how the two rankings become one score in [0, 1]: normalised scores, rare terms, no-match cut-off.
+    fusion       how the two rankings become one score in [0, 1]: normalised scores, neighbours, thread prior, cut-off.
     conversations  recorded conversations: messages and their search.
     recorder     the bundled agent's recorder of its conversation (the agent's one way in).
     transfer     export/import of a namespace as JSON (blocks, passages, conversations).

@@ -20,8 +20,8 @@ Design
 * Stop words (PostgreSQL's English list, which its ``english`` configuration drops itself) are
   left out of the terms a query is ranked by, unless the query has nothing else: "what", "did"
   and "the" say nothing about what is wanted, and a passage matching only them is no match.
-* Terms written like names, ids or numbers (:func:`names_in`) are what a user asks for exactly;
-  fusion.py keeps texts holding a rare one of them first.
+* :func:`names_in` lists the terms written like names, ids or numbers. Ranking no longer treats
+  them apart (fusion.py: protecting texts that hold a rare one cost top-1 recall on real dialogue).
 * How much a term tells is its inverse document frequency, :func:`idf` (FTS5's bm25 formula);
   a query's words score is the share of its terms' idf a passage matches (fts5.py, postgres.py).
   A term in at least ``WIDESPREAD_SHARE`` of the texts and ``WIDESPREAD_MIN_DOCS`` of them is

@@ -86,6 +86,7 @@ TIME_DEPTH = 20  # candidates drawn from inside the time a query names, besides 
 BACKFILL_BATCH = 256
 MIN_DEPTH = 50  # pages within the first 50 results are slices of one ranking
 RECENT_QUERIES = 64  # query vectors kept for the next page of the same search
+CARRIED = 0.999  # the share of a replaced passage's match its replacement gets (see _carry)
 SPREAD_TERMS = 4096  # terms whose spread (widespread or not) is remembered for the next query's focus
 THREAD_FLOATS = 4_000_000  # score more (≈ 16k × 256) in a worker thread, off the event loop
 
@@ -345,7 +346,7 @@ class Recall:
             tg.start_soon(by_text)
             tg.start_soon(embed)
             tg.start_soon(self.index.refresh)
-        replaced = _drop_replaced(text) if _hides(where) else {}
+        replaced = _replaced(text, drop=_hides(where))
         if qvec is None or unavailable is not None:
             return Gathered(text, {}, unavailable)
         fusion = self.fusion_now
@@ -440,15 +441,16 @@ def _with_replaced(where: Any) -> Any:
     return dataclasses.replace(where, include_superseded=True) if _hides(where) else where
 
 
-def _drop_replaced(text: TextHits) -> dict[int, Any]:
-    """Take replaced passages out of the full-text hits; replaced row per replacing id (the best)."""
+def _replaced(text: TextHits, drop: bool) -> dict[int, Any]:
+    """Replaced (superseded) passages among the full-text hits, the best per replacing id; with
+    ``drop``, taken out of the hits (the search hides them)."""
     replaced: dict[int, Any] = {}
     live = []
     for row in text.rows:
         new = getattr(row, "superseded_by", None)
-        if new is None:
+        if new is None or not drop:
             live.append(row)
-        elif new not in replaced:  # rows come best first
+        if new is not None and new not in replaced:  # rows come best first
             replaced[new] = row
     text.rows = live
     return replaced
@@ -464,20 +466,21 @@ def _carry(
 ) -> None:
     """A fact that changed is found by what it used to say: "Mira lives in Bergen" matches "Where does
     Mira live?", and "Mira moved from Bergen to Oslo", which replaced it, is the answer. The replacing
-    passage gets the better of its own words score and similarity and those of the passage it
-    replaced (only where it passes the search's filter: it is in the snapshot's rows)."""
+    passage gets the better of its own words score and similarity and a hair less than those of the
+    passage it replaced (shown too, with ``include_superseded``, the one that says what was asked
+    comes first), only where it passes the search's filter (it is in the snapshot's rows)."""
     from kernmind.memory.vector_index import similarity_of
 
     passing = set(candidates.passing([*replaced]))
     for new, old in replaced.items():
         if new not in passing:
             continue
-        gathered.carried[new] = max(gathered.carried.get(new, 0.0), old.score or 0.0)
+        gathered.carried[new] = max(gathered.carried.get(new, 0.0), (old.score or 0.0) * CARRIED)
         for sims, vec in ((gathered.cosines, qvec), (gathered.focus, fvec)):
             if sims is not None and vec is not None:
                 got = similarity_of(candidates, vec, [old.id, new], neighbour)
-                if got:
-                    sims[new] = max(got.values())
+                if new in got:
+                    sims[new] = max(got[new], got.get(old.id, -1.0) - (1 - CARRIED))
 
 
 def _focus(asked: str, text: TextHits) -> str:
