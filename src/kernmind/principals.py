@@ -3,8 +3,10 @@
 Design
 - A ``Principal`` is a name plus roles. Over stdio (and in-process clients) the caller is
   ``local``: the user who started the server, with every right. Over HTTP the caller is
-  whoever the bearer token names: ``--token`` is one principal (``default``, an admin: the
-  shared-secret setup of round 1 keeps its full access); ``--tokens FILE`` holds many.
+  whoever the bearer token names: ``--token`` is the server's owner (``default``, an admin: the
+  shared-secret setup of round 1 keeps its full access) and keeps its data under the stdio
+  user's key, so one person has one memory and one set of sessions whichever transport they
+  use; ``--tokens FILE`` holds the other principals, each with data of its own.
 - The tokens file is JSON, mode 0600, and never holds a token: only its SHA-256 digest
   (tokens are 256-bit random strings, so a plain digest is enough), the principal's name,
   its roles and when it was made. ``kernmind tokens add NAME`` prints the new token once.
@@ -97,7 +99,11 @@ class Principal:
 
 
 LOCAL = Principal("local", (ADMIN,))
-SHARED_TOKEN = Principal("default", (ADMIN,))
+# The server's own token (``--token``) is the person who started the server, like the stdio user:
+# its data (memory namespace, sessions, jobs) is kept under the local user's key (round 4; what an
+# earlier version kept under ``default`` is moved: memory/legacy_owner.py, sessions' disk_store.py).
+SHARED_TOKEN = Principal("default", (ADMIN,), LOCAL.owner)
+LEGACY_SHARED_OWNER = "default"  # the --token principal's data key before round 4
 
 
 def owner_of(entry: dict[str, Any]) -> str:
@@ -436,9 +442,10 @@ def principal_keeping(owner: str) -> Principal:
     """The principal whose data is kept under the key ``owner`` (a session's owner): its name is
     the key without its generation; roles are not kept with data, so it has none (``local`` and
     the shared token's principal are themselves)."""
-    for known in (LOCAL, SHARED_TOKEN):
-        if owner == known.owner:
-            return known
+    if owner == LOCAL.owner:
+        return LOCAL
+    if owner == LEGACY_SHARED_OWNER:  # (data an earlier version kept for the --token principal)
+        return SHARED_TOKEN
     name = owner.split("~", 1)[0]
     return Principal(name, (), "" if owner == name else owner)
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    kernmind memory show [LABEL]                 every block (a table), or one block's value
+    kernmind memory show [LABEL]                 every block (a table, under the namespace's name), or one block's value
     kernmind memory search QUERY [--top-k N] [--tag T …] [--include-superseded] [--thread T]
     kernmind memory export [-o FILE] [--with-history]
     kernmind memory import FILE|- [--replace]
@@ -50,6 +50,7 @@ from kernmind.memory.database import PassageFilter
 from kernmind.memory.embedder_factory import make_embedder
 from kernmind.memory.embeddings import EmbeddingUnavailable
 from kernmind.memory.errors import MemoryRefusal, Verb
+from kernmind.memory.legacy_owner import merge_legacy
 from kernmind.memory.migrate import migrate_namespace
 from kernmind.memory.query_cache import with_query_cache
 from kernmind.memory.records import iso
@@ -112,13 +113,21 @@ def add_parser(sub: Any, settings_flags: argparse.ArgumentParser) -> None:
 
 async def _show(settings: Settings, label: str | None) -> str:
     async with MemoryStore.from_settings(settings) as store:
+        for sentence in await merge_legacy(
+            store
+        ):  # an earlier version's --token memory joins (legacy_owner.py)
+            print(sentence, file=sys.stderr)
         if label is not None:
             return render_block(await store.blocks.get(label))
         rows = await store.blocks.list()
+    # Which memory this is: the stdio user's and the server's own token's (one principal), in this database.
+    where = (
+        f"namespace {settings.agent!r} (the stdio user and --token) in {redacted_location(store.location)}"
+    )
     if not rows:
-        return f"namespace {settings.agent!r} has no blocks"
+        return f"{where}: no blocks"
     width = max(len(r.label) for r in rows)
-    lines = [f"{'label':<{width}}  {'chars':>13}  version  description"]
+    lines = [f"{where}:", f"{'label':<{width}}  {'chars':>13}  version  description"]
     for r in rows:
         flag = " (read-only)" if r.read_only else ""
         lines.append(

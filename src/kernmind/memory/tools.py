@@ -57,6 +57,7 @@ from kernmind.memory.database import Database
 from kernmind.memory.embedder_factory import make_embedder
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable
 from kernmind.memory.errors import BLOCK_TOOL_WORDS, MemoryRefusal, Words
+from kernmind.memory.legacy_owner import merge_legacy
 from kernmind.memory.recall import Recall
 from kernmind.memory.records import BlockRow
 from kernmind.memory.store import MemoryStore
@@ -117,6 +118,12 @@ class MemoryTools:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         root = await MemoryStore.from_settings(self.settings).open()
+        try:  # an earlier version kept the --token principal's memory apart (legacy_owner.py)
+            await merge_legacy(root)
+        except Exception:
+            log.exception(
+                "moving the --token principal's earlier memory failed; kept as it was, retried next start"
+            )
         self._root, self._embedder = root, make_embedder(self.settings)
         log.info(
             "memory: %s (namespace %r, meaning search: %s)",

@@ -54,6 +54,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
 import shutil
 import stat
@@ -66,7 +67,10 @@ from kernmind.diskio import Reserve, kind_of, read_file, write_file
 from kernmind.execution.errors import SessionError
 from kernmind.execution.sandbox.filescan import scan_tree
 
+log = logging.getLogger(__name__)
+
 LOCAL_OWNER = "local"
+LEGACY_SHARED_OWNER = "default"  # the --token principal's owner key before round 4 (principals.py)
 FILES = "files"
 ATTACHING = ".attach"
 LOCK = ".lock"
@@ -335,6 +339,7 @@ class SessionStore:
         self.per_owner_sessions = min(per_owner_sessions or max_sessions, max_sessions)
         self.per_owner_bytes = min(per_owner_bytes or max_bytes, max_bytes)
         self.reserve = reserve  # room for the server's own writes when the disk fills (diskio.py)
+        self.moved = adopt_legacy_owner(root)  # the --token principal's sessions of earlier versions
 
     def home(self, owner: str, session_id: str) -> SessionHome:
         return SessionHome(self.root / owner / session_id, owner, session_id)
@@ -421,6 +426,47 @@ class SessionStore:
         scan = scan_tree(home.files)
         meta.bytes, meta.files = scan.bytes_used, len(scan.files)
         return meta
+
+
+def adopt_legacy_owner(root: Path, old: str = LEGACY_SHARED_OWNER, new: str = LOCAL_OWNER) -> list[str]:
+    """Move the sessions an earlier version kept for the ``--token`` principal (owner ``default``)
+    to the local user's, who is now the same principal: ``sessions/default/<id>`` becomes
+    ``sessions/local/<id>`` (``<id>-from-http`` when that id is taken), its meta rewritten. A
+    session another server holds stays until a later start; nothing is deleted. Sentences saying
+    what moved (logged)."""
+    said: list[str] = []
+    for sid in _subdirs(root / old):
+        source = root / old / sid
+        fd = _open_lock(source / LOCK, create=False) if (source / LOCK).exists() else None
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # live in a server of an earlier version: moved at a later start
+            target_id, n = sid, 1
+            while (root / new / target_id).exists():
+                target_id = f"{sid[: 64 - 14]}-from-http" + ("" if n == 1 else f"-{n}")
+                n += 1
+            (root / new).mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.rename(source, root / new / target_id)
+            meta = read_meta(root / new / target_id)
+            if meta is not None:
+                meta.owner, meta.session_id = new, target_id
+                with contextlib.suppress(OSError):
+                    write_file(root / new / target_id / META, json.dumps(asdict(meta)).encode())
+        except OSError as exc:
+            log.warning("could not move session %r of the --token principal: %s; kept where it was", sid, exc)
+            continue
+        finally:
+            if fd is not None:
+                os.close(fd)
+        renamed = f" as {target_id!r} (the id was taken)" if target_id != sid else ""
+        said.append(f"session {sid!r} of the server's own token is the local user's now{renamed}")
+        log.warning("sessions upgrade: %s", said[-1])
+    with contextlib.suppress(OSError):
+        (root / old).rmdir()  # only when empty
+    return said
 
 
 def _subdirs(path: Path) -> list[str]:
