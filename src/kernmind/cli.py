@@ -1,4 +1,4 @@
-"""Command line: ``kernmind serve | agent | doctor | memory | sessions | tokens``.
+"""Command line: ``kernmind serve | agent | doctor | memory | sessions | tokens | ui``.
 
 Each subcommand takes the settings flags of the groups it uses (``COMMAND_GROUPS`` in
 settings_cli.py: ``serve`` all of them, ``memory`` only storage, memory and logging …),
@@ -24,7 +24,7 @@ from kernmind.settings_cli import COMMAND_GROUPS, describe_settings_error, setti
 log = logging.getLogger("kernmind")
 
 
-COMMANDS = ("serve", "agent", "doctor", "memory", "sessions", "tokens")
+COMMANDS = ("serve", "agent", "doctor", "memory", "sessions", "tokens", "ui")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -66,6 +66,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         from kernmind import tokens_cli
 
         tokens_cli.add_parser(sub, settings_parent(COMMAND_GROUPS["tokens"], absent_when_not_given=True))
+    if "ui" in wanted:
+        from kernmind import ui_cli
+
+        ui_cli.add_parser(sub, settings_parent(COMMAND_GROUPS["serve"], absent_when_not_given=True))
     return parser
 
 
@@ -117,5 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kernmind import tokens_cli
 
         return tokens_cli.run(args, settings)
+    if command == "ui":
+        from kernmind import ui_cli
+
+        return ui_cli.run(args, settings)
     parser.print_help(sys.stderr)
     return 2

@@ -66,6 +66,7 @@ def create_server(settings: Settings | None = None, executor: Executor | None = 
     executor.add_kernel_extras(code_mode)
     ExecutionTools(executor, settings).register(server)
     memory.register(server)
+    server.kernmind_parts = (executor, memory)  # what the /ui pages read through (ui/app.py, mount_ui)
     strict_tool_arguments(server)  # last: every tool refuses unknown arguments and NaN, in words
     boundary.install(server)  # every refusal and fault answered in one place (boundary.py)
     # It knows each request's caller (principals.py); a request for memory opens the caller's first.

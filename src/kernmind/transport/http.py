@@ -247,6 +247,9 @@ def build_http_app(
     auth = authenticator(settings)
     if auth.required:  # (the cap on each principal's handshake sessions needs the principal)
         app = BearerTokenMiddleware(SessionCap(app), auth)
+    from kernmind.ui.app import mount_ui  # /ui: the pages onto memory and sessions, their own logins (ui/)
+
+    app = mount_ui(app, server, settings, auth, loopback)
     return LastResort(app)
 
 

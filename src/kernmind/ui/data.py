@@ -1,0 +1,222 @@
+"""Where the ``/ui`` pages read from: the server's own memory and executor, or the data dir.
+
+Design
+- ``UiParts`` holds the memory surface (``MemoryTools``: every principal's namespace, opened
+  the way the tools open it) and, inside a serving server, its ``Executor`` (live sessions,
+  running jobs and their output so far). ``kernmind ui`` has no executor: sessions and jobs
+  are read from the data dir (``SessionStore``, the jobs' records), which a stdio server on
+  the same data dir keeps up to date; memory is opened like any second writer (SQLite WAL or
+  PostgreSQL: safe beside the server).
+- Every read names an owner (``Principal.owner``): a page can only ask for the caller's own
+  sessions and jobs, and an id of another principal's is simply not found.
+
+Error policy: a missing session, job or passage is ``NotFound`` (the page answers 404); memory
+refusals pass up unchanged so the page shows their sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from kernmind.config import Settings
+from kernmind.diskio import read_file
+from kernmind.execution.executor import Executor
+from kernmind.execution.sessions import history
+from kernmind.execution.sessions.disk_store import FILES, SNAPSHOT_DIR, SessionStore
+from kernmind.execution.sessions.jobs import JobError
+from kernmind.memory.archival import Archive
+from kernmind.memory.store import MemoryStore
+from kernmind.memory.tools import MemoryTools
+from kernmind.principals import Principal, acting_as
+
+MAX_JOB_RECORD = 8 * 1024 * 1024
+
+
+class NotFound(LookupError):
+    """Nothing of this principal's has that name or id."""
+
+
+@dataclass
+class UiParts:
+    settings: Settings
+    memory: MemoryTools
+    executor: Executor | None = None
+
+    # --- memory -----------------------------------------------------------------------------
+    async def space(self, principal: Principal) -> tuple[MemoryStore, Archive]:
+        await self.memory.open_space(principal)
+        with acting_as(principal):
+            return self.memory.store, self.memory.archive
+
+    # --- sessions -----------------------------------------------------------------------------
+    @property
+    def store(self) -> SessionStore:
+        if self.executor is not None:
+            return self.executor.store
+        s = self.settings
+        return SessionStore(
+            s.sessions_dir, max_sessions=s.max_stored_sessions, max_bytes=s.max_stored_mb << 20
+        )
+
+    @property
+    def jobs_root(self) -> Path:
+        if self.executor is not None:
+            return self.executor.jobs.root
+        return self.settings.jobs_dir
+
+    async def sessions(self, owner: str) -> list[dict[str, Any]]:
+        if self.executor is not None:
+            return await self.executor.session_summaries(owner)
+        stored = await anyio.to_thread.run_sync(self.store.list, owner)
+        rows = []
+        for s in stored:
+            m = s.meta
+            rows.append(
+                {
+                    "session_id": m.session_id,
+                    "owner": m.owner,
+                    "state": "in_other_server" if s.held_by else "stored",
+                    "held_by_pid": s.held_by,
+                    "last_used": m.last_used,
+                    "workspace_files": m.files,
+                    "workspace_bytes": m.bytes,
+                    "packages_bytes": m.packages_bytes,
+                    "variables_saved_at": m.snapshot_at,
+                }
+            )
+        return rows
+
+    def _home_dir(self, owner: str, sid: str) -> Path:
+        if not sid or "/" in sid or sid in (".", "..") or not self.store.exists(owner, sid):
+            raise NotFound(sid)
+        return self.store.home(owner, sid).root
+
+    async def session(self, owner: str, sid: str) -> dict[str, Any]:
+        for row in await self.sessions(owner):
+            if row["session_id"] == sid:
+                return row
+        raise NotFound(sid)
+
+    async def calls(self, owner: str, sid: str) -> list[dict[str, Any]]:
+        """The session's recorded calls, oldest first (its lines are flushed first when live)."""
+        await self.session(owner, sid)  # 404 for another's
+        if self.executor is not None:
+            live = self.executor.sessions.live(sid, owner)
+            if live is not None and getattr(live, "home", None) is not None:
+                await self.executor.sessions.books.flush(live)
+        path = self.store.home(owner, sid).history
+        return await anyio.to_thread.run_sync(history.read, path)
+
+    async def files(self, owner: str, sid: str, limit: int, offset: int) -> tuple[list[tuple[str, int]], int]:
+        """(relative path, bytes) of the session's files, sorted, a page of them; and how many."""
+        await self.session(owner, sid)
+        root = self._home_dir(owner, sid) / FILES
+
+        def walk() -> list[tuple[str, int]]:
+            found: list[tuple[str, int]] = []
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames[:] = [d for d in dirnames if not (dirpath == str(root) and d == SNAPSHOT_DIR)]
+                for name in filenames:
+                    path = Path(dirpath) / name
+                    try:
+                        size = path.lstat().st_size
+                    except OSError:
+                        continue
+                    found.append((str(path.relative_to(root)), size))
+            return sorted(found)
+
+        every = await anyio.to_thread.run_sync(walk)
+        return every[offset : offset + limit], len(every)
+
+    async def notebook(self, owner: str, sid: str) -> bytes:
+        from kernmind.execution.sessions import notebook
+
+        entries = await self.calls(owner, sid)
+        version = self.executor.runtime.version if self.executor is not None else ""
+        return notebook.dumps(notebook.build(entries, sid, version))
+
+    # --- jobs ---------------------------------------------------------------------------------
+    def jobs(self, owner: str) -> list[dict[str, Any]]:
+        """This owner's jobs (running ones in this server first, then the records), newest first."""
+        rows: dict[str, dict[str, Any]] = {}
+        folder = self.jobs_root / owner
+        try:
+            names = [n for n in os.listdir(folder) if n.startswith("job-") and n.endswith(".json")]
+        except OSError:
+            names = []
+        for name in names:
+            data = self._record(folder / name)
+            if data is not None:
+                rows[data["id"]] = data
+        if self.executor is not None:
+            for job in list(self.executor.jobs.jobs.values()):
+                if job.owner == owner:
+                    rows[job.id] = job.record()
+        return sorted(rows.values(), key=lambda r: r.get("started") or 0, reverse=True)
+
+    @staticmethod
+    def _record(path: Path) -> dict[str, Any] | None:
+        try:
+            data = json.loads(read_file(path, MAX_JOB_RECORD))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and isinstance(data.get("id"), str) else None
+
+    def job(self, owner: str, job_id: str) -> tuple[dict[str, Any], str]:
+        """(the job's record, its output so far as text)."""
+        if self.executor is not None:
+            try:
+                job = self.executor.jobs.get(job_id, owner=owner)
+            except JobError:
+                raise NotFound(job_id) from None
+            record = job.record()
+            if job.collector is not None:
+                logs = job.collector.logs()
+                return record, "".join(logs.stdout) + "".join(logs.stderr)
+            return record, output_of(record)
+        if not job_id.startswith("job-") or not job_id[4:].isalnum():
+            raise NotFound(job_id)
+        data = self._record(self.jobs_root / owner / f"{job_id}.json")
+        if data is None:
+            raise NotFound(job_id)
+        return data, output_of(data)
+
+
+def output_of(record: dict[str, Any]) -> str:
+    result = record.get("result") or {}
+    logs = result.get("logs") or {}
+    text = "".join(logs.get("stdout") or []) + "".join(logs.get("stderr") or [])
+    for item in result.get("results") or []:
+        if isinstance(item, dict) and item.get("text"):
+            text += str(item["text"]) + "\n"
+    error = result.get("error")
+    if isinstance(error, dict):
+        text += f"{error.get('name', 'Error')}: {error.get('value', '')}\n"
+    return text
+
+
+@asynccontextmanager
+async def standalone(settings: Settings) -> AsyncIterator[UiParts]:
+    """``kernmind ui``: memory opened by this process, sessions and jobs read from the data dir."""
+    memory = MemoryTools(settings)
+    async with memory.running():
+        yield UiParts(settings, memory)
+
+
+def ago(epoch: float | None) -> str:
+    if not epoch:
+        return "—"
+    seconds = max(0.0, time.time() - float(epoch))
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return f"{seconds:.0f} s ago"
