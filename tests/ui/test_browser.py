@@ -98,7 +98,17 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     tokens_file = tmp / "tokens.json"
     file = TokenFile(tokens_file)
     tokens = {n: file.add(n, r) for n, r in (("alice", []), ("bob", []), ("root", ["admin"]))}
-    server = start_http(tmp, "--tokens", str(tokens_file), "--sandbox", "none", "--embedding-model", "static")
+    server = start_http(
+        tmp,
+        "--tokens",
+        str(tokens_file),
+        "--sandbox",
+        "none",
+        "--embedding-model",
+        "static",
+        "--autosave-seconds",
+        "1",
+    )
     try:
         s = Site(server, tokens, server.url.removesuffix("/mcp"), tmp)
         anyio.run(_seed, s)
@@ -205,6 +215,14 @@ def test_a_session_its_files_calls_and_notebook_download(site: Site, browser: An
     assert (
         "x = 41" in calls and re.search(r"\d+ ms", calls) and "14 chars" in calls
     )  # its output: hello from s1
+
+    # its variables, once saved (idle a second: --autosave-seconds 1), listed without unpickling
+    def saved(d: Any) -> bool:
+        d.refresh()
+        return "int" in d.find_element("id", "variables").text
+
+    wait_for(browser, saved)
+    assert re.search(r"\bx int\b", text_of(browser, "#variables"))
     shot(browser, site.tmp, "session")
     browser.find_element("id", "notebook").click()
     target = site.tmp / "downloads" / "s1.ipynb"

@@ -37,6 +37,7 @@ from kernmind.memory.archival import Archive
 from kernmind.memory.store import MemoryStore
 from kernmind.memory.tools import MemoryTools
 from kernmind.principals import Principal, acting_as
+from kernmind.ui.variables import Variable, saved_variables
 
 MAX_JOB_RECORD = 8 * 1024 * 1024
 
@@ -136,6 +137,12 @@ class UiParts:
 
         every = await anyio.to_thread.run_sync(walk)
         return every[offset : offset + limit], len(every)
+
+    async def variables(self, owner: str, sid: str) -> list[Variable]:
+        """The variables of the session's last save (names, types, sizes; never unpickled)."""
+        await self.session(owner, sid)
+        files = self._home_dir(owner, sid) / FILES
+        return await anyio.to_thread.run_sync(saved_variables, files)
 
     async def notebook(self, owner: str, sid: str) -> bytes:
         from kernmind.execution.sessions import notebook

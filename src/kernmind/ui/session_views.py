@@ -87,6 +87,18 @@ async def session_page(parts: UiParts, who: Principal, sid: str, files_page: int
         f" · packages kept {e(size(row.get('packages_bytes')))}"
         f" · {link(f'/ui/sessions/{sid}/notebook.ipynb', 'download notebook', id='notebook', download=f'{sid}.ipynb')}</p>"
     )
+    variables = await parts.variables(who.owner, sid)
+    body += f"<h2>Variables (as saved {e(when(row.get('variables_saved_at')))})</h2>"
+    body += (
+        table(
+            ["name", "type", "size (saved)", "saved with"],
+            ([e(v.name), e(v.type), e(size(v.bytes)), e(v.serializer)] for v in variables),
+            id="variables",
+        )
+        if variables
+        else '<p class="muted" id="variables">No saved variables yet (they are saved when the session has '
+        "been idle a while, and when its interpreter stops).</p>"
+    )
     body += f"<h2>Files</h2><p>{quota_bar(int(row.get('workspace_bytes') or 0), limit)} (--workspace-mb)</p>"
     body += table(["path", "size"], ([e(p), e(size(n))] for p, n in files), id="files")
     body += pager(
