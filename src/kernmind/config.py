@@ -268,6 +268,17 @@ class Settings(BaseSettings):
     allow_network: Annotated[bool, Cli(Group.SANDBOX)] = Field(
         default=False, description="let sandboxed code use the network"
     )
+    mount: Annotated[
+        list[str],
+        NoDecode,
+        Cli(Group.SANDBOX, metavar="HOST_DIR[:NAME][:ro|rw]", repeatable=True, shown_default="—"),
+    ] = Field(
+        default_factory=list,
+        description="bind a host folder into every sandbox of the server's owner (stdio and `--token`) at "
+        "`/mnt/NAME` (NAME: the folder's name unless given), read-only unless `:rw` (repeatable); "
+        "`:for=PRINCIPAL` gives it to that principal instead; resolved once at start, not counted by the "
+        "workspace quota; the variable holds a JSON list or `;`-separated values (see docs/security.md)",
+    )
     memory_mb: Annotated[int, Cli(Group.SANDBOX, metavar="MIB")] = Field(
         default=2048,
         ge=MIN_MEMORY_MB,
@@ -408,6 +419,19 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             text = value.strip()
             return json.loads(text) if text.startswith("[") else [o for o in re.split(r"[,\s]+", text) if o]
+        return value
+
+    @field_validator("mount", mode="before")
+    @classmethod
+    def _mount_list(cls, value: object) -> object:
+        """The variable holds a JSON list or ``;``-separated values (paths may hold commas)."""
+        if isinstance(value, str):
+            text = value.strip()
+            return (
+                json.loads(text)
+                if text.startswith("[")
+                else [m.strip() for m in text.split(";") if m.strip()]
+            )
         return value
 
     @field_validator("allowed_origin", mode="after")

@@ -35,6 +35,7 @@ from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
 from kernmind.execution.packages import PackageInstaller, PythonTarget
 from kernmind.execution.remote import RemoteKernels
 from kernmind.execution.results import OutputCollector
+from kernmind.execution.sandbox import host_mounts
 from kernmind.execution.sandbox.bwrap import Sandbox, SandboxUnavailable
 from kernmind.execution.sandbox.cgroups import CgroupsUnavailable, CgroupSupport
 from kernmind.execution.sandbox.rlimits import limits_from
@@ -165,6 +166,11 @@ def gather(settings: Settings) -> dict[str, Any]:
         report["sandbox"] = {"backend": None, "reason": str(exc)}
         report["ok"] = False
         return report
+    try:  # --mount folders: listed under the sandbox (host_mounts.py)
+        sandbox.host_mounts = host_mounts.parse_all(settings.mount, settings.data_dir)
+    except host_mounts.MountError as exc:
+        report["mount_problem"] = str(exc)
+        report["ok"] = False
     report["sandbox"] = sandbox.describe()
     report["session_limits"], cgroups = _limits_report(settings)
     runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)
@@ -210,7 +216,11 @@ def gather(settings: Settings) -> dict[str, Any]:
                 "reason": "turned off (--no-fork-server)" if runtime.error is None else "no Python",
             }
         )
-    report["ok"] = bool(report["live_test"].get("ok")) and report["session_limits"].get("ok", True)
+    report["ok"] = (
+        bool(report["live_test"].get("ok"))
+        and report["session_limits"].get("ok", True)
+        and "mount_problem" not in report
+    )
     return report
 
 
@@ -270,6 +280,10 @@ def _print_text(report: dict[str, Any]) -> None:
         line("  gpu", f"{len(gpu['devices'])} NVIDIA device(s) passed through" if gpu else "none")
         for problem in gpu["problems"] if gpu else []:
             line("  gpu problem", problem)
+        for mount in sb.get("mounts") or []:
+            line("  mount", mount)
+    if report.get("mount_problem"):
+        line("  mount", f"REFUSED — {report['mount_problem']}")
     if limits := report.get("session_limits"):
         mode = {"v2": "cgroup v2", "v1": "cgroup v1"}.get(str(limits["mode"]), "no control groups")
         line("session limits", f"{mode} — {limits['reason']}")

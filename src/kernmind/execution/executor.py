@@ -78,6 +78,7 @@ from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.runners.base import Call, Runner
 from kernmind.execution.runners.python import PythonRunner, SnapshotBudget
+from kernmind.execution.sandbox import host_mounts
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits
@@ -136,6 +137,7 @@ class Executor:
         )
         self._tg: TaskGroup | None = None  # while running: background clean-up of sessions' groups
         # Decided before anything is started (on cgroup v2 the server may move itself into a leaf).
+        self.sandbox.host_mounts = host_mounts.start(settings.mount, settings.data_dir, self.sandbox.isolated)
         self.cgroups = CgroupSupport.detect(settings.cgroups, cpu_weight=settings.sandbox_cpu_weight)
         if not self.cgroups.active:
             log.info("no per-session control groups (%s): per-process limits only", self.cgroups.reason)

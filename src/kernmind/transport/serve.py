@@ -89,6 +89,7 @@ def serve(settings: Settings) -> int:
     from kernmind.execution.executor import Executor
     from kernmind.execution.sandbox.bwrap import SandboxUnavailable
     from kernmind.execution.sandbox.cgroups import CgroupsUnavailable
+    from kernmind.execution.sandbox.host_mounts import MountError
 
     sock: socket.socket | None = None
     if settings.transport == "http":
@@ -109,7 +110,7 @@ def serve(settings: Settings) -> int:
         from kernmind.server import create_server
 
         server = create_server(settings, executor)
-    except (SandboxUnavailable, CgroupsUnavailable) as exc:
+    except (SandboxUnavailable, CgroupsUnavailable, MountError) as exc:
         if sock is not None:
             sock.close()
         print(f"kernmind: {exc}", file=sys.stderr)

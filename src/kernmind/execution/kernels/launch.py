@@ -84,6 +84,9 @@ class LaunchPlan:
             *([layer.mount] if layer else []),
             *(factory.guard.mounts() if factory.guard else []),
             *(m for extra in factory.extras for m in extra.mounts()),
+            *factory.sandbox.mounts_for(
+                ws.mount_owner
+            ),  # --mount folders of the session's owner (none: warm)
         ]
         return cls(factory, ws, workspace is None, uid, runtime_dir, env, layer, mounts, own, group or own)
 

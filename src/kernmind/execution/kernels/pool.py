@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -149,7 +150,8 @@ class KernelPool:
             await self._adopt_layer(kernel, layer)
             await _join(kernel, limits)
             return kernel
-        if kernel is not None and not self.factory.rebinds_warm_kernels:
+        # A warm kernel has no --mount folder: a session whose owner has some starts its own (host_mounts.py).
+        if kernel is not None and (not self.factory.rebinds_warm_kernels or _mounts_for(self.factory, home)):
             self._ready.appendleft(kernel)  # it cannot move into another directory: start one there
             kernel = None
             held.clear()
@@ -232,3 +234,9 @@ async def _shutdown_and_remove(kernel: Kernel) -> None:
         await kernel.workspace.aremove()
     if kernel.layer is not None:
         await anyio.to_thread.run_sync(kernel.layer.remove)
+
+
+def _mounts_for(factory: Any, home: Workspace) -> bool:
+    """Whether sandboxes of ``home``'s session bind --mount folders (a gateway's factory has no sandbox)."""
+    sandbox = getattr(factory, "sandbox", None)
+    return bool(sandbox is not None and sandbox.mounts_for(home.mount_owner))

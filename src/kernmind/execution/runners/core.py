@@ -261,6 +261,7 @@ class Context:
             env.update(self.guard.environment(self.sandbox, path))
         else:
             env["PATH"] = path
+        mounts += self.sandbox.mounts_for(workspace.mount_owner)  # --mount folders (host_mounts.py)
         session = current_limits.get()
         return self.sandbox.wrap(
             argv,

@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Literal
 
 from kernmind.execution.sandbox.bwrap_args import RUNTIME_MOUNT, WORKSPACE_MOUNT, Mount, bwrap_args
 from kernmind.execution.sandbox.filter_files import guard_file, seccomp_file, unsandboxed_seccomp
+from kernmind.execution.sandbox.host_mounts import HostMount, for_owner
 from kernmind.execution.sandbox.launcher import launcher_argv, lifeline_argv
 from kernmind.execution.sandbox.rlimits import Limits, threads_of_uid, with_rlimits
 
@@ -120,6 +121,7 @@ class Sandbox:
     # The creation guard's filter file (creation_guard.py), where it works here; else why not.
     guard: str | None = None
     guard_problem: str | None = None
+    host_mounts: tuple[HostMount, ...] = ()  # --mount folders (host_mounts.py), bound per session owner
 
     # --- construction -------------------------------------------------------
     @classmethod
@@ -241,6 +243,13 @@ class Sandbox:
             return None
         self._next_uid += 1
         return self._next_uid
+
+    def mounts_for(self, owner: str | None) -> list[Mount]:
+        """The ``--mount`` folders the sandboxes of sessions kept under ``owner`` bind (none
+        without bubblewrap: nothing can be bound; host_mounts.py)."""
+        if not self.isolated:
+            return []
+        return [Mount(m.host, m.inner, m.writable) for m in for_owner(self.host_mounts, owner)]
 
     def workspace_path(self, host_path: Path) -> str:
         """The path code sees for its workspace."""
@@ -374,6 +383,7 @@ class Sandbox:
                 if self.guard
                 else f"off: {self.guard_problem}"
             ),
+            "mounts": [m.describe(self.isolated) for m in self.host_mounts],
             "quota": self.quota_enforcement(),
             "quota_counts": QUOTA_COUNTS,
             "io_uring": (

@@ -13,7 +13,8 @@ Design
   data directory, other sessions or the server's environment is visible.
 - Server directories code must see (``Mount``) and a kernel's socket directory
   (``RUNTIME_MOUNT``) appear at fixed paths of their own, so the host's directory names stay
-  hidden.
+  hidden; so do the host folders the operator mounts (``--mount``: ``/mnt/NAME``, read-only
+  unless ``rw``; ``host_mounts.py``).
 - When the server is root, bwrap runs privileged (no user namespace) and the command inside
   is started through ``setpriv`` as the sandbox's own unprivileged uid, with no capabilities
   and ``no_new_privs`` (so RLIMIT_NPROC, which root ignores, holds).
@@ -44,10 +45,12 @@ USR_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 
 @dataclass(frozen=True)
 class Mount:
-    """A server directory that sandboxed code sees read-only at ``inner`` (never under /tmp)."""
+    """A server directory that sandboxed code sees read-only at ``inner`` (never under /tmp);
+    ``writable``: a host folder the operator mounted read-write (``--mount …:rw``, host_mounts.py)."""
 
     host: Path
     inner: str
+    writable: bool = False
 
     def path(self, sandbox: Sandbox) -> str:
         """Where code finds it: ``inner`` in an isolated sandbox, the host path without one."""
@@ -133,7 +136,7 @@ def bwrap_args(
     bind_ro([p for p in ro if not under_tmp(p)])
     for mount in mounts:
         ensure_parents(mount.inner)
-        args += ["--ro-bind", str(mount.host), mount.inner]
+        args += ["--bind" if mount.writable else "--ro-bind", str(mount.host), mount.inner]
         made.add(mount.inner)
         bound.add(mount.inner)
     args += ["--proc", "/proc", "--dev", "/dev"]

@@ -141,6 +141,9 @@ class Workspace:
     untracked: bool = field(default=False, repr=False, compare=False)  # no inotify for this one
     # The same for each ``accounted`` directory (None: no inotify there, walked instead).
     accounted_trackers: dict[Path, Tracker | None] = field(default_factory=dict, repr=False, compare=False)
+    # The data key of the session it belongs to: which --mount folders its sandboxes get
+    # (host_mounts.py); None (a warm kernel's own directory): none.
+    mount_owner: str | None = field(default=None, repr=False, compare=False)
 
     def create(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -75,14 +75,21 @@ class Session:
     stopped_as: str = "ServerShuttingDown"  # the error name of that result (``PrincipalRevoked``: revoked)
     limits: SessionLimits | None = field(default=None, repr=False)  # its control group, its write block
 
+    def __post_init__(self) -> None:
+        if self.workspace is not None and not self.ephemeral:
+            self.workspace.mount_owner = self.owner  # its sandboxes bind its owner's --mount folders
+
     @property
     def key(self) -> tuple[str, str]:
         return self.owner, self.id
 
     def files(self) -> Workspace:
-        """The session's working directory, made on first use."""
+        """The session's working directory, made on first use; its sandboxes bind the ``--mount``
+        folders of the session's owner (``sandbox/host_mounts.py``; a ``--stateless`` call's: none)."""
         if self.workspace is None:
             self.workspace = self.new_workspace()
+            if not self.ephemeral:
+                self.workspace.mount_owner = self.owner
         return self.workspace
 
     def layer(self) -> Layer:

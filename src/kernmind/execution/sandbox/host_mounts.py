@@ -1,0 +1,157 @@
+"""Host folders in the sandbox: ``kernmind serve --mount HOST_DIR[:NAME][:ro|rw][:for=PRINCIPAL]``.
+
+Design
+- Each ``--mount`` binds one host directory into the sandboxes of the sessions allowed it, at
+  ``/mnt/NAME`` (``MOUNT_ROOT``; NAME defaults to the folder's name, other characters than
+  letters, digits, ``_``, ``-`` and ``.`` made ``-``): read-only unless ``rw``.
+  ``/mnt`` is outside ``/workspace``, so nothing sandboxed code writes in its working directory
+  can redirect or hide a mount, and the workspace quota never counts a mounted folder (a
+  read-write folder is bounded by its own file system, not by ``--workspace-mb``).
+- **Resolved once, at start.** The path is made absolute and its links resolved
+  (``realpath``) when the server starts; later changes to a link on the way do not move the
+  mount. bubblewrap binds the directory itself: a symbolic link *inside* it resolves in the
+  sandbox's own view of the file system (system directories read-only, its workspace, its
+  private ``/tmp``), so a link planted there to ``/root``, the data dir or another session
+  finds nothing, or only what the sandbox could read anyway.
+- **Whose sandboxes.** A folder without ``for=`` is the server owner's: the stdio user and the
+  server's own ``--token`` (one principal, data key ``local``). A folder with
+  ``for=NAME`` is that principal's only (a name from ``kernmind tokens add``). Any other
+  principal's sandboxes do not have it: over HTTP a principal sees only what an admin mapped
+  to it. The folder that holds kernmind's data dir (or a folder inside it) is refused: code
+  would read the memory database and every principal's sessions.
+- Where a session's sandboxes come from: its ``Workspace.mount_owner`` (set by the session),
+  read when a kernel is launched (``kernels/launch.py``) and when a process runner wraps a
+  command (``runners/core.py``). Warm kernels start with no mounted folder; a session whose
+  owner has mounts starts its kernel in its own directory instead (``kernels/pool.py``).
+  ``--stateless`` calls run in warm kernels of their own and see no mounted folder.
+- Without bubblewrap (``--sandbox none``, or ``auto`` falling back) nothing can be bound: code
+  runs as the server's user and reads the host's files at their own paths, so ``/mnt/NAME``
+  does not exist; the start logs a warning and ``kernmind doctor`` says so beside each mount.
+
+Error policy: a malformed ``--mount``, a folder that does not exist or is not a directory, a
+name given twice, or a folder holding the data dir stops the start with ``MountError``, a
+sentence naming the ``--mount`` value and what to write instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MOUNT_ROOT = "/mnt"
+OWNER_KEY = "local"  # the server owner's data key (principals.LOCAL.owner; no import: the core stays small)
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class MountError(ValueError):
+    """A ``--mount`` value that cannot be used (the sentence says why and what to write)."""
+
+
+@dataclass(frozen=True)
+class HostMount:
+    """One host folder: where it is, where code finds it, whether code may write, and whose it is."""
+
+    host: Path  # resolved at start (realpath)
+    name: str
+    writable: bool = False
+    principal: str | None = None  # None: the server owner's; else that principal's only
+
+    @property
+    def inner(self) -> str:
+        return f"{MOUNT_ROOT}/{self.name}"
+
+    def allowed(self, owner: str | None) -> bool:
+        """Whether sessions kept under the data key ``owner`` get this folder."""
+        if owner is None:
+            return False
+        if self.principal is None:
+            return owner == OWNER_KEY
+        return owner == self.principal
+
+    def describe(self, isolated: bool) -> str:
+        mode = "read-write" if self.writable else "read-only"
+        who = (
+            f"principal {self.principal!r} only" if self.principal else "the server's owner (stdio, --token)"
+        )
+        where = self.inner if isolated else f"not bound (no sandbox: code reads {self.host} directly)"
+        return f"{self.host} -> {where} ({mode}; {who})"
+
+
+def parse(spec: str, data_dir: Path | None = None) -> HostMount:
+    """``HOST_DIR[:NAME][:ro|rw][:for=PRINCIPAL]`` → a ``HostMount`` (``MountError`` when unusable)."""
+    parts = spec.split(":")
+    host_text, rest = parts[0], parts[1:]
+    name: str | None = None
+    writable = False
+    principal: str | None = None
+    for part in rest:
+        if part in ("ro", "rw"):
+            writable = part == "rw"
+        elif part.startswith("for="):
+            principal = part[4:]
+            if not NAME_RE.match(principal):
+                raise MountError(f"--mount {spec!r}: {principal!r} is not a principal name (for=NAME).")
+        elif name is None and part:
+            name = part
+        else:
+            raise MountError(
+                f"--mount {spec!r}: write HOST_DIR[:NAME][:ro|rw][:for=PRINCIPAL] "
+                "(e.g. ~/data:sales:ro); a host path holding ':' cannot be mounted."
+            )
+    if not host_text:
+        raise MountError(f"--mount {spec!r}: the host folder is missing (HOST_DIR[:NAME][:ro|rw]).")
+    host = Path(os.path.realpath(os.path.expanduser(host_text)))
+    if not host.is_dir():
+        raise MountError(f"--mount {spec!r}: {host} is not a directory on this machine.")
+    name = name or re.sub(r"[^A-Za-z0-9_.-]+", "-", host.name).strip("-._")[:64]  # 'My Data' -> My-Data
+    if not NAME_RE.match(name):
+        raise MountError(
+            f"--mount {spec!r}: {name!r} cannot be a name under {MOUNT_ROOT}: give one with "
+            "HOST_DIR:NAME (1-64 letters, digits, '_', '-' or '.', starting with a letter or digit)."
+        )
+    if data_dir is not None:
+        data = Path(os.path.realpath(data_dir))
+        if data == host or host in data.parents or data in host.parents:
+            raise MountError(
+                f"--mount {spec!r}: {host} holds (or is inside) kernmind's data dir {data}; sandboxed code "
+                "would read the memory database and every session. Mount a folder beside it instead."
+            )
+    return HostMount(host, name, writable, principal)
+
+
+def parse_all(specs: Sequence[str], data_dir: Path | None = None) -> tuple[HostMount, ...]:
+    mounts = tuple(parse(spec, data_dir) for spec in specs)
+    seen: dict[tuple[str | None, str], HostMount] = {}
+    for mount in mounts:
+        for other in seen.values():
+            if other.name == mount.name and other.principal == mount.principal:  # seen by the same sessions
+                raise MountError(
+                    f"--mount: two folders would appear at {mount.inner} ({other.host} and {mount.host}); "
+                    "give one of them another NAME (HOST_DIR:NAME)."
+                )
+        seen[(mount.principal, mount.name)] = mount
+    return mounts
+
+
+def for_owner(mounts: Sequence[HostMount], owner: str | None) -> list[HostMount]:
+    """The folders the sandboxes of sessions kept under ``owner`` get."""
+    return [m for m in mounts if m.allowed(owner)]
+
+
+def start(specs: Sequence[str], data_dir: Path, isolated: bool) -> tuple[HostMount, ...]:
+    """The server's ``--mount`` folders, resolved now; without a sandbox, a warning that none is bound."""
+    mounts = parse_all(specs, data_dir)
+    if mounts and not isolated:
+        log.warning(
+            "--mount: no sandbox here (bubblewrap is off or missing), so nothing is bound at %s: code runs "
+            "as this user and reads %s at their own paths; install bubblewrap to confine it to the mounts",
+            MOUNT_ROOT,
+            ", ".join(str(m.host) for m in mounts),
+        )
+    return mounts
