@@ -109,8 +109,20 @@ class FileData:
     mime: str
 
 
+# Types the platform's table may lack or get wrong for files sessions make (an exported notebook
+# was served as application/octet-stream; ``.ts`` is TypeScript here, not a Qt translation file).
+EXTRA_TYPES = {
+    ".ipynb": "application/x-ipynb+json",
+    ".ts": "text/x-typescript",
+    ".parquet": "application/vnd.apache.parquet",
+    ".jsonl": "application/jsonl",
+    ".r": "text/x-r",
+}
+
+
 def guess_mime(path: str) -> str:
-    return mimetypes.guess_type(path)[0] or "application/octet-stream"
+    suffix = os.path.splitext(path)[1].lower()
+    return EXTRA_TYPES.get(suffix) or mimetypes.guess_type(path)[0] or "application/octet-stream"
 
 
 def _kind(mode: int) -> str:

@@ -2,7 +2,9 @@
 
 Design: one loop in the server's task group (``IdleReaper.run``, started by
 ``SessionRegistry.run_reaper``), a turn every ``period()`` (a quarter of the idle timeout,
-half the autosave delay, between half a second and a minute). Each turn unloads sessions
+half the autosave delay, between half a second and a minute), or sooner: just after the
+moment the first session's autosave or unloading falls due (``delay``), so a session is
+saved ``autosave_after`` seconds after its last call, not up to a period later. Each turn unloads sessions
 idle longer than ``idle_timeout`` (``SessionRegistry.unload``, the registry's one unloading
 path: the session is registered as unloading before anything is saved, so a call arriving
 meanwhile waits for it and then resumes it), checkpoints once a session whose code ran and
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESERVE_DELAY = 2.0  # seconds after start before the disk reserve is taken (diskio.Reserve)
+MIN_DELAY = 0.05  # seconds: a turn just after a due time, never a busy loop
 
 
 class IdleReaper:
@@ -44,6 +47,20 @@ class IdleReaper:
         r = self.registry
         return max(0.5, min(60.0, r.idle_timeout / 4, r.autosave_after / 2))
 
+    def delay(self, now: float) -> float:
+        """Seconds until the next turn: the period, or sooner when a session's autosave or unloading
+        falls due before it (with a fixed period an autosave came up to a period late: ≈ 2 min 45 s
+        after the last call for a documented 120 s)."""
+        r = self.registry
+        due = now + self.period()
+        for s in list(r.sessions.values()):
+            if s.busy or s.closed:
+                continue  # (a call's end sets last_used anew: the turn after it sees that)
+            due = min(due, s.last_used + r.idle_timeout)
+            if s.dirty:
+                due = min(due, s.last_used + r.autosave_after)
+        return max(MIN_DELAY, due - now + MIN_DELAY)
+
     async def run(self) -> None:
         await anyio.sleep(min(RESERVE_DELAY, self.period()))  # after the handshake and a first call
         while True:
@@ -51,7 +68,7 @@ class IdleReaper:
                 await self.registry.books.take_reserve()  # (back) once the disk has room
             except Exception:
                 log.exception("taking the disk reserve failed; will retry")
-            await anyio.sleep(self.period())
+            await anyio.sleep(self.delay(time.monotonic()))
             try:
                 await self.turn()
             except Exception:
@@ -72,7 +89,7 @@ class IdleReaper:
                     log.info("unloading session %r after %.0fs idle (its files stay)", s.id, idle)
                     s.pending_notes.clear()
                     await registry.unload(s)
-                elif s.dirty and idle > registry.autosave_after:
+                elif s.dirty and idle >= registry.autosave_after:
                     async with s.lock:
                         if not s.closed and not s.busy:
                             s.dirty = False
