@@ -20,6 +20,7 @@ The domain (no MCP in it):
     conversations  recorded conversations: messages and their search.
     recorder     the bundled agent's recorder of its conversation (the agent's one way in).
     transfer     export/import of a namespace as JSON (blocks, passages, conversations).
+    legacy_owner the upgrade that moves the --token principal's earlier namespace (default/<agent>) in.
     store        MemoryStore: one namespace in one database (opens it, hands out the parts).
 The database:
     database     what the stores need from a backend (Tx, transactions, full-text search).

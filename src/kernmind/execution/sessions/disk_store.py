@@ -10,7 +10,9 @@ Layout, under the data dir (``<data dir>/sessions``)::
         history.jsonl the session's calls, for export_notebook (written by the server)
         packages/     its installed packages, hard links (written by the server: packages/stored.py)
 
-``owner`` is the principal a session belongs to (``local`` on stdio, for now the only one);
+``owner`` is the data key of the principal a session belongs to (``local``: the stdio user
+and the server's own ``--token``, one principal; sessions an earlier version kept for the
+token under ``default`` are moved to ``local`` when the store opens: ``adopt_legacy_owner``);
 stored sessions are keyed by ``(owner, session_id)`` everywhere.
 
 **One server per session at a time.** A server that loads a session takes an exclusive,
