@@ -50,6 +50,10 @@ async def _fill(data_dir: Path) -> None:
         home.files.mkdir(parents=True)
         (home.files / "f.txt").write_text("x" * i)
         home.save_meta(Meta("local", f"bulk-{i:03d}", bytes=i, files=1))
+    # a kept install, as execution/packages/stored.py leaves it in the session's home
+    (sessions.home("local", "bulk-007").root / "packages" / "python" / "demo_pkg-1.2.dist-info").mkdir(
+        parents=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +142,8 @@ def test_pages_stay_paged_at_ten_thousand_passages_and_a_hundred_sessions(
     sessions = client.get(base + "/ui/sessions").text
     assert sessions.count('href="/ui/sessions/bulk-') == SESSIONS
     assert "topic 12" in client.get(base + "/ui/memory/search?q=topic+12").text
+    one = client.get(base + "/ui/sessions/bulk-007").text
+    assert "demo_pkg 1.2" in one and "f.txt" in one
 
 
 async def _stdio_writes(data_dir: Path, tmp: Path) -> int:

@@ -112,8 +112,9 @@ class UiParts:
         await self.session(owner, sid)  # 404 for another's
         if self.executor is not None:
             live = self.executor.sessions.live(sid, owner)
-            if live is not None and getattr(live, "home", None) is not None:
-                await self.executor.sessions.books.flush(live)
+            books = getattr(self.executor.sessions, "books", None)  # (a gateway's registry keeps none)
+            if live is not None and books is not None and getattr(live, "home", None) is not None:
+                await books.flush(live)
         path = self.store.home(owner, sid).history
         return await anyio.to_thread.run_sync(history.read, path)
 
@@ -143,6 +144,21 @@ class UiParts:
         await self.session(owner, sid)
         files = self._home_dir(owner, sid) / FILES
         return await anyio.to_thread.run_sync(saved_variables, files)
+
+    async def packages(self, owner: str, sid: str) -> list[str]:
+        """The Python distributions kept with the session (``packages/python/*.dist-info``,
+        written by the server only: execution/packages/stored.py), as ``name version``."""
+        await self.session(owner, sid)
+        folder = self._home_dir(owner, sid) / "packages" / "python"
+
+        def names() -> list[str]:
+            try:
+                found = [n.removesuffix(".dist-info") for n in os.listdir(folder) if n.endswith(".dist-info")]
+            except OSError:
+                return []
+            return sorted(n.replace("-", " ", 1) for n in found)
+
+        return await anyio.to_thread.run_sync(names)
 
     async def notebook(self, owner: str, sid: str) -> bytes:
         from kernmind.execution.sessions import notebook

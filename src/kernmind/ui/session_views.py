@@ -99,6 +99,13 @@ async def session_page(parts: UiParts, who: Principal, sid: str, files_page: int
         else '<p class="muted" id="variables">No saved variables yet (they are saved when the session has '
         "been idle a while, and when its interpreter stops).</p>"
     )
+    packages = await parts.packages(who.owner, sid)
+    body += f"<h2>Packages installed ({e(size(row.get('packages_bytes')))} kept)</h2>"
+    body += (
+        '<p id="packages">' + ", ".join(f'<span class="tag">{e(p)}</span>' for p in packages) + "</p>"
+        if packages
+        else '<p class="muted" id="packages">None installed with install_packages.</p>'
+    )
     body += f"<h2>Files</h2><p>{quota_bar(int(row.get('workspace_bytes') or 0), limit)} (--workspace-mb)</p>"
     body += table(["path", "size"], ([e(p), e(size(n))] for p, n in files), id="files")
     body += pager(
