@@ -173,8 +173,8 @@ async def test_the_next_page_of_a_search_does_not_embed_the_query_again(tmp_path
 
 async def test_a_questions_focus_is_embedded_with_it_once_its_terms_were_seen(tmp_path: Path) -> None:
     """'Leo' is in every turn (widespread): the focus ('Did get a tattoo?') is embedded too. The first
-    time the terms are new, so the focus waits for full text to count them; the next question with
-    known terms has both embedded in one batch, beside full text."""
+    time the terms are new, so the focus waits for full text to count them; the next question naming
+    Leo (its other words new or not) has both embedded in one batch, beside full text."""
 
     class Counting(StaticEmbedder):
         def __init__(self) -> None:
@@ -197,6 +197,9 @@ async def test_a_questions_focus_is_embedded_with_it_once_its_terms_were_seen(tm
         embedder.batches.clear()
         second = await archive.search("Leo, did you get the tattoo?")
         assert embedder.batches == [["Leo, did you get the tattoo?", ", did you get the tattoo?"]]
+        embedder.batches.clear()
+        await archive.search("Leo, how is the whale on your arm?")  # 'whale', 'arm': new, taken for rare
+        assert embedder.batches == [["Leo, how is the whale on your arm?", ", how is the whale on your arm?"]]
     assert (
         first.results[0].content
         == second.results[0].content

@@ -23,8 +23,9 @@ Design
   The lists are drawn side by side: the full-text query runs in the database's thread while
   the query is embedded in a worker thread (ONNX Runtime releases the GIL) and the vector index
   reads what changed since the last search. The focus is embedded in the same batch as the query
-  when the query's terms were seen before (whether each is widespread is remembered from earlier
-  searches; it changes slowly), else as soon as full text has counted them; then the index is scored, applying
+  when a term of it is known to be widespread (remembered from earlier searches: a term's spread
+  changes slowly; a term not seen yet is taken for a rare one), else — or when full text's counts
+  say otherwise — as soon as full text has counted the terms; then the index is scored, applying
   filters in memory (vector_index.py); only the rows of the page that full text did not
   already return are fetched. Without an embedder, rows come in full-text order with their
   words score and ``match: words``, nothing left out.
@@ -395,11 +396,11 @@ class Recall:
             self._spread.pop(next(iter(self._spread)))
 
     def _guess_focus(self, asked: str, query: str) -> str | None:
-        """The focus of ``asked`` if every term of ``query`` was seen before (None: unknown)."""
+        """The focus of ``asked`` as the terms' last known spread says, a term not seen yet counted as
+        not widespread (a new word is usually rare); None when no term is known to be widespread."""
         terms = content_terms(query_terms(query))
-        if not terms or any(t not in self._spread for t in terms):
-            return None
-        return _focus_without(asked, {t for t in terms if self._spread[t]})
+        common = {t for t in terms if self._spread.get(t)}
+        return _focus_without(asked, common) if common else None
 
     async def _nearest(
         self, qvec: Sequence[float], where: Any, depth: int, neighbour: float = 0.0
