@@ -142,3 +142,18 @@ async def test_mounted_folders_read_write_links_and_principals(tmp_path: Path) -
             assert "for alice" in text(theirs) and "No such file" in text(theirs), theirs
     finally:
         server.stop()
+
+
+def test_doctor_lists_mounts_and_no_sandbox_binds_none(tmp_path: Path) -> None:
+    from kernmind.execution.sandbox.bwrap import Sandbox
+
+    mounts = parse_all([f"{tmp_path}:data:rw", f"{tmp_path}:hers:for=alice"])
+    isolated = Sandbox("bwrap", "test", bwrap="/usr/bin/bwrap", host_mounts=mounts)
+    listed = isolated.describe()["mounts"]
+    assert listed[0] == f"{tmp_path} -> /mnt/data (read-write; the server's owner (stdio, --token))"
+    assert "principal 'alice' only" in listed[1]
+    assert [m.inner for m in isolated.mounts_for("local")] == ["/mnt/data"]
+    assert [m.inner for m in isolated.mounts_for("alice")] == ["/mnt/hers"]
+    assert isolated.mounts_for("bob") == [] and isolated.mounts_for(None) == []  # a warm kernel: none
+    bare = Sandbox("none", "test", host_mounts=mounts)
+    assert bare.mounts_for("local") == [] and "not bound (no sandbox" in bare.describe()["mounts"][0]
