@@ -288,3 +288,31 @@ def test_the_admin_sees_per_principal_usage(site: Site) -> None:
     rows = {m.group(1): m.group(0) for m in re.finditer(r"<tr><td>([a-z~0-9]+)</td>.*?</tr>", page.text)}
     assert "alice" in rows and "bob" in rows
     assert re.search(r"<td>[1-9]\d*</td><td>[1-9]", rows["alice"])  # sessions, and passages counted
+
+
+def test_supersede_from_the_page_and_a_stale_undo_is_refused(site: Site, browser: Any) -> None:
+    browser.get(site.base + "/ui/memory/search?q=Oslo")
+    browser.find_element("partial link text", "#").click()
+    wait_for(browser, lambda d: d.find_elements("id", "passage-content"))
+    old_url = browser.current_url
+    box = browser.find_element("name", "content")
+    box.clear()
+    box.send_keys("Mira moved to Trondheim")
+    browser.find_element("xpath", "//button[text()='Supersede with this text']").click()
+    wait_for(browser, lambda d: "which supersedes passage" in d.page_source)
+    assert text_of(browser, "#passage-content") == "Mira moved to Trondheim"
+    assert re.search(r"replaces #\d+", text_of(browser, "main"))
+    browser.get(old_url)
+    assert re.search(r"replaced by #\d+", text_of(browser, "main"))
+    # an undo sent with a version the block has left behind changes nothing (expected_version)
+    before = site.get("/ui/memory/blocks/plans").text
+    stale = httpx2.post(
+        f"{site.base}/ui/memory/blocks/plans/undo",
+        headers={"Authorization": f"Bearer {site.tokens['alice']}"},
+        data={"expected_version": "1"},
+        timeout=30,
+    )
+    assert stale.status_code == 409 and "version" in stale.text
+    after = site.get("/ui/memory/blocks/plans").text
+    version = re.compile(r'id="block-version">(\d+)<')
+    assert version.search(before).group(1) == version.search(after).group(1)

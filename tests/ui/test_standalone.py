@@ -142,6 +142,8 @@ def test_pages_stay_paged_at_ten_thousand_passages_and_a_hundred_sessions(
     sessions = client.get(base + "/ui/sessions").text
     assert sessions.count('href="/ui/sessions/bulk-') == SESSIONS
     assert "topic 12" in client.get(base + "/ui/memory/search?q=topic+12").text
+    ranged = client.get(base + "/ui/memory/passages?start=2020-09-13T12:26:40Z&end=2020-09-13T12:36:40Z").text
+    assert re.search(r"\((1[01]) in all\)", ranged), ranged[-2000:]
     one = client.get(base + "/ui/sessions/bulk-007").text
     assert "demo_pkg 1.2" in one and "f.txt" in one
 
