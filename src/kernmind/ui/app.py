@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
@@ -349,18 +350,19 @@ class UiApp:
         )
 
     async def jobs(self, request: Request, who: Caller) -> Response:
-        return html(
-            layout("Background jobs", session_views.jobs_page(self.data, who.principal), who.principal)
-        )
+        body = await anyio.to_thread.run_sync(
+            session_views.jobs_page, self.data, who.principal
+        )  # reads records
+        return html(layout("Background jobs", body, who.principal))
 
     async def job(self, request: Request, who: Caller) -> Response:
         job_id = request.path_params["job_id"]
-        body, running = session_views.job_page(self.data, who.principal, job_id)
+        body, running = await session_views.job_page(self.data, who.principal, job_id)
         head = '<noscript><meta http-equiv="refresh" content="2"></noscript>' if running else ""
         return html(layout(f"Job {job_id}", body, who.principal, head=head, script=running))
 
     async def job_output(self, request: Request, who: Caller) -> Response:
-        record, output = self.data.job(who.principal.owner, request.path_params["job_id"])
+        record, output = await self.data.job(who.principal.owner, request.path_params["job_id"])
         return PlainTextResponse(output, headers={**HEADERS, "X-Job-State": str(record.get("state"))})
 
     async def principals(self, request: Request, who: Caller) -> Response:

@@ -194,11 +194,13 @@ class UiParts:
             return None
         return data if isinstance(data, dict) and isinstance(data.get("id"), str) else None
 
-    def job(self, owner: str, job_id: str) -> tuple[dict[str, Any], str]:
-        """(the job's record, its output so far as text)."""
-        if self.executor is not None:
+    async def job(self, owner: str, job_id: str) -> tuple[dict[str, Any], str]:
+        """(the job's record, its output so far as text). The record is read off the event
+        loop; a running job's output is copied on it (its collector grows there)."""
+        executor = self.executor
+        if executor is not None:
             try:
-                job = self.executor.jobs.get(job_id, owner=owner)
+                job = await anyio.to_thread.run_sync(lambda: executor.jobs.get(job_id, owner=owner))
             except JobError:
                 raise NotFound(job_id) from None
             record = job.record()
@@ -206,9 +208,9 @@ class UiParts:
                 logs = job.collector.logs()
                 return record, "".join(logs.stdout) + "".join(logs.stderr)
             return record, output_of(record)
-        if not job_id.startswith("job-") or not job_id[4:].isalnum():
+        if not job_id.startswith("job-") or not job_id[4:].isalnum() or len(job_id) > 40:
             raise NotFound(job_id)
-        data = self._record(self.jobs_root / owner / f"{job_id}.json")
+        data = await anyio.to_thread.run_sync(self._record, self.jobs_root / owner / f"{job_id}.json")
         if data is None:
             raise NotFound(job_id)
         return data, output_of(data)

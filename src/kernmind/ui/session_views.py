@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
+
 from kernmind.principals import Principal
 from kernmind.ui.data import UiParts, ago
 from kernmind.ui.pages import e, link, pager, size, table, when
@@ -127,7 +129,8 @@ async def session_page(parts: UiParts, who: Principal, sid: str, files_page: int
         .replace("?page=", "?calls=")
         .replace("&page=", "&calls=")
     )
-    jobs = [j for j in parts.jobs(who.owner) if j.get("session_id") == sid][:20]
+    every = await anyio.to_thread.run_sync(parts.jobs, who.owner)  # (reads the jobs' records)
+    jobs = [j for j in every if j.get("session_id") == sid][:20]
     if jobs:
         body += "<h2>Jobs</h2>" + jobs_table(jobs)
     return body
@@ -161,8 +164,8 @@ def jobs_page(parts: UiParts, who: Principal) -> str:
     )
 
 
-def job_page(parts: UiParts, who: Principal, job_id: str) -> tuple[str, bool]:
-    record, output = parts.job(who.owner, job_id)
+async def job_page(parts: UiParts, who: Principal, job_id: str) -> tuple[str, bool]:
+    record, output = await parts.job(who.owner, job_id)
     running = record.get("state") == "running"
     result = record.get("result") or {}
     took = f" · {float(result.get('duration_ms') or 0):.0f} ms" if result else ""
