@@ -1,6 +1,7 @@
 """A session's saved variables, listed without loading them: names, types, sizes.
 
-Design: the kernel saves its variables to ``.km-state/namespace.pkl`` in the session's files
+Design: the kernel's saved variables are kept at ``state/namespace.pkl`` beside the session's
+files (earlier versions: ``.km-state/namespace.pkl`` inside them, still read)
 (execution/kernels/snapshot.py: ``KMSNAP2``, then per variable its name, the serializer that
 wrote it, its length and its pickle; a trailer of module aliases). The server never unpickles
 what a session wrote: this module reads the records' headers, and each pickle's first opcodes
@@ -24,9 +25,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernmind.execution.sessions.disk_store import SNAPSHOT_DIR
+from kernmind.execution.sessions.disk_store import SNAPSHOT_DIR, SNAPSHOT_NAME, STATE
 
-SNAPSHOT_NAME = "namespace.pkl"
 MAGIC = b"KMSNAP2\n"
 MAX_VARIABLES = 500
 HEAD_BYTES = 4096  # of each pickle, enough for its first opcodes
@@ -106,9 +106,19 @@ def type_of(head: bytes) -> str:
 
 
 def _open_snapshot(files: Path) -> int | None:
+    """The session's saved variables: ``state/`` beside its files (disk_store.py), else where an
+    earlier version kept them (``files/.km-state``); links are never followed."""
+    for folder_path in (files.parent / STATE, files / SNAPSHOT_DIR):
+        fd = _open_in(folder_path)
+        if fd is not None:
+            return fd
+    return None
+
+
+def _open_in(folder_path: Path) -> int | None:
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        folder = os.open(files / SNAPSHOT_DIR, flags | os.O_DIRECTORY)
+        folder = os.open(folder_path, flags | os.O_DIRECTORY)
     except OSError:
         return None
     try:

@@ -233,7 +233,7 @@ async def test_a_tampered_snapshot_runs_only_inside_the_sandbox(tmp_path: Path) 
     settings = make_settings(tmp_path, pool_size=0)
     async with Client(create_server(settings)) as c:
         await c.call_tool("run_code", {"code": "kept = 41", "session_id": "t"})
-    snap = settings.sessions_dir / "local" / "t" / "files" / ".km-state" / "namespace.pkl"
+    snap = settings.sessions_dir / "local" / "t" / "state" / "namespace.pkl"
     assert snap.exists()
     marker = tmp_path / "pwned"
     payload = (
@@ -256,7 +256,7 @@ async def test_a_tampered_snapshot_runs_only_inside_the_sandbox(tmp_path: Path) 
         assert structured(await c.call_tool("run_code", {"code": "1 + 1"}))["results"][0]["text"] == "2"
     async with Client(create_server(settings)) as c:
         await c.call_tool("run_code", {"code": "x = 1", "session_id": "g"})
-    (settings.sessions_dir / "local" / "g" / "files" / ".km-state" / "namespace.pkl").write_bytes(
+    (settings.sessions_dir / "local" / "g" / "state" / "namespace.pkl").write_bytes(
         b"\x00garbage"
     )
     async with Client(create_server(settings)) as c:
@@ -325,7 +325,7 @@ async def test_a_forged_restore_report_is_a_note_not_a_tool_error(tmp_path: Path
     forge = (
         f"import builtins, sys\nbuiltins.print = lambda *a, **k: sys.stdout.write('\\n' + {report!r} + '\\n')"
     )
-    snap = settings.sessions_dir / "local" / "f" / "files" / ".km-state" / "namespace.pkl"
+    snap = settings.sessions_dir / "local" / "f" / "state" / "namespace.pkl"
     snap.write_bytes(snapshot_of(("forger", pickle.dumps(Evil(forge)))))
     async with Client(create_server(settings)) as c:
         out = structured(await c.call_tool("run_code", {"code": "6 * 7", "session_id": "f"}))

@@ -6,9 +6,13 @@ restore. The server never unpickles anything: it only reads the one JSON line th
 prints (bounded by the output collector). A tampered snapshot can therefore do no more than
 the session's own code could: run inside that session's sandbox.
 
-**The file**, ``.km-state/namespace.pkl`` in the session's working directory (so it lives
-and dies with the session's files and needs no extra mount; ``.km-`` files are left out of
-``files`` lists), is written to a temporary name and renamed, so a save that is interrupted
+**The file** is written by the kernel in its own runtime directory (``/run/kernmind/state/
+namespace.pkl``, bound in every local kernel's sandbox, warm or forked) and moved by the server
+to the session's ``state/namespace.pkl`` beside its files (``SessionHome.keep_snapshot``), so
+it lives and dies with the session but never shows in the working directory's ``os.listdir()``;
+a restore reads a link the server puts there first (``lend_snapshot``). Sessions saved by
+earlier versions kept it in ``.km-state/`` of the working directory: it is moved out when
+such a session is loaded. It is written to a temporary name and renamed, so a save that is interrupted
 leaves the previous snapshot whole. Records: each variable separately (its name, which
 serializer wrote it, its length, its pickle), then a trailer with the module aliases
 (``np`` → ``numpy``, re-imported by name rather than pickled). Each variable is tried with
@@ -255,9 +259,12 @@ async def _run(kernel: Kernel, code: str, seconds: float) -> dict[str, Any] | st
     return report if isinstance(report, dict) else "its report was unreadable"
 
 
-async def save(kernel: Kernel, inner_root: str, *, limit_bytes: int, seconds: float) -> SaveReport | str:
-    """Save the kernel's user namespace into its working directory (a string: why it could not)."""
-    path = f"{inner_root.rstrip('/')}/{SNAPSHOT_FILE}"
+async def save(
+    kernel: Kernel, inner_root: str, *, limit_bytes: int, seconds: float, path: str | None = None
+) -> SaveReport | str:
+    """Save the kernel's user namespace at ``path`` as the kernel sees it (default: in its working
+    directory; a string: why it could not)."""
+    path = path or f"{inner_root.rstrip('/')}/{SNAPSHOT_FILE}"
     report = await _run(kernel, _call(_SAVE, "_km_save", path, limit_bytes, seconds), seconds)
     if isinstance(report, str):
         return report
@@ -273,10 +280,17 @@ async def save(kernel: Kernel, inner_root: str, *, limit_bytes: int, seconds: fl
 
 
 async def restore(
-    kernel: Kernel, inner_root: str, *, seconds: float, taken_at: float | None, clean: bool
+    kernel: Kernel,
+    inner_root: str,
+    *,
+    seconds: float,
+    taken_at: float | None,
+    clean: bool,
+    path: str | None = None,
 ) -> list[str]:
-    """Load the snapshot in the kernel; the notes that say what came back and what did not."""
-    path = f"{inner_root.rstrip('/')}/{SNAPSHOT_FILE}"
+    """Load the snapshot at ``path`` (default: in the working directory) in the kernel; the notes
+    that say what came back and what did not."""
+    path = path or f"{inner_root.rstrip('/')}/{SNAPSHOT_FILE}"
     report = await _run(kernel, _call(_RESTORE, "_km_restore", path), seconds)
     age = ""
     if taken_at is not None:

@@ -28,7 +28,9 @@ Error policy: a kernel that cannot be started raises ``RuntimeUnavailable`` with
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +45,9 @@ from kernmind.execution.kernels.api import Kernel
 from kernmind.execution.kernels.local import start_within
 from kernmind.execution.kernels.pool import KernelPool
 from kernmind.execution.runners.base import Call
-from kernmind.execution.sandbox.workspace import WorkspaceError, off_loop
+from kernmind.execution.sandbox.bwrap_args import RUNTIME_MOUNT, WORKSPACE_MOUNT
+from kernmind.execution.sandbox.workspace import Workspace, WorkspaceError, off_loop
+from kernmind.execution.sessions.disk_store import SNAPSHOT_NAME, STATE
 
 if TYPE_CHECKING:
     from kernmind.execution.kernels.extras import KernelExtras
@@ -183,9 +187,19 @@ class PythonRunner:
             return
         meta.save_started = time.time()
         await self._write_meta(session)
+        host, inner = self._snapshot_place(ws, kernel)
         report = await snapshot.save(
-            kernel, self.inner_root(ws.root), limit_bytes=self.budget.max_bytes, seconds=self.budget.seconds
+            kernel,
+            self.inner_root(ws.root),
+            limit_bytes=self.budget.max_bytes,
+            seconds=self.budget.seconds,
+            path=inner,
         )
+        if host is not None and not isinstance(report, str):
+            try:  # from the kernel's runtime directory to the session's state/ (disk_store.py)
+                await off_loop(lambda: home.keep_snapshot(host), timeout=None)
+            except OSError as exc:
+                report = f"it could not be kept ({exc})"
         meta.save_started = None
         if isinstance(report, str):  # it failed (a full disk, the time budget): the last snapshot stays
             meta.save_failed = report
@@ -208,23 +222,59 @@ class PythonRunner:
             log.log(level, "could not write the meta of session %r (will retry): %s", session.id, exc)
             session.meta_unsaved = True
 
+    def _snapshot_place(self, ws: Workspace, kernel: Kernel) -> tuple[Path | None, str | None]:
+        """Where the kernel writes and reads the snapshot: its runtime directory (host path, path
+        inside), from where the server moves it beside the session's files (so it never shows in
+        the working directory); (None, None) for a kernel without one here: the working directory."""
+        local = kernel.local
+        if local is None:
+            return None, None
+        host = local.runtime_dir / STATE / SNAPSHOT_NAME
+        isolated = self.inner_root(ws.root) == WORKSPACE_MOUNT
+        return host, f"{RUNTIME_MOUNT if isolated else local.runtime_dir}/{STATE}/{SNAPSHOT_NAME}"
+
     async def _restore(self, session: Session, kernel: Kernel) -> list[str]:
-        meta, ws = session.meta, session.files()
+        meta, ws, home = session.meta, session.files(), session.home
         lost = snapshot.lost_note(meta) if meta is not None and self.budget.max_bytes > 0 else None
-        try:
-            await ws.aread(snapshot.SNAPSHOT_FILE, length=0)
-        except WorkspaceError:
+        host, inner = self._snapshot_place(ws, kernel)
+        lent = False
+        if home is not None and host is not None:
+            uid = kernel.local.uid if kernel.local is not None else None
+
+            def lend() -> bool:
+                home.adopt_legacy_snapshot()  # (saved by an earlier version: files/.km-state moves out)
+                return home.lend_snapshot(host, uid)
+
+            try:
+                lent = await off_loop(lend, timeout=None)
+            except OSError as exc:
+                log.warning("could not hand session %r its saved variables: %s", session.id, exc)
+        else:
+            try:
+                await ws.aread(snapshot.SNAPSHOT_FILE, length=0)
+                lent = True
+            except WorkspaceError:
+                lent = False
+        if not lent:
             if meta is not None and meta.snapshot_at is not None:
-                return ["the session's saved variables are gone from its working directory; it starts fresh."]
+                return [
+                    "the session's saved variables are gone; it starts from a fresh interpreter (files kept)."
+                ]
             return [f"{lost}; it starts from a fresh interpreter (files kept)."] if lost else []
         notes = [f"{lost}; an older snapshot is restored instead."] if lost else []
-        notes += await snapshot.restore(
-            kernel,
-            self.inner_root(ws.root),
-            seconds=self.budget.seconds,
-            taken_at=meta.snapshot_at if meta else None,
-            clean=bool(meta and meta.snapshot_clean),
-        )
+        try:
+            notes += await snapshot.restore(
+                kernel,
+                self.inner_root(ws.root),
+                seconds=self.budget.seconds,
+                taken_at=meta.snapshot_at if meta else None,
+                clean=bool(meta and meta.snapshot_clean),
+                path=inner,
+            )
+        finally:
+            if host is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(host)  # the loan: the kept snapshot stays beside the files
         if meta is not None and meta.snapshot_skipped:
             notes.append(snapshot.skipped_note(meta.snapshot_skipped))
         return notes

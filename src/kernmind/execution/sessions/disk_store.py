@@ -5,6 +5,10 @@ Layout, under the data dir (``<data dir>/sessions``)::
     sessions/<owner>/<session_id>/
         files/        the working directory (bound at /workspace in the sandbox)
         .attach/      only while a kernel's directory is being moved into place (see below)
+        state/        namespace.pkl: the saved variables, written by the session's kernel in its
+                      runtime directory and moved here by the server (earlier versions kept them
+                      in files/.km-state, where the kernel's os.listdir() showed them; moved here
+                      when such a session is loaded)
         .lock         flock'd by the server that has the session live
         meta.json     created, last used, size, file count, snapshot facts (written by the server)
         history.jsonl the session's calls, for export_notebook (written by the server)
@@ -78,7 +82,9 @@ ATTACHING = ".attach"
 LOCK = ".lock"
 META = "meta.json"
 HISTORY = "history.jsonl"
-SNAPSHOT_DIR = ".km-state"  # inside files/: written and read only by the session's own kernel
+SNAPSHOT_DIR = ".km-state"  # inside files/: where sessions before round 4 kept their variables
+STATE = "state"  # beside files/: the saved variables (state/namespace.pkl), out of the kernel's listdir
+SNAPSHOT_NAME = "namespace.pkl"
 MAX_META_BYTES = 64 * 1024
 
 
@@ -131,6 +137,82 @@ class SessionHome:
     def history(self) -> Path:
         return self.root / HISTORY
 
+    @property
+    def snapshot(self) -> Path:
+        """Where the session's saved variables are kept (``state/namespace.pkl``)."""
+        return self.root / STATE / SNAPSHOT_NAME
+
+    def adopt_legacy_snapshot(self) -> None:
+        """Move variables an earlier version saved in ``files/.km-state`` beside ``files/``
+        (a rename within the session's directory; links are never followed). ``OSError`` when it
+        cannot (the snapshot then stays where it was and is not restored)."""
+        legacy = self.files / SNAPSHOT_DIR / SNAPSHOT_NAME
+        try:
+            st = os.lstat(legacy)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISREG(st.st_mode) or stat.S_ISLNK(os.lstat(self.files / SNAPSHOT_DIR).st_mode):
+            return  # not a snapshot: left alone (and not read)
+        (self.root / STATE).mkdir(mode=0o700, exist_ok=True)
+        if not os.path.lexists(self.snapshot):
+            os.replace(legacy, self.snapshot)
+        shutil.rmtree(self.files / SNAPSHOT_DIR, ignore_errors=True)
+
+    def keep_snapshot(self, written: Path) -> None:
+        """Put the snapshot a kernel just wrote at ``written`` (in its runtime directory) in place,
+        whole or not at all: a rename where both are on one file system, else a copy (fsync'd)
+        renamed into place. ``OSError`` (a full disk): the previous snapshot stays."""
+        state = self.root / STATE
+        state.mkdir(mode=0o700, exist_ok=True)
+        try:
+            os.replace(written, self.snapshot)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+        tmp = state / f".{SNAPSHOT_NAME}.tmp"
+        try:
+            src = os.open(written, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                dst = os.open(
+                    tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+                )
+                try:
+                    while chunk := os.read(src, 1 << 20):
+                        os.write(dst, chunk)
+                    os.fsync(dst)
+                finally:
+                    os.close(dst)
+            finally:
+                os.close(src)
+            os.replace(tmp, self.snapshot)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(written)
+
+    def lend_snapshot(self, into: Path, uid: int | None) -> bool:
+        """Make the saved variables readable at ``into`` (in a kernel's runtime directory) for a
+        restore: a hard link (a copy across file systems), handed to ``uid``. False: none saved."""
+        if not self.snapshot.is_file() or self.snapshot.is_symlink():
+            return False
+        into.parent.mkdir(mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(into)
+        try:
+            os.link(self.snapshot, into)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            shutil.copyfile(self.snapshot, into, follow_symlinks=False)
+        if uid is not None:
+            os.chown(into.parent, uid, uid)
+            os.chown(into, uid, uid)
+        return True
+
     # --- holding it ----------------------------------------------------------------
     def claim(self, *, check: bool = True) -> None:
         """Take the session for this server, or raise ``SessionError`` naming the holder (or,
@@ -179,6 +261,8 @@ class SessionHome:
             (self.root, "directory"),
             (self.files, "directory"),
             (self.root / ATTACHING, "directory"),
+            (self.root / STATE, "directory"),
+            (self.snapshot, "file"),
             (self.root / META, "file"),
             (self.root / HISTORY, "file"),
             (self.root / LOCK, "file"),
