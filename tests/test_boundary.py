@@ -11,6 +11,7 @@ holds the traceback under that ref. Resource reads get the same treatment.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -435,6 +436,11 @@ class Database:
         options = f"-k {self.pg.dir} -p {self.pg.port} -c listen_addresses='' -c fsync=off"
         self._pg_ctl("-o", options, "-l", str(self.pg.dir / "log"), "-w", "start")
 
+    def close(self) -> None:
+        """Stop it for good, also when a failing test left it stopped."""
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self.pg.stop()
+
 
 @pytest.fixture(scope="module")
 def database_deployment(
@@ -453,7 +459,7 @@ def database_deployment(
         yield server, tokens, database
     finally:
         server.stop()
-        database.pg.stop()
+        database.close()
 
 
 CODE_READS = (
@@ -523,4 +529,38 @@ async def test_the_first_call_after_the_database_restarted_unseen_works(
         finally:
             await db.close()
     finally:
-        database.pg.stop()
+        database.close()
+
+
+async def test_the_first_call_after_a_long_outage_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While PostgreSQL is down each call fails at once (not after the pool's 30 s), and the first
+    call after it is back works, however far the pool's own reconnection has backed off (made 60 s
+    here, as after a long outage: the pool alone would make that call wait 30 s and fail)."""
+    import psycopg
+    import psycopg_pool.base
+
+    from kernmind.memory import postgres
+
+    monkeypatch.setattr(psycopg_pool.base.AttemptWithBackoff, "INITIAL_DELAY", 60.0)
+    database = Database()
+    try:
+        db = await postgres.PostgresDatabase(database.url).open()
+        try:
+
+            async def one() -> Any:
+                async with db.read() as tx:
+                    return await (await tx.conn.execute("SELECT 41 + 1")).fetchone()
+
+            assert await one() == (42,)
+            database.stop()
+            for _ in range(3):
+                with pytest.raises(psycopg.OperationalError) as down:
+                    await one()
+                assert not isinstance(down.value, psycopg_pool.PoolTimeout)  # said at once, not waited out
+            database.start()
+            assert await one() == (42,)
+            assert await one() == (42,)
+        finally:
+            await db.close()
+    finally:
+        database.close()

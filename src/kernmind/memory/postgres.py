@@ -36,7 +36,8 @@ went away and came back needs no restart: a connection the pool hands out that w
 for ``CHECK_IDLE`` seconds is checked first (one empty round trip; a busy connection is not),
 and once a connection fails the database counts as down: until a
 direct connection succeeds again, each call fails at once with the reason (instead of
-waiting out the pool's timeout), and then the pool's stale connections are dropped.
+waiting out the pool's timeout), and then a fresh pool takes over (the old one's connections
+died with the server, and its own reconnection may be backing off for tens of seconds).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
+import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
@@ -320,7 +322,9 @@ class PostgresDatabase:
         self.url = url
         self.location = redacted_location(url)
         self._down = False  # a connection failed: look directly before waiting on the pool
-        self._pool = AsyncConnectionPool(url, min_size=1, max_size=max_connections, open=False, timeout=30)
+        self._reviving = anyio.Lock()
+        self._max_connections = max_connections
+        self._pool = self._new_pool()
         self.passage_text = TSRanking(self, "passages", PASSAGE_COLUMNS, filter_sql, passage_row)
         self.message_text = TSRanking(self, "messages", MESSAGE_COLUMNS, message_filter_sql, message_row)
 
@@ -341,31 +345,50 @@ class PostgresDatabase:
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """A pooled connection known to work (see the error policy: a database that restarted)."""
-        conn = await self._working_connection()
+        pool, conn = await self._working_connection()
         try:
             async with conn:  # as the pool's own ``connection()``: commit on success, else roll back
                 yield conn
+        except BaseException:
+            if conn.broken:  # it died under the call (the server went away): look directly next time
+                self._down = True
+            raise
         finally:
             setattr(conn, _USED, time.monotonic())
-            await self._pool.putconn(conn)
+            await pool.putconn(conn)  # (the pool it came from, though a fresh one took over since)
 
-    async def _working_connection(self) -> psycopg.AsyncConnection[Any]:
+    async def _working_connection(self) -> tuple[AsyncConnectionPool, psycopg.AsyncConnection[Any]]:
         for _ in range(3):
             if self._down:  # raises at once while the database cannot be reached
-                async with await psycopg.AsyncConnection.connect(self.url, connect_timeout=5):
-                    pass
-                self._down = False
-                await self._pool.check()  # drop the connections that died with the old server
-            conn = await self._pool.getconn()
+                await self._revive()
+            pool = self._pool
+            conn = await pool.getconn()
             if time.monotonic() - getattr(conn, _USED, 0.0) < CHECK_IDLE:
-                return conn  # in use a moment ago: checking it would cost a round trip per call
+                return pool, conn  # in use a moment ago: checking it would cost a round trip per call
             try:
                 await AsyncConnectionPool.check_connection(conn)
-                return conn
+                return pool, conn
             except psycopg.Error:
-                await self._pool.putconn(conn)  # broken: the pool discards it
+                await pool.putconn(conn)  # broken: the pool discards it
                 self._down = True
         raise psycopg.OperationalError("the database keeps dropping new connections")
+
+    def _new_pool(self) -> AsyncConnectionPool:
+        return AsyncConnectionPool(
+            self.url, min_size=1, max_size=self._max_connections, open=False, timeout=30
+        )
+
+    async def _revive(self) -> None:
+        """Raise at once while the database cannot be reached; once it can, a fresh pool takes over."""
+        async with self._reviving:
+            if not self._down:
+                return  # revived by a call that was waiting here first
+            async with await psycopg.AsyncConnection.connect(self.url, connect_timeout=5):
+                pass
+            old, self._pool = self._pool, self._new_pool()
+            await self._pool.open(wait=False)
+            self._down = False
+        await old.close(timeout=1.0)  # its connections in use are closed as they come back
 
     @contextlib.asynccontextmanager
     async def write(self) -> AsyncIterator[PostgresTx]:
