@@ -67,7 +67,8 @@ def _add_principal(data: Path, name: str) -> str:
 
 @needs_bwrap
 @pytest.mark.anyio
-async def test_mounted_folders_read_write_links_and_principals(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pool_size", ["0", "1"])  # with a warm kernel: one without mounts, not taken
+async def test_mounted_folders_read_write_links_and_principals(tmp_path: Path, pool_size: str) -> None:
     data_in = tmp_path / "folders" / "sales"
     data_in.mkdir(parents=True)
     (data_in / "q1.csv").write_text("region,total\nnorth,12\n")
@@ -84,6 +85,8 @@ async def test_mounted_folders_read_write_links_and_principals(tmp_path: Path) -
         tmp_path / "srv",
         "--sandbox",
         "required",
+        "--pool-size",
+        pool_size,
         "--mount",
         str(data_in),
         "--mount",

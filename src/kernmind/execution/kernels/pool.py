@@ -237,6 +237,7 @@ async def _shutdown_and_remove(kernel: Kernel) -> None:
 
 
 def _mounts_for(factory: Any, home: Workspace) -> bool:
-    """Whether sandboxes of ``home``'s session bind --mount folders (a gateway's factory has no sandbox)."""
-    sandbox = getattr(factory, "sandbox", None)
+    """Whether sandboxes of ``home``'s session bind --mount folders (a fork factory's is its base's; a
+    gateway's factory has none)."""
+    sandbox = getattr(factory, "sandbox", None) or getattr(getattr(factory, "base", None), "sandbox", None)
     return bool(sandbox is not None and sandbox.mounts_for(home.mount_owner))
