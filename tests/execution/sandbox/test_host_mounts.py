@@ -160,3 +160,12 @@ def test_doctor_lists_mounts_and_no_sandbox_binds_none(tmp_path: Path) -> None:
     assert isolated.mounts_for("bob") == [] and isolated.mounts_for(None) == []  # a warm kernel: none
     bare = Sandbox("none", "test", host_mounts=mounts)
     assert bare.mounts_for("local") == [] and "not bound (no sandbox" in bare.describe()["mounts"][0]
+
+
+def test_the_variable_holds_a_list_or_semicolon_separated_mounts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernmind.config import Settings
+
+    monkeypatch.setenv("KERNMIND_MOUNT", "/data/a, b:sales:rw ; /srv/c")
+    assert Settings().mount == ["/data/a, b:sales:rw", "/srv/c"]  # a comma may be in a path
+    monkeypatch.setenv("KERNMIND_MOUNT", '["/data/x;y:x"]')
+    assert Settings().mount == ["/data/x;y:x"]
