@@ -8,9 +8,9 @@ the session's own code could: run inside that session's sandbox.
 
 **The file** is written by the kernel in its own runtime directory (``/run/kernmind/state/
 namespace.pkl``, bound in every local kernel's sandbox, warm or forked) and moved by the server
-to the session's ``state/namespace.pkl`` beside its files (``SessionHome.keep_snapshot``), so
+to the session's ``state/namespace.pkl`` beside its files (``sessions/snapshot_files.py``), so
 it lives and dies with the session but never shows in the working directory's ``os.listdir()``;
-a restore reads a link the server puts there first (``lend_snapshot``). Sessions saved by
+a restore reads a link the server puts there first. Sessions saved by
 earlier versions kept it in ``.km-state/`` of the working directory: it is moved out when
 such a session is loaded. It is written to a temporary name and renamed, so a save that is interrupted
 leaves the previous snapshot whole. Records: each variable separately (its name, which

@@ -47,6 +47,7 @@ from kernmind.execution.kernels.pool import KernelPool
 from kernmind.execution.runners.base import Call
 from kernmind.execution.sandbox.bwrap_args import RUNTIME_MOUNT, WORKSPACE_MOUNT
 from kernmind.execution.sandbox.workspace import Workspace, WorkspaceError, off_loop
+from kernmind.execution.sessions import snapshot_files
 from kernmind.execution.sessions.disk_store import SNAPSHOT_NAME, STATE
 
 if TYPE_CHECKING:
@@ -197,7 +198,7 @@ class PythonRunner:
         )
         if host is not None and not isinstance(report, str):
             try:  # from the kernel's runtime directory to the session's state/ (disk_store.py)
-                await off_loop(lambda: home.keep_snapshot(host), timeout=None)
+                await off_loop(lambda: snapshot_files.keep(home, host), timeout=None)
             except OSError as exc:
                 report = f"it could not be kept ({exc})"
         meta.save_started = None
@@ -242,8 +243,8 @@ class PythonRunner:
             uid = kernel.local.uid if kernel.local is not None else None
 
             def lend() -> bool:
-                home.adopt_legacy_snapshot()  # (saved by an earlier version: files/.km-state moves out)
-                return home.lend_snapshot(host, uid)
+                snapshot_files.adopt_legacy(home)  # (saved by an earlier version: files/.km-state moves out)
+                return snapshot_files.lend(home, host, uid)
 
             try:
                 lent = await off_loop(lend, timeout=None)

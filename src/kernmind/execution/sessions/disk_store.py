@@ -139,79 +139,9 @@ class SessionHome:
 
     @property
     def snapshot(self) -> Path:
-        """Where the session's saved variables are kept (``state/namespace.pkl``)."""
+        """Where the session's saved variables are kept (``state/namespace.pkl``; the files that
+        move them there: ``snapshot_files.py``)."""
         return self.root / STATE / SNAPSHOT_NAME
-
-    def adopt_legacy_snapshot(self) -> None:
-        """Move variables an earlier version saved in ``files/.km-state`` beside ``files/``
-        (a rename within the session's directory; links are never followed). ``OSError`` when it
-        cannot (the snapshot then stays where it was and is not restored)."""
-        legacy = self.files / SNAPSHOT_DIR / SNAPSHOT_NAME
-        try:
-            st = os.lstat(legacy)
-        except FileNotFoundError:
-            return
-        if not stat.S_ISREG(st.st_mode) or stat.S_ISLNK(os.lstat(self.files / SNAPSHOT_DIR).st_mode):
-            return  # not a snapshot: left alone (and not read)
-        (self.root / STATE).mkdir(mode=0o700, exist_ok=True)
-        if not os.path.lexists(self.snapshot):
-            os.replace(legacy, self.snapshot)
-        shutil.rmtree(self.files / SNAPSHOT_DIR, ignore_errors=True)
-
-    def keep_snapshot(self, written: Path) -> None:
-        """Put the snapshot a kernel just wrote at ``written`` (in its runtime directory) in place,
-        whole or not at all: a rename where both are on one file system, else a copy (fsync'd)
-        renamed into place. ``OSError`` (a full disk): the previous snapshot stays."""
-        state = self.root / STATE
-        state.mkdir(mode=0o700, exist_ok=True)
-        try:
-            os.replace(written, self.snapshot)
-            return
-        except OSError as exc:
-            if exc.errno != errno.EXDEV:
-                raise
-        tmp = state / f".{SNAPSHOT_NAME}.tmp"
-        try:
-            src = os.open(written, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                dst = os.open(
-                    tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-                )
-                try:
-                    while chunk := os.read(src, 1 << 20):
-                        os.write(dst, chunk)
-                    os.fsync(dst)
-                finally:
-                    os.close(dst)
-            finally:
-                os.close(src)
-            os.replace(tmp, self.snapshot)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(written)
-
-    def lend_snapshot(self, into: Path, uid: int | None) -> bool:
-        """Make the saved variables readable at ``into`` (in a kernel's runtime directory) for a
-        restore: a hard link (a copy across file systems), handed to ``uid``. False: none saved."""
-        if not self.snapshot.is_file() or self.snapshot.is_symlink():
-            return False
-        into.parent.mkdir(mode=0o700, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(into)
-        try:
-            os.link(self.snapshot, into)
-        except OSError as exc:
-            if exc.errno != errno.EXDEV:
-                raise
-            shutil.copyfile(self.snapshot, into, follow_symlinks=False)
-        if uid is not None:
-            os.chown(into.parent, uid, uid)
-            os.chown(into, uid, uid)
-        return True
 
     # --- holding it ----------------------------------------------------------------
     def claim(self, *, check: bool = True) -> None:
