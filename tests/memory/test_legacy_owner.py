@@ -84,3 +84,16 @@ def test_the_tokens_sessions_become_the_local_users(tmp_path: Path) -> None:
     assert (root / "local" / "shared-from-http" / "files" / "data.csv").read_text() == "default\n"
     assert (root / "local" / "shared" / "files" / "data.csv").read_text() == "local\n"
     assert not (root / "default").exists() and len(store.moved) == 2
+
+
+def test_the_tokens_finished_jobs_become_the_local_users(tmp_path: Path) -> None:
+    from kernmind.execution.sessions.jobs import adopt_legacy_jobs
+
+    old = tmp_path / "jobs" / "default"
+    old.mkdir(parents=True)
+    (old / "job-a.json").write_text(json.dumps({"id": "job-a", "owner": "default", "state": "done"}))
+    (old / "job-b.json").write_text(json.dumps({"id": "job-b", "owner": "default", "state": "running"}))
+    assert adopt_legacy_jobs(tmp_path / "jobs") == 1
+    moved = json.loads((tmp_path / "jobs" / "local" / "job-a.json").read_text())
+    assert moved["owner"] == "local" and moved["state"] == "done"
+    assert (old / "job-b.json").exists()  # an older server's running job stays until it ends

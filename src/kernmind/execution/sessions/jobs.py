@@ -14,7 +14,9 @@ until the job ends, other calls to it are refused with the job's id, and it coun
 the caps on live sessions. A ``--stateless`` job takes a slot instead (it holds a sandbox
 until it ends). What the caps refuse is refused when the job is asked for, not once it runs.
 
-**Records that survive.** Each job is a small JSON file, ``<data dir>/jobs/<owner>/<id>.json``,
+**Records that survive.** Each job is a small JSON file, ``<data dir>/jobs/<owner>/<id>.json``
+(the ``--token`` principal's finished records of earlier versions, under ``default``, move to
+``local`` at open: ``adopt_legacy_jobs``),
 written when it starts and when it ends (with its final result). ``status()`` of a job
 this server does not know reads that file, so a result survives a reconnect and a server
 restart. A record still marked ``running`` belongs to the server named in it: when that
@@ -40,6 +42,7 @@ disk) is refused with a ``StorageError`` sentence and does not run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -56,6 +59,7 @@ from anyio.abc import TaskGroup
 from kernmind.diskio import NotAFile, Reserve, StorageError, disk_sentence, read_file, with_room, write_file
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.sandbox.rundir import RunDir
+from kernmind.execution.sessions.disk_store import LEGACY_SHARED_OWNER, LOCAL_OWNER
 from kernmind.execution.sessions.registry import SessionRegistry
 from kernmind.refusals import Refusal
 
@@ -155,6 +159,7 @@ class Jobs:
     def open(self, tg: TaskGroup, server: Path) -> None:
         self._tg, self.server = tg, str(server)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        adopt_legacy_jobs(self.root)
 
     def start(self, run: RunJob, *, owner: str, session_id: str | None, language: str, code: str) -> Job:
         """Start ``run(job)`` in the background; the job is running when this returns."""
@@ -403,3 +408,34 @@ class Jobs:
         records = sorted(folder.glob("job-*.json"), key=mtime)
         for old in records[:-KEEP]:
             old.unlink(missing_ok=True)
+
+
+def adopt_legacy_jobs(root: Path, old: str = LEGACY_SHARED_OWNER, new: str = LOCAL_OWNER) -> int:
+    """Finished job records an earlier version kept for the ``--token`` principal (owner
+    ``default``) become the local user's, the same principal now (``principals.SHARED_TOKEN``):
+    moved to ``jobs/local/`` with their owner rewritten, so ``job_status`` still finds them. A
+    record still ``running`` (an older server's) stays until a later start; nothing is deleted
+    that was not written again first. How many moved."""
+    moved = 0
+    try:
+        names = sorted(e.name for e in os.scandir(root / old) if e.name.endswith(".json"))
+    except OSError:
+        return 0
+    for name in names:
+        source, target = root / old / name, root / new / name
+        try:
+            data = json.loads(read_file(source, MAX_RECORD_BYTES))
+            if not isinstance(data, dict) or data.get("state") == "running" or target.exists():
+                continue
+            data["owner"] = new
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_file(target, json.dumps(data).encode())
+            source.unlink()
+            moved += 1
+        except (OSError, ValueError):
+            continue  # left where it was: unreadable records are not ours to judge here
+    if moved:
+        log.warning("jobs upgrade: %d job records of the server's own token are the local user's now", moved)
+    with contextlib.suppress(OSError):
+        (root / old).rmdir()
+    return moved
