@@ -72,6 +72,7 @@ def create_server(settings: Settings | None = None, executor: Executor | None = 
     # It knows each request's caller (principals.py); a request for memory opens the caller's first.
     identify_callers(server, on_caller=[memory.open_space], when=memory.concerns)
     if not settings.stateless:
-        per_client_defaults(server, executor.sessions)  # each client its default (sessions/client_defaults.py)
+        # each client its default session (sessions/client_defaults.py)
+        per_client_defaults(server, executor.sessions)
     boundary.outermost(server)  # last: whatever those hooks raise is answered in words too
     return server

@@ -256,9 +256,7 @@ async def test_a_tampered_snapshot_runs_only_inside_the_sandbox(tmp_path: Path) 
         assert structured(await c.call_tool("run_code", {"code": "1 + 1"}))["results"][0]["text"] == "2"
     async with Client(create_server(settings)) as c:
         await c.call_tool("run_code", {"code": "x = 1", "session_id": "g"})
-    (settings.sessions_dir / "local" / "g" / "state" / "namespace.pkl").write_bytes(
-        b"\x00garbage"
-    )
+    (settings.sessions_dir / "local" / "g" / "state" / "namespace.pkl").write_bytes(b"\x00garbage")
     async with Client(create_server(settings)) as c:
         out = structured(await c.call_tool("run_code", {"code": "'x' in globals()", "session_id": "g"}))
         assert out["results"][0]["text"] == "False"
