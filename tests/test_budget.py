@@ -107,4 +107,6 @@ def test_the_kernels_output_cap_is_sized_by_the_answers_budget() -> None:
     assert cap.tail >= Budget(50_000).head_and_tail()[1]
     small = Budget(1001).kernel_cap()
     assert small.head == 2002 and small.tail == 1000 >= Budget(1001).head_and_tail()[1]
-    assert "_kernmind_cap_output(6000, 1000, 1.0)" in setup_code(Budget(3000))
+    # and past the answer's head (2,250 of 3,000) the whole output is also kept in a file
+    assert "_kernmind_cap_output(6000, 1000, 1.0, 2250)" in setup_code(Budget(3000))
+    assert "_kernmind_cap_output(6000, 1000, 1.0, 0)" in setup_code(Budget(3000), keep_output=False)

@@ -34,6 +34,7 @@ CORE = (
     "launcher.py",
     "filter_files.py",
     "seccomp.py",
+    "host_mounts.py",
     "creation_guard.py",
     "lifeline.py",
 )
