@@ -19,12 +19,11 @@ from kernmind.config import Group, Settings
 from kernmind.settings_cli import (
     COMMAND_GROUPS,
     SettingSpec,
-    markdown_table,
-    readme_with_table,
     settings_as_args,
     settings_from_args,
     specs,
 )
+from kernmind.settings_docs import markdown_table, page_with_tables
 
 CONFIGURATION = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -138,9 +137,9 @@ def test_default_settings_need_no_flags() -> None:
 
 def test_configuration_table_is_the_generated_one() -> None:
     doc = CONFIGURATION.read_text(encoding="utf-8")
-    assert readme_with_table(doc) == doc, (
+    assert page_with_tables(doc) == doc, (
         "docs/configuration.md's settings table is out of date: "
-        "run `python -m kernmind.settings_cli --write docs/configuration.md`"
+        "run `python -m kernmind.settings_docs --write docs/configuration.md`"
     )
     assert markdown_table() in doc
 

@@ -71,6 +71,22 @@ class Cli:
     repeatable: bool = False  # a list given as the flag once per item (the variable: JSON or commas)
 
 
+def normal_origin(origin: str) -> str | None:
+    """An ``--allowed-origin`` as the HTTP guard compares it: ``scheme://host[:port]`` in lower case without a default port, or None when it is not one."""
+    match = re.fullmatch(
+        r"(https?)://(\[[0-9a-f:.]+\]|[a-z0-9.-]+)(?::(\d{1,5}))?", origin.strip(), flags=re.IGNORECASE
+    )
+    if match is None:
+        return None
+    scheme, host, port = match.group(1).lower(), match.group(2).lower(), match.group(3)
+    if port is not None:
+        number = int(port)
+        if number > 65535:
+            return None
+        port = None if (scheme, number) in (("http", 80), ("https", 443)) else str(number)
+    return f"{scheme}://{host}" + (f":{port}" if port else "")
+
+
 def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("kernmind", appauthor=False))
 
@@ -437,8 +453,6 @@ class Settings(BaseSettings):
     @field_validator("allowed_origin", mode="after")
     @classmethod
     def _origins(cls, value: list[str]) -> list[str]:
-        from kernmind.transport.guard import normal_origin
-
         for origin in value:
             if normal_origin(origin) is None:
                 raise ValueError(

@@ -15,7 +15,8 @@ from kernmind.agent.config import ConfigError
 from kernmind.agent.settings import AgentSettings
 from kernmind.cli import build_parser
 from kernmind.config import Settings
-from kernmind.settings_cli import agent_markdown_table, model_specs
+from kernmind.settings_cli import model_specs
+from kernmind.settings_docs import agent_markdown_table
 
 from .scripted_openai import ScriptedOpenAI, call, tools
 from .test_cli import agent_cmd, toy_config
@@ -105,7 +106,7 @@ def test_the_documented_agent_table_is_the_generated_one() -> None:
     page = CONFIGURATION.read_text(encoding="utf-8")
     assert agent_markdown_table() in page, (
         "docs/configuration.md's agent settings table is out of date: "
-        "run `python -m kernmind.settings_cli --write docs/configuration.md`"
+        "run `python -m kernmind.settings_docs --write docs/configuration.md`"
     )
     for spec in SPECS:
         assert spec.env in agent_markdown_table()

@@ -1,20 +1,12 @@
 """The agent's own settings, declared once (the server's are in ``kernmind/config.py``).
 
-Every setting of ``kernmind agent`` is a field of :class:`AgentSettings` with its type,
-bounds, default and description. ``settings_cli.py`` derives the rest from this declaration,
-the same way it does for the server: the flag and its ``--help`` line, the environment
-variable (``KERNMIND_AGENT_*``; the base URL and the key also read the OpenAI client's own
-``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``), and README's agent table
-(``python -m kernmind.settings_cli --write README.md``). The server settings the agent
-passes to the ``kernmind serve`` it launches stay in ``Settings``.
+Design: every setting of ``kernmind agent`` is a field of :class:`AgentSettings`; its flag,
+``--help`` line and variable (``KERNMIND_AGENT_*``; the base URL and key also read
+``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``) come from ``settings_cli.py``, its table in
+docs/configuration.md from ``settings_docs.py``, as for the server. ``-p/--prompt`` is a plain
+argument, not a setting. Field names differ from ``Settings``' (one ``argparse`` namespace).
 
-Not settings: ``-p/--prompt`` (what to ask, once) is a plain argument of ``kernmind agent``.
-
-Precedence: flags > environment variables > defaults, as for the server. The field names
-must differ from ``Settings``' (both land in one ``argparse`` namespace; a test checks).
-
-Error policy: a value the model refuses becomes one sentence naming the flag and the
-variable (``settings_cli.describe_settings_error``); the CLI exits 2.
+Error policy: a refused value is one sentence naming the flag and variable; the CLI exits 2.
 """
 
 from __future__ import annotations

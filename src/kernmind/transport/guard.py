@@ -38,10 +38,10 @@ sent to a closed connection.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from kernmind.config import normal_origin
 from kernmind.supervise import failed
 from kernmind.transport.bad_messages import PARSE_ERROR, decode, parse_sentence, shape_problem
 
@@ -60,22 +60,6 @@ CONTENT_TYPE_SENTENCE = (
 MIB = 1024 * 1024
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
-
-
-def normal_origin(origin: str) -> str | None:
-    """``scheme://host[:port]`` in lower case without a default port, or None when it is not one."""
-    match = re.fullmatch(
-        r"(https?)://(\[[0-9a-f:.]+\]|[a-z0-9.-]+)(?::(\d{1,5}))?", origin.strip(), flags=re.IGNORECASE
-    )
-    if match is None:
-        return None
-    scheme, host, port = match.group(1).lower(), match.group(2).lower(), match.group(3)
-    if port is not None:
-        number = int(port)
-        if number > 65535:
-            return None
-        port = None if (scheme, number) in (("http", 80), ("https", 443)) else str(number)
-    return f"{scheme}://{host}" + (f":{port}" if port else "")
 
 
 def own_origins(host: str, port: int, loopback: bool) -> set[str]:
