@@ -12,8 +12,8 @@ The rooms:
                   content blocks (run_content), files and workspace:// resources (file_tools),
                   sessions and jobs (session_tools), an interpreter that cannot start worded
                   as a refusal (runtime_refusals), ``kernmind sessions`` (sessions_cli).
-    sessions/     who owns which session: the registry (session: a Session; idle_reaper;
-                  session_rows: what list_sessions shows), caps, the on-disk store, the PostgreSQL
+    sessions/     who owns which session: the registry (with its idle reaper; session: a
+                  Session; session_rows: what list_sessions shows), caps, the on-disk store, the PostgreSQL
                   rows shared by replicas, history, notebooks, background jobs.
     kernels/      Jupyter kernels behind one interface (api: the Kernel and KernelFactory
                   protocols): local, forked from a template (forkserver/), on a gateway

@@ -1,4 +1,4 @@
-"""When the idle reaper's next turn comes (``IdleReaper.delay``): a dirty session is autosaved
+"""When the idle reaper's next turn comes (``SessionRegistry.next_turn_in``): a dirty session is autosaved
 ``autosave_after`` seconds after its last call, not up to a period later (a new user measured
 ≈ 2 min 45 s for the documented 120 s). Real ``SessionRegistry`` and store; no kernels, no sleeps."""
 
@@ -11,7 +11,6 @@ import pytest
 
 from kernmind.execution.sandbox.workspace import Workspace
 from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
-from kernmind.execution.sessions.idle_reaper import IdleReaper
 from kernmind.execution.sessions.registry import SessionRegistry
 from kernmind.execution.sessions.session import Hooks, Session
 
@@ -40,15 +39,14 @@ def _registry(tmp_path: Path) -> SessionRegistry:
 
 async def test_the_next_turn_comes_when_the_autosave_falls_due(tmp_path: Path) -> None:
     registry = _registry(tmp_path)
-    reaper = IdleReaper(registry)
     now = time.monotonic()
-    assert reaper.delay(now) == pytest.approx(reaper.period() + 0.05)  # nothing due: the period (60 s)
+    assert registry.next_turn_in(now) == pytest.approx(registry.reaper_period() + 0.05)  # nothing due: the period (60 s)
     async with registry.hold("work"):
         pass
     session = registry.sessions[("local", "work")]
     session.dirty, session.last_used = True, now - 100  # the last call ended 100 s ago
-    assert reaper.delay(now) == pytest.approx(20.05)  # at 120 s, not at the next 60 s turn
+    assert registry.next_turn_in(now) == pytest.approx(20.05)  # at 120 s, not at the next 60 s turn
     session.last_used = now - 130  # overdue (a turn was busy): at once
-    assert reaper.delay(now) == pytest.approx(0.05)
+    assert registry.next_turn_in(now) == pytest.approx(0.05)
     session.dirty = False  # saved: only its unloading is due, later than the period
-    assert reaper.delay(now) == pytest.approx(reaper.period() + 0.05)
+    assert registry.next_turn_in(now) == pytest.approx(registry.reaper_period() + 0.05)

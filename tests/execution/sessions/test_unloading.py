@@ -1,6 +1,6 @@
 """One way out of the live sessions: every unload is registered, a call arriving meanwhile waits.
 
-Real ``SessionRegistry``, ``IdleReaper`` and on-disk ``SessionStore`` with hooks that record
+Real ``SessionRegistry``, idle reaper (``reap``) and on-disk ``SessionStore`` with hooks that record
 instead of kernels (``test_registry_logic.py``'s), so each case takes milliseconds. A hook
 that waits on an event holds an unload half-way, which makes each race happen every time
 instead of now and then. The same race over real HTTP, with a real save of a large namespace,
@@ -16,7 +16,6 @@ import anyio
 import pytest
 
 from kernmind.execution.errors import SessionError
-from kernmind.execution.sessions.idle_reaper import IdleReaper
 from kernmind.execution.sessions.session import Session
 from tests.execution.sessions.test_registry_logic import Recorded, _registry, _use
 
@@ -56,7 +55,7 @@ async def test_a_call_during_an_idle_unload_waits_for_it_and_resumes_the_session
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             try:
-                tg.start_soon(IdleReaper(registry).turn)
+                tg.start_soon(registry.reap)
                 await held.started.wait()  # the save is under way; the home's lock is still held
                 tg.start_soon(call)
                 await anyio.wait_all_tasks_blocked()

@@ -11,15 +11,12 @@ Design
   saved, its files kept, and its next call resumes it and says so. At its own cap the caller
   gives up its least recently used idle session; at the server-wide bound the owner that
   holds the most sessions (the caller too, if that is the caller) gives up its least recently
-  used idle one, so a principal under its share is not made to pay for the others. Never unloaded to make room: a session running a
-  call, one a background job holds, and one without a stored home (its files would be lost).
+  used idle one, so a principal under its share does not pay for the others. Never unloaded to make
+  room: a session running a call, one a background job holds, and one without a stored home (its files would be lost).
 - A refusal names only the caller's sessions and says what to do; a refusal by the
   server-wide bound says that it is the server's bound, without naming anyone else's.
-- ``Caps`` decides (pure bookkeeping, no state of the registry's); the session registry acts
-  on what it says: ``--stateless`` slots, the early check a background job makes before it
-  starts, and the unloading of a session to make room (through its one unloading path, so a
-  load of that session waits until it is done and never finds its home still locked by this
-  very server).
+- ``Caps`` decides, and owns the ``--stateless`` slots; the registry acts on what it says
+  (it unloads a session to make room through its one way out).
 
 Error policy: refusals are ``SessionError`` (a ``ValueError``) with a sentence.
 """
@@ -84,6 +81,19 @@ class Caps:
                 return min(idle, key=lambda s: (-held[s.owner], s.last_used))
             raise self.total_refusal(sessions, reserved, owner)
         return None
+
+    def take_slot(self, sessions: Mapping[Key, S], reserved: Iterable[Key], owner: str) -> None:
+        """Count a ``--stateless`` call or job against ``owner`` (``SessionError`` at a cap: a
+        stateless server has no live sessions to unload)."""
+        self.room(sessions, reserved, owner, None)
+        self.slots[owner] = self.slots.get(owner, 0) + 1
+
+    def give_slot(self, owner: str) -> None:
+        left = self.slots.get(owner, 0) - 1
+        if left > 0:
+            self.slots[owner] = left
+        else:
+            self.slots.pop(owner, None)
 
     def owner_refusal(
         self, sessions: Mapping[Key, LiveSession], reserved: set[Key], owner: str, *, stateless: bool

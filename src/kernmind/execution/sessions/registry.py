@@ -1,63 +1,23 @@
 """The session registry: ``(owner, session_id)`` → a lock, a working directory and runner state.
 
-It only keeps the books; running code is the supervisor's and the runners' job, and what a
-session leaves on disk is the store's (``disk_store.py``). A ``Session`` and the id rule are
-``session.py``'s; the idle reaper and autosave are ``idle_reaper.py``'s (a loop that acts
-through this registry's methods); the caps' arithmetic is ``caps.py``'s; what
-``list_sessions`` shows is ``session_rows.py``'s. The registry is the one owner of the live
-sessions and of the sessions being unloaded: nothing else changes them.
-
-- Calls without a session id use the ``default`` session; a named session is created on
-  first use. An empty or malformed id is refused. Live sessions are capped per owner and
-  server-wide (``sessions/caps.py``): past a cap the least recently used idle session is
-  unloaded to make room (``load``), and ``--stateless`` calls take a ``slot`` that counts the
-  same way. A session being unloaded is loaded again only once its unloading has finished.
-  Sessions belong to an owner (a principal, see ``principals.py``): the registry and the
-  store are keyed by (owner, session id), so one owner's ids are invisible to another.
-- **Live and stored.** Every named session has a home in the store (its files, meta and
-  history) that outlives the server. A session is *live* while this server has it loaded:
-  it holds the home's lock, and runners keep state in ``session.state[language]``. A call to
-  a stored session that is not live loads it (the lock, crash recovery, its files handed to
-  the sandbox uid) and its first call says it resumed; ``session.resumed`` tells the Python
-  runner to bring the variables back.
-- ``hold(id)``: calls to one session run one at a time (a per-session lock); calls to
-  different sessions run in parallel. While a call runs, ``session.running`` is its cancel
-  scope, so ``close()`` can stop it whatever the language. A background job ``reserve``s its
-  session when it is started (before it gets the lock), and until it ends other calls to
-  that session are refused with the job's id.
-- A session's package layer (``install_packages``; ``packages/layer.py``) is made on first
-  use; the Python runner moves it into its kernel's own layer directory (mounted in that
-  kernel's sandbox since its start). It lives in this server's run directory: it goes when
-  the session is unloaded or closed. A stored session keeps a copy in its home, made after
-  each install (``package_layers.py``), which comes back as its layer when it is loaded.
-- **Unloading is not closing.** Idle reaping, making room and server shutdown *unload* a
-  session: the ``suspend`` hook saves what it can (the Python namespace) and stops its
-  interpreter; the files stay and the lock is let go. ``close()`` is what deletes a session,
-  stored or live. A revoked principal's sessions are *ended* (``end_owner``): stopped at once
-  without saving (saving runs the session's own code: its objects' pickling), files kept.
-- **One way out.** Every unload — idle, for room, close, revocation, shutdown — starts with
-  ``_leave``: in one step with no await, the session leaves the live sessions, is marked
-  closed and is registered as unloading. A call that arrives meanwhile (or that was waiting
-  for its lock) waits until ``_finish`` is done — runners stopped, meta written, the home's
-  lock let go, in that order — and then loads it again: it never finds its home locked by
-  this very server.
-- Autosave: a session whose code ran and that has been idle ``autosave_after`` seconds is
-  checkpointed once (``autosave`` hook, by the reaper: ``idle_reaper.py``), so a server
-  killed later loses little.
-- ``ephemeral()``: a session for one ``--stateless`` call, never registered or stored,
-  discarded after the call with everything in it.
-- **Bookkeeping never stops the server.** The reaper, autosave, unloading and the record
-  of each call write to the disk, which may be full (or failing, or read-only). None of
-  them raises out of the registry (the reaper logs and goes on); the writing is
-  ``sessions/books.py``'s: a call whose history could not be written says so in a note, a
-  meta that could not be written is written at the next chance, so the server recovers by
-  itself once space is freed. Only creating a new session, which needs its directory,
-  is refused (``StorageError``, with a sentence).
+Design (the life of a session: docs/architecture.md, "Sessions")
+- The registry is the one owner of the live sessions, of the sessions being unloaded and of
+  the background jobs' reservations; nothing else changes them. It keeps the books only:
+  running code is the supervisor's and the runners', what runs when a session stops is the
+  executor's (``Hooks``), a home on disk is the store's (``disk_store.py``), history and metas
+  are written by ``books.py``, the caps' arithmetic is ``caps.py``'s.
+- One way out: every unload (idle, for room, revocation, shutdown) and every close is
+  ``_leave`` (no await: the session leaves the live ones, is marked closed and registered as
+  unloading), then ``_finish`` (runners stopped, meta written, the home's lock let go). A
+  call arriving meanwhile waits for ``_finish`` and then loads it again.
+- The idle reaper is this registry's own loop (``run_reaper``): it unloads sessions idle
+  ``idle_timeout``, autosaves those idle ``autosave_after`` once, writes metas a full disk
+  held back; its next turn comes when the first of those falls due.
 
 Error policy: what the model can fix (bad id, too many sessions, unknown session, a session
-in use by another server or by a job, a disk too full for a new session) raises
-``SessionError``/``StorageError`` (``ValueError``s) with an actionable sentence. The
-reaper logs what fails and goes on.
+in use by another server or a job, a disk too full for a new session) raises
+``SessionError``/``StorageError`` with a sentence. Bookkeeping (reaping, unloading, history)
+never raises out of the registry: it logs and recovers at the next chance.
 """
 
 from __future__ import annotations
@@ -78,14 +38,16 @@ from kernmind.execution.sandbox.workspace import Workspace, off_loop
 from kernmind.execution.sessions import package_layers
 from kernmind.execution.sessions.books import Books
 from kernmind.execution.sessions.caps import Caps
-from kernmind.execution.sessions.disk_store import LOCAL_OWNER, Meta, SessionStore, StoredSession, ago
-from kernmind.execution.sessions.idle_reaper import IdleReaper
+from kernmind.execution.sessions.disk_store import LOCAL_OWNER, SessionStore, StoredSession
 from kernmind.execution.sessions.session import Hooks, Session, check_session_id
 from kernmind.execution.sessions.session_rows import live_rows, session_rows
 
 __all__ = ["LOCAL_OWNER", "SessionError", "SessionRegistry"]
 
 log = logging.getLogger(__name__)
+
+RESERVE_DELAY = 2.0  # seconds after start before the disk reserve is taken (diskio.Reserve)
+MIN_DELAY = 0.05  # seconds: a reaper turn just after a due time, never a busy loop
 
 Leaving = Literal["unload", "end", "close"]  # save and stop; stop without saving; stop and delete
 Key = tuple[str, str]  # (owner, session id)
@@ -106,7 +68,6 @@ class SessionRegistry:
         hooks: Hooks,
         new_layer: Callable[[], Layer] | None = None,
     ) -> None:
-        self.max_sessions = max_sessions
         self.caps = Caps(per_owner=min(max_per_owner or max_sessions, max_sessions), total=max_sessions)
         self.idle_timeout = idle_timeout
         self.autosave_after = autosave_after
@@ -124,15 +85,66 @@ class SessionRegistry:
         # Why an owner may no longer run code (a revoked principal: ``principals.revoked``), or None.
         self.refusal: Callable[[str], str | None] = lambda owner: None
 
-    # --- lifecycle (the reaper: idle_reaper.py) ------------------------------------
+    # --- lifecycle: the idle reaper -------------------------------------------------------
     async def run_reaper(self, tg: TaskGroup) -> None:
         self._tg = tg  # also writes history lines and metas a moment after calls (``Books.touch``)
-        tg.start_soon(IdleReaper(self).run)
+        tg.start_soon(self._reap_loop)
+
+    def reaper_period(self) -> float:
+        return max(0.5, min(60.0, self.idle_timeout / 4, self.autosave_after / 2))
+
+    def next_turn_in(self, now: float) -> float:
+        """Seconds until the reaper's next turn: the period, or sooner when a session's autosave or
+        unloading falls due before it (a fixed period saved up to a period late)."""
+        due = now + self.reaper_period()
+        for s in list(self.sessions.values()):
+            if s.busy or s.closed:
+                continue  # (a call's end sets last_used anew: the turn after it sees that)
+            due = min(due, s.last_used + self.idle_timeout)
+            if s.dirty:
+                due = min(due, s.last_used + self.autosave_after)
+        return max(MIN_DELAY, due - now + MIN_DELAY)
+
+    async def _reap_loop(self) -> None:
+        await anyio.sleep(min(RESERVE_DELAY, self.reaper_period()))  # after the handshake and a call
+        while True:
+            try:
+                await self.books.take_reserve()  # (back) once the disk has room
+            except Exception:
+                log.exception("taking the disk reserve failed; will retry")
+            await anyio.sleep(self.next_turn_in(time.monotonic()))
+            try:
+                await self.reap()
+            except Exception:
+                log.exception("a turn of the idle reaper failed; the server goes on")
+
+    async def reap(self) -> None:
+        """One turn of the reaper: unload idle sessions, autosave idle dirty ones, write the metas
+        that could not be written. What fails for one session is logged and the turn goes on."""
+        now = time.monotonic()
+        for s in list(self.sessions.values()):
+            idle = now - s.last_used
+            # (checked and acted on with no await between: a call cannot take it meanwhile)
+            if s.busy or s.lock.locked() or s.closed:
+                continue
+            try:
+                if idle > self.idle_timeout:
+                    log.info("unloading session %r after %.0fs idle (its files stay)", s.id, idle)
+                    s.pending_notes.clear()
+                    await self.unload(s)
+                elif s.dirty and idle >= self.autosave_after:
+                    async with s.lock:
+                        if not s.closed and not s.busy:
+                            s.dirty = False
+                            await self.hooks.autosave(s)
+                elif s.meta_unsaved:
+                    await self.books.save_meta(s)
+            except Exception:
+                log.exception("looking after idle session %r failed; the server goes on", s.id)
+        await self.write_unsaved()
 
     async def unload_all(self) -> None:
-        """Server stop: save and stop every live session, keeping their files, and wait for the
-        unloads under way (``unload`` never raises, so one session's full disk does not stop the
-        others' saves)."""
+        """Server stop: unload every live session and wait for the unloads under way (never raises)."""
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
                 for s in list(self.sessions.values()):
@@ -142,7 +154,7 @@ class SessionRegistry:
             await self.write_unsaved()  # one last try (space may have come back meanwhile)
 
     async def write_unsaved(self) -> None:
-        """Write the metas unloaded sessions could not write (a disk that was full); never raises."""
+        """Write the metas a full disk held back; never raises."""
         if not self.books.unsaved:
             return
         try:
@@ -151,17 +163,12 @@ class SessionRegistry:
         except Exception:
             log.exception("writing the metas that could not be written failed; will retry")
 
-    # --- queries --------------------------------------------------------------------
     def live(self, session_id: str | None, owner: str = LOCAL_OWNER) -> Session | None:
         return self.sessions.get((owner, check_session_id(session_id)))
 
-    def names(self, owner: str = LOCAL_OWNER) -> list[str]:
-        live = {sid for who, sid in self.sessions if who == owner}
-        stored = {s.meta.session_id for s in self.stored(owner)}
-        return sorted(live | stored)
-
     def unknown_session(self, sid: str, owner: str = LOCAL_OWNER) -> SessionError:
-        known = ", ".join(self.names(owner)) or "none"
+        live = {sid for who, sid in self.sessions if who == owner}
+        known = ", ".join(sorted(live | {s.meta.session_id for s in self.stored(owner)})) or "none"
         return SessionError(
             f"no session named {sid!r}; sessions: {known}. Run code in it (or upload a file) first."
         )
@@ -169,9 +176,7 @@ class SessionRegistry:
     async def summaries(
         self, owner: str | None, execution_count: Callable[[Session], int | None]
     ) -> list[dict[str, Any]]:
-        """Every session of ``owner`` (of every owner when None): live here, stored, or live in
-        another server, most recently used first. The live rows are copied here, on the event
-        loop; the store is read on a worker thread (``session_rows.py``)."""
+        """Every session of ``owner`` (every owner's: None), most recently used first (``session_rows.py``)."""
         live = live_rows(self.sessions, self.jobs, owner, execution_count)
         unloading = set(self._unloading)
         return await off_loop(lambda: session_rows(self.stored(owner), live, unloading), timeout=None)
@@ -189,8 +194,7 @@ class SessionRegistry:
         create: bool = True,
         job_id: str | None = None,
     ) -> AsyncIterator[Session]:
-        """The session ``session_id`` (loaded or created if needed), locked and marked busy; if it
-        was closed or unloaded while we waited for its lock, the session that replaced it."""
+        """The session (loaded or created), locked and busy; if it left while we waited, its successor."""
         sid = check_session_id(session_id)
         while True:
             self.refuse_if_job(owner, sid, job_id)
@@ -211,7 +215,7 @@ class SessionRegistry:
                 return
 
     def reserve(self, owner: str, sid: str, job_id: str) -> None:
-        """Keep the session for ``job_id`` from now until ``unreserve`` (refusing other calls)."""
+        """Keep the session for ``job_id`` until ``unreserve`` (other calls are refused)."""
         self.refuse_if_job(owner, sid, job_id)
         self.jobs[(owner, sid)] = job_id
 
@@ -224,28 +228,22 @@ class SessionRegistry:
         if (why := self.refusal(owner)) is not None:
             raise SessionError(why)
 
-    # --- caps: slots, early checks (the arithmetic is caps.py's) -------------------------
+    # --- caps (caps.py) ----------------------------------------------------------------------
     def check_room(self, owner: str, sid: str | None) -> None:
-        """Refuse now (``SessionError``) when a session ``sid`` (a stateless slot: None) of ``owner``
-        could not be had, even by unloading an idle session: for background jobs, before they start."""
+        """``SessionError`` now when a session ``sid`` (a stateless slot: None) of ``owner`` could not
+        be had even by unloading an idle one (a background job, before it starts)."""
         key = (owner, sid) if sid is not None else None
         if key is not None and (key in self.sessions or key in self.jobs):
             return
         self.caps.room(self.sessions, self.jobs, owner, key)
 
     def take_slot(self, owner: str) -> None:
-        """A ``--stateless`` call or job starts: count it against ``owner`` (``SessionError`` at a cap;
-        a stateless server has no live sessions to unload). ``give_slot`` when it ends."""
+        """A ``--stateless`` call or job starts (``SessionError`` at a cap); ``give_slot`` when it ends."""
         self.refuse_owner(owner)
-        self.caps.room(self.sessions, self.jobs, owner, None)
-        self.caps.slots[owner] = self.caps.slots.get(owner, 0) + 1
+        self.caps.take_slot(self.sessions, self.jobs, owner)
 
     def give_slot(self, owner: str) -> None:
-        left = self.caps.slots.get(owner, 0) - 1
-        if left > 0:
-            self.caps.slots[owner] = left
-        else:
-            self.caps.slots.pop(owner, None)
+        self.caps.give_slot(owner)
 
     def refuse_if_job(self, owner: str, sid: str, job_id: str | None = None) -> None:
         running = self.jobs.get((owner, sid))
@@ -256,8 +254,7 @@ class SessionRegistry:
             )
 
     async def load(self, sid: str, *, owner: str = LOCAL_OWNER, create: bool = True) -> Session:
-        """The live session ``(owner, sid)``, loading it from the store (or creating it); when the
-        caps are reached, an idle session is unloaded first to make room (``sessions/caps.py``)."""
+        """The live session, loaded or created; past a cap an idle one is unloaded first (``caps.py``)."""
         key = (owner, sid)
         while True:
             session = self.sessions.get(key)
@@ -280,9 +277,7 @@ class SessionRegistry:
                     return await self._bring_in(owner, sid, stored)
                 self._leave(victim)  # it no longer counts from now on
             log.info(
-                "unloading idle session %r of %r to make room (its variables are saved)",
-                victim.id,
-                victim.owner,
+                "unloading idle session %r of %r to make room (variables saved)", victim.id, victim.owner
             )
             victim.pending_notes.clear()
             await self._finish(victim, "unload")
@@ -308,18 +303,10 @@ class SessionRegistry:
                 what = f"{'create' if not stored else 'load'} session {sid!r}"
                 raise StorageError(disk_sentence(exc, what, kept="Your other sessions are intact.")) from exc
             raise
-        session = Session(
-            sid,
-            self._new_workspace,
-            owner=owner,
-            home=home,
-            meta=meta,
-            workspace=workspace,
-            new_layer=self._new_layer,
-        )
+        new, layer = self._new_workspace, self._new_layer
+        session = Session(sid, new, owner=owner, home=home, meta=meta, workspace=workspace, new_layer=layer)
         if stored:
-            session.resumed = True
-            session.pending_notes.append(resumed_note(meta))
+            session.mark_resumed()
             await package_layers.restore(session, self._new_layer)  # before its first kernel adopts it
         self.books.take_unsaved((owner, sid))
         if not stored or unsaved is not None:
@@ -348,7 +335,7 @@ class SessionRegistry:
             await self.hooks.release(session)
             if session.workspace is not None:
                 await session.workspace.aremove()
-            await _drop_packages(session)
+            await session.drop_packages()
 
     async def record(self, session: Session, code: str, result: Any) -> None:
         """Record a call (``result``: its RunResult) in the held session's home (``Books.touch``)."""
@@ -356,9 +343,8 @@ class SessionRegistry:
 
     # --- unloading, ending and closing: one way out -----------------------------------------
     def _leave(self, session: Session) -> bool:
-        """Take the live ``session`` out of the live sessions, mark it closed and register it as
-        unloading, in one step (no await): from now on a call for it waits for ``_finish``. False
-        when it is not live here (already leaving, or never loaded)."""
+        """The first step out, with no await (see the module's Design); False when ``session`` is not
+        live here (already leaving, or never loaded)."""
         key = session.key
         if self.sessions.get(key) is not session:
             return False
@@ -368,10 +354,9 @@ class SessionRegistry:
         return True
 
     async def _finish(self, session: Session, how: Leaving) -> None:
-        """The rest of a session's way out (``_leave`` first): stop the call running in it and its
-        runners (``unload``: saving first; ``end``: without saving; ``close``: and delete its home),
-        write what its home keeps, let the home's lock go, and only then let the calls waiting for
-        it load it again. Only ``close`` raises (a home that cannot be deleted)."""
+        """The rest of the way out (``_leave`` first): the call and runners stopped (``unload`` saves
+        first), its home written and let go (``close``: deleted), then the waiting calls go on.
+        Only ``close`` raises (a home that cannot be deleted)."""
         key = session.key
         with anyio.CancelScope(shield=True):
             try:
@@ -402,13 +387,12 @@ class SessionRegistry:
         except Exception as exc:
             log.warning("stopping session %r: %s", session.id, exc)
         try:
-            await _drop_packages(session)
+            await session.drop_packages()
         except Exception as exc:
             log.warning("removing the packages of session %r: %s", session.id, exc)
 
     async def _put_away(self, session: Session, *, ended: bool) -> None:
-        """An unloaded (or ended) session's files: its final meta written and its home's lock let
-        go (stored), or its files removed (a session without a store)."""
+        """Its final meta written and its home let go (stored), or its files removed (unstored)."""
         home, meta, store = session.home, session.meta, self.store
         if home is not None and meta is not None and store is not None:
             if ended and (session.dirty or meta.unsaved_since is not None):
@@ -426,18 +410,16 @@ class SessionRegistry:
                 log.warning("removing the files of session %r: %s", session.id, exc)
 
     async def unload(self, session: Session) -> None:
-        """Save and stop the session's interpreter; its files and the stored session stay. A
-        session already on its way out: wait until it is out. Never raises: what cannot be saved
-        is logged (and its meta written later)."""
+        """Save and stop the session's interpreter, files kept (or wait for a way out under way).
+        Never raises: what cannot be saved is logged (and its meta written later)."""
         if self._leave(session):
             await self._finish(session, "unload")
         elif (event := self._unloading.get(session.key)) is not None:
             await event.wait()
 
     async def end_owner(self, owner: str, why: str, error: str) -> int:
-        """Stop every live session of ``owner`` now (a revoked principal), without saving: a call
-        running in one answers ``error``: ``why``; files and earlier saves stay, the meta says the
-        variables since the last save were not saved. Returns how many were live."""
+        """Stop every live session of a revoked ``owner`` without saving (a call in one answers
+        ``error``: ``why``; files and earlier saves stay). Returns how many were live."""
         ending = [s for s in list(self.sessions.values()) if s.owner == owner]
         for s in ending:  # all of them first, with no await: none runs on while another is ended
             s.stopped_because, s.stopped_as = why, error
@@ -448,8 +430,7 @@ class SessionRegistry:
         return len(ending)
 
     async def close(self, session_id: str, *, owner: str = LOCAL_OWNER) -> bool:
-        """Delete a session: stop the call running in it and its runners, and remove its files,
-        variables and history. False when there was no such session."""
+        """Delete a session, live or stored, with its files, variables and history; False: no such session."""
         sid = check_session_id(session_id)
         key = (owner, sid)
         async with self._loading:  # (no load of a stored session while it is removed)
@@ -466,14 +447,3 @@ class SessionRegistry:
         # A call queued on it waits until its home is gone, then starts a new session.
         await self._finish(session, "close")
         return True
-
-
-async def _drop_packages(session: Session) -> None:
-    if session.packages is not None:
-        await anyio.to_thread.run_sync(session.packages.remove)
-
-
-def resumed_note(meta: Meta) -> str:
-    ago_text = ago(time.time() - meta.last_used)
-    files = f"{meta.files} file{'s' if meta.files != 1 else ''}" if meta.files else "no files"
-    return f"resumed stored session {meta.session_id!r} (last used {ago_text}, {files} in its working directory)."

@@ -27,7 +27,7 @@ import anyio
 from kernmind.execution.errors import SessionError
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.sandbox.workspace import Workspace
-from kernmind.execution.sessions.disk_store import LOCAL_OWNER, Meta, SessionHome
+from kernmind.execution.sessions.disk_store import LOCAL_OWNER, Meta, SessionHome, ago
 
 if TYPE_CHECKING:
     from kernmind.execution.sandbox.limits import SessionLimits
@@ -99,6 +99,20 @@ class Session:
                 raise SessionError("this server cannot install packages into sessions.")
             self.packages = self.new_layer()
         return self.packages
+
+    def mark_resumed(self) -> None:
+        """Loaded from the store: its variables may come back, and its next call says it resumed."""
+        assert self.meta is not None
+        self.resumed, meta = True, self.meta
+        files = f"{meta.files} file{'s' if meta.files != 1 else ''}" if meta.files else "no files"
+        self.pending_notes.append(
+            f"resumed stored session {meta.session_id!r} (last used {ago(time.time() - meta.last_used)}, "
+            f"{files} in its working directory)."
+        )
+
+    async def drop_packages(self) -> None:
+        if self.packages is not None:
+            await anyio.to_thread.run_sync(self.packages.remove)
 
     def take_notes(self) -> list[str]:
         notes, self.pending_notes = self.pending_notes, []
