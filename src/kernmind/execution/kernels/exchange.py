@@ -144,13 +144,13 @@ async def run_request(
     while True:
         now = time.monotonic()
         if deadline is not None and now >= deadline:
-            return ignored.into(ExecOutcome("deadline", count))
+            return _noted(ExecOutcome("deadline", count), ignored)
         try:
             check_by = await channel.check()
             until = min(t for t in (deadline, check_by, now + 3600) if t is not None)
             got = await _next(channel.output, max(0.0, until - time.monotonic()), ignored)
         except KernelLost as lost:
-            return ignored.into(lost.outcome(count))
+            return _noted(lost.outcome(count), ignored)
         if got is None:
             continue
         msg, (kind, parent_id, content) = got
@@ -166,10 +166,15 @@ async def run_request(
         count = await _reply_count(channel, msg_id, ignored, count)
     except KernelLost as lost:
         if lost.kind == "died":
-            return ignored.into(lost.outcome(count))
+            return _noted(lost.outcome(count), ignored)
     if count is not None and not silent:
         kernel.execution_count = count
-    return ignored.into(ExecOutcome("error" if had_error else "ok", count))
+    return _noted(ExecOutcome("error" if had_error else "ok", count), ignored)
+
+
+def _noted(outcome: ExecOutcome, ignored: Ignored) -> ExecOutcome:
+    outcome.ignored, outcome.ignored_why = ignored.count, ignored.why
+    return outcome
 
 
 class ChannelKernel:

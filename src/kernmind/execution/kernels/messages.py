@@ -14,13 +14,9 @@ decoding of a broken message raises, for the loop to skip it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kernmind.execution.results import OutputCollector
-
-if TYPE_CHECKING:
-    from kernmind.execution.kernels.exchange import ExecOutcome
-
 
 # What a message the kernel's code forged or broke raises while it is decoded or read.
 MALFORMED = (KeyError, ValueError, TypeError, AttributeError, IndexError, UnicodeError)
@@ -36,10 +32,6 @@ class Ignored:
     def add(self, why: str) -> None:
         self.count += 1
         self.why = self.why or why[:200]
-
-    def into(self, outcome: ExecOutcome) -> ExecOutcome:
-        outcome.ignored, outcome.ignored_why = self.count, self.why
-        return outcome
 
 
 def message_parts(msg: Any) -> tuple[str, str | None, dict[str, Any]] | str:

@@ -31,16 +31,30 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from kernmind.execution.sandbox.bwrap import Sandbox
+    from kernmind.execution.sandbox.gpu import GpuPassthrough
     from kernmind.execution.sandbox.rlimits import Limits
 
 WORKSPACE_MOUNT = "/workspace"
 RUNTIME_MOUNT = "/run/kernmind"
 SYSTEM_DIRS = ("/usr", "/etc", "/opt")
 USR_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+
+
+class Isolation(Protocol):
+    """What the command line reads of a ``bwrap.Sandbox``."""
+
+    bwrap: str | None
+    setpriv: str | None
+    as_root: bool
+    allow_network: bool
+    seccomp: str | None
+    gpu: GpuPassthrough | None
+
+    @property
+    def isolated(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -52,13 +66,13 @@ class Mount:
     inner: str
     writable: bool = False
 
-    def path(self, sandbox: Sandbox) -> str:
+    def path(self, sandbox: Isolation) -> str:
         """Where code finds it: ``inner`` in an isolated sandbox, the host path without one."""
         return self.inner if sandbox.isolated else str(self.host)
 
 
 def bwrap_args(
-    sandbox: Sandbox,
+    sandbox: Isolation,
     argv: Sequence[str],
     workspace: Path,
     env: Mapping[str, str],
