@@ -121,7 +121,7 @@ def test_agent_child_gets_the_same_settings(tmp_path: Path) -> None:
         sandbox="none",
         memory_default_blocks={"notes": "scratch"},
         embedding_api_key="sk-secret",
-        cpu_seconds=99,
+        workspace_files=999,
     )
     args, env = settings_as_args(settings, COMMAND_GROUPS["agent"])
     assert "sk-secret" not in args and env == {"KERNMIND_EMBEDDING_API_KEY": "sk-secret"}

@@ -169,9 +169,6 @@ class Settings(BaseSettings):
         description="largest saved namespace per session (MiB); variables past it are not saved "
         "(0: never save variables)",
     )
-    snapshot_seconds: Annotated[float, Cli(metavar="SECONDS")] = Field(
-        default=30.0, gt=0, description="time allowed to save or restore a session's variables"
-    )
     autosave_seconds: Annotated[float, Cli(metavar="SECONDS")] = Field(
         default=120.0,
         gt=0,
@@ -310,41 +307,21 @@ class Settings(BaseSettings):
         "cgroup v2 (root, or a delegated subtree) or v1 (root) when it can, else per-process limits only; "
         "`none`: per-process limits only; `required`: refuse to start without them",
     )
-    sandbox_cpu_weight: Annotated[int, Cli(Group.SANDBOX, metavar="WEIGHT")] = Field(
-        default=100,
-        ge=1,
-        le=10000,
-        description="how much processor time all sandboxed code together gets, when the processor is "
-        "contended, against the server itself and each other process group of the host (cgroup "
-        "`cpu.weight` units: 100 = as much as one of them; sessions share it equally, so one session "
-        "spinning many threads cannot crowd out the others or the server); unused time is never held "
-        "back. Lower it on a host that runs only kernmind to favour the server further. Needs the cpu "
-        "controller (see `--cgroups`; `kernmind doctor` says whether it is in use)",
-    )
-    cpu_seconds: Annotated[int, Cli(Group.SANDBOX, metavar="SECONDS")] = Field(
-        default=3600, ge=1, description="CPU-time limit per kernel/process"
-    )
     max_processes: Annotated[int, Cli(Group.SANDBOX, metavar="N")] = Field(
         default=256, ge=16, description="processes/threads per session (its control group) and per sandbox"
-    )
-    max_file_mb: Annotated[int, Cli(Group.SANDBOX, metavar="MIB")] = Field(
-        default=1024, ge=1, description="largest file code may write (MiB)"
     )
     workspace_mb: Annotated[int, Cli(Group.SANDBOX, metavar="MIB")] = Field(
         default=2048,
         ge=1,
         description="disk quota of a session (MiB): its working directory and `/run/kernmind`; measured "
         "around every call, and over it the session's writes are blocked (RLIMIT_FSIZE 0) until it deletes "
-        "files",
+        "files; also the largest file its code may write",
     )
     workspace_files: Annotated[int, Cli(Group.SANDBOX, metavar="N")] = Field(
         default=100_000,
         ge=100,
         description="names a session's working directory and `/run/kernmind` may hold (files, directories, "
         "links, others); over it the session creates nothing until it deletes some",
-    )
-    max_open_files: Annotated[int, Cli(Group.SANDBOX, metavar="N")] = Field(
-        default=1024, ge=64, description="open files per process"
     )
 
     # --- transport (kernmind serve only) ---

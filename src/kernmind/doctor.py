@@ -37,7 +37,7 @@ from kernmind.execution.remote import RemoteKernels
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import host_mounts
 from kernmind.execution.sandbox.bwrap import Sandbox, SandboxUnavailable
-from kernmind.execution.sandbox.cgroups import CgroupsUnavailable, CgroupSupport
+from kernmind.execution.sandbox.cgroups import DEFAULT_CPU_WEIGHT, CgroupsUnavailable, CgroupSupport
 from kernmind.execution.sandbox.rlimits import limits_from
 from kernmind.memory.embedder_factory import make_embedder
 from kernmind.memory.embeddings import EmbeddingUnavailable, LocalEmbedder
@@ -83,7 +83,7 @@ async def _local_check(sandbox: Sandbox, runtime: PythonRuntime, cgroups: Cgroup
 def _limits_report(settings: Settings) -> tuple[dict[str, Any], CgroupSupport]:
     """Which limits hold a session: a control group (v2 or v1) per session, or per-process rlimits."""
     try:
-        cgroups = CgroupSupport.detect(settings.cgroups, cpu_weight=settings.sandbox_cpu_weight)
+        cgroups = CgroupSupport.detect(settings.cgroups, cpu_weight=DEFAULT_CPU_WEIGHT)
     except CgroupsUnavailable as exc:
         return {"mode": "none", "reason": str(exc), "ok": False}, CgroupSupport.disabled(str(exc))
     if cgroups.active:
@@ -92,7 +92,7 @@ def _limits_report(settings: Settings) -> tuple[dict[str, Any], CgroupSupport]:
             f"{settings.max_processes} processes"
         )
         if cgroups.cpu_dir is not None:
-            enforced += f"; all sandboxes together weigh {settings.sandbox_cpu_weight} on the CPU (100 = one process group)"
+            enforced += "; all sandboxes together weigh on the CPU as much as one process group"
     else:
         enforced = (
             f"per process only: RLIMIT_DATA {settings.memory_mb} MiB, RLIMIT_NPROC {settings.max_processes}; "

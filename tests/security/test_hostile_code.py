@@ -32,7 +32,8 @@ pytestmark = [
 
 SECRET = "sk-kernmind-test-secret-0123456789"
 MEMORY_VALUE = "The user's name is Ada. She prefers terse answers."
-LIMITS = {"memory_mb": 256, "max_processes": 128, "max_file_mb": 32, "workspace_mb": 64, "timeout": 20}
+# workspace_mb is also the largest file code may write (RLIMIT_FSIZE).
+LIMITS = {"memory_mb": 256, "max_processes": 128, "workspace_mb": 64, "timeout": 20}
 
 
 class Harness:

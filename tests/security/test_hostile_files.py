@@ -33,7 +33,8 @@ pytestmark = [
 MEMORY_VALUE = "Ada likes short answers."
 # memory_mb above the 512 MiB of /tmp and /dev/shm: with per-session control groups, filling one of
 # them would otherwise hit the session's memory limit before the file system's own size.
-LIMITS = {"memory_mb": 1536, "max_file_mb": 64, "workspace_mb": 64, "timeout": 30, "max_sessions": 64}
+# workspace_mb is also the largest file code may write (RLIMIT_FSIZE).
+LIMITS = {"memory_mb": 1536, "workspace_mb": 64, "timeout": 30, "max_sessions": 64}
 
 
 class Harness:

@@ -55,10 +55,8 @@ pytestmark = [
 AS_ROOT = os.geteuid() == 0
 LIMITS = {
     "memory_mb": 1536,
-    "cpu_seconds": 1800,
     "max_processes": 200,
-    "max_file_mb": 256,
-    "max_open_files": 900,
+    "workspace_mb": 256,  # also the largest file (RLIMIT_FSIZE)
 }
 TMP_BYTES = Limits().tmp_mb * 1024 * 1024
 MODES = ["stateless", "reset", "new-session"]
@@ -385,7 +383,7 @@ async def test_process_attributes_do_not_reach_a_later_interpreter(aftermath: Af
 
 async def test_lowered_limits_do_not_reach_a_later_interpreter(aftermath: Aftermath) -> None:
     limits = aftermath.later["rlimits"]
-    assert limits["RLIMIT_CPU"] == [LIMITS["cpu_seconds"]] * 2
+    assert limits["RLIMIT_CPU"] == [Limits().cpu_seconds] * 2
     assert limits["RLIMIT_DATA"] == [LIMITS["memory_mb"] * 2**20] * 2
 
 
@@ -439,10 +437,10 @@ async def test_each_interpreter_has_the_configured_limits(aftermath: Aftermath) 
     mib = 2**20
     assert aftermath.later["rlimits"] == {
         "RLIMIT_DATA": [LIMITS["memory_mb"] * mib] * 2,
-        "RLIMIT_CPU": [LIMITS["cpu_seconds"]] * 2,
+        "RLIMIT_CPU": [Limits().cpu_seconds] * 2,
         "RLIMIT_NPROC": [LIMITS["max_processes"]] * 2,
-        "RLIMIT_FSIZE": [LIMITS["max_file_mb"] * mib] * 2,
-        "RLIMIT_NOFILE": [LIMITS["max_open_files"]] * 2,
+        "RLIMIT_FSIZE": [LIMITS["workspace_mb"] * mib] * 2,
+        "RLIMIT_NOFILE": [Limits().max_open_files] * 2,
         "RLIMIT_CORE": [0, 0],
     }
 

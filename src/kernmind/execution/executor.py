@@ -1,54 +1,22 @@
 """The executor: the one object the tools talk to for everything that runs code.
 
-It wires the parts together and decides each call's route in one place:
-resolve the language to a runner → hold the session (or, with ``--stateless``, make a
-throw-away one) → ``supervise(runner, call)`` (time limit, quota, progress, result).
+Design (a call's path, and which part writes which state: docs/architecture.md)
+- Built from parts: ``Executor(settings, factory=…, sandbox=…, store=…)`` takes the factory
+  Python's kernels come from, the sandbox and the session store (a fake kernel factory in
+  tests); ``from_settings`` builds the real server's: bubblewrap, control groups, local or
+  forked kernels, or a kernel gateway (``remote.py``).
+- A call: tool → ``run`` → ``sessions.hold`` → ``supervise`` → runner → kernel, then
+  ``sessions.record``. ``install`` takes the same path to the session (``installs.py``).
+  The tools use this class's public methods only; the registry calls back through ``Hooks``
+  (open a home, release, suspend, autosave a session's runners).
+- ``running()`` starts the warm pool, the reaper, the jobs and the revocation watch and, on
+  exit, cancels jobs, unloads every session (variables saved, files kept), stops every
+  runner and removes the run directory. Once the pool's first kernel is up it freezes the
+  heap (``gc.freeze``: full collections then skip the modules' objects).
 
-It owns the sandbox (chosen once at start), the control groups sessions run in
-(``cgroups.py``, decided once at start; each session's ``SessionLimits`` is made with its
-first call and closed with it, see ``sandbox/limits.py``), this server's run directory (``rundir.py``:
-throw-away workspaces and kernel sockets, cleaned after a crash by the next start), the
-session store (``store.py``: named sessions' files, variables and history, which outlive
-the server), the warm kernel pool, the session registry, the background jobs, the runners
-and the package installer (``install``, whose route is ``installs.py``: into the held
-session's layer, then onto its running kernel's path). ``running()`` starts the pool refill
-and the idle reaper and, on exit, cancels running jobs, unloads every session (variables
-saved, files kept), stops every kernel and process and deletes the run directory. Once the
-pool's first kernel is up it freezes the heap (``gc.freeze``): the collector's full passes
-then skip the modules' objects, which otherwise stalled a call now and then.
-
-After every call of a stored session the registry records it (``registry.record``): its
-history line (``history.py``, written by ``books.py`` just after the answer), which
-``export_notebook`` turns into a notebook (``notebook.py``).
-
-Design: what one call changes, and who writes it
-- A call's path is tool → ``Executor.run`` → ``registry.hold`` → ``supervise`` → runner →
-  kernel, then back through the supervisor's result and ``registry.record``. Arguments were
-  checked once before the tool ran (``tool_arguments.py``); a code call touches no memory.
-- Each piece of state a call changes has one writer:
-
-  | state | written by |
-  |---|---|
-  | the ``Call`` (output, count, notes, state kept) | made here; the runner fills it while the code runs, the supervisor after |
-  | ``Session.running`` (the call's cancel scope) | the supervisor, around the run |
-  | ``Session.limits`` (control group, write block) | made and closed here; its measurements by ``sandbox/quota.py`` for the supervisor |
-  | ``Session.state[language]`` (a kernel, a process) | that language's runner |
-  | the working directory's scan (``Workspace.last_scan``) | the supervisor's change scan (uploads through ``Workspace``) |
-  | ``busy``, ``last_used``, meta, history | the registry (``hold``, ``record``), written by ``sessions/books.py`` |
-  | ``Session.pending_notes`` | a mailbox: any part adds a note for the next call, only this module takes them |
-
-- Nothing of that is per-call work on a thread unless it must be: the change scan and the
-  quota read the inotify trackers' totals on the event loop when they have nothing to
-  look at, the history line goes after the answer, the meta a moment later.
-
-With ``--kernel-gateway`` (``remote.py``) Python's kernels come from the gateway instead,
-sessions' files live on a volume the gateway's kernels also mount, and with a PostgreSQL
-``--db`` the sessions are shared by every replica (``sessions/shared.py``): a replica that
-stops leaves them to the others.
-
-Errors the model can fix (unknown or uninstalled language, bad session id or time limit,
-too many sessions) raise ``ValueError`` subclasses with a sentence saying what to do;
-a runtime that cannot be started raises ``RuntimeUnavailable``.
+Error policy: what the model can fix (unknown or uninstalled language, bad session id or time
+limit, too many sessions) raises a ``ValueError`` subclass with a sentence; a runtime that
+cannot be started raises ``RuntimeUnavailable``.
 """
 
 from __future__ import annotations
@@ -70,6 +38,7 @@ from kernmind.config import Settings
 from kernmind.diskio import Reserve
 from kernmind.execution import installs
 from kernmind.execution import runners as runners_mod
+from kernmind.execution.kernels import api
 from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory
 from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
 from kernmind.execution.kernels.pool import KernelPool
@@ -80,11 +49,11 @@ from kernmind.execution.runners.base import Call, Runner
 from kernmind.execution.runners.python import PythonRunner, SnapshotBudget
 from kernmind.execution.sandbox import host_mounts
 from kernmind.execution.sandbox.bwrap import Sandbox
-from kernmind.execution.sandbox.cgroups import CgroupSupport
+from kernmind.execution.sandbox.cgroups import DEFAULT_CPU_WEIGHT, CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.rlimits import limits_from
 from kernmind.execution.sandbox.rundir import RunDir, socket_root
-from kernmind.execution.sandbox.workspace import Workspace, own_tree
+from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
 from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
 from kernmind.execution.sessions.jobs import Job, Jobs
 from kernmind.execution.sessions.registry import LOCAL_OWNER, SessionError, SessionRegistry
@@ -119,6 +88,29 @@ ALIASES = {
 }
 
 
+def store_for(settings: Settings) -> SessionStore:
+    """The session store ``settings`` ask for, with room kept for the server's own records when
+    code fills the data disk (``diskio.Reserve``)."""
+    return SessionStore(
+        settings.sessions_dir,
+        max_sessions=settings.max_stored_sessions,
+        max_bytes=settings.max_stored_mb * 1024 * 1024,
+        per_owner_sessions=settings.principal_max_stored_sessions,
+        per_owner_bytes=settings.principal_max_stored_mb * 1024 * 1024,
+        reserve=Reserve(settings.data_dir / RESERVE_NAME, RESERVE_BYTES),
+    )
+
+
+def _target(runtime: PythonRuntime) -> PythonTarget:
+    return PythonTarget(runtime.executable, runtime.paths, runtime.pythonpath)
+
+
+def _workspace_in(rundir: RunDir, uid: int | None) -> Workspace:
+    ws = Workspace(rundir.new_dir("ws-"), owner_uid=uid)
+    ws.create()
+    return ws
+
+
 @contextlib.asynccontextmanager
 async def _nothing() -> AsyncIterator[None]:
     yield
@@ -127,114 +119,136 @@ async def _nothing() -> AsyncIterator[None]:
 class Executor:
     default_session_id = DEFAULT_SESSION
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.sandbox = Sandbox.detect(
-            settings.sandbox,
-            allow_network=settings.allow_network,
-            limits=limits_from(settings),
-            gpu=settings.gpu,
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        factory: api.KernelFactory,  # Python's kernels: local, forked, a gateway's, or a test's fakes
+        sandbox: Sandbox,
+        store: SessionStore,
+        runtime: PythonRuntime | None = None,  # the kernels' interpreter (default: this one)
+        cgroups: CgroupSupport | None = None,  # per-session control groups (default: none)
+        rundir: RunDir | None = None,
+        socket_rundir: RunDir | None = None,
+        packages: PackageInstaller | None = None,
+        guard: SandboxGuard | None = None,
+        remote: RemoteKernels | None = None,
+    ) -> None:
+        self.settings, self.sandbox, self.factory, self.store, self.remote = (
+            settings,
+            sandbox,
+            factory,
+            store,
+            remote,
         )
         self._tg: TaskGroup | None = None  # while running: background clean-up of sessions' groups
-        # Decided before anything is started (on cgroup v2 the server may move itself into a leaf).
-        self.sandbox.host_mounts = host_mounts.start(settings.mount, settings.data_dir, self.sandbox.isolated)
-        self.cgroups = CgroupSupport.detect(settings.cgroups, cpu_weight=settings.sandbox_cpu_weight)
-        if not self.cgroups.active:
-            log.info("no per-session control groups (%s): per-process limits only", self.cgroups.reason)
-        self.runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)
-        if self.runtime.error:
-            log.error("Python kernels unavailable: %s", self.runtime.error)
-        self.rundir = RunDir(settings.workspaces_dir, cgroups=self.cgroups.server_dirs)
-        sockets = socket_root(settings.workspaces_dir)
-        self.socket_rundir = (
-            self.rundir if sockets == self.rundir.root else RunDir(sockets, transient_root=True)
+        self.cgroups = cgroups or CgroupSupport.disabled("not asked for")
+        self.runtime = runtime or PythonRuntime.probe(None)
+        self.rundir = rundir or RunDir(settings.workspaces_dir, cgroups=self.cgroups.server_dirs)
+        self.socket_rundir = socket_rundir or self.rundir
+        self.packages = packages or PackageInstaller.from_settings(
+            settings, sandbox, _target(self.runtime), os.environ
         )
-        settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        target = PythonTarget(self.runtime.executable, self.runtime.paths, self.runtime.pythonpath)
-        self.packages = PackageInstaller.from_settings(settings, self.sandbox, target, os.environ)
-        self.guard = SandboxGuard.create(self.packages.cache_dir / "shims")
-        local = KernelFactory(
-            self.sandbox,
-            self.runtime,
-            new_workspace=self._new_workspace,
-            socket_dirs=lambda: self.socket_rundir.new_dir("k-"),
-            output_budget=Budget.of(settings),
-            new_layer=self._new_layer,
-            guard=self.guard,
-            cgroups=self.cgroups,
-        )
-        self.factory: KernelFactory | ForkKernelFactory = local
-        if settings.fork_server and not settings.kernel_gateway:
-            self.factory = ForkKernelFactory(local, preload=settings.preload)
-        # --kernel-gateway: Python runs on the gateway's kernels, sessions' files on a shared volume.
-        self.remote: RemoteKernels | None = None
-        if settings.kernel_gateway:  # imported only then: the gateway client brings tornado in
-            from kernmind.execution.remote import RemoteKernels
-
-            self.remote = RemoteKernels.from_settings(settings)
-        self.pool = KernelPool(self.remote.factory if self.remote else self.factory, settings.pool_size)
-        self.runners: dict[str, Runner] = {}
-        self.python: PythonRunner | None = None
+        self.guard = guard or SandboxGuard.create(self.packages.cache_dir / "shims")
+        self.pool = KernelPool(factory, settings.pool_size)
         self.kernel_extras: list[KernelExtras] = []  # what other parts add to local kernels
-        budget = SnapshotBudget(settings.snapshot_mb * 1024 * 1024, settings.snapshot_seconds)
-        if self.remote is not None:
-            kernel_root = self.remote.workspaces.kernel_root
-            self.python = PythonRunner(
-                self.pool,
-                self.remote.version,
-                inner_root=lambda root: f"{kernel_root}/{root.name}",
-                budget=budget,
-            )
+        self.python: PythonRunner | None = None
+        budget = SnapshotBudget(settings.snapshot_mb * 1024 * 1024)
+        if remote is not None:
+            kernel_root = remote.workspaces.kernel_root
+            inner = lambda root: f"{kernel_root}/{root.name}"  # noqa: E731
+            self.python = PythonRunner(self.pool, remote.version, inner_root=inner, budget=budget)
         elif not self.runtime.error:
             version = f"Python {self.runtime.version} (ipykernel {self.runtime.ipykernel})"
-            self.python = PythonRunner(
-                self.pool, version, inner_root=self.sandbox.workspace_path, budget=budget
-            )
-        if self.python is not None:
-            self.runners["python"] = self.python
-        self.runners.update(runners_mod.discover(self.sandbox, settings, self.guard))
+            self.python = PythonRunner(self.pool, version, inner_root=sandbox.workspace_path, budget=budget)
+        self.runners: dict[str, Runner] = {"python": self.python} if self.python is not None else {}
+        self.runners.update(runners_mod.discover(sandbox, settings, self.guard))
         hooks = Hooks(
             open_home=self._open_home, release=self._release, suspend=self._suspend, autosave=self._autosave
         )
-        # Room for the server's own records when code fills the data disk (diskio.Reserve).
-        reserve = Reserve(settings.data_dir / RESERVE_NAME, RESERVE_BYTES)
-        self.store = SessionStore(
-            settings.sessions_dir,
-            max_sessions=settings.max_stored_sessions,
-            max_bytes=settings.max_stored_mb * 1024 * 1024,
-            per_owner_sessions=settings.principal_max_stored_sessions,
-            per_owner_bytes=settings.principal_max_stored_mb * 1024 * 1024,
-            reserve=reserve,
-        )
         self.sessions: SessionRegistry
-        if self.remote is not None:  # sessions' files on the gateway's volume, not in the store
-            self.sessions = self.remote.registry(hooks=hooks)
+        if remote is not None:  # sessions' files on the gateway's volume, not in the store
+            self.sessions = remote.registry(hooks=hooks)
         else:
             self.sessions = SessionRegistry(
                 max_sessions=settings.max_sessions,
                 max_per_owner=settings.principal_max_sessions,
                 idle_timeout=settings.idle_timeout,
                 autosave_after=settings.autosave_seconds,
-                store=self.store,
-                new_workspace=lambda: self._new_workspace(self.sandbox.allocate_uid()),
+                store=store,
+                new_workspace=lambda: _workspace_in(self.rundir, sandbox.allocate_uid()),
                 hooks=hooks,
                 new_layer=self._new_layer,
             )
         self._calls: set[Session] = set()  # sessions whose call runs now (``stop_calls``)
         self.sessions.refusal = principals.revoked  # a revoked principal's calls are refused
         self.jobs = Jobs(
-            settings.jobs_dir,
-            new_collector=lambda: OutputCollector.of(settings),
-            reserve=reserve,
+            settings.jobs_dir, new_collector=lambda: OutputCollector.of(settings), reserve=store.reserve
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Executor:
+        """The real server's executor: the sandbox, control groups and kernels ``settings`` ask for."""
+        sandbox = Sandbox.detect(
+            settings.sandbox,
+            allow_network=settings.allow_network,
+            limits=limits_from(settings),
+            gpu=settings.gpu,
+        )
+        # Decided before anything is started (on cgroup v2 the server may move itself into a leaf).
+        sandbox.host_mounts = host_mounts.start(settings.mount, settings.data_dir, sandbox.isolated)
+        cgroups = CgroupSupport.detect(settings.cgroups, cpu_weight=DEFAULT_CPU_WEIGHT)
+        if not cgroups.active:
+            log.info("no per-session control groups (%s): per-process limits only", cgroups.reason)
+        runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)
+        if runtime.error:
+            log.error("Python kernels unavailable: %s", runtime.error)
+        rundir = RunDir(settings.workspaces_dir, cgroups=cgroups.server_dirs)
+        sockets = socket_root(settings.workspaces_dir)
+        socket_rundir = rundir if sockets == rundir.root else RunDir(sockets, transient_root=True)
+        settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        packages = PackageInstaller.from_settings(settings, sandbox, _target(runtime), os.environ)
+        guard = SandboxGuard.create(packages.cache_dir / "shims")
+        remote: RemoteKernels | None = None
+        factory: api.KernelFactory
+        if settings.kernel_gateway:  # imported only then: the gateway client brings tornado in
+            from kernmind.execution.remote import RemoteKernels
+
+            remote = RemoteKernels.from_settings(settings)
+            factory = remote.factory
+        else:
+            factory = KernelFactory(
+                sandbox,
+                runtime,
+                new_workspace=lambda uid: _workspace_in(rundir, uid),
+                socket_dirs=lambda: socket_rundir.new_dir("k-"),
+                output_budget=Budget.of(settings),
+                new_layer=lambda: Layer(rundir.new_dir("pk-")).create(),
+                guard=guard,
+                cgroups=cgroups,
+            )
+            if settings.fork_server:
+                factory = ForkKernelFactory(factory, preload=settings.preload)
+        return cls(
+            settings,
+            factory=factory,
+            sandbox=sandbox,
+            store=store_for(settings),
+            runtime=runtime,
+            cgroups=cgroups,
+            rundir=rundir,
+            socket_rundir=socket_rundir,
+            packages=packages,
+            guard=guard,
+            remote=remote,
         )
 
     def add_kernel_extras(self, extras: KernelExtras) -> None:
-        """Give every local Python kernel started from now on ``extras`` (``kernel_extras.py``;
-        call before ``running()``). Kernels of a kernel gateway get none."""
-        if self.remote is not None or self.python is None:
-            return
-        self.kernel_extras.append(extras)
+        """Give every local Python kernel started from now on ``extras`` (call before ``running()``)."""
         base = self.factory.base if isinstance(self.factory, ForkKernelFactory) else self.factory
+        if self.python is None or not isinstance(base, KernelFactory):
+            return  # (a gateway's kernels, or a test's fakes)
+        self.kernel_extras.append(extras)
         base.extras.append(extras)
         self.python.extras.append(extras)
 
@@ -243,11 +257,6 @@ class Executor:
         before the event loop runs; ``running()`` adopts it."""
         if isinstance(self.factory, ForkKernelFactory):
             self.factory.prelaunch()
-
-    def _new_workspace(self, uid: int | None) -> Workspace:
-        ws = Workspace(self.rundir.new_dir("ws-"), owner_uid=uid)
-        ws.create()
-        return ws
 
     def _open_home(self, home: SessionHome) -> Workspace:
         """A stored session's working directory, its files handed to a fresh sandbox uid."""
@@ -412,8 +421,45 @@ class Executor:
         self, packages: list[str], *, owner: str = LOCAL_OWNER, language: str, session_id: str | None
     ) -> InstallResult:
         """Install into the session's layer (``installs.py``; ``PackageError``, a ``ValueError``, when refused)."""
+        installs.refuse(stateless=self.settings.stateless, gateway=self.remote is not None)
         lang = ALIASES.get(language.strip().lower(), language.strip().lower())
-        return await installs.install(self, packages, owner=owner, language=lang, session_id=session_id)
+        async with self.sessions.hold(session_id, owner=owner) as session:
+            result = await installs.install(
+                self.packages,
+                self.sessions.books,
+                self.store,
+                session,
+                packages,
+                lang,
+                self.limits_of(session),
+            )
+        result.session_id = session_id or DEFAULT_SESSION
+        return result
+
+    # --- sessions and jobs, for the tools -------------------------------------------------
+    def capacity(self) -> dict[str, Any]:
+        """The bounds ``list_sessions`` shows, and the warm pool's state."""
+        return {
+            "max_sessions": self.settings.max_sessions,
+            "max_sessions_per_principal": self.sessions.caps.per_owner,
+            "max_stored_sessions": self.settings.max_stored_sessions,
+            "max_stored_sessions_per_principal": self.store.per_owner_sessions,
+            "warm_kernels": self.pool.ready_count,
+            "pool_error": self.pool.last_error,
+        }
+
+    async def close_session(self, owner: str, session_id: str | None) -> None:
+        """Delete the session, live or stored (``SessionError`` naming the owner's sessions if none)."""
+        sid = check_session_id(session_id)
+        if not await self.sessions.close(sid, owner=owner):
+            raise self.sessions.unknown_session(sid, owner)
+
+    async def job(self, job_id: str, owner: str) -> Job:
+        """A background job of ``owner``, running here or recorded (``JobError`` if none)."""
+        return await off_loop(lambda: self.jobs.get(job_id, owner=owner), timeout=None)
+
+    async def cancel_job(self, job_id: str, owner: str) -> Job:
+        return await self.jobs.cancel(job_id, owner=owner)
 
     # --- running code -------------------------------------------------------------
     async def run(

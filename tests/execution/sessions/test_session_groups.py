@@ -173,12 +173,12 @@ async def test_a_spinning_job_runs_in_its_sessions_cpu_group_below_the_sandboxes
 ) -> None:
     """The fairness a shared server needs: code spinning the CPU (a background job here) runs in its
     session's cpu group, every session with the same weight, all below one group that weighs
-    ``--sandbox-cpu-weight`` against the server process, which stays outside."""
-    async for client, executor in serve(tmp_path, pool_size=0, sandbox_cpu_weight=30):
+    ``DEFAULT_CPU_WEIGHT`` against the server process, which stays outside."""
+    async for client, executor in serve(tmp_path, pool_size=0):
         support = executor.cgroups
         assert support.cpu_dir is not None, support.cpu_reason
         weight_file = "cpu.weight" if support.mode == "v2" else "cpu.shares"
-        expected = "30" if support.mode == "v2" else str(round(30 * 1024 / 100))
+        expected = "100" if support.mode == "v2" else "1024"
         assert (support.cpu_dir / weight_file).read_text().strip() == expected
         job = structured(
             await client.call_tool(

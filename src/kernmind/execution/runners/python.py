@@ -63,7 +63,7 @@ LANGUAGE = "python"
 @dataclass(frozen=True)
 class SnapshotBudget:
     max_bytes: int
-    seconds: float
+    seconds: float = 30.0  # to save or restore a session's variables
 
 
 class PythonRunner:
@@ -325,7 +325,7 @@ class PythonRunner:
         if local is not None:
             for extra in self.extras:
                 try:
-                    await extra.joined(local, session.owner, session.id)
+                    await extra.joined(kernel, session.owner, session.id)
                 except Exception as exc:  # the call runs without it (kernels/extras.py)
                     log.warning("kernel extra %r failed for session %r: %s", extra, session.id, exc)
         if kernel.layer is not None:

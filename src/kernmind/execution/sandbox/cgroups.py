@@ -22,7 +22,7 @@ and ``kernmind doctor`` says so.
 
 **The processor is shared, with the server first.** Where the ``cpu`` controller can be used
 (v2 with ``cpu`` available, or a writable v1 ``cpu`` hierarchy; optional, see
-``cgroup_layout.detect_cpu_base``), the server's directory in it carries ``--sandbox-cpu-weight``
+``cgroup_layout.detect_cpu_base``), the server's directory in it carries ``DEFAULT_CPU_WEIGHT``
 (``cpu.weight``; v1 ``cpu.shares`` at 1024 per 100): every sandbox of every session, together,
 weighs that much against the server process and the host's other processes when the processor
 is contended, and nothing is taken from them when it is idle. Each session's group has the

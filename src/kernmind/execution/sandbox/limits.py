@@ -14,7 +14,7 @@ where there are no groups, the process trees of what the runners registered (its
   RLIMIT_FSIZE to 0 on every process of the session with ``prlimit(2)`` (inherited by what
   they start, and given to every new sandbox through ``current_limits``), so nothing they
   write can grow a file while the session is over its quota; unlinking and truncating still
-  work. ``allow_writes()`` raises it back to the hard limit (``--max-file-mb``), which is
+  work. ``allow_writes()`` raises it back to the hard limit (``--workspace-mb``), which is
   never lowered: raising a hard limit needs CAP_SYS_RESOURCE, which even root lacks in some
   containers. The sandbox's seccomp filter (``seccomp.py``) keeps code from raising its soft
   limit itself, and the creation guard (``creation_guard.py``) reads that soft limit at every

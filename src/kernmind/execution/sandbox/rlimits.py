@@ -61,10 +61,8 @@ def limits_from(settings: Settings) -> Limits:
     """The per-sandbox limits the settings ask for."""
     return Limits(
         memory_mb=settings.memory_mb,
-        cpu_seconds=settings.cpu_seconds,
         max_processes=settings.max_processes,
-        max_file_mb=settings.max_file_mb,
-        max_open_files=settings.max_open_files,
+        max_file_mb=settings.workspace_mb,  # no file can be larger than the session's disk quota
         workspace_files=settings.workspace_files,
     )
 
