@@ -35,7 +35,7 @@ from kernmind.execution.sandbox.bwrap_args import Mount
 from kernmind.principals import principal_keeping
 
 if TYPE_CHECKING:
-    from kernmind.execution.kernels.local import Kernel
+    from kernmind.execution.kernels.api import Kernel
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +88,15 @@ class CodeMode:
         )
 
     async def joined(self, kernel: Kernel, owner: str, session_id: str) -> None:
-        tg = self._tg
-        if tg is None or kernel.closed:
+        tg, local = self._tg, kernel.local
+        if tg is None or local is None or kernel.closed:
             return
         try:
             channel, listener = await Channel.open(
-                kernel.runtime_dir,
+                local.runtime_dir,
                 principal_keeping(owner),
                 session_id,
-                kernel.uid,
+                local.uid,
                 self.dispatch,
                 self.max_request_bytes,
             )
@@ -109,5 +109,5 @@ class CodeMode:
             channel.stop()
             self.channels.pop(kernel.id, None)
 
-        kernel.on_stop.append(stop)
+        local.on_stop.append(stop)
         tg.start_soon(channel.serve, listener, name=channel.what)

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from kernmind.execution.kernels.local import Kernel
+from kernmind.execution.kernels.local_kernel import Kernel
 from kernmind.execution.results import OutputCollector
 
 

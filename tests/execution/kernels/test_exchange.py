@@ -23,11 +23,11 @@ from typing import Any
 import anyio
 import pytest
 
-from kernmind.execution.kernels import exchange, zmq_channel
+from kernmind.execution.kernels import exchange
 from kernmind.execution.kernels.exchange import KernelLost, await_interrupted, run_request
 from kernmind.execution.kernels.gateway.client import ChannelsClosed
 from kernmind.execution.kernels.gateway.kernels import GatewayKernel
-from kernmind.execution.kernels.local import Kernel
+from kernmind.execution.kernels.local_kernel import READS_PER_YIELD, Kernel
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox.workspace import Workspace
 
@@ -392,7 +392,7 @@ async def test_a_flood_of_waiting_messages_still_lets_other_tasks_run(
 ) -> None:
     """Messages already waiting are read without awaiting; every ``READS_PER_YIELD`` of them
     the event loop gets a turn, so another client's call is not held up by a flood."""
-    flood = 20 * zmq_channel.READS_PER_YIELD
+    flood = 20 * READS_PER_YIELD
     client = scripted_client([*(stream("x") for _ in range(flood)), idle()], [reply(1)])
     kernel, _ = local_kernel(client, tmp_path)
     turns, running = 0, True
@@ -411,7 +411,7 @@ async def test_a_flood_of_waiting_messages_still_lets_other_tasks_run(
         during = turns - before
         running = False
     assert outcome.kind == "ok"
-    assert during >= flood // zmq_channel.READS_PER_YIELD - 1
+    assert during >= flood // READS_PER_YIELD - 1
 
 
 async def test_a_local_kernel_whose_process_dies_is_noticed_by_its_poll(

@@ -27,7 +27,8 @@ from mcp import Client
 import kernmind
 from kernmind.execution.executor import Executor
 from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory, describe, fork_server_report
-from kernmind.execution.kernels.local import Kernel, KernelFactory, PythonRuntime
+from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.local_kernel import Kernel
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.rlimits import Limits

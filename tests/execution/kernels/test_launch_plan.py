@@ -1,4 +1,4 @@
-"""A local kernel's launch plan (``kernels/launch.py``), which normal starts and forks share.
+"""A local kernel's launch plan (``kernels/local.py``), which normal starts and forks share.
 
 What a plan decides before anything runs, and what it undoes when a start fails, checked
 in milliseconds with the real sandbox's command line (no kernel is launched here; the real
@@ -13,8 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from kernmind.execution.kernels.forkserver.kernels import PLACEHOLDER
-from kernmind.execution.kernels.launch import KERNEL_ARGS, LaunchPlan
-from kernmind.execution.kernels.local import Kernel, KernelFactory, PythonRuntime
+from kernmind.execution.kernels.local import KERNEL_ARGS, KernelFactory, LaunchPlan, PythonRuntime
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.launcher import lifeline_argv
 from kernmind.execution.sandbox.workspace import Workspace
@@ -72,7 +71,7 @@ async def test_a_failed_start_removes_what_the_plan_made_and_leaves_a_given_work
     assert not given.made_workspace
     assert given.workspace.owner_uid == given.uid
     for plan in (made, given):
-        kernel = Kernel.launched(plan, SimpleNamespace(provisioner=None))  # type: ignore[arg-type]
+        kernel = plan.kernel(SimpleNamespace(provisioner=None))  # type: ignore[arg-type]
         assert (kernel.workspace, kernel.runtime_dir, kernel.uid) == (
             plan.workspace,
             plan.runtime_dir,

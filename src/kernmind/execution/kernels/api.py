@@ -25,6 +25,7 @@ never as an exception; ``Kernel.shutdown`` never raises.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -42,6 +43,7 @@ class LocalProcess(Protocol):
     runtime_dir: Path  # its private socket directory (counted against the workspace quota)
     uid: int | None  # its sandbox uid: a session's files are handed to it
     group: Cgroup | None  # its own control group (a warm kernel's), which a session's may adopt
+    on_stop: list[Callable[[], None]]  # run when it shuts down: what a ``KernelExtras`` set up for it
 
     def root_pids(self) -> list[int]:
         """The roots of its process trees (what a session's limits track)."""

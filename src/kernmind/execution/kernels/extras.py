@@ -5,7 +5,7 @@ Design
   kernel's sandbox mounts read-only (``mounts``), entries for its ``PYTHONPATH`` and variables
   (``environment``, which may depend on the kernel's private socket directory), and is told when
   a kernel joins a session and so gets an owner (``joined``). Whatever ``joined`` sets up for
-  that kernel it registers as a stop hook on the kernel (``Kernel.on_stop``), which runs when
+  that kernel it registers as a stop hook on the kernel (``LocalProcess.on_stop``), which runs when
   the kernel is shut down, whatever the path (``reset``, close, idle unload, server stop).
 - Installed with ``Executor.add_kernel_extras`` before the executor runs and before the
   execution tools are registered (``server.py`` does it), so the first warm kernel already has
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from kernmind.execution.kernels.local import Kernel
+    from kernmind.execution.kernels.api import Kernel
     from kernmind.execution.sandbox.bwrap import Sandbox
     from kernmind.execution.sandbox.bwrap_args import Mount
 
@@ -47,5 +47,6 @@ class KernelExtras(Protocol):
         ...
 
     async def joined(self, kernel: Kernel, owner: str, session_id: str) -> None:
-        """``kernel`` now serves session ``session_id`` of ``owner`` (a ``Principal.owner`` key)."""
+        """``kernel`` (one whose ``local`` is set) now serves session ``session_id`` of ``owner``
+        (a ``Principal.owner`` key)."""
         ...

@@ -1,34 +1,19 @@
-"""One sandboxed Jupyter kernel: launch, execute, interrupt, shut down.
+"""Local kernels: the factory that starts them sandboxed, and the plan of one kernel's sandbox.
 
-Kernels are started by ``jupyter_client``'s ``AsyncKernelManager`` from the kernelspec
-kernmind ships (``kernels/kernmind-python``), never from whatever the user has installed,
-and always on the **IPC transport**: the connection file and unix sockets live in a
-private 0700 directory, so no other local user can reach a kernel and the kernel works
-inside a network namespace. Interrupts are sent as messages on the control channel
-(signals can't cross the sandbox's pid namespace).
+Design
+- ``KernelFactory`` (an ``api.KernelFactory``) starts a kernel with ``jupyter_client``'s
+  ``AsyncKernelManager`` (``manager.py``) on the IPC transport, inside the sandbox, waits for it
+  and runs the setup cell (``setup.py``). The kernel itself is ``local_kernel.Kernel``.
+- ``LaunchPlan.make`` decides once, for a kernel started here and for one forked from the
+  template (``forkserver/kernels.py``), its sandbox uid, workspace, socket directory,
+  environment, package layer, mounts and control group (a session's, or one of its own that
+  the session's adopts, ``pool.py``); the two starts differ only in the command the sandbox
+  runs. What a plan made, ``abandon`` undoes.
+- ``start_within`` bounds a start's waits for a helper (a stopped template) by the deadline of
+  the call waiting for it.
 
-``Kernel.execute`` is the hot path: one ``execute_request``, then iopub messages for that
-request are folded into an ``OutputCollector`` until the kernel reports idle. The loop is
-``exchange.run_request`` (``ChannelKernel``), shared with gateway kernels; what is local is its channel
-(``ZmqChannel``, ``zmq_channel.py``): the client's sockets, and a check about twice a second that the kernel's
-process is still alive. Time limits, progress, the quota and cancellation belong to the
-caller (the supervisor, through ``runners/python.py``), which interrupts and, when that does
-not work, replaces the kernel.
-
-The kernel's writable places are its workspace (``/workspace``), the sandbox's private
-size-limited ``/tmp`` (IPython's, matplotlib's and other caches go there) and its socket
-directory, a 0700 directory of this server's run directory (see ``rundir.py``): nothing
-is left in ``/tmp`` on the host, and a server that dies leaves nothing the next one does
-not clean.
-
-What a kernel is launched with (sandbox uid, workspace, socket directory, environment,
-package layer and mounts, control group) is a ``launch.LaunchPlan``, made the same way for a
-kernel started here and for one forked from the fork server's template.
-
-Where control groups can be made (``cgroups.py``), a kernel's sandbox starts inside one: a
-session's group when the kernel is started for a session, else a group of its own (a warm
-kernel's), which the session's group adopts when the kernel joins a session (``pool.py``).
-A kernel's own group goes with it.
+Error policy: ``start`` raises ``RuntimeUnavailable`` (with the reason) when a kernel cannot be
+started, after undoing what its plan made.
 """
 
 from __future__ import annotations
@@ -36,17 +21,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,29 +37,28 @@ import anyio
 
 from kernmind.budget import DEFAULT_OUTPUT_CHARS, Budget
 from kernmind.execution.errors import RuntimeUnavailable
-from kernmind.execution.kernels.exchange import ChannelKernel, await_interrupted
-from kernmind.execution.kernels.launch import LaunchPlan
+from kernmind.execution.kernels.local_kernel import Kernel
+from kernmind.execution.kernels.python_runtime import PythonRuntime, kernelspec_dir
 from kernmind.execution.kernels.setup import setup_code
-from kernmind.execution.kernels.zmq_channel import ZmqChannel
-from kernmind.execution.packages.guard import SandboxGuard, activate_layer_code
+from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.bwrap_args import Mount
 from kernmind.execution.sandbox.cgroups import Cgroup, CgroupSupport
 from kernmind.execution.sandbox.rlimits import Limits
 from kernmind.execution.sandbox.rundir import RunDir, socket_root
 from kernmind.execution.sandbox.workspace import Workspace
 
 if TYPE_CHECKING:  # imported when a kernel starts (kernels/manager.py), not with this module
-    from jupyter_client.asynchronous.client import AsyncKernelClient
     from jupyter_client.kernelspec import KernelSpec
 
+    from kernmind.execution.kernels import api
     from kernmind.execution.kernels.extras import KernelExtras
     from kernmind.execution.kernels.manager import SandboxedKernelManager
 
 log = logging.getLogger(__name__)
 
-KERNEL_NAME = "kernmind-python"
 START_TIMEOUT = 60.0
 MIN_START_WAIT = 3.0  # the least a start waits for a helper (a fork-server template), deadline or not
 
@@ -110,233 +92,6 @@ async def import_kernel_manager() -> None:
     name = "kernmind.execution.kernels.manager"
     if name not in sys.modules:
         await anyio.to_thread.run_sync(importlib.import_module, name)
-
-
-def kernelspec_dir() -> Path:
-    """The shipped kernelspec: inside the installed package, or the source tree's ``kernels/``."""
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[2] / "kernels" / KERNEL_NAME, here.parents[4] / "kernels" / KERNEL_NAME):
-        if (candidate / "kernel.json").is_file():
-            return candidate
-    raise FileNotFoundError(f"kernmind's kernelspec {KERNEL_NAME!r} is missing from the installation")
-
-
-@dataclass(frozen=True)
-class PythonRuntime:
-    """What we learnt about the interpreter that runs kernels (probed once at start)."""
-
-    executable: str
-    version: str
-    ipykernel: str | None
-    paths: tuple[str, ...]  # directories the sandbox must expose read-only
-    error: str | None = None
-    pythonpath: tuple[str, ...] = ()  # the server's PYTHONPATH, which kernels on its Python need too
-    notable: tuple[str, ...] = ()  # the NOTABLE packages it can import
-
-    @classmethod
-    def probe(cls, python: str | None) -> PythonRuntime:
-        # Compare paths as given, not resolved: a venv's bin/python is a symlink to its base
-        # interpreter but has its own site-packages.
-        if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
-            # The server's own Python: no subprocess needed (one interpreter start fewer).
-            namespace: dict[str, Any] = {}
-            exec(_FACTS_SOURCE, namespace)
-            extra = tuple(
-                p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isdir(p)
-            )
-            return cls._from_facts(namespace["facts"](), extra)
-        script = _FACTS_SOURCE + "import json\nprint(json.dumps(facts()))\n"
-        try:
-            # Without our PYTHONPATH: kernels on another interpreter don't get it either.
-            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-            out = subprocess.run(
-                [python, "-c", script], capture_output=True, text=True, timeout=60, check=True, env=env
-            )
-            info = json.loads(out.stdout)
-        except (OSError, subprocess.SubprocessError, ValueError) as exc:
-            return cls(python, "?", None, (), error=f"cannot run {python}: {exc}")
-        return cls._from_facts(info, ())
-
-    @classmethod
-    def _from_facts(cls, info: dict[str, Any], pythonpath: tuple[str, ...]) -> PythonRuntime:
-        paths = {*info["paths"], *pythonpath}
-        dirs = tuple(sorted(p for p in paths if os.path.isdir(p) and p != "/"))
-        exe = info["exe"]
-        error = None if info["ipykernel"] else f"{exe} has no ipykernel (pip install ipykernel)"
-        return cls(
-            exe, info["version"], info["ipykernel"], dirs, error, pythonpath, tuple(info.get("notable", []))
-        )
-
-
-# Packages worth naming to a model (run_code's description, doctor): (distribution, module).
-NOTABLE = (
-    ("numpy", "numpy"),
-    ("pandas", "pandas"),
-    ("matplotlib", "matplotlib"),
-    ("scipy", "scipy"),
-    ("scikit-learn", "sklearn"),
-    ("statsmodels", "statsmodels"),
-    ("seaborn", "seaborn"),
-    ("plotly", "plotly"),
-    ("pyarrow", "pyarrow"),
-    ("openpyxl", "openpyxl"),
-    ("sympy", "sympy"),
-    ("networkx", "networkx"),
-    ("jinja2", "jinja2"),
-    ("requests", "requests"),
-    ("beautifulsoup4", "bs4"),
-    ("pillow", "PIL"),
-    ("pyyaml", "yaml"),
-    ("torch", "torch"),
-)
-
-# Runs in the interpreter being probed (in-process for the server's own Python, else via
-# ``python -c``): its version, its ipykernel, the directories the sandbox must expose, and
-# which notable packages it can import (found, not imported: that would cost seconds).
-_FACTS_SOURCE = f"""\
-def facts():
-    import os, sys
-    from importlib.metadata import PackageNotFoundError, version
-    from importlib.util import find_spec
-    try:
-        ipykernel = version("ipykernel")
-    except PackageNotFoundError:
-        ipykernel = None
-    paths = {{sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}}
-    paths.update(p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p))
-    notable = []
-    for dist, module in {NOTABLE!r}:
-        try:
-            if find_spec(module) is not None:
-                notable.append(dist)
-        except (ImportError, ValueError):
-            pass
-    return {{"exe": sys.executable, "version": sys.version.split()[0], "ipykernel": ipykernel,
-            "paths": sorted(paths), "notable": notable}}
-"""
-
-
-@dataclass
-class Kernel(ChannelKernel):
-    """A running kernel, its private socket directory and its workspace (an ``api.Kernel`` whose
-    ``local`` is itself)."""
-
-    id: str
-    workspace: Workspace
-    runtime_dir: Path
-    km: SandboxedKernelManager
-    uid: int | None
-    kc: AsyncKernelClient | None = None
-    execution_count: int = 0
-    needs_replacement: bool = False  # set when an interrupt did not bring it back
-    running_msg_id: str | None = None  # the execute_request an interrupt is aimed at
-    closed: bool = False  # shut down (e.g. its session was closed), possibly mid-call
-    home_bound: bool = False  # its workspace is a session's home: stopping it leaves the files
-    # Its package layer: mounted read-only in its sandbox from the start (empty until a
-    # session's packages move in), so installs reach the running kernel.
-    layer: Layer | None = None
-    layer_path: str | None = None  # where the kernel sees the layer's Python packages
-    group: Cgroup | None = None  # its own control group (a warm kernel's), removed with it
-    forked_pid: int | None = None  # a fork-server kernel's process (outside the sandbox's process tree)
-    # What other parts set up for it (kernel_extras.py), undone when it shuts down.
-    on_stop: list[Callable[[], None]] = field(default_factory=list)
-
-    @classmethod
-    def launched(cls, plan: LaunchPlan, km: SandboxedKernelManager) -> Kernel:
-        """The kernel ``plan`` describes, driven by ``km`` (not started yet)."""
-        return cls(
-            id=uuid.uuid4().hex[:8],
-            workspace=plan.workspace,
-            runtime_dir=plan.runtime_dir,
-            km=km,
-            uid=plan.uid,
-            layer=plan.layer,
-            layer_path=plan.layer_path(),
-            group=plan.own_group,
-        )
-
-    @property
-    def local(self) -> Kernel:
-        """Itself: a local kernel is a process of this machine (``api.LocalProcess``)."""
-        return self
-
-    def root_pids(self) -> list[int]:
-        """The roots of its process trees: the sandbox the manager launched, and a forked kernel."""
-        prov = self.km.provisioner
-        process = getattr(prov, "process", None) if prov is not None else None
-        return [p for p in (getattr(process, "pid", None), self.forked_pid) if p]
-
-    async def is_alive(self) -> bool:
-        try:
-            return bool(await self.km.is_alive())
-        except Exception:
-            return False
-
-    async def exit_code(self) -> int | None:
-        prov = self.km.provisioner
-        if prov is None:
-            return None
-        try:
-            return await prov.poll()
-        except Exception:
-            return None
-
-    def channel(self) -> ZmqChannel:
-        """The channel of its next request (``exchange.ChannelKernel``)."""
-        return ZmqChannel(self)
-
-    async def interrupt(self, collector: OutputCollector | None = None, grace: float = 3.0) -> bool:
-        """Interrupt the running code; True when the kernel went idle within ``grace`` seconds."""
-        if self.closed or self.kc is None or not await self.is_alive():
-            return False
-        try:
-            await self.km.interrupt_kernel()
-        except Exception as exc:
-            log.warning("interrupt of kernel %s failed: %s", self.id, exc)
-            return False
-        sink = collector or OutputCollector(1000)
-        return (
-            await await_interrupted(self.channel(), self.running_msg_id, sink, grace)
-            and await self.is_alive()
-        )
-
-    async def shutdown(self) -> None:
-        self.closed = True
-        stops, self.on_stop = self.on_stop, []
-        for stop in stops:
-            try:
-                stop()
-            except Exception as exc:  # an extra's clean-up must not keep the kernel alive
-                log.warning("a stop hook of kernel %s failed: %s", self.id, exc)
-        try:
-            if self.kc is not None:
-                self.kc.stop_channels()
-            with anyio.move_on_after(5):
-                await self.km.shutdown_kernel(now=True)
-        except Exception as exc:  # already dead, or never fully started
-            log.debug("shutdown of kernel %s: %s", self.id, exc)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._cleanup_dirs)
-
-    def _cleanup_dirs(self) -> None:
-        shutil.rmtree(self.runtime_dir, ignore_errors=True)
-        group, self.group = self.group, None
-        if group is not None:
-            group.remove()
-
-    async def use_packages(self) -> bool:
-        """Put the layer on the running interpreter's path (after its own packages), so what
-        was installed imports without a restart; True when the kernel took it."""
-        if self.layer_path is None or self.kc is None:
-            return False
-        outcome = await self.execute(
-            activate_layer_code(self.layer_path),
-            OutputCollector(2000),
-            deadline=time.monotonic() + 30,
-            silent=True,
-        )
-        return outcome.kind == "ok"
 
 
 class KernelFactory:
@@ -452,7 +207,7 @@ class KernelFactory:
             raise RuntimeUnavailable(self.runtime.error)
         await import_kernel_manager()
         plan = LaunchPlan.make(self, workspace, group)
-        kernel = Kernel.launched(plan, plan.manager(plan.wrap))
+        kernel = plan.kernel(plan.manager(plan.wrap))
         try:
             # stdout/stderr to /dev/null: on stdio our stdout is the MCP channel, and ipykernel
             # already forwards fd-level output (C extensions, os.system) over iopub.
@@ -482,3 +237,131 @@ class KernelFactory:
                 raise RuntimeUnavailable(f"kernel failed to start: {exc}") from exc
             raise
         return kernel
+
+
+# Keep IPython's history in memory: it would otherwise write a sqlite file into $HOME,
+# which is the workspace.
+KERNEL_ARGS = ("--HistoryManager.hist_file=:memory:", "--IPKernelApp.log_level=ERROR")
+
+
+@dataclass
+class LaunchPlan:
+    """One kernel's sandbox, decided before anything is launched (see the module docstring)."""
+
+    factory: KernelFactory
+    workspace: Workspace
+    made_workspace: bool  # made for this kernel: removed when its start fails
+    uid: int | None  # the sandbox uid the kernel runs as
+    runtime_dir: Path  # its private socket directory
+    env: dict[str, str]
+    layer: Layer | None  # its (empty) package layer, mounted read-only
+    mounts: list[Mount]
+    own_group: Cgroup | None  # a group of its own (a warm kernel's), removed with it
+    group: Cgroup | None  # the group it starts in: a session's, or its own
+
+    @classmethod
+    def make(cls, factory: KernelFactory, workspace: Workspace | None, group: Cgroup | None) -> LaunchPlan:
+        """The plan of a kernel in ``workspace`` (else a new one) and ``group`` (else its own)."""
+        own = _own_group(factory, group)
+        uid = factory.sandbox.allocate_uid()
+        ws = workspace or factory.new_workspace(uid)
+        if workspace is not None and uid is not None:
+            ws.owner_uid = uid
+            ws.create()
+        runtime_dir = factory.socket_dirs()  # short: unix socket paths are limited
+        ws.accounted = [runtime_dir]  # code can write there too: it counts against the quota
+        if uid is not None:
+            os.chown(runtime_dir, uid, uid)
+        env = factory.sandbox.environment(
+            factory.sandbox.workspace_path(ws.root), factory.environment(runtime_dir)
+        )
+        layer = factory.new_layer() if factory.new_layer is not None else None
+        mounts = [
+            *([layer.mount] if layer else []),
+            *(factory.guard.mounts() if factory.guard else []),
+            *(m for extra in factory.extras for m in extra.mounts()),
+            *factory.sandbox.mounts_for(
+                ws.mount_owner
+            ),  # --mount folders of the session's owner (none: warm)
+        ]
+        return cls(factory, ws, workspace is None, uid, runtime_dir, env, layer, mounts, own, group or own)
+
+    def kernel(self, km: SandboxedKernelManager) -> Kernel:
+        """The kernel this plan describes, driven by ``km`` (not started yet)."""
+        return Kernel(
+            id=uuid.uuid4().hex[:8],
+            workspace=self.workspace,
+            runtime_dir=self.runtime_dir,
+            km=km,
+            uid=self.uid,
+            layer=self.layer,
+            layer_path=self.layer_path(),
+            group=self.own_group,
+        )
+
+    @property
+    def cwd(self) -> str:
+        """The working directory as the kernel sees it (``/workspace`` in a sandbox)."""
+        return self.factory.sandbox.workspace_path(self.workspace.root)
+
+    def wrap(self, argv: list[str], *, as_kernel: bool = True) -> list[str]:
+        """``argv`` inside the kernel's sandbox; as the sandbox uid unless ``as_kernel`` is False
+        (the fork server's placeholder, which the kernel must not be able to kill)."""
+        factory = self.factory
+        return factory.sandbox.wrap(
+            argv,
+            workspace=self.workspace.root,
+            env=self.env,
+            ro_paths=factory.runtime.paths,
+            runtime_dir=self.runtime_dir,
+            uid=self.uid if as_kernel else None,
+            limits=factory.limits,
+            mounts=self.mounts,
+            join=self.group.join if self.group is not None else (),
+            guard=as_kernel,  # the placeholder's kernel is guarded by the template's waiter instead
+        ).argv
+
+    def manager(self, wrap: Callable[[list[str]], list[str]], **kw: Any) -> SandboxedKernelManager:
+        """The kernel's manager: IPC transport in its socket directory, launched through ``wrap``."""
+        from kernmind.execution.kernels.manager import SandboxedKernelManager
+
+        return SandboxedKernelManager(
+            wrap=wrap,
+            python=self.factory.runtime.executable,
+            spec=self.factory.spec,
+            transport="ipc",
+            ip=str(self.runtime_dir / "k"),
+            connection_file=str(self.runtime_dir / "connection.json"),
+            owner_uid=self.uid,
+            inner_dir=self.factory.sandbox.runtime_path(self.runtime_dir),
+            **kw,
+        )
+
+    def start_arguments(self) -> dict[str, Any]:
+        """What ``start_kernel`` is given besides the standard streams."""
+        return {"env": self.env, "cwd": str(self.workspace.root), "extra_arguments": list(KERNEL_ARGS)}
+
+    def layer_path(self) -> str | None:
+        """Where the kernel sees its layer's Python packages."""
+        return f"{self.layer.mount.path(self.factory.sandbox)}/python" if self.layer else None
+
+    async def abandon(self, kernel: api.Kernel) -> None:
+        """Undo a start that failed: stop ``kernel``, remove what the plan made (shielded)."""
+        with anyio.CancelScope(shield=True):
+            await kernel.shutdown()
+            if self.made_workspace:
+                self.workspace.remove()
+            if self.layer is not None:
+                self.layer.remove()
+
+
+def _own_group(factory: KernelFactory, group: Cgroup | None) -> Cgroup | None:
+    """A group of its own for a kernel started without a session's ``group`` (a warm kernel)."""
+    if group is not None or factory.cgroups is None or not factory.cgroups.active:
+        return None
+    limits = factory.limits or factory.sandbox.limits
+    try:
+        return factory.cgroups.new_group(limits.memory_mb, limits.max_processes)
+    except OSError as exc:
+        log.warning("no control group for a kernel (%s): per-process limits only", exc.strerror or exc)
+        return None

@@ -20,7 +20,7 @@ Design
   to it. The folder that holds kernmind's data dir (or a folder inside it) is refused: code
   would read the memory database and every principal's sessions.
 - Where a session's sandboxes come from: its ``Workspace.mount_owner`` (set by the session),
-  read when a kernel is launched (``kernels/launch.py``) and when a process runner wraps a
+  read when a kernel is launched (``kernels/local.py``) and when a process runner wraps a
   command (``runners/core.py``). Warm kernels start with no mounted folder; a session whose
   owner has mounts starts its kernel in its own directory instead (``kernels/pool.py``).
   ``--stateless`` calls run in warm kernels of their own and see no mounted folder.

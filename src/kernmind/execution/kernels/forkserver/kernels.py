@@ -6,7 +6,7 @@ socket directory, same client), so everything that drives kernels is unchanged. 
 process behind the manager differs:
 
 1. The manager launches the *sandbox* exactly as for a normal kernel (the same
-   ``launch.LaunchPlan`` and ``Sandbox.wrap``: bubblewrap with the same namespaces, mounts,
+   ``local.LaunchPlan`` and ``Sandbox.wrap``: bubblewrap with the same namespaces, mounts,
    workspace at ``/workspace``, private size-limited ``/tmp`` and ``/dev/shm``, rlimits via
    prlimit, ``--die-with-parent``), but
    its command is a placeholder shell that says ``ready`` and waits for an exit code on
@@ -57,14 +57,15 @@ import anyio
 
 from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernels.forkserver.process import DEFAULT_PRELOAD, ForkServer, TemplateProcess
-from kernmind.execution.kernels.launch import KERNEL_ARGS, LaunchPlan
 from kernmind.execution.kernels.local import (
+    KERNEL_ARGS,
     START_TIMEOUT,
-    Kernel,
     KernelFactory,
+    LaunchPlan,
     import_kernel_manager,
     start_wait,
 )
+from kernmind.execution.kernels.local_kernel import Kernel
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import creation_guard
 from kernmind.execution.sandbox.cgroups import Cgroup
@@ -186,7 +187,7 @@ class ForkKernelFactory:
             return plan.wrap(PLACEHOLDER, as_kernel=False)
 
         km = plan.manager(wrap, context=self._context())
-        kernel = Kernel.launched(plan, km)
+        kernel = plan.kernel(km)
         exit_read, exit_write = os.pipe()
         try:
             with anyio.fail_after(START_TIMEOUT):
