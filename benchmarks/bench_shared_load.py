@@ -52,7 +52,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from kernmind.principals import TokenFile
+from kernmind.tokens_file import TokenFile
 
 
 def pct(values: list[float], q: float) -> float:

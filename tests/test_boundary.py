@@ -32,9 +32,9 @@ from kernmind.memory.archival import Archive
 from kernmind.memory.archival_tools import Passage
 from kernmind.memory.block_store import Blocks
 from kernmind.memory.errors import MemoryRefusal
-from kernmind.principals import TokenFile
 from kernmind.refusals import Refusal
 from kernmind.server import create_server
+from kernmind.tokens_file import TokenFile
 from tests.codemode.conftest import run_emitting
 from tests.conftest import error_text, make_settings, structured
 from tests.memory.postgres_server import PostgresServer

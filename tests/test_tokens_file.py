@@ -14,21 +14,16 @@ from pathlib import Path
 import anyio
 import pytest
 
-from kernmind.principals import (
-    LOCAL,
-    SHARED_TOKEN,
-    Authenticator,
-    Principal,
-    TokenFile,
-    TokenFileError,
-    default_tokens_file,
+from kernmind.principals import LOCAL, SHARED_TOKEN, Principal
+from kernmind.revocation import (
     in_force,
     is_revoked,
     revoked,
     revoked_sentence,
     still_valid,
+    watch_revocations,
 )
-from kernmind.revocation import watch_revocations
+from kernmind.tokens_file import Authenticator, TokenFile, TokenFileError, default_tokens_file
 
 
 def principal(file: TokenFile, token: str) -> tuple[str, str]:

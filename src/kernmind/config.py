@@ -462,7 +462,7 @@ class Settings(BaseSettings):
     @property
     def several_principals(self) -> bool:
         """Whether principals share this server: a tokens file (``--tokens``, or the data dir's)."""
-        from kernmind.principals import tokens_file_in_use
+        from kernmind.tokens_file import tokens_file_in_use
 
         return tokens_file_in_use(self.tokens_file, self.data_dir) is not None
 

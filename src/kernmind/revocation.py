@@ -1,36 +1,93 @@
-"""The revocation watch: a revoked principal's running code is ended without waiting for a request.
+"""Revocation: what running code checks, and the watch that ends a revoked principal's code.
 
-Design: ``watch_revocations`` keeps the server's tokens file in force (``principals.in_force``,
-which ``principals.revoked`` consults) and looks at it every ``REVOCATION_PERIOD``; for each
-data key a live entry held and none holds now (revoked, or the file emptied or removed) it
-calls ``on_revoked(key, sentence)``, which ends what runs under that key
-(``Executor.end_principal``: calls, kernels, jobs, processes, each result saying why). A
-disappearance is looked at once more ``REVOCATION_SETTLE`` later before anything is ended,
-so an editor that truncates the file before writing it does not end everyone's kernels.
-A key that comes back (``kernmind tokens add NAME --adopt``) is live again at once: nothing
-here remembers a revocation, the file is the only record.
+Design: while a server runs, its tokens file is *in force* (``in_force``); anything that acts for
+a principal later (a code-mode call, a call queued behind a revoked one) asks ``revoked(principal
+or key)``: the sentence to refuse with, or None. The local user and the ``--token`` principal are
+never revoked. ``watch_revocations`` looks at the file every ``REVOCATION_PERIOD``; for each data
+key a live entry held and none holds now (revoked, or the file emptied or removed) it calls
+``on_revoked(key, sentence)``, which ends what runs under that key (``Executor.end_principal``)
+without waiting for a request. A disappearance is looked at once more ``REVOCATION_SETTLE`` later
+before anything is ended, so an editor that truncates the file before writing it does not end
+everyone's kernels. A key that comes back (``tokens add NAME --adopt``) is live again at once: the
+file is the only record.
 
-Error policy: the watch never raises (it is supervised by construction): what fails in a
-turn, reading the file or ending a principal's code, is logged with its traceback, and the
-next turn looks again; a principal whose code could not be ended is still refused by every
-check (``principals.revoked``).
+Error policy: the watch never raises (it is supervised by construction): what fails in a turn is
+logged with its traceback, and the next turn looks again; a principal whose code could not be
+ended is still refused by every check (``revoked``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import anyio
 
-from kernmind.principals import TokenFile, TokenFileError, in_force, principal_keeping, revoked_sentence
+from kernmind.principals import LOCAL, SHARED_TOKEN, Principal, principal_keeping
+from kernmind.tokens_file import TokenFile, TokenFileError
 
 log = logging.getLogger(__name__)
 
 REVOCATION_PERIOD = 0.5  # seconds between the watch's looks at the tokens file
 REVOCATION_SETTLE = 0.2  # seconds before a disappearance is acted on (looked at once more)
+
+
+REVOKED_ERROR = "PrincipalRevoked"  # the error name of a result stopped by a revocation
+
+_IN_FORCE: list[TokenFile] = []  # the tokens files of the servers running in this process
+
+
+@contextlib.contextmanager
+def in_force(tokens: TokenFile) -> Iterator[TokenFile]:
+    """While in this block, ``revoked()`` consults ``tokens`` (a server's tokens file)."""
+    _IN_FORCE.append(tokens)
+    try:
+        yield tokens
+    finally:
+        _IN_FORCE.remove(tokens)
+
+
+def revoked(who: Principal | str) -> str | None:
+    """Why ``who`` (a principal, or the data key its sessions and jobs are kept under) may no
+    longer act: a sentence (``revoked_sentence``) when a tokens file in force no longer names its
+    key and either records it as revoked or named it earlier while the server ran (the watch's
+    ``ended``); None while it may: always for the local user and the ``--token`` principal,
+    for a key no file in force ever named, and when no tokens file is in force. Each call looks
+    at the file (a ``stat``), so a revocation counts from the next check on, not from the
+    watch's next turn."""
+    owner = who.owner if isinstance(who, Principal) else who
+    if owner in (LOCAL.owner, SHARED_TOKEN.owner) or not _IN_FORCE:
+        return None
+    files = list(_IN_FORCE)
+    for tokens in files:
+        with contextlib.suppress(TokenFileError):  # never read yet (not once in force): the last look
+            tokens.refresh()
+        if owner in tokens.live_owners():
+            return None
+    for tokens in files:
+        name = tokens.revoked_name(owner)
+        if name is not None or owner in tokens.ended:
+            return revoked_sentence(name or principal_keeping(owner).name)
+    return None
+
+
+def is_revoked(who: Principal | str) -> bool:
+    """``revoked(who) is not None``: ``who`` was revoked and may no longer act."""
+    return revoked(who) is not None
+
+
+def still_valid(principal: Principal) -> bool:
+    """The principal may still act (its token, or the entry behind it, is live)."""
+    return revoked(principal) is None
+
+
+def revoked_sentence(name: str) -> str:
+    return (
+        f"stopped: the principal {name!r} was revoked, so its code no longer runs and its calls are "
+        "refused; its files and saved variables are kept."
+    )
 
 
 OnRevoked = Callable[[str, str], Awaitable[None]]
@@ -64,7 +121,7 @@ async def _revocation_turn(tokens: TokenFile, seen: set[str], on_revoked: OnRevo
         await anyio.sleep(REVOCATION_SETTLE)
         tokens.refresh()
         gone -= tokens.live_owners()
-    tokens.ended = (tokens.ended | gone) - tokens.live_owners()  # (principals.revoked reads it)
+    tokens.ended = (tokens.ended | gone) - tokens.live_owners()  # (``revoked`` reads it)
     for owner in sorted(gone):
         name = tokens.revoked_name(owner) or principal_keeping(owner).name
         log.warning("principal %r (data key %r) was revoked: ending what runs for it", name, owner)

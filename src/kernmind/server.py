@@ -28,7 +28,8 @@ from kernmind.execution.executor import Executor
 from kernmind.execution.sessions.client_defaults import per_client_defaults
 from kernmind.execution.tools.code_tools import ExecutionTools
 from kernmind.memory.tools import MemoryTools
-from kernmind.principals import identify_callers, revoked
+from kernmind.principals import identify_callers
+from kernmind.revocation import revoked
 from kernmind.tool_arguments import strict_tool_arguments
 
 INSTRUCTIONS = """\

@@ -26,7 +26,8 @@ from typing import Any
 import anyio
 
 from kernmind.config import Settings
-from kernmind.principals import ADMIN, TokenFile, TokenFileError, default_tokens_file, owner_of
+from kernmind.principals import ADMIN
+from kernmind.tokens_file import TokenFile, TokenFileError, default_tokens_file, owner_of
 
 
 def tokens_path(settings: Settings) -> Path:

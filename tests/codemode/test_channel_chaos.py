@@ -29,8 +29,8 @@ import pytest
 from mcp import Client
 
 from kernmind.codemode import channel
-from kernmind.principals import TokenFile
 from kernmind.server import create_server
+from kernmind.tokens_file import TokenFile
 from tests.codemode.conftest import run_emitting
 from tests.conftest import make_settings
 from tests.transport.procs import HttpServer, http_client, start_http

@@ -26,7 +26,7 @@ from mcp import Client
 
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import CgroupSupport
-from kernmind.principals import TokenFile
+from kernmind.tokens_file import TokenFile
 from tests.conftest import structured
 from tests.execution.sandbox import name_makers
 from tests.transport.procs import HttpServer, http_client, start_http, wait_until

@@ -39,7 +39,7 @@ from typing import Any
 import anyio
 import pytest
 
-from kernmind.principals import TokenFile
+from kernmind.tokens_file import TokenFile
 from kernmind.transport.session_cap import PER_PRINCIPAL
 from tests.conftest import structured
 from tests.transport import procs

@@ -31,7 +31,7 @@ import pytest
 from mcp import Client
 
 from kernmind.diskio import FAULTS_VARIABLE
-from kernmind.principals import TokenFile
+from kernmind.tokens_file import TokenFile
 from tests.conftest import error_text, structured
 from tests.transport.procs import HttpServer, http_client, start_http
 

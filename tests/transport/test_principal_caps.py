@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from kernmind.principals import TokenFile
+from kernmind.tokens_file import TokenFile
 from tests.conftest import error_text, structured
 from tests.transport.procs import HttpServer, http_client, start_http
 

@@ -29,7 +29,7 @@ import httpx2
 import pytest
 from mcp import Client
 
-from kernmind.principals import TokenFile
+from kernmind.tokens_file import TokenFile
 from tests.conftest import error_text, structured
 from tests.transport.procs import HttpServer, http_client, server_env, start_http
 

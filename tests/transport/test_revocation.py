@@ -32,7 +32,7 @@ import httpx2
 import pytest
 from mcp import Client
 
-from kernmind.principals import TokenFile
+from kernmind.tokens_file import TokenFile
 from tests.conftest import structured
 from tests.transport.procs import HttpServer, http_client, start_http, wait_until
 

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from kernmind.principals import LOCAL, Authenticator
+from kernmind.principals import LOCAL
+from kernmind.tokens_file import Authenticator
 from kernmind.ui.auth import UiAuth
 
 pytestmark = pytest.mark.fast

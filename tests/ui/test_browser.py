@@ -22,7 +22,7 @@ import anyio
 import httpx2
 import pytest
 
-from kernmind.principals import TokenFile
+from kernmind.tokens_file import TokenFile
 from tests.conftest import structured
 from tests.transport.procs import HttpServer, http_client, start_http
 from tests.ui.browser import need_browser, png_rows, start_browser

@@ -18,7 +18,7 @@ Design
   queues behind itself, and other principals' calls (from code or from clients) keep being
   served between its calls.
 - Revocation reaches running code: before each call ``revoked(principal)`` is asked (the
-  server gives ``principals.revoked``, which looks at the tokens file in force); a principal
+  server gives ``revocation.revoked``, which looks at the tokens file in force); a principal
   whose token was revoked is refused at once with that sentence, and nothing runs.
 - Every call is logged as coming from code (principal, session, tool, outcome).
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskGroup
 
-from kernmind import principals
+from kernmind import revocation
 from kernmind.budget import Budget
 from kernmind.config import Settings
 from kernmind.diskio import Reserve
@@ -61,6 +61,7 @@ from kernmind.execution.sessions.session import DEFAULT_SESSION, Hooks, Session,
 from kernmind.execution.supervisor import Progress, supervise
 from kernmind.revocation import watch_revocations
 from kernmind.supervise import task_group as supervised_group
+from kernmind.tokens_file import default_tokens_file
 
 if TYPE_CHECKING:
     from kernmind.execution.kernels.extras import KernelExtras
@@ -181,7 +182,7 @@ class Executor:
                 new_layer=self._new_layer,
             )
         self._calls: set[Session] = set()  # sessions whose call runs now (``stop_calls``)
-        self.sessions.refusal = principals.revoked  # a revoked principal's calls are refused
+        self.sessions.refusal = revocation.revoked  # a revoked principal's calls are refused
         self.jobs = Jobs(
             settings.jobs_dir, new_collector=lambda: OutputCollector.of(settings), reserve=store.reserve
         )
@@ -317,7 +318,7 @@ class Executor:
                 await self.pool.run(tg)
                 await self.sessions.run_reaper(tg)
                 tg.start_soon(self._settle_heap)
-                tokens = self.settings.tokens_file or principals.default_tokens_file(self.settings.data_dir)
+                tokens = self.settings.tokens_file or default_tokens_file(self.settings.data_dir)
                 tg.start_soon(watch_revocations, tokens, self.end_principal)
                 try:
                     yield self
@@ -562,7 +563,7 @@ class Executor:
         (``--stateless`` ones too), its sessions' kernels and processes (without saving: that
         would run its code; files and earlier saves stay), and its background jobs (their
         records say so). New calls of it are refused (``registry.refusal``)."""
-        error = principals.REVOKED_ERROR
+        error = revocation.REVOKED_ERROR
         calls = [s for s in list(self._calls) if s.owner == owner and s.running is not None]
         for session in calls:  # (before any await: each sees why it stops when it wakes)
             session.stopped_because, session.stopped_as = why, error

@@ -29,8 +29,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from kernmind.config import Settings
-from kernmind.principals import SCOPE_KEY, Authenticator, Principal
+from kernmind.principals import SCOPE_KEY, Principal
 from kernmind.supervise import failed
+from kernmind.tokens_file import Authenticator
 from kernmind.transport.guard import INTERNAL_ERROR, refuse
 
 Scope = MutableMapping[str, Any]

@@ -43,8 +43,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from kernmind.config import Settings
-from kernmind.principals import TokenFile, TokenFileError, tokens_file_in_use
 from kernmind.settings_cli import where_set
+from kernmind.tokens_file import TokenFile, TokenFileError, tokens_file_in_use
 from kernmind.transport.auth import BearerTokenMiddleware, authenticator, redact_session_ids
 from kernmind.transport.drain import Drain
 from kernmind.transport.guard import JsonRpcGuard, LastResort, OriginGuard, own_origins

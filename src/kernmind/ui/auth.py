@@ -28,7 +28,9 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from kernmind.principals import LOCAL, Authenticator, Principal, still_valid
+from kernmind.principals import LOCAL, Principal
+from kernmind.revocation import still_valid
+from kernmind.tokens_file import Authenticator
 
 COOKIE = "kernmind_ui"
 SESSION_SECONDS = 24 * 3600

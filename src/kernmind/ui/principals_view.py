@@ -17,15 +17,8 @@ from typing import Any
 
 import anyio
 
-from kernmind.principals import (
-    LOCAL,
-    SHARED_TOKEN,
-    Principal,
-    TokenFile,
-    owner_of,
-    principal_keeping,
-    tokens_file_in_use,
-)
+from kernmind.principals import LOCAL, SHARED_TOKEN, Principal, principal_keeping
+from kernmind.tokens_file import TokenFile, owner_of, tokens_file_in_use
 from kernmind.ui.data import UiParts
 from kernmind.ui.pages import e, size, table
 
