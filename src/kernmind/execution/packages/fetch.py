@@ -1,90 +1,52 @@
 """Downloading what a source build needs, by the server, so the build itself has no network.
 
-A source build runs the package's own code (its build backend, ``setup.py``). With the
-network, that code could reach anything the host reaches — kernmind's own port on
-127.0.0.1, a database, the package index. So ``sdist.py`` runs the build in a sandbox
-with no network at all, against a local directory of distributions that this module fills
-first, from the configured remote sources, without running any code:
+Design (see docs/security.md, "Packages"): ``sdist.py`` builds in a sandbox without network,
+from a directory this module fills first from the remote sources (``index_pages.py``),
+running nothing of what it downloads:
+- per project, the newest version every requirement seen admits (pre-releases only when named
+  or when nothing else matches), usable by the target: its sdist and its matching wheels;
+- dependencies are read, not computed (``read_requirements``): a wheel's ``METADATA``, an
+  sdist's static ``PKG-INFO`` or ``pyproject.toml``, and its build requirements (fetched even
+  when the target has them: a build's environment is its own); markers are evaluated for the
+  target; what the target has at a matching version is not fetched;
+- what only a build can tell (dynamic metadata) fails the offline resolution naming what it
+  did not find; ``missing_projects`` reads those names for another round.
 
-- a project's files are listed from each remote index (PEP 503 HTML or PEP 691 JSON; the
-  request asks for JSON) and from remote find-links pages;
-- the newest version that matches every requirement seen for the project (no
-  pre-releases unless a requirement names one; yanked files skipped) is taken: its sdist,
-  and its wheels whose tags the target interpreter accepts;
-- the dependencies of what was downloaded are read, not computed: a wheel's ``METADATA``;
-  an sdist's ``PKG-INFO`` when it declares them statically (metadata 2.2+ without
-  ``Dynamic: Requires-Dist``) or ``pyproject.toml``'s ``[project]`` table; and the sdist's
-  build requirements (``[build-system] requires``; setuptools and wheel when it has none),
-  which are fetched even when the target already has them (a build runs in an isolated
-  environment of its own);
-- markers are evaluated for the target interpreter; projects the target already has at a
-  matching version are not fetched (the resolver keeps them fixed).
-
-A package whose dependencies only its build can tell (dynamic metadata) may need more: the
-sandboxed resolution then fails naming what it did not find, and ``missing_projects`` reads
-those names so the caller can fetch them and try again. Every file is checked against the
-hash its index gave. Local find-links directories need nothing: the sandbox mounts them.
-
-Error policy: an index that cannot be reached or answers nonsense is a ``PackageError``
-("installer") saying which URL; a hash that does not match, too; limits on the number of
-projects and bytes stop a dependency tree that would not end.
+Error policy: ``PackageError`` ("installer") for an index that cannot be reached (naming the
+URL) or a file that does not match its hash; limits on projects and bytes stop a tree that
+would not end.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import re
-import ssl
 import subprocess
 import tarfile
 import tomllib
-import urllib.error
-import urllib.parse
-import urllib.request
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
-from html.parser import HTMLParser
 from pathlib import Path
 
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.tags import Tag, compatible_tags, cpython_tags
-from packaging.utils import (
-    InvalidSdistFilename,
-    InvalidWheelFilename,
-    canonicalize_name,
-    parse_sdist_filename,
-    parse_wheel_filename,
-)
-from packaging.version import InvalidVersion, Version
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
+from kernmind.execution.packages.index_pages import MAX_BYTES, Candidate, get, is_remote, page
 from kernmind.execution.packages.layer import Distribution
 from kernmind.execution.packages.policy import PackageError, PackageSources
-from kernmind.execution.packages.trust import certificate_refusal
 
 MAX_PROJECTS = 200
-MAX_BYTES = 2 * 1024**3
-TIMEOUT = 60.0
 LEGACY_BUILD_REQUIRES = ("setuptools>=40.8.0", "wheel")
-_ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
 _MISSING = re.compile(
     r"\b([A-Za-z0-9][A-Za-z0-9._-]*) was not found in the (?:provided package locations|package registry)"
 )
-
-
-@dataclass(frozen=True)
-class Candidate:
-    filename: str
-    url: str
-    sha256: str | None
-    version: Version
-    wheel_tags: frozenset[Tag] | None  # None: an sdist
-    requires_python: SpecifierSet | None
 
 
 @dataclass
@@ -188,53 +150,21 @@ class Fetcher:
         if key not in self._pages:
             found: list[Candidate] = []
             for index in [u for u in (self.sources.index_url, *self.sources.extra_index_urls) if u]:
-                if _is_remote(index):
-                    found += self._page(f"{index.rstrip('/')}/{key}/", key)
+                if is_remote(index):
+                    found += page(f"{index.rstrip('/')}/{key}/", key, self.proxy_env)
             for link in self.sources.find_links:
-                if _is_remote(link):
-                    found += self._page(link, key)
+                if is_remote(link):
+                    found += page(link, key, self.proxy_env)
             self._pages[key] = found
         return self._pages[key]
 
-    def _page(self, url: str, key: str) -> list[Candidate]:
-        try:
-            body, content_type, final = self._get(url, accept=_ACCEPT)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return []
-            raise PackageError("installer", f"the package index answered {exc.code} for {url}") from None
-        links = _json_links(body) if "json" in content_type else _html_links(body.decode("utf-8", "replace"))
-        out = []
-        for href, requires_python, yanked in links:
-            if yanked:
-                continue
-            # Relative links keep the index's credentials (the page was fetched without them in the URL).
-            base = url if urllib.parse.urlsplit(url).username is not None else final
-            candidate = _candidate(urllib.parse.urljoin(base, href), requires_python)
-            if candidate is not None and _project_of(candidate.filename) == key:
-                out.append(candidate)
-        return out
-
     def _choose(self, key: str, candidates: Sequence[Candidate], spec: SpecifierSet) -> Version | None:
-        named = bool(spec.prereleases)  # a requirement that names a pre-release admits them
-        versions = sorted(
-            {
-                c.version
-                for c in candidates
-                if self._usable(c) and spec.contains(c.version, prereleases=named)
-            },
-            reverse=True,
-        )
-        if not versions:  # a pre-release, when nothing else matches (as resolvers do)
-            versions = sorted(
-                {
-                    c.version
-                    for c in candidates
-                    if self._usable(c) and spec.contains(c.version, prereleases=True)
-                },
-                reverse=True,
-            )
-        return versions[0] if versions else None
+        usable = {c.version for c in candidates if self._usable(c)}
+        # Pre-releases when a requirement names one, else only when nothing else matches (as resolvers do).
+        for pre in (bool(spec.prereleases), True):
+            if versions := [v for v in usable if spec.contains(v, prereleases=pre)]:
+                return max(versions)
+        return None
 
     def _usable(self, c: Candidate) -> bool:
         py = Version(f"{self.target.version[0]}.{self.target.version[1]}")
@@ -247,7 +177,7 @@ class Fetcher:
         path = self.directory / c.filename
         if path.exists():
             return
-        data, _, _ = self._get(c.url)
+        data, _, _ = get(c.url, self.proxy_env)
         if c.sha256 is not None and hashlib.sha256(data).hexdigest() != c.sha256.lower():
             raise PackageError(
                 "installer", f"{c.filename} from {c.url} does not match the hash its index gave."
@@ -260,34 +190,6 @@ class Fetcher:
         self.directory.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         path.chmod(0o644)
-
-    def _get(self, url: str, accept: str | None = None) -> tuple[bytes, str, str]:
-        headers = {"Accept": accept} if accept else {}
-        parts = urllib.parse.urlsplit(url)
-        if parts.username is not None:  # an index URL with credentials (user:token@host), as uv takes it
-            user = urllib.parse.unquote(parts.username)
-            password = urllib.parse.unquote(parts.password or "")
-            headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-            url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
-        request = urllib.request.Request(url, headers=headers)
-        try:
-            opener = urllib.request.build_opener(
-                urllib.request.ProxyHandler(_proxies(self.proxy_env, url)),
-                urllib.request.HTTPSHandler(
-                    context=_tls_context(self.proxy_env)
-                ),  # (a missing CA file: OSError)
-            )
-            with opener.open(request, timeout=TIMEOUT) as response:
-                return (
-                    response.read(MAX_BYTES + 1),
-                    response.headers.get("Content-Type", ""),
-                    response.geturl(),
-                )
-        except urllib.error.HTTPError:
-            raise
-        except (OSError, ValueError) as exc:
-            refusal = certificate_refusal(str(exc), url)
-            raise refusal or PackageError("installer", f"cannot download {url}: {exc}") from None
 
     # --- what a download needs ----------------------------------------------------------------
     def _needs(self, files: Sequence[Candidate], extras: Iterable[str]) -> list[tuple[Requirement, bool]]:
@@ -384,90 +286,3 @@ def _requirement(text: str) -> Requirement | None:
         return Requirement(text)
     except InvalidRequirement:
         return None
-
-
-def _is_remote(url: str) -> bool:
-    return "://" in url and not url.startswith("file:")
-
-
-def _project_of(filename: str) -> str | None:
-    try:
-        if filename.endswith(".whl"):
-            return canonicalize_name(parse_wheel_filename(filename)[0])
-        return canonicalize_name(parse_sdist_filename(filename)[0])
-    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
-        return None
-
-
-def _candidate(url: str, requires_python: str | None) -> Candidate | None:
-    base, _, fragment = url.partition("#")
-    filename = urllib.parse.unquote(base.rsplit("/", 1)[-1])
-    sha = dict(p.split("=", 1) for p in fragment.split("&") if "=" in p).get("sha256")
-    try:
-        if filename.endswith(".whl"):
-            _, version, _, tags = parse_wheel_filename(filename)
-            wheel_tags: frozenset[Tag] | None = frozenset(tags)
-        elif filename.endswith((".tar.gz", ".zip")):
-            _, version = parse_sdist_filename(filename)
-            wheel_tags = None
-        else:
-            return None
-        spec = SpecifierSet(requires_python) if requires_python else None
-    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion, ValueError):
-        return None
-    return Candidate(filename, base, sha, version, wheel_tags, spec)
-
-
-def _json_links(body: bytes) -> list[tuple[str, str | None, bool]]:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return []
-    out = []
-    for f in data.get("files", []) if isinstance(data, dict) else []:
-        if isinstance(f, dict) and isinstance(f.get("url"), str):
-            sha = (f.get("hashes") or {}).get("sha256")
-            url = f["url"] + (f"#sha256={sha}" if sha and "#" not in f["url"] else "")
-            out.append((url, f.get("requires-python"), bool(f.get("yanked"))))
-    return out
-
-
-class _Links(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.links: list[tuple[str, str | None, bool]] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            a = dict(attrs)
-            if a.get("href"):
-                self.links.append((a["href"] or "", a.get("data-requires-python"), "data-yanked" in a))
-
-
-def _html_links(text: str) -> list[tuple[str, str | None, bool]]:
-    parser = _Links()
-    parser.feed(text)
-    return parser.links
-
-
-def _proxies(env: Mapping[str, str], url: str) -> dict[str, str]:
-    """The proxies the host's variables name for ``url`` (none for a host ``no_proxy`` lists)."""
-    no_proxy = env.get("no_proxy") or env.get("NO_PROXY")
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if no_proxy and urllib.request.proxy_bypass_environment(host, {"no": no_proxy}):
-        return {}
-    out = {}
-    for scheme in ("http", "https"):
-        value = env.get(f"{scheme}_proxy") or env.get(f"{scheme.upper()}_PROXY")
-        if value:
-            out[scheme] = value
-    return out
-
-
-def _tls_context(env: Mapping[str, str]) -> ssl.SSLContext:
-    """What the installers trust (``trust.py``): the bundle or directory they are given, else the system's."""
-    cafile, capath = env.get("SSL_CERT_FILE"), env.get("SSL_CERT_DIR")
-    context = ssl.create_default_context(cafile=cafile, capath=capath)
-    if cafile or capath:
-        context.load_default_certs()  # (as uv and Deno do with the system store on)
-    return context

@@ -1,34 +1,15 @@
-"""Builds from source (``--allow-sdist``): the whole install runs inside a sandbox with no network.
+"""Builds from source (``--allow-sdist``): the whole install runs in a sandbox with no network.
 
-Building an sdist runs the package's own code (its build backend, ``setup.py``), so it is
-treated like any other untrusted code: uv itself runs inside ``Sandbox.wrap`` as a fresh
-unprivileged uid, in a private scratch directory (the sandbox's ``/workspace``) with a
-private uv cache — never the shared one, which a build could otherwise poison for every
-later session. The interpreter, the uv binary, the stub wheels and local find-links
-directories are mounted read-only.
+Design (see docs/security.md, "Packages"): uv runs inside ``Sandbox.wrap`` as a fresh uid, in
+a private scratch directory with a private cache (never the shared one, which a build could
+poison); interpreter, uv, stub wheels and local find-links are mounted read-only. Within a
+session's install (``sandbox/limits.py``'s ``current_limits``) it joins the session's control
+group. Remote sources are downloaded first by the server (``fetch.py``) and uv resolves
+offline from there; what an offline resolution names as missing is fetched for another round
+(``FETCH_ROUNDS``). What was built is moved into the layer by ``merge_untrusted_tree``.
 
-Inside a session's call (``sandbox/limits.py``'s ``current_limits``, set by ``installs.py``)
-the build joins the session's control group: its processes and its in-memory ``/tmp`` count
-against the session's memory and process limits like the session's own, and a build that
-outgrows them is stopped with a sentence (``python.check_session_memory``). The workspace
-quota's write block does not apply: a build writes to its own scratch directory, not to the
-session's workspace, and what it produces is counted with the stored session's layers.
-
-The sandbox never has the network, loopback of the host included (its own network
-namespace: a build backend cannot reach kernmind's port, a database or the index on
-127.0.0.1). When a package source is remote, the server first downloads what the build
-needs into the scratch directory (``fetch.py``: reading files, running nothing of them)
-and the sandboxed uv resolves and builds offline from there and the local find-links
-directories. A package whose dependencies only its build can tell gets a second (and
-third) round: the offline resolution names what it did not find, the server fetches it,
-uv tries again.
-
-What the build produced is then moved into the session's layer by the server, through
-``merge_untrusted_tree`` (regular files only, no symlinks, no setuid bits, owned by the
-server), and reported from the ``.dist-info`` directories that arrived.
-
-Error policy: a failed build is a ``PackageError`` ("build_failed" with the tail of the
-build's output, or whatever ``diagnose.explain`` recognises).
+Error policy: a failed build is a ``PackageError`` ("build_failed" with the tail of its
+output, or what ``diagnose.explain`` recognises).
 """
 
 from __future__ import annotations
