@@ -1,101 +1,42 @@
 """One settings model for the whole server, declared once.
 
-Every setting is a field of :class:`Settings` with its type, bounds, default and a
-description. Everything else is derived from that declaration (see ``settings_cli.py``):
-the command-line flag and its ``--help`` line, the ``KERNMIND_*`` environment variable,
-the flags the agent passes to the server it launches, and the configuration table of docs/configuration.md
-(``python -m kernmind.settings_cli`` prints it; a test checks the page against it).
+Design: every setting is a field of :class:`Settings` (type, bounds, default, description);
+``Cli(...)`` only chooses its group (which subcommands take it), flag, metavar, shown default, or
+keeps it off the command line (secrets). Flags, ``--help``, ``KERNMIND_*`` variables, the agent's
+child command line (``settings_cli.py``) and docs/configuration.md (``settings_docs.py``) are
+derived from it. Precedence: flags > variables > defaults (the CLI passes only the flags given,
+and pydantic-settings' init kwargs beat the environment). Derived paths are resolved once here.
 
-To add a setting, add a field here with a ``description``; annotate it with
-``Cli(...)`` only to choose its group (which subcommands take it), its flag's name or
-metavar, how docs/configuration.md shows its default, or to keep it out of the command line (secrets:
-flags are visible in ``ps``). A field without ``Cli`` is a server setting in the
-``execution`` group, taken by ``serve``, ``agent`` and ``doctor``.
-
-Precedence: command-line flags > ``KERNMIND_*`` environment variables > defaults.
-The CLI passes only the flags a user actually gave, so pydantic-settings' own rule
-(init kwargs beat the environment) gives exactly that order. Non-finite numbers
-(``nan``, ``inf``) are refused for every numeric setting.
-
-Derived paths (database, workspaces) are resolved once by :attr:`Settings.db_location` and
-:attr:`Settings.workspaces_dir` so that every component sees the same absolute locations.
+Error policy: a value out of bounds, non-finite (``nan``, ``inf``) or malformed is refused by
+pydantic; ``settings_cli.describe_settings_error`` turns that into a sentence per setting.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal
 
 import platformdirs
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from kernmind.budget import DEFAULT_OUTPUT_CHARS
+from kernmind.setting_meta import Cli, Group, normal_origin
 
 PER_PRINCIPAL_DEFAULT = "half of `{flag}` (at least 1) with a tokens file; all of it otherwise"
 MIN_MEMORY_MB = 256  # measured: ipykernel + numpy + pandas + matplotlib map ≈ 185 MiB of RLIMIT_DATA
-SandboxMode = Literal["auto", "bwrap", "none", "required"]
-CgroupsMode = Literal["auto", "none", "required"]
-Transport = Literal["stdio", "http"]
-PackagesMode = Literal["any", "none", "allowlist"]
-GpuMode = Literal["auto", "none"]
-LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
-
-
-class Group(StrEnum):
-    """Which part of kernmind a setting shapes; each subcommand takes some groups."""
-
-    STORAGE = "storage"
-    EXECUTION = "execution"
-    SANDBOX = "sandbox"
-    TRANSPORT = "transport"
-    PRINCIPALS = "principals"
-    MEMORY = "memory"
-    LOGGING = "logging"
-
-
-@dataclass(frozen=True)
-class Cli:
-    """How a setting appears outside Python (see the module docstring)."""
-
-    group: Group = Group.EXECUTION
-    flag: str | None = None  # default: --field-name
-    short: str | None = None  # a one-letter alias of the flag (``-q``)
-    metavar: str | None = None
-    shown_default: str | None = None  # Markdown: how the docs and --help show a computed default
-    env_only: bool = False  # no flag (secrets); the KERNMIND_* variable still works
-    repeatable: bool = False  # a list given as the flag once per item (the variable: JSON or commas)
-
-
-def normal_origin(origin: str) -> str | None:
-    """An ``--allowed-origin`` as the HTTP guard compares it: ``scheme://host[:port]`` in lower case without a default port, or None when it is not one."""
-    match = re.fullmatch(
-        r"(https?)://(\[[0-9a-f:.]+\]|[a-z0-9.-]+)(?::(\d{1,5}))?", origin.strip(), flags=re.IGNORECASE
-    )
-    if match is None:
-        return None
-    scheme, host, port = match.group(1).lower(), match.group(2).lower(), match.group(3)
-    if port is not None:
-        number = int(port)
-        if number > 65535:
-            return None
-        port = None if (scheme, number) in (("http", 80), ("https", 443)) else str(number)
-    return f"{scheme}://{host}" + (f":{port}" if port else "")
 
 
 def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("kernmind", appauthor=False))
 
 
-def _default_blocks() -> dict[str, str]:
-    return {
-        "persona": "Who you are: your role, personality and how you should behave. Keep it up to date.",
-        "human": "What you know about the person you are talking with: name, preferences, context.",
-    }
+DEFAULT_BLOCKS = {
+    "persona": "Who you are: your role, personality and how you should behave. Keep it up to date.",
+    "human": "What you know about the person you are talking with: name, preferences, context.",
+}
 
 
 class Settings(BaseSettings):
@@ -137,9 +78,8 @@ class Settings(BaseSettings):
     ] = Field(
         default=None,
         ge=1,
-        description="live sessions one principal may have; background jobs and `--stateless` calls in "
-        "flight count too. Past it (or past `--max-sessions`) the least recently used idle session is "
-        "unloaded to make room (variables saved, files kept); only when none is idle is a call refused",
+        description="live sessions one principal may have (jobs and `--stateless` calls count); past it the "
+        "least recently used idle session is unloaded (variables saved, files kept), else a call is refused",
     )
     idle_timeout: Annotated[float, Cli(metavar="SECONDS")] = Field(
         default=3600.0,
@@ -245,7 +185,7 @@ class Settings(BaseSettings):
     )
 
     # --- packages (install_packages) ---
-    packages: PackagesMode = Field(
+    packages: Literal["any", "none", "allowlist"] = Field(
         default="any",
         description="what `install_packages` may install: `any`, `none`, or `allowlist` (see next row)",
     )
@@ -270,12 +210,12 @@ class Settings(BaseSettings):
     )
 
     # --- sandbox and limits ---
-    sandbox: Annotated[SandboxMode, Cli(Group.SANDBOX)] = Field(
+    sandbox: Annotated[Literal["auto", "bwrap", "none", "required"], Cli(Group.SANDBOX)] = Field(
         default="auto",
         description="`auto`: bubblewrap if it works, else none with a warning; "
         "`required`/`bwrap`: refuse to start without it",
     )
-    gpu: Annotated[GpuMode, Cli(Group.SANDBOX)] = Field(
+    gpu: Annotated[Literal["auto", "none"], Cli(Group.SANDBOX)] = Field(
         default="auto", description="`auto`: pass the host's NVIDIA GPUs into the sandbox; `none`: never"
     )
     allow_network: Annotated[bool, Cli(Group.SANDBOX)] = Field(
@@ -288,20 +228,17 @@ class Settings(BaseSettings):
     ] = Field(
         default_factory=list,
         description="bind a host folder into every sandbox of the server's owner (stdio and `--token`) at "
-        "`/mnt/NAME` (NAME: the folder's name unless given), read-only unless `:rw` (repeatable); "
-        "`:for=PRINCIPAL` gives it to that principal instead; resolved once at start, not counted by the "
-        "workspace quota; the variable holds a JSON list or `;`-separated values (see docs/security.md)",
+        "`/mnt/NAME`, read-only unless `:rw`; `:for=PRINCIPAL` gives it to that principal instead; the "
+        "variable holds a JSON list or `;`-separated values (see docs/security.md)",
     )
     memory_mb: Annotated[int, Cli(Group.SANDBOX, metavar="MIB")] = Field(
         default=2048,
         ge=MIN_MEMORY_MB,
-        description="memory limit per session (MiB): all its processes together with the files in its "
-        "in-memory `/tmp` and `/dev/shm`, enforced by a control group (see `--cgroups`; a session past it "
-        "is stopped and told so); each process is also held to it alone by RLIMIT_DATA (the private memory "
-        f"it maps: a single huge allocation fails with MemoryError); at least {MIN_MEMORY_MB}, since a "
-        "kernel with numpy, pandas and matplotlib maps ≈ 185 MiB",
+        description="memory limit per session (MiB): its processes with the files in its in-memory `/tmp` "
+        "and `/dev/shm`, by a control group (see `--cgroups`), and each process alone by RLIMIT_DATA; at "
+        f"least {MIN_MEMORY_MB} (a kernel with numpy, pandas and matplotlib maps ≈ 185 MiB; docs/security.md)",
     )
-    cgroups: Annotated[CgroupsMode, Cli(Group.SANDBOX)] = Field(
+    cgroups: Annotated[Literal["auto", "none", "required"], Cli(Group.SANDBOX)] = Field(
         default="auto",
         description="per-session control groups for `--memory-mb` and `--max-processes`: `auto` uses "
         "cgroup v2 (root, or a delegated subtree) or v1 (root) when it can, else per-process limits only; "
@@ -325,7 +262,7 @@ class Settings(BaseSettings):
     )
 
     # --- transport (kernmind serve only) ---
-    transport: Annotated[Transport, Cli(Group.TRANSPORT)] = Field(
+    transport: Annotated[Literal["stdio", "http"], Cli(Group.TRANSPORT)] = Field(
         default="stdio", description="how `kernmind serve` talks to clients"
     )
     host: Annotated[str, Cli(Group.TRANSPORT)] = Field(
@@ -343,9 +280,8 @@ class Settings(BaseSettings):
         Path | None, Cli(Group.PRINCIPALS, flag="--tokens", metavar="FILE", shown_default="—")
     ] = Field(
         default=None,
-        description="principals and their tokens (stored hashed; `kernmind tokens add NAME` makes one): "
-        "each token's principal owns its sessions, memory and jobs; revoking takes effect at once and keeps "
-        "the data apart (`tokens add NAME --adopt` gives it to a new token)",
+        description="principals and their tokens (stored hashed; `kernmind tokens add NAME` makes one), each "
+        "owning its sessions, memory and jobs; revoking takes effect at once (see docs/security.md)",
     )
     allowed_origin: Annotated[
         list[str], NoDecode, Cli(Group.TRANSPORT, metavar="ORIGIN", repeatable=True, shown_default="—")
@@ -390,14 +326,16 @@ class Settings(BaseSettings):
     memory_default_blocks: Annotated[
         dict[str, str], Cli(Group.MEMORY, metavar="JSON", shown_default="`persona`, `human`")
     ] = Field(
-        default_factory=_default_blocks,
+        default_factory=lambda: dict(DEFAULT_BLOCKS),
         description="JSON `{label: description}` a new namespace starts with",
     )
     archival_max_chars: Annotated[int, Cli(Group.MEMORY, metavar="CHARS")] = Field(
         default=10_000, ge=100, description="longest archival passage"
     )
 
-    log_level: Annotated[LogLevel, Cli(Group.LOGGING)] = Field(default="INFO", description="stderr log level")
+    log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], Cli(Group.LOGGING)] = Field(
+        default="INFO", description="stderr log level"
+    )
 
     @model_validator(mode="after")
     def _allowlist_needs_a_file(self) -> Settings:
@@ -405,27 +343,21 @@ class Settings(BaseSettings):
             raise ValueError("--packages allowlist needs --package-allowlist FILE (one package name a line)")
         return self
 
-    @field_validator("allowed_origin", mode="before")
+    @field_validator("allowed_origin", "mount", mode="before")
     @classmethod
-    def _origin_list(cls, value: object) -> object:
-        """The variable holds a JSON list or comma-separated origins."""
-        if isinstance(value, str):
-            text = value.strip()
-            return json.loads(text) if text.startswith("[") else [o for o in re.split(r"[,\s]+", text) if o]
-        return value
-
-    @field_validator("mount", mode="before")
-    @classmethod
-    def _mount_list(cls, value: object) -> object:
-        """The variable holds a JSON list or ``;``-separated values (paths may hold commas)."""
-        if isinstance(value, str):
-            text = value.strip()
-            return (
-                json.loads(text)
-                if text.startswith("[")
-                else [m.strip() for m in text.split(";") if m.strip()]
-            )
-        return value
+    def _list_text(cls, value: object, info: ValidationInfo) -> object:
+        """The variable holds a JSON list, or origins split at commas and spaces, or mounts split at
+        ``;`` (paths may hold commas)."""
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        return [
+            v.strip()
+            for v in re.split(r"[,\s]+" if info.field_name == "allowed_origin" else ";", text)
+            if v.strip()
+        ]
 
     @field_validator("allowed_origin", mode="after")
     @classmethod

@@ -25,7 +25,8 @@ from pydantic import AliasChoices, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
-from kernmind.config import Cli, Group, Settings
+from kernmind.config import Settings
+from kernmind.setting_meta import Cli, Group
 from kernmind.validation_text import problem
 
 ALL_GROUPS: tuple[Group, ...] = tuple(Group)

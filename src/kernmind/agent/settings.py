@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kernmind.config import Cli
+from kernmind.setting_meta import Cli
 
 DEFAULT_MODEL = "gpt-4.1-mini"
 ImageMode = Literal["auto", "on", "off"]

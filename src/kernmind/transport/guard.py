@@ -41,7 +41,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from kernmind.config import normal_origin
+from kernmind.setting_meta import normal_origin
 from kernmind.supervise import failed
 from kernmind.transport.bad_messages import PARSE_ERROR, decode, parse_sentence, shape_problem
 
