@@ -3,7 +3,7 @@
 Design
 ------
 Thin wrappers over archival.py and conversations.py: arguments through their schemas, the
-search through :meth:`MemoryTools.call` (refusals in the block tools' words), results as pydantic
+search through :func:`errors.call` (refusals in the block tools' words), results as pydantic
 models (``outputSchema`` + ``structuredContent``). A search result says how it ranked
 (``mode``) and anything the caller should know (``note``: meaning search unavailable or
 still catching up, a query without searchable words, matches left out for the budget).
@@ -20,7 +20,7 @@ instead; an unavailable embedder never fails a call.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from mcp.server.mcpserver import MCPServer
 from mcp_types import ToolAnnotations
@@ -28,13 +28,30 @@ from pydantic import BaseModel, Field
 
 from kernmind import input_limits as limits
 from kernmind.budget import Budget, left_out, listed_size, next_page
-from kernmind.memory.archival import InsertOutcome, SearchOutcome
+from kernmind.config import Settings
+from kernmind.memory.archival import Archive, InsertOutcome, SearchOutcome
 from kernmind.memory.block_results import clip
 from kernmind.memory.conversations import MessageSearch, search_messages
+from kernmind.memory.errors import call
+from kernmind.memory.recall import Recall
 from kernmind.memory.records import PassageRow, iso
+from kernmind.memory.store import MemoryStore
 
-if TYPE_CHECKING:
-    from kernmind.memory.tools import MemoryTools
+
+class Host(Protocol):
+    """What the archival tools need from memory's surface (tools.py's ``MemoryTools``)."""
+
+    settings: Settings
+
+    @property
+    def store(self) -> MemoryStore: ...
+
+    @property
+    def archive(self) -> Archive: ...
+
+    @property
+    def messages(self) -> Recall: ...
+
 
 MESSAGE_CLIP_CHARS = 2000
 ENVELOPE_CHARS = (
@@ -195,8 +212,7 @@ class ConversationSearchResult(BaseModel):
         return cls(results=results, mode=out.mode, note=note)  # type: ignore[arg-type]
 
 
-def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> None:
-    call = memory_tools.call
+def register_archival_tools(memory_tools: Host, server: MCPServer) -> None:
 
     @server.tool(
         description=(
@@ -349,7 +365,7 @@ def register_archival_tools(memory_tools: MemoryTools, server: MCPServer) -> Non
         return ArchivalDeleteResult(id=row.id, deleted=True, content=content, restored=restored, note=note)
 
 
-def register_conversation_search(memory_tools: MemoryTools, server: MCPServer) -> None:
+def register_conversation_search(memory_tools: Host, server: MCPServer) -> None:
     @server.tool(
         description=(
             "Search past conversations (what the user and you said, your tool calls and their results), "
@@ -380,7 +396,7 @@ def register_conversation_search(memory_tools: MemoryTools, server: MCPServer) -
             ),
         ] = None,
     ) -> ConversationSearchResult:
-        out = await memory_tools.call(
+        out = await call(
             search_messages(
                 memory_tools.messages, memory_tools.store.conversations, query,
                 roles=roles, limit=limit, start_date=start_date, end_date=end_date,

@@ -4,7 +4,7 @@ Design
 ------
 Thin wrappers: each tool validates its arguments through its schema, calls the namespace's
 blocks (block_store.py) or the memory directory (memory_tool.py) through
-:meth:`MemoryTools.call` — the one place a refusal becomes a tool error, in the words of the
+:func:`errors.call` — the one place a refusal becomes a tool error, in the words of the
 surface that was called — shapes the result (block_results.py), and notifies subscribers of
 ``memory://blocks/{label}`` (and of the listing when blocks appear or disappear).
 
@@ -17,7 +17,7 @@ nothing (the store's transaction was rolled back).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ToolAnnotations
@@ -25,6 +25,7 @@ from pydantic import Field
 
 from kernmind import input_limits as limits
 from kernmind.budget import Budget
+from kernmind.config import Settings
 from kernmind.memory.block_results import (
     Block,
     BlockDeleted,
@@ -33,11 +34,22 @@ from kernmind.memory.block_results import (
     BlockWrite,
     UndoResult,
 )
+from kernmind.memory.errors import call, refusals
 from kernmind.memory.memory_tool import DIALECT_WORDS, MemoryDirectory, label_of
+from kernmind.memory.store import MemoryStore
 from kernmind.refusals import ArgumentRefusal
 
-if TYPE_CHECKING:
-    from kernmind.memory.tools import MemoryTools
+
+class Host(Protocol):
+    """What the block tools need from memory's surface (tools.py's ``MemoryTools``)."""
+
+    settings: Settings
+
+    @property
+    def store(self) -> MemoryStore: ...
+
+    async def notify(self, ctx: Context | None, label: str, *, listing: bool = False) -> None: ...
+
 
 Label = Annotated[
     str, Field(description="The block's label, e.g. 'human' or 'persona' ('/' for folders).", max_length=200)
@@ -49,11 +61,10 @@ ExpectedVersion = Annotated[
 ]
 
 
-def register_block_tools(memory_tools: MemoryTools, server: MCPServer) -> None:
+def register_block_tools(memory_tools: Host, server: MCPServer) -> None:
     ro = ToolAnnotations(read_only_hint=True, open_world_hint=False)
     edit = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
     destructive = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
-    call = memory_tools.call
 
     async def write(ctx: Context, label: str, op: Callable[[], Awaitable[Any]], message: str) -> BlockWrite:
         row = await call(op())
@@ -90,7 +101,7 @@ def register_block_tools(memory_tools: MemoryTools, server: MCPServer) -> None:
         ] = None,
     ) -> Block:
         row = await call(memory_tools.store.blocks.get(label))
-        with memory_tools.refusals():
+        with refusals():
             return Block.view(row, view_range, Budget.of(memory_tools.settings))
 
     @server.tool(
@@ -234,7 +245,7 @@ def register_block_tools(memory_tools: MemoryTools, server: MCPServer) -> None:
         return UndoResult.of(row, entry, message, Budget.of(memory_tools.settings))
 
 
-def register_memory_tool(memory_tools: MemoryTools, server: MCPServer) -> None:
+def register_memory_tool(memory_tools: Host, server: MCPServer) -> None:
     commands: dict[str, tuple[str, ...]] = {
         "view": ("path",),
         "create": ("path", "file_text"),
@@ -295,7 +306,6 @@ def register_memory_tool(memory_tools: MemoryTools, server: MCPServer) -> None:
                 f"{command} needs {', '.join(commands[command])}; missing: {', '.join(missing)}."
             )
         files = MemoryDirectory(memory_tools.store.blocks, memory_tools.settings.max_output_chars)
-        call = memory_tools.call
         if command == "view":
             return await call(files.view(str(path), view_range), DIALECT_WORDS)
         if command == "create":

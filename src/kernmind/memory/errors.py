@@ -20,10 +20,15 @@ This module defines the error; it raises nothing itself. A ``MemoryRefusal`` is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Awaitable, Iterator, Mapping
 from enum import StrEnum
+from typing import TypeVar
 
+from kernmind.diskio import StorageError, disk_sentence
 from kernmind.refusals import Refusal
+
+T = TypeVar("T")
 
 
 class Verb(StrEnum):
@@ -88,3 +93,25 @@ class MemoryRefusal(Refusal):
 
     def __str__(self) -> str:
         return self.render(self.words or BLOCK_TOOL_WORDS)
+
+
+@contextlib.contextmanager
+def refusals(words: Words = BLOCK_TOOL_WORDS) -> Iterator[None]:
+    """A refusal raised through a surface speaks its words (the boundary answers it); a full disk
+    under the database (the write was rolled back) says so in memory's words."""
+    try:
+        yield
+    except MemoryRefusal as exc:
+        exc.words = words
+        raise
+    except Exception as exc:
+        sentence = disk_sentence(exc, "save this change to memory", kept="Memory is unchanged.")
+        if sentence is None:
+            raise
+        raise StorageError(sentence) from exc
+
+
+async def call(coro: Awaitable[T], words: Words = BLOCK_TOOL_WORDS) -> T:
+    """``await coro`` inside :func:`refusals`."""
+    with refusals(words):
+        return await coro

@@ -42,13 +42,10 @@ query can fail; database errors propagate.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kernmind.memory.database import RARE_DOCS, Row, TermStat, TextHits, Tx
+from kernmind.memory.database import RARE_DOCS, Database, Row, TermStat, TextHits, Tx
 from kernmind.memory.fulltext import content_terms, fts_match, idf, query_terms, widespread
-
-if TYPE_CHECKING:
-    from kernmind.memory.sqlite import SQLiteDatabase
 
 COMMON_FRACTION = 0.05
 COMMON_MIN_DOCS = 1000
@@ -65,7 +62,7 @@ class FTS5Ranking:
 
     def __init__(
         self,
-        db: SQLiteDatabase,
+        db: Database,
         table: str,
         columns: str,
         conditions: Callable[[str, Any], tuple[str, list[Any]]],

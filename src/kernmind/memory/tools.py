@@ -38,9 +38,9 @@ import json
 import logging
 import textwrap
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -56,7 +56,7 @@ from kernmind.memory.block_results import BlockInfo, render_blocks
 from kernmind.memory.database import Database
 from kernmind.memory.embedder_factory import make_embedder
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable
-from kernmind.memory.errors import BLOCK_TOOL_WORDS, MemoryRefusal, Words
+from kernmind.memory.errors import call, refusals
 from kernmind.memory.legacy_owner import merge_legacy
 from kernmind.memory.recall import Recall
 from kernmind.memory.records import BlockRow
@@ -72,7 +72,6 @@ MEMORY_SCHEME = "memory://"
 BLOCKS_URI = MEMORY_SCHEME + "blocks"
 LISTING_MAX = 1000  # blocks read for the memory://blocks listing (it shows what fits the budget)
 WARM_UP_DELAY = 1.0  # seconds after start before the embedding model loads
-T = TypeVar("T")
 
 
 def block_uri(label: str) -> str:
@@ -230,26 +229,8 @@ class MemoryTools:
 
     # ------------------------------------------------------------ helpers
 
-    @staticmethod
-    @contextlib.contextmanager
-    def refusals(words: Words = BLOCK_TOOL_WORDS) -> Iterator[None]:
-        """A refusal raised through a surface speaks its words (the boundary answers it); a
-        full disk under the database (the write was rolled back) says so in memory's words."""
-        try:
-            yield
-        except MemoryRefusal as exc:
-            exc.words = words
-            raise
-        except Exception as exc:
-            sentence = disk_sentence(exc, "save this change to memory", kept="Memory is unchanged.")
-            if sentence is None:
-                raise
-            raise StorageError(sentence) from exc
-
-    @classmethod
-    async def call(cls, coro: Awaitable[T], words: Words = BLOCK_TOOL_WORDS) -> T:
-        with cls.refusals(words):
-            return await coro
+    refusals = staticmethod(refusals)
+    call = staticmethod(call)
 
     async def notify(self, ctx: Context | None, label: str, *, listing: bool = False) -> None:
         """A block changed here: tell this server's subscribers, then the other replicas."""
