@@ -47,7 +47,7 @@ def create_server(settings: Settings | None = None, executor: Executor | None = 
     """The server; ``executor``: one made earlier from the same settings (``kernmind serve``
     makes it before importing the SDK, to start the fork-server template sooner)."""
     settings = settings or Settings()
-    executor = executor or Executor(settings)
+    executor = executor or Executor.from_settings(settings)
     memory = MemoryTools(settings)
     code_mode: CodeMode | None = None
 

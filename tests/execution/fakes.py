@@ -11,6 +11,11 @@ Scripted behaviour, by the first line of the code:
     ``#die``   the kernel dies mid-call (the call's outcome is ``died``).
 ``kernel.ignores_interrupts = True`` makes an interrupt fail (the kernel is stuck).
 ``factory.start_delay``, ``factory.fail_starts`` and ``factory.alive_delay`` slow or break it.
+
+``fake_executor(settings)`` is a real ``Executor`` whose Python kernels are these (no sandbox, no
+control groups, variables not saved), and ``fake_client(settings)`` an MCP client of a real
+server around it: end-to-end tests of refusals, caps, the registry, jobs and budgets in
+milliseconds. ``fake_settings`` are test settings that fit it.
 """
 
 from __future__ import annotations
@@ -21,15 +26,21 @@ import io
 import itertools
 import time
 import traceback
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+from mcp import Client
 
+from kernmind.config import Settings
+from kernmind.execution import parts
+from kernmind.execution.executor import Executor
 from kernmind.execution.kernels.exchange import ExecOutcome
 from kernmind.execution.kernels.messages import fold_output
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
+from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import Cgroup
 from kernmind.execution.sandbox.workspace import Workspace
 
@@ -170,3 +181,30 @@ class FakeKernelFactory:
     def running(self) -> list[FakeKernel]:
         """Kernels started and not shut down."""
         return [k for k in self.started if k not in self.stopped]
+
+
+def fake_settings(data_dir: Path, **overrides: Any) -> Settings:
+    """Test settings for a fake-kernel server: no sandbox (nothing runs in a process of its own),
+    no saved variables (saving would run the snapshot code in this process)."""
+    from tests.conftest import make_settings
+
+    return make_settings(data_dir, **{"sandbox": "none", "snapshot_mb": 0, **overrides})
+
+
+def fake_executor(settings: Settings) -> tuple[Executor, FakeKernelFactory]:
+    """A real executor on fake kernels (``settings.snapshot_mb`` must be 0)."""
+    assert settings.snapshot_mb == 0, "a fake kernel would run the snapshot code in this process"
+    factory = FakeKernelFactory(settings.data_dir / "fake-kernels")
+    sandbox = Sandbox.detect(settings.sandbox, allow_network=settings.allow_network)
+    executor = Executor(settings, factory=factory, sandbox=sandbox, store=parts.store_for(settings))
+    return executor, factory
+
+
+@contextlib.asynccontextmanager
+async def fake_client(settings: Settings) -> AsyncIterator[tuple[Client, FakeKernelFactory]]:
+    """An MCP client of a real server (``create_server``) whose executor runs fake kernels."""
+    from kernmind.server import create_server
+
+    executor, factory = fake_executor(settings)
+    async with Client(create_server(settings, executor)) as client:
+        yield client, factory

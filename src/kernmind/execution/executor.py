@@ -24,8 +24,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import math
-import os
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -33,32 +31,28 @@ import anyio
 from anyio.abc import TaskGroup
 
 from kernmind import revocation
-from kernmind.budget import Budget
 from kernmind.config import Settings
-from kernmind.diskio import Reserve
-from kernmind.execution import installs
+from kernmind.execution import installs, parts
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.kernels import api
 from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory
 from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
 from kernmind.execution.kernels.pool import KernelPool
-from kernmind.execution.packages import InstallResult, Layer, PackageInstaller, PythonTarget
+from kernmind.execution.packages import InstallResult, PackageInstaller
 from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.runners.base import Call, Runner
 from kernmind.execution.runners.python import PythonRunner, SnapshotBudget
-from kernmind.execution.sandbox import host_mounts
 from kernmind.execution.sandbox.bwrap import Sandbox
-from kernmind.execution.sandbox.cgroups import DEFAULT_CPU_WEIGHT, CgroupSupport
+from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits
-from kernmind.execution.sandbox.rlimits import limits_from
-from kernmind.execution.sandbox.rundir import RunDir, socket_root
+from kernmind.execution.sandbox.rundir import RunDir
 from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
 from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
 from kernmind.execution.sessions.jobs import Job, Jobs
 from kernmind.execution.sessions.registry import LOCAL_OWNER, SessionError, SessionRegistry
 from kernmind.execution.sessions.session import DEFAULT_SESSION, Hooks, Session, check_session_id
-from kernmind.execution.supervisor import Progress, supervise
+from kernmind.execution.supervisor import Progress, supervise, time_limit
 from kernmind.revocation import watch_revocations
 from kernmind.supervise import task_group as supervised_group
 from kernmind.tokens_file import default_tokens_file
@@ -75,41 +69,14 @@ SERVER_STOPPING = (
 )
 
 HEAP_SETTLE_WAIT = 60.0  # seconds the heap waits for the warm pool's first kernel before it is frozen
-RESERVE_NAME = ".km-reserve"
-RESERVE_BYTES = 2 * 1024 * 1024
 
-ALIASES = {
-    "py": "python",
-    "python3": "python",
-    "js": "javascript",
-    "node": "javascript",
-    "ts": "typescript",
-    "sh": "bash",
-    "shell": "bash",
-}
+ALIASES = dict(py="python", python3="python", js="javascript", node="javascript", ts="typescript", sh="bash")
+ALIASES["shell"] = "bash"
 
 
-def store_for(settings: Settings) -> SessionStore:
-    """The session store ``settings`` ask for, with room kept for the server's own records when
-    code fills the data disk (``diskio.Reserve``)."""
-    return SessionStore(
-        settings.sessions_dir,
-        max_sessions=settings.max_stored_sessions,
-        max_bytes=settings.max_stored_mb * 1024 * 1024,
-        per_owner_sessions=settings.principal_max_stored_sessions,
-        per_owner_bytes=settings.principal_max_stored_mb * 1024 * 1024,
-        reserve=Reserve(settings.data_dir / RESERVE_NAME, RESERVE_BYTES),
-    )
-
-
-def _target(runtime: PythonRuntime) -> PythonTarget:
-    return PythonTarget(runtime.executable, runtime.paths, runtime.pythonpath)
-
-
-def _workspace_in(rundir: RunDir, uid: int | None) -> Workspace:
-    ws = Workspace(rundir.new_dir("ws-"), owner_uid=uid)
-    ws.create()
-    return ws
+def _execution_count(session: Session) -> int | None:
+    kernel = PythonRunner.kernel_of(session)
+    return kernel.execution_count if kernel else None
 
 
 @contextlib.asynccontextmanager
@@ -135,21 +102,14 @@ class Executor:
         guard: SandboxGuard | None = None,
         remote: RemoteKernels | None = None,
     ) -> None:
-        self.settings, self.sandbox, self.factory, self.store, self.remote = (
-            settings,
-            sandbox,
-            factory,
-            store,
-            remote,
-        )
+        self.settings, self.sandbox, self.store, self.remote = settings, sandbox, store, remote
+        self.factory = factory
         self._tg: TaskGroup | None = None  # while running: background clean-up of sessions' groups
         self.cgroups = cgroups or CgroupSupport.disabled("not asked for")
         self.runtime = runtime or PythonRuntime.probe(None)
         self.rundir = rundir or RunDir(settings.workspaces_dir, cgroups=self.cgroups.server_dirs)
         self.socket_rundir = socket_rundir or self.rundir
-        self.packages = packages or PackageInstaller.from_settings(
-            settings, sandbox, _target(self.runtime), os.environ
-        )
+        self.packages = packages or parts.installer(settings, sandbox, self.runtime)
         self.guard = guard or SandboxGuard.create(self.packages.cache_dir / "shims")
         self.pool = KernelPool(factory, settings.pool_size)
         self.kernel_extras: list[KernelExtras] = []  # what other parts add to local kernels
@@ -177,9 +137,9 @@ class Executor:
                 idle_timeout=settings.idle_timeout,
                 autosave_after=settings.autosave_seconds,
                 store=store,
-                new_workspace=lambda: _workspace_in(self.rundir, sandbox.allocate_uid()),
+                new_workspace=lambda: parts.workspace_in(self.rundir, sandbox.allocate_uid()),
                 hooks=hooks,
-                new_layer=self._new_layer,
+                new_layer=lambda: parts.layer_in(self.rundir),
             )
         self._calls: set[Session] = set()  # sessions whose call runs now (``stop_calls``)
         self.sessions.refusal = revocation.revoked  # a revoked principal's calls are refused
@@ -190,59 +150,7 @@ class Executor:
     @classmethod
     def from_settings(cls, settings: Settings) -> Executor:
         """The real server's executor: the sandbox, control groups and kernels ``settings`` ask for."""
-        sandbox = Sandbox.detect(
-            settings.sandbox,
-            allow_network=settings.allow_network,
-            limits=limits_from(settings),
-            gpu=settings.gpu,
-        )
-        # Decided before anything is started (on cgroup v2 the server may move itself into a leaf).
-        sandbox.host_mounts = host_mounts.start(settings.mount, settings.data_dir, sandbox.isolated)
-        cgroups = CgroupSupport.detect(settings.cgroups, cpu_weight=DEFAULT_CPU_WEIGHT)
-        if not cgroups.active:
-            log.info("no per-session control groups (%s): per-process limits only", cgroups.reason)
-        runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)
-        if runtime.error:
-            log.error("Python kernels unavailable: %s", runtime.error)
-        rundir = RunDir(settings.workspaces_dir, cgroups=cgroups.server_dirs)
-        sockets = socket_root(settings.workspaces_dir)
-        socket_rundir = rundir if sockets == rundir.root else RunDir(sockets, transient_root=True)
-        settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        packages = PackageInstaller.from_settings(settings, sandbox, _target(runtime), os.environ)
-        guard = SandboxGuard.create(packages.cache_dir / "shims")
-        remote: RemoteKernels | None = None
-        factory: api.KernelFactory
-        if settings.kernel_gateway:  # imported only then: the gateway client brings tornado in
-            from kernmind.execution.remote import RemoteKernels
-
-            remote = RemoteKernels.from_settings(settings)
-            factory = remote.factory
-        else:
-            factory = KernelFactory(
-                sandbox,
-                runtime,
-                new_workspace=lambda uid: _workspace_in(rundir, uid),
-                socket_dirs=lambda: socket_rundir.new_dir("k-"),
-                output_budget=Budget.of(settings),
-                new_layer=lambda: Layer(rundir.new_dir("pk-")).create(),
-                guard=guard,
-                cgroups=cgroups,
-            )
-            if settings.fork_server:
-                factory = ForkKernelFactory(factory, preload=settings.preload)
-        return cls(
-            settings,
-            factory=factory,
-            sandbox=sandbox,
-            store=store_for(settings),
-            runtime=runtime,
-            cgroups=cgroups,
-            rundir=rundir,
-            socket_rundir=socket_rundir,
-            packages=packages,
-            guard=guard,
-            remote=remote,
-        )
+        return cls(settings, **parts.from_settings(settings))
 
     def add_kernel_extras(self, extras: KernelExtras) -> None:
         """Give every local Python kernel started from now on ``extras`` (call before ``running()``)."""
@@ -267,9 +175,6 @@ class Executor:
         ws = Workspace(home.files, owner_uid=uid)
         ws.create()
         return ws
-
-    def _new_layer(self) -> Layer:
-        return Layer(self.rundir.new_dir("pk-")).create()
 
     async def _release(self, session: Session) -> None:
         for runner in self.runners.values():
@@ -340,11 +245,8 @@ class Executor:
             self.rundir.close()
 
     async def _settle_heap(self) -> None:
-        """Once the server has imported what it serves with (the SDK, and jupyter_client with the
-        warm pool's first kernel), move every object alive into the collector's permanent
-        generation (``gc.freeze``): the cyclic collector then no longer walks the hundreds of
-        thousands of objects of those modules on every full collection, which otherwise stall a
-        call now and then for a good part of a second (benchmarks/README.md, bench_python)."""
+        """Once the warm pool's first kernel is up (jupyter_client imported), ``gc.freeze``: full
+        collections then skip the modules' objects, which stalled calls (benchmarks/README.md)."""
         with anyio.move_on_after(HEAP_SETTLE_WAIT):
             while self.pool.size > 0 and self.pool.ready_count == 0:  # noqa: ASYNC110 (a kernel starting)
                 await anyio.sleep(0.5)
@@ -373,30 +275,7 @@ class Executor:
 
     async def session_summaries(self, owner: str | None = LOCAL_OWNER) -> list[dict[str, Any]]:
         """Every session of ``owner`` (every owner's when None: an admin's view)."""
-
-        def execution_count(session: Session) -> int | None:
-            kernel = PythonRunner.kernel_of(session)
-            return kernel.execution_count if kernel else None
-
-        return await self.sessions.summaries(owner, execution_count)
-
-    def time_limit(self, requested: float | None, *, background: bool = False) -> tuple[float, list[str]]:
-        """The call's time limit, and a note when the request was lowered to the maximum."""
-        top, flag = (
-            (self.settings.max_job_seconds, "--max-job-seconds")
-            if background
-            else (self.settings.max_timeout, "--max-timeout")
-        )
-        if requested is None:
-            return (top if background else min(self.settings.timeout, top)), []
-        if not math.isfinite(requested) or requested <= 0:
-            raise SessionError(f"timeout must be a positive number of seconds, got {requested!r}.")
-        if requested > top:
-            return top, [
-                f"the requested timeout of {requested:g}s is above this server's maximum; the call ran "
-                f"with {top:g}s ({flag})."
-            ]
-        return requested, []
+        return await self.sessions.summaries(owner, _execution_count)
 
     # --- files ------------------------------------------------------------------
     async def workspace_for(self, owner: str, session_id: str | None, *, create: bool = True) -> Workspace:
@@ -476,26 +355,39 @@ class Executor:
         job: Job | None = None,
     ) -> RunResult:
         runner = self.runner_for(language)
-        limit, notes = self.time_limit(timeout, background=job is not None)
-        collector = job.collector if job is not None else None
+        limit, notes = time_limit(self.settings, timeout, background=job is not None)
+        job_id = job.id if job is not None else None
+
+        async def supervised(session: Session) -> RunResult:
+            collector = job.collector if job is not None else OutputCollector.of(self.settings)
+            notes_now = [*session.take_notes(), *notes]
+            call = Call(
+                code=code, session=session, collector=collector, timeout=limit, reset=reset, notes=notes_now
+            )
+            self.limits_of(session)
+            self._calls.add(session)
+            try:
+                quota = self.settings.workspace_mb * 1024 * 1024
+                result = await supervise(runner, call, quota_bytes=quota, progress=progress)
+            finally:
+                self._calls.discard(session)
+            result.job_id = job_id
+            return result
+
         if self.settings.stateless:
             if job is None:  # a background job took its slot when it started
                 self.sessions.take_slot(owner)
             session = self.sessions.ephemeral(owner)
             try:
-                result = await self._supervise(
-                    runner, session, code, reset, limit, notes, progress, collector
-                )
+                result = await supervised(session)
             finally:
                 await self.sessions.discard(session)
                 if job is None:
                     self.sessions.give_slot(owner)
-            result.session_id, result.job_id = session_id, job.id if job else None
+            result.session_id = session_id
             return result
-        job_id = job.id if job is not None else None
         async with self.sessions.hold(session_id, owner=owner, job_id=job_id) as session:
-            result = await self._supervise(runner, session, code, reset, limit, notes, progress, collector)
-            result.job_id = job_id
+            result = await supervised(session)
             await self.sessions.record(session, code, result)  # its history line (and meta)
             return result
 
@@ -512,7 +404,7 @@ class Executor:
         """Run the call in the background, holding its session (``sessions/jobs.py``); what is
         wrong with it is refused now."""
         runner = self.runner_for(language)
-        self.time_limit(timeout, background=True)
+        time_limit(self.settings, timeout, background=True)
         sid = None if self.settings.stateless else check_session_id(session_id)
 
         def run(job: Job) -> Awaitable[RunResult]:
@@ -524,33 +416,6 @@ class Executor:
             self.sessions, run, owner=owner, session_id=sid, language=runner.language, code=code
         )
 
-    async def _supervise(
-        self,
-        runner: Runner,
-        session: Session,
-        code: str,
-        reset: bool,
-        limit: float,
-        notes: list[str],
-        progress: Progress | None,
-        collector: OutputCollector | None,
-    ) -> RunResult:
-        call = Call(
-            code=code,
-            session=session,
-            collector=collector or OutputCollector.of(self.settings),
-            timeout=limit,
-            reset=reset,
-            notes=[*session.take_notes(), *notes],
-        )
-        self.limits_of(session)
-        quota = self.settings.workspace_mb * 1024 * 1024
-        self._calls.add(session)
-        try:
-            return await supervise(runner, call, quota_bytes=quota, progress=progress)
-        finally:
-            self._calls.discard(session)
-
     def limits_of(self, session: Session) -> SessionLimits:
         """The session's limits (its control group, quota write block), made at its first use."""
         if session.limits is None:
@@ -558,11 +423,8 @@ class Executor:
         return session.limits
 
     async def end_principal(self, owner: str, why: str) -> None:
-        """A revoked principal (``revocation.py``): everything that runs under its data key
-        ``owner`` ends now, each result saying ``why`` (error ``PrincipalRevoked``): its calls
-        (``--stateless`` ones too), its sessions' kernels and processes (without saving: that
-        would run its code; files and earlier saves stay), and its background jobs (their
-        records say so). New calls of it are refused (``registry.refusal``)."""
+        """A revoked principal (``revocation.py``): its calls, sessions (unsaved: saving runs its code)
+        and jobs end now, each saying ``why`` (``PrincipalRevoked``); new calls are refused."""
         error = revocation.REVOKED_ERROR
         calls = [s for s in list(self._calls) if s.owner == owner and s.running is not None]
         for session in calls:  # (before any await: each sees why it stops when it wakes)
@@ -572,13 +434,8 @@ class Executor:
         jobs = self.jobs.stopping(owner, why, error)  # (their records say why, however they end)
         sessions = await self.sessions.end_owner(owner, why, error)
         await self.jobs.end(jobs)
-        log.warning(
-            "ended what ran for the revoked key %r: %d calls, %d sessions, %d jobs",
-            owner,
-            len(calls),
-            sessions,
-            len(jobs),
-        )
+        counts = len(calls), sessions, len(jobs)
+        log.warning("ended what ran for the revoked key %r: %d calls, %d sessions, %d jobs", owner, *counts)
 
     def stop_calls(self, why: str = SERVER_STOPPING) -> int:
         """An orderly server stop (transport/drain.py): interrupt every call that runs now, so

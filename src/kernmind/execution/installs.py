@@ -17,17 +17,14 @@ gateway) refuses with a ``SessionError`` sentence; the installer's refusals are
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kernmind.execution.errors import SessionError
-from kernmind.execution.packages import InstallResult
+from kernmind.execution.packages import InstallResult, PackageInstaller
 from kernmind.execution.runners.python import PythonRunner
-from kernmind.execution.sandbox.limits import current_limits
+from kernmind.execution.sandbox.limits import SessionLimits, current_limits
 from kernmind.execution.sessions import package_layers
-from kernmind.execution.sessions.session import DEFAULT_SESSION
-
-if TYPE_CHECKING:
-    from kernmind.execution.executor import Executor
+from kernmind.execution.sessions.books import Books
+from kernmind.execution.sessions.disk_store import SessionStore
+from kernmind.execution.sessions.session import Session
 
 STATELESS_REFUSAL = (
     "install_packages is not available on this server: it runs with --stateless, so every run_code "
@@ -42,43 +39,53 @@ GATEWAY_PACKAGES_REFUSAL = (
 )
 
 
-async def install(
-    ex: Executor, packages: list[str], *, owner: str, language: str, session_id: str | None
-) -> InstallResult:
-    """Install ``packages`` for ``language`` (already canonical: ``python``, ``javascript``,
-    ``typescript``) into the session's layer."""
-    if ex.settings.stateless:
+def refuse(*, stateless: bool, gateway: bool) -> None:
+    """``SessionError`` when this server can never keep an install."""
+    if stateless:
         raise SessionError(STATELESS_REFUSAL)
-    if ex.remote is not None:
+    if gateway:
         raise SessionError(GATEWAY_PACKAGES_REFUSAL)
-    async with ex.sessions.hold(session_id, owner=owner) as session:
-        token = current_limits.set(ex.limits_of(session))  # its processes run in the session's group
-        try:
-            result = await ex.packages.install(packages, language, session.layer())
-        finally:
-            current_limits.reset(token)
-        if result.installed and (not_kept := await package_layers.keep(session, ex.store)):
+
+
+async def install(
+    installer: PackageInstaller,
+    books: Books,
+    store: SessionStore,
+    session: Session,
+    packages: list[str],
+    language: str,
+    limits: SessionLimits,
+) -> InstallResult:
+    """Install ``packages`` for ``language`` (canonical: ``python``, ``javascript``, ``typescript``)
+    into the held ``session``'s layer, its processes in the session's group (``limits``)."""
+    token = current_limits.set(limits)
+    try:
+        result = await installer.install(packages, language, session.layer())
+    finally:
+        current_limits.reset(token)
+    if not result.installed:
+        return result
+    if session.home is not None:
+        if not_kept := await package_layers.keep(session, store):
             result.notes.append(not_kept)
-        if result.installed and session.home is not None:
-            # the kept packages' size is in the meta now, not a moment later: a server killed
-            # right after the install must still find them counted (and listed)
-            await ex.sessions.books.save_meta(session)
-        if language == "python" and result.installed:
-            kernel = PythonRunner.kernel_of(session)
-            if kernel is None or await kernel.use_packages():
-                result.notes.append(
-                    "importable now in this session's Python (no restart needed) and, on "
-                    "PYTHONPATH, in its bash calls."
-                )
-            else:
-                result.notes.append(
-                    "installed, but the running interpreter did not take the new path: "
-                    "run_code with reset=true to use the packages."
-                )
-        elif language != "python" and result.installed:
-            name = result.installed[0].name
+        # the kept packages' size is in the meta now, not a moment later: a server killed right
+        # after the install must still find them counted (and listed)
+        await books.save_meta(session)
+    if language == "python":
+        kernel = PythonRunner.kernel_of(session)
+        if kernel is None or await kernel.use_packages():
             result.notes.append(
-                f'import them by npm: specifier in this session, e.g. import x from "npm:{name}".'
+                "importable now in this session's Python (no restart needed) and, on "
+                "PYTHONPATH, in its bash calls."
             )
-    result.session_id = session_id or DEFAULT_SESSION
+        else:
+            result.notes.append(
+                "installed, but the running interpreter did not take the new path: "
+                "run_code with reset=true to use the packages."
+            )
+    else:
+        name = result.installed[0].name
+        result.notes.append(
+            f'import them by npm: specifier in this session, e.g. import x from "npm:{name}".'
+        )
     return result

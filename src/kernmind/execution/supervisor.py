@@ -46,11 +46,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 
 import anyio
 
+from kernmind.config import Settings
+from kernmind.execution.errors import SessionError
 from kernmind.execution.kept_output import MAX_KEPT, OutputFile
 from kernmind.execution.results import FileInfo, RunResult
 from kernmind.execution.runners.base import Call, Runner
@@ -358,3 +361,23 @@ async def _changed_files(call: Call, started_ns: int) -> tuple[list[FileInfo], s
     if not notes:
         return listed, None
     return listed, "; ".join(notes) + ". list_files (with a prefix or pattern) shows them all."
+
+
+def time_limit(
+    settings: Settings, requested: float | None, *, background: bool = False
+) -> tuple[float, list[str]]:
+    """A call's time limit (``SessionError`` for a bad one), and a note when the request was lowered
+    to the server's maximum."""
+    top, flag = (
+        (settings.max_job_seconds, "--max-job-seconds")
+        if background
+        else (settings.max_timeout, "--max-timeout")
+    )
+    if requested is None:
+        return (top if background else min(settings.timeout, top)), []
+    if not math.isfinite(requested) or requested <= 0:
+        raise SessionError(f"timeout must be a positive number of seconds, got {requested!r}.")
+    if requested > top:
+        note = f"the requested timeout of {requested:g}s is above this server's maximum; the call ran with {top:g}s ({flag})."
+        return top, [note]
+    return requested, []

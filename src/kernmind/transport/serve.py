@@ -105,7 +105,7 @@ def serve(settings: Settings) -> int:
     try:
         # The executor (no SDK in it) first: its fork-server template then imports ipykernel,
         # pandas & co. on the other core while this one imports the SDK.
-        executor = Executor(settings)
+        executor = Executor.from_settings(settings)
         executor.prelaunch()
         from kernmind.server import create_server
 

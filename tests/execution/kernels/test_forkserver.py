@@ -305,7 +305,7 @@ async def test_a_stopped_template_costs_a_call_its_time_limit_and_is_replaced(tm
     time limit (not the minute a start may take), gets a kernel started the normal way, and
     the stopped template is killed and replaced, so later calls fork again."""
     settings = make_settings(tmp_path, pool_size=0)
-    executor = Executor(settings)
+    executor = Executor.from_settings(settings)
     async with Client(create_server(settings, executor)) as client:
         forks = executor.factory
         assert isinstance(forks, ForkKernelFactory)

@@ -111,7 +111,7 @@ async def test_finished_jobs_leave_server_memory_and_their_results_stay_readable
     """Each job displays a large HTML table; once finished, the server holds none of them in
     memory (``Jobs.jobs``), and job_status reads every result back from its record."""
     settings = make_settings(tmp_path, pool_size=0)
-    executor = Executor(settings)
+    executor = Executor.from_settings(settings)
     code = "from IPython.display import HTML, display\ndisplay(HTML('<td>%d</td>' * 60_000 % tuple(range(60_000))))\n{n}"
     async with Client(create_server(settings, executor)) as c:
         ids = []

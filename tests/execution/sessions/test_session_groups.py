@@ -38,7 +38,7 @@ SHM_HOG = "for i in range(45):\n    open(f'/dev/shm/f{i}', 'wb').write(b'x' * 10
 
 async def serve(tmp: Path, **settings: Any) -> AsyncIterator[tuple[Client, Executor]]:
     config = make_settings(tmp, sandbox="required", **{**LIMITS, **settings})
-    executor = Executor(config)
+    executor = Executor.from_settings(config)
     async with Client(create_server(config, executor)) as client:
         yield client, executor
     assert not any(d.exists() for d in executor.cgroups.server_dirs), "the server removed its groups"

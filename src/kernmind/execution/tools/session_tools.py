@@ -21,10 +21,8 @@ from kernmind import input_limits as limits
 from kernmind.budget import Budget, listed_size
 from kernmind.budget import left_out as left_out_of
 from kernmind.execution.results import Logs, RunResult, lean_dump
-from kernmind.execution.sandbox.workspace import off_loop
 from kernmind.execution.sessions.client_defaults import client_default
 from kernmind.execution.sessions.jobs import Job
-from kernmind.execution.sessions.session import check_session_id
 from kernmind.execution.tools.runtime_refusals import model_errors
 from kernmind.principals import OWNER_RE, Principal, principal_of
 from kernmind.refusals import Unavailable
@@ -216,12 +214,7 @@ def register(server: MCPServer, ex: Executor, run_result_content: Content) -> No
             note=left_out_of(len(rows) - end, "sessions", budget, f"list_sessions(offset={end}) lists them.")
             if more
             else None,
-            max_sessions=settings.max_sessions,
-            max_sessions_per_principal=ex.sessions.caps.per_owner,
-            max_stored_sessions=settings.max_stored_sessions,
-            max_stored_sessions_per_principal=ex.store.per_owner_sessions,
-            warm_kernels=ex.pool.ready_count,
-            pool_error=ex.pool.last_error,
+            **ex.capacity(),
         )
 
     @server.tool(
@@ -234,9 +227,7 @@ def register(server: MCPServer, ex: Executor, run_result_content: Content) -> No
         ctx: Context,
     ) -> CloseResult:
         with model_errors():
-            owner, sid = address(principal_of(ctx), session_id)
-            if not await ex.sessions.close(check_session_id(sid), owner=owner):
-                raise ex.sessions.unknown_session(str(sid), owner)
+            await ex.close_session(*address(principal_of(ctx), session_id))
         return CloseResult(
             session_id=session_id,
             closed=True,
@@ -277,7 +268,7 @@ def register(server: MCPServer, ex: Executor, run_result_content: Content) -> No
     ) -> Annotated[CallToolResult, JobStatus]:
         owner = principal_of(ctx).owner
         with model_errors():
-            job = await off_loop(lambda: ex.jobs.get(job_id, owner=owner), timeout=None)
+            job = await ex.job(job_id, owner)
         return job_answer(job, run_result_content)
 
     @server.tool(description="Stop a background job; its session keeps its state when the interrupt works.")
@@ -286,7 +277,7 @@ def register(server: MCPServer, ex: Executor, run_result_content: Content) -> No
         ctx: Context,
     ) -> Annotated[CallToolResult, JobStatus]:
         with model_errors():
-            job = await ex.jobs.cancel(job_id, owner=principal_of(ctx).owner)
+            job = await ex.cancel_job(job_id, principal_of(ctx).owner)
         if job.state == "running" and job.collector is None:
             raise Unavailable(
                 f"job {job_id} runs in another kernmind server (pid {job.server_pid}); cancel it there."

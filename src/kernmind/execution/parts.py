@@ -1,0 +1,123 @@
+"""The parts the real server's executor is built from (``Executor.from_settings``).
+
+Design: ``from_settings`` makes, in order, what ``Executor``'s constructor takes: the sandbox
+(bubblewrap probed once, the operator's ``--mount`` folders resolved before anything starts),
+the control groups (decided once; on cgroup v2 the server may move itself into a leaf), the
+kernels' interpreter, the run directories (throw-away workspaces, kernel sockets), the
+package installer and its guard, the session store, and the factory Python's kernels come
+from: local, forked from the fork server's template, or a kernel gateway's (``remote.py``).
+Tests give the constructor parts of their own (a fake kernel factory: tests/execution/fakes.py).
+
+Error policy: what the host lacks is logged (no control groups, no usable Python) and the
+server starts without it; an unreadable package allow-list or CA file raises at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from kernmind.budget import Budget
+from kernmind.config import Settings
+from kernmind.diskio import Reserve
+from kernmind.execution.kernels import api
+from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory
+from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
+from kernmind.execution.packages import Layer, PackageInstaller, PythonTarget
+from kernmind.execution.packages.guard import SandboxGuard
+from kernmind.execution.sandbox import host_mounts
+from kernmind.execution.sandbox.bwrap import Sandbox
+from kernmind.execution.sandbox.cgroups import DEFAULT_CPU_WEIGHT, CgroupSupport
+from kernmind.execution.sandbox.rlimits import limits_from
+from kernmind.execution.sandbox.rundir import RunDir, socket_root
+from kernmind.execution.sandbox.workspace import Workspace
+from kernmind.execution.sessions.disk_store import SessionStore
+
+if TYPE_CHECKING:
+    from kernmind.execution.remote import RemoteKernels
+
+log = logging.getLogger(__name__)
+
+RESERVE_NAME = ".km-reserve"
+RESERVE_BYTES = 2 * 1024 * 1024
+
+
+def from_settings(settings: Settings) -> dict[str, Any]:
+    """``Executor``'s keyword arguments for the server ``settings`` describe."""
+    sandbox = Sandbox.detect(
+        settings.sandbox, allow_network=settings.allow_network, limits=limits_from(settings), gpu=settings.gpu
+    )
+    sandbox.host_mounts = host_mounts.start(settings.mount, settings.data_dir, sandbox.isolated)
+    cgroups = CgroupSupport.detect(settings.cgroups, cpu_weight=DEFAULT_CPU_WEIGHT)
+    if not cgroups.active:
+        log.info("no per-session control groups (%s): per-process limits only", cgroups.reason)
+    runtime = PythonRuntime.probe(str(settings.kernel_python) if settings.kernel_python else None)
+    if runtime.error:
+        log.error("Python kernels unavailable: %s", runtime.error)
+    rundir = RunDir(settings.workspaces_dir, cgroups=cgroups.server_dirs)
+    sockets = socket_root(settings.workspaces_dir)
+    socket_rundir = rundir if sockets == rundir.root else RunDir(sockets, transient_root=True)
+    settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    packages = installer(settings, sandbox, runtime)
+    guard = SandboxGuard.create(packages.cache_dir / "shims")
+    remote: RemoteKernels | None = None
+    factory: api.KernelFactory
+    if settings.kernel_gateway:  # imported only then: the gateway client brings tornado in
+        from kernmind.execution.remote import RemoteKernels
+
+        remote = RemoteKernels.from_settings(settings)
+        factory = remote.factory
+    else:
+        factory = KernelFactory(
+            sandbox,
+            runtime,
+            new_workspace=lambda uid: workspace_in(rundir, uid),
+            socket_dirs=lambda: socket_rundir.new_dir("k-"),
+            output_budget=Budget.of(settings),
+            new_layer=lambda: layer_in(rundir),
+            guard=guard,
+            cgroups=cgroups,
+        )
+        if settings.fork_server:
+            factory = ForkKernelFactory(factory, preload=settings.preload)
+    return {
+        "factory": factory,
+        "sandbox": sandbox,
+        "store": store_for(settings),
+        "runtime": runtime,
+        "cgroups": cgroups,
+        "rundir": rundir,
+        "socket_rundir": socket_rundir,
+        "packages": packages,
+        "guard": guard,
+        "remote": remote,
+    }
+
+
+def store_for(settings: Settings) -> SessionStore:
+    """The session store ``settings`` ask for, with room kept for the server's own records when
+    code fills the data disk (``diskio.Reserve``)."""
+    return SessionStore(
+        settings.sessions_dir,
+        max_sessions=settings.max_stored_sessions,
+        max_bytes=settings.max_stored_mb * 1024 * 1024,
+        per_owner_sessions=settings.principal_max_stored_sessions,
+        per_owner_bytes=settings.principal_max_stored_mb * 1024 * 1024,
+        reserve=Reserve(settings.data_dir / RESERVE_NAME, RESERVE_BYTES),
+    )
+
+
+def installer(settings: Settings, sandbox: Sandbox, runtime: PythonRuntime) -> PackageInstaller:
+    target = PythonTarget(runtime.executable, runtime.paths, runtime.pythonpath)
+    return PackageInstaller.from_settings(settings, sandbox, target, os.environ)
+
+
+def workspace_in(rundir: RunDir, uid: int | None) -> Workspace:
+    ws = Workspace(rundir.new_dir("ws-"), owner_uid=uid)
+    ws.create()
+    return ws
+
+
+def layer_in(rundir: RunDir) -> Layer:
+    return Layer(rundir.new_dir("pk-")).create()
