@@ -1,28 +1,17 @@
 """A session's working directory: the only place code may write, and the one safe way in.
 
-Sandboxed code owns this directory and can put anything in it: FIFOs, sockets, symlinks
-(loops, or links to ``/proc/1/root``), files that keep growing, names that are not UTF-8,
-100k entries. The server runs with more rights than that code, on an event loop that
-serves every client. So every server-side access to a workspace (file tools, resources,
-the change scan, the quota, notebook and package features) goes through this class, and:
+Design
+- Every server-side access to a workspace (file tools, resources, the change scan, the quota,
+  notebooks, packages) goes through ``Workspace``: reads and writes walk the path without
+  following links (``confined.py``); scans come from an inotify tracker when there is one
+  (``filewatch.py``), else a walk (``filescan.py``); the directories a sandbox may also write
+  (a kernel's socket directory, ``accounted``) count against the quota.
+- Blocking work runs off the event loop: the ``a*`` coroutines run the sync methods on a small
+  thread limiter under a time bound, so a file system that hangs costs a thread and a clear
+  error, never the loop.
 
-- **Paths are walked, not resolved.** A client path is split into components and opened
-  one directory at a time with ``O_NOFOLLOW`` relative to the previous one (``openat``),
-  so no symlink is ever followed and nothing outside the root can be reached; ``..``,
-  absolute paths, NUL bytes, over-long or over-deep paths are refused up front.
-- **Only regular files are read or written**, checked with ``fstat`` on a descriptor
-  opened ``O_NONBLOCK`` (opening a FIFO or socket can then neither block nor succeed
-  silently); reads are bounded by a byte count, never by ``st_size`` (which a growing
-  file outruns).
-- **Blocking work runs off the event loop**: the ``a*`` coroutines run the sync methods
-  on a small dedicated thread limiter under a time bound; a file system that hangs costs
-  one of those threads and a clear error, never the loop.
-- **Names that are not UTF-8** are shown with ``\\xNN`` escapes (``files``, listings) and
-  stay addressable: a client path with such escapes finds the file when no file has the
-  literal name.
-
-Error policy: anything a client can correct raises ``WorkspaceError`` (a ``ValueError``)
-with a sentence saying what to do; the tool layer turns it into a tool error.
+Error policy: anything a client can correct raises ``WorkspaceError`` (a ``ValueError``) with
+a sentence saying what to do; the tool layer turns it into a tool error.
 """
 
 from __future__ import annotations
@@ -30,15 +19,11 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
-import errno
 import fnmatch
-import mimetypes
 import os
-import re
 import shutil
-import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -46,24 +31,23 @@ from typing import TypeVar
 import anyio
 from pydantic import BaseModel
 
-from kernmind.execution.sandbox.filescan import FileStat, Scan, display_name, scan_tree
+from kernmind.execution.sandbox.confined import (
+    FileData,
+    WorkspaceError,
+    guess_mime,
+    read_file,
+    split_path,
+    write_file,
+)
+from kernmind.execution.sandbox.filescan import FileStat, Scan, scan_tree
 from kernmind.execution.sandbox.filewatch import Tracker
-from kernmind.refusals import Refusal
 
 T = TypeVar("T")
 
-MAX_PATH_BYTES = 4096
-MAX_DEPTH = 128
 FS_TIMEOUT = 10.0  # seconds a single file operation may take before the client is told
 LIST_TIMEOUT = 60.0  # a listing walks the whole tree
 _FS_THREADS = anyio.CapacityLimiter(8)  # hung file systems can hold at most these
-_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_ESCAPE_RE = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])")
 _TRACKERS_LOCK = threading.Lock()  # accounted directories' trackers are made from worker threads
-
-
-class WorkspaceError(Refusal, ValueError):
-    """A path or file request the client can correct."""
 
 
 class QuotaExceeded(Exception):
@@ -96,47 +80,6 @@ class FileEntry(BaseModel):
     size: int
     mime: str
     modified: float
-
-
-@dataclass
-class FileData:
-    """A (possibly partial) read: ``data`` is ``[offset, offset+len(data))`` of ``size`` bytes."""
-
-    path: str
-    data: bytes
-    size: int
-    offset: int
-    mime: str
-
-
-# Types the platform's table may lack or get wrong for files sessions make (an exported notebook
-# was served as application/octet-stream; ``.ts`` is TypeScript here, not a Qt translation file).
-EXTRA_TYPES = {
-    ".ipynb": "application/x-ipynb+json",
-    ".ts": "text/x-typescript",
-    ".parquet": "application/vnd.apache.parquet",
-    ".jsonl": "application/jsonl",
-    ".r": "text/x-r",
-}
-
-
-def guess_mime(path: str) -> str:
-    suffix = os.path.splitext(path)[1].lower()
-    return EXTRA_TYPES.get(suffix) or mimetypes.guess_type(path)[0] or "application/octet-stream"
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a named pipe (FIFO)"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISCHR, "a device"),
-        (stat.S_ISBLK, "a device"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 @dataclass
@@ -174,149 +117,19 @@ class Workspace:
                 tracker.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    # --- path confinement -------------------------------------------------
     def parts(self, path: str) -> tuple[str, list[str]]:
         """(normalised display path, file-system components) or WorkspaceError."""
-        if not isinstance(path, str) or not path.strip():
-            raise WorkspaceError("path is empty; give a file name relative to the working directory.")
-        if "\x00" in path:
-            raise WorkspaceError("path contains a NUL byte; file names cannot.")
-        if path.startswith("/"):
-            raise WorkspaceError(
-                f"{display_name(path)!r} is an absolute path; paths are relative to the session's "
-                "working directory (e.g. 'data/input.csv')."
-            )
-        parts = [p for p in path.split("/") if p not in ("", ".")]
-        if any(p == ".." for p in parts):
-            raise WorkspaceError(
-                f"{display_name(path)[:200]!r} leaves the session's working directory ('..' is not allowed)."
-            )
-        if not parts:
-            raise WorkspaceError(f"{path!r} names the working directory itself, not a file.")
-        try:
-            size = len(os.fsencode(path))
-        except UnicodeError as exc:
-            raise WorkspaceError("path contains characters that cannot be a file name.") from exc
-        if size > MAX_PATH_BYTES or len(parts) > MAX_DEPTH:
-            raise WorkspaceError(
-                f"path is too long ({size} bytes, {len(parts)} levels; the limit is {MAX_PATH_BYTES} "
-                f"bytes and {MAX_DEPTH} levels)."
-            )
-        return "/".join(display_name(p) for p in parts), parts
-
-    @contextlib.contextmanager
-    def _parent_fd(self, parts: list[str], *, create: bool) -> Iterator[int]:
-        """An fd of the directory holding ``parts[-1]``, reached without following links."""
-        fd = os.open(self.root, _OPEN_DIR)
-        try:
-            for i, name in enumerate(parts[:-1]):
-                if create:
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(name, 0o755, dir_fd=fd)
-                        if self.owner_uid is not None:
-                            os.chown(name, self.owner_uid, self.owner_uid, dir_fd=fd, follow_symlinks=False)
-                try:
-                    nxt = os.open(name, _OPEN_DIR, dir_fd=fd)
-                except OSError as exc:
-                    where = "/".join(display_name(p) for p in parts[: i + 1])
-                    raise self._path_error(exc, where, fd, name) from exc
-                os.close(fd)
-                fd = nxt
-            yield fd
-        finally:
-            os.close(fd)
-
-    def _path_error(self, exc: OSError, where: str, dir_fd: int, name: str) -> WorkspaceError:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-            try:
-                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except OSError:
-                st = None
-            if st is not None and stat.S_ISLNK(st.st_mode):
-                return WorkspaceError(
-                    f"{where!r} is a symlink, which could lead outside the session's working directory; "
-                    "the file tools do not follow links (use the real path, or copy the file with run_code)."
-                )
-            return WorkspaceError(f"{where!r} is not a directory.")
-        if exc.errno == errno.ENOENT:
-            return WorkspaceError(
-                f"no directory {where!r} in the working directory; list_files shows what is there."
-            )
-        return WorkspaceError(f"cannot open {where!r}: {exc.strerror}.")
-
-    def _candidates(self, path: str) -> list[str]:
-        """The path as given, then with ``\\xNN`` escapes turned back into raw bytes."""
-        unescaped = _ESCAPE_RE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)), path)
-        return [path] if unescaped == path else [path, unescaped]
+        return split_path(path)
 
     # --- file operations (blocking: call the a* coroutines from async code) ----------
     def read(self, path: str, *, offset: int = 0, length: int) -> FileData:
         """Up to ``length`` bytes from ``offset`` of a regular file."""
-        if offset < 0 or length < 0:
-            raise WorkspaceError("offset and length must be zero or more.")
-        last: WorkspaceError | None = None
-        for candidate in self._candidates(path):
-            rel, parts = self.parts(candidate)
-            try:
-                with self._parent_fd(parts, create=False) as dfd:
-                    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-                    fd = os.open(parts[-1], flags, dir_fd=dfd)
-            except WorkspaceError as exc:
-                last = exc
-                continue
-            except FileNotFoundError:
-                last = WorkspaceError(
-                    f"no file {rel!r} in the working directory; list_files shows what is there."
-                )
-                continue
-            except OSError as exc:
-                last = WorkspaceError(self._open_problem(rel, exc))
-                continue
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise WorkspaceError(f"{rel!r} is {_kind(st.st_mode)}; only regular files can be read.")
-                data = os.pread(fd, length, offset) if length else b""
-            finally:
-                os.close(fd)
-            return FileData(rel, data, st.st_size, offset, guess_mime(rel))
-        assert last is not None
-        raise last
-
-    @staticmethod
-    def _open_problem(rel: str, exc: OSError) -> str:
-        if exc.errno == errno.ELOOP:
-            return f"{rel!r} is a symlink; the file tools do not follow links (use the real path)."
-        if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):
-            return f"{rel!r} is a named pipe or socket; only regular files can be read or written."
-        if exc.errno == errno.EISDIR:
-            return f"{rel!r} is a directory, not a file."
-        return f"cannot open {rel!r}: {exc.strerror}."
+        return read_file(self.root, path, offset=offset, length=length)
 
     def write(self, path: str, data: bytes) -> str:
         """Create or replace a regular file (parents created); returns the display path."""
-        rel, parts = self.parts(path)
-        with self._parent_fd(parts, create=True) as dfd:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-            try:
-                fd = os.open(parts[-1], flags, 0o644, dir_fd=dfd)
-            except OSError as exc:
-                raise WorkspaceError(self._open_problem(rel, exc)) from exc
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise WorkspaceError(
-                        f"{rel!r} is {_kind(st.st_mode)}; only regular files can be written."
-                    )
-                os.ftruncate(fd, 0)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                if self.owner_uid is not None:
-                    os.fchown(fd, self.owner_uid, self.owner_uid)
-                self._remember(rel, os.fstat(fd))
-            finally:
-                os.close(fd)
+        rel, st = write_file(self.root, path, data, self.owner_uid)
+        self._remember(rel, st)
         return rel
 
     def _remember(self, rel: str, st: os.stat_result) -> None:
