@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from kernmind.execution.sandbox import cgroup_layout, cgroups, seccomp
+from kernmind.execution.sandbox import cgroup_layout, cgroup_leftovers, cgroups, seccomp
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import CgroupsUnavailable, CgroupSupport
 from kernmind.execution.sandbox.rundir import RunDir
@@ -164,9 +164,9 @@ def test_groups_under_a_dead_servers_directory_are_found_from_the_same_parent(su
     dead = [p / "kernmind-999999999-1-dead00" for p in parents]  # no such pid
     for d in dead:
         d.mkdir()
-    cgroups.remove_orphans(parents[0])
+    cgroup_leftovers.remove_orphans(parents[0])
     if len(parents) > 1:
-        cgroups.remove_orphans(parents[1])
+        cgroup_leftovers.remove_orphans(parents[1])
     assert not any(d.exists() for d in dead)
 
 
@@ -233,11 +233,11 @@ def test_turned_off_and_required() -> None:
 
 
 def test_dead_server_names_are_told_from_live_ones() -> None:
-    me = f"kernmind-{os.getpid()}-{cgroups._start_time(os.getpid())}-abcdef"
-    assert not cgroups.server_gone(me)
-    assert cgroups.server_gone(f"kernmind-{os.getpid()}-1-abcdef")  # same pid, another start: reused
-    assert cgroups.server_gone("kernmind-999999999-5-abcdef")
-    assert not cgroups.server_gone("kernmind-server")  # not a server's directory at all
+    me = f"kernmind-{os.getpid()}-{cgroup_leftovers.start_time(os.getpid())}-abcdef"
+    assert not cgroup_leftovers.server_gone(me)
+    assert cgroup_leftovers.server_gone(f"kernmind-{os.getpid()}-1-abcdef")  # same pid, another start: reused
+    assert cgroup_leftovers.server_gone("kernmind-999999999-5-abcdef")
+    assert not cgroup_leftovers.server_gone("kernmind-server")  # not a server's directory at all
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to an unprivileged user")
@@ -257,6 +257,7 @@ def test_a_normal_user_without_a_delegated_subtree_falls_back_with_a_reason() ->
             (d / "__init__.py").write_text("")
         shutil.copy(cgroups.__file__, package / "cgroups.py")
         shutil.copy(cgroup_layout.__file__, package / "cgroup_layout.py")
+        shutil.copy(cgroup_leftovers.__file__, package / "cgroup_leftovers.py")
         for f in [f for d in levels for f in d.iterdir()]:
             if f.is_file():
                 f.chmod(0o644)
@@ -395,7 +396,7 @@ def v2_dir() -> Iterator[Path]:
     try:
         yield d
     finally:
-        assert cgroups.remove_server_dir(d) and not d.exists()
+        assert cgroup_leftovers.remove_server_dir(d) and not d.exists()
 
 
 @needs_v2_tree

@@ -1,53 +1,23 @@
-"""Control groups per session: one memory limit and one process limit for all a session runs.
+"""Control groups per session: one memory and one process limit for all a session runs.
 
-RLIMIT_DATA and RLIMIT_NPROC bound one process (and, for NPROC, one uid); a session can run
-many processes, and what it writes into its in-memory ``/tmp`` and ``/dev/shm`` is memory
-that no process owns. The kernel's memory and pids controllers count both: tmpfs pages are
-charged to the group of the process that wrote them. So every process a session starts —
-its kernel's sandbox, a fork-server kernel, each subprocess call, a JShell host — joins
-that session's group, which has ``memory`` = ``--memory-mb`` and ``pids`` = ``--max-processes``.
+Design (modes and limits: docs/security.md, "Where the limits come from" and "The processor,
+shared")
+- Every process a session starts (its kernel's sandbox, a forked kernel, each subprocess, a
+  JShell host) joins the session's group at birth: ``Sandbox.wrap(join=group.join)`` puts a
+  shell in front that writes its pid into each ``cgroup.procs`` and ``exec``s the command; a
+  fork-server waiter writes itself in before it forks (``forkserver/fork_child.py``). tmpfs
+  pages count against the group of whoever wrote them.
+- v2: ``memory.max``, ``memory.swap.max = 0``, ``memory.oom.group = 1``, ``pids.max``, the
+  processes in the leaf ``G/procs`` (a sandbox's cgroup namespace is rooted below the limits);
+  v1: a group in the memory and pids hierarchies (no ``oom.group``: the supervisor ``kill``s).
+  Where found (``cgroup_layout.py``), the server's ``cpu`` directory carries
+  ``DEFAULT_CPU_WEIGHT``, so all sandboxes together weigh as much as the server.
+- Each server keeps its groups in ``kernmind-<pid>-<start time>-<random>``; what a dead
+  server left is removed by the next (``cgroup_leftovers.py``).
 
-Where groups can be made — cgroup v2 (root, or a delegated subtree), cgroup v1 (root), or
-none — is decided once at start (``CgroupSupport.detect``; how, in ``sandbox/cgroup_layout.py``).
-A session's group carries the memory and process limits: on v2 ``memory.max``,
-``memory.swap.max = 0``, ``memory.oom.group = 1`` (the out-of-memory killer stops the whole
-session) and ``pids.max``, its processes in the leaf ``G/procs`` (so a sandbox's cgroup
-namespace, bwrap ``--unshare-cgroup-try``, is rooted below the limits and cannot see or raise
-them); on v1 a group in the memory and the pids hierarchy, with ``memory.limit_in_bytes``
-(and ``memory.memsw.limit_in_bytes`` where swap is accounted) and ``pids.max``. v1 has no
-``oom.group``: when the killer has stopped one process, the supervisor stops the rest of
-the session (``kill``). Where no group can be made (``--cgroups none``, a normal user
-without a delegated v2 subtree, not Linux), the per-process rlimits stay the only limits,
-and ``kernmind doctor`` says so.
-
-**The processor is shared, with the server first.** Where the ``cpu`` controller can be used
-(v2 with ``cpu`` available, or a writable v1 ``cpu`` hierarchy; optional, see
-``cgroup_layout.detect_cpu_base``), the server's directory in it carries ``DEFAULT_CPU_WEIGHT``
-(``cpu.weight``; v1 ``cpu.shares`` at 1024 per 100): every sandbox of every session, together,
-weighs that much against the server process and the host's other processes when the processor
-is contended, and nothing is taken from them when it is idle. Each session's group has the
-default weight, so sessions share what sandboxes get equally, however many processes or
-threads one of them spins. A principal's CPU-bound code then cannot starve the server's event
-loop, which answers every other principal (``benchmarks/bench_shared_load.py``). Groups
-replace the kernel's per-session "autogroups" here: bubblewrap's ``--new-session`` would
-otherwise give every sandbox a scheduling group as heavy as the whole server.
-
-Layout: each server makes one directory per hierarchy, ``kernmind-<pid>-<start time>-<random>``
-(the pid and its start time name one process), and puts every session's group in it. A
-server that dies leaves it behind; the next server started from the same group, or on
-the same data directory (the run directory lists it, see ``rundir.py``), finds it, kills
-what still runs in it and removes it.
-
-Processes join a group at birth: ``Sandbox.wrap(join=group.join)`` (or ``join_argv``) puts
-a shell in front of the command that writes its own pid into each ``cgroup.procs`` and
-``exec``s the command (so the group holds it from its first instruction, whatever uid it
-later drops to); a fork-server waiter writes itself in before it forks the kernel
-(``kernels/forkserver/template.py``).
-
-Error policy: detection never raises (it returns mode ``none`` with the reason, and
-``--cgroups required`` turns that into ``CgroupsUnavailable`` at start); making a group
-raises ``OSError``, which callers turn into "no group" with a warning; removing one never
-raises (what cannot be removed yet is retried when the server stops).
+Error policy: detection never raises (mode ``none`` with the reason; ``--cgroups required``
+makes that ``CgroupsUnavailable`` at start); making a group raises ``OSError``, which callers
+turn into "no group" with a warning; removing one never raises.
 """
 
 from __future__ import annotations
@@ -66,19 +36,23 @@ from pathlib import Path
 from kernmind.execution.sandbox.cgroup_layout import (
     CONTROLLERS,
     CPU,
-    SERVER_LEAF,
     Mode,
     detect_cpu_base,
     detect_layout,
     enable_controllers,
 )
+from kernmind.execution.sandbox.cgroup_leftovers import (
+    KILL_WAIT,
+    SERVER_PREFIX,
+    remove_orphans,
+    rmdir_tree,
+    start_time,
+)
 
 log = logging.getLogger(__name__)
 
-SERVER_PREFIX = "kernmind-"
 LEAF = "procs"  # v2: a session's processes live here, below the group that carries the limits
 JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; exec "$@"'
-KILL_WAIT = 2.0  # seconds to wait for killed processes to leave a group before giving up on it
 DEFAULT_CPU_WEIGHT = 100  # cgroup v2's default weight (an ordinary group); v1 shares are 1024 per 100
 
 
@@ -204,7 +178,7 @@ class Cgroup:
             os.close(self._oom_fd)
             self._oom_fd = None
         self.kill()
-        ok = all(_rmdir_tree(d) for d in self.dirs)
+        ok = all(rmdir_tree(d) for d in self.dirs)
         self.removed = ok
         return ok
 
@@ -245,7 +219,7 @@ class CgroupSupport:
             return cls.disabled(found)
         mode, bases, how = found
         # The pid and start time name this server; the token, this instance (tests run several).
-        name = f"{SERVER_PREFIX}{os.getpid()}-{_start_time(os.getpid())}-{secrets.token_hex(3)}"
+        name = f"{SERVER_PREFIX}{os.getpid()}-{start_time(os.getpid())}-{secrets.token_hex(3)}"
         made: list[Path] = []
         try:
             for base in bases:
@@ -257,7 +231,7 @@ class CgroupSupport:
                     enable_controllers(server_dir)
         except OSError as exc:
             for d in made:
-                _rmdir_tree(d)
+                rmdir_tree(d)
             reason = f"cannot make a control group under {bases[len(made)]}: {exc.strerror or exc}"
             if setting == "required":
                 raise CgroupsUnavailable(f"--cgroups required: {reason}") from exc
@@ -287,7 +261,7 @@ class CgroupSupport:
                 try:
                     (server_dir / "cpu.shares").write_text(str(v1_shares(weight)))
                 except OSError:
-                    _rmdir_tree(server_dir)
+                    rmdir_tree(server_dir)
                     raise
                 self.server_dirs = (*self.server_dirs, server_dir)  # v1 sessions get a cpu group too
         except OSError as exc:
@@ -332,7 +306,7 @@ class CgroupSupport:
                 join = tuple(d / "cgroup.procs" for d in dirs)
         except OSError:
             for d in made:
-                _rmdir_tree(d)
+                rmdir_tree(d)
             raise
         # A session's group keeps the default weight: sessions share the sandboxes' part equally.
         cpu_dir = None if self.cpu_dir is None else self.cpu_dir / name
@@ -349,7 +323,7 @@ class CgroupSupport:
             group.remove()
         self._leftovers.clear()
         for d in self.server_dirs:
-            _rmdir_tree(d)
+            rmdir_tree(d)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -360,99 +334,15 @@ class CgroupSupport:
         }
 
 
-# --- leftovers of servers that died --------------------------------------------------------
-
-
-def remove_orphans(base: Path) -> int:
-    """Remove the ``kernmind-<pid>-<start>`` directories under ``base`` whose server is gone."""
-    removed = 0
-    try:
-        entries = [e for e in os.scandir(base) if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return 0
-    for entry in entries:
-        if entry.name.startswith(SERVER_PREFIX) and entry.name != SERVER_LEAF and server_gone(entry.name):
-            if remove_server_dir(Path(entry.path)):
-                removed += 1
-    if removed:
-        log.info("removed %d control groups left by servers that stopped without cleaning up", removed)
-    return removed
-
-
-def server_gone(name: str) -> bool:
-    """True when the server that named its directory ``name`` is no longer running."""
-    parts = name.removeprefix(SERVER_PREFIX).split("-")
-    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
-        return False
-    pid, start = int(parts[0]), int(parts[1])
-    return _start_time(pid) != start
-
-
-def remove_server_dir(server_dir: Path) -> bool:
-    """Kill every process left in a server's groups and remove them; a directory holding a
-    process this server cannot see (another pid namespace shares the hierarchy) is left alone."""
-    pids = _pids_below(server_dir)
-    if any(pid == 0 or not os.path.exists(f"/proc/{pid}") for pid in pids):
-        return False
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    return _rmdir_tree(server_dir)
-
-
-def _pids_below(directory: Path) -> list[int]:
-    pids: list[int] = []
-    for dirpath, _, filenames in os.walk(directory):
-        if "cgroup.procs" in filenames:
-            with contextlib.suppress(OSError, ValueError):
-                pids += [int(p) for p in Path(dirpath, "cgroup.procs").read_text().split()]
-    return pids
-
-
 # --- small helpers -------------------------------------------------------------------------
 
 
 def _write(path: Path, value: str, *, optional: bool = False) -> None:
     try:
         path.write_text(value)
-    except FileNotFoundError:
-        if not optional:
-            raise
     except OSError:
         if not optional:
             raise
-
-
-def _rmdir_tree(directory: Path) -> bool:
-    """Remove a group and the groups below it (deepest first); retried while killed processes
-    leave (``EBUSY``); True when it is gone."""
-    deadline = time.monotonic() + KILL_WAIT
-    while True:
-        try:
-            below = sorted(
-                (Path(p) for p, _, _ in os.walk(directory)), key=lambda p: len(p.parts), reverse=True
-            )
-            for d in below:
-                with contextlib.suppress(FileNotFoundError):
-                    d.rmdir()
-            return True
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                log.debug("cannot remove control group %s yet: %s", directory, exc)
-                return not directory.exists()
-            for pid in _pids_below(directory):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.02)
-
-
-def _start_time(pid: int) -> int | None:
-    """The start time of ``pid`` in clock ticks since boot (None: no such process)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
 
 
 def read_small(path: Path) -> str:

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kernmind.execution.sandbox import cgroups
+from kernmind.execution.sandbox import cgroup_leftovers
 
 log = logging.getLogger(__name__)
 
@@ -132,10 +132,10 @@ def _remove_cgroups(listing: Path) -> None:
         # Only what such a list can hold: a server's own directory under a cgroup file system.
         if (
             line.strip()
-            and path.name.startswith(cgroups.SERVER_PREFIX)
+            and path.name.startswith(cgroup_leftovers.SERVER_PREFIX)
             and str(path).startswith("/sys/fs/cgroup/")
         ):
-            cgroups.remove_server_dir(path)
+            cgroup_leftovers.remove_server_dir(path)
 
 
 def socket_root(preferred: Path) -> Path:
