@@ -346,8 +346,7 @@ async def test_killing_every_visible_process(h: Harness) -> None:
         "import os, signal, subprocess, time\n"
         "kids = [subprocess.Popen(['sleep', '300']) for _ in range(3)]\n"
         "try:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass\n"
-        "time.sleep(0.2)\n"
-        "[k.poll() for k in kids]"
+        "[k.wait(timeout=30) for k in kids]"
     )
     out = await h.run(code, "kill-all")
     if out["status"] == "ok":  # the kernel itself is spared by kill(-1); its children are not
@@ -357,13 +356,20 @@ async def test_killing_every_visible_process(h: Harness) -> None:
     await h.healthy("kill-all")
 
 
+async def until_running(pattern: str, seconds: float = 30) -> bool:
+    """Whether a host process matching ``pattern`` appears within ``seconds`` (a daemon's fork)."""
+    with anyio.move_on_after(seconds):
+        while not host_processes_matching(pattern):  # noqa: ASYNC110 - polling /proc
+            await anyio.sleep(0.02)
+    return bool(host_processes_matching(pattern))
+
+
 async def test_a_daemon_does_not_outlive_its_session(h: Harness) -> None:
     """A double-forked, setsid daemon dies when its session is closed."""
     marker = "987651"
     code = f"import subprocess\nsubprocess.Popen(['setsid', 'sleep', '{marker}'], start_new_session=True)"
     await h.run(code, "daemon")
-    await anyio.sleep(0.5)
-    assert host_processes_matching(f"sleep\x00{marker}"), "the daemon did not start"
+    assert await until_running(f"sleep\x00{marker}"), "the daemon did not start"
     structured(await h.client.call_tool("close_session", {"session_id": "daemon"}))
     for _ in range(50):
         if not host_processes_matching(f"sleep\x00{marker}"):
@@ -394,9 +400,7 @@ async def test_a_daemon_does_not_outlive_the_server(tmp_path: Path) -> None:
     async with Client(params) as client:
         code = f"import subprocess\nsubprocess.Popen(['setsid', 'sleep', '{marker}'], start_new_session=True)"
         structured(await client.call_tool("run_code", {"code": code}))
-        await anyio.sleep(0.5)
-        found = host_processes_matching(f"sleep\x00{marker}")
-        assert found
+        assert await until_running(f"sleep\x00{marker}"), "the daemon did not start"
         for pid in host_processes_matching("kernmind\x00serve"):
             if str(tmp_path) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
                 server_pid = pid

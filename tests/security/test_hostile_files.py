@@ -161,7 +161,9 @@ async def test_a_file_that_keeps_growing_is_read_in_bounded_parts(h: Harness) ->
         "        while True:\n"
         "            f.write('x' * 65536); f.flush()\n"
         "threading.Thread(target=grow, daemon=True).start()\n"
-        "import time; time.sleep(0.5)"
+        "import os, time\n"
+        "while not os.path.exists('grow.log') or os.path.getsize('grow.log') < 2**20:\n"
+        "    time.sleep(0.01)"
     )
     await h.run(code, "grow")
     got = await h.client.call_tool("download_file", {"path": "grow.log", "session_id": "grow"})

@@ -148,6 +148,24 @@ def server_group_dirs(server_pid: int) -> list[str]:
     return found
 
 
+def oom_kills_in_groups(server_pid: int) -> int:
+    """Processes the out-of-memory killer stopped in the server's control groups (what the server
+    itself reads before a call to say a session was stopped between calls)."""
+    kills = 0
+    for top in server_group_dirs(server_pid):
+        for dirpath, _, filenames in os.walk(top):
+            for name in ("memory.events", "memory.oom_control"):
+                if name in filenames:
+                    try:
+                        text = Path(dirpath, name).read_text()
+                    except OSError:
+                        continue
+                    kills += sum(
+                        int(line.split()[1]) for line in text.splitlines() if line.startswith("oom_kill ")
+                    )
+    return kills
+
+
 def processes_in_groups(server_pid: int) -> list[int]:
     """Live processes inside the server's control groups."""
     pids = []
@@ -220,7 +238,7 @@ async def test_memory_in_another_language_is_the_sessions_too(alice: Client, bob
 
 @needs_groups
 async def test_a_process_left_running_that_outgrows_the_session_is_stopped_between_calls(
-    alice: Client,
+    deployment: Deployment, alice: Client
 ) -> None:
     """A background thread that keeps filling /dev/shm after its call returned: the next call
     says the session was stopped for its memory."""
@@ -231,8 +249,11 @@ async def test_a_process_left_running_that_outgrows_the_session_is_stopped_betwe
         "        open(f'/dev/shm/bg{i}', 'wb').write(b'x' * 10 * 2**20); time.sleep(0.02)\n"
         "threading.Thread(target=fill, daemon=True).start()"
     )
+    pid = deployment.server.proc.pid
+    kills = oom_kills_in_groups(pid)
     assert (await run(alice, code, "mem-between"))["status"] == "ok"
-    await anyio.sleep(4)
+    # the thread outgrows the session once it has written 300 MiB: wait for the kill, not for a time
+    assert await anyio.to_thread.run_sync(lambda: wait_until(lambda: oom_kills_in_groups(pid) > kills, 60))
     out = await run(alice, "1 + 1", "mem-between")
     assert any(
         "between calls, the session used more than its 300 MiB memory limit" in n for n in out["notes"]

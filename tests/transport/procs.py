@@ -273,6 +273,13 @@ class StdioServer:
                 return message["result"]
             self.notes.append(message)
 
+    def wait_for_note(self, predicate: Any, timeout: float = 60.0) -> dict[str, Any]:
+        """The first message from the server, not an answer to a request, that ``predicate`` takes."""
+        deadline = time.monotonic() + timeout
+        while not predicate(message := self._read_message(deadline)):
+            self.notes.append(message)
+        return message
+
     def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         result = self.request("tools/call", {"name": name, "arguments": arguments})
         assert not result.get("isError"), result

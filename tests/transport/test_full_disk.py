@@ -154,11 +154,14 @@ async def test_a_full_disk_stops_no_one_and_everything_recovers_by_itself(deploy
         await run(bob, "y = 1", "b")
         structured(await alice.call_tool("memory_create", {"label": "notes", "value": "one"}))
         structured(await bob.call_tool("memory_list", {}))
+        # bob's job runs until the test removes its `hold` file (a removal works on a full disk too),
+        # so it finishes while the disk is full, whatever the time filling it took
+        await run(bob, "open('hold', 'w').close()", "j")
+        hold = data / "sessions" / "bob" / "j" / "files" / "hold"
+        assert hold.exists()
+        code = "import os, time\nwhile os.path.exists('hold'):\n    time.sleep(0.05)\n6 * 7"
         job = structured(
-            await bob.call_tool(
-                "run_code",
-                {"code": "import time; time.sleep(4); 6 * 7", "session_id": "j", "background": True},
-            )
+            await bob.call_tool("run_code", {"code": code, "session_id": "j", "background": True})
         )["job_id"]
 
         # alice fills the disk from inside her session; the call itself is answered.
@@ -184,6 +187,8 @@ async def test_a_full_disk_stops_no_one_and_everything_recovers_by_itself(deploy
             await bob.call_tool("run_code", {"code": "1", "session_id": "k", "background": True})
         )
         assert f"{FULL} start a background job" in text, text
+
+        hold.unlink()
 
         async def job_done() -> bool:
             status = structured(await bob.call_tool("job_status", {"job_id": job}))

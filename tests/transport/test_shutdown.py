@@ -101,10 +101,23 @@ def test_stdio_shutdown_leaves_nothing_behind(tmp_path: Path, how: str) -> None:
                 "jsonrpc": "2.0",
                 "id": 999,
                 "method": "tools/call",
-                "params": {"name": "run_code", "arguments": {"code": "time.sleep(60)", "session_id": "busy"}},
+                "params": {
+                    "name": "run_code",
+                    "arguments": {
+                        "code": "print('sleeping', flush=True); time.sleep(60)",
+                        "session_id": "busy",
+                    },
+                    "_meta": {"progressToken": "busy"},
+                },
             }
         )
-        time.sleep(0.5)
+        # the stop is sent once the server reports the call running (its progress), not after a sleep
+        server.wait_for_note(
+            lambda m: (
+                m.get("method") == "notifications/progress"
+                and "sleeping" in (m.get("params", {}).get("message") or "")
+            )
+        )
         before, runtime_dirs = _kernel_tree(server.proc.pid, kernels=2)
 
         t0 = time.monotonic()

@@ -38,11 +38,15 @@ async def test_a_gateway_restart_gives_a_clear_error_then_recovers(
             results: dict[str, dict] = {}
 
             async def running() -> None:
-                results["cut"] = await run(client, "import time\ntime.sleep(8)", session_id="g")
+                code = "import time\nopen('started', 'w').close()\ntime.sleep(8)"
+                results["cut"] = await run(client, code, session_id="g")
 
+            (workspace,) = {p.parent for p in tmp_path.rglob("kept.txt")}
             async with anyio.create_task_group() as tg:
                 tg.start_soon(running)
-                await anyio.sleep(1.5)
+                with anyio.fail_after(30):  # the kernel is inside the call
+                    while not (workspace / "started").exists():  # noqa: ASYNC110 - a file the kernel writes
+                        await anyio.sleep(0.02)
                 await anyio.to_thread.run_sync(gateway.stop)
             cut = results["cut"]
             assert cut["status"] == "error" and cut["error"]["name"] == "KernelDied"

@@ -156,7 +156,12 @@ async def test_a_cancelled_acquire_leaves_no_kernel_running(
         tg.cancel_scope.cancel()  # the call is cancelled where it waits (the client went away)
     assert got == []
     assert factory.made, "the case never took a kernel"
-    await anyio.sleep(pool_module.BACKGROUND_DELAY + 0.3)
-    leaked = [k for k in factory.made if not k.stopped and k not in pool._ready]
-    assert leaked == [], f"cancelled at {where}: {len(leaked)} kernel(s) left running"
+
+    def leaked() -> list[FakeKernel]:
+        return [k for k in factory.made if not k.stopped and k not in pool._ready]
+
+    with anyio.move_on_after(10):  # a released kernel is stopped in the background: wait for that, not a time
+        while leaked():  # noqa: ASYNC110 - the pool's stop sets a flag, no event to wait on
+            await anyio.sleep(0.01)
+    assert leaked() == [], f"cancelled at {where}: {len(leaked())} kernel(s) left running"
     assert (tmp_path / "session" / "data.csv").read_text() == "a,b\n"  # the session's files stay
