@@ -48,6 +48,7 @@ from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.rundir import RunDir
 from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
+from kernmind.execution.sessions import disk_store
 from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
 from kernmind.execution.sessions.jobs import Job, Jobs
 from kernmind.execution.sessions.registry import LOCAL_OWNER, SessionError, SessionRegistry
@@ -111,7 +112,7 @@ class Executor:
         self.socket_rundir = socket_rundir or self.rundir
         self.packages = packages or parts.installer(settings, sandbox, self.runtime)
         self.guard = guard or SandboxGuard.create(self.packages.cache_dir / "shims")
-        self.pool = KernelPool(factory, settings.pool_size)
+        self.pool = KernelPool(factory, settings.pool_size, rebind=disk_store.rebind)
         self.kernel_extras: list[KernelExtras] = []  # what other parts add to local kernels
         self.python: PythonRunner | None = None
         budget = SnapshotBudget(settings.snapshot_mb * 1024 * 1024)

@@ -457,3 +457,13 @@ class OutputCollector:
 
     def elapsed_ms(self) -> float:
         return round((time.perf_counter() - self.started) * 1000, 2)
+
+
+def ago(seconds: float) -> str:
+    """``seconds`` as "3 minutes ago"."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n != 1 else ''} ago"
+    return f"{int(seconds)} seconds ago"

@@ -121,6 +121,9 @@ async def test_finished_jobs_leave_server_memory_and_their_results_stay_readable
             )
             ids.append(structured(started)["job_id"])
         statuses = [await wait_for_job(c, job_id) for job_id in ids]
+        for job in list(executor.jobs.jobs.values()):  # (a job says done just before its record is written)
+            assert job.done is not None
+            await job.done.wait()
         assert not executor.jobs.jobs, list(executor.jobs.jobs)  # none kept in memory
         for n, (job_id, status) in enumerate(zip(ids, statuses, strict=True)):
             again = structured(await c.call_tool("job_status", {"job_id": job_id}))

@@ -14,7 +14,7 @@ kernel (in the background): no kernel is left running that nobody owns, and a ke
 in a session's directory is marked ``home_bound`` at once, so stopping it keeps the files.
 
 ``acquire(home)`` hands out a kernel bound to a session's working directory: a warm
-kernel's empty directory is moved into place (``store.rebind``: renames, no copies), or,
+kernel's empty directory is moved into place (``rebind``, the store's: renames, no copies), or,
 with no warm kernel (or directories on different file systems), a kernel is started with
 ``home`` bound directly. Either way the files are then handed to the kernel's sandbox uid
 (``own_tree``) and the kernel is marked ``home_bound``: stopping it never deletes them.
@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -38,7 +40,6 @@ from kernmind.execution.kernels.api import Kernel, KernelFactory
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
-from kernmind.execution.sessions.disk_store import rebind
 from kernmind.supervise import keeps_running
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,12 @@ STARTUP_DELAY = 1.0  # seconds after start before the first refill: the handshak
 
 
 class KernelPool:
-    def __init__(self, factory: KernelFactory, size: int) -> None:
+    def __init__(
+        self, factory: KernelFactory, size: int, rebind: Callable[[Path, Path], None] | None = None
+    ) -> None:
         self.factory = factory
         self.size = size
+        self._rebind = rebind  # (home, spare): a warm kernel's directory becomes home (None: never)
         self._ready: deque[Kernel] = deque()
         self._wake = anyio.Event()
         self._tg: TaskGroup | None = None
@@ -151,11 +155,12 @@ class KernelPool:
             await _join(kernel, limits)
             return kernel
         # A warm kernel has no --mount folder: a session whose owner has some starts its own (host_mounts.py).
-        if kernel is not None and (not self.factory.rebinds_warm_kernels or _mounts_for(self.factory, home)):
+        rebind = self._rebind if self.factory.rebinds_warm_kernels else None
+        if kernel is not None and (rebind is None or _mounts_for(self.factory, home)):
             self._ready.appendleft(kernel)  # it cannot move into another directory: start one there
             kernel = None
             held.clear()
-        if kernel is not None:
+        if kernel is not None and rebind is not None:
             spare = kernel.workspace.root
             try:
                 await off_loop(lambda: rebind(home.root, spare), timeout=None)

@@ -39,7 +39,7 @@ field by field and bounded; a malformed or forged one counts as a failed save or
 
 **A save that never finished** (the server killed during it) is noted on resume: the
 meta records when a save began (``save_started``), why the last one failed
-(``save_failed``) and since when code ran unsaved (``unsaved_since``); ``lost_note`` turns
+(``save_failed``) and since when code ran unsaved (``unsaved_since``); ``snapshot_files.lost_note`` turns
 them into the sentence the next call reads. A failed save removes its temporary file, so
 a full disk is not made fuller by half a snapshot.
 
@@ -57,11 +57,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernmind.execution.kernels.api import Kernel
-from kernmind.execution.results import OutputCollector
-from kernmind.execution.sessions.disk_store import SNAPSHOT_DIR, Meta, ago
+from kernmind.execution.results import OutputCollector, ago
 
 log = logging.getLogger(__name__)
 
+SNAPSHOT_DIR = ".km-state"  # inside files/: where sessions before round 4 kept their variables
 SNAPSHOT_FILE = f"{SNAPSHOT_DIR}/namespace.pkl"
 GRACE = 5.0  # seconds past the budget the server waits before interrupting the kernel
 MAX_LISTED = 30  # names shown in a note
@@ -335,26 +335,6 @@ def _string_map(value: Any, limit: int = 10_000) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise TypeError("not a map of strings")
     return {str(k)[:MAX_NAME]: v[:MAX_REASON] for k, v in list(value.items())[:limit]}
-
-
-def lost_note(meta: Meta) -> str | None:
-    """Why variables of a resumed session may be missing, from what its meta recorded (None: nothing lost)."""
-    if meta.save_started is not None:
-        return (
-            f"saving this session's variables began {ago(time.time() - meta.save_started)} and never finished "
-            "(the server stopped during the save), so the variables from then could not be restored"
-        )
-    if meta.unsaved_since is not None and meta.save_failed:
-        return (
-            f"this session's variables could not be saved when its interpreter stopped ({meta.save_failed[:200]}), "
-            "so the variables made since its last save could not be restored"
-        )
-    if meta.unsaved_since is not None:
-        return (
-            f"code ran in this session {ago(time.time() - meta.unsaved_since)} and later, and the server stopped "
-            "before saving the variables it made, so they could not be restored"
-        )
-    return None
 
 
 def skipped_note(skipped: dict[str, str]) -> str:

@@ -236,7 +236,7 @@ class PythonRunner:
 
     async def _restore(self, session: Session, kernel: Kernel) -> list[str]:
         meta, ws, home = session.meta, session.files(), session.home
-        lost = snapshot.lost_note(meta) if meta is not None and self.budget.max_bytes > 0 else None
+        lost = snapshot_files.lost_note(meta) if meta is not None and self.budget.max_bytes > 0 else None
         host, inner = self._snapshot_place(ws, kernel)
         lent = False
         if home is not None and host is not None:

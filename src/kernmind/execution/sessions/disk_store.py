@@ -71,6 +71,7 @@ from typing import Any
 
 from kernmind.diskio import Reserve, kind_of, read_file, write_file
 from kernmind.execution.errors import SessionError
+from kernmind.execution.kernels.snapshot import SNAPSHOT_DIR as SNAPSHOT_DIR  # (its legacy place)
 from kernmind.execution.sandbox.filescan import scan_tree
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,6 @@ ATTACHING = ".attach"
 LOCK = ".lock"
 META = "meta.json"
 HISTORY = "history.jsonl"
-SNAPSHOT_DIR = ".km-state"  # inside files/: where sessions before round 4 kept their variables
 STATE = "state"  # beside files/: the saved variables (state/namespace.pkl), out of the kernel's listdir
 SNAPSHOT_NAME = "namespace.pkl"
 MAX_META_BYTES = 64 * 1024
@@ -255,16 +255,6 @@ def rebind(home: Path, spare: Path) -> None:
     except OSError:
         SessionHome(home.parent, "", "").recover()
         raise
-
-
-def ago(seconds: float) -> str:
-    """``seconds`` as "3 minutes ago"."""
-    seconds = max(0.0, seconds)
-    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
-        if seconds >= size:
-            n = int(seconds // size)
-            return f"{n} {unit}{'s' if n != 1 else ''} ago"
-    return f"{int(seconds)} seconds ago"
 
 
 def holder_pid(root: Path) -> int | None:

@@ -26,8 +26,9 @@ import anyio
 
 from kernmind.execution.errors import SessionError
 from kernmind.execution.packages.layer import Layer
+from kernmind.execution.results import ago
 from kernmind.execution.sandbox.workspace import Workspace
-from kernmind.execution.sessions.disk_store import LOCAL_OWNER, Meta, SessionHome, ago
+from kernmind.execution.sessions.disk_store import LOCAL_OWNER, Meta, SessionHome
 
 if TYPE_CHECKING:
     from kernmind.execution.sandbox.limits import SessionLimits

@@ -38,13 +38,14 @@ from anyio.abc import TaskGroup
 
 from kernmind.execution.kernels.gateway.client import GatewayUnavailable, KernelGone
 from kernmind.execution.kernels.gateway.kernels import GatewayKernel, GatewayKernelFactory, SharedWorkspaces
-from kernmind.execution.runners.python import LANGUAGE
 from kernmind.execution.sessions.postgres_rows import SessionRecord, SessionRows
 from kernmind.execution.sessions.registry import LOCAL_OWNER, SessionError, SessionRegistry
 from kernmind.execution.sessions.session import Session, check_session_id
 from kernmind.supervise import keeps_running
 
 log = logging.getLogger(__name__)
+
+LANGUAGE = "python"  # the Python runner's key in ``Session.state`` (runners sit above sessions)
 
 IDLE_NOTE = "this session had been idle too long and was closed; it starts from a fresh interpreter."
 GONE_NOTE = (

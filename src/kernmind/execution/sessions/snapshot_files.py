@@ -5,6 +5,7 @@ Design: the kernel writes its snapshot in its own runtime directory (``kernels/s
 at all; ``lend`` puts a link to it (a copy across file systems) in a kernel's runtime directory
 for a restore; ``adopt_legacy`` moves a snapshot an earlier version kept in ``files/.km-state``
 (where the kernel's ``os.listdir()`` showed it) beside the files. Links are never followed.
+``lost_note`` says why a resumed session's variables may be missing (from its meta).
 
 Error policy: each raises ``OSError`` when the disk refuses (a full disk): the previous snapshot
 stays where it was; the caller says so in the session's meta or log.
@@ -17,9 +18,12 @@ import errno
 import os
 import shutil
 import stat
+import time
 from pathlib import Path
 
-from kernmind.execution.sessions.disk_store import SNAPSHOT_DIR, SNAPSHOT_NAME, STATE, SessionHome
+from kernmind.execution.kernels.snapshot import SNAPSHOT_DIR
+from kernmind.execution.results import ago
+from kernmind.execution.sessions.disk_store import SNAPSHOT_NAME, STATE, Meta, SessionHome
 
 
 def adopt_legacy(home: SessionHome) -> None:
@@ -92,3 +96,23 @@ def lend(home: SessionHome, into: Path, uid: int | None) -> bool:
         os.chown(into.parent, uid, uid)
         os.chown(into, uid, uid)
     return True
+
+
+def lost_note(meta: Meta) -> str | None:
+    """Why variables of a resumed session may be missing, from what its meta recorded (None: nothing lost)."""
+    if meta.save_started is not None:
+        return (
+            f"saving this session's variables began {ago(time.time() - meta.save_started)} and never finished "
+            "(the server stopped during the save), so the variables from then could not be restored"
+        )
+    if meta.unsaved_since is not None and meta.save_failed:
+        return (
+            f"this session's variables could not be saved when its interpreter stopped ({meta.save_failed[:200]}), "
+            "so the variables made since its last save could not be restored"
+        )
+    if meta.unsaved_since is not None:
+        return (
+            f"code ran in this session {ago(time.time() - meta.unsaved_since)} and later, and the server stopped "
+            "before saving the variables it made, so they could not be restored"
+        )
+    return None

@@ -22,7 +22,8 @@ from typing import Any
 
 from kernmind.config import Settings
 from kernmind.execution.errors import SessionError
-from kernmind.execution.sessions.disk_store import LOCAL_OWNER, SessionStore, ago
+from kernmind.execution.results import ago
+from kernmind.execution.sessions.disk_store import LOCAL_OWNER, SessionStore
 
 
 def add_parser(sub: Any, settings_flags: argparse.ArgumentParser) -> None:
