@@ -1,24 +1,17 @@
 """MCP on stdin/stdout: what desktop clients launch.
 
-Design
-- The SDK's ``run_stdio_async`` reads stdin on a worker thread that cannot be cancelled, so a
-  signal could never finish a shutdown while the client keeps stdin open. We read stdin
-  ourselves, on a private duplicate of fd 0 (fd 0 itself then points at /dev/null, as the
-  SDK does), and frame the lines ourselves (stdio_framing.py: every line the SDK cannot read
-  is answered in words, a line past ``--max-request-mb`` is read past without being kept).
-  When stdin is a pipe or a socket (what clients launch us with) the event loop itself waits
-  for it to be readable and reads what is there: no thread, no hop per request; otherwise (a
-  terminal, a file) a daemon thread reads it line by line. Either way the async side is
-  cancellable. A signal cancels the serving scope; the lifespan's shielded cleanup runs
-  (shutdown.py). Stdin closing is the normal way a client says goodbye; a client that closes
-  our stdout says it too (nobody could read an answer), and the server stops the same way.
-- Answers are written to a private duplicate of fd 1, non-blocking, straight from the event
-  loop (``StdoutLines``): the SDK's default hands every write and every flush to a worker
-  thread, two thread hops per answer on every call's path. A client slow to read makes the
-  write wait for the pipe to drain (``wait_writable``), never the event loop. fd 1 itself
-  points at stderr meanwhile (as the SDK does), so stray output misses the wire.
-- When stdin is a terminal (a person typed ``kernmind serve``), one line on stderr says that
-  it speaks MCP on stdio and how to try it.
+Design: we read stdin and write stdout ourselves instead of the SDK's ``stdio_server``, whose
+reader is a worker thread a signal cannot cancel and whose writer hops to a thread twice per
+answer. Stdin is read on a private duplicate of fd 0 (fd 0 then points at /dev/null), on the
+event loop when it is a pipe or a socket, else through a daemon thread; answers are written from
+the event loop to a non-blocking duplicate of fd 1 (fd 1 then points at stderr, so stray output
+misses the wire), waiting for a slow client's pipe to drain. Lines are framed and every bad one
+answered in stdio_framing.py. A signal cancels the serving scope and the lifespan's shielded
+cleanup runs (shutdown.py); stdin closing, or the client closing our stdout, ends serving the
+same way. On a terminal, one line on stderr says what the server waits for.
+
+Error policy: nothing on stdin raises out of here; a line past ``--max-request-mb`` is read past
+without being kept and answered.
 """
 
 from __future__ import annotations
@@ -35,7 +28,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from kernmind.transport.shutdown import Shutdown, watch_signals
 from kernmind.transport.stdio_framing import HEAD_BYTES, Line, Oversize, line_streams
@@ -51,11 +44,10 @@ class StdinLines:
 
     A line longer than ``max_line`` is read past without being kept and stands as an
     ``Oversize`` (its first bytes and its size): a client's endless line cannot fill the
-    server's memory. It reads a private duplicate of fd 0: on the event loop (non-blocking) when that is a pipe
-    or a socket, else on a daemon thread that hands lines to the loop. fd 0 itself is pointed
-    at /dev/null so that nothing else (a child, stray ``input()``) can steal protocol bytes.
-    A blocked read never delays shutdown: the thread is a daemon and the async side simply
-    stops listening.
+    server's memory. It reads a private duplicate of fd 0 (fd 0 itself then points at /dev/null,
+    so nothing else can steal protocol bytes): on the event loop, non-blocking, when that is a
+    pipe or a socket; else (a terminal, a file) chunks come from a daemon thread, whose blocked
+    read never delays shutdown.
     """
 
     def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
@@ -65,8 +57,7 @@ class StdinLines:
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             os.close(devnull)
-        self._file = os.fdopen(self._fd, "rb", closefd=False)
-        self._receive: MemoryObjectReceiveStream[Line] | None = None
+        self._chunks: MemoryObjectReceiveStream[bytes] | None = None  # the thread's, once started
         try:
             mode = os.fstat(self._fd).st_mode
         except OSError:
@@ -92,21 +83,20 @@ class StdinLines:
                 os.set_blocking(self._fd, self._was_blocking)
             os.dup2(self._fd, 0)
 
-    def _start(self) -> MemoryObjectReceiveStream[Line]:
-        send: MemoryObjectSendStream[Line]
-        send, receive = anyio.create_memory_object_stream[Line](16)
+    def _start_thread(self) -> MemoryObjectReceiveStream[bytes]:
+        send, receive = anyio.create_memory_object_stream[bytes](16)
         token = anyio.lowlevel.current_token()
 
         def pump() -> None:
             try:
                 while True:
                     try:
-                        line = self._read_line_blocking()
-                    except (OSError, ValueError):
-                        line = b""
-                    if not line:
+                        chunk = os.read(self._fd, READ_SIZE)
+                    except OSError:
+                        chunk = b""
+                    if not chunk:
                         break
-                    anyio.from_thread.run(send.send, line, token=token)
+                    anyio.from_thread.run(send.send, chunk, token=token)
             except Exception:  # the event loop is gone or the reader stopped listening
                 return
             with contextlib.suppress(Exception):
@@ -115,82 +105,56 @@ class StdinLines:
         threading.Thread(target=pump, name="kernmind-stdin", daemon=True).start()
         return receive
 
-    def _read_line_blocking(self) -> Line:
-        """The next line from a terminal or a file (b"" at the end), never more than the limit
-        in memory: a longer line is read past and stands as an ``Oversize``."""
-        line = self._file.readline(self.max_line + 1)
-        if len(line) <= self.max_line or line.endswith(b"\n"):
-            return line
-        skipped = Oversize(bytes(line[:HEAD_BYTES]), len(line))
+    async def _read(self) -> bytes:
+        """The next chunk of stdin (b"" at its end)."""
+        if not self._direct:
+            self._chunks = self._chunks or self._start_thread()
+            try:
+                return await self._chunks.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return b""
         while True:
-            more = self._file.readline(READ_SIZE)
-            skipped.size += len(more)
-            if not more or more.endswith(b"\n"):
-                return skipped
+            await anyio.wait_readable(self._fd)
+            try:
+                return os.read(self._fd, READ_SIZE)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return b""
 
     def __aiter__(self) -> StdinLines:
         return self
 
     async def __anext__(self) -> Line:
-        if self._direct:
-            return await self._next_line()
-        if self._receive is None:
-            self._receive = self._start()
-        try:
-            return await self._receive.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise StopAsyncIteration from None
-
-    async def _next_line(self) -> Line:
-        """The next line, read on the event loop (stdin is a pipe or a socket)."""
         while True:
-            if self._skipping is not None:
-                newline = self._buffer.find(b"\n")
-                if newline >= 0 or self._eof:
-                    end = newline + 1 if newline >= 0 else len(self._buffer)
-                    skipped, self._skipping = self._skipping, None
+            newline = self._buffer.find(b"\n", self._searched)
+            if newline >= 0 or (self._eof and (self._buffer or self._skipping)):
+                end = newline + 1 if newline >= 0 else len(self._buffer)
+                line = bytes(self._buffer[:end])
+                del self._buffer[:end]
+                self._searched = 0
+                skipped, self._skipping = self._skipping, None
+                if skipped is not None:
                     skipped.size += end
-                    del self._buffer[:end]
                     return skipped
+                return line if len(line) <= self.max_line else Oversize(line[:HEAD_BYTES], len(line))
+            if self._eof:
+                raise StopAsyncIteration
+            if self._skipping is None and len(self._buffer) > self.max_line:  # no end in sight
+                self._skipping = Oversize(bytes(self._buffer[:HEAD_BYTES]), 0)
+            if self._skipping is not None:  # stop keeping it
                 self._skipping.size += len(self._buffer)
                 self._buffer.clear()
-            else:
-                newline = self._buffer.find(b"\n", self._searched)
-                if newline >= 0:
-                    line = bytes(self._buffer[: newline + 1])
-                    del self._buffer[: newline + 1]
-                    self._searched = 0
-                    if len(line) > self.max_line:
-                        return Oversize(line[:HEAD_BYTES], len(line))
-                    return line
-                self._searched = len(self._buffer)
-                if len(self._buffer) > self.max_line:  # no end in sight: stop keeping it
-                    self._skipping = Oversize(bytes(self._buffer[:HEAD_BYTES]), len(self._buffer))
-                    self._buffer.clear()
-                    self._searched = 0
-                    continue
-                if self._eof:
-                    if not self._buffer:
-                        raise StopAsyncIteration
-                    line, self._buffer, self._searched = bytes(self._buffer), bytearray(), 0
-                    return line
-            if self._eof:
-                continue
-            await anyio.wait_readable(self._fd)
-            try:
-                chunk = os.read(self._fd, READ_SIZE)
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError:
-                chunk = b""
+            self._searched = len(self._buffer)
+            chunk = await self._read()
             if chunk:
                 self._buffer += chunk
             else:
                 self._eof = True
 
     async def aclose(self) -> None:
-        if self._receive is not None:
-            await self._receive.aclose()
+        if self._chunks is not None:
+            await self._chunks.aclose()
 
 
 class StdoutLines:

@@ -1,25 +1,17 @@
 """JSON-RPC lines on stdio: each line a message in, each message a line out, every bad line answered.
 
-Design
-- This replaces the SDK's ``stdio_server`` around our own stdin and stdout (stdio.py), for two
-  things it does not do. A line that is not a message the SDK's model accepts (not JSON, not
-  UTF-8, nested too deeply, a batch, an id that is an object, ``params`` that is a list …) is
-  passed on by the SDK as an exception that its dispatcher drops: the client waits forever for
-  an answer. Here each one is answered with a JSON-RPC error that says what was wrong in the
-  words the HTTP transport uses (bad_messages.py), carrying the request's own id where it can
-  be read, so the client's pending request ends. A line past ``--max-request-mb`` is answered
-  the same way (its id read from its head) and never kept whole (stdio.py reads past it).
-  A request whose id is malformed is taken by the SDK's model for a notification and would
-  never be answered: those are told too.
-- The writer is supervised: a message that cannot be written as JSON (a lone surrogate in a
-  string) is logged under a ref and, for a response, replaced by an internal error for its id;
-  a stdout the client closed (``BrokenPipeError``) ends serving as stdin closing does
-  (``on_closed``), instead of an exception that left the serving task group with a traceback
-  and exit code 1.
+Design: the SDK passes a line its model refuses (not JSON, not UTF-8, nested too deeply, a batch,
+an id that is an object, ``params`` that is a list …) to its dispatcher as an exception that is
+dropped, and the client waits forever. Here each one, and each line past ``--max-request-mb``
+(its id read from its head), is answered with a JSON-RPC error in the words the HTTP transport
+uses (bad_messages.py), with the request's own id where it can be read; so is a request whose
+malformed id made the SDK's model take it for a notification. The writer is supervised: a message
+that cannot be written as JSON (a lone surrogate) is logged under a ref and, for a response,
+replaced by an internal error for its id.
 
-Error policy: nothing a client writes on stdin raises out of here; a stdout that cannot be
-written stops serving in order (the lifespan's cleanup runs, exit code 0, one log line), and
-so does an unexpected failure of the reader or the writer (logged with a ref, supervise.py).
+Error policy: nothing a client writes on stdin raises out of here; a stdout the client closed, or
+an unexpected failure of the reader or writer (logged with a ref), stops serving in order
+(``on_closed``: the lifespan's cleanup runs, exit code 0).
 """
 
 from __future__ import annotations
