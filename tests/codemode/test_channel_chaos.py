@@ -158,7 +158,7 @@ s = socket.socket(socket.AF_UNIX); s.connect(os.environ["KERNMIND_TOOLS_SOCKET"]
 s.sendall(b"[" * 200000 + b"\\n")
 reader = s.makefile("rb")
 emit(json.loads(reader.readline()))
-emit(km.memory_list()["total"] >= 0)
+emit(isinstance(km.memory_list()["total"], int))
 """,
         session_id="deep",
     )

@@ -153,7 +153,7 @@ async def test_a_full_disk_stops_no_one_and_everything_recovers_by_itself(deploy
         await run(alice, "x = 41", "fill")
         await run(bob, "y = 1", "b")
         structured(await alice.call_tool("memory_create", {"label": "notes", "value": "one"}))
-        structured(await bob.call_tool("memory_list", {}))
+        bobs_blocks = structured(await bob.call_tool("memory_list", {}))["blocks"]
         # bob's job runs until the test removes its `hold` file (a removal works on a full disk too),
         # so it finishes while the disk is full, whatever the time filling it took
         await run(bob, "open('hold', 'w').close()", "j")
@@ -220,7 +220,7 @@ async def test_a_full_disk_stops_no_one_and_everything_recovers_by_itself(deploy
                 )
             elif session == "fill":
                 resumed = structured(result)["notes"]
-        assert structured(await bob.call_tool("memory_list", {}))["blocks"] is not None
+        assert structured(await bob.call_tool("memory_list", {}))["blocks"] == bobs_blocks  # still served
 
         # --- space comes back: everything recovers by itself ---------------------------------
         deployment.free()
