@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -118,6 +119,34 @@ async def test_queries_and_stored_texts_get_the_models_prefixes() -> None:
     assert np.allclose(as_passage, (await plain.embed(["passage: " + text]))[0], atol=1e-6)
     assert not np.allclose(as_query, as_passage, atol=1e-3)
     assert np.allclose((await plain.embed_query([text]))[0], (await plain.embed([text]))[0], atol=1e-6)
+
+
+@pytest.mark.sqlite_only("the model alone: no database involved")
+async def test_a_question_and_its_focus_are_embedded_in_one_pass_each_close_to_alone() -> None:
+    """Two questions embedded together (a question and its focus, recall.py) take one padded pass:
+    each vector stays within int8 rounding of the text embedded alone, and one the model cannot
+    read is zero."""
+    model = MiniLMEmbedder()
+    model.load()
+    runs = []
+    session = model._session
+
+    class Counting:
+        def run(self, *args: Any) -> Any:
+            runs.append(args)
+            return session.run(*args)
+
+    model._session = Counting()
+    texts = ["Where does Ana Okafor live now?", "Where does live now?", "東京の天気は晴れです"]
+    together = np.asarray(await model.embed_query(texts))
+    assert len(runs) == 1
+    alone = np.asarray([(await model.embed_query([t]))[0] for t in texts])
+    assert [round(float(a @ b), 2) >= 0.98 for a, b in zip(together[:2], alone[:2], strict=True)] == [
+        True,
+        True,
+    ]
+    assert float(together[0] @ together[1]) < 0.98  # not the same vector twice: padding kept them apart
+    assert not together[2].any() and not alone[2].any()
 
 
 async def test_a_broken_model_degrades_to_full_text_and_says_so(tmp_path: Path) -> None:

@@ -572,10 +572,14 @@ async def test_without_a_thread_a_reply_stands_alone(tmp_path: Path) -> None:
         assert not before(found, ids[2], ids[9]), found
 
 
-async def test_the_thread_prior_keeps_a_conversation_together(tmp_path: Path) -> None:
+async def test_the_thread_prior_keeps_a_conversation_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """'What did Maya say about Lisbon?': the conversation about the trip holds the best hits; with the
     prior all of its turns come before the turns of other conversations that look as close alone."""
     from dataclasses import replace
+
+    from kernmind.memory.fusion import FUSION, fusion_for
 
     async with MemoryStore(db_location(tmp_path)) as store:
         archive = Archive(store.passages, MiniLMEmbedder())
@@ -583,7 +587,8 @@ async def test_the_thread_prior_keeps_a_conversation_together(tmp_path: Path) ->
         question = "What did Maya say about Lisbon?"
         found = [r.id for r in (await archive.search(question, top_k=6)).results]
         assert sorted(found[:4]) == ids[:4], found
-        archive.recall.fusion = replace(archive.recall.fusion_now, thread_weight=0.0)
+        model = MiniLMEmbedder.model
+        monkeypatch.setitem(FUSION, model, replace(fusion_for(model), thread_weight=0.0))
         found = [r.id for r in (await archive.search(question, top_k=6)).results]
         assert sorted(found[:4]) != ids[:4], found  # without the prior another conversation's turn gets in
 

@@ -214,9 +214,8 @@ class Archive:
     ) -> list[PassageRow]:
         """Live passages at least the embedder's ``duplicate_similarity`` close to a vector, best
         first: at most NEAR_DUPLICATES, plus ``spare`` for the caller to drop."""
-        # objects that only embed (a benchmark's function) have no calibrated figure: no check
-        threshold = getattr(self.embedder, "duplicate_similarity", None)
         index = self.recall.index
+        threshold = None if self.embedder is None else self.embedder.duplicate_similarity
         if blob is None or threshold is None or index is None:
             return []
         import numpy as np

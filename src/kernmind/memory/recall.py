@@ -82,7 +82,6 @@ if TYPE_CHECKING:  # fusion.py and vector_index.py bring numpy: imported on firs
 
 log = logging.getLogger(__name__)
 
-STRIP_TIME_WORDS = True
 TIME_DEPTH = 20  # candidates drawn from inside the time a query names, besides the usual ones
 BACKFILL_BATCH = 256
 MIN_DEPTH = 50  # pages within the first 50 results are slices of one ranking
@@ -165,7 +164,6 @@ class Recall:
         self.backlog = embedder is not None  # whether texts without a current vector may exist
         self._queries: dict[str, list[float]] = {}  # recent query -> vector, oldest first
         self._spread: dict[str, bool] = {}  # term -> widespread when last seen, oldest first
-        self.fusion: Fusion | None = None  # None: the model's parameters (fusion.py); benchmarks set others
         self.clock: Callable[[], float] = time.time  # "now" for queries naming relative times ("last week")
 
     @functools.cached_property
@@ -243,11 +241,11 @@ class Recall:
 
     @property
     def fusion_now(self) -> Fusion:
-        """The fusion parameters searches use: the model's (fusion.py) unless a benchmark set others."""
+        """The model's fusion parameters (fusion.py)."""
         from kernmind.memory.fusion import fusion_for
 
         assert self.embedder is not None
-        return self.fusion or fusion_for(self.embedder.model)
+        return fusion_for(self.embedder.model)
 
     def _fuse(self, gathered: Gathered) -> list[Scored]:
         from kernmind.memory.fusion import fuse
@@ -266,7 +264,7 @@ class Recall:
         well each candidate fits it (see the module docstring)."""
         asked = query
         ref = time_in(query, self.clock())
-        if ref is not None and STRIP_TIME_WORDS and query_terms(rest := query.replace(ref.words, " ")):
+        if ref is not None and query_terms(rest := query.replace(ref.words, " ")):
             query = rest  # the time is matched by the texts' times, not by words ("May", "2023", "move")
         gathered = await self._draw(query, where, depth, asked)
         if gathered.unavailable is None and ref is not None:
