@@ -1,42 +1,19 @@
 """The error boundary: the one place where an exception becomes what a client reads.
 
-``server.py`` calls :func:`install` once; from then on every ``tools/call``, every
-``resources/read`` and every ``prompts/get`` of that server passes through :func:`answer`:
+Design: ``install`` routes every ``tools/call``, ``resources/read`` and ``prompts/get`` through
+``answer``: a ``Refusal`` is the caller's to act on (a tool's ``isError`` result with its
+sentence, a resource's ``ResourceError``/``ResourceNotFoundError``, a prompt's JSON-RPC error);
+a deliberate ``ToolError``/``ResourceError`` (the SDK's own included) keeps its text; a full disk
+or an unreachable memory database is said in words; anything else is ``internal error (ref …)``
+with the traceback logged under that ref (see docs/architecture.md). An exception group of one
+leaf is unwrapped first. ``call_tool`` calls a tool from inside the server (code mode) exactly as
+a client's ``tools/call`` would. ``outermost`` wraps the request handlers last, so what escapes
+the other wrappers (a hook opening a principal's memory, an argument check) is answered too. It
+wraps handlers rather than using the SDK's middleware hook: a middleware's own answer skips the
+SDK's shaping of results (the 2026-era ``serverInfo`` stamp, cache hints).
 
-- a :class:`~kernmind.refusals.Refusal` (raised anywhere below: memory, execution, the
-  disk) is the caller's to act on: a tool answers ``Error executing tool <name>: <sentence>``
-  (``isError``, as the SDK words a ``ToolError``), a resource read a ``ResourceError``
-  with the sentence (``ResourceNotFoundError`` when the refusal says the thing is missing),
-  a prompt a JSON-RPC error with the sentence;
-- a ``ToolError`` or ``ResourceError`` raised on purpose keeps its text (the SDK's own,
-  for an unknown tool or arguments that fail the schema, included);
-- a full (failing, read-only) disk under any other error is said in words (``diskio``);
-- a memory database that cannot be reached (PostgreSQL down, restarting, or a connection it
-  dropped) reads ``the memory database is unavailable: <why>``; the pool reconnects by itself,
-  so the next call after the database is back works;
-- anything else is a fault of the server, never blamed on the caller's arguments (a
-  pydantic ``ValidationError`` or a ``JSONDecodeError`` from our own code is a fault too):
-  the caller reads ``internal error (ref 1a2b3c4d): …`` and the traceback is logged on
-  stderr under the same ref, so an operator finds it from what the user reports.
-
-An exception group of one leaf (what an anyio task group raises around a single failure)
-is unwrapped first, so a refusal inside a task group reads the same as one outside it.
-
-:func:`call_tool` is the single function for calling a tool from inside the server (code
-mode: memory tools called from a kernel): its hooks (opening the principal's memory), strict
-arguments, the tool, and this boundary, exactly as a client's ``tools/call`` gets them.
-
-The boundary is outermost: :func:`outermost` (installed last, after every other wrapper of the
-request handlers: principals, client defaults, strict arguments) answers whatever escapes
-those wrappers too — a hook that opens a principal's memory on a database that is down, an
-argument check that fails — as a tool error result (a JSON-RPC error with the sentence for a
-resource or a prompt), never as a raw JSON-RPC error carrying an exception's text.
-
-Error policy
-------------
-The boundary never raises anything but the SDK's ``ToolError``/``ResourceError`` and
-``MCPError`` (and lets cancellation and ``BaseException`` through untouched). The only
-``ValueError`` it looks at is the SDK's own wrapper around a failed prompt.
+Error policy: the boundary raises nothing but the SDK's ``ToolError``/``ResourceError`` and
+``MCPError``, and lets cancellation and ``BaseException`` through untouched.
 """
 
 from __future__ import annotations

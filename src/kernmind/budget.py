@@ -1,38 +1,16 @@
 """One output budget: what a tool returns fits in the caller's context, and says how to get the rest.
 
-Design
-------
-A :class:`Budget` is a number of characters one answer may hold (``--max-output-chars``, or
-a smaller share of it for one part of an answer), spent as the answer is built. Every tool
-result goes through one: ``run_code`` and job output (the call's ``OutputCollector.of``), the
-text a model reads of a run, ``download_file``, memory reads, writes' echoes, views and
-``memory_history``, the ``memory`` prompt and ``memory://blocks``, archival and conversation
-search, ``list_files``, ``list_sessions`` and ``workspace://`` listings. (What a resource link
-points at — a block's or a file's whole content — is read by reference and is not cut; the
-kernel's own cap on a cell's output, ``execution/kernels/setup.py``, is sized by the same
-object: :meth:`Budget.kernel_cap`.) Its three ways to spend:
+Design: a ``Budget`` is the characters one answer may hold (``--max-output-chars``, or a share of
+it), made per answer (``Budget.of``) and spent as the answer is built; every tool result goes
+through one (see docs/architecture.md, ``budget.py``), and the kernel's own cap on a cell's output
+is sized by it (``kernel_cap``). Three ways to spend: ``take`` keeps as much of one text as fits
+(its head, its tail, or both ends around a ``gap``), ``lines`` keeps whole lines, ``admit`` says
+whether a whole item fits. What is left out gets a note in one wording saying how to get it (a
+page, a range, a resource: ``note``, ``left_out``, ``shown_lines``, ``next_page``). Sizes are
+characters of what the model reads (an item's JSON as the SDK writes it: ``listed_size``).
 
-* :meth:`Budget.take` keeps as much of one text as fits: its start (``keep="head"``), its
-  end (``"tail"``: the latest output) or both ends around a :func:`gap` marker (``"ends"``:
-  a traceback, whose first and last frames matter);
-* :meth:`Budget.lines` keeps whole lines while they fit (a block, a memory file, a listing);
-* :meth:`Budget.admit` says whether a whole item (a passage, a message, a file entry, a
-  history entry) still fits.
-
-What does not fit is left out, never silently: each left-out part gets a note that says
-what is missing and how to get it — the next page, a ``view_range``, a byte range, a resource
-to read — written by the tool that knows its own arguments, in the words these helpers give
-every tool (:meth:`Budget.note` for cut text, :func:`left_out` for items, :func:`shown_lines`
-for lines, :func:`gap` for a cut inside a text, :func:`next_page` for where the next page starts).
-
-A budget is made per answer from the settings (:meth:`Budget.of`): two answers never share
-one. Sizes are counted in characters of what the model reads (the text, or the JSON of an
-item as the SDK writes it: :func:`listed_size`), which is what a context window fills with.
-
-Error policy
-------------
-Nothing here raises: a budget too small for even one item still admits the first (cut by
-:meth:`Budget.take` where it is text), so an answer is never empty because of the budget.
+Error policy: nothing here raises; a budget too small for one item still admits the first (cut
+where it is text), so an answer is never empty because of the budget.
 """
 
 from __future__ import annotations

@@ -1,46 +1,19 @@
 """The server's own bookkeeping files: safe reads, whole-or-nothing writes, disk errors in words.
 
-Every part that keeps files of its own (a stored session's meta and history, job records,
-the tokens file it reads) reads and writes them through here, so that what is on the disk can neither hang nor
-mislead the server, and a full disk can neither stop it nor leave half a file:
+Design: every part that keeps files of its own (a session's meta and history, job records, the
+tokens file) goes through here, so that what is on the disk can neither hang nor mislead the
+server, and a full disk can neither stop it nor leave half a file. Reads never follow a link
+and never wait (``O_NOFOLLOW | O_NONBLOCK``, regular files only); writes go to a temporary file,
+fsync'd and renamed over the target; an append that fails is cut back. ``disk_trouble`` names
+what an ``OSError`` or a database error says about the disk. ``Reserve`` keeps a few MiB on the
+data disk that a bookkeeping write gives up when code filled the disk (``with_room``). Tests
+inject faults with ``KERNMIND_TEST_DISK_FAULTS=FILE`` (``{"write */meta.json": "EIO"}``: an
+operation and a path glob mapped to an errno; a write fails half-way).
 
-- **Reads never follow a link and never wait.** ``read_file`` opens with ``O_NOFOLLOW`` and
-  ``O_NONBLOCK`` and checks with ``fstat`` that it got a regular file: a symbolic link, a
-  directory or a FIFO planted where a record should be raises ``NotAFile`` (an ``OSError``)
-  at once, instead of being followed or blocking the reader until a writer comes.
-- **Writes are whole or absent.** ``write_file`` writes a fresh temporary file next to the
-  target (``O_EXCL | O_NOFOLLOW``), ``fsync``s it and renames it over the target, so a
-  reader sees the old content or the new one, never a part; when anything fails (ENOSPC
-  half-way, say) the temporary file is removed and the target is untouched.
-  ``append_line`` appends one line and, when the write fails or comes up short, cuts the
-  file back to where it was, so a full disk never leaves a broken last line that the next
-  append would glue onto.
-- **Disk errors in words.** ``disk_trouble(exc)`` names what an ``OSError`` (ENOSPC, EDQUOT,
-  EIO, EROFS) or a database error (SQLite's ``SQLITE_FULL``/``IOERR``/``READONLY``,
-  PostgreSQL's ``disk_full``) says about the disk — ``"the disk is full"`` — or None for
-  anything else; ``disk_sentence`` makes the sentence a tool answers with. A disk that is full
-  is not a bug of the request: callers answer with that sentence, keep serving, and retry
-  the write later.
-
-- **A reserve for the server's own writes.** Code in a sandbox can fill the disk the data
-  directory is on, up to the last byte. ``Reserve`` keeps a small file there (taken when the
-  disk has room); a bookkeeping write that finds the disk full gives it up and tries once
-  more (``with_room``), so a session's meta, a job's result and the few bytes a kernel
-  needs to start (its connection file: the call that deletes the big file must be able to
-  run) still fit. It is taken back once space returns.
-
-- **Faults for tests.** With ``KERNMIND_TEST_DISK_FAULTS=FILE`` in the server's environment
-  (only tests set it), every ``read_file``, ``write_file`` and ``append_line`` first reads
-  FILE, a JSON object such as ``{"write */meta.json": "EIO", "append *": "ENOSPC"}``: an
-  operation (``read``, ``write``, ``append``) and a glob on the full path, mapped to the errno
-  to fail with. A write fails half-way (after half its bytes are written, as a disk that fills
-  up does), a read before it starts. Without the variable the check costs one comparison.
-
-Error policy: ``read_file``, ``write_file`` and ``append_line`` raise ``OSError`` (never
-leaving a temporary file or a partial line behind); ``StorageError`` (a
-:class:`~kernmind.refusals.Refusal`) carries a sentence for the model, answered by the error
-boundary like any other refusal.
-``Reserve`` never raises: it is best effort.
+Error policy: ``read_file``, ``write_file`` and ``append_line`` raise ``OSError`` (never leaving a
+temporary file or a partial line behind); ``StorageError`` (a ``Refusal``) carries a sentence for
+the model, answered by the error boundary; a full disk is not the request's fault: callers answer
+with ``disk_sentence``, keep serving and retry later. ``Reserve`` never raises.
 """
 
 from __future__ import annotations

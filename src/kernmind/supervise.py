@@ -1,29 +1,16 @@
 """Supervision: one task's failure ends that task (or restarts it), never its neighbours.
 
-An anyio task group cancels every task in it when one task raises, and re-raises the error
-at its ``async with``; a failure deep in one connection handler or background loop therefore
-used to cancel the server's lifespan (every later request: HTTP 500). What this module gives:
+Design: an anyio task group cancels every task in it when one raises, so one connection's failure
+used to end the server's lifespan. ``guarded(what, fn)`` runs a one-shot task (a connection, a
+job) that logs a failure with a ref (``task failed (ref …) in <what>``) and ends; ``service(what,
+fn, *args)`` runs one that must keep running (a listener, a reaper), restarted after
+``RESTART_PAUSE`` (doubled after each quick failure up to ``MAX_PAUSE``, reset after ``STEADY``
+seconds of running); ``keeps_running`` marks a coroutine function as a service; ``task_group(what)``
+gives a ``Supervised`` group whose ``start_soon``, ``service``, ``start`` and ``cancel_scope`` stand
+in for a task group's.
 
-- :func:`guarded` ``(what, fn)``: ``fn`` that never raises an ``Exception``: a failure is
-  logged with a ref (``task failed (ref 1a2b3c4d) in <what>``, traceback included) and the
-  task ends. For one-shot tasks: a connection, a job, a clean-up.
-- :func:`service` ``(what, fn, *args)``: runs ``fn(*args)`` until it returns; when it raises,
-  logs with a ref and runs it again after a pause (``RESTART_PAUSE``, doubled after each quick
-  failure up to ``MAX_PAUSE``, back to the first pause once a run lasted ``STEADY`` seconds).
-  For what must keep running: a listener, a reaper loop.
-- :func:`keeps_running`: a decorator marking a coroutine function as a service, so that a
-  supervised group's ``start_soon`` restarts it (a reaper's loop, a pool's refill loop) while
-  the code starting it stays the same.
-- :func:`task_group` ``(what)``: an async context manager giving a :class:`Supervised` group:
-  ``start_soon`` starts a guarded task (a service when marked ``keeps_running``), ``service``
-  a restarted one, ``start`` waits for a task
-  to report it has started (a failure before that is the caller's; after it, logged), and
-  ``cancel_scope`` is the group's own. It can be passed where a task group's ``start_soon`` and
-  ``cancel_scope`` are used.
-
-Error policy: ``Exception`` (exception groups of them included) is caught and logged;
-cancellation and other ``BaseException``s (``KeyboardInterrupt``, ``SystemExit``) pass
-untouched, so stopping the server still stops everything.
+Error policy: ``Exception`` (and groups of them) is caught and logged; cancellation and other
+``BaseException``s pass untouched, so stopping the server still stops everything.
 """
 
 from __future__ import annotations

@@ -1,37 +1,18 @@
 """Strict arguments for every tool of a server, checked in one place.
 
-``strict_tool_arguments(server)`` is called once, after every tool is registered (it
-also covers tools registered later: it looks tools up per call). It wraps the server's
-``tools/list`` and ``tools/call`` request handlers (public low-level API; the low-level
-server and the registered tools come through :mod:`kernmind.sdk_compat`):
+Design: ``strict_tool_arguments(server)`` wraps the ``tools/list`` and ``tools/call`` handlers
+once (tools are looked up per call, so later ones are covered). ``tools/list`` publishes every
+input schema with ``additionalProperties: false`` and output schemas with their definitions
+inlined (a client validating every result resolves no ``$ref``). ``tools/call`` validates the
+arguments against the tool's own model made strict before the SDK sees them: unknown names,
+non-finite numbers (``NaN``, ``"inf"``, nested or not), strings or booleans where a number is
+declared (pydantic's lax mode would run ``timeout: "60"``), and lone surrogates are refused with
+one sentence per problem and the valid arguments; the tool does not run. The SDK's own
+validation is then handed the checked arguments (``sdk_compat.validate_arguments_with``), so a
+call is validated once. Being here, the rule cannot be forgotten by a new tool; tools still own
+their bounds, this module only words their violation (docs/tools.md).
 
-- ``tools/list``: every input schema says ``additionalProperties: false``, so a client
-  that validates before sending catches a misspelt argument itself. Output schemas are
-  published with their definitions inlined (the same schema, without ``$ref``): a client
-  that validates every result against it (the SDK's does) then resolves no reference per
-  result, which was half of that validation's cost for a ``run_code`` result.
-- ``tools/call``: before the SDK sees the call, the arguments are validated against the
-  tool's own argument model made strict: unknown names are refused (``sesion_id`` no
-  longer silently runs in the default session), and non-finite numbers (``NaN``,
-  ``Infinity``, the strings ``"nan"``/``"inf"``, a raw ``NaN`` literal, nested or not)
-  are refused wherever a number is accepted. Numbers and booleans must be JSON numbers and
-  booleans: pydantic's lax mode would read ``timeout: "60"`` as 60 and ``timeout: true`` as 1,
-  and ``reset: "yes"`` or ``reset: 1`` as true, so a client's type mistake ran silently with
-  a value it may not have meant; those are refused too (lists are checked item by item; a
-  list sent as a JSON string, as some clients do, is still parsed by the SDK). A refusal is an
-  ``isError`` result with one sentence per problem and the tool's valid arguments — never
-  pydantic's raw text; the tool does not run. Text holding a lone surrogate (half of a UTF-16
-  pair, which JSON lets through and UTF-8 cannot encode) is refused the same way.
-
-The check's validated arguments are what the tool receives: the SDK's own validation of the
-same arguments (``Tool.run``) is handed them instead of validating again
-(``sdk_compat.validate_arguments_with``; matched by the arguments object itself, within the
-request's context), so a call's arguments are validated once.
-
-Why here and not per tool: a new tool gets the same treatment without doing anything,
-and the rule cannot be forgotten. Tools still own their bounds (``ge=1``, a ceiling on a
-block's limit, what an id may be …); this module only decides how a violation of a declared
-bound is worded.
+Error policy: a refusal is an ``isError`` result in words, never pydantic's raw text.
 """
 
 from __future__ import annotations

@@ -1,31 +1,17 @@
 """Making the conversation fit the model's window: shorten old tool results, evict the oldest
 turns in whole groups, and put a summary the model writes in their place (Letta's pattern).
 
-Design
-------
-* The conversation (``Agent.messages``; the system prompt apart) moves in **groups**: a user
-  message; an assistant answer; an assistant message with tool calls together with the tool
-  messages that answer them and the user message carrying their images. A group is kept or
-  evicted whole, so the model never sees a tool call without its result or a result without
-  its call (the chat-completions API refuses both).
-* :func:`compact` acts in steps and stops as soon as the request fits ``target`` tokens:
-  1. tool results of every group but the last are shortened to :data:`OLD_RESULT_SHARE` of the
-     window (head and tail kept, a note in the middle);
-  2. the oldest groups are evicted — never the last one (what the model is working on) nor,
-     when it is small, the user's request of the current turn, which stays first — and the
-     model is asked for a summary of them with the previous summary folded in
-     (:data:`SUMMARY_PROMPT`, no tools, its input clipped to fit the window). The summary is
-     kept at the top: the system prompt carries it (:func:`summary_section`), where every
-     chat template accepts it;
-  3. if the request is still too big (one huge tool result), the remaining tool results are
-     cut to share what room is left.
-* Nothing is lost: every message was recorded in the conversation memory when it was said
-  (with the kernmind server, ``conversation_search`` finds it word for word, and the system
-  prompt says so); compaction only changes what is sent.
+Design (docs/agent.md): the conversation moves in groups (a user message; an answer; tool calls
+with their results and the images message), kept or evicted whole, so no call is sent without
+its result. ``compact`` stops as soon as the request fits: it shortens old tool results to
+``OLD_RESULT_SHARE`` of the window, then evicts the oldest groups (never the last, nor a small
+current request) into a summary the model writes (``SUMMARY_PROMPT``, the previous one folded in),
+carried by the system prompt (``summary_section``), then cuts what tool results remain. Nothing
+is lost: every message was recorded when said (``conversation_search`` finds it).
 
-Error policy: a summary that fails — the request errs, the answer is empty, calls tools or is
-not prose (:func:`summary_problem`) — is replaced by a plain note of what was dropped
-(:func:`dropped_note`), and the eviction happens all the same. Cancellation propagates.
+Error policy: a summary that fails (an error, empty, tool calls, not prose: ``summary_problem``)
+is replaced by a plain note of what was dropped (``dropped_note``); the eviction happens all the
+same. Cancellation propagates.
 """
 
 from __future__ import annotations

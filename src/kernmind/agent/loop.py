@@ -1,38 +1,21 @@
 """The agent loop: model step, tool calls through MCP, results back, repeat.
 
-Design: :class:`Agent` owns the conversation (``messages``, without the system message),
-a :class:`ChatModel` and a :class:`ToolHub`. ``await agent.run(text)`` is one user turn:
+Design: ``Agent`` owns the conversation (without the system message), a ``ChatModel`` and a
+``ToolHub``. ``await agent.run(text)`` is one user turn: compile the system prompt (base prompt,
+servers' instructions, memory blocks read fresh, the summary of evicted turns); send the
+conversation with every MCP tool as a function, compacted first when it would not fit
+(compaction.py, window.py; docs/agent.md); run the approved tool calls concurrently and append one
+``tool`` message per call in the model's order, then one ``user`` message with their images;
+repeat until the model answers without tools or ``max_steps``. The endpoint is checked before any
+server is launched (endpoint.py); events go to an ``AgentEvents``; messages are queued for the
+recorder (recording.py).
 
-1. compile the system prompt — the base prompt, each server's instructions and the memory
-   blocks, read fresh so an edit made in the previous step shows in this one, and the
-   summary of evicted turns, if any;
-2. send the conversation with every MCP tool as a function schema — compacted first
-   (compaction.py) when the request would take more than 75 % of the model's window
-   (window.py), and compacted and sent again, once or twice, when the endpoint still answers
-   that it is too long;
-3. if the answer has no tool calls, the turn is over; otherwise parse and approve each call
-   (in order), run the approved ones concurrently, append one ``tool`` message per call
-   (in the order the model made them) and, after them, one ``user`` message carrying the
-   images the tools returned;
-4. repeat until the model answers without tools or ``max_steps`` model steps were taken.
-
-What happens along the way is reported to an :class:`AgentEvents` (the CLI prints it;
-the default does nothing), and every call is kept as a :class:`ToolCallRecord`.
-
-Starting: the model endpoint is checked first (endpoint.py: a wrong URL or key fails before
-any server is launched), then the MCP servers are connected. Every message is queued for the
-conversation recorder, which stores them beside the loop (recording.py).
-
-Error policy: the model must be able to correct itself, so arguments that are not JSON,
-unknown tool names, refused approvals and tool errors all become tool results that say
-what went wrong — never exceptions. The model endpoint failing after its retries raises
-:class:`ModelError` out of ``run`` (the user's message stays in the conversation); so does a
-request the endpoint still finds too long after two compactions, with a sentence saying what
-takes the room.
-:meth:`Agent.interrupt` (Ctrl-C in the CLI) cancels whatever is in flight: running tool
-calls are cancelled through MCP (which interrupts the kernel) and recorded as cancelled,
-a model request is abandoned, and ``run`` returns with ``stopped == "interrupted"``; the
-conversation stays valid, so the next ``run`` continues it.
+Error policy: the model must be able to correct itself, so bad JSON arguments, unknown tools,
+refused approvals and tool errors become tool results in words, never exceptions. The endpoint
+failing after its retries, or a request still too long after two compactions, raises
+``ModelError`` out of ``run`` (the user's message stays). ``interrupt`` (Ctrl-C) cancels what is in
+flight (tool calls through MCP, recorded as cancelled) and ``run`` returns with ``stopped ==
+"interrupted"``; the conversation stays valid.
 """
 
 from __future__ import annotations

@@ -1,32 +1,14 @@
 """The model's context window: how many tokens a request takes, and how full the window is.
 
-Design
-------
-* **The window** is ``--context-window`` when given; else what the endpoint reports for the
-  model in ``GET /models`` (endpoint.py); else a known window of OpenAI's own models, whose
-  listing does not say (:data:`OPENAI_WINDOWS`); else :data:`DEFAULT_WINDOW` (32,768: the
-  smallest window current hosted models offer, and what most local servers are run with; a
-  server that is given less says so in its first "context length exceeded" answer, which the
-  agent reads).
-* **Estimating without a tokenizer**: nothing is downloaded, and the agent does not know
-  which tokenizer a server uses. Text is cut the way byte-pair tokenizers pre-tokenize it —
-  words, runs of up to three digits, runs of punctuation, whitespace — and each piece counts
-  one token per :data:`LETTERS_PER_TOKEN` letters (punctuation: per two characters).
-  Measured against ``cl100k_base`` and ``o200k_base`` on what the agent sends (tool schemas,
-  prompts, printed numbers, tables, tracebacks, listings, code, prose:
-  ``benchmarks/bench_chars_per_token.py``), this stays within −10 % … +24 % of the real count
-  on every kind, where one characters-per-token ratio is off by a factor of two on printed
-  numbers. Each message adds :data:`MESSAGE_OVERHEAD` tokens (role and separators), each
-  image :data:`IMAGE_TOKENS`.
-* **Corrected by the endpoint**: every answer's ``usage.prompt_tokens`` (asked for in streams
-  too) is compared with the estimate of the request it answers, and the estimate is scaled
-  by that factor from then on (moving at once when the estimate was too low, halfway when it
-  was too high), so a model whose tokenizer splits text finer is estimated right from its
-  second request. A "context length exceeded" error that names the window or the request's
-  size (OpenAI's and vLLM's wording) corrects both the same way (:meth:`ContextWindow.learn`).
+Design (docs/agent.md): the window is ``--context-window``, else what the endpoint's ``GET
+/models`` reports, else a known OpenAI window (``OPENAI_WINDOWS``), else ``DEFAULT_WINDOW``.
+Without a tokenizer, text is cut the way byte-pair tokenizers pre-tokenize it (words, runs of up
+to three digits, punctuation, whitespace), each piece one token per ``LETTERS_PER_TOKEN`` letters:
+within −10 % … +24 % of ``cl100k_base``/``o200k_base`` on what the agent sends
+(``benchmarks/bench_chars_per_token.py``). Every answer's ``usage.prompt_tokens``, and a "context
+length exceeded" error naming sizes, scale the estimate from then on (``ContextWindow.learn``).
 
-Error policy: pure bookkeeping; nothing here raises. The compaction that acts on these
-figures is compaction.py.
+Error policy: pure bookkeeping; nothing here raises (compaction.py acts on these figures).
 """
 
 from __future__ import annotations

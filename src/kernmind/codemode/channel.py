@@ -1,36 +1,21 @@
 """One session kernel's code-mode channel: a Unix socket in the kernel's private socket directory.
 
-Design
-- The socket is made when a kernel joins a session (``CodeMode.joined``) as ``tools.sock`` in
-  that kernel's socket directory: a 0700 directory of this server's run directory that only this
-  kernel's sandbox mounts (at ``/run/kernmind``), so no other session's code can even see it,
-  and no network is involved. It is owned by the kernel's sandbox uid, mode 0600, and goes when
-  the kernel stops (``Kernel.on_stop``: ``reset``, close, unload, server stop).
-- A connection is accepted only from the kernel's own uid (``SO_PEERCRED``): a process of
-  another sandbox uid that got hold of the path is refused with a sentence and nothing runs.
-  (Without a sandbox, ``--sandbox none``, every session runs as the server's user and nothing
-  separates sessions, this socket included.)
-- The protocol is one JSON object per line each way: ``{"op": "describe"}`` or
-  ``{"op": "call", "tool": …, "arguments": {…}}``, answered ``{"ok": true, …}`` or
-  ``{"ok": false, "error": "<sentence>"}`` (with ``"closed": true`` when the connection is
-  closed after it: a refused peer, too many connections, an oversized or truncated request).
-  A connection serves its requests one at a time (the client opens one per thread).
-- Limits count what costs: at most ``MAX_CALLS`` requests of a channel are read and answered at
-  once (a request's line is read only once it holds a turn; the others wait, none is refused),
-  so an idle connection (the one ``import kernmind_tools`` keeps) costs no turn. Open
-  connections, idle or not, are bounded by ``MAX_CONNECTIONS`` (each is a file descriptor of
-  the server): past it a connection is told why and closed.
-- Supervised (``supervise.py``): each connection is a guarded task, so whatever fails in one
-  ends that connection only (logged with a ref); the accept loop is a service, restarted (the
-  socket made again) if it fails, and it waits a moment and accepts again while the server is
-  short of descriptors (``EMFILE``). Nothing raised here reaches the server's lifespan.
+Design: the socket (``tools.sock``, owned by the kernel's sandbox uid, mode 0600) is made when a
+kernel joins a session (``CodeMode.joined``) in a 0700 directory that only this kernel's sandbox
+mounts (at ``/run/kernmind``), and goes when the kernel stops. A connection is accepted only
+from the kernel's own uid (``SO_PEERCRED``; with ``--sandbox none`` nothing separates sessions).
+The protocol is one JSON object per line each way: ``{"op": "describe"}`` or ``{"op": "call",
+"tool": …, "arguments": {…}}``, answered ``{"ok": true, …}`` or ``{"ok": false, "error":
+"<sentence>"}`` (``"closed": true`` when the connection then closes); a connection serves its
+requests one at a time. At most ``MAX_CALLS`` requests of a channel are read and answered at once
+(a line is read only once it holds a turn, so idle connections cost none); open connections are
+bounded by ``MAX_CONNECTIONS``. Each connection is a guarded task and the accept loop a service
+(``supervise.py``), which waits and accepts again while descriptors run out (``EMFILE``).
 
-Error policy: every request that cannot be read as one JSON object (not JSON, invalid UTF-8,
-nested too deeply, not an object, larger than ``--max-request-mb``, cut off by the peer closing
-its side) is answered with a sentence when the peer still reads; an oversized or truncated one
-also closes the connection (its end cannot be found). Every send is guarded: a peer that went
-away ends its connection, nothing else. A client that goes away mid-call leaves the call to
-finish (its write is not half done) and its answer is dropped.
+Error policy: a request that cannot be read as one JSON object (not JSON or UTF-8, too deep, not
+an object, over ``--max-request-mb``, cut off) is answered in a sentence while the peer reads; an
+oversized or truncated one also closes the connection. A peer that went away ends its own
+connection, nothing else; a call it left runs to its end and its answer is dropped.
 """
 
 from __future__ import annotations

@@ -1,31 +1,16 @@
 """How a tool call from code is answered: the same tool, the same checks, as the session's principal.
 
-Design
-- Only the memory family may be called (``allowed``): the block tools (``memory_*``), the
-  ``memory`` tool, ``archival_memory_*`` and ``conversation_search``. Anything else is refused
-  with a sentence that lists what code may call.
-- A call runs through the server's own pieces in the order a client's call does
-  (``principals.identify_callers`` → ``tool_arguments.strict_tool_arguments`` → the SDK's
-  ``call_tool``): the caller is set to the session's principal (``acting_as``), the hooks a
-  client's call runs first run inside ``boundary.call_tool`` (opening that principal's memory
-  namespace: a database that is down is answered in words), then the strict argument check
-  refusing in the same words, and ``MCPServer.call_tool`` running the registered tool, with its
-  validation, limits, versions, undo and change notifications, its failures answered by the one
-  error boundary. An error result becomes the answer's ``error``: the sentence a client would
-  read.
-- Fairness: a principal's code calls (all its sessions, all their threads) run at most
-  ``PER_PRINCIPAL`` at a time; the rest wait their turn, so a loop that floods the channel
-  queues behind itself, and other principals' calls (from code or from clients) keep being
-  served between its calls.
-- Revocation reaches running code: before each call ``revoked(principal)`` is asked (the
-  server gives ``revocation.revoked``, which looks at the tokens file in force); a principal
-  whose token was revoked is refused at once with that sentence, and nothing runs.
-- Every call is logged as coming from code (principal, session, tool, outcome).
+Design: only the memory family may be called (``allowed``); anything else is refused with a
+sentence listing what code may call. A call runs through the pieces a client's call does: the
+caller becomes the session's principal (``acting_as``), the hooks (opening its memory namespace),
+the strict argument check and the registered tool run inside ``boundary.call_tool``. A
+principal's code calls run at most ``PER_PRINCIPAL`` at a time (a flooding loop queues behind
+itself). Before each call ``revoked(principal)`` is asked (``revocation.revoked``): a revoked
+principal is refused at once and nothing runs. Every call is logged as coming from code.
 
-Error policy: a refusal is an answer, never an exception; an unexpected failure anywhere in a
-call (the hooks included: opening a memory space on a database that is down) is answered as
-the boundary answers a client (``boundary.answer``: ``the memory database is unavailable: …``,
-``internal error (ref …)`` with the traceback logged under that ref).
+Error policy: a refusal is an answer, never an exception; an unexpected failure anywhere in a call
+is answered as the boundary answers a client (``boundary.answer``), its traceback logged under a
+ref.
 """
 
 from __future__ import annotations

@@ -1,38 +1,20 @@
 """HTTP requests refused in words before the SDK's HTTP app: foreign browser origins and
 JSON-RPC that MCP cannot serve.
 
-:class:`OriginGuard` answers a request whose ``Origin`` header is not one the server accepts
-with a 403 before anything else sees it. A browser sends ``Origin`` with every cross-site
-request, so this is what stops a web page on another origin (``http://localhost:3000``,
-or a site that rebinds its DNS to 127.0.0.1) from driving the server with the user's
-browser. Accepted: the server's own origin (``http://<host>:<port>`` for the address it
-listens on; for a loopback address ``127.0.0.1``, ``localhost`` and ``[::1]`` on that
-port; for a wildcard address, the request's own ``Host``), and the origins the operator adds
-with ``--allowed-origin``. A request without ``Origin`` (every non-browser client) passes.
+Design: ``OriginGuard`` answers a request whose ``Origin`` is not the server's own (for a
+loopback address also ``127.0.0.1``, ``localhost`` and ``[::1]`` on its port; for a wildcard
+address the request's ``Host``) nor one added with ``--allowed-origin`` with a 403, so a web page
+on another origin (or one that rebinds its DNS to 127.0.0.1) cannot drive the server through the
+user's browser; a request without ``Origin`` passes. ``JsonRpcGuard`` reads each POST body (up to
+``max_body``) and answers what the SDK answers badly (pydantic's text for a batch, no answer for
+an object id, a plain-text 413) with a JSON-RPC error object whose message says what to send
+instead: a body over the limit (413 at once, the rest not buffered), a Content-Type that is not
+JSON (415), a body that is not one JSON value (-32700), a batch, an id that is not a string or an
+integer (400). The sentences are shared with stdio (bad_messages.py); anything else reaches the
+SDK unchanged, its body replayed.
 
-The SDK's Streamable HTTP app answers some malformed POSTs badly for a client: a JSON-RPC
-batch gets pydantic's raw union-validation text (handshake era), a request whose ``id`` is
-an object is taken for a notification (202, no answer ever comes), and an oversized body
-gets a plain-text 413 that the SDK client reports only as "Server returned an error
-response". :class:`JsonRpcGuard` is an ASGI middleware in front of that app which reads
-each POST body (up to the limit), and answers these cases itself with a JSON-RPC error
-object (``application/json``, ``id: null``) whose message says what was wrong and what to
-send instead — the SDK client shows that message to its caller:
-
-- body over ``max_body`` bytes (declared or streamed): 413 at once, without buffering the
-  rest (uvicorn discards it, so the client still reads the answer);
-- a ``Content-Type`` that is not ``application/json`` (the SDK's own rule): 415;
-- a body that is not one JSON value — not UTF-8, not JSON, nested too deeply to read (the
-  SDK says only "Parse error"): 400 with code -32700;
-- a JSON array (a batch; MCP dropped batching in 2025-06-18): 400;
-- an ``id`` that is not a string or an integer (object, array, boolean, fraction, or null
-  on a request): 400.
-
-The sentences are shared with the stdio transport (bad_messages.py). Anything else goes to
-the SDK unchanged, with the body replayed. GET and DELETE pass through.
-Error policy: refusals never reach the server's tools or state; the server keeps serving.
-A client that went away before its refusal is sent costs nothing: uvicorn drops what is
-sent to a closed connection.
+Error policy: refusals never reach the server's tools or state; the server keeps serving; a
+client gone before its refusal is sent costs nothing.
 """
 
 from __future__ import annotations

@@ -1,32 +1,19 @@
 """MCP over Streamable HTTP at ``/mcp`` (uvicorn), behind the request guards and the token check.
 
-Design
-- The SDK serves both protocol eras on ``/mcp`` (the 2025-11-25 initialize handshake with
-  ``Mcp-Session-Id`` and 2026-07-28 sessionless requests). Kernel sessions are named by
-  ``session_id`` in tool arguments, never derived from a connection.
-- With ``--token`` or ``--tokens FILE``, a small ASGI middleware (auth.py) requires
-  ``Authorization: Bearer <token>`` on every request, compares SHA-256 digests in constant
-  time, and puts the principal the token names into the request's scope (``principals.py``:
-  sessions and memory belong to principals); anything else gets a 401. A non-loopback bind
-  address without a token is refused before anything starts. On loopback the SDK's
-  DNS-rebinding protection (Host/Origin allow-lists) stays on, with the server's own origins
-  only; ``OriginGuard`` (guard.py) refuses other browser origins on every address unless
-  ``--allowed-origin`` adds them, transport sessions are bound to the principal that
-  opened them (auth.py), and each principal may hold a bounded number of them open
-  (session_cap.py), so one cannot take every slot the SDK has.
-- Outermost, ``LastResort`` (guard.py) answers any failure inside with a 500 that carries a
-  ref, logged with its traceback: one request's failure ends that request only. uvicorn runs
-  each connection on its own task and drops what is sent to a peer that went away.
-- Should the server's lifespan end while it serves (an exception that cancelled its task
-  group: every later request would fail), the server stops with exit code 1 instead of
-  answering 500 until someone restarts it by hand; a supervisor restarts it.
-- The first SIGTERM/SIGINT drains first (drain.py): new requests get a 503 that says the
-  server is shutting down, the calls that run are interrupted with a result that says so
-  (``stop_calls``), and the requests in flight answer before anything closes. Then uvicorn's
-  own shutdown runs (stop listening, end the SSE streams sse-starlette keeps open, a bounded
-  graceful wait), and the Starlette lifespan leaves the server lifespan, entered once through
-  the SDK's session manager. Unlike stock uvicorn we do not re-raise the signal after a
-  graceful shutdown: the exit code is 0. A second signal exits at once.
+Design: the SDK serves both protocol eras on ``/mcp``; kernel sessions are named by
+``session_id``, never derived from a connection. From the outside in: ``LastResort`` (guard.py)
+answers any failure inside with a 500 carrying a logged ref; the drain (drain.py); the bearer
+check (auth.py, with ``--token``/``--tokens``; a non-loopback address without a token is refused
+at start), which binds transport sessions to their principal and caps each principal's
+(session_cap.py); ``OriginGuard`` and ``JsonRpcGuard`` (guard.py); the SDK's app, whose DNS-rebinding
+protection stays on for loopback with the server's own origins. The first SIGTERM/SIGINT drains
+(new requests get a 503 in words, running calls are interrupted, requests in flight answer), then
+uvicorn shuts down and the server's lifespan is left; the exit code is 0; a second signal exits at
+once. See docs/security.md and docs/deployment.md.
+
+Error policy: one request's failure ends that request only; should the server's lifespan end
+while it serves (every later request would fail), the process exits with code 1 so a supervisor
+restarts it.
 """
 
 from __future__ import annotations
