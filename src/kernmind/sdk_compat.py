@@ -1,29 +1,17 @@
 """Every place kernmind reaches past the ``mcp`` SDK's public API, in one module.
 
-The ``mcp`` 2.x SDK (``mcp>=2.3,<3``) does not expose everything kernmind needs:
+Design: the SDK (``mcp>=2.3,<3``) does not expose everything kernmind needs; each accessor here
+names one private attribute and what needs it: ``MCPServer._lowlevel_server`` (stdio runs it on
+our own reader; handlers are wrapped with its public ``add_request_handler``), ``_tool_manager``
+and ``FuncMetadata.validate_arguments`` (strict arguments, validated once per call),
+``_handle_call_tool``/``_handle_read_resource``/``_handle_get_prompt`` (checked before
+``route_calls_through`` replaces the public methods they call: the error boundary),
+``ServerSession._connection`` and ``MCPServer._subscriptions`` (resource subscriptions). Nothing
+else in kernmind may use a private SDK attribute: add it here.
 
-- ``MCPServer._lowlevel_server``: the low-level ``Server`` behind an ``MCPServer``. transport/
-  runs it on our own cancellable stdin reader (``run_stdio_async`` has no stdin hook);
-  memory/tools.py and tool_arguments.py register and wrap request handlers on it with its
-  public ``add_request_handler``/``get_request_handler``.
-- ``MCPServer._tool_manager``: the registered ``Tool`` objects, whose argument model
-  (``tool.fn_metadata.arg_model``) tool_arguments.py validates against strictly.
-- ``FuncMetadata.validate_arguments``: the SDK validates a call's arguments again after
-  tool_arguments.py has (``Tool.run``); ``validate_arguments_with`` puts tool_arguments.py's
-  answer in its place on one tool's metadata, so arguments are validated once per call.
-- ``MCPServer._handle_call_tool`` answers ``tools/call`` through ``self.call_tool``,
-  ``_handle_read_resource`` ``resources/read`` through ``self.read_resource`` and
-  ``_handle_get_prompt`` ``prompts/get`` through ``self.get_prompt`` (public methods):
-  boundary.py replaces those on the server instance to put the error boundary around every
-  call (``route_calls_through``).
-- ``ServerSession._connection``: the per-client connection behind the per-request session
-  proxy; memory/tools.py keys resource subscriptions on it (it lives as long as the client).
-
-Nothing else in kernmind may use a private SDK attribute: add it here, with a line above.
-Error policy: when an SDK upgrade removes or renames one of these, the accessor raises
-:class:`SDKIncompatible` naming the attribute and what needs it, instead of an
-``AttributeError`` deep inside a request; ``tests/test_sdk_compat.py`` exercises every
-accessor on real SDK objects, so the upgrade fails there first, loudly.
+Error policy: when an SDK upgrade removes one of these, the accessor raises ``SDKIncompatible``
+naming the attribute and what needs it; ``tests/test_sdk_compat.py`` exercises every accessor on
+real SDK objects, so an upgrade fails there first, loudly.
 """
 
 from __future__ import annotations

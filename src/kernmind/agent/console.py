@@ -1,19 +1,14 @@
 """Terminal side of the agent: activity on stderr, streamed tokens, approvals, line input.
 
-Design: :class:`ConsoleEvents` implements :class:`AgentEvents` for a terminal. Answers go
-to stdout (streamed token by token when asked); everything else — tool calls, progress,
-retries, notices — goes to stderr, so ``kernmind agent -p … > answer.txt`` captures just
-the answer. While tools run, a spinner with the elapsed time and the server's latest
-progress message is redrawn on stderr when it is a terminal; otherwise progress messages
-are printed as lines when they change.
+Design: ``ConsoleEvents`` (the CLI's ``AgentEvents``) writes answers to stdout (streamed when
+asked) and everything else to stderr, so ``kernmind agent -p … > answer.txt`` captures just the
+answer; while tools run, a spinner with the elapsed time and the latest progress is redrawn on a
+terminal (progress lines otherwise). ``LineReader`` reads stdin on one daemon thread serving
+requests in order, so a prompt abandoned by Ctrl-C never races a later one; ``input()`` on a
+terminal, plain lines with prompts on stderr otherwise.
 
-:class:`LineReader` reads stdin on one daemon thread that serves requests in order, so a
-prompt abandoned by Ctrl-C never races a later one for the same line of input. On a
-terminal it uses ``input()`` (readline editing and history); otherwise plain lines, with
-prompts on stderr so piped stdout carries only answers.
-
-Error policy: output is best effort (a closed stderr is ignored); end of input at an
-approval prompt counts as "no".
+Error policy: output is best effort (a closed stderr is ignored); end of input at an approval
+prompt counts as "no".
 """
 
 from __future__ import annotations

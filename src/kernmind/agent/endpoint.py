@@ -1,20 +1,15 @@
 """The model endpoint, checked before anything else starts: reachable, key accepted, and
 what it says about the model (its context window).
 
-Design: one ``GET {base}/models`` with ``httpx2`` (the HTTP library under the ``openai``
-client, honouring the same proxy variables), imported without ``openai`` or ``mcp`` so that
-``kernmind agent`` reports a wrong URL or key in well under a second, before it launches any
-MCP server. The answer, where the endpoint gives one, lists the models it serves; several
-OpenAI-compatible servers put the model's window there (:data:`WINDOW_FIELDS`: vLLM's
-``max_model_len``, OpenRouter's and LM Studio's ``context_length`` …), which becomes the
-agent's ``--context-window`` unless the user gave one.
+Design: one ``GET {base}/models`` with ``httpx2`` (the ``openai`` client's HTTP library, same
+proxy variables), without importing ``openai`` or ``mcp``, so a wrong URL or key is reported in
+well under a second, before any MCP server starts. Where the answer gives the model's window
+(``WINDOW_FIELDS``: vLLM's ``max_model_len``, ``context_length`` …) it becomes the agent's
+``--context-window`` unless the user gave one.
 
-Error policy: only what a request could never get past is an error — nothing accepting
-connections at that address (refused, unknown host, no answer within ``connect_timeout``;
-a refused connection is tried once more), or the key refused (401/403). Both raise
-:class:`ModelError` naming the endpoint and what to check. Anything else (no ``/models``
-route, a 5xx, a slow or odd answer) means "reachable": the check returns what it learned
-and the chat requests' own retries deal with the rest.
+Error policy: only what no request could get past raises ``ModelError`` naming the endpoint and
+what to check: nothing accepting connections (a refused one is tried once more) or the key
+refused (401/403). Anything else means "reachable"; the chat requests' retries deal with it.
 """
 
 from __future__ import annotations

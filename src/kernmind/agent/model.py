@@ -1,23 +1,16 @@
 """The chat model: one OpenAI-compatible chat-completions request, streamed or not.
 
-Design: :class:`ChatModel` sends the conversation plus the tools' function schemas and
-returns one :class:`AssistantTurn` (text and tool calls), whether the server streamed it or
-not. Streamed tool calls arrive in fragments keyed by ``index``; they are stitched back
-together here, tolerating servers (Ollama, vLLM, LM Studio) that send a whole call in one
-chunk, omit ``index`` or repeat the ``id``. Text deltas go to ``on_token`` as they arrive.
+Design: ``ChatModel`` sends the conversation and the tools' function schemas and returns one
+``AssistantTurn`` (text and tool calls). Streamed tool-call fragments are stitched by ``index``,
+tolerating servers (Ollama, vLLM, LM Studio) that send a whole call in one chunk, omit ``index``
+or repeat the ``id``; text deltas go to ``on_token``. Streams ask for ``usage`` to correct the
+window estimate (asked again without it, once, where refused).
 
-Error policy: the ``openai`` client's own retries are off (``max_retries=0``) so the
-policy is visible here; a connection must be accepted within ``connect_timeout`` (the
-endpoint was checked before the agent started: endpoint.py). Rate limits (429), timeouts (408), conflicts (409), server errors
-(5xx) and connection failures are retried with exponential backoff and jitter, honouring
-``Retry-After``; ``on_retry`` is told about each wait. Once attempts run out, or for errors
-a retry cannot fix (400, 401, 403, 404 …), :class:`ModelError` is raised with a message
-that names the status, the endpoint and what the server said; a request longer than the
-model's window is marked ``context_exceeded`` (OpenAI's ``context_length_exceeded`` code, or
-the wording of vLLM, llama.cpp and others) so the loop can compact and retry. A stream that
-breaks after it started is retried like a connection failure (nothing of it was kept).
-Streams ask for ``usage`` (``stream_options``) so the window estimate can be corrected; a
-server that refuses that option is asked again without it, once.
+Error policy: the client's own retries are off so the policy is here: 429, 408, 409, 5xx,
+connection failures and a stream broken mid-way are retried with exponential backoff and jitter,
+honouring ``Retry-After`` (``on_retry`` hears each wait). Then, or at once for what a retry cannot
+fix (400, 401, 403, 404 …), ``ModelError`` names the status, the endpoint and what the server
+said; a request past the model's window is marked ``context_exceeded`` so the loop compacts.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""Code mode: code running in a Python session calls kernmind's memory tools as functions.
+"""Code mode: code running in a Python session calls kernmind's memory tools as functions
+(docs/code-mode.md).
 
-    import kernmind_tools as km
-    km.archival_memory_insert(content="…", tags=["finding"])
-
-The room, in the order a call travels:
-
-- ``client/kernmind_tools.py`` runs inside the sandbox (standard library only): one function
-  per allowed tool, ``call(name, **arguments)``, ``ToolError``.
-- ``kernels.py``: ``CodeMode``, the ``KernelExtras`` the executor calls (mounts the client,
-  sets ``PYTHONPATH`` and ``KERNMIND_TOOLS_SOCKET``, opens a channel when a kernel joins a session).
-- ``channel.py``: the per-kernel Unix socket (only the kernel's own uid may connect), one JSON
-  line per request.
-- ``dispatch.py``: the memory tools only; each call runs the registered tool as the session's
-  principal, through the same argument checks and hooks as a client's call.
-
-``server.py`` wires it: ``execution`` and ``memory`` never import each other or this room.
+A call travels: ``client/kernmind_tools.py`` (inside the sandbox, standard library only) →
+``channel.py`` (the kernel's Unix socket) → ``dispatch.py`` (memory tools only, run as the
+session's principal through a client's checks); ``kernels.py`` adds the client and the channel to
+every kernel. server.py wires it: ``execution`` and ``memory`` never import this room.
 """
 
 from kernmind.codemode.dispatch import ToolDispatch

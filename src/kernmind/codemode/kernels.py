@@ -1,22 +1,14 @@
 """What code mode adds to every local Python kernel: the client module, and a channel per session.
 
-``CodeMode`` is the ``KernelExtras`` (``execution/kernels/extras.py``) that ``server.py`` gives
-the executor:
+Design: ``CodeMode`` is the ``KernelExtras`` server.py gives the executor: the client module's
+directory (``client/``, standard library only) mounted read-only at ``CLIENT_MOUNT`` and put on
+``PYTHONPATH`` in every kernel (warm, forked, reset, stateless) and what it starts;
+``KERNMIND_TOOLS_SOCKET`` in its environment; and, when a kernel joins a session (only then is the
+principal known), a channel (channel.py) for that principal, closed when the kernel stops.
 
-- ``mounts``/``pythonpath``: the client module's directory (``client/kernmind_tools.py``,
-  standard library only) is mounted read-only at ``CLIENT_MOUNT`` in every kernel sandbox and
-  put on ``PYTHONPATH``, so ``import kernmind_tools`` works in every kernel, warm, forked or
-  started for a ``reset`` or a ``--stateless`` call, and in processes the code starts.
-- ``environment``: ``KERNMIND_TOOLS_SOCKET``, where the kernel finds its channel (inside the
-  sandbox always ``/run/kernmind/tools.sock``; without a sandbox, the socket directory's path).
-- ``joined``: when a kernel joins a session (the principal is known only then: warm kernels
-  are started for nobody), its channel (``channel.py``) opens for that session's principal;
-  it closes when the kernel stops.
-
-Error policy: a channel that cannot be opened (a full disk) is logged; that kernel's code then
-gets ``ToolError`` saying code mode is unavailable, and its ``run_code`` calls are unaffected.
-Channels run in a supervised task group (``supervise.py``): whatever fails in one is logged
-with a ref and ends that channel only (a channel restarts its own listener, ``channel.py``).
+Error policy: a channel that cannot be opened (a full disk) is logged, and that kernel's code gets
+``ToolError`` saying code mode is unavailable; ``run_code`` is unaffected. Channels run in a
+supervised group: one channel's failure is logged with a ref and ends that channel only.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """Who an HTTP request comes from: the bearer-token check, and transport sessions bound to it.
 
-Design
-- :class:`BearerTokenMiddleware` (ASGI): every request needs ``Authorization: Bearer
-  <token>`` naming a principal (``--token`` or the tokens file, ``principals.py``); token
-  digests are compared in constant time; anything else gets a 401. The principal goes into
-  the ASGI scope twice: under ``principals.SCOPE_KEY`` for the tools, and as the SDK's
-  ``AuthenticatedUser`` (its public auth API) so that the SDK's Streamable HTTP session
-  manager binds every ``Mcp-Session-Id`` to the principal that opened it. A request that
-  presents another principal's session id is then answered exactly like an unknown id (404,
-  "Session not found"): it can neither use nor ``DELETE`` that transport session.
-- Transport session ids are bearer secrets of a kind (whoever has one and the same token
-  speaks in that session), so they never reach the log: :func:`redact_session_ids` puts a
-  filter on the SDK's transport loggers that replaces each id with a short digest
-  (``session#1a2b3c``), which still lets an operator follow one session through the log.
+Design: ``BearerTokenMiddleware`` (ASGI) requires ``Authorization: Bearer <token>`` naming a
+principal (``--token`` or the tokens file; digests compared in constant time) and puts it into the
+ASGI scope twice: under ``principals.SCOPE_KEY`` for the tools, and as the SDK's
+``AuthenticatedUser``, so the SDK binds every ``Mcp-Session-Id`` to the principal that opened it
+(another principal's id reads as unknown: 404). Session ids are bearer secrets of a kind, so
+``redact_session_ids`` logs each as a short digest (``session#1a2b3c``).
 
-Error policy: a refused request gets a 401 with a JSON body saying what to send; nothing
-reaches the tools or the SDK. A tokens file that cannot be read (past what ``TokenFile``
-absorbs itself) refuses only the request that met it, with a 503 and a ref in the log.
+Error policy: a refused request gets a 401 with a JSON body saying what to send; nothing reaches
+the tools or the SDK. A tokens file that cannot be read refuses only the request that met it (503,
+a ref in the log).
 """
 
 from __future__ import annotations

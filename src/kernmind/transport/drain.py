@@ -1,25 +1,15 @@
 """An orderly stop for Streamable HTTP: the requests in flight answer before the streams close.
 
-Design
-- Stock uvicorn, on SIGTERM, stops listening, closes idle keep-alive connections at its next
-  tick, and sse-starlette ends every open event stream within half a second; a tool call still
-  running then never answers (the client reads "SSE stream ended without a response"), and a
-  request the client writes onto a kept-alive connection at that moment dies in the transport
-  (``httpx2.ReadError`` or ``ConnectError``). The MCP SDK's client does not turn a transport
-  error raised before a response starts into an error for that request: it leaves its task
-  group and surfaces from the client's ``async with`` exit. That is the race behind the
-  shutdown test that failed once under load.
-- So the first stop signal starts a *drain* instead (http.py): the server keeps listening and
-  keeps its streams open while :class:`Drain` answers every new request at once with a 503
-  and a JSON-RPC error that says the server is shutting down (the SDK's client surfaces that
-  error for the request it belongs to), the calls that run are interrupted with a result that
-  says so (``Executor.stop_calls``), and the requests in flight get up to
-  ``DRAIN_SECONDS`` to send their answers. Only then does uvicorn's own shutdown start.
-- Only POSTs are counted as in flight: a GET is a client's standing event stream, which has no
-  answer to wait for; a DELETE ends a transport session and is let through.
+Design: on SIGTERM stock uvicorn closes kept-alive connections and sse-starlette ends every event
+stream within half a second, so a running tool call never answers and a request written at that
+moment dies in the transport (which the SDK's client surfaces from its ``async with``, not for the
+request). So the first stop signal starts a drain (http.py): the server keeps listening while
+``Drain`` answers every new request with a 503 in words, running calls are interrupted
+(``Executor.stop_calls``), and the POSTs in flight get ``DRAIN_SECONDS`` to answer; only then does
+uvicorn's shutdown start. A GET (a standing event stream) is not waited for; a DELETE passes.
 
-Error policy: a request refused while draining gets HTTP 503 with a JSON-RPC error body
-(``id`` taken from the request when it can be read, else null) and ``Connection: close``.
+Error policy: a request refused while draining gets HTTP 503 with a JSON-RPC error body (its
+``id`` when readable) and ``Connection: close``.
 """
 
 from __future__ import annotations

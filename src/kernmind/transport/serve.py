@@ -1,24 +1,15 @@
 """Running the server on a transport: stdio (stdio.py) or Streamable HTTP (http.py).
 
-``serve(settings) -> int`` is what ``kernmind serve`` calls; its return value is the exit code.
+Design: ``serve(settings) -> int`` (the exit code) runs one ``MCPServer`` whose lifespan
+(server.py) owns the executor and the memory store; the transports make sure that lifespan exits
+whatever ends the server (stdin closing, a signal, uvicorn's shutdown). Start-up order: the
+sandbox and runtime probes start on daemon threads first (``Sandbox.prefetch``,
+``runners.prefetch``), then the executor launches the fork-server template, and only then is the
+MCP SDK imported, on the other core meanwhile.
 
-Design
-- One process, one :class:`~mcp.server.mcpserver.MCPServer`. Its lifespan (server.py)
-  owns the executor and the memory store: every kernel, sandbox and subprocess is stopped
-  and the database is closed when the lifespan exits. The transports exist to make sure
-  that the lifespan *does* exit, whatever ends the server: stdin closing, SIGTERM or SIGINT
-  (stdio.py, shutdown.py), uvicorn's graceful shutdown (http.py).
-- Start-up order: the sandbox and language-runtime probes (is bubblewrap usable, which
-  runtimes are installed: ``java -version`` alone starts a JVM) mostly wait on child
-  processes, so they start on daemon threads first (``Sandbox.prefetch``,
-  ``runners.prefetch``); ``Sandbox.detect`` and ``runners.discover`` then find their
-  outcomes, or wait for the probe still running. Then the executor is built and launches the
-  fork-server template, and only then is the MCP SDK imported (on the other core meanwhile).
-
-Error policy: configuration problems (non-loopback host without a token, a port that is in
-use, a required sandbox that is missing) print one clear line to stderr and return a
-non-zero exit code (2 for refused configuration, 1 for failure to start) instead of a
-traceback. Anything unexpected propagates.
+Error policy: a refused configuration (non-loopback host without a token, a port in use, a
+required sandbox missing) prints one line to stderr and returns 2 (1 for a failure to start),
+never a traceback; anything unexpected propagates.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """A cap on the handshake-era MCP sessions each principal holds open over HTTP.
 
-Design
-- In the 2025-11-25 era every ``initialize`` POST opens a transport session (``Mcp-Session-Id``)
-  that the SDK keeps until the client DELETEs it or it is idle for 30 minutes, and the SDK caps
-  them at 10,000 for the whole server. One principal sending initialize after initialize
-  (2,000 took 73 s here) could take every slot, and every other principal's handshake was then
-  refused ("Too many open sessions") for half an hour. :class:`SessionCap` (ASGI, inside the
-  token check, so the principal is known) counts the sessions each principal opened and refuses
-  its next opening request past ``PER_PRINCIPAL`` with a 429 and a sentence; other principals
-  are not affected. The 2026-07-28 era keeps no session and is never counted.
-- It counts from what passes through it, without reaching into the SDK: a session is counted
-  when the answer to an opening request carries its id, forgotten when its DELETE succeeds,
-  when the SDK answers 404 for it, or when no request used it for the SDK's idle timeout (a
-  session kept alive only by a long event stream is then forgotten early: the count errs
-  towards letting a client in).
-- The single ``--token`` principal and the local user are not capped (every client shares one
-  name there; the SDK's own cap stands).
+Design: every 2025-11-25 ``initialize`` opens a transport session the SDK keeps for 30 idle
+minutes, 10,000 at most for the whole server, so one principal could take every slot.
+``SessionCap`` (ASGI, inside the token check) counts each principal's sessions from what passes
+through it (counted when an answer carries the id; forgotten on a successful DELETE, the SDK's 404,
+or the SDK's idle timeout: the count errs towards letting a client in) and refuses an opening
+request past ``PER_PRINCIPAL``. The 2026-07-28 era keeps no session; the ``--token`` principal and
+the local user are not capped (the SDK's own cap stands).
 
 Error policy: a refused opening request gets HTTP 429 and a JSON-RPC error saying how many
 sessions are open and what to do; nothing reaches the SDK.

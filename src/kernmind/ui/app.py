@@ -1,23 +1,14 @@
 """The ``/ui`` app: routes, who is asking (auth.py), and the answers of every page.
 
-Design
-- One Starlette app whose routes all sit under ``/ui``. On the HTTP transport ``UiMount``
-  sends ``/ui`` requests to it and everything else to the MCP app (transport/http.py); the
-  MCP app's bearer check does not apply to ``/ui``, which checks for itself: a session cookie
-  from a login, or ``Authorization: Bearer TOKEN`` on any page. ``kernmind ui`` serves the
-  same app alone (ui_cli.py).
-- Each page handler gets the caller (``Principal``) and its CSRF token; a POST made with a
-  cookie must carry that token (``csrf`` form field) or it is refused (403) before anything
-  is read. Responses carry a strict Content-Security-Policy (scripts from ``/ui/static``
-  only, no frames), ``no-store`` and ``no-referrer``.
-- Ids of another principal's data are never found: every read is keyed by the caller's
-  owner (data.py), so they answer 404 like an id that does not exist.
-- Writes answer with the page they changed and a sentence saying what happened (a reload
-  that posts again is refused by the same checks: ``expected_version``, a deleted id).
+Design (docs/ui.md): one Starlette app under ``/ui``; on the HTTP transport ``UiMount`` routes
+``/ui`` to it and the rest to the MCP app, and ``kernmind ui`` serves it alone (ui_cli.py). It
+checks callers itself (a session cookie, or ``Authorization: Bearer``); a POST with a cookie must
+carry its CSRF token. Responses carry a strict Content-Security-Policy, ``no-store`` and
+``no-referrer``. Every read is keyed by the caller's owner (data.py), so another principal's ids
+answer 404 like ids that do not exist. A write answers with the page it changed and a sentence.
 
-Error policy: ``NotFound`` → 404 page; a ``Refusal`` (a memory or session check) → the page
-with its sentence (status 409 for writes, 400 for reads); anything else propagates to the
-transport's last resort (a 500 with a ref).
+Error policy: ``NotFound`` → 404 page; a ``Refusal`` → the page with its sentence (409 for writes,
+400 for reads); anything else reaches the transport's last resort (a 500 with a ref).
 """
 
 from __future__ import annotations

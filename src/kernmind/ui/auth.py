@@ -1,24 +1,15 @@
 """Who is looking at a ``/ui`` page: logins, session cookies, bearer tokens and CSRF tokens.
 
-Design
-- A token logs in once (``POST /ui/login``): the token is checked by the same
-  ``Authenticator`` as ``/mcp`` (principals.py) and a random 256-bit session id goes into a
-  cookie that is ``HttpOnly``, ``SameSite=Strict`` and ``Path=/ui`` (``Secure`` when the
-  request came over https). The token itself is never kept, only the principal it names.
-- Every page also accepts ``Authorization: Bearer TOKEN`` (scripts, curl): no cookie, no CSRF
-  check needed (a browser never sends that header on its own).
-- Every POST made with a cookie carries the session's CSRF token in a form field; a write
-  without it (or with another session's) is refused with a 403 before anything is read.
-- ``kernmind ui`` (no token at all: the local user) prints a one-time login link: its code is
-  good for one use within a few minutes and then only the cookie is.
-- A server without a token (loopback only, like ``/mcp``) lets the browser in as ``local``
-  after a click on the login page; the Host check refuses names that are not loopback, so a
-  page served from elsewhere cannot rebind a name to this server and log itself in.
-- Sessions live in memory (a restart logs everyone out) and expire after a day; a revoked
-  token's sessions end at their next request (``still_valid``).
+Design (docs/ui.md): a token logs in once (``POST /ui/login``, checked by the ``Authenticator``
+``/mcp`` uses) to a random 256-bit session id in an ``HttpOnly``, ``SameSite=Strict``,
+``Path=/ui`` cookie (``Secure`` over https); the token itself is never kept. Every page also
+accepts ``Authorization: Bearer TOKEN`` (no CSRF check: a browser never sends that header on its
+own). Every POST with a cookie carries the session's CSRF token. ``kernmind ui`` prints a one-time
+login link; a server without a token (loopback only) lets a browser in as ``local`` after a click,
+and its Host check refuses names that are not loopback (no DNS rebinding). Sessions live in
+memory, expire after a day, and end at the next request once their token is revoked.
 
-Error policy: a refused request gets a short page saying what to do (log in again, reload the
-form); nothing is written.
+Error policy: a refused request gets a short page saying what to do; nothing is written.
 """
 
 from __future__ import annotations
