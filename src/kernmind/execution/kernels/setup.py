@@ -1,54 +1,24 @@
-"""The code every kernel runs once, before it joins the warm pool.
+"""The code every kernel runs once, before it joins the warm pool (plain source: the kernel may
+run on another Python and cannot import kernmind).
 
-It cannot import kernmind (the kernel may run on another Python), so it is plain source.
+Design (the output path: docs/architecture.md, "Runner and kernel")
+- IPython's copy of every output (``history_manager.outputs``) is off: kernmind keeps each
+  call's output itself. No colours, plain tracebacks, inline PNG figures.
+- **An output cap inside the kernel** (``Budget.kernel_cap``): ``OutStream.write`` sends a
+  head per cell, then keeps a bounded tail, sent with a count of what was dropped at most
+  every ``interval`` seconds and at the cell's end; this covers stdout, stderr, fd-level
+  output and forked children, so a flood neither crosses the socket nor fills the kernel.
+- **Lone surrogates leave as escapes** (as ``results.safe_text`` shows them) instead of
+  breaking ipykernel's packer and losing the output.
+- **No blind wait at a cell's end**: instead of ipykernel's half-millisecond sleep, each fd
+  watcher is waited for until its pipe is empty and it is back in ``read``
+  (``/proc/self/task/<tid>/syscall``), at most ``DRAIN_LIMIT``; a flush with nothing to
+  send returns at once.
+- **The install guard** (``packages/guard.py``): ``%pip install`` and the like fail naming
+  ``install_packages``.
 
-- IPython (≥ 9) keeps a copy of everything a cell prints or displays in
-  ``history_manager.outputs``, for ever: a kernel that prints a gigabyte would hold a
-  gigabyte. kernmind keeps each call's output itself, so that copy is turned off. (While
-  it was on, the tee also left the streams' original ``write`` on the stream objects, past
-  the class-level cap below: the cap now removes it before every cell.)
-- No colours and plain tracebacks: smaller output and no ANSI codes (and IPython's verbose
-  traceback formatting is slow).
-- Inline PNG figures (set in the shell's config and on the backend's instance when it
-  exists: ``%config`` would load every lazy magic to find it, in each fresh kernel's
-  start; matplotlib is not imported for it).
-- **An output cap inside the kernel.** The server keeps a head and a tail of every call's
-  output within its budget, but without a cap in the kernel, every byte printed would
-  still cross the zmq socket and be parsed, and ipykernel buffers it in memory: a loop
-  printing as fast as it can, or a gigabyte of output, would keep the call busy long
-  after the code finished, or exhaust the kernel's memory limit. So ``OutStream.write`` sends
-  a head of ``head`` characters per cell, then only keeps a bounded tail; at most once every
-  ``interval`` seconds (a timer thread started by the first write past the head) and when the
-  cell ends, a marker with the number of characters dropped since the last send, then the
-  tail, are written, and the tail starts empty again. A background job that floods its
-  output thus shows its latest lines while it runs, and the server reads at most a tail's
-  worth a second. Sizes come from the server's ``Budget.kernel_cap`` (``budget.py``). This
-  covers stdout, stderr, fd-level output (ipykernel's fd watcher calls ``write``) and forked
-  children. The server then applies its own exact budget to what arrives, folding the
-  markers into one count (``results.OutputCollector``).
-- **Lone surrogates leave the kernel as escapes.** ``print('\\ud800')`` (a string Python
-  can hold but UTF-8 cannot) made jupyter_client's packer fail in ipykernel's I/O thread:
-  the output was lost and a traceback full of host paths went to stderr instead. The
-  session's packer now retries such a message with every lone surrogate written as an
-  escape (``\\ud800``; a byte smuggled in by ``surrogateescape`` as ``\\xff``), the way the
-  server's ``results.safe_text`` shows them.
-- **No blind wait at the end of a cell.** ipykernel sleeps half a millisecond before every
-  reply (``Kernel._execute_sleep``, a "FIXME" mitigation), so that output a child process
-  wrote to fd 1/2 just before the cell ended has a chance to pass through its fd watcher
-  threads before the streams are flushed; a chance, not a guarantee (a watcher that has not
-  run by then misses the cell). Here the sleep is 0 and, when a cell ends
-  (``post_run_cell``, before the flush), each watcher is waited for until its pipe is empty
-  and the watcher itself is back in ``read`` on it (``/proc/self/task/<tid>/syscall``): then
-  everything written before has reached the stream. Bounded (``DRAIN_LIMIT`` seconds: a
-  background process may keep writing); where a watcher's state cannot be read, the old
-  half-millisecond sleep.
-- **A flush with nothing to send returns at once.** ipykernel flushes stdout and stderr twice
-  per cell and each flush is a round trip to its I/O thread, even when nothing was written;
-  a stream with nothing pending now skips it (messages still leave in order: every iopub
-  message goes through that one thread's queue).
-- **The install guard** (``packages/guard.py``): ``%pip install``, ``!pip install`` and the
-  like fail at once naming the ``install_packages`` tool; a ``!cmd`` that exits non-zero
-  says so on stderr.
+Error policy: a watcher whose state cannot be read gets the old half-millisecond sleep; a
+setup cell that fails fails the kernel's start (``RuntimeUnavailable``).
 """
 
 from __future__ import annotations

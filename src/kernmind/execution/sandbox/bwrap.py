@@ -1,51 +1,23 @@
 """The sandbox layer: every kernel and subprocess command line is wrapped here.
 
-``Sandbox`` is the entry point: ``detect`` picks the backend once at start-up (probing
-bubblewrap for real), ``wrap`` turns a command line into one that runs confined, and
-``describe`` says what holds for ``kernmind doctor``.
+Design (what a sandbox sees and may do: docs/security.md)
+- ``Sandbox.detect`` picks the backend once (probing bubblewrap for real), ``wrap`` turns a
+  command line into one that runs confined, ``describe`` says what holds for ``kernmind doctor``.
+- ``bwrap``: namespaces, an empty root with system directories read-only and the workspace
+  at ``/workspace`` (``bwrap_args.py``); as root, a dedicated unprivileged uid per sandbox
+  (``allocate_uid``) through ``setpriv``, so RLIMIT_NPROC holds. ``none``: rlimits and a
+  clean environment only, with a loud warning.
+- rlimits are set on the first process and inherited (``rlimits.py``); a lifeline parent
+  (``lifeline.py``) ends the tree with the server. While a session is over its quota, its
+  sandboxes start with soft RLIMIT_FSIZE 0 and the stricter seccomp filter (``seccomp_for``);
+  kernels get the creation guard instead (``wrap(guard=True)``). GPUs: ``gpu.py``.
+- The core (this module, ``rlimits.py``, ``bwrap_args.py``, ``launcher.py``,
+  ``filter_files.py``, ``seccomp.py``, ``creation_guard.py``, ``lifeline.py``,
+  ``host_mounts.py``) is standard library only: the unprivileged-user test copies it alone.
 
-Backends
-- ``bwrap`` (bubblewrap): new pid, ipc, uts, network (unless ``--allow-network``) and
-  mount namespaces. The root filesystem is an empty tmpfs with only system directories
-  (``/usr``, ``/etc``, …) and the runtime's own prefix bound read-only, a private
-  size-limited ``/tmp`` and ``/dev/shm``, and the session's workspace bound read-write at ``/workspace``.
-  Nothing of ``$HOME``, the memory database, kernmind's data directory, other sessions or
-  the server's environment is visible. ``--die-with-parent`` ties the sandbox to the server.
-  The command line is built in ``bwrap_args.py``.
-- ``none``: no isolation; rlimits and the clean environment only (a loud warning is logged);
-  a lifeline parent (``lifeline.py``, see ``launcher.py``) ends the command's whole tree
-  when the server dies.
-
-Limits are rlimits set on the sandbox's first process and inherited (``rlimits.py``).
-
-While a session is over its workspace quota, its sandboxes start with a soft RLIMIT_FSIZE of
-0 (``Limits.writes_blocked``; the hard limit stays, so the server can lift the block), and a
-seccomp filter (``seccomp.py``, ``--seccomp``; its files: ``filter_files.py``) keeps code
-from changing its file-size limit and from preallocating past it; such a sandbox loads the
-stricter filter that also refuses to create directories, links and files (``seccomp_for``).
-A kernel, which runs for long, gets the creation guard instead (``wrap(guard=True)``,
-``creation_guard.py``): a lifeline parent outside bubblewrap loads its filter and answers
-its creating calls, refused exactly while the session's write block is on.
-
-RLIMIT_NPROC is not enforced for root. When the server runs as root, bwrap runs
-privileged (no user namespace) and the command inside is started through
-``setpriv`` as a dedicated unprivileged uid, one per sandbox (``allocate_uid``), with no
-capabilities and ``no_new_privs``; so the process limit holds and a fork bomb is contained.
-A normal user's bwrap uses an unprivileged user namespace, and the process limit is counted
-on top of that user's current processes (the kernel counts per real uid).
-
-GPUs (``--gpu auto``): when the host has NVIDIA devices, ``gpu`` (see ``gpu.py``) holds what
-``bwrap_args.py`` binds (device nodes, the driver's libraries, the groups that own the nodes)
-and the ``LD_LIBRARY_PATH`` ``environment`` sets for libraries outside the ld cache.
-
-The sandbox's core (this module, ``rlimits.py``, ``bwrap_args.py``, ``launcher.py`` and
-``filter_files.py``, with ``seccomp.py``, ``creation_guard.py`` and ``lifeline.py``) needs
-only the standard library: the unprivileged-user test copies it without the rest of kernmind.
-
-Error policy: ``Sandbox.detect`` decides once at start-up (the bwrap probe runs once per
-process and configuration; ``Sandbox.prefetch`` runs it on a thread while the server is
-still importing); ``required`` raises
-``SandboxUnavailable`` when isolation cannot be had, ``auto`` falls back with a warning.
+Error policy: ``detect`` decides once (``prefetch`` runs the probe on a thread during start-up);
+``required`` raises ``SandboxUnavailable`` when isolation cannot be had, ``auto`` falls back
+with a warning.
 """
 
 from __future__ import annotations

@@ -138,13 +138,6 @@ class Cgroup:
                 return int(value)
         return 0
 
-    def memory_used(self) -> int | None:
-        name = "memory.current" if self.mode == "v2" else "memory.usage_in_bytes"
-        try:
-            return int((self.dirs[0] / name).read_text())
-        except (OSError, ValueError):
-            return None
-
     def memory_peak(self) -> int | None:
         name = "memory.peak" if self.mode == "v2" else "memory.max_usage_in_bytes"
         try:

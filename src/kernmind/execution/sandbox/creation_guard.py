@@ -1,50 +1,22 @@
 """The creation guard: a running sandbox creates nothing while its session is over the quota.
 
-A seccomp filter cannot change once loaded, so the stricter filter of ``seccomp.py`` only
-holds sandboxes *started* while their session is over the workspace quota. A kernel runs for
-hours: it was started under the quota (or warm, for no session at all), and a filter that
-refuses creating files would break it for good. The guard makes the decision at the moment of
-the call instead, with seccomp user notification.
+Design (docs/security.md, "The disk"; cost: benchmarks/README.md, "creation guard")
+- A filter cannot change once loaded, and a kernel runs across its session going over and back
+  under; so ``seccomp.guard_program`` sends the creating calls to a listener
+  (``SECCOMP_RET_USER_NOTIF``) and allows every other call. ``load`` installs it and returns
+  the listener, which the loading process hands to a helper outside the sandbox.
+- ``Listener.answer`` reads only the calling process's RLIMIT_FSIZE (never the call's
+  arguments, which could change): a soft limit of 0 under a hard one above 0 is the quota's
+  write block, answered EDQUOT (``openat2``: ENOSYS); else ``CONTINUE``. The server never
+  talks to the helper.
+- The helper lives exactly as long as the sandbox: the fork server's waiter
+  (``forkserver/fork_child.py``) or the lifeline in front of bubblewrap (``lifeline.py``);
+  when it dies, the sandbox ends and a waiting call fails with ENOSYS.
+- Needs Linux ≥ 5.5, x86_64 or aarch64; ``probe()`` tries the whole path once per server.
+  Standard library only (the lifeline imports it as a sibling, the template by path).
 
-Design
-- **The filter** (``seccomp.guard_program``) sends the calls that create something —
-  ``mkdir``, ``link``, ``symlink``, ``mknod``, ``creat``, their ``…at`` forms, ``open``/``openat``
-  with ``O_CREAT`` or ``O_TMPFILE``, ``openat2``, ``renameat2`` with ``RENAME_WHITEOUT``,
-  ``bind`` and ``setxattr`` (the list is ``seccomp.py``'s; io_uring, which would bypass it,
-  is off in every sandbox) — to a listener (``SECCOMP_RET_USER_NOTIF``) and allows
-  every other call at once. ``load`` installs it with ``SECCOMP_FILTER_FLAG_NEW_LISTENER``
-  and returns the listener's descriptor, which the loading process hands (``SCM_RIGHTS``) to
-  a helper outside the sandbox and closes.
-- **The answer** (``Listener.answer``) reads the calling process's RLIMIT_FSIZE: a soft limit
-  of 0 under a hard one above 0 is the workspace quota's write block, which the server sets
-  on every process of a session over its quota and lifts once it is back under
-  (``limits.py``), and which code cannot change (``seccomp.py``). Blocked: the call fails
-  with EDQUOT ("Disk quota exceeded"; ``openat2``, whose flags the filter cannot read: ENOSYS,
-  so C libraries fall back to ``openat``, answered by its flags). Otherwise
-  ``SECCOMP_USER_NOTIF_FLAG_CONTINUE``: the kernel runs the call as if there were no filter.
-  The decision never looks at the call's arguments (a path could change between our look
-  and the kernel's): it depends on the limit alone. So the server never talks to the helper:
-  the flag is a limit it already sets, read when the call is made; a busy or dead event loop
-  changes nothing.
-- **Who answers**: a process outside the sandbox that lives exactly as long as it — the
-  fork server's waiter for a forked kernel (``template.py``), the lifeline in front of
-  bubblewrap for a kernel started the normal way (``lifeline.py``). Code in the sandbox cannot
-  signal or trace it (another pid namespace; another uid when the server is root). When it
-  dies, the sandbox ends with it (bubblewrap's ``--die-with-parent``; the placeholder's exit
-  pipe closes), and a call already waiting fails with ENOSYS: nothing hangs.
-- **Cost**: one round trip to the helper per creating call (``benchmarks/README.md``,
-  "creation guard"); reading, writing and every other call cost nothing more.
-- **Support**: Linux ≥ 5.5 (``CONTINUE``), x86_64 or aarch64, seccomp allowed in the
-  container. ``probe()`` tries the whole path once per server (``filter_file_here``, asked
-  through ``filter_files.guard_file``); where it fails, kernels run without the guard as before and
-  ``kernmind doctor`` says so.
-
-Runs on its own (standard library only): the lifeline script imports it as a sibling module
-and the fork-server template loads it by path.
-
-Error policy: a notification whose process went away (killed while it waited: ENOENT) is
-dropped; a limit that cannot be read (the process vanished) is answered with EDQUOT; a
-listener with no process left is dropped by ``serve_until``.
+Error policy: a notification whose process went away is dropped; a limit that cannot be read
+is answered with EDQUOT; a listener with no process left is dropped by ``serve_until``.
 """
 
 from __future__ import annotations

@@ -87,11 +87,6 @@ class HeldFiles:
         return total
 
 
-def held_bytes(pids: Iterable[int], devices: set[int]) -> int:
-    """``HeldFiles.bytes`` with everything read now (no remembered mappings)."""
-    return HeldFiles().bytes(pids, devices, fresh=True)
-
-
 def _sandboxed(pids: Iterable[int]) -> list[int]:
     """``pids`` without the server's own helpers (bubblewrap, the lifeline: in the server's pid
     namespace) where the others run in a sandbox's; all of them where none does (``--sandbox none``)."""

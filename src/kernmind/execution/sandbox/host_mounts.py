@@ -1,32 +1,14 @@
 """Host folders in the sandbox: ``kernmind serve --mount HOST_DIR[:NAME][:ro|rw][:for=PRINCIPAL]``.
 
-Design
-- Each ``--mount`` binds one host directory into the sandboxes of the sessions allowed it, at
-  ``/mnt/NAME`` (``MOUNT_ROOT``; NAME defaults to the folder's name, other characters than
-  letters, digits, ``_``, ``-`` and ``.`` made ``-``): read-only unless ``rw``.
-  ``/mnt`` is outside ``/workspace``, so nothing sandboxed code writes in its working directory
-  can redirect or hide a mount, and the workspace quota never counts a mounted folder (a
-  read-write folder is bounded by its own file system, not by ``--workspace-mb``).
-- **Resolved once, at start.** The path is made absolute and its links resolved
-  (``realpath``) when the server starts; later changes to a link on the way do not move the
-  mount. bubblewrap binds the directory itself: a symbolic link *inside* it resolves in the
-  sandbox's own view of the file system (system directories read-only, its workspace, its
-  private ``/tmp``), so a link planted there to ``/root``, the data dir or another session
-  finds nothing, or only what the sandbox could read anyway.
-- **Whose sandboxes.** A folder without ``for=`` is the server owner's: the stdio user and the
-  server's own ``--token`` (one principal, data key ``local``). A folder with
-  ``for=NAME`` is that principal's only (a name from ``kernmind tokens add``). Any other
-  principal's sandboxes do not have it: over HTTP a principal sees only what an admin mapped
-  to it. The folder that holds kernmind's data dir (or a folder inside it) is refused: code
-  would read the memory database and every principal's sessions.
-- Where a session's sandboxes come from: its ``Workspace.mount_owner`` (set by the session),
-  read when a kernel is launched (``kernels/local.py``) and when a process runner wraps a
-  command (``runners/core.py``). Warm kernels start with no mounted folder; a session whose
-  owner has mounts starts its kernel in its own directory instead (``kernels/pool.py``).
-  ``--stateless`` calls run in warm kernels of their own and see no mounted folder.
-- Without bubblewrap (``--sandbox none``, or ``auto`` falling back) nothing can be bound: code
-  runs as the server's user and reads the host's files at their own paths, so ``/mnt/NAME``
-  does not exist; the start logs a warning and ``kernmind doctor`` says so beside each mount.
+Design (what holds and why: docs/security.md, "Host folders")
+- Each folder is resolved once at start (``realpath``) and bound at ``/mnt/NAME``
+  (``MOUNT_ROOT``, outside ``/workspace``), read-only unless ``rw``, into the sandboxes of the
+  sessions allowed it: without ``for=``, the server owner's (data key ``local``); with
+  ``for=NAME``, that principal's only. The folder holding kernmind's data dir is refused.
+- A session's sandboxes get its ``Workspace.mount_owner``'s folders, when a kernel is launched
+  (``kernels/local.py``) and when a process runner wraps a command (``runners/core.py``);
+  warm kernels have none (``kernels/pool.py``). Without bubblewrap nothing is bound (a warning;
+  ``kernmind doctor`` says so).
 
 Error policy: a malformed ``--mount``, a folder that does not exist or is not a directory, a
 name given twice, or a folder holding the data dir stops the start with ``MountError``, a

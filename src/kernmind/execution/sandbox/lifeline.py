@@ -1,40 +1,24 @@
-"""A process tree that dies with the server, for commands run without bubblewrap.
+"""A process tree that dies with the server, for commands run without bubblewrap's namespaces.
 
-Run as a script (standard library only, started with ``python -S -E``):
+Run as a script (standard library only, ``python -S -E``):
 ``lifeline.py SERVER_PID [--seccomp FILE] [--guard FILE] -- command …``.
 
 Design
-- Under bubblewrap a sandbox ends with the server: bwrap runs with ``--die-with-parent``
-  and everything in the sandbox lives in its pid namespace. With ``--sandbox none`` there is
-  no namespace, so ``Sandbox.wrap`` puts this small parent in front of the command instead
-  (kernels, the fork server's placeholder shells, runners): it asks the kernel for a
-  parent-death signal (``PR_SET_PDEATHSIG``), checks that the server is still its parent
-  (it may have died before the request), becomes a *child subreaper* (orphaned descendants
-  of the command, even ones that started a new session, come back to it instead of PID 1)
-  and forks the command.
-- When the server dies, the death signal arrives and every descendant is killed (SIGKILL,
-  repeated until none is left; orphans keep coming back to us meanwhile). The same happens
-  when the command itself ends: what it left running ends with it, as in a pid namespace.
-- The parent-death signal fires when the *thread* that forked us ends, so the server starts
-  these commands from its event-loop thread (which lives as long as the server).
-- The lifeline exits with the command's status (a command killed by a signal: the same
-  signal), so callers that read exit codes see the command's own.
-- ``--seccomp FILE``: the command starts under that seccomp filter (``seccomp.py``, the one
-  bubblewrap loads into a sandbox), with ``no_new_privs``: without bubblewrap, code still
-  cannot lift the workspace quota's write block nor preallocate past it.
-- ``--guard FILE``: the command starts under the creation guard's filter (``seccomp.py``'s
-  ``guard_program``) and this process answers it (``creation_guard.py``): while the
-  command's session is over the workspace quota, nothing it runs creates a file, however
-  long ago it started. ``Sandbox.wrap`` puts this parent, with only this option, in front
-  of bubblewrap for kernels (the guard cannot be given to bwrap): it stays outside the
-  sandbox, out of the code's reach, and bwrap's ``--die-with-parent`` ends the sandbox if it dies.
-- Signals: SIGTERM/SIGHUP/SIGQUIT sent to the lifeline alone while the server lives are
-  passed on to the command; SIGINT is ignored here (it reaches the command through its
-  process group, which it shares with us).
+- It asks for a parent-death signal (``PR_SET_PDEATHSIG``; it fires when the *thread* that
+  forked us ends, so the server starts these from its event-loop thread), checks the server
+  is still its parent, becomes a child subreaper and forks the command. When the server dies
+  or the command ends, every descendant is killed (SIGKILL, repeated until none is left), as
+  in a pid namespace. It exits with the command's status (or its signal).
+- ``--seccomp FILE``: the command starts under that filter with ``no_new_privs``.
+  ``--guard FILE``: under the creation guard's filter, answered here (``creation_guard.py``);
+  ``Sandbox.wrap`` puts it, with only this option, in front of bubblewrap for kernels (it
+  stays outside the sandbox; ``--die-with-parent`` ends the sandbox if it dies).
+- SIGTERM/SIGHUP/SIGQUIT sent to it alone are passed on; SIGINT reaches the command through
+  the shared process group.
 
-Error policy: a command that cannot be executed exits 127 with the reason on stderr (126
-when its seccomp filter or guard cannot be loaded: nothing runs unfiltered); a server already gone
-before we could tie ourselves to it: exit 137, nothing is started.
+Error policy: a command that cannot be executed exits 127 with the reason on stderr (126 when
+its filter or guard cannot be loaded: nothing runs unfiltered); a server already gone: exit
+137, nothing is started.
 """
 
 from __future__ import annotations

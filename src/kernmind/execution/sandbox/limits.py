@@ -1,34 +1,19 @@
 """One session's processes, as the kernel sees them: their control group and their write block.
 
-``SessionLimits`` is made with the session and goes with it (``close``). It knows which
-processes belong to the session — the members of its control group (``cgroups.py``), or,
-where there are no groups, the process trees of what the runners registered (its kernel)
-— and does three things to them:
-
-- **Memory**: ``memory_exceeded()`` says whether the kernel's out-of-memory killer stopped a
-  process of the group since the last look; ``stop()`` then kills the rest of the session
-  (v1 has no ``memory.oom.group``; a session half killed would keep its ``/dev/shm`` pages
-  charged and die again on the next allocation). ``memory_note`` is the sentence the result
-  carries.
-- **Writes** (the workspace quota, ``quota.py``): ``block_writes()`` lowers the soft
-  RLIMIT_FSIZE to 0 on every process of the session with ``prlimit(2)`` (inherited by what
-  they start, and given to every new sandbox through ``current_limits``), so nothing they
-  write can grow a file while the session is over its quota; unlinking and truncating still
-  work. ``allow_writes()`` raises it back to the hard limit (``--workspace-mb``), which is
-  never lowered: raising a hard limit needs CAP_SYS_RESOURCE, which even root lacks in some
-  containers. The sandbox's seccomp filter (``seccomp.py``) keeps code from raising its soft
-  limit itself, and the creation guard (``creation_guard.py``) reads that soft limit at every
-  creating call of a kernel: while it is 0, nothing is created either. ``prlimit(2)`` on another uid's process needs CAP_SYS_RESOURCE too; without
-  it, a root server sets the limit through ``setpriv`` as the sandbox's uid.
-- **Disk writes seen by the kernel**: ``io_mark()`` sums ``write_bytes`` of
-  ``/proc/<pid>/io`` over the session's processes (a process's count includes its reaped
-  children's): when neither that sum nor the set of processes changed since the last
-  measurement, nothing of the session can have grown the workspace by writing, and the
-  quota skips walking the tree before the next call.
-
-``current_limits`` is a context variable the supervisor sets while a call's runner runs, so
-the subprocess runners (``runners/core.py``) start their sandboxes in the session's group and
-under its write block without every runner passing them along.
+Design
+- ``SessionLimits`` goes with its session (``close``) and knows its processes: its control
+  group's members (``cgroups.py``), or, without groups, the trees the runners registered.
+- **Memory**: ``memory_exceeded()`` says whether the out-of-memory killer stopped one of them
+  since the last look; ``stop()`` kills the rest (v1 has no ``oom.group``); ``memory_note``
+  is the sentence.
+- **Writes** (``quota.py``): ``block_writes()`` lowers the soft RLIMIT_FSIZE to 0 on every
+  process with ``prlimit(2)`` (through ``setpriv`` as the sandbox uid where the server lacks
+  CAP_SYS_RESOURCE); ``allow_writes()`` raises it back. The hard limit is never lowered
+  (raising it needs CAP_SYS_RESOURCE); the seccomp filter keeps code from raising the soft one.
+- ``io_mark()`` sums ``/proc/<pid>/io`` ``write_bytes``: unchanged with the same processes,
+  nothing of the session can have grown the workspace.
+- ``current_limits`` (a context variable set by the supervisor around a call's runner) lets
+  subprocess runners and installs start in the session's group, under its write block.
 
 Error policy: a group that cannot be made is logged once and the session runs with
 per-process limits; a process that vanished while being limited is skipped.

@@ -1,71 +1,17 @@
 """The workspace quota (``--workspace-mb``, ``--workspace-files``): measured around every call, enforced by the kernel.
 
-What counts is what a session's sandbox can take of the host's disk: its working directory
-and its kernel's runtime (socket) directory, seen inside as ``/run/kernmind``
-(``Workspace.accounted``) — the disk blocks of every kind of inode there (files, directories,
-links, special files: ``filescan.py``), the number of names (``Usage.names``, against
-``--workspace-files``), and the files its processes hold without a name (deleted while open
-or mapped, or made with ``O_TMPFILE``: ``held_files.py``, ``Usage.held``). ``list_sessions``
-and the stored-size caps read the same scans.
-
-- **After every call** the usage is measured: the call's change scan (``filescan.py``) gives
-  the working directory's size when it was complete, plus the runtime directory's (kept
-  current by inotify too, ``Workspace.accounted_scans``) and the held files (the processes'
-  descriptors; their mappings at most every ``held_files.MAPS_PERIOD`` on the event loop);
-  else (a tree too big for the scan's time budget) the whole tree is walked, unless the
-  session's processes all lived through the call and what they wrote to disk
-  (``write_bytes``) plus what they hold keeps the last measurement under the quota.
-- **Before every call** it is measured again. Where inotify trackers keep both directories
-  current, that is reading their totals after whatever events came in (and the held files,
-  unless the previous call's end counted them under ``HELD_FRESH`` ago); else the walk is
-  skipped when nothing of the session can have written since: same processes and the same
-  disk ``write_bytes`` (``SessionLimits.io_mark``), or no process alive; the held files are
-  counted either way. A kernel thread left writing between calls is therefore caught before
-  the next call runs.
-- **On the call's path** both measurements cost no thread hop in the usual case, a call after
-  which the trackers have nothing to look at (``measure_now``: the totals they hold, and a
-  look at the descriptors of a session of a few processes); anything else is measured off
-  the event loop.
-- **While the call runs** the supervisor samples it (``supervisor._watch_quota``: ``sample``,
-  ``check_growth``) and stops code that grows it past either cap.
-- **Over the quota** (bytes or names), the session's writes are blocked by the kernel, not by
-  polling: RLIMIT_FSIZE is 0 for every process of the session and for every sandbox it starts
-  (``SessionLimits.block_writes``), so no write can grow a file — code still runs, reads,
-  deletes and truncates, so it can clean up (there is no delete tool). Once a measurement
-  finds it back under, writes are allowed again. Every result meanwhile says how far over it
-  is, in what, and names the largest files to delete.
-
-So a session ends at most one burst over its quota (what it made before the measurement that
-found it over) and does not grow once over.
-
-Why not a file system that enforces the quota from the first byte: measured on this kind of
-host, the kernel has ``CONFIG_QUOTA`` but not ``CONFIG_QFMT_V2`` (an ext4 image with project
-quotas does not mount; XFS and tmpfs quotas are off). Loop-mounted images per session (a
-sparse ext4 file with an inode cap: 70–180 ms to make and mount under load,
-``benchmarks/bench_quota_images.sh``) need root, turn the warm pool's directory moves
-(``store.rebind``: a rename into the session's home; a mount point is not renamed across file
-systems) into a kernel started per session, must be mounted for every access to a stored
-session's files, and leave mounts behind when a server is killed. Project quotas remain the
-better tool where a host has them.
-
-What RLIMIT_FSIZE does not bound, the seccomp filters do (``seccomp.py``): no sandbox may
-raise its own soft limit, preallocate with ``fallocate(FALLOC_FL_KEEP_SIZE)`` or use io_uring,
-and a sandbox started while its session is over makes no name (directories, links, files,
-``O_TMPFILE``, whiteouts, Unix sockets, extended attributes: EDQUOT). A filter cannot change
-once loaded, so a process started before its session went over (the Python kernel, warm or
-not) is held by the creation guard instead (``creation_guard.py``): its name-making calls go
-to a helper outside its sandbox, which refuses them with EDQUOT exactly while the process's
-soft RLIMIT_FSIZE is 0 — the block above — and lets them through otherwise. So once a
-session is found over, nothing of it creates nor grows a file, enforced by the kernel at the
-moment of the call; the server's event loop is not asked. What stays open: where the guard is
-unavailable (Linux before 5.5, no seccomp; ``kernmind doctor`` says so), a running kernel can
-still create directories and empty files until the sampling while code runs stops such a
-call (growth between calls is not seen by ``write_bytes``: the measurement after the next
-call finds it); subprocess runners started under the quota (a long background bash job) have
-no guard; writing through a shared mapping into the holes of a sparse file allocates blocks
-no file-size limit bounds (the next measurement counts them). Where no filter can be loaded
-at all, code can also raise its own soft limit while over and write one more burst, found by
-the next measurement.
+Design (the whole story, and why no file-system quota: docs/security.md, "The disk")
+- What counts: the disk blocks of every inode in the working directory and the kernel's
+  runtime directory (``Workspace.accounted``), the number of names, and the files the
+  session's processes hold without a name (``held_files.py``).
+- Measured after every call (from the call's change scan when complete, else a walk unless
+  the processes' ``write_bytes`` prove it cannot be over) and before every call (the inotify
+  trackers' totals, or nothing when nothing of the session can have written since); on the
+  call's path without a thread hop in the usual case (``measure_now``); sampled while code
+  runs (``sample``, ``check_growth``).
+- Over the quota, writes are blocked by the kernel: RLIMIT_FSIZE 0 for every process of the
+  session (``SessionLimits.block_writes``), the seccomp filters and the creation guard for
+  names; code can still read, delete and truncate. Back under, writes are allowed again.
 
 Error policy: a measurement that fails leaves the last one standing (logged); blocking
 skips processes that vanished.

@@ -1,53 +1,18 @@
-"""The seccomp filters of the sandbox: code cannot lift the workspace quota's write block, nor
-grow the workspace in ways a file-size limit does not bound.
+"""The seccomp filters of the sandbox (what each refuses and why: docs/security.md, "The disk").
 
-The workspace quota blocks a session's writes by lowering the *soft* RLIMIT_FSIZE of its
-processes to 0 (``sandbox/limits.py``): the server must be able to raise it again once the
-session has deleted files, and only a process with CAP_SYS_RESOURCE may raise a hard limit
-(root in a container often lacks it). A soft limit alone, though, can be raised by the
-process itself up to its hard limit. The filter, loaded into every bubblewrap sandbox
-(``--seccomp``) and into every fork-server kernel, makes ``setrlimit(RLIMIT_FSIZE, …)`` and
-``prlimit64(…, RLIMIT_FSIZE, new, …)`` fail with EPERM; reading the limit, and every other
-resource, work as before. The server's own ``prlimit(2)`` calls come from outside the sandbox
-and are not filtered.
+Design
+- ``program()``, loaded into every bubblewrap sandbox (``--seccomp``) and every fork-server
+  kernel: ``setrlimit``/``prlimit64`` on RLIMIT_FSIZE fail with EPERM (code cannot lift the
+  quota's soft-limit write block, ``limits.py``); the ``fallocate`` modes a file-size limit
+  does not bound fail with EOPNOTSUPP; io_uring fails with ENOSYS.
+- ``program(over_quota=True)``, for a sandbox started while its session is over the quota:
+  also every call that makes a name fails with EDQUOT (``openat2``: ENOSYS).
+- ``guard_program()``: the same creating calls go to the creation guard's listener
+  (``creation_guard.py``) instead.
+- Built for x86_64 (with i386 and x32) and aarch64 (with 32-bit ARM); elsewhere ``program()``
+  returns None. Standard library only (the sandbox's core, ``bwrap.py``).
 
-It also refuses, always, the ``fallocate`` modes that allocate disk a file-size limit does not
-bound: ``FALLOC_FL_KEEP_SIZE`` (blocks past the end of the file, the size unchanged),
-``INSERT_RANGE`` and ``UNSHARE_RANGE``, with EOPNOTSUPP, the answer of a file system without
-them (programs fall back to writing, which the limit bounds). Plain ``fallocate`` (mode 0:
-the size grows, so RLIMIT_FSIZE applies), punching holes, collapsing and zeroing ranges
-inside the size stay allowed.
-
-And it turns io_uring off in every sandbox: ``io_uring_setup``, ``io_uring_enter`` and
-``io_uring_register`` fail with ENOSYS (what a kernel without io_uring answers; programs fall
-back to ordinary calls). An io_uring operation (``IORING_OP_MKDIRAT``, ``OPENAT``, …) is no
-system call of the process, so no filter would see what it creates.
-
-``program(over_quota=True)`` is the filter of a sandbox started while its session is over
-the quota: besides the above, every call that makes a name fails with EDQUOT ("Disk quota
-exceeded"): a directory, a link, a symbolic link, a device node or a file (``mkdir``,
-``link``, ``symlink``, ``mknod``, ``open``/``openat`` with ``O_CREAT`` or ``O_TMPFILE`` (an
-unnamed file still takes blocks), ``creat``, their ``…at`` forms), ``renameat2`` with
-``RENAME_WHITEOUT`` (it leaves a device node behind), ``bind`` (a Unix socket's path is an
-inode; the filter cannot read the address, so every bind is refused) and the ``setxattr``
-family (attributes take disk blocks a file-size limit does not bound). So neither many
-directories nor deep trees nor empty files grow the workspace; ``openat2`` (whose flags the
-filter cannot read) fails with ENOSYS, which C libraries answer by falling back to ``openat``.
-Reading, deleting, renaming and truncating work. A filter cannot tell paths apart, so that
-sandbox creates nothing anywhere, ``/tmp`` included (R, which makes a temporary directory at
-start, does not start there: delete with Python or bash). A filter, once loaded, cannot be
-changed: a process started *before* its session went over keeps the ordinary one.
-
-``guard_program()`` is the creation guard's filter (``creation_guard.py``), loaded on top of
-the ordinary one into kernels, which run across the session going over and back under:
-the same creating calls go to a listener (``SECCOMP_RET_USER_NOTIF``), which refuses them
-while the session is over and lets them through otherwise; every other call is allowed.
-
-Programs are built for x86_64 (with its i386 and x32 system-call tables) and aarch64 (with
-32-bit ARM); on other machines ``program()`` returns None and sandboxes run without it.
-
-Runs on its own (standard library only): it is part of the sandbox's standard-library core,
-which the unprivileged-user test copies without the rest of kernmind.
+Error policy: nothing here raises on an unknown machine; it returns None.
 """
 
 from __future__ import annotations

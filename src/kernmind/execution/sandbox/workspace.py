@@ -272,10 +272,6 @@ class Workspace:
     async def ausage(self) -> int:
         return await off_loop(self.usage_bytes, timeout=None)
 
-    async def ausage_parts(self) -> tuple[int, int]:
-        """Disk used by the workspace, and by the other directories its sandbox may write."""
-        return await off_loop(lambda: (self.scan().bytes_used, self.accounted_bytes()), timeout=None)
-
     async def aremove(self) -> None:
         await off_loop(self.remove, timeout=None)
 

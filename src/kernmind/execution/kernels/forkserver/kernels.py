@@ -1,45 +1,23 @@
-"""Fresh kernels made by forking the template into a normal kernel sandbox.
+"""Fresh kernels made by forking the template into a normal kernel sandbox (docs/architecture.md,
+"Fresh interpreters come from a fork server").
 
-``ForkKernelFactory.start(workspace)`` returns the same ``Kernel`` objects as
-``KernelFactory.start`` (same ``AsyncKernelManager``, same IPC connection file in a private
-socket directory, same client), so everything that drives kernels is unchanged. Only the
-process behind the manager differs:
+Design
+- ``ForkKernelFactory.start`` returns the same ``Kernel`` as ``KernelFactory.start`` (same
+  manager, connection file and client); only the process behind the manager differs. The
+  manager launches the kernel's sandbox from the same ``local.LaunchPlan``, running a
+  placeholder shell (not as the sandbox uid, so the kernel cannot kill it); the template gets
+  its namespaces, a pidfd and its exit pipe, forks the kernel into them (``template.py``) and
+  replies once the kernel's sockets are bound and its setup cell ran; we connect and wait for
+  the iopub welcome. The kernel's exit status passes through the placeholder, so death,
+  exit codes, interrupts and shutdown behave as for any kernel; the waiter writes itself into
+  the kernel's control group before it forks.
+- A template that does not answer cannot hold a call: a spawn's reply is awaited at most
+  ``SPAWN_TIMEOUT`` and the waiting call's time limit (``local.start_within``); a template
+  found stopped or silent is discarded and replaced (``ForkServer.discard``).
 
-1. The manager launches the *sandbox* exactly as for a normal kernel (the same
-   ``local.LaunchPlan`` and ``Sandbox.wrap``: bubblewrap with the same namespaces, mounts,
-   workspace at ``/workspace``, private size-limited ``/tmp`` and ``/dev/shm``, rlimits via
-   prlimit, ``--die-with-parent``), but
-   its command is a placeholder shell that says ``ready`` and waits for an exit code on
-   its stdin. The placeholder runs without the sandbox uid (as root with no capabilities
-   when the server is root), so the kernel, which runs as the sandbox uid, cannot kill it.
-2. We pass the template descriptors for the placeholder's namespaces, a pidfd for it and
-   the write end of its stdin; the template forks a kernel into those namespaces with the
-   placeholder's rlimits, the sandbox uid, no capabilities and the kernel environment
-   (see ``kernels/forkserver/template.py``), and replies once the kernel's sockets are bound and
-   its setup cell has run.
-3. We connect the client and wait for the iopub welcome message (no ``wait_for_ready``
-   polling, no setup round trips).
-
-Control groups (``cgroups.py``): the placeholder's sandbox starts inside the kernel's group
-(a session's, or its own) like any sandbox, and the template's waiter writes itself into
-that group before it forks the kernel, so the kernel is born there although it is not a
-descendant of the sandbox's processes.
-
-The manager's provisioner polls and kills the sandbox process as for any kernel; when the
-kernel exits, the placeholder exits with its status, so death, exit codes, interrupts (by
-message) and shutdown behave exactly as before. Isolation therefore comes from the same
-sandbox code as every other kernel; the fork only replaces the interpreter's start-up.
-
-**A template that does not answer** (stopped with SIGSTOP, or hung) must not hold a call: the
-wait for a spawn's reply is bounded by ``SPAWN_TIMEOUT`` and, when a ``run_code`` call is
-waiting for the kernel, by that call's time limit (``kernels.start_within``). When it runs
-out, the call's kernel is started the normal way; a template found stopped (or silent for
-the whole ``SPAWN_TIMEOUT``) is discarded and a new one started (``ForkServer.discard``).
-
-Error policy: when the template is unavailable, or one fork fails, ``start`` logs why
-and starts the kernel the normal way (``KernelFactory.start``), so a broken fork server
-costs speed, never availability. Failures of the normal path raise ``RuntimeUnavailable``
-(as ``KernelFactory.start`` does), and so does a missing Python runtime.
+Error policy: when the template is unavailable or a fork fails, ``start`` logs why and starts
+the kernel the normal way, so a broken fork server costs speed, never availability; failures
+of the normal path (and a missing Python) raise ``RuntimeUnavailable``.
 """
 
 from __future__ import annotations
