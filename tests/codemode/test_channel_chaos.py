@@ -35,7 +35,7 @@ from tests.codemode.conftest import run_emitting
 from tests.conftest import make_settings
 from tests.transport.procs import HttpServer, http_client, start_http
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("codemode-chaos")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("codemode-chaos"), pytest.mark.slow]
 
 FAST = ("--embedding-model", "none", "--preload", "[]", "--sandbox", "none")
 REQUEST_MB = 1  # --max-request-mb: an oversized request is cheap to send

@@ -25,7 +25,7 @@ from kernmind.server import create_server
 from tests.codemode.conftest import eventually, run_emitting
 from tests.conftest import make_settings, structured
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("codemode")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("codemode"), pytest.mark.slow]
 
 
 def sockets(settings: Settings) -> set[Path]:

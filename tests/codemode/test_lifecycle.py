@@ -12,7 +12,7 @@ from kernmind.server import create_server
 from tests.codemode.conftest import run_emitting
 from tests.conftest import make_settings
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("codemode")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("codemode"), pytest.mark.slow]
 
 
 async def test_a_session_resumed_after_a_restart_calls_tools_through_its_new_channel(tmp_path: Path) -> None:

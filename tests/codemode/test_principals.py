@@ -19,7 +19,7 @@ from tests.codemode.conftest import run_emitting
 from tests.conftest import error_text, structured
 from tests.transport.procs import HttpServer, StdioServer, http_client, start_http
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("codemode-http")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("codemode-http"), pytest.mark.slow]
 
 FAST = ("--embedding-model", "none", "--preload", "[]")
 

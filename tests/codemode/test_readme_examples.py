@@ -14,7 +14,7 @@ from kernmind.server import create_server
 from tests.codemode.conftest import run
 from tests.conftest import make_settings, structured
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("codemode")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("codemode"), pytest.mark.slow]
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

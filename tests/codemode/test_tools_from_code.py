@@ -20,7 +20,7 @@ from kernmind.server import create_server
 from tests.codemode.conftest import run, run_emitting
 from tests.conftest import error_text, make_settings, structured
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("codemode")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("codemode"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module", params=["fork-server", "plain-kernels"])
@@ -250,7 +250,6 @@ async def test_reset_gives_a_fresh_interpreter_where_code_mode_works_again(clien
     assert second == [False, first]
 
 
-@pytest.mark.slow
 async def test_500_inserts_from_one_run_code_call_are_all_stored(client: Client) -> None:
     (ids,) = await run_emitting(
         client,

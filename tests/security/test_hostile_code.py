@@ -25,6 +25,7 @@ from kernmind.server import create_server
 from tests.conftest import error_text, make_settings, structured
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.anyio,
     pytest.mark.xdist_group("security"),
     pytest.mark.skipif(Sandbox.detect("auto").backend != "bwrap", reason="bubblewrap is not usable here"),

@@ -47,6 +47,7 @@ from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.anyio,
     pytest.mark.xdist_group("isolation"),
     pytest.mark.skipif(Sandbox.detect("auto").backend != "bwrap", reason="bubblewrap is not usable here"),

@@ -36,6 +36,7 @@ GROUPS = SUPPORT.active
 SUPPORT.close()
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.anyio,
     pytest.mark.xdist_group("limits"),
     pytest.mark.skipif(Sandbox.detect("auto").backend != "bwrap", reason="bubblewrap is not usable here"),

@@ -40,6 +40,7 @@ CORE = (
 )
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.xdist_group("security"),
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create and switch to a test user"),
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),

@@ -9,6 +9,8 @@ import pytest
 
 from kernmind.transport.bad_messages import decode, form_problem, head_id, reply_id, shape_problem
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize(
     ("body", "why"),

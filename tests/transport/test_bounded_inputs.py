@@ -27,7 +27,7 @@ from kernmind.tokens_file import TokenFile
 from tests.conftest import error_text, structured
 from tests.transport.procs import HttpServer, http_client, start_http
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("bounded-inputs")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("bounded-inputs"), pytest.mark.slow]
 
 BUDGET = 5000
 MAX_BLOCKS = 60

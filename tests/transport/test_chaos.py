@@ -53,7 +53,7 @@ from tests.transport.procs import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("chaos")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("chaos"), pytest.mark.slow]
 
 SEED = 20261128
 LEGACY, MODERN = "2025-11-25", "2026-07-28"

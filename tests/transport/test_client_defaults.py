@@ -15,7 +15,7 @@ import pytest
 
 from tests.transport.procs import StdioServer
 
-pytestmark = [pytest.mark.xdist_group("transport")]
+pytestmark = [pytest.mark.xdist_group("transport"), pytest.mark.slow]
 
 
 def _run(server: StdioServer, code: str, **args: str) -> dict:

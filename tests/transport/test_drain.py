@@ -20,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 
 from kernmind.transport.drain import SHUTTING_DOWN, Drain
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fast]
 
 
 class SlowApp:

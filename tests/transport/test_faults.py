@@ -35,7 +35,7 @@ from kernmind.tokens_file import TokenFile
 from tests.conftest import error_text, structured
 from tests.transport.procs import HttpServer, http_client, start_http
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("faults")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("faults"), pytest.mark.slow]
 
 TROUBLE = {"ENOSPC": "the disk is full", "EIO": "the disk reported an I/O error"}
 

@@ -28,6 +28,7 @@ from tests.conftest import error_text, structured
 from tests.transport.procs import HttpServer, http_client, start_http
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.anyio,
     pytest.mark.xdist_group("transport"),
     pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs as the data dir needs root"),

@@ -19,7 +19,7 @@ from mcp.shared.exceptions import MCPError
 
 from tests.transport.procs import HttpServer, start_http
 
-pytestmark = [pytest.mark.xdist_group("transport"), pytest.mark.anyio]
+pytestmark = [pytest.mark.xdist_group("transport"), pytest.mark.anyio, pytest.mark.slow]
 
 LEGACY, MODERN = "2025-11-25", "2026-07-28"
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}

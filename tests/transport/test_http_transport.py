@@ -20,7 +20,7 @@ from kernmind.transport.auth import BearerTokenMiddleware
 from kernmind.transport.http import bind_socket, is_loopback
 from tests.transport.procs import HttpServer, mentioning, run_cli, start_http
 
-pytestmark = [pytest.mark.xdist_group("transport")]
+pytestmark = [pytest.mark.xdist_group("transport"), pytest.mark.slow]
 
 TOKEN = "test-token-0123456789"
 MODERN = "2026-07-28"

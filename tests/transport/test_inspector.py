@@ -26,7 +26,7 @@ import pytest
 
 from tests.transport.procs import HttpServer, serve_argv, server_env, start_http
 
-pytestmark = [pytest.mark.xdist_group("transport")]
+pytestmark = [pytest.mark.xdist_group("transport"), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 INSPECTOR_VERSION = "2.12.0"

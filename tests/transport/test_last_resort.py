@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from kernmind.transport.guard import LastResort
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fast]
 
 
 async def boom(request: Request) -> JSONResponse:

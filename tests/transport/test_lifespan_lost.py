@@ -17,7 +17,7 @@ import pytest
 
 from kernmind.transport.http import _uvicorn_server_class, bind_socket
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fast]
 
 
 def crashing_app(crash: anyio.Event) -> Any:

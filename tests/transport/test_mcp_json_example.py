@@ -10,7 +10,7 @@ import pytest
 
 from kernmind.cli import build_parser
 
-pytestmark = [pytest.mark.xdist_group("transport")]
+pytestmark = [pytest.mark.xdist_group("transport"), pytest.mark.fast]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "mcp.json.example"
 

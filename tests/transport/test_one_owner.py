@@ -18,7 +18,7 @@ import pytest
 
 from tests.transport.procs import StdioServer, start_http
 
-pytestmark = [pytest.mark.xdist_group("transport")]
+pytestmark = [pytest.mark.xdist_group("transport"), pytest.mark.slow]
 
 
 def _add_principal(data: Path, name: str) -> str:

@@ -28,7 +28,7 @@ from kernmind.tokens_file import TokenFile
 from tests.conftest import error_text, structured
 from tests.transport.procs import HttpServer, http_client, start_http
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("principal-caps")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("principal-caps"), pytest.mark.slow]
 
 NAMES = ("alice", "bob", "carol", "dave", "erin", "frank", "gina", "hal")
 SLEEP = "import time; time.sleep(120)"

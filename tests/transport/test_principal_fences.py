@@ -33,7 +33,7 @@ from kernmind.tokens_file import TokenFile
 from tests.conftest import error_text, structured
 from tests.transport.procs import HttpServer, http_client, server_env, start_http
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("principal-fences")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("principal-fences"), pytest.mark.slow]
 
 ALLOWED = "https://app.example.com"
 LEGACY = "2025-11-25"

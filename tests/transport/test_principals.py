@@ -26,7 +26,7 @@ from kernmind.tokens_file import TokenFile
 from tests.conftest import error_text, structured
 from tests.transport.procs import HttpServer, http_client, start_http
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("principals")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("principals"), pytest.mark.slow]
 
 
 class Deployment:

@@ -36,7 +36,7 @@ from kernmind.tokens_file import TokenFile
 from tests.conftest import structured
 from tests.transport.procs import HttpServer, http_client, start_http, wait_until
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("revocation")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("revocation"), pytest.mark.slow]
 
 ENDED_WITHIN = 2.0  # seconds from `kernmind tokens revoke` returning to everything of alice's ended
 REVOKED = "the principal 'alice' was revoked"

@@ -20,7 +20,7 @@ import pytest
 
 from tests.transport.procs import StdioServer, descendants, wait_until
 
-pytestmark = [pytest.mark.xdist_group("transport")]
+pytestmark = [pytest.mark.xdist_group("transport"), pytest.mark.slow]
 
 GONE_WITHIN = 5.0
 ESCAPE = (

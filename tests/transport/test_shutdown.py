@@ -25,7 +25,7 @@ from mcp.types import CallToolResult
 from kernmind.execution.sandbox.rundir import socket_root
 from tests.transport.procs import ProcInfo, StdioServer, descendants, mentioning, start_http, wait_until
 
-pytestmark = [pytest.mark.xdist_group("transport")]
+pytestmark = [pytest.mark.xdist_group("transport"), pytest.mark.slow]
 
 STOP_WITHIN = 15.0  # seconds from the stop request to process exit (graceful wait is 3 s)
 RUNTIME_BIND = re.compile(r"--bind (\S+) /run/kernmind ")  # a kernel's socket directory on the host

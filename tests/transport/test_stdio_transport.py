@@ -21,7 +21,7 @@ from mcp import Client, StdioServerParameters
 
 from tests.transport.procs import mentioning, serve_argv, server_env
 
-pytestmark = [pytest.mark.xdist_group("transport")]
+pytestmark = [pytest.mark.xdist_group("transport"), pytest.mark.slow]
 
 
 @pytest.mark.anyio
