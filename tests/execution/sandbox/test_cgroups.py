@@ -258,6 +258,7 @@ def test_a_normal_user_without_a_delegated_subtree_falls_back_with_a_reason() ->
         shutil.copy(cgroups.__file__, package / "cgroups.py")
         shutil.copy(cgroup_layout.__file__, package / "cgroup_layout.py")
         shutil.copy(cgroup_leftovers.__file__, package / "cgroup_leftovers.py")
+        shutil.copy(Path(cgroups.__file__).with_name("lifeline.py"), package / "lifeline.py")
         for f in [f for d in levels for f in d.iterdir()]:
             if f.is_file():
                 f.chmod(0o644)

@@ -203,14 +203,8 @@ class ZmqChannel:
         return await self._receive(self.kc.shell_channel, timeout)
 
     async def _receive(self, channel: Any, timeout: float) -> Any:
-        """The channel's next message, or None once ``timeout`` seconds pass without one.
-
-        A message already waiting is read at once from a blocking-free view of the same socket
-        (``zmq.Socket.shadow``): most of a request's messages are waiting by the time the one
-        before them is folded in, and jupyter_client's ``get_msg`` would first await a poll
-        future and then a receive future for each. Only when nothing waits is the socket polled
-        (one future). Messages are unpacked by ``read_message``.
-        """
+        """The channel's next message, or None once ``timeout`` seconds pass without one (read at
+        once when waiting, else one poll: see the module docstring)."""
         import zmq
 
         socket = channel.socket

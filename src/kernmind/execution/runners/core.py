@@ -46,6 +46,7 @@ from kernmind.execution.results import OutputCollector
 from kernmind.execution.runners.base import RuntimeUnavailable
 from kernmind.execution.sandbox.bwrap import DEFAULT_PATH, Sandbox, SandboxedCommand
 from kernmind.execution.sandbox.bwrap_args import Mount
+from kernmind.execution.sandbox.lifeline import descendants
 from kernmind.execution.sandbox.limits import current_limits
 from kernmind.execution.sandbox.workspace import Workspace
 
@@ -120,36 +121,6 @@ class HelperFiles:
 
 
 # --- killing process trees ---------------------------------------------------------------
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return children
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                line = fh.read().decode(errors="replace")
-        except OSError:
-            continue
-        # Field 4 (ppid) comes after the command name in parentheses, which may contain spaces.
-        rest = line.rsplit(")", 1)[-1].split()
-        if len(rest) > 2:
-            children.setdefault(int(rest[1]), []).append(pid)
-    return children
-
-
-def descendants(pid: int) -> list[int]:
-    tree = _children_map()
-    out: list[int] = []
-    stack = [pid]
-    while stack:
-        for child in tree.get(stack.pop(), []):
-            out.append(child)
-            stack.append(child)
-    return out
-
-
 def kill_tree(pid: int) -> None:
     """SIGKILL ``pid``'s process group and every descendant (even ones that left the group)."""
     victims = descendants(pid)

@@ -1,28 +1,14 @@
 """Where a server may make control groups: the hierarchies mounted, its own group, what it may write.
 
-``detect_layout()`` reads ``/proc/self/mountinfo`` and ``/proc/self/cgroup`` (or the text a
-test gives) and returns the mode and the base directory per hierarchy under which
-``cgroups.py`` makes each server's groups, or why there is none:
-
-- **cgroup v2** (one unified hierarchy with the ``memory`` and ``pids`` controllers). The
-  server's own group ``C`` is read from ``/proc/self/cgroup``. Groups are made under a base
-  that has both controllers in its ``cgroup.subtree_control``: ``C`` itself when it is the
-  hierarchy's root (a container with its own cgroup namespace); else ``C`` after the server
-  moved itself (and its children) into a leaf ``C/kernmind-server`` — possible when ``C`` is
-  writable (root, or a subtree delegated to the user, as systemd gives a user's services and
-  ``systemd-run --user -p Delegate=yes`` scopes) and holds no process but the server's own
-  (v2 allows no process in a group that hands controllers down); else, as root, a
-  ``kernmind`` group at the hierarchy's root.
-- **cgroup v1** (``memory`` and ``pids`` mounted as separate hierarchies, as on hosts that
-  boot with the legacy layout): as root, under the server's own group in each hierarchy.
-- Otherwise the reason, naming what is missing (a normal user without a delegated subtree
-  learns how to get one).
-
-``detect_cpu_base()`` says, once the mode is known, where the ``cpu`` controller can weigh
-sandboxes against the server (optional: without it sessions keep their memory and process
-limits, and only the scheduler's defaults share the CPU): on v2 the same base, with ``cpu``
-handed down to it; on v1 the server's own group in the ``cpu`` hierarchy, when it is mounted
-and writable.
+Design (modes as the operator sees them: docs/security.md, "Where the limits come from")
+- ``detect_layout()`` reads ``/proc/self/mountinfo`` and ``/proc/self/cgroup`` (or a test's
+  text). v2 (``memory`` and ``pids``): the base is the server's own group ``C`` when it is the
+  hierarchy's root; else ``C`` after the server moved itself into a leaf ``C/kernmind-server``
+  (``C`` writable, as root or delegated, and holding only the server's processes: v2 allows
+  no process in a group that hands controllers down); else, as root, ``/kernmind`` at the
+  root. v1: as root, under the server's own group in each hierarchy. Otherwise the reason.
+- ``detect_cpu_base()``: where the optional ``cpu`` controller can weigh sandboxes against the
+  server (v2: the same base with ``cpu`` handed down; v1: the server's group in ``cpu``).
 
 Error policy: nothing here raises for a host that lacks cgroups; reasons are returned as text.
 """
@@ -34,6 +20,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from kernmind.execution.sandbox.lifeline import descendants
 
 Mode = Literal["v2", "v1", "none"]
 CONTROLLERS = ("memory", "pids")
@@ -229,7 +217,7 @@ def enable_controllers(directory: Path, controllers: tuple[str, ...] = CONTROLLE
 def _move_into_leaf(own: Path) -> str | None:
     """Move this server and its children from ``own`` into ``own/kernmind-server`` (a group that
     hands controllers down may hold no process); a reason when ``own`` holds others' processes."""
-    mine = {os.getpid(), *_descendants(os.getpid())}
+    mine = {os.getpid(), *descendants(os.getpid())}
     try:
         present = {int(p) for p in (own / "cgroup.procs").read_text().split()}
     except (OSError, ValueError) as exc:
@@ -250,24 +238,3 @@ def _move_into_leaf(own: Path) -> str | None:
 
 def _writable(directory: Path) -> bool:
     return os.access(directory, os.W_OK) and os.access(directory / "cgroup.procs", os.W_OK)
-
-
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(name))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found

@@ -1,29 +1,17 @@
 """Scanning a working directory: what files it holds, how much disk they use, what changed.
 
-A ``run_code`` result lists the files the call created or changed, and the workspace
-quota needs the directory's size; both come from one walk of the tree. Walking is the
-cost that grows with the tree (benchmarks/README.md, a big working directory), so:
+Design (cost: benchmarks/README.md, "A big working directory")
+- A call does one walk, after the code ran: the previous call's (``Workspace.last_scan``) is
+  the baseline; with inotify (``filewatch.py``) not even that, and ``changed_since`` compares
+  only the paths events named (``Scan.log``).
+- Changed: a path new or whose (size, mtime, ctime) differs; with no baseline, a ctime not
+  older than the call (ctime cannot be set back). With a time budget, directories are walked
+  most recently changed first, and a scan that runs out says it is incomplete.
+- Quota sizes are disk blocks of every kind of inode (``files`` and ``others``), and
+  ``inodes`` counts every name (``--workspace-files``); a hard link counts once per name.
+- Names that are not UTF-8 show as ``\\xNN`` escapes (``display_name``).
 
-- A call does **one** walk, after the code ran, not one before and one after: the walk
-  that ended the previous call (``Workspace.last_scan``) is the baseline.
-- On Linux even that walk happens once per working directory: an inotify tracker
-  (``filewatch.py``) keeps the scan current, and ``changed_since`` compares only the paths
-  its events named (``Scan.log``). The walk below is what runs without inotify.
-- A file changed during the call is one whose path is new or whose (size, mtime, ctime)
-  differs from the baseline; with no baseline, one whose ctime is not older than the
-  call (ctime cannot be set back by ``touch`` or ``tar``, unlike mtime).
-- With a time budget, directories are walked most recently changed first (creating or
-  removing an entry updates a directory's ctime), so new files are found first; when the
-  budget runs out the scan says it is incomplete and the caller says so in a note.
-- Sizes for the quota are disk blocks (a sparse file costs what it occupies), of **every**
-  kind of inode: regular files (``files``, what results list) and directories, symbolic links,
-  FIFOs, sockets and device nodes (``others``, the root directory itself under ``""``), so
-  40,000 directories or long symbolic links cost what they take on the disk. ``inodes`` counts
-  every name (the ``--workspace-files`` cap): 20,000 empty files occupy no block but 20,000
-  inodes. A hard link counts once per name (an overestimate, never an underestimate).
-
-Names are shown as text: bytes that are not UTF-8 become ``\\xNN`` escapes
-(``display_name``), so no file name can make a result unserialisable.
+Error policy: an entry that vanishes or cannot be read during the walk is skipped.
 """
 
 from __future__ import annotations

@@ -1,32 +1,21 @@
 """Knowing a working directory's files without walking it: inotify keeps a scan current.
 
-Walking a tree costs about a microsecond or more per file (a stat each), which is what made a
-trivial call in a session of 20,000 files slow: every call walked it to find what changed.
-A ``Tracker`` walks a directory once, watches every directory in it (Linux inotify), and from
-then on each ``scan()`` reads the pending events and looks again (one ``lstat``) only at the
-names they mention; a new directory is watched and walked, a deleted one dropped.
+Design (why: benchmarks/README.md, "A big working directory")
+- A ``Tracker`` walks its directory once and watches every directory in it; each ``scan()``
+  reads the pending events and ``lstat``s only the names they mention. One inotify instance
+  serves the server (instances are few per user); events are read under one lock by whichever
+  tracker scans and go to the tracker owning the watch.
+- A ``Scan``'s place in the tracker's ``ChangeLog`` says which paths events named since any
+  earlier scan, so ``filescan.changed_since`` compares only those; its dictionary is never
+  changed in place (an earlier scan stays the baseline it was).
+- What events cannot describe safely (a queue overflow, a directory moved, the root moved or
+  deleted, an unwatchable directory) makes the tracker walk again. Writes through a shared
+  mapping make no event: the next walk shows them.
+- ``scan_if_quiet()`` answers on the event loop when there is nothing to look at (no event
+  queued, none unprocessed, the lock free), a call's usual case; else callers scan off the loop.
 
-Design
-- One inotify instance serves the whole server (instances are few per user: 128 by default,
-  shared with every other program), with one watch per directory of each tracked tree.
-  Events are read without blocking, under one lock, whenever any tracker scans; each goes to
-  the tracker that owns its watch.
-- A scan returns a ``Scan`` whose place in the tracker's ``ChangeLog`` says which paths events
-  named since any earlier scan (a superset of what changed), so ``filescan.changed_since``
-  compares only those. Its dictionary is shared with the tracker and never changed in place:
-  a scan that finds changes makes a new one, so an earlier scan stays the baseline it was.
-- What events cannot describe safely makes the tracker walk again: a queue overflow, a
-  directory moved or renamed (its watch would keep the old path), the root itself moved or
-  deleted, a directory that cannot be watched.
-- Writes through a shared memory mapping make no event: such a change shows at the next walk.
-- ``scan_if_quiet()`` answers on the event loop when there is nothing to look at: no event
-  waiting in the kernel's queue (one ``poll`` with no timeout), none of ours unprocessed, and
-  the lock free (never waited for: a walk may hold it). That is a call's usual case, so its
-  change scan and quota measurement cost no thread hop; otherwise the caller runs ``scan()``
-  off the loop.
-
-Error policy: no inotify (another OS, or the instance or watch limits reached) means no
-tracker: ``Tracker.start`` returns None and callers walk the tree as before.
+Error policy: no inotify (another OS, limits reached) means no tracker: ``Tracker.start``
+returns None and callers walk the tree.
 """
 
 from __future__ import annotations

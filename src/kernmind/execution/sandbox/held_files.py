@@ -1,32 +1,18 @@
 """Disk a session holds without a name: files deleted while open, and ``O_TMPFILE`` files.
 
-A file that is unlinked while a process still has it open (or mapped), and a file made with
-``O_TMPFILE`` (never named), keep their blocks until the last descriptor closes, and no walk
-of the working directory sees them: ten such files of 50 MB were 500 MB of host disk that
-the quota counted as 0. The kernel still shows them, through each process's descriptors.
+Such files keep their blocks until the last descriptor closes, and no walk sees them (ten of
+50 MB were 500 MB the quota counted as 0); the kernel still shows them through each process.
 
 Design
-- ``HeldFiles.bytes(pids, devices)`` looks at every open descriptor of the session's processes
-  (``/proc/<pid>/fd/<n>``, ``stat`` through the link: the open file itself) and every mapped
-  file (``/proc/<pid>/map_files``, for a mapping whose descriptor was closed) and adds the
-  disk blocks of each regular file with **no link left** (``st_nlink == 0``) on one of
-  ``devices`` (the file systems of the session's working and runtime directories: a deleted
-  file in the sandbox's ``/tmp`` is memory, charged to its control group). A file held by
-  several descriptors or processes counts once (device, inode).
-- A deleted file that is linked again (``linkat`` of an ``O_TMPFILE``) has a name: the
-  directory scan counts it and this does not, so nothing counts twice.
-- Only processes inside a sandbox are looked at: bubblewrap and the lifeline in front of it
-  live in the server's pid namespace and run no code of the session (with ``--sandbox none``
-  every process is).
-- Cost: one ``listdir`` and one ``stat`` per descriptor (a Python kernel has about 65: ≈ 0.3
-  to 0.5 ms), plus the list of mappings, the costly part (≈ 1 ms for a
-  kernel's hundreds), read at most every ``MAPS_PERIOD`` seconds on the per-call path (a
-  mapping that appears meanwhile is found by the next read, or at once by a measurement
-  that asks for ``fresh``: the sampler while code runs, a measurement after file events).
+- ``HeldFiles.bytes(pids, devices)`` stats every open descriptor (``/proc/<pid>/fd``) and
+  mapped file (``/proc/<pid>/map_files``) of the session's sandboxed processes and adds the
+  blocks of each regular file with no link left on one of ``devices`` (the working and runtime
+  directories' file systems; a deleted file in ``/tmp`` is memory), once per (device, inode).
+- Mappings are the costly part (≈ 1 ms for a kernel's hundreds): read at most every
+  ``MAPS_PERIOD`` on the per-call path, at once when a measurement asks for ``fresh``.
 
-Error policy: a process or descriptor that goes away meanwhile is skipped; a ``/proc`` that
-cannot be read (another uid's process without the right to look) counts nothing for that
-process (logged once): the walk of the working directory still counts what has a name.
+Error policy: a process or descriptor that goes away is skipped; a ``/proc`` that cannot be
+read counts nothing for that process (logged once).
 """
 
 from __future__ import annotations
