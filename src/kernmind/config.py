@@ -314,9 +314,6 @@ class Settings(BaseSettings):
     memory_block_limit: Annotated[int, Cli(Group.MEMORY, metavar="CHARS")] = Field(
         default=5000, ge=1, description="default character limit of a new block"
     )
-    memory_block_max_limit: Annotated[int, Cli(Group.MEMORY, metavar="CHARS")] = Field(
-        default=100_000, ge=1, le=10_000_000, description="the largest `limit` a block may be given"
-    )
     memory_max_blocks: Annotated[int, Cli(Group.MEMORY, metavar="N")] = Field(
         default=200,
         ge=1,

@@ -35,7 +35,7 @@ class Memory:
 
 @pytest.fixture
 async def m(tmp_path: Path) -> AsyncIterator[Memory]:
-    async with Client(create_server(make_settings(tmp_path, memory_block_max_limit=200_000))) as client:
+    async with Client(create_server(make_settings(tmp_path))) as client:
         await ok(client, "memory_rethink", label="human", new_memory=HUMAN)
         await ok(client, "archival_memory_insert", content="Ada once lived in a lighthouse.")
         yield Memory(client)
@@ -53,7 +53,7 @@ async def test_passage_ids_outside_the_integer_range_are_refused_in_words(m: Mem
 async def test_a_limit_beyond_the_ceiling_is_refused_in_words(m: Memory, limit: int) -> None:
     """memory_create with limit 2^63 (or anything over the ceiling) names the ceiling and what to do."""
     text = await refused(m.client, "memory_create", label="huge", limit=limit)
-    assert "ceiling of 200000" in text and "KERNMIND_MEMORY_BLOCK_MAX_LIMIT" in text
+    assert "ceiling of 100000" in text and "archival memory" in text
     labels = [b["label"] for b in (await ok(m.client, "memory_list"))["blocks"]]
     assert "huge" not in labels
     await m.intact()
@@ -66,24 +66,23 @@ async def test_zero_limit_is_refused_in_words(m: Memory) -> None:
     await m.intact()
 
 
-async def test_the_ceiling_is_a_setting(tmp_path: Path) -> None:
-    """KERNMIND_MEMORY_BLOCK_MAX_LIMIT (memory_block_max_limit) sets the largest limit a block may get."""
-    async with Client(create_server(make_settings(tmp_path, memory_block_max_limit=1000))) as client:
-        await refused(client, "memory_create", label="a", limit=1001)
-        assert (await ok(client, "memory_create", label="a", limit=1000))["limit"] == 1000
+async def test_the_ceiling_is_100000_characters(m: Memory) -> None:
+    """The largest limit a block may get is 100,000 characters."""
+    await refused(m.client, "memory_create", label="a", limit=100_001)
+    assert (await ok(m.client, "memory_create", label="a", limit=100_000))["limit"] == 100_000
 
 
 async def test_edits_of_a_large_block_do_not_echo_it(m: Memory) -> None:
-    """Appending to a 150,000-character block answers with an excerpt around the change, not the block."""
+    """Appending to a 90,000-character block answers with an excerpt around the change, not the block."""
     line = "x" * 99
-    await ok(m.client, "memory_create", label="big", limit=200_000, value="\n".join([line] * 1500))
+    await ok(m.client, "memory_create", label="big", limit=100_000, value="\n".join([line] * 900))
     w = await ok(m.client, "memory_append", label="big", content="the newest line")
-    assert w["value"] is None and w["chars"] == 150_015
+    assert w["value"] is None and w["chars"] == 90_015
     assert len(json.dumps(w)) < 3000
-    assert "1501→ the newest line" in w["excerpt"] and "1499→ " in w["excerpt"]
+    assert "901→ the newest line" in w["excerpt"] and "899→ " in w["excerpt"]
     assert "memory_read" in w["message"]
     w = await ok(m.client, "memory_replace", label="big", old_str="the newest line", new_str="edited")
-    assert w["excerpt"].endswith("1501→ edited")
+    assert w["excerpt"].endswith("901→ edited")
     w = await ok(m.client, "memory_insert", label="big", new_str="at the top", insert_line=0)
     assert w["excerpt"].startswith("1→ at the top\n2→ x")
     h = (await ok(m.client, "memory_history", label="big", limit=3))["entries"]

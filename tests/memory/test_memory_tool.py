@@ -162,8 +162,7 @@ async def test_rename_and_delete_are_undoable(client: Client) -> None:
 
 
 async def test_read_only_and_limits_apply(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path, memory_block_max_limit=1000)
-    async with Client(create_server(settings)) as client:
+    async with Client(create_server(make_settings(tmp_path))) as client:
         await ok(client, "memory_create", label="rules", value="be kind", read_only=True)
         for args in (
             {"command": "create", "path": "/memories/rules", "file_text": "x"},
@@ -174,13 +173,13 @@ async def test_read_only_and_limits_apply(tmp_path: Path) -> None:
         ):
             assert "read-only" in await memory_refused(client, **args), args
         assert (await ok(client, "memory_read", label="rules"))["value"] == "be kind"
-        text = await memory_refused(client, command="create", path="/memories/big", file_text="y" * 1001)
-        assert "1001 characters" in text and "over the limit of 1000" in text
-        await memory(client, command="create", path="/memories/big", file_text="y" * 1000)
+        text = await memory_refused(client, command="create", path="/memories/big", file_text="y" * 100_001)
+        assert "100001 characters" in text and "over the limit of 100000" in text  # the ceiling
+        await memory(client, command="create", path="/memories/big", file_text="y" * 100_000)
         text = await memory_refused(
             client, command="insert", path="/memories/big", insert_line=-1, insert_text="z"
         )
-        assert "over its limit of 1000" in text
+        assert "over its limit of 100000" in text
 
 
 async def test_a_long_file_is_viewed_within_the_budget(tmp_path: Path) -> None:

@@ -48,8 +48,8 @@ def check_limit_value(limit: int, ceiling: int) -> None:
         raise MemoryRefusal("limit must be at least 1 character, got {limit}.", limit=limit)
     if limit > ceiling:
         raise MemoryRefusal(
-            "limit {limit} is above this server's ceiling of {ceiling} characters per block "
-            "(KERNMIND_MEMORY_BLOCK_MAX_LIMIT). Pass a limit of at most {ceiling}, or keep long material "
+            "limit {limit} is above this server's ceiling of {ceiling} characters per block. "
+            "Pass a limit of at most {ceiling}, or keep long material "
             "in archival memory ({remember}) and a short summary in the block.",
             limit=limit,
             ceiling=ceiling,

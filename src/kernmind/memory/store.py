@@ -88,7 +88,6 @@ class MemoryStore:
             database=sharing.db if sharing is not None else None,
             default_blocks=settings.memory_default_blocks if seed else {},
             block_limit=settings.memory_block_limit,
-            max_block_limit=settings.memory_block_max_limit,
             archival_max_chars=settings.archival_max_chars,
             max_blocks=settings.memory_max_blocks,
         )

@@ -148,7 +148,7 @@ async def import_namespace(
             if len(value) > blocks.max_limit:
                 raise MemoryRefusal(
                     "block {label!r} in the export holds {chars} characters, more than this server's ceiling "
-                    "of {ceiling} per block; raise KERNMIND_MEMORY_BLOCK_MAX_LIMIT to import it.",
+                    "of {ceiling} per block; shorten it in the export (long material belongs in archival memory).",
                     label=label,
                     chars=len(value),
                     ceiling=blocks.max_limit,
