@@ -1,22 +1,15 @@
 """What a kernel is to the code above it: the ``Kernel`` and ``KernelFactory`` protocols.
 
-The warm pool (``kernels/pool.py``), the Python runner (``runners/python.py``), the variable
-snapshots (``kernels/snapshot.py``) and the executor drive kernels only through these two
-protocols. Three kinds implement them: local kernels (``kernels/local.py``), kernels forked
-from a template (``kernels/forkserver/``, which returns local kernels) and kernels on a
-gateway (``kernels/gateway/kernels.py``); the tests add an in-process fake
-(``tests/execution/fakes.py``) that lets the logic above kernels be tested in milliseconds.
-
 Design
-------
-* **Optional capabilities are explicit.** What only a kernel running as a local process has
-  (its private socket directory, its sandbox uid, its own control group, its process ids) is
-  behind ``Kernel.local``: a ``LocalProcess``, or ``None`` for a kernel that runs elsewhere.
-  Code that needs them asks ``kernel.local`` rather than reading placeholder fields.
-* **Factories say what their kernels can do**: ``rebinds_warm_kernels`` (a warm kernel's
-  directory can be moved into a session's home), ``cheap_starts`` (starts are forks: the pool
-  may start several at once) and ``joins_groups`` (``start(…, group)`` puts the kernel in a
-  session's control group; a factory that says False is never given a group).
+- The pool, the Python runner, the snapshots and the executor drive kernels only through
+  these. Implemented by local kernels (``local.py``, ``local_kernel.py``), kernels forked from
+  a template (``forkserver/``, which returns local kernels), gateway kernels
+  (``gateway/kernels.py``) and the tests' in-process fake (``tests/execution/fakes.py``).
+- What only a local process has (socket directory, sandbox uid, control group, process ids,
+  stop hooks) is behind ``Kernel.local``, a ``LocalProcess`` or None.
+- Factories say what their kernels can do: ``rebinds_warm_kernels``, ``cheap_starts`` (the
+  pool may start several at once), ``joins_groups`` (a factory that says False is never
+  given a group).
 
 Error policy: ``KernelFactory.start`` raises ``RuntimeUnavailable`` (with the reason) when a
 kernel cannot be started; ``Kernel.execute`` reports a dead kernel as an outcome (``died``),

@@ -1,32 +1,20 @@
 """One request to a kernel, as every kind of kernel runs it: send, fold output, wait for idle.
 
-Local kernels (``kernels/local.py``, also the fork server's) read a ZeroMQ client's iopub and
-shell sockets; kernels on a gateway (``kernels/gateway/kernels.py``) read one WebSocket that
-carries every channel. What differs is only how a message is received and what a lost
-kernel looks like, so each kind gives this module a ``Channel`` and the loop is written once
-(``run_request``, which ``ChannelKernel.execute`` runs for both kinds, and ``await_interrupted``): which messages belong to the request, how output is
-folded (``messages.fold_output``), when the request is over, which execution count it had and
-whether it changes the kernel's (a silent run is no visible call), and what is skipped as
-malformed (``messages.Ignored``).
-
 Design
-------
-* **The request is over at its idle status.** Its output is complete then; the shell reply
-  (it carries the execution count) is awaited for ``REPLY_GRACE`` more seconds at most, and
-  the time limit no longer applies: an answered request is never reported as timed out.
-* **Liveness is the channel's.** ``Channel.check`` runs before every wait and says when it
-  wants to run again: a local kernel polls its process about twice a second even while
-  output keeps arriving; a gateway reports a dead kernel as a message or a closed socket,
-  which its channel turns into ``KernelLost`` as it receives it.
-* **A lost kernel is an outcome, not an exception.** ``KernelLost`` (``died``: it went away,
-  with its exit code or a sentence saying why; ``closed``: we shut it down, possibly
-  mid-call) ends the call with the output so far. After the idle status only ``died`` does:
-  a kernel closed by us after its request finished still returns the request's result.
+- Each kind of kernel gives a ``Channel`` (local and forked kernels: ``local_kernel.ZmqChannel``;
+  gateway kernels: one WebSocket, ``gateway/kernels.py``); the loop is written once
+  (``run_request``, run by ``ChannelKernel.execute``, and ``await_interrupted``): which
+  messages belong to the request, how output is folded (``messages.fold_output``), which
+  execution count it had (a silent run is no visible call), what is skipped as malformed.
+- The request is over at its idle status; the shell reply (the execution count) is awaited
+  ``REPLY_GRACE`` more at most, and the time limit no longer applies.
+- Liveness is the channel's: ``Channel.check`` runs before every wait and says when it wants
+  to run again; a lost kernel is ``KernelLost`` (``died`` or ``closed`` by us), an outcome
+  with the output so far, never an exception (after idle, only ``died`` counts).
 
-Error policy: nothing here raises on what a kernel sends (see ``messages.py``); a channel's
-``MALFORMED`` errors are counted and skipped, ``KernelLost`` becomes the outcome, and any
-other exception of a channel propagates from ``run_request`` (``await_interrupted`` reads it as
-"not back": False).
+Error policy: nothing here raises on what a kernel sends (``messages.py``); a channel's
+``MALFORMED`` errors are counted and skipped, ``KernelLost`` becomes the outcome, any other
+exception of a channel propagates (``await_interrupted`` reads it as "not back": False).
 """
 
 from __future__ import annotations

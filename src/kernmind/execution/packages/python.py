@@ -1,28 +1,18 @@
 """Python packages: resolve with uv against what the interpreter already has, install the rest.
 
-A session's layer only *adds* packages: the interpreter's own packages (numpy, pandas, …)
-are already imported in running kernels and cannot be swapped, so they are fixed points.
-uv installs into a ``--target`` directory as if it were empty, so it must be told about
-them: every installed distribution (of the interpreter and of the layer) becomes a
-constraint ``name==version`` and a *stub wheel* (metadata only, in a find-links directory)
-so resolution succeeds even when an offline wheelhouse lacks them. Two uv steps follow:
-
-1. ``uv pip compile`` resolves the request under those constraints (``--only-binary
-   :all:`` unless sdists are allowed) — a clash with an installed package is a
-   resolution error that names it;
-2. each pin that is not installed yet is installed once, byte-compiled, into a store of
-   single distributions (``CompiledStore``; never a stub: the stub directory is not a
-   source for this step), and the layer gets hard links to it.
-
-The download/wheel cache (``--cache-dir``) and the store are shared by every session, so
-a package any session installed before installs again as hard links, with no download
-and no compile. Stub wheels for the interpreter are built once per set of installed versions.
-
-Where uv runs is a ``UvRunner``: ``HostUv`` here (wheels only: installing a wheel runs no
-code from the package), or the sandboxed runner in ``sdist.py`` for source builds. For a
-session's install (``current_limits``, set by ``installs.py``) either runs in the session's
-control group, so it counts against the session's memory and process limits; an install the
-out-of-memory killer stopped is refused with a sentence (``check_session_memory``).
+Design
+- A layer only adds: the interpreter's packages are already imported in running kernels, so
+  every installed distribution (interpreter's and layer's) becomes a constraint
+  ``name==version`` and a metadata-only *stub wheel*, so uv (which installs into ``--target``
+  as if it were empty) resolves around them even offline.
+- ``uv pip compile`` resolves under those constraints (``--only-binary :all:`` unless sdists
+  are allowed; a clash names the installed package); each new pin is installed once,
+  byte-compiled, into a shared store of single distributions (``CompiledStore``), and the
+  layer gets hard links to it: a package any session installed before costs no download and
+  no compile.
+- uv runs as a ``UvRunner``: ``HostUv`` (wheels only: installing a wheel runs no code from it)
+  or the sandboxed runner of ``sdist.py``; within a session's install, in the session's
+  control group (``check_session_memory`` words an out-of-memory stop).
 
 Error policy: refusals and failures are ``PackageError`` (see ``diagnose.py``).
 """

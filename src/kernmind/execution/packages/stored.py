@@ -1,31 +1,18 @@
 """A session's installed packages, kept with the stored session so they come back on resume.
 
-A session's layer lives in this server's run directory (``layer.py``): it goes when the
-session is unloaded (idle reaping, a server stop) and with the run directory when the server
-is killed. So after every install that added something, the layer is also kept in the
-session's home, beside its files::
-
-    sessions/<owner>/<session_id>/packages/{python,deno}
-
-made of **hard links** to the layer's files (which are themselves hard links into the shared
-installer cache): keeping it costs no copy and no disk beyond the links, and survives the
-cache being cleared. On another file system it falls back to copies. The kept copy is
-replaced whole: built as ``.packages-new``, then renamed over ``packages`` (the old one
-renamed aside first), so a server killed at any moment leaves either the old or the new
-copy, never half of one (``recover``).
-
-When a stored session is loaded (after a restart, reaping or SIGKILL), ``restore`` gives it a
-fresh layer linked from the kept copy, which its first kernel adopts (``pool.acquire``)
-before the saved variables are restored, so objects of installed packages unpickle.
-
-**Size and caps.** A layer's size is the apparent size of its files (``layer_bytes``); it is
-the session's ``packages_bytes`` (``Meta``, ``list_sessions``) and counts with its files
-against the stored-size caps (``--max-stored-mb``, per principal and in all). An install
-that would take the owner's stored sessions past a cap still works for the session's life,
-but is not kept, and its note says why (``keep``).
-
-Only the server writes here; sandboxed code sees the session's ``files/`` only. Nothing here
-follows a link: a ``packages`` entry that is not a directory is ignored.
+Design
+- A layer lives in the run directory (``layer.py``) and goes when the session is unloaded;
+  so after every install that added something it is kept in the session's home,
+  ``sessions/<owner>/<session_id>/packages/{python,deno}``, as hard links to the layer's files
+  (themselves hard links into the shared cache: no copy, and it survives the cache being
+  cleared; copies on another file system). It is replaced whole (built as
+  ``.packages-new``, renamed over ``packages``), so a kill leaves the old or the new copy,
+  never half (``recover``).
+- ``restore`` gives a loaded session a fresh layer linked from the kept copy, adopted by its
+  first kernel before its variables are restored (objects of installed packages unpickle).
+- Size: the apparent size of its files (``layer_bytes``), the session's ``packages_bytes``,
+  counted with its files against the stored-size caps; an install past a cap works for the
+  session's life but is not kept, and its note says why (``keep``). Nothing here follows a link.
 
 Error policy: ``keep`` raises ``OSError`` (a full disk); the caller turns it into a note (the
 install itself has worked). ``restore`` logs and returns None when the kept copy cannot be

@@ -1,25 +1,14 @@
 """Which certificate authorities installs trust: the machine's, plus what the operator adds.
 
-Behind a TLS-intercepting company proxy (or with a private index), every HTTPS answer is
-signed by a company CA that the operating system's trust store has and the installers'
-bundled Mozilla roots do not. So installs trust what the user's machine trusts:
-
-- **uv** loads the system store (``UV_SYSTEM_CERTS=1``; the deprecated ``UV_NATIVE_TLS`` on
-  uv releases without it) unless the host sets either variable itself, or the machine has
-  no store at all (a slim container: uv's bundled roots then stay);
-- **Deno** uses the system store first, then its Mozilla roots
-  (``DENO_TLS_CA_STORE=system,mozilla``) unless the host sets ``DENO_TLS_CA_STORE``;
-- ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` (and ``DENO_CERT``) from the host reach both
-  unchanged (``policy.installer_environment`` passes them through);
-- ``--ca-file FILE`` (a PEM file of one or more CAs) is *added*: a bundle of the base (the
-  host's ``SSL_CERT_FILE``, else the system's bundle, else certifi's) followed by the file
-  is written once into the installer cache and given to uv and the server's own downloads
-  as ``SSL_CERT_FILE`` and to Deno as ``DENO_CERT``. Adding, not replacing, keeps public
-  indexes working when only the private one needs the extra CA.
-
-Desktop clients start a stdio server with a short list of environment variables, so
-``SSL_CERT_FILE`` set in a shell never arrives: ``--ca-file`` (or the ``env`` block of the
-client's server config, see docs/troubleshooting.md) is how it gets there.
+Design (behind a TLS-intercepting proxy, or with a private index: docs/troubleshooting.md)
+- uv loads the system store (``UV_SYSTEM_CERTS=1``, or ``UV_NATIVE_TLS`` on older uv) unless
+  the host sets either itself or the machine has no store; Deno uses ``system,mozilla``
+  unless ``DENO_TLS_CA_STORE`` is set; the host's ``SSL_CERT_FILE``/``SSL_CERT_DIR`` (and
+  ``DENO_CERT``) pass through (``policy.installer_environment``).
+- ``--ca-file`` is *added*: a bundle of the base (the host's ``SSL_CERT_FILE``, else the
+  system's, else certifi's) plus the file, written once into the installer cache, given to uv
+  and the server's own downloads as ``SSL_CERT_FILE`` and to Deno as ``DENO_CERT``. Desktop
+  clients pass few variables to a stdio server, so this is how a CA gets there.
 
 Error policy: an unreadable ``--ca-file``, or one without a certificate, is a ``ValueError``
 at start, with the path and what is wrong. A refused certificate at install time is

@@ -2,33 +2,24 @@
 
 Design
 - A cold ``jshell`` costs seconds, so snippets run in a *host* JVM (``JShellHost.java``,
-  compiled once with ``javac`` into the user cache directory) that uses the JShell API with
-  local execution. The host starts inside the sandbox like any other process — bound to
-  one workspace (at ``/workspace``), as that workspace's uid, with the rlimits — warms up
-  the compiler, and then serves snippets over stdin/stdout frames. It outlives calls, so it
-  carries the creation guard, as Python kernels do: once its session is over the workspace
-  quota it creates nothing, though it started under. A host started while the session was
-  over has the stricter filter for life instead (``bwrap.py``), so once the session is back
-  under it is retired and the call starts a fresh one (a host keeps no state between calls).
-- No state leaks between calls: every call gets a brand-new ``JShell`` instance (a fresh
-  class loader: variables, methods and classes are gone) and the host restores
-  ``System.out/err/in``, system properties, default locale and time zone. A call that
-  leaves threads running makes the host report itself dirty, and it is retired. Hosts are
-  retired after ``MAX_CALLS`` calls too.
-- A host is bound to one workspace, so hosts are kept per workspace (the session's
-  directory): the first Java call in a session is cold, later ones are warm. At most
-  ``MAX_HOSTS`` live at once (least recently used is stopped first); a host idle for
-  ``IDLE_SECONDS``, or whose workspace is gone or changed owner, is stopped on the next
-  call. With ``--stateless`` every call has a fresh directory, so the host is one-shot.
-  ``aclose()`` stops every host (the executor calls it when the server stops); hosts run
-  with bwrap's ``--die-with-parent`` as well.
-- Memory: the sandbox limits RLIMIT_DATA, and the JVM gets explicit heap/metaspace/code
-  cache sizes derived from ``memory_mb`` so it fits under it (``-Xmx`` = half of it).
+  compiled once into the user cache) using the JShell API with local execution, started in
+  the sandbox like any process (one workspace, its uid, the rlimits) and served over
+  stdin/stdout frames. It outlives calls, so it carries the creation guard; a host started
+  while its session was over the quota has the stricter filter for life and is retired once
+  the session is back under.
+- No state leaks between calls: each call gets a new ``JShell`` (a fresh class loader) and
+  the host restores streams, properties, locale and time zone; a call that leaves threads
+  running makes it dirty and it is retired, as after ``MAX_CALLS``.
+- Hosts are kept per workspace (the first Java call of a session is cold): at most
+  ``MAX_HOSTS`` (least recently used stopped first), stopped after ``IDLE_SECONDS`` or when
+  the workspace is gone or changed owner; with ``--stateless`` one-shot. ``aclose()`` stops
+  all; ``--die-with-parent`` too.
+- Memory: explicit heap, metaspace and code-cache sizes from ``memory_mb`` (``-Xmx`` half).
 
-Error policy: compile errors are ``CompilationError`` (``SyntaxError`` when the source
-does not parse), exceptions keep their Java class name, message and stack; a timeout
-kills the host (the whole sandbox) and the next call starts a fresh one. A host that dies
-or breaks the protocol gives ``status: "error"`` with ``JavaHostError``.
+Error policy: compile errors are ``CompilationError`` (``SyntaxError`` when the source does
+not parse); exceptions keep their Java class name, message and stack; a timeout kills the
+host (the whole sandbox); a host that dies or breaks the protocol gives ``status: "error"``
+with ``JavaHostError``.
 """
 
 from __future__ import annotations

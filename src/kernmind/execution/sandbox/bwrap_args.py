@@ -1,28 +1,20 @@
 """The bubblewrap command line of one sandbox: its namespaces, the filesystem code sees, its
-environment and the uid it runs as.
+environment and the uid it runs as (what holds and why: docs/security.md).
 
 Design
-- New pid, ipc, uts, network (unless ``--allow-network``) and mount namespaces; a normal
-  user's bwrap also makes an unprivileged user namespace. ``--die-with-parent`` ties the
-  sandbox to the server (or to the lifeline in front of it, ``lifeline.py``); ``--seccomp 9``
-  loads the filter file the launcher opened as descriptor 9 (``launcher.py``).
-- The root filesystem is an empty tmpfs with only system directories (``SYSTEM_DIRS``, and
-  the ``USR_LINKS`` as they are on the host) and the runtime's own prefix bound read-only, a
-  private size-limited ``/tmp`` and ``/dev/shm``, and the session's workspace bound
-  read-write at ``WORKSPACE_MOUNT``. Nothing of ``$HOME``, the memory database, kernmind's
-  data directory, other sessions or the server's environment is visible.
-- Server directories code must see (``Mount``) and a kernel's socket directory
-  (``RUNTIME_MOUNT``) appear at fixed paths of their own, so the host's directory names stay
-  hidden; so do the host folders the operator mounts (``--mount``: ``/mnt/NAME``, read-only
-  unless ``rw``; ``host_mounts.py``).
-- When the server is root, bwrap runs privileged (no user namespace) and the command inside
-  is started through ``setpriv`` as the sandbox's own unprivileged uid, with no capabilities
-  and ``no_new_privs`` (so RLIMIT_NPROC, which root ignores, holds).
-- GPUs (``gpu.py``): the device nodes are bound after ``--dev /dev`` (which would hide
-  them), the driver's libraries the system directories do not show are bound read-only, and
-  the per-sandbox uid gets the groups that own nodes not open to everyone.
+- New pid, ipc, uts, network (unless ``--allow-network``) and mount namespaces (and a user
+  namespace for a normal user); ``--die-with-parent``; ``--seccomp 9`` loads the filter the
+  launcher opened as descriptor 9 (``launcher.py``).
+- An empty tmpfs root with ``SYSTEM_DIRS`` and ``USR_LINKS`` (as on the host) and the
+  runtime's prefix read-only, private size-limited ``/tmp`` and ``/dev/shm``, the workspace
+  read-write at ``WORKSPACE_MOUNT``; server directories (``Mount``), the socket directory
+  (``RUNTIME_MOUNT``) and operator folders (``/mnt/NAME``, ``host_mounts.py``) at fixed paths,
+  so host directory names stay hidden.
+- As root: privileged bwrap, the command started through ``setpriv`` as the sandbox's uid
+  with no capabilities and ``no_new_privs``. GPUs (``gpu.py``): device nodes bound after
+  ``--dev /dev``, driver libraries read-only, the groups that own the nodes.
 
-Runs on its own (standard library only), like the rest of the sandbox's core (``bwrap.py``).
+Error policy: none raised here; standard library only (the sandbox's core, ``bwrap.py``).
 """
 
 from __future__ import annotations

@@ -1,32 +1,19 @@
 """Talking to a Jupyter Kernel Gateway or Enterprise Gateway: REST for kernels, one WebSocket per kernel.
 
-Both gateways serve the same API: ``/api/kernelspecs``, ``/api/kernels`` (start: POST, look
-up: GET, stop: DELETE, ``…/interrupt``: POST) and ``/api/kernels/{id}/channels``, a WebSocket
-that carries every channel of one kernel as JSON messages tagged with their ``channel``.
-
 Design
-------
-* **Messages are jupyter_client's.** ``jupyter_client.session.Session`` builds every request
-  (header, ``msg_id``, session id, protocol version, dates) exactly as a local client does;
-  the gateway signs them for the kernel's ZeroMQ sockets. What is left here is the framing
-  (``{"channel": …, **msg}``) and five REST calls.
-* **Transport is tornado's**, the HTTP and WebSocket client the Jupyter server stack itself
-  uses (and already a dependency of ``jupyter_client``/``ipykernel``): asyncio-native, with
-  WebSocket pings so a gateway that vanishes without closing the connection is noticed.
-* Why not ``jupyter_server``'s ``GatewayKernelManager``/``GatewayKernelClient``: its channel
-  queues wait for messages in a loop of ``await asyncio.sleep(0)`` (a core spent spinning
-  for as long as code runs), its WebSocket connect blocks the event loop, its configuration
-  is a process-wide singleton, and it brings the whole Jupyter server in. ``jupyter-kernel-client``
-  is synchronous (threads and ``requests``). See docs/deployment.md, "Kernels on a gateway".
-* One consumer per connection: a kernel's calls are serialised by its session, so
-  ``KernelChannels.receive`` is only ever awaited by one task at a time.
+- Both serve ``/api/kernelspecs``, ``/api/kernels`` (POST start, GET, DELETE, ``…/interrupt``)
+  and ``/api/kernels/{id}/channels``, a WebSocket carrying every channel as JSON tagged with
+  its ``channel``. Messages are built by ``jupyter_client.session.Session``, as a local
+  client builds them; what is left here is the framing and five REST calls.
+- Transport is tornado's (already a dependency of ``jupyter_client``): asyncio-native, with
+  WebSocket pings. Not ``jupyter_server``'s gateway client (its channel queues spin on
+  ``asyncio.sleep(0)``, its connect blocks the loop, its configuration is a singleton) nor
+  ``jupyter-kernel-client`` (synchronous): docs/deployment.md.
+- One consumer per connection: a kernel's calls are serialised by its session.
 
-Error policy
-------------
-``GatewayUnavailable`` (a ``RuntimeUnavailable``) when the gateway cannot be reached or
-refuses a request: the message names the URL, the status and what to check (the token,
-the kernelspec name). ``KernelGone`` when the gateway no longer knows a kernel (404).
-``ChannelsClosed`` when a kernel's WebSocket closes.
+Error policy: ``GatewayUnavailable`` (a ``RuntimeUnavailable``) when the gateway cannot be
+reached or refuses a request, naming the URL, the status and what to check; ``KernelGone``
+when it no longer knows a kernel (404); ``ChannelsClosed`` when a kernel's WebSocket closes.
 """
 
 from __future__ import annotations

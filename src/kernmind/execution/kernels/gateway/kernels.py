@@ -1,34 +1,22 @@
-"""Python kernels on a Jupyter Kernel Gateway or Enterprise Gateway (``--kernel-gateway URL``).
-
-``GatewayKernel`` and ``GatewayKernelFactory`` implement ``kernels/api.py``'s ``Kernel`` and
-``KernelFactory`` protocols (a gateway kernel's ``local`` is None: it has no process, sandbox
-uid or control group here), so the warm pool (``pool.py``), the runner, the supervisor
-and the result shapes are the same for local and remote kernels.
+"""Python kernels on a Jupyter Kernel Gateway or Enterprise Gateway (``--kernel-gateway URL``;
+docs/deployment.md, "Kernels on a gateway").
 
 Design
-------
-* **Files live on a volume both sides see** (``--kernel-gateway-workspaces DIR``; the
-  kernels may see it elsewhere, ``--kernel-gateway-kernel-workspaces``). Every kernel gets
-  its own directory there, as a local kernel does, and runs in it (``os.chdir`` in its setup
-  cell; ``KERNEL_WORKING_DIR`` tells Enterprise Gateway to start the pod there). So the file
-  tools, the ``files`` of a result, the quota and the "files kept when the interpreter is
-  replaced" rule are the local ones (``workspace.py``), unchanged. A kernel that cannot see
-  its directory fails to start with a sentence that says how to fix the mount.
-* **One message loop with local kernels**: ``exchange.run_request`` folds output, errors and
-  budgets; what is the gateway's is its channel (``_SocketChannel``), which reads one
-  WebSocket for every channel and keeps shell replies that come before the request's idle
-  status. The gateway kernel runs the same setup cell (``kernels/setup.py``: output cap in the
-  kernel, plain tracebacks, inline PNGs).
-* **Liveness without polling**: the gateway reports a kernel that died and was restarted
-  (or could not be) as an iopub ``status`` of ``restarting``/``dead``, and a gateway that
-  stops closes the WebSocket (pings catch one that vanishes silently). Either ends the call
-  as ``died`` with a sentence saying which; the runner then replaces the kernel.
-* **Timeouts** interrupt through the gateway's interrupt endpoint; the kernel kept its state
-  when the interrupted request goes idle within the grace period.
+- ``GatewayKernel`` and ``GatewayKernelFactory`` implement ``api.Kernel`` and
+  ``api.KernelFactory`` (``local`` is None), so pool, runner, supervisor and results are the
+  same as for local kernels.
+- Files live on a volume both sides see (``--kernel-gateway-workspaces``): each kernel works
+  in its own directory there (``os.chdir`` in its setup cell; ``KERNEL_WORKING_DIR`` for
+  Enterprise Gateway), so file tools, quota and "files kept" are the local ones; a kernel
+  that cannot see its directory fails to start with a sentence saying how to fix the mount.
+- One message loop with local kernels (``exchange.run_request``); the gateway's part is its
+  channel (``_SocketChannel``: one WebSocket for every channel, shell replies that arrive
+  before idle kept). A ``restarting``/``dead`` status or a closed socket ends the call as
+  ``died``; timeouts interrupt through the gateway's endpoint.
 
 Error policy: a kernel that cannot be started or reached raises ``RuntimeUnavailable``
-(``GatewayUnavailable``) with the gateway's URL and the reason; stopping a kernel never
-raises (it is logged): a gateway that is down cannot hold up a session's clean-up.
+(``GatewayUnavailable``) with the URL and the reason; stopping a kernel never raises (it is
+logged): a gateway that is down cannot hold up a session's clean-up.
 """
 
 from __future__ import annotations
