@@ -191,11 +191,17 @@ def fake_settings(data_dir: Path, **overrides: Any) -> Settings:
     return make_settings(data_dir, **{"sandbox": "none", "snapshot_mb": 0, **overrides})
 
 
+_sandboxes: dict[tuple[str, bool], Sandbox] = {}
+
+
 def fake_executor(settings: Settings) -> tuple[Executor, FakeKernelFactory]:
     """A real executor on fake kernels (``settings.snapshot_mb`` must be 0)."""
     assert settings.snapshot_mb == 0, "a fake kernel would run the snapshot code in this process"
     factory = FakeKernelFactory(settings.data_dir / "fake-kernels")
-    sandbox = Sandbox.detect(settings.sandbox, allow_network=settings.allow_network)
+    key = (settings.sandbox, settings.allow_network)
+    if key not in _sandboxes:  # (probing compiles a seccomp filter in a subprocess: once per process)
+        _sandboxes[key] = Sandbox.detect(settings.sandbox, allow_network=settings.allow_network)
+    sandbox = _sandboxes[key]
     executor = Executor(settings, factory=factory, sandbox=sandbox, store=parts.store_for(settings))
     return executor, factory
 

@@ -418,48 +418,7 @@ async def test_output_schema_is_published(client: Client) -> None:
     assert tools["run_code"].input_schema["properties"]["language"]["enum"][0] == "python"
 
 
-# --- server-level options (own servers) --------------------------------------------
-
-
-async def test_stateless_mode_shares_nothing_between_calls(tmp_path: Path) -> None:
-    async with Client(create_server(make_settings(tmp_path, stateless=True, pool_size=1))) as c:
-        first = await run(c, "y = 3\nopen('f.txt','w').write('x')\ny")
-        assert first["results"][0]["text"] == "3"
-        second = await run(c, "import os\n'y' in globals(), os.listdir('.')")
-        assert second["results"][0]["text"] == "(False, [])"
-
-
-async def test_the_session_cap_unloads_the_least_recently_used_idle_session(tmp_path: Path) -> None:
-    async with Client(create_server(make_settings(tmp_path, max_sessions=2, pool_size=0))) as c:
-        await run(c, "a = 1", session_id="one")
-        await run(c, "b = 2", session_id="two")
-        assert (await run(c, "3", session_id="three"))["results"][0]["text"] == "3"
-        states = {
-            s["session_id"]: s["state"]
-            for s in structured(await c.call_tool("list_sessions", {}))["sessions"]
-        }
-        assert states == {"one": "stored", "two": "live", "three": "live"}
-        back = await run(c, "a", session_id="one")  # unloads "two" in turn
-        assert back["results"][0]["text"] == "1"
-        assert any("resumed stored session 'one'" in n for n in back["notes"])
-
-
-async def test_session_cap_refuses_when_no_session_is_idle(tmp_path: Path) -> None:
-    async with Client(create_server(make_settings(tmp_path, max_sessions=2, pool_size=0))) as c:
-        jobs = [
-            structured(
-                await c.call_tool(
-                    "run_code", {"code": "import time; time.sleep(60)", "session_id": sid, "background": True}
-                )
-            )["job_id"]
-            for sid in ("one", "two")
-        ]
-        msg = error_text(await c.call_tool("run_code", {"code": "1", "session_id": "three"}))
-        assert "2 live sessions" in msg and "one, two" in msg, msg
-        assert "close_session" in msg and "job_cancel" in msg
-        for job in jobs:
-            structured(await c.call_tool("job_cancel", {"job_id": job}))
-        assert (await run(c, "1", session_id="three"))["results"][0]["text"] == "1"
+# --- server-level options (own servers; caps, time limits and --stateless: test_calls_on_fakes.py) ---
 
 
 async def test_idle_sessions_are_unloaded_keeping_files_and_variables(tmp_path: Path) -> None:
@@ -479,16 +438,13 @@ async def test_idle_sessions_are_unloaded_keeping_files_and_variables(tmp_path: 
         assert any("variables restored" in n and "z" in n for n in out["notes"])
 
 
-async def test_timeout_is_capped_by_the_server_maximum(tmp_path: Path) -> None:
-    async with Client(create_server(make_settings(tmp_path, max_timeout=1.0, pool_size=0))) as c:
-        started = time.monotonic()
-        out = await run(c, "import time; time.sleep(30)", timeout=600)
-        assert out["status"] == "timeout"
-        assert time.monotonic() - started < 15
-
-
-async def test_closing_a_session_under_a_queued_call_gives_that_call_a_fresh_session(client: Client) -> None:
-    """A call waiting for a session that gets closed runs on a new session instead of a dead one."""
+async def test_closing_a_session_under_a_queued_call_gives_that_call_a_fresh_session(
+    client: Client, request: pytest.FixtureRequest
+) -> None:
+    """A call waiting for a session that gets closed runs on a new session instead of a dead one
+    (shared sessions' close; local sessions' is ``test_calls_on_fakes.py``'s, on fake kernels)."""
+    if request.node.callspec.params["client"] == "local":
+        pytest.skip("the registry's logic: tests/execution/test_calls_on_fakes.py")
     await run(client, "doomed = True", session_id="closing")
     results: dict[str, dict] = {}
 

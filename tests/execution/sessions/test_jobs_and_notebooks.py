@@ -97,16 +97,6 @@ async def test_jobs_survive_disconnects_are_cancelled_and_outlive_a_killed_serve
         after.kill()
 
 
-async def test_background_job_refusals_are_immediate(tmp_path: Path) -> None:
-    async with Client(create_server(make_settings(tmp_path, pool_size=0))) as c:
-        msg = error_text(
-            await c.call_tool("run_code", {"code": "1", "language": "cobol", "background": True})
-        )
-        assert "cobol" in msg
-        assert "no job 'job-123'" in error_text(await c.call_tool("job_status", {"job_id": "job-123"}))
-        assert "no job" in error_text(await c.call_tool("job_cancel", {"job_id": "nonsense"}))
-
-
 async def test_finished_jobs_leave_server_memory_and_their_results_stay_readable(tmp_path: Path) -> None:
     """Each job displays a large HTML table; once finished, the server holds none of them in
     memory (``Jobs.jobs``), and job_status reads every result back from its record."""
