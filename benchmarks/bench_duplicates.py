@@ -24,7 +24,7 @@ or "negated" pair is an older version of the fact: worth superseding too, so the
 rather than asserts). Precision is for as many negatives as positives.
 
 An insert does not compare its text with one other but searches the whole namespace, above
-``SKETCH_FROM`` texts through a shortlist by sign bits (vector_index.py, ``close_to``). The last
+``SKETCH_FROM`` texts through a shortlist by sign bits (vector_scores.py, ``close_to``). The last
 part checks that this finds what an exact scan finds: every text of the pairs, among
 ``--index`` texts in all (the rest more facts from the same templates with another seed — a
 memory far more crowded with near-identical sentences than a real one, the hard case for a
@@ -48,7 +48,7 @@ import numpy as np
 
 from kernmind.config import Settings
 from kernmind.memory.embedder_factory import make_embedder
-from kernmind.memory.vector_index import Candidates, close_to, nearest_scored, sign_bits
+from kernmind.memory.vector_scores import Candidates, close_to, nearest_scored, sign_bits
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_retrieval import VectorCache  # vectors cached between runs, per model

@@ -33,7 +33,7 @@ from kernmind.config import Settings
 from kernmind.memory.archival import Archive
 from kernmind.memory.embedder_factory import make_embedder
 from kernmind.memory.store import MemoryStore
-from kernmind.memory.vector_index import nearest
+from kernmind.memory.vector_scores import nearest
 from paraphrase_set import _STOP, PAIRS, distractors, shared_content_words
 
 

@@ -67,7 +67,7 @@ from kernmind.memory.embeddings import Embedder, to_blob
 from kernmind.memory.fusion import FUSION, Fusion
 from kernmind.memory.records import PassageIn
 from kernmind.memory.store import MemoryStore
-from kernmind.memory.vector_index import nearest
+from kernmind.memory.vector_scores import nearest
 from retrieval_suite import FAMILIES, NEVER_SAID, Corpus, Family, Question
 
 TOP = 10

@@ -20,7 +20,7 @@ from kernmind.memory.archival import Archive
 from kernmind.memory.minilm import MiniLMEmbedder
 from kernmind.memory.records import PassageIn
 from kernmind.memory.store import MemoryStore
-from kernmind.memory.vector_index import nearest
+from kernmind.memory.vector_scores import nearest
 from kernmind.server import create_server
 
 from .conftest import db_location, make_settings, ok

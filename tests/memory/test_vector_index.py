@@ -19,10 +19,10 @@ from kernmind.memory.database import PassageFilter
 from kernmind.memory.embeddings import StaticEmbedder, to_blob
 from kernmind.memory.records import PassageIn
 from kernmind.memory.store import MemoryStore
-from kernmind.memory.vector_index import (
+from kernmind.memory.vector_index import Facets
+from kernmind.memory.vector_scores import (
     SKETCH_FROM,
     Candidates,
-    Facets,
     close_to,
     nearest,
     nearest_scored,

@@ -27,7 +27,7 @@ Design
   above the embedder's ``duplicate_similarity``, a figure calibrated per model
   (benchmarks/bench_duplicates.py) — is stored, and its note names them, so the agent can
   supersede them by inserting the same text again with ``supersedes``. Looking for them scores
-  a shortlist by sign bits, not every vector (vector_index.py, ``close_to``): it finds what an
+  a shortlist by sign bits, not every vector (vector_scores.py, ``close_to``): it finds what an
   exact scan finds (bench_duplicates.py checks it) at a fraction of the cost.
 
 Error policy
@@ -220,7 +220,7 @@ class Archive:
             return []
         import numpy as np
 
-        from kernmind.memory.vector_index import close_to
+        from kernmind.memory.vector_scores import close_to
 
         await index.refresh()
         candidates = index.candidates(Facets(live_only=True))
@@ -228,7 +228,7 @@ class Archive:
             return []
         query = np.frombuffer(blob, dtype="<f4")
         k = NEAR_DUPLICATES + spare + len(exclude)
-        # bounded whatever the size (a shortlist by sign bits above 20k texts: vector_index.py), so on
+        # bounded whatever the size (a shortlist by sign bits above 20k texts: vector_scores.py), so on
         # the event loop: a worker thread would cost about as much as it saves
         close = close_to(candidates, query, k, threshold)
         skip = set(exclude)

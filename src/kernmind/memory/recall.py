@@ -1,59 +1,21 @@
-"""Hybrid recall over a corpus of texts (archival passages, conversation messages): full text
-fused with meaning, vectors kept current in the background.
+"""Hybrid recall over a corpus of texts (archival passages, conversation messages): full text fused
+with meaning, vectors kept current in the background.
 
 Design
 ------
-* A corpus (passages.py, conversations.py) ranks its texts by full text, lists ids that
-  pass a filter, fetches rows, and keeps one vector per text tagged with the model that
-  made it. :class:`Recall` adds meaning on top, for any corpus.
-* Search draws two best-first lists, filtered by the same conditions, deep enough to fill the
-  page (at least 50, the same for every page within them, so pages do not overlap): full-text
-  hits with their words score (the share of the query's weight each matches, in [0, 1]:
-  fts5.py, postgres.py) and the texts nearest in meaning (exact, over the current model's
-  vectors). Every candidate gets its cosine similarity to the query as asked and, when the
-  query holds widespread terms (fulltext.py: a speaker's name in every other turn), to its
-  *focus* — the query without them, which says what it is about without the words that make
-  every text holding them look close. The texts nearest in meaning are nearest to the mix of
-  the two that fusion.py weighs (one matrix-vector product: the mix of two unit vectors scores
-  each text by the mix of its two cosines). A text of a thread is read with the one before it
-  (vector_index.py reads its vector with its neighbour's; its neighbour's words score joins its
-  own) and each candidate's thread is passed on for the thread prior. fusion.py turns the
-  scores into one in [0, 1] with what matched (``words``, ``meaning``, ``both``), leaving out
-  only candidates that matched nothing.
-  The lists are drawn side by side: the full-text query runs in the database's thread while
-  the query is embedded in a worker thread (ONNX Runtime releases the GIL) and the vector index
-  reads what changed since the last search. The focus is embedded in the same batch as the query
-  when a term of it is known to be widespread (remembered from earlier searches: a term's spread
-  changes slowly; a term not seen yet is taken for a rare one), else — or when full text's counts
-  say otherwise — as soon as full text has counted the terms; then the index is scored, applying
-  filters in memory (vector_index.py); only the rows of the page that full text did not
-  already return are fetched. Without an embedder, rows come in full-text order with their
-  words score and ``match: words``, nothing left out.
-* A query that names a time (when.py: "in May 2023", "last week", "before the move") also draws
-  the best ``TIME_DEPTH`` candidates of each list from inside that time (an event's time is that
-  of the best match for the event's words), reads every candidate's time (``happened_at`` in
-  records.py: a passage's ``occurred_at`` where it has one, else when it was stored), and
-  fusion ranks the texts farther from that time lower. The words that named the time are left
-  out of the words the query is matched by ("How far was Leo running in May 2023?" looks for
-  "far", "leo", "running" near May 2023): "May" and "2023" in a text are no evidence of when it
-  happened, and "the move" in "before the move" would rank the move itself first. Meaning
-  reads the query as asked: measured on the retrieval suite, "recently" or "a few days ago"
-  bring a question closer to the notes that say "this year" or "last weekend", and taking them
-  out cost paraphrase questions more than it gained elsewhere. ``clock`` is "now" for relative
-  times.
-* New texts are embedded when they are stored (a few milliseconds a short note: figures in
-  benchmarks/README.md). Texts
-  without a vector of the current model — stored while an endpoint was down, written before
-  meaning search existed, or embedded by another model before a switch — are embedded by a
-  background task (:meth:`Recall.backfill`) in batches; until it is done a search says how
-  many texts its meaning ranking covers, and full text still covers everything.
-* When the embedder is unavailable (an endpoint down, the model package missing), search
-  answers from full text and says so; a store keeps the text and notes it has no vector yet.
+What a search does and why (the rule, threads, the query's focus, times, a fact that changed):
+docs/tools.md, "Archival memory". Here: the full-text hits and the texts nearest in meaning
+(vector_index.py) are drawn side by side — full text in the database's thread while the question
+is embedded (with its focus in the same pass when a term of it is remembered as widespread, else
+once full text has counted the terms) and the index reads what changed — then every candidate is
+scored by both and fusion.py fuses them. A query naming a time (when.py) also draws the best
+candidates from inside that time. Texts without a current vector are embedded in the background
+(:meth:`Recall.backfill`); until then a search says how many its meaning ranking covers.
 
 Error policy
 ------------
 Nothing here refuses anything (the corpus and the callers check arguments); an unavailable
-embedder never fails a call (see embeddings.py).
+embedder never fails a call: search answers from full text and says so (embeddings.py).
 """
 
 from __future__ import annotations
@@ -74,11 +36,13 @@ from kernmind.memory.database import TextHits
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, to_blob
 from kernmind.memory.fulltext import content_terms, query_terms, without_terms
 from kernmind.memory.records import Facets, Generation, StoredVector, happened_at
+from kernmind.memory.replaced import carry, hides, split_replaced, with_replaced
 from kernmind.memory.when import TimeRef, affinity, time_in
 
 if TYPE_CHECKING:  # fusion.py and vector_index.py bring numpy: imported on first search, not at launch
     from kernmind.memory.fusion import Fusion, Scored
-    from kernmind.memory.vector_index import Candidates, VectorIndex
+    from kernmind.memory.vector_index import VectorIndex
+    from kernmind.memory.vector_scores import Candidates
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +50,8 @@ TIME_DEPTH = 20  # candidates drawn from inside the time a query names, besides 
 BACKFILL_BATCH = 256
 MIN_DEPTH = 50  # pages within the first 50 results are slices of one ranking
 RECENT_QUERIES = 64  # query vectors kept for the next page of the same search
-CARRIED = 0.999  # the share of a replaced passage's match its replacement gets (see _carry)
 SPREAD_TERMS = 4096  # terms whose spread (widespread or not) is remembered for the next query's focus
 THREAD_FLOATS = 4_000_000  # score more (≈ 16k × 256) in a worker thread, off the event loop
-
-
-class Hit(Protocol):
-    id: int
-    score: float | None
 
 
 class Corpus(Protocol):
@@ -316,7 +274,7 @@ class Recall:
 
         async def by_text() -> None:
             nonlocal text, fvec, unavailable
-            text = await self.corpus.rank_text(query, _with_replaced(where), depth)
+            text = await self.corpus.rank_text(query, with_replaced(where), depth)
             self._learn_spread(text)
             if (focus_text := _focus(asked, text)) != asked:  # embedded beside the query as asked
                 try:
@@ -345,20 +303,27 @@ class Recall:
             tg.start_soon(by_text)
             tg.start_soon(embed)
             tg.start_soon(self.index.refresh)
-        replaced = _replaced(text, drop=_hides(where))
+        replaced = split_replaced(text, drop=hides(where))
         if qvec is None or unavailable is not None:
             return Gathered(text, {}, unavailable)
         fusion = self.fusion_now
         mixed = qvec if fvec is None else _mix(qvec, fvec, fusion.focus_weight)
         nearest, candidates = await self._nearest(mixed, where, depth, fusion.neighbour)
-        from kernmind.memory.vector_index import similarity_of
+        from kernmind.memory.vector_scores import similarity_of
 
         ids = list(dict.fromkeys([pid for pid, _ in nearest] + [r.id for r in text.rows]))
         cosines = similarity_of(candidates, qvec, ids, fusion.neighbour)
         focus = None if fvec is None else similarity_of(candidates, fvec, ids, fusion.neighbour)
         gathered = Gathered(text, cosines, None, focus=focus)
         if replaced and candidates is not None:
-            _carry(gathered, replaced, candidates, qvec, fvec, fusion.neighbour)
+            carry(
+                replaced,
+                candidates,
+                (qvec, gathered.cosines),
+                (fvec, gathered.focus),
+                carried=gathered.carried,
+                neighbour=fusion.neighbour,
+            )
         if candidates is not None:
             gathered.threads = candidates.thread_of(ids)
             gathered.previous = candidates.previous_of(ids) if fusion.neighbour else {}
@@ -408,7 +373,7 @@ class Recall:
         snapshot of the index they were picked from."""
         assert self.index is not None
         candidates = self.index.candidates(self.corpus.facets(where))
-        from kernmind.memory.vector_index import nearest_scored
+        from kernmind.memory.vector_scores import nearest_scored
 
         find = functools.partial(nearest_scored, candidates, qvec, depth, None, neighbour)
         if candidates is not None and candidates.matrix.size > THREAD_FLOATS:
@@ -428,58 +393,6 @@ class Recall:
             f"meaning search covers {covered} of {total} {self.what} so far (the rest are being embedded in the "
             f"background); full-text ranking covers all of them"
         )
-
-
-def _hides(where: Any) -> bool:
-    return getattr(where, "include_superseded", True) is False
-
-
-def _with_replaced(where: Any) -> Any:
-    """A passage filter that also finds replaced (superseded) passages where ``where`` hides them:
-    their matches pass to the passages that replaced them (:func:`_carry`)."""
-    return dataclasses.replace(where, include_superseded=True) if _hides(where) else where
-
-
-def _replaced(text: TextHits, drop: bool) -> dict[int, Any]:
-    """Replaced (superseded) passages among the full-text hits, the best per replacing id; with
-    ``drop``, taken out of the hits (the search hides them)."""
-    replaced: dict[int, Any] = {}
-    live = []
-    for row in text.rows:
-        new = getattr(row, "superseded_by", None)
-        if new is None or not drop:
-            live.append(row)
-        if new is not None and new not in replaced:  # rows come best first
-            replaced[new] = row
-    text.rows = live
-    return replaced
-
-
-def _carry(
-    gathered: Gathered,
-    replaced: dict[int, Any],
-    candidates: Candidates,
-    qvec: Sequence[float],
-    fvec: Sequence[float] | None,
-    neighbour: float,
-) -> None:
-    """A fact that changed is found by what it used to say: "Mira lives in Bergen" matches "Where does
-    Mira live?", and "Mira moved from Bergen to Oslo", which replaced it, is the answer. The replacing
-    passage gets the better of its own words score and similarity and a hair less than those of the
-    passage it replaced (shown too, with ``include_superseded``, the one that says what was asked
-    comes first), only where it passes the search's filter (it is in the snapshot's rows)."""
-    from kernmind.memory.vector_index import similarity_of
-
-    passing = set(candidates.passing([*replaced]))
-    for new, old in replaced.items():
-        if new not in passing:
-            continue
-        gathered.carried[new] = max(gathered.carried.get(new, 0.0), (old.score or 0.0) * CARRIED)
-        for sims, vec in ((gathered.cosines, qvec), (gathered.focus, fvec)):
-            if sims is not None and vec is not None:
-                got = similarity_of(candidates, vec, [old.id, new], neighbour)
-                if new in got:
-                    sims[new] = max(got[new], got.get(old.id, -1.0) - (1 - CARRIED))
 
 
 def _focus(asked: str, text: TextHits) -> str:
