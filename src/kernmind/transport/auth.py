@@ -18,20 +18,15 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kernmind.config import Settings
 from kernmind.principals import SCOPE_KEY, Principal
 from kernmind.supervise import failed
 from kernmind.tokens_file import Authenticator
 from kernmind.transport.guard import INTERNAL_ERROR, refuse
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # The SDK modules that log transport session ids (a module's logger is named after it).
 TRANSPORT_LOGGERS = ("mcp.server.streamable_http_manager", "mcp.server.streamable_http", "mcp.server.sse")

@@ -20,18 +20,12 @@ client gone before its refusal is sent costs nothing.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernmind.setting_meta import normal_origin
 from kernmind.supervise import failed
 from kernmind.transport.bad_messages import PARSE_ERROR, decode, parse_sentence, shape_problem
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 INVALID_REQUEST = -32600
 INTERNAL_ERROR = -32603

@@ -26,8 +26,10 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kernmind.config import Settings
 from kernmind.settings_cli import where_set
@@ -42,12 +44,6 @@ log = logging.getLogger(__name__)
 
 MCP_PATH = "/mcp"
 GRACEFUL_SHUTDOWN_SECONDS = 3
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 # --- configuration checks -----------------------------------------------------------
