@@ -1,4 +1,8 @@
-"""README's commands work as written: every command in its ``bash`` blocks is run or checked.
+"""README's commands work as written: every command in its ``bash`` blocks is run or checked,
+and its JSON examples are true: each ``json`` block says what it shows in an HTML comment
+(the arguments of a tool, a tool's real result for given arguments, part of a result, a client
+config; see "the JSON examples" below) and is checked against a real server, and every inline
+``{…}`` on a line that names a tool is valid arguments for it.
 
 The same holds for the pages under ``docs/``, and every relative link in README, ``docs/`` and
 ``benchmarks/README.md`` must point at a file (and a heading) that exists. README stays one
@@ -35,6 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -381,3 +386,206 @@ def test_readme_commands_work_as_written(shells: Callable[[], Shell]) -> None:
         skipped = skipped or shell.inspector_skipped
     if skipped:
         pytest.skip(f"all other README commands passed; {skipped}")
+
+
+# --- the JSON examples ----------------------------------------------------------------------------
+# Every ```json block in README and docs/ follows an HTML comment that says what it shows:
+#   <!-- example: arguments of TOOL -->           one object (or one per line), valid for TOOL's input schema
+#   <!-- example: result of TOOL {ARGS} -->       TOOL's structured result for ARGS on a real server: the same
+#                                                 keys at every level, the same strings (one ending in "…" is a
+#                                                 prefix), booleans, nulls and integers; other numbers by type.
+#                                                 Without {ARGS}: the arguments block just before it.
+#   <!-- example: part of a TOOL result -->       some of TOOL's result: each key it shows is in the output
+#                                                 schema, with a value of the schema's type
+#   <!-- example: client config -->               an mcpServers file the agent reads, whose args kernmind parses
+EXAMPLE = re.compile(r"(?:<!-- example: (?P<what>.*?) -->\n)?```json\n(?P<body>.*?)```", re.S)
+KINDS = re.compile(
+    r"^(?:arguments of (?P<args>\w+)|result of (?P<result>\w+)(?: (?P<call>\{.*\}))?"
+    r"|part of an? (?P<part>\w+) result|(?P<config>client config))$"
+)
+
+
+@dataclass
+class Example:
+    page: Path
+    line: int
+    what: str | None
+    body: str
+
+    def __str__(self) -> str:
+        return f"{self.page.relative_to(REPO)}:{self.line}"
+
+    def objects(self) -> list[Any]:
+        try:
+            return [json.loads(self.body)]
+        except json.JSONDecodeError:
+            return [json.loads(line) for line in self.body.splitlines() if line.strip()]
+
+
+def json_examples(pages: list[Path] = PAGES) -> list[Example]:
+    found = []
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        for m in EXAMPLE.finditer(text):
+            found.append(
+                Example(page, text.count("\n", 0, m.start("body")), m.group("what"), m.group("body"))
+            )
+    return found
+
+
+INLINE_TOOL = re.compile(r"^(?:\| `(\w+)` \||\*\*`(\w+)`\*\* — )")
+
+
+def inline_arguments(pages: list[Path] = PAGES) -> list[tuple[str, str, Any]]:
+    """``(where, tool, arguments)`` for each inline `{…}` that parses as JSON on a line that names a
+    tool first (a table row ``| `tool` |`` or a paragraph ``**`tool`** —``)."""
+    found = []
+    for page in pages:
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if not (m := INLINE_TOOL.match(line)):
+                continue
+            for span in re.findall(r"`(\{.*?\})`", line):
+                try:
+                    found.append((f"{page.relative_to(REPO)}:{n}", m[1] or m[2], json.loads(span)))
+                except json.JSONDecodeError:
+                    continue  # a sketch such as {"job_id": …}
+    return found
+
+
+def shape_mismatches(example: Any, real: Any, path: str = "$") -> list[str]:
+    """Where ``example`` differs from ``real`` (see the comment above: keys, stable values, types)."""
+    if isinstance(example, dict) and isinstance(real, dict):
+        out = []
+        if extra := sorted(set(example) - set(real)):
+            out.append(f"{path}: the example has {extra}, the real result does not")
+        if missing := sorted(set(real) - set(example)):
+            out.append(f"{path}: the real result has {missing}, the example does not")
+        for key in sorted(set(example) & set(real)):
+            out += shape_mismatches(example[key], real[key], f"{path}.{key}")
+        return out
+    if isinstance(example, list) and isinstance(real, list):
+        if len(example) != len(real):
+            return [f"{path}: {len(example)} items in the example, {len(real)} in the real result {real!r}"]
+        return [
+            m
+            for i, (e, r) in enumerate(zip(example, real, strict=True))
+            for m in shape_mismatches(e, r, f"{path}[{i}]")
+        ]
+    if isinstance(example, float) and isinstance(real, (int, float)) and not isinstance(real, bool):
+        return []
+    if isinstance(example, str) and isinstance(real, str) and example.endswith("…"):
+        return [] if real.startswith(example[:-1]) else [f"{path}: {real!r} does not start as {example!r}"]
+    if type(example) is not type(real) or example != real:
+        return [f"{path}: the example says {example!r}, the real result {real!r}"]
+    return []
+
+
+def loose(schema: Any) -> Any:
+    """``schema`` with nothing required and no unknown key allowed (for part of a result)."""
+    if isinstance(schema, dict):
+        out = {k: loose(v) for k, v in schema.items() if k != "required"}
+        if "properties" in schema:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [loose(v) for v in schema]
+    return schema
+
+
+def test_every_json_example_says_what_it_shows() -> None:
+    examples = json_examples()
+    assert len(examples) >= 9
+    bad = [f"{e}: no <!-- example: … --> comment before it" for e in examples if e.what is None]
+    bad += [f"{e}: unknown kind {e.what!r}" for e in examples if e.what and not KINDS.match(e.what)]
+    for e in examples:
+        try:
+            e.objects()
+        except json.JSONDecodeError as exc:
+            bad.append(f"{e}: not JSON ({exc})")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_example_checks_can_fail() -> None:
+    real = {"status": "ok", "results": [{"text": "6"}], "notes": [], "duration_ms": 2.5, "error": None}
+    same = {"status": "ok", "results": [{"text": "6"}], "notes": [], "duration_ms": 9.0, "error": None}
+    assert shape_mismatches(same, real) == []
+    drifted = {
+        "status": "ok",
+        "results": [{"text": "7"}],
+        "background": False,
+        "duration_ms": 1,
+        "error": None,
+    }
+    assert shape_mismatches(drifted, real) == [
+        "$: the example has ['background'], the real result does not",
+        "$: the real result has ['notes'], the example does not",
+        "$.duration_ms: the example says 1, the real result 2.5",
+        "$.results[0].text: the example says '7', the real result '6'",
+    ]
+    assert shape_mismatches("the session used…", "the session used more") == []
+    assert shape_mismatches("the session used…", "a session used more") != []
+    unlabelled = Example(README, 1, None, "{}")
+    assert KINDS.match('result of run_code {"code": "1"}') and not KINDS.match("output of run_code")
+    assert str(unlabelled) == "README.md:1"
+
+
+@pytest.mark.anyio
+async def test_json_examples_match_real_results(tmp_path: Path) -> None:
+    import jsonschema
+    from mcp import Client
+
+    from kernmind.agent.config import load_mcp_config
+    from kernmind.cli import build_parser
+    from kernmind.server import create_server
+    from tests.conftest import make_settings
+
+    bad: list[str] = []
+    settings = make_settings(tmp_path / "data", embedding_model="none", pool_size=0)
+    async with Client(create_server(settings)) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        last_arguments: dict[str, Any] | None = None
+        for e in json_examples():
+            kind = KINDS.match(e.what or "")
+            assert kind, f"{e}: see test_every_json_example_says_what_it_shows"
+            objects = e.objects()
+            if name := kind["args"]:
+                for obj in objects:
+                    try:
+                        jsonschema.validate(obj, tools[name].input_schema)
+                    except jsonschema.ValidationError as exc:
+                        bad.append(f"{e}: not valid {name} arguments: {exc.message}")
+                last_arguments = objects[0] if len(objects) == 1 else None
+            elif name := kind["result"]:
+                arguments = json.loads(kind["call"]) if kind["call"] else last_arguments
+                assert arguments is not None, f"{e}: which call? (give its arguments in the comment)"
+                result = await client.call_tool(name, arguments)
+                assert not result.is_error and result.structured_content is not None, f"{e}: {result.content}"
+                bad += [f"{e}: {m}" for m in shape_mismatches(objects[0], result.structured_content)]
+                if session := arguments.get("session_id"):  # the next example starts from a fresh session
+                    await client.call_tool("close_session", {"session_id": session})
+            elif name := kind["part"]:
+                try:
+                    jsonschema.validate(objects[0], loose(tools[name].output_schema))
+                except jsonschema.ValidationError as exc:
+                    bad.append(
+                        f"{e}: not part of a {name} result: {exc.message} (at {list(exc.absolute_path)})"
+                    )
+            else:
+                config = tmp_path / "mcp.json"
+                config.write_text(e.body)
+                assert load_mcp_config(config), e
+                for server in objects[0]["mcpServers"].values():
+                    build_parser().parse_args(server["args"])  # exits on an unknown flag
+        for where, name, arguments in inline_arguments():
+            if name not in tools:  # a row of the `memory` tool's commands (view, create, …)
+                assert arguments.get("command") == name, f"{where}: {name} is no tool"
+                name = "memory"
+            unknown = sorted(set(arguments) - set(tools[name].input_schema.get("properties", {})))
+            if unknown:
+                bad.append(f"{where}: {name} takes no {unknown}")
+            try:
+                jsonschema.validate(arguments, tools[name].input_schema)
+            except jsonschema.ValidationError as exc:
+                bad.append(f"{where}: not valid {name} arguments: {exc.message}")
+    assert len(inline_arguments()) >= 40  # the tables of README and tools.md are read
+    assert not bad, "\n".join(bad)
