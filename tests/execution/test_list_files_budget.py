@@ -6,23 +6,20 @@ import json
 from pathlib import Path
 
 import pytest
-from mcp import Client
 
-from kernmind.server import create_server
-from tests.conftest import make_settings, structured
+from tests.conftest import structured
+from tests.execution.fakes import fake_client, fake_settings
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fast]  # (on fake kernels: no code runs)
 
 BUDGET = 5000
 
 
 async def test_long_paths_page_within_the_budget_and_every_file_is_listed_once(tmp_path: Path) -> None:
-    settings = make_settings(
-        tmp_path, pool_size=0, sandbox="none", fork_server=False, max_output_chars=BUDGET
-    )
+    settings = fake_settings(tmp_path, pool_size=0, max_output_chars=BUDGET)
     deep = "/".join(c * 200 for c in "abc")
     names = [f"{deep}/file-{i:03}.txt" for i in range(30)]
-    async with Client(create_server(settings)) as client:
+    async with fake_client(settings) as (client, _):
         for name in names:
             structured(
                 await client.call_tool("upload_file", {"path": name, "content": "x", "session_id": "long"})
@@ -45,11 +42,9 @@ async def test_long_paths_page_within_the_budget_and_every_file_is_listed_once(t
 
 
 async def test_the_listing_resource_holds_what_fits_and_names_the_next_page(tmp_path: Path) -> None:
-    settings = make_settings(
-        tmp_path, pool_size=0, sandbox="none", fork_server=False, max_output_chars=BUDGET
-    )
+    settings = fake_settings(tmp_path, pool_size=0, max_output_chars=BUDGET)
     deep = "/".join(c * 200 for c in "abc")
-    async with Client(create_server(settings)) as client:
+    async with fake_client(settings) as (client, _):
         for i in range(30):
             structured(
                 await client.call_tool(
@@ -70,10 +65,8 @@ async def test_the_listing_resource_holds_what_fits_and_names_the_next_page(tmp_
 
 
 async def test_list_sessions_pages_within_the_budget_and_every_session_is_listed_once(tmp_path: Path) -> None:
-    settings = make_settings(
-        tmp_path, pool_size=0, sandbox="none", fork_server=False, max_output_chars=BUDGET, max_sessions=64
-    )
-    async with Client(create_server(settings)) as client:
+    settings = fake_settings(tmp_path, pool_size=0, max_output_chars=BUDGET, max_sessions=64)
+    async with fake_client(settings) as (client, _):
         for i in range(30):
             structured(
                 await client.call_tool("upload_file", {"path": "x", "content": "x", "session_id": f"s{i:02}"})

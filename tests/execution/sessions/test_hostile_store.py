@@ -3,7 +3,7 @@
 What is planted on the disk before the server starts: a session whose ``files/`` is a
 symbolic link to a directory elsewhere, one whose ``meta.json`` is a directory, ones whose
 bookkeeping files are FIFOs, and a job record that is a FIFO. Through a real MCP server
-(in-process), every call answers at once with a sentence, the link's target is never
+(in-process, on fake kernels: what is refused is refused before any kernel), every call answers at once with a sentence, the link's target is never
 touched, the other sessions keep working, and the operator can remove the damaged ones.
 """
 
@@ -18,10 +18,10 @@ import pytest
 from mcp import Client
 
 from kernmind.execution.sessions.disk_store import LOCAL_OWNER, SessionStore
-from kernmind.server import create_server
-from tests.conftest import error_text, make_settings, structured
+from tests.conftest import error_text, structured
+from tests.execution.fakes import fake_client, fake_settings
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fast]
 
 CALL_LIMIT = 30  # seconds: nothing here may wait on a FIFO
 
@@ -52,7 +52,7 @@ async def setup(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple
     (outside / "secret.txt").write_text("not the session's")
     before = os.stat(outside)
     plant(data, outside)
-    async with Client(create_server(make_settings(data, pool_size=0, sandbox="none"))) as client:
+    async with fake_client(fake_settings(data, pool_size=0)) as (client, _):
         yield client, data, outside
     after = os.stat(outside)
     assert (after.st_uid, after.st_mode) == (before.st_uid, before.st_mode)  # never chowned or chmodded

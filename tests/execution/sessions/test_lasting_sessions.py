@@ -22,6 +22,7 @@ from mcp import Client
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.server import create_server
 from tests.conftest import error_text, make_settings, structured
+from tests.execution.fakes import fake_client, fake_settings
 from tests.transport.procs import StdioServer, run_cli
 
 pytestmark = [pytest.mark.xdist_group("transport")]
@@ -186,10 +187,11 @@ def test_sessions_command_line_lists_removes_and_prunes(tmp_path: Path) -> None:
     assert [r["session_id"] for r in rows] == ["keep"]
 
 
-# --- in-process servers (same server code, faster to start) ------------------------------------
+# --- in-process servers (same server code, faster to start; the store's rules on fake kernels) ----
 @pytest.mark.anyio
+@pytest.mark.fast
 async def test_stored_session_caps_refuse_new_sessions_naming_ones_to_close(tmp_path: Path) -> None:
-    async with Client(create_server(make_settings(tmp_path, pool_size=0, max_stored_sessions=2))) as c:
+    async with fake_client(fake_settings(tmp_path, pool_size=0, max_stored_sessions=2)) as (c, _):
         for sid in ("first", "second"):
             structured(await c.call_tool("upload_file", {"path": "a.txt", "content": "x", "session_id": sid}))
         msg = error_text(
@@ -204,11 +206,12 @@ async def test_stored_session_caps_refuse_new_sessions_naming_ones_to_close(tmp_
 
 
 @pytest.mark.anyio
+@pytest.mark.fast
 async def test_close_session_deletes_a_stored_session(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path, pool_size=0)
-    async with Client(create_server(settings)) as c:
+    settings = fake_settings(tmp_path, pool_size=0)
+    async with fake_client(settings) as (c, _):
         structured(await c.call_tool("upload_file", {"path": "a.txt", "content": "x", "session_id": "gone"}))
-    async with Client(create_server(settings)) as c:  # stored, not live: close deletes it too
+    async with fake_client(settings) as (c, _):  # stored, not live: close deletes it too
         closed = structured(await c.call_tool("close_session", {"session_id": "gone"}))
         assert "deleted" in closed["message"]
         assert "no session named 'gone'" in error_text(
