@@ -356,6 +356,23 @@ def test_every_relative_link_resolves() -> None:
     assert not broken, "\n".join(broken)
 
 
+def test_every_file_a_page_names_exists() -> None:
+    """A `name.py` (or `room/name.py`) in README or docs/ is a file of the repository: a page
+    that names a module merged away or renamed is out of date."""
+    ours = [
+        p.relative_to(REPO).as_posix()
+        for d in ("src", "tests", "benchmarks", ".ci")
+        for p in (REPO / d).rglob("*")
+    ]
+    missing = []
+    for page in PAGES:
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            for name in re.findall(r"`([\w./-]+\.(?:py|java))`", line):
+                if not any(f == name or f.endswith("/" + name) for f in ours):
+                    missing.append(f"{page.relative_to(REPO)}:{n}: {name}")
+    assert not missing, "\n".join(missing)
+
+
 @pytest.fixture
 def shells(tmp_path: Path) -> Iterator[Callable[[], Shell]]:
     if not (VENV / "bin" / "kernmind").exists():
