@@ -2,42 +2,17 @@
 
 Design
 ------
-* Full text is always there: bm25 over a stemmed index, the query's terms OR-ed together,
-  filters (tags any/all, date range) inside the same SQL statement, so ``top_k`` and
-  ``page`` count only passages that pass the filters (see fts5.py).
-* Meaning comes from recall.py: a passage is embedded when stored (the bundled local
-  model by default, or an OpenAI-compatible endpoint), and a search fuses the full-text and
-  vector rankings. Passages stored without a vector are embedded in the background.
-* An empty query lists the newest passages (``mode: "recent"``), and with a time range or a
-  thread it lists that range's passages in the order they happened (``mode: "time"``: by
-  ``occurred_at``, or a thread's order), paged, with a note naming the next page; a query with
-  no searchable words (only emoji or punctuation) matches nothing and says so.
-* Threads: an insert may name the ``thread`` (a conversation, session or document) it belongs
-  to; its passages keep their order (passages.py), searches can filter on one, and exact
-  duplicates are judged within a thread. A thread records what was said, so its passages are
-  not compared for near-duplicates.
-* Time: a passage has ``occurred_at``, when its fact happened or was said (the caller's ISO
-  date or datetime; default: when it is stored), and ``start_datetime`` / ``end_datetime``
-  filter on it, not on when it was stored.
-* Facts that change: an insert may name the passages it ``supersedes``; they stay stored but
-  searches leave them out unless ``include_superseded`` (passages.py keeps the chains, and
-  undoes them when the newer passage is deleted). An insert whose text a live passage already
-  holds (case and whitespace aside) stores nothing and returns that passage
-  (``duplicate_of``). An insert close in meaning to live passages — cosine similarity at or
-  above the embedder's ``duplicate_similarity``, a figure calibrated per model
-  (benchmarks/bench_duplicates.py) — is stored, and its note names them, so the agent can
-  supersede them by inserting the same text again with ``supersedes``. Looking for them scores
-  a shortlist by sign bits, not every vector (vector_scores.py, ``close_to``): it finds what an
-  exact scan finds (bench_duplicates.py checks it) at a fraction of the cost.
+What the tools promise (threads, ``occurred_at``, superseding, duplicates and near-duplicates,
+browsing by time): docs/tools.md, "Archival memory". Here: an insert checks for an exact duplicate
+(passages.py), embeds the text (recall.py), then writes while the near-duplicate check runs beside
+the write (an insert costs the longer of the two); a search ranks with recall.py, or with no query
+lists the newest passages, or a time range's or a thread's passages in order (``mode: "time"``).
 
 Error policy
 ------------
-Bad arguments (empty or oversized content, malformed dates, unknown ids, superseding a passage
-that is already superseded) raise ``MemoryRefusal`` with what to do instead, and nothing is
-stored; an unavailable or failing embedder never fails a call (the passage is stored without a
-vector, embedded later), nor does a failing near-duplicate check (the insert's note says it was
-skipped); a stored vector of the wrong length is left out of meaning search, with a note, and
-embedded again (texts.py).
+Bad arguments raise ``MemoryRefusal`` with what to do instead, and nothing is stored; an
+unavailable or failing embedder never fails a call (the passage is stored without a vector,
+embedded later), nor does a failing near-duplicate check (the note says it was skipped).
 """
 
 from __future__ import annotations

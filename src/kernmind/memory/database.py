@@ -86,13 +86,12 @@ def namespace_and_time_sql(
 @dataclass(frozen=True, slots=True)
 class TermStat:
     """One term of a query: in how many texts it occurs (counted up to a cap), its share of the
-    query's weight (idf), for a rare term the ids of every text holding it (any namespace), and
-    whether it is widespread (in so many texts that it hardly tells them apart: fulltext.py)."""
+    query's weight (idf), and whether it is widespread (in so many texts that it hardly tells them
+    apart: fulltext.py)."""
 
     term: str
     docs: int
     share: float
-    ids: tuple[int, ...] | None = None
     widespread: bool = False
 
 
@@ -103,9 +102,6 @@ class TextHits:
 
     rows: list[Any]
     terms: list[TermStat] = field(default_factory=list)
-
-
-RARE_DOCS = 5  # a term in at most this many texts is rare: TermStat lists the texts holding it
 
 
 class FullText(Protocol):

@@ -1,39 +1,20 @@
-"""Embeddings for archival memory: the embedder interface, local models (the default one is in
-minilm.py) and an OpenAI-compatible client (the in-memory vector index is vector_index.py).
+"""Embeddings for archival memory: the embedder interface, the static model and an
+OpenAI-compatible client (the default model is minilm.py; the choice, embedder_factory.py).
 
 Design
 ------
-* The default (``--embedding-model local``) is all-MiniLM-L6-v2, a small contextual sentence
-  model that minilm.py runs with ONNX Runtime, on an int8 graph it builds from the weights inside
-  an installed wheel: no network, no GPU, no torch; one core a text. Models load
-  once, off the event loop, in the background when the server starts.
-* :class:`StaticEmbedder` (``--embedding-model static``) is the fast alternative: WordLlama's
-  256-d static token embeddings (``l2_supercat``, distilled from Llama 2's embedding table),
-  shipped inside the PyPI wheel ``wordllama``. A text's vector is the mean of its tokens'
-  vectors (exactly what WordLlama computes), so embedding costs a tokenizer call and a table
-  lookup, an order of magnitude faster, but paraphrases are found less often (benchmarks/README.md).
-  We read the wheel's weights and tokenizer with ``safetensors`` and ``tokenizers`` ourselves:
-  WordLlama's own loader looks for the tokenizer in the wrong folder, then tries the network,
-  and its import reconfigures the root logger.
-* :class:`OpenAIEmbedder` calls any OpenAI-compatible ``/embeddings`` endpoint through the
-  ``openai`` package (``--embedding-model``, ``--embedding-base-url``, and the API key from
-  ``KERNMIND_EMBEDDING_API_KEY`` or ``OPENAI_API_KEY``). Any object with a ``model`` name and
-  ``async embed(texts)`` / ``async embed_query(texts) -> list[list[float]]`` methods works (the
-  benchmarks pass local ones).
-* Queries and stored texts go through separate methods (``embed_query`` / ``embed``): a local
-  model trained with prefixes (``query_prefix`` / ``passage_prefix``: e5's ``query: `` and
-  ``passage: ``, bge's query instruction) gets them there; all-MiniLM-L6-v2 and the static model
-  are symmetric and use none.
-* Vectors are L2-normalised and stored as little-endian float32 blobs next to the passage,
-  tagged with the model that made them; only vectors of the current model are searched.
-* A failing endpoint opens a short circuit breaker: for ``cooldown`` seconds calls fail fast
-  instead of waiting on timeouts again.
+* An embedder has a ``model`` name, ``embed(texts)`` for stored texts and ``embed_query(texts)``
+  for questions (a model trained with prefixes gets them there), and two calibrated figures
+  (``min_similarity``, ``duplicate_similarity``). Vectors are L2-normalised float32 blobs tagged
+  with the model that made them. Models and their costs: docs/tools.md ("Archival memory").
+* :class:`StaticEmbedder` reads WordLlama's token table and tokenizer from its wheel itself
+  (its loader looks in the wrong folder, tries the network and reconfigures the root logger).
+* :class:`OpenAIEmbedder`: a failing endpoint opens a circuit breaker for ``cooldown`` seconds.
 
 Error policy
 ------------
-:class:`EmbeddingUnavailable` means "no embedding right now" (endpoint down, timeout, bad
-answer). Callers degrade instead of failing: inserts store the passage without a vector,
-searches fall back to full-text ranking and say so in their result.
+:class:`EmbeddingUnavailable` means "no embedding right now"; callers degrade instead of failing:
+inserts store the passage without a vector, searches answer from full text and say so.
 """
 
 from __future__ import annotations

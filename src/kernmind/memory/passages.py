@@ -1,40 +1,22 @@
 """Archival passages of one namespace: storing, replacing, deleting, fetching, and their vectors' bookkeeping.
+What the tools promise (duplicates, superseding chains, threads, times): docs/tools.md, "Archival memory".
 
 Design
 ------
-* A passage is its text, its tags (a JSON list on the row, plus one ``passage_tags`` row
-  per tag so tag filters use an index), when it was stored (``created_at``) and when the
-  fact happened or was said (``occurred_at``: given by the caller, else the time it was
-  stored; time filters read it); ``search_text`` holds what the full-text index needs beyond
-  the text itself (fulltext.py).
-* **Exact duplicates.** ``content_key`` is a digest of the text with case, Unicode forms
-  and whitespace runs folded (:func:`normalized`); :meth:`Passages.store` looks it up among
-  the namespace's live passages in the same write transaction as the insert, so an equal
-  text is never stored twice, even by two writers at once.
-* **Superseding.** ``superseded_by`` names the passage that replaced this one (NULL: live).
-  A superseded passage is kept, left out of searches unless they ask for it
-  (:attr:`PassageFilter.hides`). Only live passages can be superseded, so replacements form
-  chains (v1 <- v2 <- v3, each pointing at its direct successor) that never branch back or
-  loop. Deleting a passage splices it out of its chain: the passages it superseded now
-  point at its own successor, or become live again when it was the live end — deleting
-  the newest version restores the previous one, and no passage is ever left pointing at
-  nothing (the column's foreign key, ``ON DELETE SET NULL``, guards the same for any other
-  delete).
-* Each passage may carry a vector and the name of the model that made it; only vectors of
-  the current model are searched, and passages whose vector is missing or from another
-  model are what the embedder backfills (archival.py), so switching models re-embeds
-  instead of mixing spaces.
-* Every change bumps the namespace's ``archive_gen`` counter (a delete or a supersede also
-  ``archive_rewrites``), which the in-memory vector index compares to see writes made by
-  other processes (texts.py, vector_index.py).
-* :func:`filter_sql` turns a :class:`PassageFilter` into SQL conditions on ``passages p``,
-  shared by full-text search and vector search.
+* A passage is its text, tags (a JSON list plus one ``passage_tags`` row per tag, for indexed
+  filters), ``created_at``, ``occurred_at``, ``search_text`` (fulltext.py), an optional vector,
+  and a thread with its position ``seq`` (computed inside the INSERT).
+* Exact duplicates: ``content_key`` is a digest of :func:`normalized` text, looked up among live
+  passages of the same thread in the insert's write transaction, so two writers never store it twice.
+* Superseding: ``superseded_by`` names the replacing passage (NULL: live); only live passages can
+  be superseded, so chains never branch or loop; deleting a passage splices it out of its chain.
+* Every change bumps the namespace's ``archive_gen`` (a delete or supersede also
+  ``archive_rewrites``: texts.py). :func:`filter_sql` turns a :class:`PassageFilter` into SQL.
 
 Error policy
 ------------
-Content that is empty or longer than ``max_chars``, over-long tags, ids that are not
-passages of this namespace, and superseding a passage that is already superseded are
-refused (:class:`MemoryRefusal`); nothing is stored then.
+Empty or oversized content, bad tags, ids that are not live passages of this namespace are refused
+(:class:`MemoryRefusal`); nothing is stored then.
 """
 
 from __future__ import annotations

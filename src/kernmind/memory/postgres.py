@@ -1,43 +1,23 @@
 """The PostgreSQL backend: memory shared by several kernmind processes (replicas) on one database.
+What it promises and why psycopg 3: docs/deployment.md, "Memory on PostgreSQL".
 
 Design
 ------
-* psycopg 3 with its async connection pool (``psycopg-pool``): the stores' portable SQL with
-  ``?`` placeholders becomes ``%s``; ``RETURNING`` and ``ON CONFLICT DO NOTHING`` are the same.
-  Chosen over asyncpg because its placeholders map one-to-one onto ours, its pool and
-  ``LISTEN``/``notifies()`` are part of the same well-kept project, and it has a sync API too
-  (the migrate command).
-* Writers are serialised like SQLite's ``BEGIN IMMEDIATE``: every write transaction first
-  takes one transaction-scoped advisory lock (``pg_advisory_xact_lock``), then reads and
-  writes under ``READ COMMITTED``, so a read-modify-write (``expected_version``, an append)
-  always sees the last committed value and two replicas can never both win. Reads take no
-  lock. ``synchronous_commit`` stays on: a write acknowledged by any replica is durable and
-  visible to all.
-* Full text is a generated ``tsvector`` (``english``: stemmed, so ``running`` matches
-  ``runs``) over ``coalesce(search_text, content)`` — the same CJK bigrams as SQLite — with
-  a GIN index; a query's terms (stop words aside) are OR-ed, and passages are ranked by the
-  share of the query's weight they match (each term weighs its idf, fulltext.py; ``ts_rank``
-  breaks ties), so a passage matching a rare word ranks above one matching a common one and
-  scores compare with SQLite's. Vectors are ``bytea`` searched exactly in numpy, as with
-  SQLite (Debian 12's main repository has no pgvector).
-* Schema versions live in ``kernmind_schema``; migrations run under an advisory lock, so
-  replicas starting together migrate once. A migration is SQL, optionally followed by a
-  Python step (``AFTER_MIGRATION``), in the same transaction.
-* Replicas: :meth:`PostgresDatabase.announce` sends ``NOTIFY kernmind_memory`` after a block
-  changes, and :meth:`PostgresDatabase.listen` yields what other processes announced, so
-  resource-change notifications reach subscribers of every replica.
+* The stores' ``?`` placeholders become ``%s``. Every write transaction first takes one
+  transaction-scoped advisory lock (``pg_advisory_xact_lock``: SQLite's ``BEGIN IMMEDIATE``),
+  then reads and writes under ``READ COMMITTED``; reads take no lock; ``synchronous_commit`` stays on.
+* Full text is a generated ``tsvector`` over ``coalesce(search_text, content)`` with a GIN index,
+  ranked by the share of the query's weight matched (idf, fulltext.py; ``ts_rank`` breaks ties),
+  so scores compare with SQLite's. Vectors are ``bytea``, searched in numpy.
+* Migrations (``kernmind_schema``) run under an advisory lock; ``announce``/``listen`` are
+  ``NOTIFY``/``LISTEN`` for block changes across replicas.
 
 Error policy
 ------------
-Connection failures and SQL errors propagate (psycopg's messages name the host and the
-problem; the error boundary says ``the memory database is unavailable: …`` for the first);
-a database written by a newer kernmind is refused with a ``RuntimeError``. A database that
-went away and came back needs no restart: a connection the pool hands out that was not used
-for ``CHECK_IDLE`` seconds is checked first (one empty round trip; a busy connection is not),
-and once a connection fails the database counts as down: until a
-direct connection succeeds again, each call fails at once with the reason (instead of
-waiting out the pool's timeout), and then a fresh pool takes over (the old one's connections
-died with the server, and its own reconnection may be backing off for tens of seconds).
+Connection failures and SQL errors propagate (the error boundary words the first); a database
+written by a newer kernmind is refused with a ``RuntimeError``. An idle connection is checked
+before use (``CHECK_IDLE``); once a connection fails the database counts as down, each call fails
+at once with the reason until a direct connection works again, and then a fresh pool takes over.
 """
 
 from __future__ import annotations
@@ -56,7 +36,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from kernmind.db_location import redacted_location
-from kernmind.memory.database import RARE_DOCS, Row, TermStat, TextHits
+from kernmind.memory.database import Row, TermStat, TextHits
 from kernmind.memory.fulltext import content_terms, idf, query_terms, widespread
 from kernmind.memory.passages import PASSAGE_COLUMNS, content_key, filter_sql, passage_row
 from kernmind.memory.records import MESSAGE_COLUMNS, message_filter_sql, message_row
@@ -261,10 +241,6 @@ class TSRanking:
             f"(SELECT count(*) FROM (SELECT 1 FROM {table} p WHERE p.search_vector @@ to_tsquery('english', ?) "
             "LIMIT ?) s)"
         )
-        self._term_ids = (
-            f"(SELECT string_agg(id::text, ',') FROM (SELECT p.id FROM {table} p "
-            "WHERE p.search_vector @@ to_tsquery('english', ?) LIMIT ?) s)"
-        )
 
     async def search(self, namespace: str, query: str, where: Any, limit: int, offset: int) -> list[Any]:
         return (await self.rank(namespace, query, where, limit, offset)).rows
@@ -292,27 +268,21 @@ class TSRanking:
         return TextHits(
             [self.make_row(r[:-1], min(1.0, float(r[-1]))) for r in rows],
             [
-                TermStat(
-                    s.term, s.docs, w / whole, s.ids, s.docs >= self.COUNT_CAP or widespread(s.docs, total)
-                )
+                TermStat(s.term, s.docs, w / whole, s.docs >= self.COUNT_CAP or widespread(s.docs, total))
                 for s, w in zip(stats, weights, strict=True)
             ],
         )
 
     async def _term_stats(self, tx: PostgresTx, terms: list[str]) -> tuple[list[TermStat], int]:
-        """Each term's count of texts (up to ``COUNT_CAP``) and, if rare, their ids; and how many texts there are."""
+        """Each term's count of texts (up to ``COUNT_CAP``), and how many texts there are."""
         args: list[Any] = []
         for t in terms:
-            args += [tsquery([t]), self.COUNT_CAP, tsquery([t]), RARE_DOCS + 1]
-        cells = " , ".join(f"{self._term_docs}, {self._term_ids}" for _ in terms)
+            args += [tsquery([t]), self.COUNT_CAP]
+        cells = " , ".join(self._term_docs for _ in terms)
         row = await tx.one(f"SELECT (SELECT coalesce(max(id), 0) FROM {self.table}), {cells}", args)
         assert row is not None
-        total, out = int(row[0]), []
-        for i, term in enumerate(terms):
-            docs, ids = int(row[1 + 2 * i]), row[2 + 2 * i]
-            rare = tuple(int(x) for x in ids.split(",")) if ids and docs <= RARE_DOCS else None
-            out.append(TermStat(term, docs, 0.0, rare if docs <= RARE_DOCS else None))
-        return out, total
+        total = int(row[0])
+        return [TermStat(term, int(row[1 + i]), 0.0) for i, term in enumerate(terms)], total
 
 
 class PostgresDatabase:

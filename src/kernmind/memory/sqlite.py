@@ -2,36 +2,21 @@
 
 Design
 ------
-* Two ``aiosqlite`` connections per database object, both in autocommit mode so that every
-  transaction is explicit: one for writes, one (``query_only``) for reads. Each has its own
-  ``anyio.Lock`` that serialises the blocks of concurrent tasks of this process on it;
-  other processes are kept out by SQLite itself. Reads never wait for a write (WAL lets a
-  reader see the last commit while a writer works) and run on their own thread, which SQLite
-  releases the GIL on: one principal's search does not hold up another's write, nor a write
-  (its transaction, its fsync) another's read. Readers therefore tolerate a write between
-  two statements of one read (full-text ranking's counts, see ``fulltext.idf``), as they
-  must anyway with several processes on one file. An in-memory database has one connection.
-* WAL journal (readers never block the writer), ``busy_timeout`` so a writer waits for
-  another process's transaction instead of failing, and ``BEGIN IMMEDIATE`` for every
-  read-modify-write: in WAL mode a deferred transaction that reads and then writes gets
-  ``SQLITE_BUSY`` at once (it cannot wait), which is how other memory servers lose writes.
-  On top of ``busy_timeout`` a short retry loop absorbs the rare ``SQLITE_BUSY`` that
-  SQLite reports without waiting, so "database is locked" never reaches a user.
-* ``synchronous=FULL``: a write is on disk when the tool answers; a process killed with
-  SIGKILL (or a power cut) loses nothing that was acknowledged.
-* Versioned schema migrations (``PRAGMA user_version``) run on open, inside
-  ``BEGIN IMMEDIATE``, so two processes opening a fresh file do not both migrate. A
-  migration is SQL, optionally followed by a Python step (``AFTER_MIGRATION``); the schema
-  itself, migration by migration, is ``sqlite_schema.py``.
-* A new file is private: its directory is created 0700 and the file 0600 (SQLite gives
-  its -wal/-shm files the database's permissions). Existing files are left as they are.
+* Two ``aiosqlite`` connections, autocommit so every transaction is explicit: one for writes, one
+  (``query_only``) for reads, each with an ``anyio.Lock`` for this process's tasks. WAL: reads
+  never wait for a write, and a write may land between two statements of one read.
+* ``BEGIN IMMEDIATE`` for every read-modify-write (a deferred one gets ``SQLITE_BUSY`` at once in
+  WAL mode: how other memory servers lose writes), ``busy_timeout`` plus a short retry loop.
+* ``synchronous=FULL``: an acknowledged write survives SIGKILL and a power cut (its fsync is most
+  of an insert's database time: benchmarks/README.md).
+* Migrations (sqlite_schema.py) run on open inside ``BEGIN IMMEDIATE`` (``PRAGMA user_version``).
+  A new file is private (directory 0700, file 0600).
 
 Error policy
 ------------
-Busy/locked errors are retried for up to ``BUSY_RETRY_SECONDS``; a database written by a
-newer kernmind (a higher ``user_version``) is refused with a ``RuntimeError`` saying to
-upgrade; anything else (I/O errors, a full disk, a corrupt file) propagates as-is, after the
-transaction is rolled back (the tool layer words the disk errors).
+Busy/locked errors are retried for up to ``BUSY_RETRY_SECONDS``; a database written by a newer
+kernmind is refused with a ``RuntimeError``; anything else propagates after the rollback (the tool
+layer words the disk errors).
 """
 
 from __future__ import annotations

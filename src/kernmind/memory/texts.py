@@ -2,36 +2,18 @@
 
 Design
 ------
-Archival passages and conversation messages are both "texts with an optional vector": a
-row has ``content``, ``embedding`` (float32 blob) and ``embedding_model`` (the model that
-made it). :class:`TextTable` implements, once, what recall.py and the vector index need
-from such a table — how many texts there are, which lack a vector of the current model,
-storing vectors, reading them back incrementally — and the namespace's two change counters
-for that table (columns of ``namespaces``): ``changes``, bumped by every write, and
-``rewrites``, bumped by writes that do more than append texts (a delete, vectors stored for
-existing texts), so an in-memory index in any process sees writes made by others and knows
-whether fetching the new rows is enough (vector_index.py).
-* What filters ask about a text (its time, ``time_column``: a passage's ``occurred_at``, a
-  message's ``created_at``; its labels: ``label_column`` read through :meth:`TextTable.labels`)
-  travels with its vector into the index, and a subclass says how its filter reads in those
-  terms (:meth:`TextTable.facets`). Both are fixed when a text is stored. What can change
-  later — whether a text is hidden from searches (``hidden_column`` not NULL: a superseded
-  passage) — is read as a list of ids (:meth:`TextTable.hidden_ids`), which the index reads
-  again after every rewrite (writes that hide or reveal texts count as rewrites).
-* Threads: a text may belong to a thread (a passage's ``thread``, a message's conversation:
-  ``thread_column``) at a position (``seq``, from 1, in the order the thread's texts were
-  stored). Both travel with the vector (:class:`StoredVector`), and :meth:`TextTable.neighbours`
-  reads, for a set of texts, the previous and next text of each one's thread in one statement
-  (the ``(namespace, thread, seq)`` index makes each a probe).
-* Vectors that do not fit: every vector of one model has one length. The length the embedder
-  makes is learnt from the vectors written through this table (:meth:`TextTable.expect_vector`),
-  or, before any, from the namespace's most recent vectors of that model. A stored vector of
-  another length (a corrupted row, a partial write by another tool) is left out of what the
-  index reads and counted as missing, so the background backfill embeds its text again
-  (recall.py); :attr:`TextTable.bad_vectors` names those seen, for a note.
-* Rows are looked up by id with the namespace compared on the fetched rows, not in the SQL:
-  SQLite, lacking statistics, would otherwise walk the ``(namespace, created_at)`` index over
-  the whole namespace instead of looking the ids up (benchmarks/README.md, the search machinery).
+* Passages and messages are "texts with an optional vector" (``embedding``, ``embedding_model``).
+  :class:`TextTable` does, once, what recall.py and the vector index need: which texts lack a
+  vector of the current model, storing vectors, reading them back incrementally, and the two
+  change counters (``changes``: every write; ``rewrites``: more than an append) that keep any
+  process's index coherent (vector_index.py).
+* A text's time and labels travel with its vector (fixed when stored); what can change later —
+  hidden (a superseded passage) — is read as a list of ids after every rewrite. A text's thread
+  and ``seq`` travel too; :meth:`TextTable.neighbours` reads the texts before and after.
+* A stored vector whose length does not fit the model is left out of the index, counted as
+  missing (so the backfill embeds it again) and named in :attr:`TextTable.bad_vectors`.
+* Rows are looked up by id and the namespace compared on the fetched rows (SQLite, without
+  statistics, would otherwise walk the namespace's index).
 
 Error policy
 ------------

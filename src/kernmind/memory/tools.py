@@ -1,34 +1,21 @@
 """The MCP surface of memory: block tools, archival tools, block resources and the ``memory`` prompt.
 
-``server.py`` does exactly::
-
-    memory = MemoryTools(settings)
-    memory.register(server)          # tools, resources, prompt
-    async with memory.running():     # inside the server's lifespan: opens the store
-        ...
+``server.py`` does ``memory = MemoryTools(settings)``, ``memory.register(server)``, and inside the
+server's lifespan ``async with memory.running():`` (opens the store; tools called before get a
+clear error).
 
 Design
 ------
-* Tools are thin: validate, call the store/archive (block_store.py, archival.py), shape a
-  pydantic result (so clients get ``outputSchema`` + ``structuredContent``), then notify.
-* Every block write publishes ``resource updated`` for ``memory://blocks/{label}`` (and the
-  listing ``memory://blocks`` when blocks appear or disappear) through the SDK's
-  subscription bus, which serves ``subscriptions/listen`` streams (2026-07-28 clients). For
-  handshake-era clients (2025-11-25) the legacy ``resources/subscribe``/``unsubscribe``
-  requests are served too and subscribed sessions get ``notifications/resources/updated``.
+* Tools are thin (block_tools.py, archival_tools.py): validate, call the store, shape a pydantic
+  result (``outputSchema`` + ``structuredContent``), notify.
+* Every block write publishes ``resource updated`` for ``memory://blocks/{label}`` (and the listing)
+  through the SDK's subscription bus; legacy ``resources/subscribe`` clients are served too.
   Notifications are best effort: a failure to notify never fails the write.
-* The store is opened in :meth:`MemoryTools.running` (the server's lifespan); tools called
-  before that get a clear error.
 
 Error policy
 ------------
-Anything the model can fix is a ``MemoryRefusal`` (a :class:`~kernmind.refusals.Refusal`)
-saying what to do instead; the store guarantees a refused write changed nothing. The error
-boundary (``boundary.py``) turns it into the tool's or resource's error. Here a refusal
-only gets the words of the surface it went through (``refusals``), and a write the database
-could not make because the disk is full (or failing, or read-only), rolled back, becomes a
-``StorageError`` saying so (``diskio.disk_sentence``). Anything else is answered by the
-boundary as an internal error with a ref, its traceback in the log.
+What the model can fix is a ``MemoryRefusal`` (boundary.py answers it) in the words of the surface
+it went through (errors.refusals); a write the disk refused, rolled back, becomes a ``StorageError``.
 """
 
 from __future__ import annotations
