@@ -116,7 +116,7 @@ class KernelFactory:
         cgroups: CgroupSupport | None = None,
     ) -> None:
         self.setup = setup_code(output_budget or Budget(DEFAULT_OUTPUT_CHARS))
-        self.extras: list[KernelExtras] = []  # added by other parts (kernel_extras.py)
+        self.extras: list[KernelExtras] = []  # added by other parts (extras.py)
         self.cgroups = cgroups  # None or inactive: kernels run with per-process limits only
         self.sandbox = sandbox
         self.runtime = runtime

@@ -71,7 +71,7 @@ class Kernel(ChannelKernel):
     layer_path: str | None = None  # where the kernel sees the layer's Python packages
     group: Cgroup | None = None  # its own control group (a warm kernel's), removed with it
     forked_pid: int | None = None  # a fork-server kernel's process (outside the sandbox's process tree)
-    # What other parts set up for it (kernel_extras.py), undone when it shuts down.
+    # What other parts set up for it (extras.py), undone when it shuts down.
     on_stop: list[Callable[[], None]] = field(default_factory=list)
 
     @property

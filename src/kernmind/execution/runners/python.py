@@ -83,7 +83,7 @@ class PythonRunner:
         self.version = version
         self.inner_root = inner_root  # the path the kernel sees for a working directory
         self.budget = budget
-        self.extras: list[KernelExtras] = []  # told when a kernel joins a session (kernel_extras.py)
+        self.extras: list[KernelExtras] = []  # told when a kernel joins a session (extras.py)
 
     @staticmethod
     def kernel_of(session: Session) -> Kernel | None:

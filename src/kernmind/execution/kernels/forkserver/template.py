@@ -4,17 +4,13 @@ This file runs as a script on the *kernel* Python (``--kernel-python``), so it u
 standard library and ipykernel: it must not import kernmind.
 
 Design
-- Started once per kernel environment by ``kernels/forkserver/process.py``, outside any sandbox, as the
-  server's user, with a clean environment, in a private empty directory. It imports
-  ipykernel and every module a kernel's start-up and first cell import (found by a probe
-  fork that starts a throwaway kernel and runs the setup cell), freezes the heap
-  (``gc.freeze``) so children share it copy-on-write, and says ``hello``: from then on it
-  forks kernels. Between requests it then imports the configured heavy modules (numpy,
-  pandas, matplotlib, … whatever is installed) one at a time, probes again, freezes again
-  and says ``preloaded``. Meanwhile a *snapshot* (a fork of the template taken just before
-  the heavy imports, with a control socket of its own, sent to the server with ``hello``)
-  serves spawns, so the first ``run_code`` after a launch waits for no import; the server
-  closes the snapshot's socket once the preloads are in, and it exits.
+- Started once per kernel environment by ``process.py``, outside any sandbox, with a clean
+  environment in a private directory. It imports ipykernel and what a kernel's start and first
+  cell import (found by a probe fork), freezes the heap (``gc.freeze``: children share it) and
+  says ``hello``; then, between requests, imports the heavy ``preload`` modules one at a time,
+  probes and freezes again and says ``preloaded``. Meanwhile a *snapshot* (a fork taken before
+  the heavy imports, with its own control socket, sent with ``hello``) serves spawns; the
+  server closes it once the preloads are in.
 - At fork time it holds no thread (a throwaway fork makes OpenBLAS park its threads), no
   zmq context, no event loop and one plain socket (the control socket). A spawn is refused
   while the template runs more than one thread; ``hello`` and ``preloaded`` report the
