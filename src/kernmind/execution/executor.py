@@ -163,8 +163,7 @@ class Executor:
         self.python.extras.append(extras)
 
     def prelaunch(self) -> None:
-        """Start what the first ``run_code`` will wait for (the fork-server template) now,
-        before the event loop runs; ``running()`` adopts it."""
+        """Start the fork-server template now, before the event loop runs (``running()`` adopts it)."""
         if isinstance(self.factory, ForkKernelFactory):
             self.factory.prelaunch()
 

@@ -1,20 +1,15 @@
 """The result of one ``run_code`` call, shared by every language runner.
 
-``RunResult`` is what clients get as ``structuredContent`` (its JSON schema is the tool's
-``outputSchema``). ``OutputCollector`` assembles it while code runs and enforces the
-budgets of one call (``OutputCollector.of(settings)``, the one way a tool's call gets one):
+Design (the budgets as a caller sees them: docs/tools.md, "run_code")
+- ``RunResult`` is the ``structuredContent`` (its JSON schema the tool's ``outputSchema``).
+- ``OutputCollector.of(settings)`` collects one call under its budgets: text against the
+  ``Budget`` of ``--max-output-chars`` (a head kept whole, then a bounded tail per stream, so
+  100 MB of prints cost a fixed amount of memory; cuts marked with ``budget.gap``), rich data
+  against ``--max-result-bytes`` (what does not fit keeps its text form and a note).
+- Anything code produces becomes valid JSON: lone surrogates are escaped, JSON nested deeper
+  than ``MAX_JSON_DEPTH`` is cut to a string.
 
-- **Text** (stdout, stderr, result reprs, tracebacks) is charged against the call's output
-  budget (a :class:`~kernmind.budget.Budget` of ``--max-output-chars``): three quarters for
-  the head, kept whole; once it is spent, the collector keeps a bounded tail per stream and
-  counts what it dropped, so printing 100 MB costs the server a fixed amount of memory. Cuts
-  are marked with ``budget.gap`` (the kernel's own cap, ``kernels/setup.py``, is folded in).
-- **Rich data** (images, HTML, SVG, JSON, …) is charged against the result budget
-  (``--max-result-bytes``); a display that does not fit keeps only its text form, and the
-  result's notes say how many were left out and how to get them.
-- **Anything code produces becomes valid JSON**: lone surrogates (undecodable bytes,
-  broken JSON escapes) are shown as escapes, and JSON nested deeper than ``MAX_JSON_DEPTH``
-  is cut to a string there, so every result serialises and parses in a standard client.
+Error policy: nothing here raises for what code printed; what is left out is said in the notes.
 """
 
 from __future__ import annotations
@@ -141,9 +136,8 @@ WORD_RE = re.compile(r"\w+")
 
 
 def html_adds_to(text: str, html: str) -> bool:
-    """Whether ``html`` shows more than ``text`` does: it holds more than words (scripts, images,
-    links…), or a word the text lacks. A pandas table's HTML usually shows the same cells as its
-    text form, and then only the text travels (``display(HTML(df.to_html()))`` sends the HTML)."""
+    """Whether ``html`` shows more than ``text``: more than words (scripts, images, links…), or a
+    word the text lacks (a pandas table's HTML usually does not: then only the text travels)."""
     if not text.strip() or DEFAULT_REPR_RE.match(text.strip()) or RICH_HTML_RE.search(html):
         return True
     return not set(WORD_RE.findall(html_to_text(html))) <= set(WORD_RE.findall(text))
@@ -186,14 +180,11 @@ class DisplayResult(BaseModel):
     model_config = {"populate_by_name": True}
 
     def readable(self) -> str:
-        """What a model should read: the text form, unless it is only a default repr such as
-        ``<IPython.core.display.Markdown object>`` and a readable form exists."""
+        """The text form, unless it is a default repr (``<…Markdown object>``) and a readable one exists."""
         if self.text and not DEFAULT_REPR_RE.match(self.text.strip()):
             return self.text
-        if self.markdown:
-            return self.markdown
-        if self.latex:
-            return self.latex
+        if self.markdown or self.latex:
+            return self.markdown or self.latex or ""
         if self.html:
             return html_to_text(self.html) or self.text
         return self.text
@@ -255,12 +246,7 @@ class CollectorSettings(Protocol):
 
 
 class OutputCollector:
-    """Collects a call's output under its budgets (text: head kept whole, then a tail;
-    rich data: until the result budget is spent).
-
-    Text past the budget goes to a bounded tail buffer; when the call ends, a marker
-    saying how much was dropped is placed between head and tail.
-    """
+    """Collects a call's output under its budgets (see the module's Design)."""
 
     def __init__(self, budget: Budget | int, rich_budget: int = 4 * 1024 * 1024) -> None:
         whole = budget if isinstance(budget, Budget) else Budget(budget)
@@ -361,9 +347,8 @@ class OutputCollector:
             target.append(text)
 
     def display(self, data: dict[str, object], *, main: bool = False) -> None:
-        """Add a MIME bundle: its text form under the text budget, the rich forms under the
-        result budget (a form that does not fit is left out and counted). A Plotly figure also
-        comes as HTML and a summary (``plotly_result.py``)."""
+        """Add a MIME bundle: text under the text budget, rich forms under the result budget (what
+        does not fit is counted); a Plotly figure also as HTML and a summary (``plotly_result.py``)."""
         if self._clear_pending:
             self.clear()
         data = plotly_result.render(data)
@@ -389,10 +374,8 @@ class OutputCollector:
         self.results.append(result)
 
     def clear(self, *, wait: bool = False) -> None:
-        """The code's ``clear_output()``: forget what it printed and displayed so far and give
-        back the budget that used, so the result shows what a notebook would. With ``wait``
-        the clearing waits for the next output (a progress display that redraws itself). The
-        error and the start time stay."""
+        """The code's ``clear_output()``: forget the output so far, its budget given back (``wait``:
+        at the next output, as a redrawing progress display does); the error and start time stay."""
         if wait:
             self._clear_pending = True
             return
@@ -424,11 +407,8 @@ class OutputCollector:
         return kept
 
     def set_error(self, name: str, value: str, traceback: str) -> None:
-        """The code's exception; its traceback keeps both ends (the call and the raise) within
-        half the output budget, or what the output's head left of it if that is less (at least
-        the tail's quarter: the head never takes more than three quarters). The output's tail
-        gives way to the traceback in ``logs``, so output and traceback together stay within
-        the one budget."""
+        """The code's exception; its traceback keeps both ends within half the output budget or
+        what the head left (at least a quarter); the output's tail gives way to it in ``logs``."""
         name, value, whole = safe_text(name)[:200], safe_text(value), safe_text(strip_ansi(traceback))
         room = min(self.budget // 2, self.budget - self.head.used)
         tb, cut = Budget(room).take(whole, more="", keep="ends")

@@ -3,8 +3,9 @@
 What is planted on the disk before the server starts: a session whose ``files/`` is a
 symbolic link to a directory elsewhere, one whose ``meta.json`` is a directory, ones whose
 bookkeeping files are FIFOs, and a job record that is a FIFO. Through a real MCP server
-(in-process, on fake kernels: what is refused is refused before any kernel), every call answers at once with a sentence, the link's target is never
-touched, the other sessions keep working, and the operator can remove the damaged ones.
+(in-process, on fake kernels: what is refused is refused before any kernel starts), every
+call answers at once with a sentence, the link's target is never touched, the other
+sessions keep working, and the operator can remove the damaged ones.
 """
 
 from __future__ import annotations

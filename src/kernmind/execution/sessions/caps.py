@@ -7,12 +7,11 @@ Design
   these (``--max-sessions-per-principal``), all owners together ``total``
   (``--max-sessions``).
 - Making room instead of refusing: past a bound, the least recently used *idle* live
-  session is unloaded — exactly what the idle reaper would do later: its variables are
-  saved, its files kept, and its next call resumes it and says so. At its own cap the caller
-  gives up its least recently used idle session; at the server-wide bound the owner that
-  holds the most sessions (the caller too, if that is the caller) gives up its least recently
-  used idle one, so a principal under its share does not pay for the others. Never unloaded to make
-  room: a session running a call, one a background job holds, and one without a stored home (its files would be lost).
+  session is unloaded, exactly as the idle reaper would later (variables saved, files kept,
+  its next call resumes it and says so). At its own cap the caller gives up its least
+  recently used idle session; at the server-wide bound the owner holding the most sessions
+  does, so a principal under its share does not pay for the others. Never unloaded to make
+  room: a session running a call, one a job holds, one without a stored home.
 - A refusal names only the caller's sessions and says what to do; a refusal by the
   server-wide bound says that it is the server's bound, without naming anyone else's.
 - ``Caps`` decides, and owns the ``--stateless`` slots; the registry acts on what it says

@@ -14,44 +14,22 @@ Layout, under the data dir (``<data dir>/sessions``)::
         history.jsonl the session's calls, for export_notebook (written by the server)
         packages/     its installed packages, hard links (written by the server: packages/stored.py)
 
-``owner`` is the data key of the principal a session belongs to (``local``: the stdio user
-and the server's own ``--token``, one principal; sessions an earlier version kept for the
-token under ``default`` are moved to ``local`` when the store opens: ``adopt_legacy_owner``);
-stored sessions are keyed by ``(owner, session_id)`` everywhere.
+Design (docs/architecture.md, "A session's files live where its kernel writes")
+- ``owner`` is the principal's data key (``local``: the stdio user and the server's own
+  ``--token``; an earlier version's ``default`` is moved to ``local`` at open).
+- One server per session: a server that loads a session holds a non-blocking ``flock`` on its
+  ``.lock`` while it is live (the kernel drops it however the process dies); another server
+  asking for it is refused with the holder's pid, and ``rm``/``prune`` skip a locked session.
+- ``rebind(home, spare)`` moves a warm kernel's empty directory into place (renames, no
+  copies); a crash half-way is put back together by ``recover()`` at the next load.
+- ``check_room`` refuses a new stored session at the owner's (or all owners') caps, naming the
+  owner's least recently used sessions (never another owner's).
+- Never followed, never waited on: a link, a directory or a FIFO where a file belongs is
+  refused at load (``check_layout``, with ``lstat``); bookkeeping goes through ``diskio``.
 
-**One server per session at a time.** A server that loads a session takes an exclusive,
-non-blocking ``flock`` on its ``.lock`` and keeps it while the session is live (until it is
-reaped, closed or the server stops); the kernel drops it when the process dies, however it
-dies. A second server on the same data dir that asks for that session is refused with a
-sentence naming the holder's pid, and ``rm``/``prune`` never touch a locked session. So two
-servers (a desktop app and a CLI) share the stored sessions without corrupting or stealing
-each other's: whoever has a session live owns it until it lets go.
-
-**Moving a kernel in without moving files out.** A warm kernel has its own empty directory
-bound at ``/workspace``. A bind mount follows the directory, not its path, so
-``rebind(home, spare)`` renames that empty directory to ``<session>/.attach``, moves the
-session's top-level entries into it (renames, no copies) and renames it over the emptied
-``files/``: from then on the kernel writes straight into the session's stable home, and
-nothing has to move back when the kernel stops. A crash in the middle leaves the entries
-split between ``files/`` and ``.attach/``, both inside the session's directory;
-``recover()`` (run whenever a session is loaded) puts them back together.
-
-**Caps.** ``check_room`` refuses a new stored session when the owner's stored sessions, or
-their total size (files and kept packages), are at the owner's cap — or those of all owners
-together at the data dir's — naming the owner's least recently used sessions to close (never
-another owner's).
-
-**Never followed, never waited on.** The store is the server's own, but what is on the disk
-can be anything: a session whose directory, ``files/`` or bookkeeping file is a symbolic
-link, a directory or a FIFO where a file belongs is refused when loaded (``check_layout``,
-with ``lstat``: a link is never followed into another tree), and every bookkeeping file is
-read and written through ``diskio`` (``O_NOFOLLOW``/``O_NONBLOCK``, whole-or-nothing writes).
-
-Error policy: a request the model can correct (a session held by another server, caps, a
-damaged stored session) raises ``SessionError`` with a sentence; ``rm`` of a held session
-raises the same. Unreadable ``meta.json`` is treated as missing (it is rewritten on the next
-save). ``save_meta`` raises ``OSError`` (a full disk): the meta is kept and written at the
-next chance (``sessions/books.py``).
+Error policy: what the model can correct (a session held by another server, caps, a damaged
+session) raises ``SessionError`` with a sentence; an unreadable ``meta.json`` counts as
+missing; ``save_meta`` raises ``OSError`` (a full disk) and ``books.py`` retries later.
 """
 
 from __future__ import annotations
@@ -101,8 +79,7 @@ class Meta:
     snapshot_at: float | None = None  # when the variables were last saved
     snapshot_skipped: dict[str, str] = field(default_factory=dict)  # name -> why it was not saved
     snapshot_clean: bool = False  # saved when the interpreter stopped (not an autosave before a crash)
-    # A save of the variables that began and has not finished (a server killed during it leaves it set).
-    save_started: float | None = None
+    save_started: float | None = None  # a save of the variables began and never finished (killed during it)
     save_failed: str | None = None  # why the last save of the variables failed (a full disk …)
     unsaved_since: float | None = None  # code ran since the last save, from this time on
     packages_bytes: int = 0  # its installed packages kept beside its files (packages/stored.py)
@@ -186,17 +163,9 @@ class SessionHome:
     def check_layout(self) -> None:
         """Refuse a session whose directory holds a link, a directory or a FIFO where the store
         keeps something else (nothing is followed or opened to find out: ``lstat`` only)."""
-        for path, want in (
-            (self.root.parent, "directory"),
-            (self.root, "directory"),
-            (self.files, "directory"),
-            (self.root / ATTACHING, "directory"),
-            (self.root / STATE, "directory"),
-            (self.snapshot, "file"),
-            (self.root / META, "file"),
-            (self.root / HISTORY, "file"),
-            (self.root / LOCK, "file"),
-        ):
+        dirs = (self.root.parent, self.root, self.files, self.root / ATTACHING, self.root / STATE)
+        files = (self.snapshot, self.root / META, self.root / HISTORY, self.root / LOCK)
+        for path, want in [*((d, "directory") for d in dirs), *((f, "file") for f in files)]:
             try:
                 mode = os.lstat(path).st_mode
             except FileNotFoundError:
@@ -266,8 +235,7 @@ def holder_pid(root: Path) -> int | None:
 
 
 def _open_lock(path: Path, *, create: bool) -> int | None:
-    """The lock file, opened without following a link or blocking; None when it is not a
-    regular file (or, without ``create``, absent)."""
+    """The lock file, opened with no link followed and no wait; None: not a regular file (or absent)."""
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     try:
         fd = os.open(path, flags, 0o600)
@@ -300,8 +268,7 @@ def is_held(root: Path) -> bool:
 
 def held_elsewhere(root: Path, own_pid: int) -> int | None:
     """The pid of another process holding the session's lock now (-1: held, pid not written yet);
-    None when no one holds it or the holder is ``own_pid`` (a session this server is loading or
-    unloading)."""
+    None when no one or ``own_pid`` (this server, loading or unloading it) holds it."""
     if not is_held(root):
         return None
     pid = holder_pid(root)
@@ -373,17 +340,12 @@ class SessionStore:
         used = sum(s.meta.bytes + s.meta.packages_bytes for s in stored)
         my_used = sum(s.meta.bytes + s.meta.packages_bytes for s in mine)
         shared = self.per_owner_sessions < self.max_sessions or self.per_owner_bytes < self.max_bytes
-        flag = "-per-principal" if shared else ""
+        flag, who = ("-per-principal", "one principal") if shared else ("", "this server")
         if len(mine) >= self.per_owner_sessions:
-            what = (
-                f"you have {len(mine)} stored sessions, the most {'one principal' if shared else 'this server'} "
-                f"may keep (--max-stored-sessions{flag} {self.per_owner_sessions})"
-            )
+            what = f"you have {len(mine)} stored sessions, the most {who} may keep (--max-stored-sessions{flag} {self.per_owner_sessions})"
         elif my_used >= self.per_owner_bytes:
-            what = (
-                f"your stored sessions use {my_used / 2**20:.0f} MiB, the most {'one principal' if shared else 'this server'} "
-                f"may use (--max-stored-mb{flag} {self.per_owner_bytes / 2**20:.0f})"
-            )
+            mib, cap = my_used / 2**20, self.per_owner_bytes / 2**20
+            what = f"your stored sessions use {mib:.0f} MiB, the most {who} may use (--max-stored-mb{flag} {cap:.0f})"
         elif len(stored) >= self.max_sessions:
             what = (
                 f"this server keeps at most {self.max_sessions} stored sessions for all principals together "
@@ -435,11 +397,9 @@ class SessionStore:
 
 
 def adopt_legacy_owner(root: Path, old: str = LEGACY_SHARED_OWNER, new: str = LOCAL_OWNER) -> list[str]:
-    """Move the sessions an earlier version kept for the ``--token`` principal (owner ``default``)
-    to the local user's, who is now the same principal: ``sessions/default/<id>`` becomes
-    ``sessions/local/<id>`` (``<id>-from-http`` when that id is taken), its meta rewritten. A
-    session another server holds stays until a later start; nothing is deleted. Sentences saying
-    what moved (logged)."""
+    """Move the ``--token`` principal's sessions of earlier versions (``default``) to the local user's
+    (``<id>-from-http`` when the id is taken; one held by another server waits for a later start).
+    Sentences saying what moved (logged)."""
     said: list[str] = []
     for sid in _subdirs(root / old):
         source = root / old / sid
