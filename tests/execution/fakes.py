@@ -8,6 +8,8 @@ runner, the supervisor, the session registry) is the real code.
 
 Scripted behaviour, by the first line of the code:
     ``#hang``  the call runs until its deadline, an interrupt, or cancellation;
+    ``#wait NAME``  the call waits until ``factory.gate(NAME)`` is set (``factory.waiting`` names
+               the gates waited on now), then runs the rest of its code;
     ``#die``   the kernel dies mid-call (the call's outcome is ``died``).
 ``kernel.ignores_interrupts = True`` makes an interrupt fail (the kernel is stuck).
 ``factory.start_delay``, ``factory.fail_starts`` and ``factory.alive_delay`` slow or break it.
@@ -90,6 +92,13 @@ class FakeKernel:
         if first == "#die":
             self.dead = True
             return ExecOutcome("died", count, exit_code=-9)
+        if first.startswith("#wait "):
+            name = first.removeprefix("#wait ").strip()
+            self.factory.waiting.add(name)
+            try:
+                await self.factory.gate(name).wait()
+            finally:
+                self.factory.waiting.discard(name)
         if first == "#hang":
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             with anyio.move_on_after(wait):
@@ -159,6 +168,12 @@ class FakeKernelFactory:
         self.start_delay = 0.0
         self.alive_delay = 0.0
         self.fail_starts = 0  # the next this many starts raise RuntimeUnavailable
+        self._gates: dict[str, anyio.Event] = {}
+        self.waiting: set[str] = set()  # the gates a call waits on now (``#wait NAME``)
+
+    def gate(self, name: str) -> anyio.Event:
+        """The event a ``#wait NAME`` call waits for (set it to let the call go on)."""
+        return self._gates.setdefault(name, anyio.Event())
 
     async def start(self, workspace: Workspace | None = None, group: Cgroup | None = None) -> FakeKernel:
         from kernmind.execution.errors import RuntimeUnavailable

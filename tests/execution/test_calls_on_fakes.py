@@ -150,6 +150,42 @@ async def test_closing_a_session_under_a_queued_call_gives_that_call_a_fresh_ses
         assert kernel.closed
 
 
+async def test_calls_to_one_session_run_in_order(tmp_path: Path) -> None:
+    """A second call queued behind a slow one sees its effect."""
+    async with fake_client(fake_settings(tmp_path, pool_size=0)) as (c, factory):
+        results: dict[str, dict[str, Any]] = {}
+
+        async def call(name: str, code: str) -> None:
+            results[name] = await run(c, code, session_id="ordered")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call, "slow", "#wait slow\norder = ['slow']")
+            await until(lambda: "slow" in factory.waiting, "the slow call runs")
+            tg.start_soon(call, "fast", "order.append('fast'); order")
+            await anyio.wait_all_tasks_blocked()  # (the fast call waits for the session's lock)
+            assert "fast" not in results
+            factory.gate("slow").set()
+        assert results["fast"]["results"][0]["text"] == "['slow', 'fast']"
+
+
+async def test_different_sessions_run_in_parallel(tmp_path: Path) -> None:
+    """A quick call in session B finishes while a slow call in session A is still running."""
+    async with fake_client(fake_settings(tmp_path, pool_size=0)) as (c, factory):
+        finished: list[str] = []
+
+        async def slow() -> None:
+            await run(c, "#wait a\n1", session_id="par-a")
+            finished.append("a")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slow)
+            await until(lambda: "a" in factory.waiting, "the slow call runs")
+            assert (await run(c, "2 + 2", session_id="par-b"))["results"][0]["text"] == "4"
+            finished.append("b")
+            factory.gate("a").set()
+        assert finished == ["b", "a"]
+
+
 async def test_bad_arguments_are_refused_before_any_kernel(tmp_path: Path) -> None:
     async with fake_client(fake_settings(tmp_path, pool_size=0)) as (c, factory):
         assert "timeout" in error_text(await c.call_tool("run_code", {"code": "1", "timeout": -3}))

@@ -118,8 +118,11 @@ async def test_execution_count_increases(client: Client) -> None:
     assert second["execution_count"] == first["execution_count"] + 1
 
 
-async def test_calls_to_one_session_run_in_order(client: Client) -> None:
-    """A second call queued behind a slow one sees its effect."""
+async def test_calls_to_one_session_run_in_order(client: Client, request: pytest.FixtureRequest) -> None:
+    """A second call queued behind a slow one sees its effect (shared sessions; local ones on fake
+    kernels: ``test_calls_on_fakes.py``)."""
+    if request.node.callspec.params["client"] == "local":
+        pytest.skip("the registry's logic: tests/execution/test_calls_on_fakes.py")
     results: dict[str, dict] = {}
 
     async def slow() -> None:
@@ -137,8 +140,11 @@ async def test_calls_to_one_session_run_in_order(client: Client) -> None:
     assert results["fast"]["results"][0]["text"] == "['slow', 'fast']"
 
 
-async def test_different_sessions_run_in_parallel(client: Client) -> None:
-    """A quick call in session B finishes while a slow call in session A is still running."""
+async def test_different_sessions_run_in_parallel(client: Client, request: pytest.FixtureRequest) -> None:
+    """A quick call in session B finishes while a slow call in session A is still running (shared
+    sessions; local ones on fake kernels: ``test_calls_on_fakes.py``)."""
+    if request.node.callspec.params["client"] == "local":
+        pytest.skip("the registry's logic: tests/execution/test_calls_on_fakes.py")
     finished: list[str] = []
     await run(client, "1", session_id="par-a")
     await run(client, "1", session_id="par-b")
