@@ -106,7 +106,8 @@ async def test_shell_fork_bomb_is_contained(h: Harness) -> None:
     out = await h.run(
         "import subprocess\nsubprocess.run(['bash', '-c', ':(){ :|:& };:'], timeout=3)", "bashfork", timeout=8
     )
-    assert out["status"] in ("ok", "error", "timeout")
+    # the bomb hit the session's process limit (bash retries its forks and says so)
+    assert "Resource temporarily unavailable" in "".join(out["logs"]["stderr"]), out
     await h.healthy("bashfork")
 
 
@@ -332,12 +333,13 @@ async def test_cannot_become_root(h: Harness) -> None:
 
 
 async def test_killing_the_parent_process(h: Harness) -> None:
-    """Signalling the sandbox's init process is refused; the server is untouched."""
+    """Killing the kernel's parent ends at most this session's interpreter (it says so); the server
+    is untouched."""
     out = await h.run(
         "import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept OSError as e:\n    print(e.errno)",
         "kill-parent",
     )
-    assert out["status"] in ("ok", "error")
+    assert out["status"] == "ok" or out["error"]["name"] == "KernelDied", out
     await h.healthy("kill-parent")
 
 

@@ -288,7 +288,7 @@ async def test_a_fork_bomb_stays_in_its_session(deployment: Deployment, alice: C
         return out
 
     out = await while_bob_works(bob, bomb)
-    assert out["status"] in ("ok", "timeout", "error")
+    assert "Resource temporarily unavailable" in json.dumps(out["logs"]), out  # bash's forks failed
     # Alice's bomb reached the session's limit and no further (bob's calls add a few processes).
     assert 40 <= max(peak) <= 64 + 8, peak
     python_bomb = (
