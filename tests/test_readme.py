@@ -556,6 +556,7 @@ async def test_json_examples_match_real_results(tmp_path: Path) -> None:
     from kernmind.server import create_server
     from tests.conftest import make_settings
 
+    pytest.importorskip("pandas", reason="the examples use pandas (pip install '.[datascience]')")
     bad: list[str] = []
     settings = make_settings(tmp_path / "data", embedding_model="none", pool_size=0)
     async with Client(create_server(settings)) as client:
