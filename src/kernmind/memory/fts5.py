@@ -67,9 +67,14 @@ class FTS5Ranking:
             f"WHERE {fts} MATCH ? ORDER BY score, rowid DESC LIMIT ? OFFSET ?) s "
             f"JOIN {table} p ON p.id = s.id WHERE 1 = 1{{where}} ORDER BY s.score, s.id DESC"
         )
-        self._shape = (
+        # the table's size, whether other namespaces share it, then each term's count (:meth:`_shape`)
+        self._shape_sql = (
             f"SELECT (SELECT max(id) FROM {table}), EXISTS (SELECT 1 FROM {table} WHERE namespace < ?) "
             f"OR EXISTS (SELECT 1 FROM {table} WHERE namespace > ?)"
+        )
+        cap = (  # a term is counted up to the common threshold + 1 (see rank)
+            f"(SELECT min(max({COMMON_MIN_DOCS}, CAST(coalesce(max(id), 0) * {COMMON_FRACTION} AS INTEGER)), "
+            f"coalesce(max(id), 0)) + 1 FROM {table})"
         )
         self._newest_matching = (
             f"SELECT {columns}, bm25({fts}) FROM {fts} JOIN {table} p ON p.id = {fts}.rowid "
@@ -79,8 +84,7 @@ class FTS5Ranking:
             f"SELECT {columns}, NULL FROM {table} p WHERE 1 = 1{{where}} "
             "ORDER BY p.created_at DESC, p.id DESC LIMIT ? OFFSET ?"
         )
-        # how many texts hold a term, up to a cap
-        self._term_docs = f"(SELECT count(*) FROM (SELECT rowid FROM {fts} WHERE {fts} MATCH ? LIMIT ?))"
+        self._term_docs = f"(SELECT count(*) FROM (SELECT rowid FROM {fts} WHERE {fts} MATCH ? LIMIT {cap}))"
 
     async def search(self, namespace: str, query: str, where: Any, limit: int, offset: int) -> list[Any]:
         return (await self.rank(namespace, query, where, limit, offset)).rows
@@ -92,11 +96,8 @@ class FTS5Ranking:
             if not terms:
                 rows = await tx.all(self._newest.format(where=conditions), [*params, limit, offset])
                 return TextHits([self.make_row(r[:-1], None) for r in rows])
-            shape = await tx.one(self._shape, (namespace, namespace))
-            assert shape is not None
-            total, shared = int(shape[0] or 0), bool(shape[1])
+            total, shared, stats = await self._shape(tx, namespace, terms)
             threshold = max(COMMON_MIN_DOCS, int(total * COMMON_FRACTION))
-            stats = await self._term_stats(tx, terms, total, threshold)
 
             hides = self.hidden_state and where.hides  # only passage filters say whether they hide
 
@@ -139,11 +140,13 @@ class FTS5Ranking:
             return expression
         return f"body : ({expression})" + (" NOT state : hidden" if hides else "")
 
-    async def _term_stats(self, tx: Tx, terms: list[str], total: int, threshold: int) -> list[TermStat]:
-        """How many texts hold each term, counted up to ``threshold + 1``."""
-        args: list[Any] = []
-        for t in terms:
-            args += [self._match(fts_match([t])), min(threshold, total) + 1]
-        row = await tx.one("SELECT " + ", ".join(self._term_docs for _ in terms), args)
+    async def _shape(self, tx: Tx, namespace: str, terms: list[str]) -> tuple[int, bool, list[TermStat]]:
+        """In one statement: the table's size (its largest id), whether other namespaces share it,
+        and how many texts hold each term, counted up to the common threshold + 1."""
+        cells = "".join(", " + self._term_docs for _ in terms)
+        row = await tx.one(
+            self._shape_sql + cells, [namespace, namespace, *(self._match(fts_match([t])) for t in terms)]
+        )
         assert row is not None
-        return [TermStat(term, int(docs), 0.0) for term, docs in zip(terms, row, strict=True)]
+        stats = [TermStat(term, int(docs), 0.0) for term, docs in zip(terms, row[2:], strict=True)]
+        return int(row[0] or 0), bool(row[1]), stats
