@@ -22,6 +22,7 @@ import pytest
 from kernmind.execution.kernels import pool as pool_module
 from kernmind.execution.kernels.pool import KernelPool
 from kernmind.execution.sandbox.workspace import Workspace
+from kernmind.execution.sessions import disk_store
 
 pytestmark = pytest.mark.anyio
 
@@ -87,7 +88,7 @@ async def test_a_cancelled_acquire_leaves_no_kernel_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     factory = FakeFactory(tmp_path)
-    pool = KernelPool(factory, size=0)  # type: ignore[arg-type]
+    pool = KernelPool(factory, size=0, rebind=disk_store.rebind)  # type: ignore[arg-type]
     reached = anyio.Event()
 
     async def block(*_: Any, **__: Any) -> None:
