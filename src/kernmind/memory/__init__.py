@@ -1,7 +1,7 @@
 """Memory: Letta-style blocks and archival passages, safe under concurrency and crashes.
 
 The domain (no MCP in it):
-    errors       MemoryRefusal: a refusal in domain words that each surface renders in its own.
+    errors       MemoryRefusal: a refusal in domain words that each surface renders in its own (refusals()).
     records      the rows every layer passes around (blocks, history, passages, messages, stored
                  vectors and the filters on them; the message SQL shapes) and time helpers.
     blocks       the rules of blocks: labels, limits, read-only, versions, and the edits themselves.
@@ -13,9 +13,11 @@ The domain (no MCP in it):
     embeddings   the embedder interface, the static model, the OpenAI-compatible client.
     embedder_factory  which embedder ``--embedding-model`` names (imports minilm and embeddings).
     minilm       the default model: all-MiniLM-L6-v2 as an int8 ONNX graph, offline, files checked.
-    vector_index the in-memory vector index: exact search, filters in memory, coherent with writers.
+    vector_index the in-memory vector index: its columns, filters in memory, coherent with writers.
+    vector_scores  scoring a snapshot of the index: exact nearest, neighbours, the near-duplicate shortlist.
     texts        what searchable tables share: counting texts, keeping their vectors, change counters.
     recall       hybrid search for any corpus (full text + vectors), background backfill.
+    replaced     a superseded passage's match passed to the passage that replaced it.
     fusion       how the two rankings become one score in [0, 1]: normalised scores, neighbours, thread prior, cut-off.
     conversations  recorded conversations: messages and their search.
     recorder     the bundled agent's recorder of its conversation (the agent's one way in).
