@@ -117,10 +117,6 @@ class Workspace:
                 tracker.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def parts(self, path: str) -> tuple[str, list[str]]:
-        """(normalised display path, file-system components) or WorkspaceError."""
-        return split_path(path)
-
     # --- file operations (blocking: call the a* coroutines from async code) ----------
     def read(self, path: str, *, offset: int = 0, length: int) -> FileData:
         """Up to ``length`` bytes from ``offset`` of a regular file."""
@@ -201,7 +197,7 @@ class Workspace:
         prefix = prefix.strip("/")
         under: list[str] = []
         if prefix:
-            shown, under = self.parts(prefix)
+            shown, under = split_path(prefix)
             prefix = shown + "/"
         tracker = self.tracker
         if tracker is not None:  # no walk, no sort: the tracker's sorted paths, sliced
