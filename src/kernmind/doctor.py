@@ -31,7 +31,8 @@ from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernels.forkserver.kernels import describe as describe_fork_server
 from kernmind.execution.kernels.forkserver.kernels import fork_server_report
 from kernmind.execution.kernels.gateway.kernels import GatewayKernelFactory
-from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.local import KernelFactory
+from kernmind.execution.kernels.python_runtime import PythonRuntime
 from kernmind.execution.packages import PackageInstaller, PythonTarget
 from kernmind.execution.remote import RemoteKernels
 from kernmind.execution.results import OutputCollector
