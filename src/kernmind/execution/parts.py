@@ -23,7 +23,8 @@ from kernmind.config import Settings
 from kernmind.diskio import Reserve
 from kernmind.execution.kernels import api
 from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory
-from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.local import KernelFactory
+from kernmind.execution.kernels.python_runtime import PythonRuntime
 from kernmind.execution.packages import Layer, PackageInstaller, PythonTarget
 from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.sandbox import host_mounts
