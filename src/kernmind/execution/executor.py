@@ -36,8 +36,9 @@ from kernmind.execution import installs, parts
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.kernels import api
 from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory
-from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.local import KernelFactory
 from kernmind.execution.kernels.pool import KernelPool
+from kernmind.execution.kernels.python_runtime import PythonRuntime
 from kernmind.execution.packages import InstallResult, PackageInstaller
 from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.results import OutputCollector, RunResult
