@@ -58,9 +58,10 @@ from kernmind.execution.kept_output import MAX_KEPT, OutputFile
 from kernmind.execution.results import FileInfo, RunResult
 from kernmind.execution.runners.base import Call, Runner
 from kernmind.execution.sandbox import quota as workspace_quota
+from kernmind.execution.sandbox.confined import guess_mime
 from kernmind.execution.sandbox.filescan import Scan, changed_since
 from kernmind.execution.sandbox.limits import SessionLimits, current_limits
-from kernmind.execution.sandbox.workspace import QuotaExceeded, guess_mime
+from kernmind.execution.sandbox.workspace import QuotaExceeded
 
 log = logging.getLogger(__name__)
 
