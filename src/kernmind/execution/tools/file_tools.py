@@ -35,7 +35,8 @@ from kernmind.budget import left_out as budget_left_out
 from kernmind.config import Settings
 from kernmind.execution.executor import Executor
 from kernmind.execution.results import IMAGE_FIELDS
-from kernmind.execution.sandbox.workspace import FileData, FileEntry, WorkspaceError, guess_mime
+from kernmind.execution.sandbox.confined import FileData, WorkspaceError, guess_mime
+from kernmind.execution.sandbox.workspace import FileEntry
 from kernmind.execution.sessions.client_defaults import client_default
 from kernmind.execution.tools.runtime_refusals import model_errors
 from kernmind.execution.tools.session_tools import address, left_out
