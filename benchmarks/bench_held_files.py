@@ -26,7 +26,8 @@ from pathlib import Path
 
 import anyio
 
-from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.local import KernelFactory
+from kernmind.execution.kernels.python_runtime import PythonRuntime
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.held_files import HeldFiles
