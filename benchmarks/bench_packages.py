@@ -28,7 +28,8 @@ from pathlib import Path
 
 import anyio
 
-from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.local import KernelFactory
+from kernmind.execution.kernels.python_runtime import PythonRuntime
 from kernmind.execution.packages import Layer, PackageError, PackageInstaller, PackagePolicy, PackageSources
 from kernmind.execution.packages.python import PythonTarget
 from kernmind.execution.results import OutputCollector
