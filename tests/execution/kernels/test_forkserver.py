@@ -27,8 +27,9 @@ from mcp import Client
 import kernmind
 from kernmind.execution.executor import Executor
 from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory, describe, fork_server_report
-from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.local import KernelFactory
 from kernmind.execution.kernels.local_kernel import Kernel
+from kernmind.execution.kernels.python_runtime import PythonRuntime
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.rlimits import Limits
@@ -508,7 +509,8 @@ AS_USER_DRIVER = r"""
 import anyio, json, os, sys, tempfile, time
 from pathlib import Path
 from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory
-from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.local import KernelFactory
+from kernmind.execution.kernels.python_runtime import PythonRuntime
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.rlimits import Limits

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from kernmind.execution.kernels.forkserver.kernels import PLACEHOLDER
-from kernmind.execution.kernels.local import KERNEL_ARGS, KernelFactory, LaunchPlan, PythonRuntime
+from kernmind.execution.kernels.local import KERNEL_ARGS, KernelFactory, LaunchPlan
+from kernmind.execution.kernels.python_runtime import PythonRuntime
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.launcher import lifeline_argv
 from kernmind.execution.sandbox.workspace import Workspace

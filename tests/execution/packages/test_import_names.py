@@ -14,7 +14,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from kernmind.execution.kernels.local import PythonRuntime
+from kernmind.execution.kernels.python_runtime import PythonRuntime
 from kernmind.execution.packages import (
     Layer,
     PackageError,

@@ -18,7 +18,7 @@ import pytest
 from mcp import Client
 from packaging.requirements import Requirement
 
-from kernmind.execution.kernels.local import PythonRuntime
+from kernmind.execution.kernels.python_runtime import PythonRuntime
 from kernmind.execution.packages import (
     Layer,
     PackageError,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kernmind.execution.kernels.local import PythonRuntime
+from kernmind.execution.kernels.python_runtime import PythonRuntime
 from kernmind.execution.packages import (
     Layer,
     PackageError,

@@ -24,8 +24,9 @@ import anyio
 import pytest
 
 from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory
-from kernmind.execution.kernels.local import KernelFactory, PythonRuntime
+from kernmind.execution.kernels.local import KernelFactory
 from kernmind.execution.kernels.local_kernel import Kernel
+from kernmind.execution.kernels.python_runtime import PythonRuntime
 from kernmind.execution.sandbox import creation_guard, seccomp
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import CgroupSupport

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernmind.execution.sandbox.workspace import guess_mime
+from kernmind.execution.sandbox.confined import guess_mime
 
 pytestmark = [pytest.mark.fast]
 

@@ -46,7 +46,8 @@ from kernmind.execution.kernels.local import start_within
 from kernmind.execution.kernels.pool import KernelPool
 from kernmind.execution.runners.base import Call
 from kernmind.execution.sandbox.bwrap_args import RUNTIME_MOUNT, WORKSPACE_MOUNT
-from kernmind.execution.sandbox.workspace import Workspace, WorkspaceError, off_loop
+from kernmind.execution.sandbox.confined import WorkspaceError
+from kernmind.execution.sandbox.workspace import Workspace, off_loop
 from kernmind.execution.sessions import snapshot_files
 from kernmind.execution.sessions.disk_store import SNAPSHOT_NAME, STATE
 
