@@ -316,23 +316,23 @@ FORGED_REPORTS = [
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("report", FORGED_REPORTS)
-async def test_a_forged_restore_report_is_a_note_not_a_tool_error(tmp_path: Path, report: str) -> None:
+async def test_a_forged_restore_report_is_a_note_not_a_tool_error(tmp_path: Path) -> None:
     """Code that a snapshot runs while it loads can print whatever the server reads as the
-    restore's report (here: it replaces ``print``); the call says the restore failed and runs."""
+    restore's report (here: it replaces ``print``); the call says the restore failed and runs.
+    One stored session per forged report, planted on disk, all resumed by one server."""
     settings = make_settings(tmp_path, pool_size=0)
+    for i, report in enumerate(FORGED_REPORTS):
+        forge = f"import builtins, sys\nbuiltins.print = lambda *a, **k: sys.stdout.write('\\n' + {report!r} + '\\n')"
+        home = settings.sessions_dir / "local" / f"f{i}"
+        (home / "files").mkdir(parents=True)
+        (home / "state").mkdir()
+        (home / "state" / "namespace.pkl").write_bytes(snapshot_of(("forger", pickle.dumps(Evil(forge)))))
     async with Client(create_server(settings)) as c:
-        await c.call_tool("run_code", {"code": "kept = 41", "session_id": "f"})
-    forge = (
-        f"import builtins, sys\nbuiltins.print = lambda *a, **k: sys.stdout.write('\\n' + {report!r} + '\\n')"
-    )
-    snap = settings.sessions_dir / "local" / "f" / "state" / "namespace.pkl"
-    snap.write_bytes(snapshot_of(("forger", pickle.dumps(Evil(forge)))))
-    async with Client(create_server(settings)) as c:
-        out = structured(await c.call_tool("run_code", {"code": "6 * 7", "session_id": "f"}))
-        assert out["status"] == "ok" and out["results"][0]["text"] == "42", out
-        notes = " ".join(out["notes"])
-        assert "could not be restored" in notes and "reported nonsense" in notes, notes
+        for i, report in enumerate(FORGED_REPORTS):
+            out = structured(await c.call_tool("run_code", {"code": "6 * 7", "session_id": f"f{i}"}))
+            assert out["status"] == "ok" and out["results"][0]["text"] == "42", (report, out)
+            notes = " ".join(out["notes"])
+            assert "could not be restored" in notes and "reported nonsense" in notes, (report, notes)
         assert structured(await c.call_tool("run_code", {"code": "1 + 1"}))["results"][0]["text"] == "2"
 
 
