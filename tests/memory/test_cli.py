@@ -216,7 +216,7 @@ def test_migrate_moves_a_namespace_with_history_vectors_and_conversations(
             assert [h.op for h in await store.blocks.history("human")] == ["append", "append", "seed"]
             await store.blocks.undo("human")
             assert (await store.blocks.get("human")).value == "Name: Ada"
-            assert await store.passages.count_vectors(StaticEmbedder().model) == 2
+            assert len(await store.passages.vector_ids(StaticEmbedder().model)) == 2
             found = await store.conversations.search_text("tea", MessageFilter(), 5)
             assert [m.content for m in found] == ["Remember my tea preference"]
 

@@ -212,15 +212,6 @@ class TextTable:
             key=lambda v: v.id,
         )
 
-    async def count_vectors(self, model: str) -> int:
-        async with self.db.read() as tx:
-            row = await tx.one(
-                f"SELECT count(*) FROM {self.table} WHERE namespace = ? AND embedding_model = ? "
-                "AND embedding IS NOT NULL",
-                (self.namespace, model),
-            )
-        return int(row[0]) if row else 0
-
     async def missing_vectors(self, model: str, limit: int) -> list[tuple[int, str]]:
         """Texts without a vector of ``model`` (none yet, one from another model, or one whose
         length does not fit the model's)."""
