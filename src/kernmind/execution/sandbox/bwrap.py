@@ -1,23 +1,14 @@
 """The sandbox layer: every kernel and subprocess command line is wrapped here.
 
 Design (what a sandbox sees and may do: docs/security.md)
-- ``Sandbox.detect`` picks the backend once (probing bubblewrap for real), ``wrap`` turns a
-  command line into one that runs confined, ``describe`` says what holds for ``kernmind doctor``.
-- ``bwrap``: namespaces, an empty root with system directories read-only and the workspace
-  at ``/workspace`` (``bwrap_args.py``); as root, a dedicated unprivileged uid per sandbox
-  (``allocate_uid``) through ``setpriv``, so RLIMIT_NPROC holds. ``none``: rlimits and a
-  clean environment only, with a loud warning.
-- rlimits are set on the first process and inherited (``rlimits.py``); a lifeline parent
-  (``lifeline.py``) ends the tree with the server. While a session is over its quota, its
-  sandboxes start with soft RLIMIT_FSIZE 0 and the stricter seccomp filter (``seccomp_for``);
-  kernels get the creation guard instead (``wrap(guard=True)``). GPUs: ``gpu.py``.
-- The core (this module, ``rlimits.py``, ``bwrap_args.py``, ``launcher.py``,
-  ``filter_files.py``, ``seccomp.py``, ``creation_guard.py``, ``lifeline.py``,
-  ``host_mounts.py``) is standard library only: the unprivileged-user test copies it alone.
+- ``Sandbox.detect`` picks the backend once (probing bubblewrap for real); ``wrap`` confines a
+  command line; ``describe`` is for ``kernmind doctor``. ``bwrap``: namespaces and a dedicated
+  uid as root (``bwrap_args.py``); ``none``: rlimits and a clean environment, with a warning.
+- The core (this module and the ones it names) is standard library only: the
+  unprivileged-user test copies it alone.
 
-Error policy: ``detect`` decides once (``prefetch`` runs the probe on a thread during start-up);
-``required`` raises ``SandboxUnavailable`` when isolation cannot be had, ``auto`` falls back
-with a warning.
+Error policy: ``required`` raises ``SandboxUnavailable`` when isolation cannot be had, ``auto``
+falls back with a warning.
 """
 
 from __future__ import annotations
@@ -265,15 +256,9 @@ class Sandbox:
     ) -> SandboxedCommand:
         """Wrap ``argv`` so it runs confined to ``workspace`` under the limits.
 
-        ``ro_paths`` are runtime directories (an interpreter's prefix) exposed read-only at
-        the same path; ``runtime_dir`` (a kernel's socket directory) is read-write at
-        ``runtime_path()`` (a fixed path, so the host's directory names stay hidden);
-        ``mounts`` are server directories exposed read-only at a path of their own (for the same
-        reason). ``env`` is added to the allow-listed environment. ``join`` are ``cgroup.procs``
-        files of a control group the process enters before anything else runs (``cgroups.py``).
-        ``guard``: a long-lived command (a kernel) gets the creation guard where it works here
-        (``creation_guard.py``): while its session is over the quota it creates nothing, though
-        it started under. A sandbox started over the quota has the stricter filter instead.
+        ``ro_paths``/``mounts`` are bound read-only, ``runtime_dir`` read-write at ``runtime_path()``
+        (fixed paths keep host names hidden); ``join`` are ``cgroup.procs`` files entered before
+        anything runs; ``guard`` gives a long-lived command the creation guard where it works here.
         """
         limits = limits or self.limits
         inner_ws = self.workspace_path(workspace)

@@ -1,18 +1,10 @@
-"""The bubblewrap command line of one sandbox: its namespaces, the filesystem code sees, its
-environment and the uid it runs as (what holds and why: docs/security.md).
+"""The bubblewrap command line of one sandbox (what holds and why: docs/security.md).
 
 Design
-- New pid, ipc, uts, network (unless ``--allow-network``) and mount namespaces (and a user
-  namespace for a normal user); ``--die-with-parent``; ``--seccomp 9`` loads the filter the
-  launcher opened as descriptor 9 (``launcher.py``).
-- An empty tmpfs root with ``SYSTEM_DIRS`` and ``USR_LINKS`` (as on the host) and the
-  runtime's prefix read-only, private size-limited ``/tmp`` and ``/dev/shm``, the workspace
-  read-write at ``WORKSPACE_MOUNT``; server directories (``Mount``), the socket directory
-  (``RUNTIME_MOUNT``) and operator folders (``/mnt/NAME``, ``host_mounts.py``) at fixed paths,
-  so host directory names stay hidden.
-- As root: privileged bwrap, the command started through ``setpriv`` as the sandbox's uid
-  with no capabilities and ``no_new_privs``. GPUs (``gpu.py``): device nodes bound after
-  ``--dev /dev``, driver libraries read-only, the groups that own the nodes.
+- New pid, ipc, uts, network (unless ``--allow-network``), mount (and, unprivileged, user)
+  namespaces; ``--seccomp 9`` loads the filter the launcher opened as descriptor 9.
+- An empty tmpfs root with system directories read-only and the workspace read-write; server,
+  socket and operator folders at fixed paths. As root, ``setpriv`` drops to the sandbox's uid.
 
 Error policy: none raised here; standard library only (the sandbox's core, ``bwrap.py``).
 """

@@ -1,14 +1,10 @@
 """Where a server may make control groups: the hierarchies mounted, its own group, what it may write.
 
-Design (modes as the operator sees them: docs/security.md, "Where the limits come from")
-- ``detect_layout()`` reads ``/proc/self/mountinfo`` and ``/proc/self/cgroup`` (or a test's
-  text). v2 (``memory`` and ``pids``): the base is the server's own group ``C`` when it is the
-  hierarchy's root; else ``C`` after the server moved itself into a leaf ``C/kernmind-server``
-  (``C`` writable, as root or delegated, and holding only the server's processes: v2 allows
-  no process in a group that hands controllers down); else, as root, ``/kernmind`` at the
-  root. v1: as root, under the server's own group in each hierarchy. Otherwise the reason.
-- ``detect_cpu_base()``: where the optional ``cpu`` controller can weigh sandboxes against the
-  server (v2: the same base with ``cpu`` handed down; v1: the server's group in ``cpu``).
+Design (modes: docs/security.md, "Where the limits come from")
+- ``detect_layout()`` reads ``/proc/self/mountinfo`` and ``/proc/self/cgroup``. v2: the server's
+  group when it is the root, else that group after moving the server into a leaf (v2 allows no
+  process in a group that hands controllers down), else ``/kernmind`` as root; v1: as root.
+- ``detect_cpu_base()``: where the optional ``cpu`` controller can weigh sandboxes.
 
 Error policy: nothing here raises for a host that lacks cgroups; reasons are returned as text.
 """

@@ -1,9 +1,7 @@
-"""What a server that died left in the control-group hierarchies: found and removed by the next.
+"""What a dead server left in the control-group hierarchies: found and removed by the next.
 
-Design: a server's directory is named ``kernmind-<pid>-<start time>-<random>``; when no process
-with that pid and start time runs, what still runs in it is killed and it is removed (deepest
-group first, retried while killed processes leave). A directory holding a process this server
-cannot see (another pid namespace shares the hierarchy) is left alone.
+Design: ``kernmind-<pid>-<start time>-<random>`` with no such process running is emptied (killed)
+and removed, deepest first; a directory holding a process this server cannot see is left alone.
 
 Error policy: nothing here raises; what cannot be removed yet stays for a later try.
 """

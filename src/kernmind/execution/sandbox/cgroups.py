@@ -1,23 +1,15 @@
 """Control groups per session: one memory and one process limit for all a session runs.
 
-Design (modes and limits: docs/security.md, "Where the limits come from" and "The processor,
-shared")
-- Every process a session starts (its kernel's sandbox, a forked kernel, each subprocess, a
-  JShell host) joins the session's group at birth: ``Sandbox.wrap(join=group.join)`` puts a
-  shell in front that writes its pid into each ``cgroup.procs`` and ``exec``s the command; a
-  fork-server waiter writes itself in before it forks (``forkserver/fork_child.py``). tmpfs
-  pages count against the group of whoever wrote them.
-- v2: ``memory.max``, ``memory.swap.max = 0``, ``memory.oom.group = 1``, ``pids.max``, the
-  processes in the leaf ``G/procs`` (a sandbox's cgroup namespace is rooted below the limits);
-  v1: a group in the memory and pids hierarchies (no ``oom.group``: the supervisor ``kill``s).
-  Where found (``cgroup_layout.py``), the server's ``cpu`` directory carries
-  ``DEFAULT_CPU_WEIGHT``, so all sandboxes together weigh as much as the server.
-- Each server keeps its groups in ``kernmind-<pid>-<start time>-<random>``; what a dead
-  server left is removed by the next (``cgroup_leftovers.py``).
+Design (modes and limits: docs/security.md, "Where the limits come from")
+- Every process a session starts joins its group at birth (``Sandbox.wrap(join=...)``; a
+  fork-server waiter writes itself in before it forks). v2 sets ``memory.max``, no swap,
+  ``oom.group`` and ``pids.max`` with processes in the leaf ``procs``; v1 has no ``oom.group``
+  (the supervisor kills). The server's ``cpu`` group weighs all sandboxes as one process group.
+- Groups live in ``kernmind-<pid>-<start time>-<random>`` (leftovers: ``cgroup_leftovers.py``).
 
-Error policy: detection never raises (mode ``none`` with the reason; ``--cgroups required``
-makes that ``CgroupsUnavailable`` at start); making a group raises ``OSError``, which callers
-turn into "no group" with a warning; removing one never raises.
+Error policy: detection never raises (``--cgroups required`` makes mode ``none``
+``CgroupsUnavailable``); making a group raises ``OSError`` (callers warn and go on without);
+removing one never raises.
 """
 
 from __future__ import annotations
@@ -103,9 +95,9 @@ class Cgroup:
                 procs.write_text(str(pid))
 
     def adopt(self, other: Cgroup) -> None:
-        """Move every process of ``other`` (an idle warm kernel's group) into this one and remove
-        ``other``. Memory already charged stays with ``other``'s parent: only what the processes
-        use from now on counts here."""
+        """Move every process of ``other`` (an idle warm kernel's group) here and remove it; memory
+        already charged stays with ``other``'s parent.
+        """
         for _ in range(5):  # a process forked while we move is picked up by the next round
             pids = other.pids()
             if not pids:
@@ -198,9 +190,7 @@ class CgroupSupport:
 
     @classmethod
     def detect(cls, setting: str = "auto", cpu_weight: int | None = None) -> CgroupSupport:
-        """Per-session groups as ``setting`` (auto|none|required) and this host allow; with
-        ``cpu_weight`` (v2 units), every sandbox together weighs that much on the processor
-        where the cpu controller can be used (see the module docstring)."""
+        """Per-session groups as ``setting`` (auto|none|required) and this host allow."""
         if setting == "none":
             return cls.disabled("turned off (--cgroups none)")
         found = detect_layout()

@@ -1,13 +1,9 @@
 """Reaching a file in a directory that sandboxed code owns: the one safe way in (docs/tools.md, "Files").
 
-Design
-- **Paths are walked, not resolved**: a client path is split into components (``..``,
-  absolute, NUL, over-long or over-deep paths refused up front) and opened one directory at a
-  time with ``O_NOFOLLOW`` relative to the previous one, so no link is followed.
-- **Only regular files** are read or written, checked with ``fstat`` on a descriptor opened
-  ``O_NONBLOCK`` (a FIFO or socket can neither block nor pass); reads are bounded by a byte
-  count, never by ``st_size``.
-- Names that are not UTF-8 show as ``\\xNN`` escapes and stay addressable by them.
+Design: a client path is split into components (``..``, absolute, NUL, over-long refused) and
+opened one directory at a time with ``O_NOFOLLOW``; only regular files (``fstat`` on an
+``O_NONBLOCK`` descriptor) are read or written, bounded by a byte count. Names that are not
+UTF-8 show as ``\\xNN`` escapes and stay addressable by them.
 
 Error policy: anything a client can correct raises ``WorkspaceError`` (a ``ValueError``) with a
 sentence saying what to do.

@@ -1,22 +1,15 @@
 """The creation guard: a running sandbox creates nothing while its session is over the quota.
 
-Design (docs/security.md, "The disk"; cost: benchmarks/README.md, "creation guard")
-- A filter cannot change once loaded, and a kernel runs across its session going over and back
-  under; so ``seccomp.guard_program`` sends the creating calls to a listener
-  (``SECCOMP_RET_USER_NOTIF``) and allows every other call. ``load`` installs it and returns
-  the listener, which the loading process hands to a helper outside the sandbox.
-- ``Listener.answer`` reads only the calling process's RLIMIT_FSIZE (never the call's
-  arguments, which could change): a soft limit of 0 under a hard one above 0 is the quota's
-  write block, answered EDQUOT (``openat2``: ENOSYS); else ``CONTINUE``. The server never
-  talks to the helper.
-- The helper lives exactly as long as the sandbox: the fork server's waiter
-  (``forkserver/fork_child.py``) or the lifeline in front of bubblewrap (``lifeline.py``);
-  when it dies, the sandbox ends and a waiting call fails with ENOSYS.
-- Needs Linux ≥ 5.5, x86_64 or aarch64; ``probe()`` tries the whole path once per server.
-  Standard library only (the lifeline imports it as a sibling, the template by path).
+Design (docs/security.md, "The disk"; cost: benchmarks/README.md)
+- A loaded filter cannot change, so the creating calls go to a listener
+  (``SECCOMP_RET_USER_NOTIF``) held by a helper outside the sandbox (the fork server's waiter
+  or the lifeline), which lives exactly as long as the sandbox.
+- ``Listener.answer`` reads only the caller's RLIMIT_FSIZE, never its arguments (they could
+  change): soft 0 under a hard limit above 0 is the write block, answered EDQUOT.
+- Linux >= 5.5, x86_64 or aarch64, probed once per server; standard library only.
 
 Error policy: a notification whose process went away is dropped; a limit that cannot be read
-is answered with EDQUOT; a listener with no process left is dropped by ``serve_until``.
+is answered EDQUOT; a listener with no process left is dropped by ``serve_until``.
 """
 
 from __future__ import annotations
@@ -115,11 +108,9 @@ def parse_fsize(limits: str) -> tuple[int, int] | None:
 
 
 class Listener:
-    """The helper's side of one guard filter: answers each creating call of the sandbox.
-
-    ``proc``: a descriptor of the /proc whose pids the notifications carry (this process's
-    own; the fork server's waiter opens it before it enters the sandbox's mount namespace,
-    where /proc is the sandbox's)."""
+    """The helper's side of one guard filter. ``proc``: a descriptor of the /proc whose pids the
+    notifications carry (opened before entering the sandbox's mount namespace).
+    """
 
     def __init__(self, fd: int, proc: int | None = None) -> None:
         self.fd = fd
@@ -172,8 +163,8 @@ class Listener:
 
 def serve_until(listener: Listener | None, fds: Sequence[int], timeout: float | None = None) -> list[int]:
     """Answer ``listener``'s calls until one of ``fds`` is readable (returned) or ``timeout``
-    seconds pass (an empty list). A listener with no process left is dropped (``listener.fd``
-    becomes -1)."""
+    passes (an empty list); a listener with no process left gets ``fd`` -1.
+    """
     poller = select.poll()
     for fd in fds:
         poller.register(fd, select.POLLIN)
@@ -200,9 +191,7 @@ def serve_until(listener: Listener | None, fds: Sequence[int], timeout: float | 
 
 
 def probe(program: bytes) -> str | None:
-    """Try the guard for real (a child under the filter, this process answering): creating
-    works under the quota, fails with EDQUOT once the child's soft RLIMIT_FSIZE is 0, and
-    deleting works. None when it all holds, else why not."""
+    """Try the guard for real in a child; None when creating, EDQUOT and deleting all hold, else why not."""
     import socket
     import tempfile
 

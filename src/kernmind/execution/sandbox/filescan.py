@@ -1,15 +1,10 @@
 """Scanning a working directory: what files it holds, how much disk they use, what changed.
 
 Design (cost: benchmarks/README.md, "A big working directory")
-- A call does one walk, after the code ran: the previous call's (``Workspace.last_scan``) is
-  the baseline; with inotify (``filewatch.py``) not even that, and ``changed_since`` compares
-  only the paths events named (``Scan.log``).
-- Changed: a path new or whose (size, mtime, ctime) differs; with no baseline, a ctime not
-  older than the call (ctime cannot be set back). With a time budget, directories are walked
-  most recently changed first, and a scan that runs out says it is incomplete.
-- Quota sizes are disk blocks of every kind of inode (``files`` and ``others``), and
-  ``inodes`` counts every name (``--workspace-files``); a hard link counts once per name.
-- Names that are not UTF-8 show as ``\\xNN`` escapes (``display_name``).
+- One walk per call, after the code ran, against the previous call's scan (with inotify,
+  ``filewatch.py``, not even that). Changed: new, or (size, mtime, ctime) differs; with no
+  baseline, a ctime not older than the call. Under a time budget, newest directories first.
+- Quota sizes are disk blocks of every kind of inode; ``inodes`` counts every name.
 
 Error policy: an entry that vanishes or cannot be read during the walk is skipped.
 """
@@ -104,14 +99,9 @@ def display_name(name: str) -> str:
 def scan_tree(
     root: Path, *, since_ns: int | None = None, budget_s: float | None = None, under: Sequence[str] = ()
 ) -> Scan:
-    """Regular files under ``root`` (``files``, keyed by their path relative to ``root``) and
-    the blocks of every other entry (``others``: the directory walked from, under its path
-    ("" for ``root``), directories, symlinks, special files; none is followed).
-
-    With ``under`` (the file-system components of a directory inside ``root``), only that
-    directory is walked; none of its components may be a symlink (nothing is found otherwise).
-    With ``budget_s``, stop after that long (``complete`` false); with ``since_ns`` too,
-    directories changed since then are walked first.
+    """Regular files under ``root`` and the blocks of every other entry (``others``), following
+    nothing. ``under``: walk only that directory; ``budget_s``: stop after that long
+    (``complete`` false), walking directories changed since ``since_ns`` first.
     """
     started = time.perf_counter()
     deadline = started + budget_s if budget_s is not None else None

@@ -1,21 +1,13 @@
 """Knowing a working directory's files without walking it: inotify keeps a scan current.
 
 Design (why: benchmarks/README.md, "A big working directory")
-- A ``Tracker`` walks its directory once and watches every directory in it; each ``scan()``
-  reads the pending events and ``lstat``s only the names they mention. One inotify instance
-  serves the server (instances are few per user); events are read under one lock by whichever
-  tracker scans and go to the tracker owning the watch.
-- A ``Scan``'s place in the tracker's ``ChangeLog`` says which paths events named since any
-  earlier scan, so ``filescan.changed_since`` compares only those; its dictionary is never
-  changed in place (an earlier scan stays the baseline it was).
-- What events cannot describe safely (a queue overflow, a directory moved, the root moved or
-  deleted, an unwatchable directory) makes the tracker walk again. Writes through a shared
-  mapping make no event: the next walk shows them.
-- ``scan_if_quiet()`` answers on the event loop when there is nothing to look at (no event
-  queued, none unprocessed, the lock free), a call's usual case; else callers scan off the loop.
+- A ``Tracker`` walks once and watches every directory; ``scan()`` ``lstat``s only the names
+  events mention. One inotify instance serves the server, read under one lock.
+- A ``Scan``'s place in the ``ChangeLog`` says which paths changed since an earlier scan; scans
+  are never changed in place. What events cannot describe safely (overflow, a moved directory
+  or root) makes the tracker walk again. ``scan_if_quiet()`` answers on the loop when idle.
 
-Error policy: no inotify (another OS, limits reached) means no tracker: ``Tracker.start``
-returns None and callers walk the tree.
+Error policy: no inotify means no tracker (``Tracker.start`` returns None); callers walk.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The seccomp filter files this machine's sandboxes load: which exist here, and which load.
 
-Design
-- ``seccomp_file``: kernmind's filter (``seccomp.py``) for this machine written to a file,
-  which bubblewrap or the lifeline loads; ``over_quota=True`` gives the stricter one of a
-  sandbox started while its session is over the workspace quota (it creates nothing).
-- ``unsandboxed_seccomp``: without bubblewrap the lifeline loads the filter itself
-  (``launcher.lifeline_argv``); it is tried once, and given only where it loads.
-- ``guard_file``: the creation guard's filter file where the guard works here
-  (``creation_guard.filter_file_here``), else why not.
+Design: ``seccomp_file`` (ordinary or ``over_quota``), ``unsandboxed_seccomp`` (the lifeline
+loads it without bubblewrap; tried once) and ``guard_file`` (the creation guard's, where it works).
 
-Error policy: the filter must never cost the sandbox itself. No filter for this machine, a
-file that cannot be written, or a filter the lifeline cannot load: logged, and commands run
-without it (``Sandbox.quota_enforcement`` says what that leaves open). The filter modules
-missing beside this one (the sandbox's core copied without them): no filter, no guard.
+Error policy: the filter never costs the sandbox itself: a filter that cannot be had is
+logged and commands run without it (``Sandbox.quota_enforcement`` says what that leaves open).
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """GPU pass-through for the sandbox (NVIDIA): what bubblewrap must add so CUDA works inside.
 
-Measured on an H100 host (bwrap 0.8, ``--unshare-all``): with bwrap's ``--dev /dev`` alone,
-CUDA sees no device; adding ``--dev-bind`` for every ``/dev/nvidia*`` node and for
-``/dev/nvidia-caps`` makes it work, also as an unprivileged uid. Three more things
-matter because kernmind's sandbox mounts less than ``/`` and clears the environment:
-
-- **Driver libraries** (``libcuda.so.1``, ``libnvidia-*.so``) must be visible. Those in the
-  ld cache under ``/usr``, ``/etc`` or ``/opt`` already are (the sandbox binds those);
-  any other directory holding them is bound read-only.
-- **Finding them**: libraries that are not in the ld cache (container hosts put them in
-  ``/usr/local/nvidia/lib64`` and rely on ``LD_LIBRARY_PATH``, which the sandbox does not
-  inherit) are put on the sandbox's ``LD_LIBRARY_PATH``.
-- **Permissions**: the sandbox runs as a fresh unprivileged uid, so each node must be
-  openable by "others" (the driver's default mode is 0666), or by a group that the
-  sandbox is then given (``groups``); a node neither allows is reported in ``problems``.
-
-``detect`` is a pure function of what it reads (a ``/dev`` directory, the ld cache's text,
-candidate library directories), so the command line it builds is tested anywhere on fake
-device trees; only the real CUDA check needs a GPU.
+Design (measured on an H100 host, bwrap 0.8): ``--dev-bind`` every ``/dev/nvidia*`` node and
+``/dev/nvidia-caps``; bind driver library directories outside the sandbox's read-only ones and
+put those missing from the ld cache on ``LD_LIBRARY_PATH``; give the sandbox the groups owning
+nodes that "others" cannot open. ``detect`` is a pure function of what it reads, so it is
+tested on fake device trees.
 
 Error policy: nothing raises; what cannot work is listed in ``problems`` (doctor shows it).
 """

@@ -1,18 +1,11 @@
 """Disk a session holds without a name: files deleted while open, and ``O_TMPFILE`` files.
 
-Such files keep their blocks until the last descriptor closes, and no walk sees them (ten of
-50 MB were 500 MB the quota counted as 0); the kernel still shows them through each process.
+Design: no walk sees them, so ``HeldFiles.bytes`` stats every ``/proc/<pid>/fd`` and
+``map_files`` entry of the session's sandboxed processes and adds each unlinked regular file on
+the counted devices once. Mappings (~1 ms a kernel) are re-read at most every ``MAPS_PERIOD``.
 
-Design
-- ``HeldFiles.bytes(pids, devices)`` stats every open descriptor (``/proc/<pid>/fd``) and
-  mapped file (``/proc/<pid>/map_files``) of the session's sandboxed processes and adds the
-  blocks of each regular file with no link left on one of ``devices`` (the working and runtime
-  directories' file systems; a deleted file in ``/tmp`` is memory), once per (device, inode).
-- Mappings are the costly part (≈ 1 ms for a kernel's hundreds): read at most every
-  ``MAPS_PERIOD`` on the per-call path, at once when a measurement asks for ``fresh``.
-
-Error policy: a process or descriptor that goes away is skipped; a ``/proc`` that cannot be
-read counts nothing for that process (logged once).
+Error policy: a process or descriptor that goes away is skipped; an unreadable ``/proc``
+counts nothing for that process (logged once).
 """
 
 from __future__ import annotations
@@ -34,10 +27,9 @@ MAPS_PERIOD = 2.0  # seconds a process's list of deleted mappings is reused on t
 
 @dataclass
 class HeldFiles:
-    """One session's look at what its processes hold: the descriptors every time, the mappings
-    (``/proc/<pid>/maps``, the costly read: a Python kernel has hundreds) at most every
-    ``MAPS_PERIOD`` seconds unless ``fresh`` is asked; the deleted mappings found are looked at
-    (``stat``) every time, so one that went away stops counting at once."""
+    """One session's look at what its processes hold; the deleted mappings found are re-``stat``ed
+    every time, so one that went away stops counting at once.
+    """
 
     maps: dict[int, tuple[float, list[str]]] = field(default_factory=dict)  # pid -> (read at, paths)
 

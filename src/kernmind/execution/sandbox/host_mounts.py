@@ -1,18 +1,11 @@
 """Host folders in the sandbox: ``kernmind serve --mount HOST_DIR[:NAME][:ro|rw][:for=PRINCIPAL]``.
 
-Design (what holds and why: docs/security.md, "Host folders")
-- Each folder is resolved once at start (``realpath``) and bound at ``/mnt/NAME``
-  (``MOUNT_ROOT``, outside ``/workspace``), read-only unless ``rw``, into the sandboxes of the
-  sessions allowed it: without ``for=``, the server owner's (data key ``local``); with
-  ``for=NAME``, that principal's only. The folder holding kernmind's data dir is refused.
-- A session's sandboxes get its ``Workspace.mount_owner``'s folders, when a kernel is launched
-  (``kernels/local.py``) and when a process runner wraps a command (``runners/core.py``);
-  warm kernels have none (``kernels/pool.py``). Without bubblewrap nothing is bound (a warning;
-  ``kernmind doctor`` says so).
+Design (docs/security.md, "Host folders"): each folder is resolved once and bound at
+``/mnt/NAME``, read-only unless ``rw``, for the owner's sessions or ``for=``'s principal only;
+warm kernels carry none; without bubblewrap nothing is bound.
 
-Error policy: a malformed ``--mount``, a folder that does not exist or is not a directory, a
-name given twice, or a folder holding the data dir stops the start with ``MountError``, a
-sentence naming the ``--mount`` value and what to write instead.
+Error policy: a bad ``--mount`` stops the start with ``MountError``, a sentence naming the value
+and what to write instead.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """What runs in front of a sandboxed command: the shell that joins its control groups and
 opens its seccomp filter, and the lifeline parent that ends its tree with the server.
 
-Design
-- ``launcher_argv``: one shell in front of the command, only when needed. It writes its own
-  pid into each control group's ``cgroup.procs`` (so the command is in the group from its
-  first instruction, whatever uid it drops to later, ``cgroups.py``), opens the seccomp
-  filter file as descriptor 9 for bwrap's ``--seccomp 9`` (``bwrap_args.py``), and execs.
-- ``lifeline_argv``: the command under ``lifeline.py``, a parent that kills its whole tree
-  when the server dies (a sandbox without bubblewrap has no pid namespace to do it), and
-  that loads the seccomp filter and answers the creation guard (``creation_guard.py``) when
-  asked to. Linux only: elsewhere the command runs as it is.
+Design: ``launcher_argv`` writes its pid into each ``cgroup.procs`` (in the group from the first
+instruction) and opens the filter as descriptor 9 for ``--seccomp 9``; ``lifeline_argv`` puts
+``lifeline.py`` in front (Linux only). Standard library only, like the sandbox's core.
 
-Runs on its own (standard library only), like the rest of the sandbox's core (``bwrap.py``);
-``lifeline.py`` must sit beside it.
+Error policy: none raised here.
 """
 
 from __future__ import annotations
@@ -36,9 +29,7 @@ def launcher_argv(argv: list[str], seccomp: str | None, join: Sequence[str | Pat
 
 
 def lifeline_argv(argv: Sequence[str], seccomp: str | None = None, guard: str | None = None) -> list[str]:
-    """``argv`` under a parent that kills its whole tree when the server dies (Linux only),
-    started under the seccomp filter in ``seccomp`` and the creation guard in ``guard`` (which
-    that parent answers) when given."""
+    """``argv`` under a parent that kills its tree when the server dies, with ``seccomp``/``guard`` loaded."""
     if sys.platform != "linux":
         return list(argv)
     script = str(Path(__file__).with_name("lifeline.py"))

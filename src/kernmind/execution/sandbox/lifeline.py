@@ -3,22 +3,13 @@
 Run as a script (standard library only, ``python -S -E``):
 ``lifeline.py SERVER_PID [--seccomp FILE] [--guard FILE] -- command …``.
 
-Design
-- It asks for a parent-death signal (``PR_SET_PDEATHSIG``; it fires when the *thread* that
-  forked us ends, so the server starts these from its event-loop thread), checks the server
-  is still its parent, becomes a child subreaper and forks the command. When the server dies
-  or the command ends, every descendant is killed (SIGKILL, repeated until none is left), as
-  in a pid namespace. It exits with the command's status (or its signal).
-- ``--seccomp FILE``: the command starts under that filter with ``no_new_privs``.
-  ``--guard FILE``: under the creation guard's filter, answered here (``creation_guard.py``);
-  ``Sandbox.wrap`` puts it, with only this option, in front of bubblewrap for kernels (it
-  stays outside the sandbox; ``--die-with-parent`` ends the sandbox if it dies).
-- SIGTERM/SIGHUP/SIGQUIT sent to it alone are passed on; SIGINT reaches the command through
-  the shared process group.
+Design: ``PR_SET_PDEATHSIG`` (it fires when the forking *thread* ends: the server starts these
+from its loop thread), a child subreaper; when the server or the command ends, every
+descendant is killed, as in a pid namespace. ``--seccomp``/``--guard`` load a filter (the guard
+answered here). SIGTERM/SIGHUP/SIGQUIT are passed on.
 
-Error policy: a command that cannot be executed exits 127 with the reason on stderr (126 when
-its filter or guard cannot be loaded: nothing runs unfiltered); a server already gone: exit
-137, nothing is started.
+Error policy: exit 127 when the command cannot run, 126 when its filter cannot load (nothing
+runs unfiltered), 137 when the server is already gone.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """One session's processes, as the kernel sees them: their control group and their write block.
 
 Design
-- ``SessionLimits`` goes with its session (``close``) and knows its processes: its control
-  group's members (``cgroups.py``), or, without groups, the trees the runners registered.
-- **Memory**: ``memory_exceeded()`` says whether the out-of-memory killer stopped one of them
-  since the last look; ``stop()`` kills the rest (v1 has no ``oom.group``); ``memory_note``
-  is the sentence.
-- **Writes** (``quota.py``): ``block_writes()`` lowers the soft RLIMIT_FSIZE to 0 on every
-  process with ``prlimit(2)`` (through ``setpriv`` as the sandbox uid where the server lacks
-  CAP_SYS_RESOURCE); ``allow_writes()`` raises it back. The hard limit is never lowered
-  (raising it needs CAP_SYS_RESOURCE); the seccomp filter keeps code from raising the soft one.
-- ``io_mark()`` sums ``/proc/<pid>/io`` ``write_bytes``: unchanged with the same processes,
-  nothing of the session can have grown the workspace.
-- ``current_limits`` (a context variable set by the supervisor around a call's runner) lets
-  subprocess runners and installs start in the session's group, under its write block.
+- ``SessionLimits`` knows its processes (the group's members, or the trees runners registered):
+  ``memory_exceeded``/``stop`` for the OOM killer; ``block_writes``/``allow_writes`` move the
+  soft RLIMIT_FSIZE between 0 and the hard limit with ``prlimit(2)`` (the seccomp filter keeps
+  code from raising it); ``io_mark`` sums ``write_bytes`` (unchanged: nothing grew).
+- ``current_limits`` (a context variable) lets runners and installs start in the session's group.
 
-Error policy: a group that cannot be made is logged once and the session runs with
-per-process limits; a process that vanished while being limited is skipped.
+Error policy: a group that cannot be made is logged once (per-process limits then); a process
+that vanished while being limited is skipped.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """The workspace quota (``--workspace-mb``, ``--workspace-files``): measured around every call, enforced by the kernel.
 
-Design (the whole story, and why no file-system quota: docs/security.md, "The disk")
-- What counts: the disk blocks of every inode in the working directory and the kernel's
-  runtime directory (``Workspace.accounted``), the number of names, and the files the
-  session's processes hold without a name (``held_files.py``).
-- Measured after every call (from the call's change scan when complete, else a walk unless
-  the processes' ``write_bytes`` prove it cannot be over) and before every call (the inotify
-  trackers' totals, or nothing when nothing of the session can have written since); on the
-  call's path without a thread hop in the usual case (``measure_now``); sampled while code
-  runs (``sample``, ``check_growth``).
-- Over the quota, writes are blocked by the kernel: RLIMIT_FSIZE 0 for every process of the
-  session (``SessionLimits.block_writes``), the seccomp filters and the creation guard for
-  names; code can still read, delete and truncate. Back under, writes are allowed again.
+Design (docs/security.md, "The disk")
+- Counts the disk blocks and names in the working and runtime directories, and files held
+  without a name (``held_files.py``); measured after and before every call (cheaply when
+  nothing can have written) and sampled while code runs.
+- Over the quota, writes are blocked (RLIMIT_FSIZE 0, the filters and the creation guard);
+  code can still read, delete and truncate.
 
-Error policy: a measurement that fails leaves the last one standing (logged); blocking
-skips processes that vanished.
+Error policy: a measurement that fails leaves the last one standing (logged); blocking skips
+processes that vanished.
 """
 
 from __future__ import annotations
@@ -129,9 +123,9 @@ def measure_now(
     *,
     reuse_held: bool = False,
 ) -> Usage | None:
-    """``measure`` when inotify trackers can answer at once, with nothing to look at, and the
-    session has few processes (fit for the event loop); None when it needs real work.
-    ``reuse_held``: the unnamed files counted less than ``HELD_FRESH`` seconds ago stand."""
+    """``measure`` when it fits the event loop (trackers with nothing to look at, few processes), else
+    None. ``reuse_held``: unnamed files counted under ``HELD_FRESH`` seconds ago stand.
+    """
     if scan is None or not scan.complete:
         scan = workspace.scan_now()
     if scan is None or not scan.complete:
@@ -204,9 +198,9 @@ async def _measure_off_loop(workspace: Workspace, limits: SessionLimits) -> None
 
 
 async def _measure_unless_idle(workspace: Workspace, limits: SessionLimits) -> None:
-    """Without trackers: measure (a walk) unless nothing of the session can have written since
-    the last measurement; the unnamed files it holds are looked at either way (``fallocate``
-    into one writes nothing ``write_bytes`` counts)."""
+    """Without trackers: a walk unless nothing can have written since; held files are looked at
+    either way (``fallocate`` writes nothing ``write_bytes`` counts).
+    """
     try:
         # A few /proc reads: on the loop for a session of a few processes (no thread hop on the
         # per-call path), off it for a crowd.

@@ -1,19 +1,11 @@
-"""The resource limits of one sandbox: what the settings ask for, and the command line that
-sets them on the sandbox's first process.
+"""The resource limits of one sandbox, and the command line that sets them on its first process.
 
-Design
-- The limits are rlimits set by ``prlimit`` on the sandbox's first process and inherited:
-  RLIMIT_DATA for memory (it counts what a program writes, not the address space that V8
-  and the JVM reserve, so those runtimes keep working), RLIMIT_CPU, RLIMIT_NPROC,
-  RLIMIT_FSIZE, RLIMIT_NOFILE, and no core dumps. Without util-linux ``prlimit`` (e.g.
-  macOS) a tiny Python shim (``rlimit_exec.py``) sets them and execs.
-- ``Limits.writes_blocked``: a session over its workspace quota gets a soft RLIMIT_FSIZE of 0
-  while the hard limit stays, so the server can lift the block (``limits.py``).
-- RLIMIT_NPROC counts threads per real uid: a sandbox that shares the server's uid gets its
-  process limit on top of that uid's current threads (``threads_of_uid``).
+Design: ``prlimit`` (or the ``rlimit_exec.py`` shim) sets RLIMIT_DATA (not the address space V8
+and the JVM reserve), CPU, NPROC, FSIZE, NOFILE and no core; ``writes_blocked`` is the quota's
+soft FSIZE 0. NPROC counts a uid's threads, so a sandbox sharing the server's uid gets its
+limit on top of them. Standard library only, like the sandbox's core.
 
-Runs on its own (standard library only), like the rest of the sandbox's core
-(``bwrap.py``): the unprivileged-user test copies it without the rest of kernmind.
+Error policy: none raised here.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Where a server keeps what lives only as long as it does, and clean-up after one that died.
 
-Kernel connection files (with their HMAC keys), IPC sockets and throw-away workspaces
-belong to one server process. Each server takes a directory of its own under a 0700
-root inside the data dir (``<data dir>/workspaces/<pid>-<random>/``) and holds an exclusive
-``flock`` on a file in it for as long as it runs. The kernel drops that lock when the
-process dies, however it dies (SIGKILL, power loss), so at start a server removes every
-sibling directory whose lock it can take: those servers are gone. Several servers on one
-data dir therefore never touch each other's live state.
+Design: each server takes ``<data dir>/workspaces/<pid>-<random>/`` and holds a ``flock`` on a
+file in it while it runs; at start, every sibling whose lock can be taken is a dead server's
+and is removed (its listed control groups first). Socket directories go under a short root in
+``/tmp`` when the data dir is too deep for a Unix socket path (~107 bytes).
 
-A server that makes control groups (``cgroups.py``) lists its groups' directories in
-``cgroups`` in its run directory; removing a dead server's run directory first kills what
-still runs in those groups and removes them.
-
-Unix socket paths are limited to ~107 bytes. When the data dir is too deep for that, the
-socket directories use the same scheme under a short root in ``/tmp`` instead
-(``/tmp/kernmind-<uid>-<hash of the data dir>``, not ``$TMPDIR``, which may be long).
+Error policy: clean-up never raises (what cannot be removed stays); making this server's own
+directory raises ``OSError`` at start.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The seccomp filters of the sandbox (what each refuses and why: docs/security.md, "The disk").
 
-Design
-- ``program()``, loaded into every bubblewrap sandbox (``--seccomp``) and every fork-server
-  kernel: ``setrlimit``/``prlimit64`` on RLIMIT_FSIZE fail with EPERM (code cannot lift the
-  quota's soft-limit write block, ``limits.py``); the ``fallocate`` modes a file-size limit
-  does not bound fail with EOPNOTSUPP; io_uring fails with ENOSYS.
-- ``program(over_quota=True)``, for a sandbox started while its session is over the quota:
-  also every call that makes a name fails with EDQUOT (``openat2``: ENOSYS).
-- ``guard_program()``: the same creating calls go to the creation guard's listener
-  (``creation_guard.py``) instead.
-- Built for x86_64 (with i386 and x32) and aarch64 (with 32-bit ARM); elsewhere ``program()``
-  returns None. Standard library only (the sandbox's core, ``bwrap.py``).
+Design: ``program()`` (every sandbox) keeps code from lifting RLIMIT_FSIZE, refuses the
+``fallocate`` modes it does not bound and io_uring; ``program(over_quota=True)`` also refuses
+every name-making call; ``guard_program()`` sends those calls to the creation guard. Built for
+x86_64 and aarch64 (with their 32-bit ABIs); standard library only.
 
 Error policy: nothing here raises on an unknown machine; it returns None.
 """
@@ -139,9 +132,7 @@ def program(machine: str | None = None, *, over_quota: bool = False) -> bytes | 
 
 
 def guard_program(machine: str | None = None) -> bytes | None:
-    """The creation guard's filter: the creating calls (those the stricter filter refuses) go
-    to a listener (``SECCOMP_RET_USER_NOTIF``, ``creation_guard.py``), everything else is
-    allowed; loaded on top of the ordinary filter. None on an unknown machine."""
+    """The creation guard's filter, loaded on top of the ordinary one; None on an unknown machine."""
     return _build(machine, limits=False, creating=_NOTIFY)
 
 
@@ -254,9 +245,9 @@ _files: dict[bytes, str] = {}
 
 
 def filter_file(data: bytes) -> str:
-    """A path where bubblewrap (and the fork-server waiter) can read ``data`` (``--seccomp FD``):
-    an in-memory file this process keeps open, reached through ``/proc/<pid>/fd`` by its
-    children, so nothing is left on disk."""
+    """A path bubblewrap and the fork-server waiter can read ``data`` from: an in-memory file kept
+    open here, reached through ``/proc/<pid>/fd`` (nothing left on disk).
+    """
     if data not in _files:
         fd = os.memfd_create("kernmind-seccomp", os.MFD_CLOEXEC)
         os.write(fd, data)

@@ -1,17 +1,11 @@
 """A session's working directory: the only place code may write, and the one safe way in.
 
-Design
-- Every server-side access to a workspace (file tools, resources, the change scan, the quota,
-  notebooks, packages) goes through ``Workspace``: reads and writes walk the path without
-  following links (``confined.py``); scans come from an inotify tracker when there is one
-  (``filewatch.py``), else a walk (``filescan.py``); the directories a sandbox may also write
-  (a kernel's socket directory, ``accounted``) count against the quota.
-- Blocking work runs off the event loop: the ``a*`` coroutines run the sync methods on a small
-  thread limiter under a time bound, so a file system that hangs costs a thread and a clear
-  error, never the loop.
+Design: every server-side access goes through ``Workspace``: reads and writes through
+``confined.py``, scans from an inotify tracker or a walk; ``accounted`` directories count
+against the quota. The ``a*`` coroutines run on a small thread limiter under a time bound, so
+a hanging file system costs a thread and a clear error, never the loop.
 
-Error policy: anything a client can correct raises ``WorkspaceError`` (a ``ValueError``) with
-a sentence saying what to do; the tool layer turns it into a tool error.
+Error policy: anything a client can correct raises ``WorkspaceError`` (a ``ValueError``).
 """
 
 from __future__ import annotations
@@ -273,9 +267,9 @@ class Workspace:
 
 
 def own_tree(root: Path, uid: int) -> None:
-    """Hand every entry under ``root`` to ``uid`` (a sandbox's), following no link: ``os.fwalk``
-    walks by descriptors, so code that swaps a directory for a symlink meanwhile cannot
-    redirect it outside the tree."""
+    """Hand every entry under ``root`` to ``uid``, following no link (``os.fwalk`` walks by
+    descriptors, so a directory swapped for a symlink cannot redirect it).
+    """
     os.chown(root, uid, uid, follow_symlinks=False)
     for _, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
         for name in dirnames + filenames:
