@@ -1,19 +1,12 @@
 """What a kernel is to the code above it: the ``Kernel`` and ``KernelFactory`` protocols.
 
-Design
-- The pool, the Python runner, the snapshots and the executor drive kernels only through
-  these. Implemented by local kernels (``local.py``, ``local_kernel.py``), kernels forked from
-  a template (``forkserver/``, which returns local kernels), gateway kernels
-  (``gateway/kernels.py``) and the tests' in-process fake (``tests/execution/fakes.py``).
-- What only a local process has (socket directory, sandbox uid, control group, process ids,
-  stop hooks) is behind ``Kernel.local``, a ``LocalProcess`` or None.
-- Factories say what their kernels can do: ``rebinds_warm_kernels``, ``cheap_starts`` (the
-  pool may start several at once), ``joins_groups`` (a factory that says False is never
-  given a group).
+Design: the pool, the Python runner, the snapshots and the executor drive kernels only through
+these (local, forked, gateway and the tests' fake implement them). What only a local process
+has is behind ``Kernel.local`` (a ``LocalProcess`` or None); factories say what their kernels
+can do (``rebinds_warm_kernels``, ``cheap_starts``, ``joins_groups``).
 
-Error policy: ``KernelFactory.start`` raises ``RuntimeUnavailable`` (with the reason) when a
-kernel cannot be started; ``Kernel.execute`` reports a dead kernel as an outcome (``died``),
-never as an exception; ``Kernel.shutdown`` never raises.
+Error policy: ``KernelFactory.start`` raises ``RuntimeUnavailable`` with the reason;
+``Kernel.execute`` reports a dead kernel as an outcome (``died``); ``shutdown`` never raises.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """One request to a kernel, as every kind of kernel runs it: send, fold output, wait for idle.
 
-Design
-- Each kind of kernel gives a ``Channel`` (local and forked kernels: ``local_kernel.ZmqChannel``;
-  gateway kernels: one WebSocket, ``gateway/kernels.py``); the loop is written once
-  (``run_request``, run by ``ChannelKernel.execute``, and ``await_interrupted``): which
-  messages belong to the request, how output is folded (``messages.fold_output``), which
-  execution count it had (a silent run is no visible call), what is skipped as malformed.
-- The request is over at its idle status; the shell reply (the execution count) is awaited
-  ``REPLY_GRACE`` more at most, and the time limit no longer applies.
-- Liveness is the channel's: ``Channel.check`` runs before every wait and says when it wants
-  to run again; a lost kernel is ``KernelLost`` (``died`` or ``closed`` by us), an outcome
-  with the output so far, never an exception (after idle, only ``died`` counts).
+Design: each kind of kernel gives a ``Channel`` (ZeroMQ or a gateway's WebSocket); the loop is
+written once (``run_request``, ``await_interrupted``). A request is over at its idle status
+(the shell reply is awaited ``REPLY_GRACE`` more at most); ``Channel.check`` runs before every
+wait, and a lost kernel is ``KernelLost``, an outcome with the output so far.
 
-Error policy: nothing here raises on what a kernel sends (``messages.py``); a channel's
-``MALFORMED`` errors are counted and skipped, ``KernelLost`` becomes the outcome, any other
-exception of a channel propagates (``await_interrupted`` reads it as "not back": False).
+Error policy: nothing here raises on what a kernel sends; ``MALFORMED`` errors are counted and
+skipped, ``KernelLost`` becomes the outcome, any other channel exception propagates.
 """
 
 from __future__ import annotations
@@ -77,10 +69,9 @@ class KernelLost(Exception):
 
 
 class Channel(Protocol):
-    """How one kind of kernel sends a request and receives what answers it.
-
-    Each method raises ``KernelLost`` when the kernel is gone; ``output`` and ``reply`` may
-    raise a ``MALFORMED`` error for a message that could not be decoded."""
+    """How one kind of kernel sends a request and receives what answers it: each method raises
+    ``KernelLost`` when the kernel is gone; ``output`` and ``reply`` may raise a ``MALFORMED`` error.
+    """
 
     def send(self, code: str, *, silent: bool, store_history: bool) -> str:
         """Send an ``execute_request``; its ``msg_id``."""
@@ -118,9 +109,9 @@ async def run_request(
     silent: bool = False,
     store_history: bool = True,
 ) -> ExecOutcome:
-    """Run ``code`` through ``channel`` and fold its output into ``collector`` (the ``api.Kernel.execute``
-    contract): ``deadline`` (a monotonic time) that passes first returns ``deadline`` with the
-    output so far; cancelling it leaves the request running (interrupt it afterwards)."""
+    """The ``api.Kernel.execute`` contract: a ``deadline`` that passes first returns ``deadline``
+    with the output so far; cancelling leaves the request running (interrupt it afterwards).
+    """
     ignored = Ignored()
     try:
         msg_id = channel.send(code, silent=silent, store_history=store_history and not silent)
@@ -184,9 +175,7 @@ class ChannelKernel:
         silent: bool = False,
         store_history: bool = True,
     ) -> ExecOutcome:
-        """Run ``code`` and fold its output into ``collector`` (``run_request``): ``deadline``
-        (with output so far) when ``deadline`` passes first, ``died`` when the kernel goes away.
-        Cancelling it leaves the request running: call ``interrupt`` afterwards."""
+        """``run_request`` on this kernel's channel (``api.Kernel.execute``)."""
         return await run_request(
             self.channel(),
             self,
@@ -212,9 +201,9 @@ async def _reply_count(channel: Channel, msg_id: str, ignored: Ignored, count: i
 async def await_interrupted(
     channel: Channel, msg_id: str | None, sink: OutputCollector, grace: float
 ) -> bool:
-    """After an interrupt was sent: True when request ``msg_id`` went idle within ``grace``
-    seconds; its remaining streams go to ``sink``. The interrupt's own busy/idle statuses have
-    another parent and are skipped."""
+    """After an interrupt: True when ``msg_id`` went idle within ``grace`` seconds; its remaining
+    streams go to ``sink``.
+    """
     deadline = time.monotonic() + grace
     while (left := deadline - time.monotonic()) > 0:
         try:

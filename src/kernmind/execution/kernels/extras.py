@@ -1,19 +1,11 @@
 """What another part of the server may add to every local Python kernel (the hook code mode uses).
 
-Design
-- ``execution`` knows nothing of what is added: a ``KernelExtras`` gives directories every
-  kernel's sandbox mounts read-only (``mounts``), entries for its ``PYTHONPATH`` and variables
-  (``environment``, which may depend on the kernel's private socket directory), and is told when
-  a kernel joins a session and so gets an owner (``joined``). Whatever ``joined`` sets up for
-  that kernel it registers as a stop hook on the kernel (``LocalProcess.on_stop``), which runs when
-  the kernel is shut down, whatever the path (``reset``, close, idle unload, server stop).
-- Installed with ``Executor.add_kernel_extras`` before the executor runs and before the
-  execution tools are registered (``server.py`` does it), so the first warm kernel already has
-  them and ``run_code``'s description says what they give (``description``). Kernels of a
-  kernel gateway run elsewhere: they get none.
+Design: a ``KernelExtras`` gives read-only ``mounts``, ``environment`` entries and a ``joined``
+hook, installed with ``Executor.add_kernel_extras`` before the executor runs; what ``joined``
+sets up it registers with ``LocalProcess.on_stop``, run however the kernel ends. Gateway
+kernels get none.
 
-Error policy: a ``joined`` hook that fails is logged and the kernel serves its call without
-the extra (the code that runs simply finds it unavailable); it never fails a ``run_code``.
+Error policy: a ``joined`` hook that fails is logged and never fails a ``run_code``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The one place kernmind reads jupyter_client's insides: ``Session.deserialize`` without dates.
 
-Design: ``read_message`` is ``Session.deserialize`` (signature, replay and length checks,
-buffers, protocol adaptation) minus turning the headers' date strings into datetimes, which
-nothing here reads and which was most of the cost of unpacking a message (benchmarks/README.md,
-"the per-call path"). It calls the private ``Session._add_digest``, as upstream does;
-``tests/execution/kernels/test_jupyter_compat.py`` pins upstream's source and checks both agree.
+Design: ``read_message`` is ``Session.deserialize`` minus parsing the headers' dates, most of the
+cost of unpacking a message (benchmarks/README.md, "the per-call path"); it calls the private
+``Session._add_digest`` as upstream does, and ``test_jupyter_compat.py`` pins upstream's source.
 
-Error policy: a bad message raises ``ValueError``/``TypeError``, as upstream does (``exchange``
-counts it as malformed).
+Error policy: a bad message raises ``ValueError``/``TypeError``, as upstream does.
 """
 
 from __future__ import annotations

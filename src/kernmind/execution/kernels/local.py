@@ -1,19 +1,11 @@
 """Local kernels: the factory that starts them sandboxed, and the plan of one kernel's sandbox.
 
-Design
-- ``KernelFactory`` (an ``api.KernelFactory``) starts a kernel with ``jupyter_client``'s
-  ``AsyncKernelManager`` (``manager.py``) on the IPC transport, inside the sandbox, waits for it
-  and runs the setup cell (``setup.py``). The kernel itself is ``local_kernel.Kernel``.
-- ``LaunchPlan.make`` decides once, for a kernel started here and for one forked from the
-  template (``forkserver/kernels.py``), its sandbox uid, workspace, socket directory,
-  environment, package layer, mounts and control group (a session's, or one of its own that
-  the session's adopts, ``pool.py``); the two starts differ only in the command the sandbox
-  runs. What a plan made, ``abandon`` undoes.
-- ``start_within`` bounds a start's waits for a helper (a stopped template) by the deadline of
-  the call waiting for it.
+Design: ``KernelFactory`` starts a kernel with ``manager.py`` on IPC inside the sandbox and runs
+the setup cell. ``LaunchPlan.make`` decides once, for a started and a forked kernel alike, its
+uid, workspace, socket directory, environment, layer, mounts and control group; ``abandon``
+undoes it. ``start_within`` bounds a start's waits by the waiting call's deadline.
 
-Error policy: ``start`` raises ``RuntimeUnavailable`` (with the reason) when a kernel cannot be
-started, after undoing what its plan made.
+Error policy: ``start`` raises ``RuntimeUnavailable`` after undoing what its plan made.
 """
 
 from __future__ import annotations
@@ -154,9 +146,9 @@ class KernelFactory:
         return max(1, min(os.cpu_count() or 1, room))
 
     def environment(self, runtime_dir: Path | None) -> dict[str, str]:
-        """The variables a kernel gets on top of the sandbox's allow-list. Caches go to the
-        sandbox's private, size-limited /tmp (or, unsandboxed, ``runtime_dir``); with neither,
-        none are set (a fork-server template sets its own)."""
+        """Variables on top of the sandbox's allow-list; caches go to the sandbox's /tmp (unsandboxed:
+        ``runtime_dir``).
+        """
         scratch = "/tmp/.kernmind" if self.sandbox.isolated else (str(runtime_dir) if runtime_dir else None)
         dirs = (
             {

@@ -1,19 +1,12 @@
 """A local kernel (started here or forked from the template) and its channel for one request.
 
-Design
-- ``Kernel`` is an ``api.Kernel`` whose ``local`` is itself: a process of this machine driven by
-  ``jupyter_client`` over IPC sockets in a private 0700 directory (``sandbox/rundir.py``).
-  Interrupts go as messages on the control channel (signals cannot cross the sandbox's pid
-  namespace). What it is launched with is a ``local.LaunchPlan``.
-- ``ZmqChannel`` is its ``exchange.Channel`` for one request: a message already waiting is read
-  at once from a blocking-free view of the socket (``zmq.Socket.shadow``), only an empty socket
-  is polled, the event loop gets a turn every ``READS_PER_YIELD`` messages, and the process is
-  checked about twice a second. Why: benchmarks/README.md, "the per-call path".
+Design: ``Kernel`` is an ``api.Kernel`` whose ``local`` is itself, driven over IPC sockets in a
+private directory; interrupts are control messages (signals cannot cross the pid namespace).
+``ZmqChannel`` reads waiting messages at once from a ``zmq.Socket.shadow`` view, polls only an
+empty socket and yields every ``READS_PER_YIELD`` (benchmarks/README.md, "the per-call path").
 
-Error policy: ``shutdown`` never raises (stop hooks that fail are logged); a socket closed by our
-own shutdown under a call raises ``KernelLost("closed")``, told apart from a caller's
-cancellation; a message that cannot be unpacked raises ``ValueError``/``TypeError``, which
-``exchange`` counts as malformed.
+Error policy: ``shutdown`` never raises; our own shutdown under a call raises
+``KernelLost("closed")``; an unpackable message raises ``ValueError``/``TypeError``.
 """
 
 from __future__ import annotations
@@ -174,9 +167,9 @@ class ZmqChannel:
         return self.kc.execute(code, silent=silent, store_history=store_history, allow_stdin=False)
 
     def _view(self, socket: Any) -> Any:
-        """The blocking-free view of one of the client's sockets, to use at once: a view does not
-        own its socket, so it is handed out only while the socket is open (a socket closed by a
-        shutdown under the call raises, as the socket itself would)."""
+        """The blocking-free view of one of the client's sockets, only while it is open (a view does
+        not own its socket).
+        """
         import zmq
 
         if socket.closed:
@@ -230,9 +223,9 @@ class ZmqChannel:
             raise
 
     def _stopped_under_us(self, exc: BaseException) -> bool:
-        """True when ``exc`` comes from a concurrent shutdown closing our sockets, rather than
-        from the caller (a closed socket cancels the pending zmq future: a CancelledError
-        although nobody cancelled this task)."""
+        """True when ``exc`` comes from a concurrent shutdown closing our sockets (which cancels the
+        pending zmq future), not from the caller.
+        """
         if not self.kernel.closed:
             return False
         if isinstance(exc, asyncio.CancelledError):

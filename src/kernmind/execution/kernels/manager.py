@@ -1,8 +1,6 @@
 """``SandboxedKernelManager``: jupyter_client's ``AsyncKernelManager``, launched through the sandbox.
 
-Its own module so that importing ``kernels.py`` does not import ``jupyter_client`` and
-``zmq``: ``kernmind serve`` needs them only once the first kernel starts, after
-the MCP handshake. ``KernelFactory.start`` and the fork server's factory import it then.
+Its own module so ``jupyter_client`` and ``zmq`` are imported only when the first kernel starts.
 """
 
 from __future__ import annotations

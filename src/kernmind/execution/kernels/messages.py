@@ -1,15 +1,11 @@
 """What a Jupyter kernel sends, read without trusting it: the fields a call uses, checked.
 
-Code in a session can write anything to its kernel's sockets (the kernel holds the signing
-key): a message without an id or a type, a list where the content belongs, a display whose
-data is not a MIME bundle, unsigned or garbage frames. ``jupyter_client`` raises while it
-decodes some of them (``KeyError: 'msg_id'``); others decode into shapes nothing expects.
-The message loop every kernel shares (``exchange.py``) reads every message through here:
-``message_parts`` returns the type, the parent's id and the content, or what is wrong; ``fold_output`` reads a field of
-the wrong type as missing; ``Ignored`` counts what was skipped, for the call's note.
+Design: session code holds the signing key and can send anything; ``message_parts`` returns the
+type, parent id and content or what is wrong, ``fold_output`` reads a field of the wrong type
+as missing, ``Ignored`` counts what was skipped.
 
-Error policy: nothing here raises on a message's content; ``MALFORMED`` lists what the
-decoding of a broken message raises, for the loop to skip it.
+Error policy: nothing here raises on content; ``MALFORMED`` lists what decoding a broken
+message raises, for the loop to skip it.
 """
 
 from __future__ import annotations
@@ -59,9 +55,9 @@ def count_of(value: Any, count: int | None) -> int | None:
 
 
 def fold_output(msg: dict[str, Any], collector: OutputCollector, count: int | None) -> int | None:
-    """Fold one iopub message of the running request (other than ``status``) into ``collector``;
-    the execution count, updated when the message carries one. Fields of the wrong type are
-    read as missing (see ``message_parts``)."""
+    """Fold one iopub message (not ``status``) into ``collector``; returns the execution count,
+    updated when the message carries one.
+    """
     parts = message_parts(msg)
     if isinstance(parts, str):
         return count

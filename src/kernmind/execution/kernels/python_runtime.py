@@ -1,12 +1,9 @@
 """The interpreter that runs local kernels, probed once at start, and kernmind's kernelspec.
 
-Design: ``PythonRuntime.probe`` asks the interpreter (in-process for the server's own Python,
-else one ``python -c``) for its version, its ipykernel, the directories the sandbox must expose
-read-only and which ``NOTABLE`` packages it can import (found, not imported). Kernels start from
-the kernelspec kernmind ships (``kernels/kernmind-python``), never from whatever is installed.
+Design: ``PythonRuntime.probe`` asks the interpreter for its version, ipykernel, read-only
+directories and which ``NOTABLE`` packages it has; kernels start from kernmind's own kernelspec.
 
-Error policy: an interpreter that cannot be run or has no ipykernel gives a runtime whose
-``error`` says so; ``KernelFactory.start`` refuses with it.
+Error policy: an unusable interpreter gives a runtime whose ``error`` says so.
 """
 
 from __future__ import annotations

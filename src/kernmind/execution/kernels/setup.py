@@ -1,24 +1,16 @@
-"""The code every kernel runs once, before it joins the warm pool (plain source: the kernel may
-run on another Python and cannot import kernmind).
+"""The code every kernel runs once, before it joins the warm pool (plain source: the kernel
+cannot import kernmind; the output path: docs/architecture.md, "Runner and kernel").
 
-Design (the output path: docs/architecture.md, "Runner and kernel")
-- IPython's copy of every output (``history_manager.outputs``) is off: kernmind keeps each
-  call's output itself. No colours, plain tracebacks, inline PNG figures.
-- **An output cap inside the kernel** (``Budget.kernel_cap``): ``OutStream.write`` sends a
-  head per cell, then keeps a bounded tail, sent with a count of what was dropped at most
-  every ``interval`` seconds and at the cell's end; this covers stdout, stderr, fd-level
-  output and forked children, so a flood neither crosses the socket nor fills the kernel.
-- **Lone surrogates leave as escapes** (as ``results.safe_text`` shows them) instead of
-  breaking ipykernel's packer and losing the output.
-- **No blind wait at a cell's end**: instead of ipykernel's half-millisecond sleep, each fd
-  watcher is waited for until its pipe is empty and it is back in ``read``
-  (``/proc/self/task/<tid>/syscall``), at most ``DRAIN_LIMIT``; a flush with nothing to
-  send returns at once.
-- **The install guard** (``packages/guard.py``): ``%pip install`` and the like fail naming
-  ``install_packages``.
+Design
+- No IPython output history, colours or fancy tracebacks; inline PNG figures.
+- An output cap inside the kernel (``Budget.kernel_cap``): a head, then a bounded tail with a
+  count of what was dropped, for every stream, fd and forked child.
+- Lone surrogates leave as escapes instead of breaking ipykernel's packer.
+- No blind sleep at a cell's end: each fd watcher is awaited until its pipe is empty, at most
+  ``DRAIN_LIMIT``. ``%pip install`` fails naming ``install_packages``.
 
-Error policy: a watcher whose state cannot be read gets the old half-millisecond sleep; a
-setup cell that fails fails the kernel's start (``RuntimeUnavailable``).
+Error policy: a watcher whose state cannot be read gets the old sleep; a failing setup cell
+fails the kernel's start.
 """
 
 from __future__ import annotations
@@ -355,11 +347,9 @@ del _kernmind_safe_pack
 
 
 def setup_code(budget: Budget, *, keep_output: bool = True) -> str:
-    """The setup cell for a server whose answers have ``budget`` (the output cap is
-    ``budget.kernel_cap()``), with the guard that refuses installs from inside code
-    (``packages/guard.py``). With ``keep_output``, a cell's output past what an answer keeps
-    (``budget.keep_after()``) also goes whole to a file in the working directory
-    (``results.KEPT_RE`` reads the marker that names it)."""
+    """The setup cell for answers of ``budget`` (cap ``budget.kernel_cap()``); with ``keep_output``,
+    output past ``budget.keep_after()`` also goes whole to a file (``results.KEPT_RE``).
+    """
     cap = budget.kernel_cap()
     keep_after = budget.keep_after() if keep_output else 0
     return (

@@ -1,13 +1,10 @@
 """``Channel``: one control socket to a fork-server template process (or its snapshot).
 
-The socket is SOCK_SEQPACKET: one JSON object per packet, descriptors as SCM_RIGHTS (only
-the template's ``hello`` carries one: its snapshot's socket). Requests go out with an id;
-one reader task (``serve``) hands each reply to the request awaiting it and any other
-message to a callback.
+Design: SOCK_SEQPACKET, one JSON object a packet, descriptors as SCM_RIGHTS; one reader task
+(``serve``) hands each reply to the request awaiting its id, other messages to a callback.
 
-Error policy: when the process goes away (its socket closes or breaks) every waiting
-request gets ``{"ok": false, "error": …}`` and later requests raise ``TemplateGone``;
-callers then start kernels the normal way.
+Error policy: when the process goes away every waiting request gets ``{"ok": false, "error": …}``
+and later requests raise ``TemplateGone``; callers then start kernels the normal way.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """What a spawn of the fork-server template runs in its forks: the waiter (C1) and the kernel (C2).
 
-Loaded by ``template.py`` (by path, as a script's sibling: standard library and ipykernel
-only, never kernmind). The protocol and the order of confinement are described there.
+Loaded by ``template.py`` by path (standard library and ipykernel only, never kernmind).
 
-Design
-- C1 joins the placeholder's namespaces (``enter_namespaces``: outer user namespaces first,
-  each other namespace right after the user namespace that owns it), writes itself into the
-  session's control groups, forks C2, then waits for it (answering the creation guard's
-  calls) and passes its exit status to the placeholder, or kills its process group when the
-  placeholder ends first (``wait_for``).
-- C2 takes the placeholder's rlimits and environment, drops to the sandbox uid with no
-  capabilities, ``no_new_privs`` and the seccomp filter, reseeds, and starts ipykernel.
+Design: C1 joins the placeholder's namespaces (each user namespace before those it owns) and the
+session's control groups, forks C2, answers the creation guard and passes C2's exit status on
+(or kills C2's group when the placeholder ends first). C2 takes the placeholder's rlimits and
+environment, drops to the sandbox uid with ``no_new_privs`` and the filter, and starts ipykernel.
 
-Error policy: anything that fails is written to the status pipe as ``error …`` and ends that
-process (the sandbox then ends).
+Error policy: a failure is written to the status pipe as ``error …`` and ends that process.
 """
 
 from __future__ import annotations
@@ -83,9 +77,9 @@ def start_app(argv: list[str], setup: str):  # -> IPKernelApp
 
 
 def command_line_config(argv: list[str]):  # -> traitlets Config | None
-    """The Config that ``-f FILE`` and ``--Class.trait=value`` arguments make, as traitlets'
-    parser makes it (values deferred to the trait's own ``from_string``); None for anything
-    else, which then goes through the real parser."""
+    """The Config traitlets' parser makes of ``-f FILE`` and ``--Class.trait=value`` arguments;
+    None for anything else (the real parser then reads it).
+    """
     from traitlets.config import Config
     from traitlets.config.loader import DeferredConfigString
 
@@ -309,9 +303,9 @@ def run_waiter(request: dict, fds: list[int], status: int) -> None:
 
 
 def wait_for(kernel: int, placeholder: int, guard: object = None, listener: object = None) -> int:
-    """The kernel's exit code (128 + signal when killed, as bwrap reports it). When the
-    placeholder ends first (the sandbox was stopped), the kernel's process group is killed.
-    Meanwhile the creation guard's calls are answered (``listener``, when there is one)."""
+    """The kernel's exit code (128 + signal, as bwrap reports it), answering the creation guard
+    meanwhile; kills the kernel's process group when the placeholder ends first.
+    """
     kernel_fd = os.pidfd_open(kernel)
     if guard is not None:
         readable = guard.serve_until(listener, [kernel_fd, placeholder])  # type: ignore[attr-defined]

@@ -1,23 +1,13 @@
 """Fresh kernels made by forking the template into a normal kernel sandbox (docs/architecture.md,
 "Fresh interpreters come from a fork server").
 
-Design
-- ``ForkKernelFactory.start`` returns the same ``Kernel`` as ``KernelFactory.start`` (same
-  manager, connection file and client); only the process behind the manager differs. The
-  manager launches the kernel's sandbox from the same ``local.LaunchPlan``, running a
-  placeholder shell (not as the sandbox uid, so the kernel cannot kill it); the template gets
-  its namespaces, a pidfd and its exit pipe, forks the kernel into them (``template.py``) and
-  replies once the kernel's sockets are bound and its setup cell ran; we connect and wait for
-  the iopub welcome. The kernel's exit status passes through the placeholder, so death,
-  exit codes, interrupts and shutdown behave as for any kernel; the waiter writes itself into
-  the kernel's control group before it forks.
-- A template that does not answer cannot hold a call: a spawn's reply is awaited at most
-  ``SPAWN_TIMEOUT`` and the waiting call's time limit (``local.start_within``); a template
-  found stopped or silent is discarded and replaced (``ForkServer.discard``).
+Design: ``ForkKernelFactory.start`` returns the same ``Kernel`` as ``KernelFactory.start``, from
+the same ``LaunchPlan``; only the sandbox's command differs (a placeholder the template forks
+the kernel into, passing its exit status on). A spawn's reply is awaited at most
+``SPAWN_TIMEOUT`` and the call's time limit; a silent template is discarded and replaced.
 
 Error policy: when the template is unavailable or a fork fails, ``start`` logs why and starts
-the kernel the normal way, so a broken fork server costs speed, never availability; failures
-of the normal path (and a missing Python) raise ``RuntimeUnavailable``.
+the kernel the normal way (a broken fork server costs speed, never availability).
 """
 
 from __future__ import annotations
@@ -239,9 +229,9 @@ TEMPLATE_UNSET = (
 
 
 def template_environment(base: KernelFactory) -> dict[str, str]:
-    """The template's variables on top of the sandbox's allow-list: a kernel's (``KernelFactory.environment``)
-    without its directories (the template sets its own) and without those that start BLAS
-    threads (it must hold no thread when it forks)."""
+    """A kernel's variables without its directories and without those that start BLAS threads
+    (the template must hold no thread when it forks).
+    """
     env = base.environment(None)
     for name in TEMPLATE_UNSET:
         env.pop(name, None)
@@ -336,10 +326,8 @@ def _ipykernel_major(version: str | None) -> int:
 
 
 async def fork_server_report(base: KernelFactory, preload: Sequence[str] = DEFAULT_PRELOAD) -> dict[str, Any]:
-    """What ``kernmind doctor`` shows: whether the fork server works here and how fast it forks.
-
-    Starts a template, forks three kernels one after the other (start → ready, the median
-    is ``fork_ms``), runs ``1 + 1`` in the last one, and stops everything.
+    """What ``kernmind doctor`` shows: whether the fork server works here and how fast it forks
+    (three kernels, median start to ready, ``1 + 1`` in the last).
     """
     factory = ForkKernelFactory(base, preload=preload)
     started = time.perf_counter()

@@ -1,30 +1,18 @@
 """The fork server: one template process per kernel environment that forks fresh kernels.
 
-A new sandboxed ipykernel spends most of its boot importing. The template
-(``kernels/forkserver/template.py``, run on the kernel Python) imports ipykernel and the heavy
-modules once; every fresh interpreter is then a fork of it placed inside a normal kernel
-sandbox (see ``kernels/forkserver/kernels.py``), for a fraction of a boot's CPU.
+Design
+- The template (``template.py``) imports ipykernel and the heavy modules once; each fresh
+  kernel is a fork of it in a normal sandbox, for a fraction of a boot's CPU. This module
+  starts it (clean environment, private directory, one control socket), keeps its channels
+  (and its snapshot's while it preloads) and restarts it; kernels survive its death.
+- ``template()`` returns it from ``hello``, ``settled()`` once the preloads are in;
+  ``prelaunch()`` starts it before the event loop runs, ``running()`` adopts it.
 
-This module owns the template process: starting it (a clean environment, a private 0700
-directory as its working directory and home, its control socket as the only extra
-descriptor), its channels (``kernels/forkserver/channel.py``: the template's control socket and,
-while it imports its preloads, its snapshot's, which serves spawns meanwhile), and
-restarting it when it dies. Kernels already made do not depend on it: they survive its
-death (they belong to their sandboxes, like every kernel).
-
-Error policy: ``ForkServer.template()`` returns None while no usable template exists
-(not started, starting, dead, or refused) and ``status()`` says why, so callers fall back
-to starting kernels the normal way. A template that dies is restarted on the next request,
-at most once per ``RESTART_BACKOFF`` seconds; one that stops answering is ``discard``ed
-(killed) and restarted at once. A template with more than one thread at
-``hello`` is refused (forking it would copy locks held by the other threads); when its
-preloads leave it with a thread, or too big for each kernel's memory limit, it is replaced
-by one without them (``status()["preloads_dropped"]`` says why).
-
-The template forks from ``hello`` on (its snapshot does, while it imports its preloads;
-``preloaded`` tells when they are in and the snapshot is retired); ``template()`` returns it from ``hello``,
-``settled()`` once the preloads are in. ``prelaunch()`` starts it before the event loop
-runs (``kernmind serve``), ``running()`` adopts it.
+Error policy: ``template()`` is None while no usable template exists (``status()`` says why):
+callers start kernels the normal way. A dead template restarts at most once per
+``RESTART_BACKOFF``; a silent one is discarded; one with more than one thread at ``hello`` is
+refused (a fork copies held locks), and one whose preloads leave a thread or too much memory is
+replaced by one without them.
 """
 
 from __future__ import annotations
@@ -70,9 +58,9 @@ def template_dirs(home: Path) -> dict[str, str]:
 
 
 class TemplateProcess:
-    """One running template: its process, its control channel and, while it preloads, the
-    channel of its snapshot (a copy forked before the heavy imports, which serves spawns
-    meanwhile, so no kernel waits for pandas to import)."""
+    """One running template: its process, its control channel and, while it preloads, its snapshot's
+    (forked before the heavy imports, serving spawns meanwhile).
+    """
 
     def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket, home: Path) -> None:
         self.proc = proc
@@ -214,9 +202,9 @@ class ForkServer:
     _last_start: float = field(default=-RESTART_BACKOFF)
 
     def prelaunch(self) -> None:
-        """Launch the template now, before the event loop runs (``kernmind serve`` does this
-        before it imports the MCP SDK, so the template's imports overlap the SDK's);
-        ``running()`` adopts it. Call from the thread that will run the event loop."""
+        """Launch the template before the event loop runs, so its imports overlap the MCP SDK's;
+        ``running()`` adopts it. Call from the thread that will run the loop.
+        """
         if self._early is None and self.current is None:
             self._early = TemplateProcess.launch(self.python, self.env, self._config())
             self._last_start = time.monotonic()

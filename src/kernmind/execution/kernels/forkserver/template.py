@@ -1,49 +1,28 @@
 """The fork-server template: one warm Python that turns into fresh Jupyter kernels by forking.
 
-This file runs as a script on the *kernel* Python (``--kernel-python``), so it uses only the
-standard library and ipykernel: it must not import kernmind.
+Runs as a script on the kernel Python: standard library and ipykernel only, never kernmind.
 
 Design
-- Started once per kernel environment by ``process.py``, outside any sandbox, with a clean
-  environment in a private directory. It imports ipykernel and what a kernel's start and first
-  cell import (found by a probe fork), freezes the heap (``gc.freeze``: children share it) and
-  says ``hello``; then, between requests, imports the heavy ``preload`` modules one at a time,
-  probes and freezes again and says ``preloaded``. Meanwhile a *snapshot* (a fork taken before
-  the heavy imports, with its own control socket, sent with ``hello``) serves spawns; the
-  server closes it once the preloads are in.
-- At fork time it holds no thread (a throwaway fork makes OpenBLAS park its threads), no
-  zmq context, no event loop and one plain socket (the control socket). A spawn is refused
-  while the template runs more than one thread; ``hello`` and ``preloaded`` report the
-  count and the server refuses a template with more than one thread.
-- A kernel is made inside a sandbox the server has already started (bubblewrap running a
-  placeholder, exactly as a normal kernel's; ``process.py``): a spawn forks a *waiter* (C1)
-  that joins the placeholder's namespaces and forks the *kernel* (C2) into them; C1 passes
-  C2's exit status to the placeholder, so the sandbox ends with the kernel
-  (``fork_child.py``, loaded by path beside this script).
-- Kernels do not depend on the template after ``ready``: they survive its death.
+- Imports ipykernel and what a kernel's start imports, ``gc.freeze``s and says ``hello``; then
+  imports the ``preload`` modules between requests and says ``preloaded``. Meanwhile a
+  snapshot forked before them serves spawns.
+- At fork time it holds no thread, no zmq context, no event loop and one socket; a spawn is
+  refused while it runs more than one thread.
+- A spawn forks a waiter (C1) into the placeholder sandbox the server started, which forks the
+  kernel (C2) (``fork_child.py``); kernels survive the template.
 
-Protocol (SOCK_SEQPACKET, one JSON object per packet, descriptors as SCM_RIGHTS):
-- template → server, once: ``{"op": "hello", "pid", "threads", "data_mib", "preloaded", "pending",
-  "failed", "seconds"}`` (``pending``: heavy modules still to import; then the snapshot's
-  socket comes with it as a descriptor), and once they are in:
-  ``{"op": "preloaded", "threads", "data_mib", "preloaded", "failed", "seconds"}``. The
-  snapshot speaks the same protocol (spawn, ping) on its socket.
-- server → template, first: ``{"server_pid", "preload": [modules], "setup", "kernel_args"}``
-- ``{"op": "spawn", "id", "argv", "cwd", "uid", "placeholder_pid", "namespaces": [names],
-  "cgroup": [cgroup.procs files], "seccomp": filter file, "guard": filter file,
-  "guard_module": creation_guard.py}`` (the waiter writes itself into each control group
-  before it forks; the kernel loads the seccomp filter after dropping its privileges, as
-  bubblewrap does for every other sandbox, then the creation guard's filter, whose listener
-  it sends to the waiter, which answers it for as long as the kernel lives)
-  with descriptors ``[exit_pipe, placeholder_pidfd, *namespace_fds]`` → ``{"id", "ok": true,
-  "pid"}`` once the kernel is ready, or ``{"id", "ok": false, "error"}``.
-- ``{"op": "ping", "id"}`` → ``{"id", "ok": true, "threads"}``.
+Protocol (SOCK_SEQPACKET, one JSON object a packet, descriptors as SCM_RIGHTS):
+- template → server: ``hello`` {pid, threads, data_mib, preloaded, pending, failed, seconds}
+  (with the snapshot's socket when ``pending``), later ``preloaded`` {threads, data_mib,
+  preloaded, failed, seconds}. The snapshot speaks the same protocol.
+- server → template, first: {server_pid, preload, setup, kernel_args}.
+- ``spawn`` {id, argv, cwd, uid, placeholder_pid, namespaces, cgroup, seccomp, guard,
+  guard_module} with descriptors [exit_pipe, placeholder_pidfd, *namespace_fds] →
+  {id, ok: true, pid} once the kernel is ready, or {id, ok: false, error}.
+- ``ping`` {id} → {id, ok: true, threads}.
 
-Error policy: a bad request or a failed fork is answered with ``ok: false`` and the
-reason; the template keeps serving. Anything that goes wrong in C1/C2 is reported through
-their status pipe and ends that process (its sandbox then ends). When the control socket
-closes (the server is gone), the template exits; it also dies with the server
-(``PR_SET_PDEATHSIG``).
+Error policy: a bad request or failed fork is answered ``ok: false`` with the reason and the
+template keeps serving; it exits when the control socket closes or the server dies.
 """
 
 from __future__ import annotations
@@ -136,9 +115,9 @@ def discover_kernel_modules(setup: str, argv: list[str]) -> list[str]:
 
 
 class Template:
-    """The serving loop. Forks come first: heavy modules are imported one at a time while no
-    request waits and no kernel is being made (the server sends spawns to the snapshot
-    meanwhile; a kernel forked before a module is in imports it itself if it needs it)."""
+    """The serving loop: forks come first; heavy modules are imported one at a time while no
+    request waits.
+    """
 
     def __init__(
         self, control: socket.socket, config: dict, environment: dict[str, str], started: float
@@ -156,9 +135,9 @@ class Template:
         freeze()
 
     def fork_snapshot(self) -> int:
-        """A copy of this template as it is now (no heavy module yet) that serves spawns on a
-        socket of its own while this one imports them; returns the server's end of that socket.
-        The copy exits when the server closes it, and dies with this template."""
+        """A copy of this template as it is now that serves spawns on its own socket while this one
+        preloads; returns the server's end. It exits when the server closes it.
+        """
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:

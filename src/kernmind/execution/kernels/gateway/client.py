@@ -1,19 +1,11 @@
 """Talking to a Jupyter Kernel Gateway or Enterprise Gateway: REST for kernels, one WebSocket per kernel.
 
-Design
-- Both serve ``/api/kernelspecs``, ``/api/kernels`` (POST start, GET, DELETE, ``…/interrupt``)
-  and ``/api/kernels/{id}/channels``, a WebSocket carrying every channel as JSON tagged with
-  its ``channel``. Messages are built by ``jupyter_client.session.Session``, as a local
-  client builds them; what is left here is the framing and five REST calls.
-- Transport is tornado's (already a dependency of ``jupyter_client``): asyncio-native, with
-  WebSocket pings. Not ``jupyter_server``'s gateway client (its channel queues spin on
-  ``asyncio.sleep(0)``, its connect blocks the loop, its configuration is a singleton) nor
-  ``jupyter-kernel-client`` (synchronous): docs/deployment.md.
-- One consumer per connection: a kernel's calls are serialised by its session.
+Design: five REST calls and ``/api/kernels/{id}/channels`` (every channel as JSON tagged with
+its ``channel``), messages built by ``jupyter_client.session.Session``, over tornado (why not
+``jupyter_server``'s client: docs/deployment.md). One consumer per connection.
 
-Error policy: ``GatewayUnavailable`` (a ``RuntimeUnavailable``) when the gateway cannot be
-reached or refuses a request, naming the URL, the status and what to check; ``KernelGone``
-when it no longer knows a kernel (404); ``ChannelsClosed`` when a kernel's WebSocket closes.
+Error policy: ``GatewayUnavailable`` (a ``RuntimeUnavailable``) names the URL, the status and
+what to check; ``KernelGone`` on 404; ``ChannelsClosed`` when a kernel's WebSocket closes.
 """
 
 from __future__ import annotations

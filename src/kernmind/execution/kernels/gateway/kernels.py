@@ -1,22 +1,13 @@
 """Python kernels on a Jupyter Kernel Gateway or Enterprise Gateway (``--kernel-gateway URL``;
 docs/deployment.md, "Kernels on a gateway").
 
-Design
-- ``GatewayKernel`` and ``GatewayKernelFactory`` implement ``api.Kernel`` and
-  ``api.KernelFactory`` (``local`` is None), so pool, runner, supervisor and results are the
-  same as for local kernels.
-- Files live on a volume both sides see (``--kernel-gateway-workspaces``): each kernel works
-  in its own directory there (``os.chdir`` in its setup cell; ``KERNEL_WORKING_DIR`` for
-  Enterprise Gateway), so file tools, quota and "files kept" are the local ones; a kernel
-  that cannot see its directory fails to start with a sentence saying how to fix the mount.
-- One message loop with local kernels (``exchange.run_request``); the gateway's part is its
-  channel (``_SocketChannel``: one WebSocket for every channel, shell replies that arrive
-  before idle kept). A ``restarting``/``dead`` status or a closed socket ends the call as
-  ``died``; timeouts interrupt through the gateway's endpoint.
+Design: ``GatewayKernel``/``GatewayKernelFactory`` implement the ``api`` protocols (``local`` is
+None). Each kernel works in its own directory on the shared ``--kernel-gateway-workspaces``
+volume, so file tools and quota are the local ones. The message loop is ``exchange``'s, over
+one WebSocket; ``restarting``/``dead`` or a closed socket ends the call as ``died``.
 
-Error policy: a kernel that cannot be started or reached raises ``RuntimeUnavailable``
-(``GatewayUnavailable``) with the URL and the reason; stopping a kernel never raises (it is
-logged): a gateway that is down cannot hold up a session's clean-up.
+Error policy: a kernel that cannot be started or reached raises ``GatewayUnavailable`` with the
+URL and the reason; stopping a kernel never raises (logged).
 """
 
 from __future__ import annotations
