@@ -72,7 +72,7 @@ class SessionRegistry:
         self.idle_timeout = idle_timeout
         self.autosave_after = autosave_after
         self.store = store
-        self._new_workspace = new_workspace
+        self.new_workspace = new_workspace
         self.hooks = hooks
         self._new_layer = new_layer
         self.sessions: dict[Key, Session] = {}
@@ -303,7 +303,7 @@ class SessionRegistry:
                 what = f"{'create' if not stored else 'load'} session {sid!r}"
                 raise StorageError(disk_sentence(exc, what, kept="Your other sessions are intact.")) from exc
             raise
-        new, layer = self._new_workspace, self._new_layer
+        new, layer = self.new_workspace, self._new_layer
         session = Session(sid, new, owner=owner, home=home, meta=meta, workspace=workspace, new_layer=layer)
         if stored:
             session.mark_resumed()
@@ -315,7 +315,7 @@ class SessionRegistry:
         return session
 
     def _new_unstored(self, owner: str, sid: str) -> Session:
-        session = Session(sid, self._new_workspace, owner=owner, new_layer=self._new_layer)
+        session = Session(sid, self.new_workspace, owner=owner, new_layer=self._new_layer)
         if (owner, sid) in self._reaped:
             self._reaped.discard((owner, sid))
             session.pending_notes.append(
@@ -327,7 +327,7 @@ class SessionRegistry:
 
     def ephemeral(self, owner: str = LOCAL_OWNER) -> Session:
         """A session for one --stateless call (not registered; ``discard`` it afterwards)."""
-        return Session("stateless", self._new_workspace, owner=owner, ephemeral=True)
+        return Session("stateless", self.new_workspace, owner=owner, ephemeral=True)
 
     async def discard(self, session: Session) -> None:
         with anyio.CancelScope(shield=True):

@@ -155,7 +155,7 @@ class SharedSessionRegistry(SessionRegistry):
             self.refuse_owner(owner)
             session = self.sessions.get((owner, sid))
             if session is None:
-                session = self.sessions[(owner, sid)] = Session(sid, self._new_workspace, owner=owner)
+                session = self.sessions[(owner, sid)] = Session(sid, self.new_workspace, owner=owner)
             async with session.lock:
                 if session.closed:
                     # Its close is under way (``close`` marks it, then waits for the row): the next
@@ -266,7 +266,7 @@ class SharedSessionRegistry(SessionRegistry):
             if not _live(record):
                 return False
             assert record is not None
-            session = Session(sid, self._new_workspace, owner=owner)
+            session = Session(sid, self.new_workspace, owner=owner)
             with contextlib.suppress(GatewayUnavailable):  # files still go; the gateway culls the kernel
                 await self._sync_in(session, record)
             session.pending_notes.clear()
