@@ -1,11 +1,11 @@
 """Turn an installer's failure output into a sentence a model can act on.
 
-uv explains a failed resolution as a chain of "Because …" clauses plus hints. The model
-needs the one fact that matters (no such package, only source code, no wheel for this
-Python, a clash with a package the interpreter already has, no network, a TLS certificate
-it does not trust: ``trust.certificate_refusal``) and what to do
-about it; uv's own explanation is appended where it adds detail. Anything unrecognised
-keeps uv's error text, trimmed.
+Design: uv's chain of "Because …" clauses is reduced to the one fact that matters (no such
+package, only source code, no wheel for this Python, a clash with an installed package, no
+network, an untrusted certificate) and what to do, with uv's explanation appended where it
+adds detail; anything unrecognised keeps uv's text, trimmed.
+
+Error policy: nothing here raises.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Downloading what a source build needs, by the server, so the build itself has no network.
 
-Design (see docs/security.md, "Packages"): ``sdist.py`` builds in a sandbox without network,
-from a directory this module fills first from the remote sources (``index_pages.py``),
-running nothing of what it downloads:
-- per project, the newest version every requirement seen admits (pre-releases only when named
-  or when nothing else matches), usable by the target: its sdist and its matching wheels;
-- dependencies are read, not computed (``read_requirements``): a wheel's ``METADATA``, an
-  sdist's static ``PKG-INFO`` or ``pyproject.toml``, and its build requirements (fetched even
-  when the target has them: a build's environment is its own); markers are evaluated for the
-  target; what the target has at a matching version is not fetched;
-- what only a build can tell (dynamic metadata) fails the offline resolution naming what it
-  did not find; ``missing_projects`` reads those names for another round.
+Design (docs/security.md, "Packages"): fills the directory ``sdist.py`` builds from, running
+nothing it downloads. Per project, the newest version every requirement seen admits; its
+requirements are read, not computed (a wheel's ``METADATA``, an sdist's static ``PKG-INFO`` or
+``pyproject.toml``, build requirements); what only a build can tell fails the offline
+resolution, and ``missing_projects`` reads those names for another round.
 
-Error policy: ``PackageError`` ("installer") for an index that cannot be reached (naming the
-URL) or a file that does not match its hash; limits on projects and bytes stop a tree that
-would not end.
+Error policy: ``PackageError`` ("installer") for an unreachable index (naming the URL) or a
+hash mismatch; limits on projects and bytes stop a tree that would not end.
 """
 
 from __future__ import annotations

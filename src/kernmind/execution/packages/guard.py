@@ -1,20 +1,13 @@
 """Installing from inside code fails at once, and says to call ``install_packages``.
 
-The sandbox has no network, so ``pip install`` there used to spend seconds retrying DNS and
-end in coloured warnings, while the cell still said ``status: "ok"``. Three layers make
-every route fail fast and honestly:
+Design (the sandbox has no network: ``pip install`` there spent seconds retrying DNS):
+- kernel (``KERNEL_GUARD``, in the setup cell): install magics and ``!`` commands raise
+  ``InstallFromCodeRefused``; another ``!cmd`` that exits non-zero says so on stderr;
+- shell (``write_shims``): ``pip``, ``uv``, ``npm``, ``conda``… shims refuse install-like
+  subcommands and hand the rest to the real tool;
+- environment: ``PIP_NO_INDEX``, ``UV_OFFLINE`` and npm's ``offline`` fail what slips past.
 
-- **Kernel** (``KERNEL_GUARD``, run once in each kernel's set-up): the ``%pip``/``%conda``/
-  ``%mamba``/``%uv`` magics and ``!`` shell commands that install (``!pip install``,
-  ``!uv pip install``, ``!npm install``, …) raise ``InstallFromCodeRefused`` naming the
-  tool, so the call ends with ``status: "error"``. Any other ``!cmd`` that exits non-zero
-  writes ``[!cmd exited with code N]`` to stderr, so the failure shows in the result.
-- **Shell** (``write_shims``): ``pip``, ``pip3``, ``uv``, ``npm``, ``yarn``, ``pnpm``, ``conda``,
-  ``mamba`` shims first on the sandbox's ``PATH`` refuse install-like subcommands with the
-  same sentence and hand everything else (``pip list``, ``npm --version``) to the real tool.
-- **Environment** (``SandboxGuard.environment``): ``PIP_NO_INDEX``, ``UV_OFFLINE`` and npm's
-  ``offline`` make whatever slips past the first two (``python -m pip install`` from a
-  subprocess) fail immediately instead of retrying the network.
+Error policy: every refusal is the same sentence naming the tool and ``install_packages``.
 """
 
 from __future__ import annotations

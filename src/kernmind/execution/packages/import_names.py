@@ -1,20 +1,12 @@
 """Names people import that are published under another name (``sklearn`` → ``scikit-learn``).
 
-A model asks ``install_packages`` for what it imports. When that name is not the project's
-name on the index the request fails, or worse, installs an unrelated project that happens
-to own the name (``serial``, ``jwt``, ``docx``, ``bson`` are other projects than the ones
-whose modules are imported under those names). ``PUBLISHED_AS`` maps the import names of
-common projects, in PEP 503 normal form, to the distribution that provides the module.
+Design: ``PUBLISHED_AS`` maps import names (PEP 503 normal form) to the distribution that
+provides the module; only names that differ after normalisation belong here. ``installer.py``
+retries a failed install once under the published name, with a note (``serial``, ``jwt``,
+``docx``, ``bson`` are other projects on the index). ``cv2`` maps to the headless OpenCV: the
+sandbox has no display.
 
-``installer.py`` consults it whenever an install fails: a requested name found here is
-replaced by its distribution and the install tried once more, with a note saying so (the
-model asked for the module; the refusal would only make it ask again). When an install of
-such a name succeeds without the distribution, a note says which project provides the
-module usually imported under that name.
-
-Only entries whose names differ after normalisation belong here (``PyYAML`` and ``pyyaml``
-are the same name to a resolver). ``cv2`` maps to the headless build of OpenCV: the
-sandbox has no display, and ``opencv-python`` needs ``libGL`` to import at all.
+Error policy: nothing here raises.
 """
 
 from __future__ import annotations

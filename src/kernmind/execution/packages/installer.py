@@ -1,27 +1,13 @@
 """``PackageInstaller``: install packages into a session's layer, under the operator's policy.
 
-The server installs — never code inside the sandbox, which has no network:
+Design: the server installs, never sandboxed code. Python: wheels resolved against what the
+interpreter has (``python.py``), with ``--allow-sdist`` a sandboxed source build (``sdist.py``);
+JavaScript/TypeScript: npm through Deno (``npm.py``); other languages are refused. A failed
+name published under another (``import_names.py``) is retried once. The caller owns the layer
+and serialises installs into it, and makes the packages visible to running code.
 
-- ``python``: wheels from the configured sources, resolved against what the interpreter
-  already has (``python.py``), into ``layer.python``, through a cache shared by all
-  sessions. With ``--allow-sdist``, a request that needs a source build is retried with the
-  whole install inside a sandbox (``sdist.py``).
-- ``javascript``/``typescript``: ``npm:`` packages prefetched into ``layer.deno`` (``npm.py``).
-- ``r``, ``java``, ``bash``: refused, naming what can be installed.
-
-uv and Deno trust the system's certificate store, the host's ``SSL_CERT_FILE``/``SSL_CERT_DIR``
-and ``--ca-file`` (``trust.py``), so installs work where the user's machine works.
-
-A failed Python install that asked for a name people import but which is published under
-another (``sklearn`` for ``scikit-learn``) is tried once more under the published name,
-with a note (``import_names.py``).
-
-It knows nothing of MCP or sessions: the caller owns the layer (one per session, created
-and deleted with it) and must not run two installs into one layer at once (a session's
-lock does that). Making the packages visible to running code is the caller's job too.
-
-Error policy: ``PackageError`` with a sentence the model can act on; nothing is added to
-the layer when resolution fails.
+Error policy: ``PackageError`` with a sentence the model can act on; nothing is added to the
+layer when resolution fails.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """A session's package layer: the directory the server installs into for one session.
 
-Layout (``root`` belongs to the session, so the layer lives and dies with it):
+Design: ``root/python`` is a flat ``--target`` directory put on the path after the
+interpreter's packages; ``root/deno`` a ``DENO_DIR``. Only the server writes a layer: its files
+may be hard links into the shared cache, so sandboxes get it read-only (``/kernmind/packages``).
 
-- ``root/python``: a flat ``--target`` directory (packages, ``*.dist-info``, ``bin/``),
-  put on the interpreter's path after the packages the interpreter already has;
-- ``root/deno``: a ``DENO_DIR`` holding prefetched npm packages.
-
-Only the server writes a layer; sandboxes get it read-only, at ``/kernmind/packages``. Files may be hard links into
-the shared installer cache, which is why a layer must never be mounted writable.
+Error policy: ``merge_untrusted_tree`` skips what is not a regular file or directory.
 """
 
 from __future__ import annotations
@@ -106,11 +103,8 @@ class Layer:
 
 
 def merge_untrusted_tree(source: Path, target: Path) -> list[str]:
-    """Move a tree written by sandboxed code into ``target``; return what was skipped.
-
-    Only regular files and directories come across (symlinks, devices and fifos are
-    dropped), existing files are not replaced, and modes are cut to ``rwxr-xr-x`` at most
-    (no setuid/setgid, nothing group- or world-writable), owned by the server.
+    """Move a tree written by sandboxed code into ``target``; return what was skipped. Only regular
+    files and directories, no replacing, modes cut to ``rwxr-xr-x``, owned by the server.
     """
     skipped: list[str] = []
     uid, gid = os.getuid(), os.getgid()

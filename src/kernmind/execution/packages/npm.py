@@ -1,24 +1,13 @@
 """npm packages for JavaScript/TypeScript: prefetched on the host into the session's Deno cache.
 
-The server runs ``deno cache`` on a small module importing the requested ``npm:``
-specifiers, with ``DENO_DIR`` = a Deno cache shared by all sessions (it downloads the
-packages, their dependencies and the registry's metadata, and runs no package code: Deno
-does not run npm lifecycle scripts). ``deno info --json`` on the same module then lists
-the resolved packages with their folders, and exactly those (hard links) and their
-``registry.json`` (copied) go into the session's layer (``layer.deno``). So a package any
-session fetched before needs no download, and a session sees only what it asked for.
+Design: ``deno cache`` on a module importing the ``npm:`` specifiers, with a ``DENO_DIR``
+shared by all sessions (no package code runs: Deno runs no lifecycle scripts); ``deno info
+--json`` lists what resolved, and exactly those (hard links) and their ``registry.json`` go
+into the layer. Code then runs ``--cached-only`` against the layer, read-only. The registry is
+the host's ``NPM_CONFIG_REGISTRY`` (Deno keys its cache by it). Within a session's install Deno
+runs in the session's control group.
 
-Code in the sandbox then runs with ``DENO_DIR`` = the layer's folder, read-only, and
-``--cached-only``: ``import _ from "npm:lodash@4"`` resolves offline. The registry is the
-host's ``NPM_CONFIG_REGISTRY`` (default registry.npmjs.org); the sandbox must be given the
-same value, since Deno keys its cache by registry.
-
-Within a session's install (``current_limits``, set by ``installs.py``) Deno runs in the
-session's control group, as uv does (``python.py``): its memory counts against the session's,
-and an install the out-of-memory killer stopped is refused with the memory sentence.
-
-Error policy: ``PackageError`` — "not_found" (no such package or no matching version),
-"network" (a certificate it does not trust: the cause and what to do, ``trust.py``),
+Error policy: ``PackageError`` "not_found", "network" (with ``trust.py``'s explanation),
 "timeout", else "installer" with Deno's message.
 """
 

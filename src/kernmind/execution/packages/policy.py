@@ -1,25 +1,15 @@
 """What may be installed, and from where: the operator's package policy.
 
-- ``PackagePolicy``: ``--packages any|none|allowlist`` with ``--package-allowlist FILE``,
-  plus ``--allow-sdist``. The allow-list names what a model may *ask for*; the
-  dependencies those packages resolve to come from the same configured sources and are
-  allowed with them (listing every transitive dependency would make the list unusable).
-  The file has one name a line, ``#`` comments; Python names are compared in their
-  PEP 503 normal form, npm packages are written ``npm:name`` (``npm:@scope/name``).
-- ``PackageSources``: where Python packages come from, resolved once at start. uv does not
-  read pip's configuration files, so the host's settings are read here and passed to it
-  explicitly: ``--package-index URL`` (``none``: no index, only ``--find-links``), else
-  ``UV_DEFAULT_INDEX`` / ``UV_INDEX_URL`` / ``PIP_INDEX_URL``, else PyPI; extra indexes from
-  ``UV_EXTRA_INDEX_URL`` / ``PIP_EXTRA_INDEX_URL`` (only when no ``--package-index`` is
-  given); ``--find-links DIR`` (an offline wheelhouse), else ``UV_FIND_LINKS`` /
-  ``PIP_FIND_LINKS``. Proxy and certificate variables are passed through to the
-  installer by ``installer_environment`` (and ``trust.py`` adds the system store and ``--ca-file``).
-- Requests: ``parse_python`` / ``parse_npm`` turn what the model sent into validated
-  requirements, refusing option-like strings, URLs and paths (they would bypass the
-  policy and the configured sources).
+Design
+- ``PackagePolicy``: ``--packages any|none|allowlist`` (an allow-list names what a model may
+  ask for; dependencies come with them) and ``--allow-sdist``.
+- ``PackageSources``: uv does not read pip's configuration, so ``--package-index``,
+  ``--find-links`` and the host's ``UV_*``/``PIP_*`` variables are resolved here once.
+- ``parse_python``/``parse_npm`` refuse option-like strings, URLs and paths (they would bypass
+  the policy and sources).
 
-Error policy: every refusal is a ``PackageError`` whose message says what to do instead.
-A broken allow-list file is a ``ValueError`` at start-up, with the line at fault.
+Error policy: every refusal is a ``PackageError`` saying what to do instead; a broken
+allow-list file is a ``ValueError`` at start naming the line.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Python packages: resolve with uv against what the interpreter already has, install the rest.
 
 Design
-- A layer only adds: the interpreter's packages are already imported in running kernels, so
-  every installed distribution (interpreter's and layer's) becomes a constraint
-  ``name==version`` and a metadata-only *stub wheel*, so uv (which installs into ``--target``
-  as if it were empty) resolves around them even offline.
-- ``uv pip compile`` resolves under those constraints (``--only-binary :all:`` unless sdists
-  are allowed; a clash names the installed package); each new pin is installed once,
-  byte-compiled, into a shared store of single distributions (``CompiledStore``), and the
-  layer gets hard links to it: a package any session installed before costs no download and
-  no compile.
-- uv runs as a ``UvRunner``: ``HostUv`` (wheels only: installing a wheel runs no code from it)
-  or the sandboxed runner of ``sdist.py``; within a session's install, in the session's
-  control group (``check_session_memory`` words an out-of-memory stop).
+- A layer only adds: every installed distribution becomes a ``name==version`` constraint and a
+  metadata-only stub wheel, so uv (installing into an empty ``--target``) resolves around it.
+- Each new pin is installed once, byte-compiled, into a shared ``CompiledStore``; layers get
+  hard links to it. uv runs as ``HostUv`` (wheels only: no package code runs) or sandboxed
+  (``sdist.py``), in the session's control group during its install.
 
 Error policy: refusals and failures are ``PackageError`` (see ``diagnose.py``).
 """
@@ -90,10 +83,9 @@ class HostUv:
 async def run_in_session_group(
     argv: Sequence[str], env: Mapping[str, str], timeout: float
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run a host command of an install (uv, Deno); within a session's install
-    (``current_limits``) in the session's control group, so it counts against the session's
-    memory, with the memory sentence when the out-of-memory killer stopped it. Raises
-    ``TimeoutError`` after ``timeout`` seconds."""
+    """Run a host command of an install (uv, Deno), in the session's control group within its
+    install (``current_limits``); raises ``TimeoutError`` after ``timeout`` seconds.
+    """
     session = current_limits.get()
     group = session.ensure_group() if session is not None else None
     command = group.join_argv(argv) if group is not None else list(argv)
@@ -221,12 +213,9 @@ class Resolution:
 class CompiledStore:
     """Installed, byte-compiled copies of single distributions, shared by every session.
 
-    uv's cache holds unpacked wheels without bytecode, and a layer is read-only in the
-    sandbox, so a layer installed straight from it would be compiled again on every import
-    in every new interpreter (measured: several times slower, benchmarks/README.md). So each
-    distribution is installed once into ``root/<name>-<version>`` with ``--compile-bytecode``
-    and layers get hard links to it: a repeat install costs links, not a compile. The
-    hard links keep the sources' mtimes, so the ``.pyc`` files stay valid.
+    uv's cache holds no bytecode and layers are read-only, so each import would compile again
+    (several times slower, benchmarks/README.md); hard links keep the sources' mtimes, so the
+    ``.pyc`` files stay valid.
     """
 
     root: Path

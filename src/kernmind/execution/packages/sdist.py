@@ -1,15 +1,12 @@
 """Builds from source (``--allow-sdist``): the whole install runs in a sandbox with no network.
 
-Design (see docs/security.md, "Packages"): uv runs inside ``Sandbox.wrap`` as a fresh uid, in
-a private scratch directory with a private cache (never the shared one, which a build could
-poison); interpreter, uv, stub wheels and local find-links are mounted read-only. Within a
-session's install (``sandbox/limits.py``'s ``current_limits``) it joins the session's control
-group. Remote sources are downloaded first by the server (``fetch.py``) and uv resolves
-offline from there; what an offline resolution names as missing is fetched for another round
-(``FETCH_ROUNDS``). What was built is moved into the layer by ``merge_untrusted_tree``.
+Design (docs/security.md, "Packages"): uv runs in ``Sandbox.wrap`` as a fresh uid with a private
+scratch directory and cache (the shared one could be poisoned), from sources ``fetch.py``
+downloaded first (more rounds for what an offline resolution names missing); the result is
+moved into the layer by ``merge_untrusted_tree``.
 
-Error policy: a failed build is a ``PackageError`` ("build_failed" with the tail of its
-output, or what ``diagnose.explain`` recognises).
+Error policy: a failed build is a ``PackageError`` ("build_failed" with its output's tail, or
+what ``diagnose.explain`` recognises).
 """
 
 from __future__ import annotations
@@ -92,9 +89,8 @@ async def build_in_sandbox(
     proxy_env: Mapping[str, str],
     timeout: float,
 ) -> tuple[Resolution, list[str]]:
-    """Resolve, build and install ``requirements`` in a sandbox; move the result into ``layer_dir``.
-
-    Returns the resolution and the paths that were not taken over (symlinks, special files).
+    """Resolve, build and install ``requirements`` in a sandbox into ``layer_dir``; returns the
+    resolution and the paths not taken over.
     """
     box = replace(sandbox, allow_network=False) if sandbox.isolated else sandbox
     uid = sandbox.allocate_uid()

@@ -1,22 +1,12 @@
 """A session's installed packages, kept with the stored session so they come back on resume.
 
-Design
-- A layer lives in the run directory (``layer.py``) and goes when the session is unloaded;
-  so after every install that added something it is kept in the session's home,
-  ``sessions/<owner>/<session_id>/packages/{python,deno}``, as hard links to the layer's files
-  (themselves hard links into the shared cache: no copy, and it survives the cache being
-  cleared; copies on another file system). It is replaced whole (built as
-  ``.packages-new``, renamed over ``packages``), so a kill leaves the old or the new copy,
-  never half (``recover``).
-- ``restore`` gives a loaded session a fresh layer linked from the kept copy, adopted by its
-  first kernel before its variables are restored (objects of installed packages unpickle).
-- Size: the apparent size of its files (``layer_bytes``), the session's ``packages_bytes``,
-  counted with its files against the stored-size caps; an install past a cap works for the
-  session's life but is not kept, and its note says why (``keep``). Nothing here follows a link.
+Design: after an install that added something, the layer is kept in the session's home as
+hard links (copies across file systems), replaced whole (``.packages-new`` renamed over), so a
+kill leaves the old or the new copy (``recover``). ``restore`` links a fresh layer from it.
+Its size counts against the stored-size caps; past them the install is not kept, and says so.
 
-Error policy: ``keep`` raises ``OSError`` (a full disk); the caller turns it into a note (the
-install itself has worked). ``restore`` logs and returns None when the kept copy cannot be
-linked (the session then resumes without its packages and says so).
+Error policy: ``keep`` raises ``OSError`` (the caller makes it a note); ``restore`` logs and
+returns None when the copy cannot be linked (the session resumes without its packages).
 """
 
 from __future__ import annotations

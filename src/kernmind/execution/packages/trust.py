@@ -1,18 +1,12 @@
 """Which certificate authorities installs trust: the machine's, plus what the operator adds.
 
-Design (behind a TLS-intercepting proxy, or with a private index: docs/troubleshooting.md)
-- uv loads the system store (``UV_SYSTEM_CERTS=1``, or ``UV_NATIVE_TLS`` on older uv) unless
-  the host sets either itself or the machine has no store; Deno uses ``system,mozilla``
-  unless ``DENO_TLS_CA_STORE`` is set; the host's ``SSL_CERT_FILE``/``SSL_CERT_DIR`` (and
-  ``DENO_CERT``) pass through (``policy.installer_environment``).
-- ``--ca-file`` is *added*: a bundle of the base (the host's ``SSL_CERT_FILE``, else the
-  system's, else certifi's) plus the file, written once into the installer cache, given to uv
-  and the server's own downloads as ``SSL_CERT_FILE`` and to Deno as ``DENO_CERT``. Desktop
-  clients pass few variables to a stdio server, so this is how a CA gets there.
+Design (docs/troubleshooting.md): uv and Deno use the system store unless the host says
+otherwise, and the host's ``SSL_CERT_FILE``/``SSL_CERT_DIR`` pass through; ``--ca-file`` is
+added to that base in one bundle given to uv, the server's downloads and Deno (desktop clients
+pass few variables to a stdio server).
 
-Error policy: an unreadable ``--ca-file``, or one without a certificate, is a ``ValueError``
-at start, with the path and what is wrong. A refused certificate at install time is
-explained by ``certificate_refusal`` (the cause as uv or Deno said it, and what to do).
+Error policy: an unreadable or empty ``--ca-file`` is a ``ValueError`` at start;
+``certificate_refusal`` explains a refused certificate at install time.
 """
 
 from __future__ import annotations

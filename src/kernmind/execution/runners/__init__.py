@@ -1,19 +1,8 @@
-"""Language runners: Python (Jupyter kernels) and, as a process per call, JavaScript and
-TypeScript (Deno), R, Java (warm JShell hosts) and bash.
+"""Language runners: Python (kernels, built by the executor) and process runners for JavaScript
+and TypeScript (Deno), R, Java (warm JShell hosts) and bash; the interface is ``base.py``.
 
-The interface every runner implements is documented once, in ``base.py``. This module
-finds the process runners whose runtime is installed:
-
-- ``discover(sandbox, settings) -> dict[str, Runner]``: the runners whose runtime is
-  installed (a missing runtime is simply absent, so the tool's language enum leaves it out).
-- ``missing_runtimes(sandbox, settings) -> dict[str, str]``: language -> what to install.
-
-Python's runner (``python.py``) needs the kernel pool, so the executor builds it.
-Probing runs each runtime's ``--version`` once per process (cached by name), so creating
-many servers in one process stays cheap. ``prefetch()`` runs those probes on a background
-thread: ``kernmind serve`` calls it before importing the MCP SDK, so the probes (mostly
-waiting on child processes, ``java -version`` starts a JVM) overlap that import instead of
-delaying the first answer.
+``discover``/``missing_runtimes`` say which runtimes are installed; each ``--version`` probe runs
+once per process, and ``prefetch()`` starts them on a thread so they overlap the MCP SDK's import.
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
-"""The interface every language runner implements, documented once.
+"""The interface every language runner implements.
 
-A runner knows how to run code of one language and nothing about time limits, quotas,
-progress or result shapes: the supervisor (``execution/supervisor.py``) owns those for
-every language alike. One ``run_code`` call is a ``Call``; the supervisor hands it to the
-runner and the runner:
+A runner runs one language and knows nothing of time limits, quotas, progress or result shapes
+(the supervisor's):
+- ``execute(call)``: run ``call.code``, output and the code's own error into ``call.collector``;
+  cancelled, it leaves no process behind. With ``prepares``, ``call.begin()`` marks where the
+  code itself starts (the time limit counts from there).
+- ``interrupt(call)``: after a cancellation: True when state survived, False when lost, None
+  when the runner keeps none.
+- ``settle(call)``: after every call, shielded (replace a broken interpreter).
+- ``release(session)``, ``aclose()``: the session closes, the server stops.
 
-- ``execute(call)``: runs ``call.code`` with the session's working directory, streaming
-  output into ``call.collector`` and putting the code's own error (an exception, a
-  non-zero exit) there too. It returns when the code finished. The supervisor may cancel
-  it (time limit, workspace quota, the client, ``close_session``); the runner then only
-  has to leave no process behind. A runner that first has to get an interpreter ready
-  (a kernel from the pool) sets ``prepares = True`` and calls ``call.begin()`` when the
-  code itself starts: the time limit and progress count from there.
-- ``interrupt(call)``: after such a cancellation, stop the code. Returns True when the
-  session's state survived (Python: the kernel went idle), False when state was lost
-  (the interpreter had to be replaced), None when the runner keeps no state (a process
-  per call: the process tree was killed).
-- ``settle(call)``: after every call, shielded from cancellation: housekeeping such as
-  replacing a broken interpreter before the next call.
-- ``release(session)``: the session is closing: stop what the runner keeps for it.
-- ``aclose()``: the server is stopping.
-
-Runners keep per-session state in ``session.state[language]`` (Python: its kernel).
-A runner that cannot start its runtime raises ``RuntimeUnavailable`` with the reason.
+State lives in ``session.state[language]``. A runtime that cannot start raises
+``RuntimeUnavailable`` with the reason.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""``bash``: the snippet runs with ``bash --noprofile --norc -c`` (a hidden script file when it
-is too long for one argument).
+"""``bash``: the snippet runs with ``bash --noprofile --norc -c`` (a hidden script when too long).
 
-Results are stdout, stderr and the exit code; there is no "last expression value". A
-non-zero exit is ``status: "error"`` with ``NonZeroExit`` and the code in ``error``;
-bash's own parse errors (exit 2 with "syntax error" on stderr) are reported as
-``SyntaxError``.
+Error policy: a non-zero exit is ``NonZeroExit``; bash's parse errors (exit 2, "syntax error")
+are ``SyntaxError``.
 """
 
 from __future__ import annotations

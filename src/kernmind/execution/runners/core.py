@@ -1,25 +1,15 @@
 """The shared subprocess core of the non-Python runners.
 
-One call = one sandboxed process tree. ``run_process`` starts the command built by
-``Sandbox.wrap`` in a new session (so it leads its own process group) and streams stdout
-and stderr into the call's ``OutputCollector`` until the process exits. Time limits,
-the quota and progress are the supervisor's: it cancels the call, and cancelling
-``run_process`` kills the tree.
+Design
+- One call is one sandboxed process tree, in its own session; cancelling ``run_process`` kills
+  the process group and every descendant found in ``/proc`` (a ``setsid`` child leaves the
+  group; under bubblewrap the pid namespace ends too).
+- Helper files live in the workspace under unpredictable hidden names, created with
+  ``O_EXCL|O_NOFOLLOW`` and read back with ``O_NOFOLLOW`` and a size cap (sandboxed code can
+  write there), and are removed after the call.
 
-Killing: the whole tree gets SIGKILL: the process group, plus every descendant found in
-``/proc`` (a child that called ``setsid`` leaves the group). Under bubblewrap the tree
-lives in its own pid namespace and bwrap runs with ``--die-with-parent``, so killing it
-takes background children down with it too.
-
-Helper files (a wrapper script, the snippet, a result file) live in the workspace under
-unpredictable hidden names (``.km-<random>…``), are created with ``O_EXCL|O_NOFOLLOW``
-and read back with ``O_NOFOLLOW`` and a size cap: sandboxed code can write the workspace
-and must not be able to make the server follow a symlink. They are removed after the call
-and never appear in ``files``.
-
-Error policy: a runtime that cannot be started (binary gone, exec error) raises
-``RuntimeUnavailable``; everything the code itself does (non-zero exit, crash) is put in
-the collector as the call's error.
+Error policy: a runtime that cannot start raises ``RuntimeUnavailable``; what the code does
+(non-zero exit, crash) is the call's error in the collector.
 """
 
 from __future__ import annotations
@@ -214,12 +204,10 @@ class Context:
         layer: Layer | None = None,
         lasting: bool = False,
     ) -> SandboxedCommand:
-        """``argv`` in the sandbox; with ``layer``, the session's installed Python packages are
-        mounted read-only, on ``PYTHONPATH`` and (their scripts) on ``PATH``. Inside a call
-        (``current_limits``), the process joins the session's control group and gets its write
-        block (``sandbox/limits.py``). ``lasting``: a process that outlives the call (Java's
-        JShell host) gets the creation guard, so it creates nothing while its session is over
-        the quota, though it started under (a per-call process is started with the block)."""
+        """``argv`` in the sandbox, with ``layer``'s Python packages read-only on ``PYTHONPATH`` and
+        ``PATH``; inside a call, in the session's group under its write block. ``lasting`` (a process
+        that outlives the call) gets the creation guard.
+        """
         env = dict(env)
         mounts: list[Mount] = []
         path = env.get("PATH", DEFAULT_PATH)

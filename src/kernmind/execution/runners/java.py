@@ -1,25 +1,16 @@
 """``java`` with JShell semantics, on warm sandboxed JVMs.
 
 Design
-- A cold ``jshell`` costs seconds, so snippets run in a *host* JVM (``JShellHost.java``,
-  compiled once into the user cache) using the JShell API with local execution, started in
-  the sandbox like any process (one workspace, its uid, the rlimits) and served over
-  stdin/stdout frames. It outlives calls, so it carries the creation guard; a host started
-  while its session was over the quota has the stricter filter for life and is retired once
-  the session is back under.
-- No state leaks between calls: each call gets a new ``JShell`` (a fresh class loader) and
-  the host restores streams, properties, locale and time zone; a call that leaves threads
-  running makes it dirty and it is retired, as after ``MAX_CALLS``.
-- Hosts are kept per workspace (the first Java call of a session is cold): at most
-  ``MAX_HOSTS`` (least recently used stopped first), stopped after ``IDLE_SECONDS`` or when
-  the workspace is gone or changed owner; with ``--stateless`` one-shot. ``aclose()`` stops
-  all; ``--die-with-parent`` too.
-- Memory: explicit heap, metaspace and code-cache sizes from ``memory_mb`` (``-Xmx`` half).
+- A cold ``jshell`` costs seconds, so snippets run in a host JVM (``JShellHost.java``, compiled
+  once) over stdin/stdout frames, sandboxed like any process; it outlives calls, so it carries
+  the creation guard (one started over the quota is retired once back under).
+- Each call gets a fresh ``JShell``; the host restores streams, properties, locale and time
+  zone; threads left running, ``MAX_CALLS`` or ``--stateless`` retire it. Hosts are kept per
+  workspace, at most ``MAX_HOSTS``, stopped after ``IDLE_SECONDS``.
 
-Error policy: compile errors are ``CompilationError`` (``SyntaxError`` when the source does
-not parse); exceptions keep their Java class name, message and stack; a timeout kills the
-host (the whole sandbox); a host that dies or breaks the protocol gives ``status: "error"``
-with ``JavaHostError``.
+Error policy: compile errors are ``CompilationError`` (``SyntaxError`` when it does not parse);
+exceptions keep their Java class, message and stack; a timeout kills the host; a host that
+dies or breaks the protocol is ``JavaHostError``.
 """
 
 from __future__ import annotations

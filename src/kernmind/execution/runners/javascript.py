@@ -1,31 +1,16 @@
 """``javascript`` and ``typescript`` on Deno (the binary from the ``deno`` PyPI package).
 
 Design
-- The snippet is written into the workspace as a hidden ES module (``.mjs``/``.mts``), so
-  top-level ``await``, ``import … from "node:fs"`` and TypeScript all work, and relative
-  imports/requires resolve against the workspace.
-- A prelude, imported from a ``data:`` URL (imports are hoisted, so it runs before the
-  snippet and shifts no line numbers), defines CommonJS globals — ``require`` (via
-  ``createRequire``), ``module``, ``exports``, ``__filename``, ``__dirname`` — so
-  ``require("fs")`` works in the same file as ``import`` statements, and it installs
-  ``error``/``unhandledrejection`` handlers that write the uncaught error as JSON.
-- The last expression: a small lexer (strings, templates, comments, regex literals,
-  brackets, ASI-style newlines) finds the last top-level statement; if it is an expression
-  it is rewritten in place to ``await __km_report((expr))``, which awaits thenables and writes
-  ``util.inspect(value)`` (Node REPL style) to a result file. If that rewrite does not
-  parse (a statement the lexer misjudged), the original snippet is run instead — parse
-  errors happen before any code runs, so nothing runs twice.
-- Permissions: read/write of the workspace only (plus ``/tmp``, the sandbox's private
-  tmpfs). ``--cached-only`` means no package download ever; ``require("axios")`` or
-  ``import "npm:axios"`` fail with a message naming ``install_packages``. npm packages that
-  tool installed are read from the session's Deno cache (its layer, mounted read-only).
-  ``--allow-net`` only with ``allow_network``. ``NO_COLOR=1``; ``DENO_DIR`` in ``/tmp``.
-- Memory: ``--max-old-space-size`` below the sandbox's RLIMIT_DATA, and ``--jitless`` when
-  the limit is too small for V8's JIT to start (see ``v8_flags``).
+- The snippet is a hidden ES module in the workspace; a prelude imported from a ``data:`` URL
+  (hoisted: no line shift) defines CommonJS globals and reports uncaught errors as JSON.
+- The last expression: a small lexer finds the last top-level statement; an expression is
+  rewritten to ``await __km_report((expr))``. If that does not parse, the original runs instead
+  (parse errors come before any code runs, so nothing runs twice).
+- Permissions: the workspace and ``/tmp`` only, ``--cached-only`` (npm from the session's
+  layer), network only with ``allow_network``; V8 sizes from ``v8_flags``.
 
-Error policy: uncaught errors become ``error`` {name, message, stack with the snippet
-shown as ``snippet.js``/``snippet.ts``}; parse errors are ``SyntaxError``; a non-zero
-``Deno.exit``/``process.exit`` is ``NonZeroExit``.
+Error policy: uncaught errors become ``error`` {name, message, stack}; parse errors are
+``SyntaxError``; a non-zero exit is ``NonZeroExit``.
 """
 
 from __future__ import annotations
@@ -259,12 +244,9 @@ def with_value_capture(code: str) -> str | None:
 
 
 def v8_flags(memory_mb: int) -> list[str]:
-    """V8 sizes under RLIMIT_DATA = ``memory_mb``.
-
-    The heap is capped below the limit so a runaway allocation is a clean JS out-of-memory
-    error. Measured: V8's JIT needs more than 512 MiB of RLIMIT_DATA just to start (its
-    code space is counted), so below ``JIT_MIN_MB`` Deno runs ``--jitless`` (slower, and no
-    WebAssembly) instead of dying with SIGTRAP.
+    """V8 sizes under RLIMIT_DATA = ``memory_mb``: the heap below it (a clean JS out-of-memory
+    error); below ``JIT_MIN_MB`` ``--jitless``, since V8's JIT needs over 512 MiB just to start
+    (measured; it dies with SIGTRAP).
     """
     flags = [f"--max-old-space-size={max(32, memory_mb * 3 // 4)}"]
     if memory_mb < JIT_MIN_MB:

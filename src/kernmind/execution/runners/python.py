@@ -1,29 +1,16 @@
 """``python`` in Jupyter kernels: one kernel per session, kept between calls.
 
-- A session's first Python call takes a warm kernel from the pool (``pool.py``) and binds
-  it to the session's own working directory (its stable home in the store: the kernel's
-  empty directory is moved into place, see ``store.rebind``), so the kernel writes where
-  the files live and nothing moves back when it stops.
-- ``reset``: a fresh kernel from the pool bound the same way; the old kernel goes.
-- Installed packages move with the session: every kernel starts with an empty package layer
-  mounted read-only; when it joins a session, the session's layer moves into it and the
-  interpreter puts it on its path (``Kernel.use_packages``).
-- **Variables that last** (``snapshot.py``): when the session is unloaded (idle reaping,
-  server stop) ``suspend`` saves the namespace inside the kernel before stopping it; an
-  idle session whose code ran is also saved in the background (``autosave``), so a server
-  that is killed loses little. The first call of a session loaded from the store restores
-  the snapshot in its fresh kernel before the code runs, and its notes say what came back,
-  what did not, and how old the snapshot is when the server had stopped without saving.
-- A ``--stateless`` call runs in a throw-away session, so it gets a fresh kernel and an
-  empty directory, both dropped after the call.
-- After a time limit, quota stop or cancellation the supervisor asks us to ``interrupt``:
-  the interrupt is aimed at the running request; if the kernel is idle again within a few
-  seconds its state survived, otherwise it is marked for replacement.
-- A kernel that dies mid-call (``os._exit``, a segfault, out of memory) gives a
-  ``KernelDied`` error. A dead or stuck kernel is replaced right after the call
-  (``settle``), with files kept, and the next call says so.
+Design (docs/tools.md, "Sessions that last")
+- A session's first call takes a warm kernel and binds it to the session's directory
+  (``store.rebind``); ``reset`` does it again with a fresh one; the session's package layer
+  moves into each kernel it gets.
+- ``suspend`` saves the namespace before an unload, ``autosave`` in the background; a loaded
+  session's first call restores it before the code runs, with notes on what came back.
+- After a cancellation, ``interrupt`` aims at the running request; a kernel not idle again
+  within seconds, or dead, is replaced after the call (``settle``).
 
-Error policy: a kernel that cannot be started raises ``RuntimeUnavailable`` with the reason.
+Error policy: a kernel that cannot be started raises ``RuntimeUnavailable``; one that dies
+mid-call is ``KernelDied``.
 """
 
 from __future__ import annotations
@@ -225,9 +212,9 @@ class PythonRunner:
             session.meta_unsaved = True
 
     def _snapshot_place(self, ws: Workspace, kernel: Kernel) -> tuple[Path | None, str | None]:
-        """Where the kernel writes and reads the snapshot: its runtime directory (host path, path
-        inside), from where the server moves it beside the session's files (so it never shows in
-        the working directory); (None, None) for a kernel without one here: the working directory."""
+        """(host path, path inside) of the kernel's runtime directory, where it writes its snapshot;
+        (None, None) for a kernel without one here.
+        """
         local = kernel.local
         if local is None:
             return None, None

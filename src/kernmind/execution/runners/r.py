@@ -1,18 +1,12 @@
-"""``r`` through ``Rscript`` (base R; Debian's ``r-base-core``).
+"""``r`` through ``Rscript`` (base R).
 
-Design: the snippet is written to a hidden file in the workspace and a small wrapper
-(another hidden file) ``parse()``s it, then evaluates the top-level expressions one by one
-in the global environment with ``withVisible``. Visible values of earlier expressions are
-printed to stdout as Rscript would; the visible value of the *last* expression is
-``print``ed into a result file instead and becomes ``results`` (like Python's last
-expression). ``options(warn = 1)`` prints warnings as they happen, on stderr. Base
-graphics draw on a PNG device whose pages come back as image results (and MCP image
-content), before the last value, the way a notebook shows them.
+Design: a hidden wrapper ``parse()``s the snippet and evaluates its top-level expressions one
+by one with ``withVisible``, printing visible values as Rscript would, except the last, which
+becomes ``results``; warnings print as they happen; base graphics go to a PNG device whose
+pages come back as images.
 
-Error policy: a parse failure is ``SyntaxError`` with R's message; an R error condition
-maps to name = its class (``simpleError`` shown as ``Error``), value = the condition
-message, traceback = the call stack of the snippet's own frames (wrapper frames removed).
-A ``quit(status = n)`` with n ≠ 0 is ``NonZeroExit``.
+Error policy: a parse failure is ``SyntaxError``; an R condition is named by its class with
+the snippet's own frames as traceback; ``quit(status = n)``, n ≠ 0, is ``NonZeroExit``.
 """
 
 from __future__ import annotations
