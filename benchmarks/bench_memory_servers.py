@@ -17,11 +17,15 @@ Searches are timed when ``--at`` facts are stored (≈ 600: issue 32's target, s
 server's work (for kernmind: embedding the question or fact, full text, the vector index, SQLite).
 Each query is a natural question about one fact; "found" counts those whose fact is in the
 results (the graph matches the query as one substring, so a question rarely finds anything).
+``--baseline-src DIR`` adds a third server in the same run: kernmind from another source tree's
+``src`` (``git worktree add /tmp/base COMMIT``, then ``--baseline-src /tmp/base/src``), for a
+before/after under the same load.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -90,7 +94,7 @@ class Server:
 
     async def insert(self, i: int, fact: str) -> None:
         t0 = time.perf_counter()
-        if self.name == "kernmind":
+        if self.name.startswith("kernmind"):
             await self.call("archival_memory_insert", {"content": fact})
         else:
             entity = {"name": f"fact-{i}", "entityType": "fact", "observations": [fact]}
@@ -99,7 +103,7 @@ class Server:
 
     async def search(self, question: str, fact: str) -> tuple[float, bool]:
         t0 = time.perf_counter()
-        if self.name == "kernmind":
+        if self.name.startswith("kernmind"):
             out = await self.call("archival_memory_search", {"query": question, "top_k": 5})
             ms = (time.perf_counter() - t0) * 1000
             found = any(r["content"] == fact for r in out.structured_content["results"])
@@ -126,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--facts", type=int, default=2000)
     ap.add_argument("--searches", type=int, default=100)
     ap.add_argument("--at", type=int, default=600, help="also search when this many facts are stored")
+    ap.add_argument(
+        "--baseline-src", help="also run kernmind from this source tree's src folder (before/after)"
+    )
     args = ap.parse_args(argv)
     if not GRAPH.exists():
         raise SystemExit(
@@ -139,17 +146,37 @@ def main(argv: list[str] | None = None) -> int:
         lines = []
         with tempfile.TemporaryDirectory() as data:
             env = {k: v for k, v in os.environ.items() if not k.startswith("KERNMIND_")}
-            ours = StdioServerParameters(
-                command=sys.executable,
-                args=["-m", "kernmind", "serve", "--data-dir", data, "--sandbox", "none", "--pool-size", "0"],
-                env=env,
-            )
+
+            def kernmind(folder: str, src: str | None = None) -> StdioServerParameters:
+                extra = {"PYTHONPATH": src} if src else {}
+                return StdioServerParameters(
+                    command=sys.executable,
+                    args=[
+                        "-m",
+                        "kernmind",
+                        "serve",
+                        "--data-dir",
+                        folder,
+                        "--sandbox",
+                        "none",
+                        "--pool-size",
+                        "0",
+                    ],
+                    env={**env, **extra},
+                )
+
             graph = StdioServerParameters(
                 command=str(GRAPH), args=[], env={**env, "MEMORY_FILE_PATH": f"{data}/graph.jsonl"}
             )
-            async with Client(ours) as a, Client(graph) as b:
-                servers = [Server("kernmind", a), Server("server-memory", b)]
-                await servers[0].call("archival_memory_search", {"query": "warm up"})  # the model is loaded
+            async with contextlib.AsyncExitStack() as stack:
+                servers = [Server("kernmind", await stack.enter_async_context(Client(kernmind(data))))]
+                if args.baseline_src:
+                    os.makedirs(f"{data}/base", exist_ok=True)
+                    base = Client(kernmind(f"{data}/base", os.path.abspath(args.baseline_src)))
+                    servers.append(Server("kernmind (baseline)", await stack.enter_async_context(base)))
+                servers.append(Server("server-memory", await stack.enter_async_context(Client(graph))))
+                for s in servers[:-1]:
+                    await s.call("archival_memory_search", {"query": "warm up"})  # the model is loaded
                 for i, (fact, _) in enumerate(stored):
                     for s in servers if i % 2 == 0 else servers[::-1]:
                         await s.insert(i, fact)
