@@ -69,9 +69,8 @@ class KernelLost(Exception):
 
 
 class Channel(Protocol):
-    """How one kind of kernel sends a request and receives what answers it: each method raises
-    ``KernelLost`` when the kernel is gone; ``output`` and ``reply`` may raise a ``MALFORMED`` error.
-    """
+    """How one kind of kernel sends a request and receives what answers it: each method raises ``KernelLost``
+    when the kernel is gone; ``output`` and ``reply`` may raise a ``MALFORMED`` error."""
 
     def send(self, code: str, *, silent: bool, store_history: bool) -> str:
         """Send an ``execute_request``; its ``msg_id``."""
@@ -109,9 +108,8 @@ async def run_request(
     silent: bool = False,
     store_history: bool = True,
 ) -> ExecOutcome:
-    """The ``api.Kernel.execute`` contract: a ``deadline`` that passes first returns ``deadline``
-    with the output so far; cancelling leaves the request running (interrupt it afterwards).
-    """
+    """The ``api.Kernel.execute`` contract: a ``deadline`` that passes first returns ``deadline`` with the
+    output so far; cancelling leaves the request running (interrupt it afterwards)."""
     ignored = Ignored()
     try:
         msg_id = channel.send(code, silent=silent, store_history=store_history and not silent)
@@ -201,9 +199,8 @@ async def _reply_count(channel: Channel, msg_id: str, ignored: Ignored, count: i
 async def await_interrupted(
     channel: Channel, msg_id: str | None, sink: OutputCollector, grace: float
 ) -> bool:
-    """After an interrupt: True when ``msg_id`` went idle within ``grace`` seconds; its remaining
-    streams go to ``sink``.
-    """
+    """After an interrupt: True when ``msg_id`` went idle within ``grace`` seconds; its remaining streams go
+    to ``sink``."""
     deadline = time.monotonic() + grace
     while (left := deadline - time.monotonic()) > 0:
         try:

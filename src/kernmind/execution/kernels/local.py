@@ -147,8 +147,7 @@ class KernelFactory:
 
     def environment(self, runtime_dir: Path | None) -> dict[str, str]:
         """Variables on top of the sandbox's allow-list; caches go to the sandbox's /tmp (unsandboxed:
-        ``runtime_dir``).
-        """
+        ``runtime_dir``)."""
         scratch = "/tmp/.kernmind" if self.sandbox.isolated else (str(runtime_dir) if runtime_dir else None)
         dirs = (
             {

@@ -167,9 +167,8 @@ class ZmqChannel:
         return self.kc.execute(code, silent=silent, store_history=store_history, allow_stdin=False)
 
     def _view(self, socket: Any) -> Any:
-        """The blocking-free view of one of the client's sockets, only while it is open (a view does
-        not own its socket).
-        """
+        """The blocking-free view of one of the client's sockets, only while it is open (a view does not own
+        its socket)."""
         import zmq
 
         if socket.closed:
@@ -223,9 +222,8 @@ class ZmqChannel:
             raise
 
     def _stopped_under_us(self, exc: BaseException) -> bool:
-        """True when ``exc`` comes from a concurrent shutdown closing our sockets (which cancels the
-        pending zmq future), not from the caller.
-        """
+        """True when ``exc`` comes from a concurrent shutdown closing our sockets (which cancels the pending
+        zmq future), not from the caller."""
         if not self.kernel.closed:
             return False
         if isinstance(exc, asyncio.CancelledError):

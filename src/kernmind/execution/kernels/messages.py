@@ -55,9 +55,8 @@ def count_of(value: Any, count: int | None) -> int | None:
 
 
 def fold_output(msg: dict[str, Any], collector: OutputCollector, count: int | None) -> int | None:
-    """Fold one iopub message (not ``status``) into ``collector``; returns the execution count,
-    updated when the message carries one.
-    """
+    """Fold one iopub message (not ``status``) into ``collector``; returns the execution count, updated when
+    the message carries one."""
     parts = message_parts(msg)
     if isinstance(parts, str):
         return count

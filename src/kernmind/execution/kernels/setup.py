@@ -347,9 +347,8 @@ del _kernmind_safe_pack
 
 
 def setup_code(budget: Budget, *, keep_output: bool = True) -> str:
-    """The setup cell for answers of ``budget`` (cap ``budget.kernel_cap()``); with ``keep_output``,
-    output past ``budget.keep_after()`` also goes whole to a file (``results.KEPT_RE``).
-    """
+    """The setup cell for answers of ``budget`` (cap ``budget.kernel_cap()``); with ``keep_output``, output
+    past ``budget.keep_after()`` also goes whole to a file (``results.KEPT_RE``)."""
     cap = budget.kernel_cap()
     keep_after = budget.keep_after() if keep_output else 0
     return (

@@ -1,6 +1,5 @@
-"""Run-time installs into per-session layers (docs/tools.md, ``install_packages``): the installer,
-the policy, layers and their stored copies, uv, source builds and npm through Deno.
-"""
+"""Run-time installs into per-session layers (docs/tools.md, ``install_packages``): the installer, the policy,
+layers and their stored copies, uv, source builds and npm through Deno."""
 
 from kernmind.execution.packages.installer import InstalledPackage, InstallResult, PackageInstaller
 from kernmind.execution.packages.layer import Distribution, Layer

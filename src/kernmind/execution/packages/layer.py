@@ -103,9 +103,8 @@ class Layer:
 
 
 def merge_untrusted_tree(source: Path, target: Path) -> list[str]:
-    """Move a tree written by sandboxed code into ``target``; return what was skipped. Only regular
-    files and directories, no replacing, modes cut to ``rwxr-xr-x``, owned by the server.
-    """
+    """Move a tree written by sandboxed code into ``target``; return what was skipped. Only regular files and
+    directories, no replacing, modes cut to ``rwxr-xr-x``, owned by the server."""
     skipped: list[str] = []
     uid, gid = os.getuid(), os.getgid()
     for dirpath, dirnames, filenames in os.walk(source):

@@ -83,9 +83,8 @@ class HostUv:
 async def run_in_session_group(
     argv: Sequence[str], env: Mapping[str, str], timeout: float
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run a host command of an install (uv, Deno), in the session's control group within its
-    install (``current_limits``); raises ``TimeoutError`` after ``timeout`` seconds.
-    """
+    """Run a host command of an install (uv, Deno), in the session's control group within its install
+    (``current_limits``); raises ``TimeoutError`` after ``timeout`` seconds."""
     session = current_limits.get()
     group = session.ensure_group() if session is not None else None
     command = group.join_argv(argv) if group is not None else list(argv)
@@ -213,9 +212,8 @@ class Resolution:
 class CompiledStore:
     """Installed, byte-compiled copies of single distributions, shared by every session.
 
-    uv's cache holds no bytecode and layers are read-only, so each import would compile again
-    (several times slower, benchmarks/README.md); hard links keep the sources' mtimes, so the
-    ``.pyc`` files stay valid.
+    uv's cache holds no bytecode and layers are read-only, so each import would compile again (several times
+    slower, benchmarks/README.md); hard links keep the sources' mtimes, so the ``.pyc`` files stay valid.
     """
 
     root: Path

@@ -89,9 +89,8 @@ async def build_in_sandbox(
     proxy_env: Mapping[str, str],
     timeout: float,
 ) -> tuple[Resolution, list[str]]:
-    """Resolve, build and install ``requirements`` in a sandbox into ``layer_dir``; returns the
-    resolution and the paths not taken over.
-    """
+    """Resolve, build and install ``requirements`` in a sandbox into ``layer_dir``; returns the resolution and
+    the paths not taken over."""
     box = replace(sandbox, allow_network=False) if sandbox.isolated else sandbox
     uid = sandbox.allocate_uid()
     work = await anyio.to_thread.run_sync(_make_work_dir, uid, installed.base_stubs)

@@ -204,10 +204,9 @@ class Context:
         layer: Layer | None = None,
         lasting: bool = False,
     ) -> SandboxedCommand:
-        """``argv`` in the sandbox, with ``layer``'s Python packages read-only on ``PYTHONPATH`` and
-        ``PATH``; inside a call, in the session's group under its write block. ``lasting`` (a process
-        that outlives the call) gets the creation guard.
-        """
+        """``argv`` in the sandbox, with ``layer``'s Python packages read-only on ``PYTHONPATH`` and ``PATH``;
+        inside a call, in the session's group under its write block. ``lasting`` (a process that outlives the
+        call) gets the creation guard."""
         env = dict(env)
         mounts: list[Mount] = []
         path = env.get("PATH", DEFAULT_PATH)

@@ -244,10 +244,9 @@ def with_value_capture(code: str) -> str | None:
 
 
 def v8_flags(memory_mb: int) -> list[str]:
-    """V8 sizes under RLIMIT_DATA = ``memory_mb``: the heap below it (a clean JS out-of-memory
-    error); below ``JIT_MIN_MB`` ``--jitless``, since V8's JIT needs over 512 MiB just to start
-    (measured; it dies with SIGTRAP).
-    """
+    """V8 sizes under RLIMIT_DATA = ``memory_mb``: the heap below it (a clean JS out-of-memory error); below
+    ``JIT_MIN_MB`` ``--jitless``, since V8's JIT needs over 512 MiB just to start (measured; it dies with
+    SIGTRAP)."""
     flags = [f"--max-old-space-size={max(32, memory_mb * 3 // 4)}"]
     if memory_mb < JIT_MIN_MB:
         flags.append("--jitless")

@@ -212,9 +212,8 @@ class PythonRunner:
             session.meta_unsaved = True
 
     def _snapshot_place(self, ws: Workspace, kernel: Kernel) -> tuple[Path | None, str | None]:
-        """(host path, path inside) of the kernel's runtime directory, where it writes its snapshot;
-        (None, None) for a kernel without one here.
-        """
+        """(host path, path inside) of the kernel's runtime directory, where it writes its snapshot; (None,
+        None) for a kernel without one here."""
         local = kernel.local
         if local is None:
             return None, None

@@ -70,17 +70,9 @@ def bwrap_args(
     (``Sandbox.wrap`` documents the arguments)."""
     assert sandbox.bwrap is not None
     args: list[str] = [sandbox.bwrap]
-    if sandbox.as_root:
-        # Privileged bwrap: no user namespace, so the uid switch below is a real one.
-        args += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
-    else:
-        args += [
-            "--unshare-user",
-            "--unshare-ipc",
-            "--unshare-pid",
-            "--unshare-uts",
-            "--unshare-cgroup-try",
-        ]
+    if not sandbox.as_root:  # privileged bwrap has no user namespace: the uid switch below is real
+        args.append("--unshare-user")
+    args += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
     if not sandbox.allow_network:
         args.append("--unshare-net")
     args += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]

@@ -95,9 +95,8 @@ class Cgroup:
                 procs.write_text(str(pid))
 
     def adopt(self, other: Cgroup) -> None:
-        """Move every process of ``other`` (an idle warm kernel's group) here and remove it; memory
-        already charged stays with ``other``'s parent.
-        """
+        """Move every process of ``other`` (an idle warm kernel's group) here and remove it; memory already
+        charged stays with ``other``'s parent."""
         for _ in range(5):  # a process forked while we move is picked up by the next round
             pids = other.pids()
             if not pids:

@@ -108,9 +108,8 @@ def parse_fsize(limits: str) -> tuple[int, int] | None:
 
 
 class Listener:
-    """The helper's side of one guard filter. ``proc``: a descriptor of the /proc whose pids the
-    notifications carry (opened before entering the sandbox's mount namespace).
-    """
+    """The helper's side of one guard filter. ``proc``: a descriptor of the /proc whose pids the notifications
+    carry (opened before entering the sandbox's mount namespace)."""
 
     def __init__(self, fd: int, proc: int | None = None) -> None:
         self.fd = fd
@@ -162,9 +161,8 @@ class Listener:
 
 
 def serve_until(listener: Listener | None, fds: Sequence[int], timeout: float | None = None) -> list[int]:
-    """Answer ``listener``'s calls until one of ``fds`` is readable (returned) or ``timeout``
-    passes (an empty list); a listener with no process left gets ``fd`` -1.
-    """
+    """Answer ``listener``'s calls until one of ``fds`` is readable (returned) or ``timeout`` passes (an empty
+    list); a listener with no process left gets ``fd`` -1."""
     poller = select.poll()
     for fd in fds:
         poller.register(fd, select.POLLIN)

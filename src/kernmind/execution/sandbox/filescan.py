@@ -99,10 +99,9 @@ def display_name(name: str) -> str:
 def scan_tree(
     root: Path, *, since_ns: int | None = None, budget_s: float | None = None, under: Sequence[str] = ()
 ) -> Scan:
-    """Regular files under ``root`` and the blocks of every other entry (``others``), following
-    nothing. ``under``: walk only that directory; ``budget_s``: stop after that long
-    (``complete`` false), walking directories changed since ``since_ns`` first.
-    """
+    """Regular files under ``root`` and the blocks of every other entry (``others``), following nothing.
+    ``under``: walk only that directory; ``budget_s``: stop after that long (``complete`` false), walking
+    directories changed since ``since_ns`` first."""
     started = time.perf_counter()
     deadline = started + budget_s if budget_s is not None else None
     result = Scan()

@@ -27,9 +27,8 @@ MAPS_PERIOD = 2.0  # seconds a process's list of deleted mappings is reused on t
 
 @dataclass
 class HeldFiles:
-    """One session's look at what its processes hold; the deleted mappings found are re-``stat``ed
-    every time, so one that went away stops counting at once.
-    """
+    """One session's look at what its processes hold; the deleted mappings found are re-``stat``ed every time,
+    so one that went away stops counting at once."""
 
     maps: dict[int, tuple[float, list[str]]] = field(default_factory=dict)  # pid -> (read at, paths)
 

@@ -174,8 +174,7 @@ class SessionLimits:
         return replace(base, writes_blocked=True) if self.writes_blocked else base
 
     def track(self, owner: str, pids: Iterable[int]) -> None:
-        """Register the roots of a long-lived process tree (a kernel): found again where there
-        is no group."""
+        """Register the roots of a long-lived process tree (a kernel): found again where there is no group."""
         self.roots[owner] = [p for p in pids if p]
 
     def untrack(self, owner: str) -> None:

@@ -123,9 +123,8 @@ def measure_now(
     *,
     reuse_held: bool = False,
 ) -> Usage | None:
-    """``measure`` when it fits the event loop (trackers with nothing to look at, few processes), else
-    None. ``reuse_held``: unnamed files counted under ``HELD_FRESH`` seconds ago stand.
-    """
+    """``measure`` when it fits the event loop (trackers with nothing to look at, few processes), else None.
+    ``reuse_held``: unnamed files counted under ``HELD_FRESH`` seconds ago stand."""
     if scan is None or not scan.complete:
         scan = workspace.scan_now()
     if scan is None or not scan.complete:
@@ -198,9 +197,8 @@ async def _measure_off_loop(workspace: Workspace, limits: SessionLimits) -> None
 
 
 async def _measure_unless_idle(workspace: Workspace, limits: SessionLimits) -> None:
-    """Without trackers: a walk unless nothing can have written since; held files are looked at
-    either way (``fallocate`` writes nothing ``write_bytes`` counts).
-    """
+    """Without trackers: a walk unless nothing can have written since; held files are looked at either way
+    (``fallocate`` writes nothing ``write_bytes`` counts)."""
     try:
         # A few /proc reads: on the loop for a session of a few processes (no thread hop on the
         # per-call path), off it for a crowd.

@@ -245,9 +245,8 @@ _files: dict[bytes, str] = {}
 
 
 def filter_file(data: bytes) -> str:
-    """A path bubblewrap and the fork-server waiter can read ``data`` from: an in-memory file kept
-    open here, reached through ``/proc/<pid>/fd`` (nothing left on disk).
-    """
+    """A path bubblewrap and the fork-server waiter can read ``data`` from: an in-memory file kept open here,
+    reached through ``/proc/<pid>/fd`` (nothing left on disk)."""
     if data not in _files:
         fd = os.memfd_create("kernmind-seccomp", os.MFD_CLOEXEC)
         os.write(fd, data)

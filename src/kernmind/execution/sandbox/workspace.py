@@ -267,9 +267,8 @@ class Workspace:
 
 
 def own_tree(root: Path, uid: int) -> None:
-    """Hand every entry under ``root`` to ``uid``, following no link (``os.fwalk`` walks by
-    descriptors, so a directory swapped for a symlink cannot redirect it).
-    """
+    """Hand every entry under ``root`` to ``uid``, following no link (``os.fwalk`` walks by descriptors, so a
+    directory swapped for a symlink cannot redirect it)."""
     os.chown(root, uid, uid, follow_symlinks=False)
     for _, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
         for name in dirnames + filenames:

@@ -77,9 +77,8 @@ def start_app(argv: list[str], setup: str):  # -> IPKernelApp
 
 
 def command_line_config(argv: list[str]):  # -> traitlets Config | None
-    """The Config traitlets' parser makes of ``-f FILE`` and ``--Class.trait=value`` arguments;
-    None for anything else (the real parser then reads it).
-    """
+    """The Config traitlets' parser makes of ``-f FILE`` and ``--Class.trait=value`` arguments; None for
+    anything else (the real parser then reads it)."""
     from traitlets.config import Config
     from traitlets.config.loader import DeferredConfigString
 
@@ -303,9 +302,8 @@ def run_waiter(request: dict, fds: list[int], status: int) -> None:
 
 
 def wait_for(kernel: int, placeholder: int, guard: object = None, listener: object = None) -> int:
-    """The kernel's exit code (128 + signal, as bwrap reports it), answering the creation guard
-    meanwhile; kills the kernel's process group when the placeholder ends first.
-    """
+    """The kernel's exit code (128 + signal, as bwrap reports it), answering the creation guard meanwhile;
+    kills the kernel's process group when the placeholder ends first."""
     kernel_fd = os.pidfd_open(kernel)
     if guard is not None:
         readable = guard.serve_until(listener, [kernel_fd, placeholder])  # type: ignore[attr-defined]

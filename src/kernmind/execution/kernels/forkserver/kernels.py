@@ -229,9 +229,8 @@ TEMPLATE_UNSET = (
 
 
 def template_environment(base: KernelFactory) -> dict[str, str]:
-    """A kernel's variables without its directories and without those that start BLAS threads
-    (the template must hold no thread when it forks).
-    """
+    """A kernel's variables without its directories and without those that start BLAS threads (the template
+    must hold no thread when it forks)."""
     env = base.environment(None)
     for name in TEMPLATE_UNSET:
         env.pop(name, None)
@@ -326,9 +325,8 @@ def _ipykernel_major(version: str | None) -> int:
 
 
 async def fork_server_report(base: KernelFactory, preload: Sequence[str] = DEFAULT_PRELOAD) -> dict[str, Any]:
-    """What ``kernmind doctor`` shows: whether the fork server works here and how fast it forks
-    (three kernels, median start to ready, ``1 + 1`` in the last).
-    """
+    """What ``kernmind doctor`` shows: whether the fork server works here and how fast it forks (three
+    kernels, median start to ready, ``1 + 1`` in the last)."""
     factory = ForkKernelFactory(base, preload=preload)
     started = time.perf_counter()
     async with factory.running():

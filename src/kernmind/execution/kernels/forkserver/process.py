@@ -58,9 +58,8 @@ def template_dirs(home: Path) -> dict[str, str]:
 
 
 class TemplateProcess:
-    """One running template: its process, its control channel and, while it preloads, its snapshot's
-    (forked before the heavy imports, serving spawns meanwhile).
-    """
+    """One running template: its process, its control channel and, while it preloads, its snapshot's (forked
+    before the heavy imports, serving spawns meanwhile)."""
 
     def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket, home: Path) -> None:
         self.proc = proc
@@ -202,9 +201,8 @@ class ForkServer:
     _last_start: float = field(default=-RESTART_BACKOFF)
 
     def prelaunch(self) -> None:
-        """Launch the template before the event loop runs, so its imports overlap the MCP SDK's;
-        ``running()`` adopts it. Call from the thread that will run the loop.
-        """
+        """Launch the template before the event loop runs, so its imports overlap the MCP SDK's; ``running()``
+        adopts it. Call from the thread that will run the loop."""
         if self._early is None and self.current is None:
             self._early = TemplateProcess.launch(self.python, self.env, self._config())
             self._last_start = time.monotonic()

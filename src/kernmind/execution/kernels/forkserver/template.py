@@ -115,9 +115,7 @@ def discover_kernel_modules(setup: str, argv: list[str]) -> list[str]:
 
 
 class Template:
-    """The serving loop: forks come first; heavy modules are imported one at a time while no
-    request waits.
-    """
+    """The serving loop: forks come first; heavy modules are imported one at a time while no request waits."""
 
     def __init__(
         self, control: socket.socket, config: dict, environment: dict[str, str], started: float
@@ -135,9 +133,8 @@ class Template:
         freeze()
 
     def fork_snapshot(self) -> int:
-        """A copy of this template as it is now that serves spawns on its own socket while this one
-        preloads; returns the server's end. It exits when the server closes it.
-        """
+        """A copy of this template as it is now that serves spawns on its own socket while this one preloads;
+        returns the server's end. It exits when the server closes it."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
