@@ -19,6 +19,7 @@ from mcp import Client
 
 from tests.conftest import error_text, structured
 from tests.execution.fakes import FakeKernelFactory, fake_client, fake_settings
+from tests.execution.test_result_budgets import MARKER_ROOM
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fast]
 
@@ -207,6 +208,17 @@ async def test_list_sessions_shows_the_caps_and_the_warm_pool(tmp_path: Path) ->
         assert listed["max_sessions"] == 8 and listed["max_sessions_per_principal"] == 3
         assert listed["warm_kernels"] == 1 and listed.get("pool_error") is None
         assert listed["sessions"] == [] and listed["total"] == 0
+
+
+async def test_output_past_the_budget_keeps_its_head_and_tail_within_the_answer(tmp_path: Path) -> None:
+    async with fake_client(fake_settings(tmp_path, pool_size=0, max_output_chars=2000)) as (c, _):
+        result = await c.call_tool("run_code", {"code": "for i in range(2000):\n    print(f'line {i:05d}')"})
+        assert len(result.content[0].text) <= 2000 + MARKER_ROOM, len(result.content[0].text)
+        out = structured(result)
+        stdout = "".join(out["logs"]["stdout"])
+        assert out["truncated"] is True and "output truncated" in result.content[0].text
+        assert stdout.startswith("line 00000\n") and stdout.endswith("line 01999\n")
+        assert len(stdout) <= 2000 + MARKER_ROOM  # of 22,000 characters printed
 
 
 def test_the_fake_factory_is_what_the_executor_runs(tmp_path: Path) -> None:
