@@ -159,9 +159,8 @@ class CachedQueries:
         missing = [t for t, v in zip(texts, found, strict=True) if v is None]
         self.hits += len(texts) - len(missing)
         self.misses += len(missing)
-        if (
-            missing
-        ):  # each alone: a text's cached vector is the one it has by itself (minilm.py: embed_together)
+        if missing:
+            # each alone: a text's cached vector is the one it has by itself (minilm.py: embed_together)
             made = iter([(await self.inner.embed_query([t]))[0] for t in missing])
             for i, vector in enumerate(found):
                 if vector is None:
