@@ -271,6 +271,24 @@ async def test_shutting_a_kernel_down_ends_everything_it_started(factory: ForkKe
     assert children_of(template.proc.pid) == []
 
 
+async def test_without_a_sandbox_the_waiter_ends_what_the_kernel_left(tmp_path: Path) -> None:
+    """``--sandbox none``: no pid namespace ends a forked kernel's background processes, so its
+    waiter (their subreaper) kills them when the kernel ends (lifeline.py's walk, loaded by path)."""
+    base = KernelFactory.standalone(Sandbox.detect("none"), PythonRuntime.probe(None), tmp_path / "fs")
+    marker = f"fs-none-bg-{os.getpid()}-{time.monotonic_ns()}"
+    forks = ForkKernelFactory(base, preload=[])
+    async with forks.running():
+        kernel = await forked(forks)
+        started = await run(
+            kernel,
+            f"import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 300', '{marker}'], start_new_session=True)",
+        )
+        assert started.error is None, started.error
+        assert processes_matching(marker)
+        await kernel.shutdown()
+        assert await gone(marker)
+
+
 # --- the template's life -------------------------------------------------------------------------
 
 

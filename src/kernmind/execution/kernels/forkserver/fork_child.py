@@ -264,6 +264,7 @@ def run_waiter(request: dict, fds: list[int], status: int) -> None:
         )
         if shared_pid_ns:
             libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            lifeline = load_by_path("kernmind_lifeline", request["lifeline_module"])  # the same walk
         enter_namespaces(request["namespaces"], ns_fds)
         signal.pidfd_send_signal(placeholder, 0)  # still alive: the pid was not reused meanwhile
         for fd in ns_fds:
@@ -293,7 +294,7 @@ def run_waiter(request: dict, fds: list[int], status: int) -> None:
         listener = guard.Listener(fds[0], host_proc) if fds else None
     code = wait_for(kernel, placeholder, guard, listener)
     if shared_pid_ns:
-        kill_descendants()
+        lifeline.kill_descendants()
     try:
         os.write(exit_pipe, f"{code}\n".encode())
     except OSError:
@@ -319,36 +320,8 @@ def wait_for(kernel: int, placeholder: int, guard: object = None, listener: obje
     return 128 - code if code < 0 else code
 
 
-def kill_descendants() -> None:
-    """SIGKILL every process below this one until none is left (orphans come back to a
-    subreaper); the same walk as ``lifeline.py``, which this script cannot import."""
-    me = os.getpid()
-    for _ in range(50):
-        children: dict[int, list[int]] = {}
-        for name in os.listdir("/proc"):
-            try:
-                with open(f"/proc/{name}/stat", "rb") as fh:
-                    stat = fh.read()
-            except (OSError, ValueError):
-                continue
-            if name.isdigit():
-                children.setdefault(int(stat[stat.rindex(b")") + 2 :].split()[1]), []).append(int(name))
-        found, todo = [], [me]
-        while todo:
-            for child in children.get(todo.pop(), []):
-                found.append(child)
-                todo.append(child)
-        if not found:
-            return
-        for pid in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        reap()
-
-
 def reap() -> None:
+    """Reap every child that has exited (the template's waiters), without waiting."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)

@@ -35,7 +35,7 @@ from kernmind.execution.kernels.local import (
 )
 from kernmind.execution.kernels.local_kernel import Kernel
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.sandbox import creation_guard
+from kernmind.execution.sandbox import creation_guard, lifeline
 from kernmind.execution.sandbox.cgroups import Cgroup
 from kernmind.execution.sandbox.workspace import Workspace
 
@@ -254,6 +254,7 @@ async def _spawn(
             "seccomp": plan.factory.sandbox.seccomp,
             "guard": plan.factory.sandbox.guard,  # the waiter answers it (creation_guard.py)
             "guard_module": creation_guard.__file__,
+            "lifeline_module": lifeline.__file__,  # kills what a kernel left where no pid namespace does
         }
         return await template.request(request, [exit_write, *fds])
     finally:

@@ -17,7 +17,7 @@ Protocol (SOCK_SEQPACKET, one JSON object a packet, descriptors as SCM_RIGHTS):
   preloaded, failed, seconds}. The snapshot speaks the same protocol.
 - server → template, first: {server_pid, preload, setup, kernel_args}.
 - ``spawn`` {id, argv, cwd, uid, placeholder_pid, namespaces, cgroup, seccomp, guard,
-  guard_module} with descriptors [exit_pipe, placeholder_pidfd, *namespace_fds] →
+  guard_module, lifeline_module} with descriptors [exit_pipe, placeholder_pidfd, *namespace_fds] →
   {id, ok: true, pid} once the kernel is ready, or {id, ok: false, error}.
 - ``ping`` {id} → {id, ok: true, threads}.
 
