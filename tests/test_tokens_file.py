@@ -17,7 +17,6 @@ import pytest
 from kernmind.principals import LOCAL, SHARED_TOKEN, Principal
 from kernmind.revocation import (
     in_force,
-    is_revoked,
     revoked,
     revoked_sentence,
     still_valid,
@@ -121,7 +120,7 @@ def test_revoked_says_why_while_a_file_is_in_force(tmp_path: Path) -> None:
         assert revoked(alice) is None and still_valid(alice)
         file.revoke("alice")
         assert revoked(alice) == revoked_sentence("alice")  # at once, not at the watch's next turn
-        assert is_revoked("alice") and not is_revoked("bob") and not still_valid(alice)
+        assert revoked("alice") is not None and revoked("bob") is None and not still_valid(alice)
         assert revoked(LOCAL) is None and revoked(SHARED_TOKEN) is None
         file.add("carol", [], adopt="alice")  # the key is live again, under another name
         assert revoked(alice) is None

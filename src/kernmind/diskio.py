@@ -45,7 +45,6 @@ _DISK_ERRNOS = {
 _SQLITE_CODES = {13: "the disk is full", 10: "the disk reported an I/O error", 8: "the disk is read-only"}
 _SQLSTATES = {"53100": "the disk is full", "58030": "the disk reported an I/O error"}
 
-SAFE_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 FAULTS_VARIABLE = "KERNMIND_TEST_DISK_FAULTS"
 _FAULTS_FILE = os.environ.get(FAULTS_VARIABLE) or None
 

@@ -73,11 +73,6 @@ def revoked(who: Principal | str) -> str | None:
     return None
 
 
-def is_revoked(who: Principal | str) -> bool:
-    """``revoked(who) is not None``: ``who`` was revoked and may no longer act."""
-    return revoked(who) is not None
-
-
 def still_valid(principal: Principal) -> bool:
     """The principal may still act (its token, or the entry behind it, is live)."""
     return revoked(principal) is None
