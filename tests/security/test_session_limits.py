@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -231,7 +232,14 @@ async def test_a_session_past_its_memory_is_stopped_and_told_why(
 @needs_groups
 async def test_memory_in_another_language_is_the_sessions_too(alice: Client, bob: Client) -> None:
     out = await while_bob_works(
-        bob, lambda: run(alice, "head -c 450000000 /dev/zero > /dev/shm/big; echo done", "mem-bash", "bash")
+        bob,
+        # 45 files of 10 MiB: each under the file-size limit (the 60 MiB disk quota), together over 300 MiB
+        lambda: run(
+            alice,
+            "for i in $(seq 45); do head -c 10485760 /dev/zero > /dev/shm/big$i; done; echo done",
+            "mem-bash",
+            "bash",
+        ),
     )
     assert stopped_for_memory(out) and "done" not in "".join(out["logs"]["stdout"]), out
     assert (await run(alice, "echo fine", "mem-bash", "bash"))["logs"]["stdout"] == ["fine\n"]
@@ -312,10 +320,11 @@ async def test_a_fork_bomb_stays_in_its_session(deployment: Deployment, alice: C
 # A new file of a session over its quota: not created where the creation guard holds running
 # kernels (``creation_guard.py``), else created empty and not grown.
 REFUSED_WRITE = "Disk quota exceeded" if Sandbox.detect("auto").guard is not None else "File too large"
-# (closed however the write ends: a file deleted while still open keeps counting, held_files.py)
+# 150 MiB in one call, as three files of 50 MiB (no file may be larger than the 60 MiB quota:
+# RLIMIT_FSIZE); closed however the write ends (a file deleted while open keeps counting).
 WRITE_150 = (
-    "import os\nfd = os.open('f{i}', os.O_WRONLY | os.O_CREAT)\n"
-    "try:\n    os.write(fd, b'\\1' * 150 * 2**20)\nfinally:\n    os.close(fd)"
+    "import os\nfor part in range(3):\n    fd = os.open(f'f{i}-{{part}}', os.O_WRONLY | os.O_CREAT)\n"
+    "    try:\n        os.write(fd, b'\\1' * 50 * 2**20)\n    finally:\n        os.close(fd)"
 )
 
 
@@ -336,8 +345,11 @@ async def check_quota_holds(alice: Client, bob: Client, session: str) -> None:
     assert await files_mib(alice, session) <= 151
     for out in results[1:]:
         assert out["status"] == "error" and REFUSED_WRITE in out["error"]["value"], out
+    size = await files_mib(alice, session)
     note = over_note(results[-1])
-    assert "is 90 MiB over" in note and "Delete at least 90 MiB" in note and "f0 (150 MiB)" in note
+    over = re.search(r"is ([\d.]+) MiB over", note)
+    assert over and abs(float(over[1]) - (size - 60)) < 1, (note, size)  # what lies there, past 60 MiB
+    assert f"Delete at least {over[1]} MiB" in note and re.search(r"f0-\d \(50 MiB\)", note), note
     # Other languages are blocked too (a new sandbox starts with the block).
     bash = await run(alice, "head -c 1000000 /dev/zero > more.bin; ls -s more.bin", session, "bash")
     over_note(bash)
@@ -381,6 +393,9 @@ async def test_over_the_quota_no_directories_links_or_preallocation_grow_it(alic
     await run(alice, WRITE_150.format(i=0), session)
     size = await files_mib(alice, session)
     assert size > 60
+    names = sorted(
+        f["path"] for f in structured(await alice.call_tool("list_files", {"session_id": session}))["files"]
+    )
     # Python, in the kernel that ran before the session went over: no preallocation at all.
     out = await run(alice, FALLOCATE, session)
     assert out["results"][0]["text"] == "[27, 95]", out  # EFBIG (the size would grow), EOPNOTSUPP
@@ -398,19 +413,21 @@ async def test_over_the_quota_no_directories_links_or_preallocation_grow_it(alic
     script = (
         "echo refused $(mkdir d{1..10000} 2>&1 | grep -c 'Disk quota exceeded')\n"
         "mkdir -p $(printf 'deep/%.0s' {1..200}) 2>&1\n"
-        "ln -s f0 link 2>&1; ln f0 hard 2>&1; touch empty 2>&1\n"
-        "fallocate -n -l 100M f0 2>&1\n"
+        "ln -s f0-0 link 2>&1; ln f0-0 hard 2>&1; touch empty 2>&1\n"
+        "fallocate -n -l 100M f0-0 2>&1\n"
         "ls | sort | tr '\\n' ' '"
     )
     bash = await run(alice, script, session, "bash")
     text = "".join(bash["logs"]["stdout"])
     assert "refused 10000\n" in text and "Disk quota exceeded" in text, text  # every one of them
-    assert text.rstrip().endswith("f0 pre"), text  # made nothing: what was there is all there is
+    assert text.rstrip().endswith(" ".join(names)), (text, names)  # made nothing: what was there is all
     assert "keep size mode is unsupported" in text, text  # util-linux says EOPNOTSUPP so
     over_note(bash)
     assert await files_mib(alice, session) <= size
     # Deleting works, and the session is back under with writing allowed again.
-    cleaned = await run(alice, "import os\nos.remove('f0'); os.remove('pre')", session, "python")
+    cleaned = await run(
+        alice, "import glob, os\nfor f in glob.glob('*'):\n    os.remove(f)", session, "python"
+    )
     assert any("back under its 60 MiB quota" in n for n in cleaned["notes"]), cleaned
     again = await run(alice, "mkdir d1 && touch d1/x && ls d1", session, "bash")
     assert "".join(again["logs"]["stdout"]).strip() == "x" and again["notes"] == [], again
@@ -481,14 +498,15 @@ async def test_a_long_call_growing_unnamed_files_or_names_is_stopped_while_it_ru
     """The sampler while code runs counts what the measurement around calls counts: an
     ``O_TMPFILE`` file growing by 2 MiB steps, and empty files made one by one, are each stopped
     past the caps, in the call, with ``WorkspaceQuotaExceeded``."""
-    grow = (
-        "import os, time\nfd = os.open('.', os.O_TMPFILE | os.O_RDWR, 0o600)\n"
-        "for i in range(150):\n    os.write(fd, b'\\1' * 2 * 2**20)\n    time.sleep(0.02)"
+    grow = (  # a new unnamed file every 40 MiB: no file may be larger than the quota (RLIMIT_FSIZE)
+        "import os, time\nfds = []\nfor i in range(150):\n"
+        "    if i % 20 == 0:\n        fds.append(os.open('.', os.O_TMPFILE | os.O_RDWR, 0o600))\n"
+        "    os.write(fds[-1], b'\\1' * 2 * 2**20)\n    time.sleep(0.02)"
     )
     out = await run(alice, grow, "long-held")
     assert out["status"] == "error" and out["error"]["name"] == "WorkspaceQuotaExceeded", out
     assert "still hold open" in over_note(out)
-    await check_blocked_then_cleaned(alice, "long-held", "os.close(fd)")
+    await check_blocked_then_cleaned(alice, "long-held", "for fd in fds:\n    os.close(fd)")
     names = (
         "import time\nfor i in range(60000):\n    open(f'n{i}', 'w').close()\n"
         "    if i % 1000 == 0:\n        time.sleep(0.05)"
