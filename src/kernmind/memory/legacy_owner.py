@@ -1,31 +1,20 @@
-"""Upgrade: the memory the server's own token kept apart joins the local user's.
+"""Upgrade: the memory the server's own token kept apart joins the local user's (docs/security.md).
 
 Design
 ------
-Before round 4 the server's own token (``--token`` / ``KERNMIND_TOKEN``) was a principal of its
-own whose memory lived in the namespace ``default/<agent>``, while the stdio user's lived in
-``<agent>``: one person, two memories, depending on the transport. They are now one principal
-(``principals.SHARED_TOKEN`` keeps its data under the local user's key), so when a server or
-``kernmind memory`` opens ``<agent>``, whatever ``default/<agent>`` still holds is moved into it,
-in one write transaction, nothing dropped:
-
-- passages change namespace with their ids, tags, vectors, times, supersede links and threads;
-  conversations change namespace with their messages (one whose id both hold is kept as
-  ``<id>-from-http``);
-- a block only the old namespace has moves, with its history; where both have the label, an
-  untouched default block (empty, version 1) gives way to the other side's, and two blocks
-  with content are both kept: the old one as ``<label>-from-http`` (``-from-http-2``, … when
-  that is taken). Every rename is returned (and logged) as a sentence;
-- the old namespace's row goes, and the target's change counters are bumped, so the vector
-  index and every replica's caches read the moved rows.
-
-The check costs three indexed look-ups at start; once moved, the old namespace is empty and
-nothing happens again.
+Before round 4 the ``--token`` principal's memory lived in ``default/<agent>``, the stdio user's
+in ``<agent>``. They are one principal now, so opening ``<agent>`` moves whatever
+``default/<agent>`` still holds into it, in one write transaction, nothing dropped: passages and
+conversations change namespace (a conversation id both hold is kept as ``<id>-from-http``); a block
+only the old namespace has moves with its history; where both have a label, an untouched default
+block gives way, and two blocks with content are both kept (the old as ``<label>-from-http``, …),
+each rename returned as a sentence; the old namespace's row goes and the target's change counters
+are bumped. Once moved, the check is three indexed look-ups that find nothing.
 
 Error policy
 ------------
-A failure rolls the transaction back: both namespaces stay as they were, the caller logs it
-and starts anyway, and the next start tries again.
+A failure rolls the transaction back: both namespaces stay as they were, the caller logs it and
+starts anyway, and the next start tries again.
 """
 
 from __future__ import annotations

@@ -1,28 +1,18 @@
 """Query vectors kept on disk, so that a ``kernmind memory search`` asked again does not load the
-embedding model again.
+embedding model again (docs/tools.md, "Archival memory", from the shell).
 
 Design
 ------
-* A server loads its model once and keeps it; the command line is a new process each time, and
-  loading the default model (reading its built graph, starting ONNX Runtime, checking the weights'
-  digests) is most of what a search costs there (benchmarks/README.md). The passages' vectors are
-  already stored in the database; what a search still needs the model for is the query's vector.
-  :class:`CachedQueries` wraps the embedder: a query whose vector is in the cache is answered from
-  it, and the model is loaded only on a miss (or when passages wait to be embedded).
-* The cache is one small SQLite file in the user's cache directory
-  (``$XDG_CACHE_HOME/kernmind/query-vectors.sqlite`` on Linux), beside the model's built graph.
-  A row's key is the SHA-256 of what determines the vector — the model's name and variant (int8 or
-  float32, dimensions kept, the query prefix) and the query's text — so the text itself is not
-  stored, and a different model never reads another's vectors. At most :data:`MAX_ROWS` rows are
-  kept, the least recently used dropped first.
-* Only local models (files from an installed wheel, checked by digest) are cached: their vectors
-  never change for a given text. An endpoint's model (``OpenAIEmbedder``) can change behind the
-  same name, and loads nothing anyway.
+* Loading the default model is most of what a command-line search costs; :class:`CachedQueries`
+  wraps the embedder and answers a query whose vector is cached, loading the model only on a miss.
+* One small SQLite file in the user's cache directory; a row's key is the SHA-256 of the model's
+  name and variant and the query's text (the text is not stored); at most :data:`MAX_ROWS` rows,
+  least recently used dropped first. Only local models are cached (an endpoint's can change).
 
-Error policy: the cache is best effort. A cache that cannot be opened, read or written (read-only
-home, a damaged file, a lock held too long) is skipped with a debug log line, and the query is
-embedded by the model as if there were no cache. A stored value that is not whole float32s is
-ignored.
+Error policy
+------------
+Best effort: a cache that cannot be opened, read or written is skipped (a debug log line) and the
+model embeds the query; a stored value that is not whole float32s is ignored.
 """
 
 from __future__ import annotations
