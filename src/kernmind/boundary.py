@@ -1,19 +1,14 @@
 """The error boundary: the one place where an exception becomes what a client reads.
 
-Design: ``install`` routes every ``tools/call``, ``resources/read`` and ``prompts/get`` through
-``answer``: a ``Refusal`` is the caller's to act on (a tool's ``isError`` result with its
-sentence, a resource's ``ResourceError``/``ResourceNotFoundError``, a prompt's JSON-RPC error);
-a deliberate ``ToolError``/``ResourceError`` (the SDK's own included) keeps its text; a full disk
-or an unreachable memory database is said in words; anything else is ``internal error (ref …)``
-with the traceback logged under that ref (see docs/architecture.md). An exception group of one
-leaf is unwrapped first. ``call_tool`` calls a tool from inside the server (code mode) exactly as
-a client's ``tools/call`` would. ``outermost`` wraps the request handlers last, so what escapes
-the other wrappers (a hook opening a principal's memory, an argument check) is answered too. It
-wraps handlers rather than using the SDK's middleware hook: a middleware's own answer skips the
-SDK's shaping of results (the 2026-era ``serverInfo`` stamp, cache hints).
+Design: ``install`` routes ``tools/call``, ``resources/read`` and ``prompts/get`` through ``answer``:
+a ``Refusal`` keeps its sentence, a deliberate ``ToolError``/``ResourceError`` its text, a full disk
+or unreachable database is said in words, anything else is ``internal error (ref …)`` with the
+traceback logged (docs/architecture.md). ``outermost`` wraps the handlers last. Handlers are wrapped
+rather than using the SDK's middleware hook: a middleware's own answer skips the SDK's shaping of
+results (``serverInfo`` stamp, cache hints).
 
-Error policy: the boundary raises nothing but the SDK's ``ToolError``/``ResourceError`` and
-``MCPError``, and lets cancellation and ``BaseException`` through untouched.
+Error policy: raises only the SDK's ``ToolError``/``ResourceError`` and ``MCPError``; cancellation and
+``BaseException`` pass untouched.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """One output budget: what a tool returns fits in the caller's context, and says how to get the rest.
 
-Design: a ``Budget`` is the characters one answer may hold (``--max-output-chars``, or a share of
-it), made per answer (``Budget.of``) and spent as the answer is built; every tool result goes
-through one (see docs/architecture.md, ``budget.py``), and the kernel's own cap on a cell's output
-is sized by it (``kernel_cap``). Three ways to spend: ``take`` keeps as much of one text as fits
-(its head, its tail, or both ends around a ``gap``), ``lines`` keeps whole lines, ``admit`` says
-whether a whole item fits. What is left out gets a note in one wording saying how to get it (a
-page, a range, a resource: ``note``, ``left_out``, ``shown_lines``, ``next_page``). Sizes are
-characters of what the model reads (an item's JSON as the SDK writes it: ``listed_size``).
+Design: a ``Budget`` is the characters one answer may hold (``--max-output-chars`` or a share),
+made per answer and spent as it is built: ``take`` keeps what fits of one text, ``lines`` whole
+lines, ``admit`` says whether an item fits; what is left out gets a note in one wording (``note``,
+``left_out``, ``next_page``). Sizes are characters the model reads (docs/architecture.md).
 
-Error policy: nothing here raises; a budget too small for one item still admits the first (cut
-where it is text), so an answer is never empty because of the budget.
+Error policy: nothing raises; a budget too small for one item still admits the first (cut where it
+is text), so an answer is never empty because of the budget.
 """
 
 from __future__ import annotations

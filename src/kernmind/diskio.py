@@ -1,19 +1,13 @@
 """The server's own bookkeeping files: safe reads, whole-or-nothing writes, disk errors in words.
 
-Design: every part that keeps files of its own (a session's meta and history, job records, the
-tokens file) goes through here, so that what is on the disk can neither hang nor mislead the
-server, and a full disk can neither stop it nor leave half a file. Reads never follow a link
-and never wait (``O_NOFOLLOW | O_NONBLOCK``, regular files only); writes go to a temporary file,
-fsync'd and renamed over the target; an append that fails is cut back. ``disk_trouble`` names
-what an ``OSError`` or a database error says about the disk. ``Reserve`` keeps a few MiB on the
-data disk that a bookkeeping write gives up when code filled the disk (``with_room``). Tests
-inject faults with ``KERNMIND_TEST_DISK_FAULTS=FILE`` (``{"write */meta.json": "EIO"}``: an
-operation and a path glob mapped to an errno; a write fails half-way).
+Design: reads never follow a link and never wait (``O_NOFOLLOW | O_NONBLOCK``, regular files only);
+writes go to a temporary file, fsync'd and renamed over the target; a failed append is cut back.
+``Reserve`` keeps a few MiB that a bookkeeping write gives up when code filled the disk. Tests inject
+faults with ``KERNMIND_TEST_DISK_FAULTS=FILE`` (``{"write */meta.json": "EIO"}``).
 
-Error policy: ``read_file``, ``write_file`` and ``append_line`` raise ``OSError`` (never leaving a
-temporary file or a partial line behind); ``StorageError`` (a ``Refusal``) carries a sentence for
-the model, answered by the error boundary; a full disk is not the request's fault: callers answer
-with ``disk_sentence``, keep serving and retry later. ``Reserve`` never raises.
+Error policy: the file functions raise ``OSError`` and leave no temporary file or partial line;
+``StorageError`` is a ``Refusal``; a full disk is not the request's fault: callers answer with
+``disk_sentence`` and keep serving. ``Reserve`` never raises.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Revocation: what running code checks, and the watch that ends a revoked principal's code.
 
-Design: while a server runs, its tokens file is *in force* (``in_force``); anything that acts for
-a principal later (a code-mode call, a call queued behind a revoked one) asks ``revoked(principal
-or key)``: the sentence to refuse with, or None. The local user and the ``--token`` principal are
-never revoked. ``watch_revocations`` looks at the file every ``REVOCATION_PERIOD``; for each data
-key a live entry held and none holds now (revoked, or the file emptied or removed) it calls
-``on_revoked(key, sentence)``, which ends what runs under that key (``Executor.end_principal``)
-without waiting for a request. A disappearance is looked at once more ``REVOCATION_SETTLE`` later
-before anything is ended, so an editor that truncates the file before writing it does not end
-everyone's kernels. A key that comes back (``tokens add NAME --adopt``) is live again at once: the
-file is the only record.
+Design: while a server runs its tokens file is in force; whatever acts for a principal later asks
+``revoked(principal or key)`` (the refusal's sentence, or None). ``watch_revocations`` polls the file
+and calls ``on_revoked(key, sentence)`` for each data key no live entry holds any more; a
+disappearance is looked at again ``REVOCATION_SETTLE`` later, so an editor truncating the file
+ends nobody's kernels. The file is the only record (docs/security.md).
 
-Error policy: the watch never raises (it is supervised by construction): what fails in a turn is
-logged with its traceback, and the next turn looks again; a principal whose code could not be
-ended is still refused by every check (``revoked``).
+Error policy: the watch never raises; a failed turn is logged and the next looks again, and a
+principal whose code could not be ended is still refused by every check.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Every place kernmind reaches past the ``mcp`` SDK's public API, in one module.
 
-Design: the SDK (``mcp>=2.3,<3``) does not expose everything kernmind needs; each accessor here
-names one private attribute and what needs it: ``MCPServer._lowlevel_server`` (stdio runs it on
-our own reader; handlers are wrapped with its public ``add_request_handler``), ``_tool_manager``
-and ``FuncMetadata.validate_arguments`` (strict arguments, validated once per call),
-``_handle_call_tool``/``_handle_read_resource``/``_handle_get_prompt`` (checked before
-``route_calls_through`` replaces the public methods they call: the error boundary),
-``ServerSession._connection`` and ``MCPServer._subscriptions`` (resource subscriptions). Nothing
-else in kernmind may use a private SDK attribute: add it here.
+Design: each accessor names one private attribute of ``mcp>=2.3,<3`` and what needs it (the
+low-level server, the tool manager and argument validation, the request handlers the boundary
+replaces, session connections and subscriptions). Nothing else may use a private SDK attribute.
 
-Error policy: when an SDK upgrade removes one of these, the accessor raises ``SDKIncompatible``
-naming the attribute and what needs it; ``tests/test_sdk_compat.py`` exercises every accessor on
-real SDK objects, so an upgrade fails there first, loudly.
+Error policy: when an upgrade removes one, the accessor raises ``SDKIncompatible`` naming it;
+``tests/test_sdk_compat.py`` exercises every accessor on real SDK objects, so an upgrade fails there.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """``create_server(settings) -> MCPServer``: kernmind's MCP server, wired from its parts.
 
-This module only wires: the executor (``execution/``) and the memory store (``memory/``)
-are created here, their MCP surfaces registered (``execution/tools/code_tools.py``,
-``memory/tools.py``), and the server's lifespan starts and stops them. Tools and their
-result shapes live with the part they belong to; errors are answered in one place
-(``boundary.py``), installed outermost: the hooks that run before a tool (principals, client
-defaults, strict arguments, opening a principal's memory) are inside it.
-
-Supervision: every long-lived task the lifespan's parts start (code-mode channels, the
-reaper, jobs, the warm pool's refill, memory's backfills, the fork-server template's reader)
-runs in a ``supervise.task_group``: one task's failure is logged with a ref and ends (or, for
-a service, restarts) that task only; no child's exception cancels the lifespan.
-
-Tests drive a complete server in-process with ``mcp.Client(create_server(settings))``.
+This module only wires: the executor and the memory store, their MCP surfaces, and a lifespan that
+starts and stops them. The error boundary (boundary.py) is installed outermost, so the hooks that
+run before a tool are inside it. Every long-lived task runs in a ``supervise.task_group``: one
+task's failure ends (or restarts) that task only. Tests use ``mcp.Client(create_server(settings))``.
 """
 
 import contextlib

@@ -1,16 +1,12 @@
 """Supervision: one task's failure ends that task (or restarts it), never its neighbours.
 
-Design: an anyio task group cancels every task in it when one raises, so one connection's failure
-used to end the server's lifespan. ``guarded(what, fn)`` runs a one-shot task (a connection, a
-job) that logs a failure with a ref (``task failed (ref …) in <what>``) and ends; ``service(what,
-fn, *args)`` runs one that must keep running (a listener, a reaper), restarted after
-``RESTART_PAUSE`` (doubled after each quick failure up to ``MAX_PAUSE``, reset after ``STEADY``
-seconds of running); ``keeps_running`` marks a coroutine function as a service; ``task_group(what)``
-gives a ``Supervised`` group whose ``start_soon``, ``service``, ``start`` and ``cancel_scope`` stand
-in for a task group's.
+Design: an anyio task group cancels all its tasks when one raises. ``guarded`` runs a one-shot task
+that logs a failure with a ref and ends; ``service`` one that is restarted after ``RESTART_PAUSE``
+(doubled after each quick failure up to ``MAX_PAUSE``); ``task_group(what)`` gives a ``Supervised``
+group with a task group's ``start_soon``, ``start`` and ``cancel_scope``.
 
-Error policy: ``Exception`` (and groups of them) is caught and logged; cancellation and other
-``BaseException``s pass untouched, so stopping the server still stops everything.
+Error policy: ``Exception`` (and groups of them) is logged; cancellation and other ``BaseException``s
+pass, so stopping the server still stops everything.
 """
 
 from __future__ import annotations

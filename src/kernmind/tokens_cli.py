@@ -1,18 +1,11 @@
 """``kernmind tokens add NAME [--adopt [WHO]] | list | revoke NAME``: the principals of an HTTP deployment.
 
-The tokens file is ``--tokens FILE`` (``KERNMIND_TOKENS_FILE``), by default
-``<data dir>/tokens.json``; a running server re-reads it on change, so ``add`` and ``revoke``
-take effect at once, and ends a revoked principal's running code by itself within about a
-second (``revocation.py``). ``add`` prints the new token once, as the last word of its last line
-(scripts can take it with ``| tail -1 | awk '{print $NF}'``); only its digest is stored.
+A running server re-reads the file (``--tokens``, default ``<data dir>/tokens.json``) on change and
+ends a revoked principal's code by itself (revocation.py). ``add`` prints the token once, as the last
+word of its last line (``| tail -1 | awk '{print $NF}'``); ``list`` shows revoked principals and the
+data they left (docs/security.md).
 
-Revoking keeps the principal's data (sessions, memory, job records) under its data key
-(``principals.py``); ``list`` shows revoked principals and what data they left. A name
-added again starts empty; ``add NAME --adopt`` gives the new token the data the revoked
-``NAME`` left (``--adopt WHO``: the data of another revoked name, or of a data key).
-
-Error policy: a problem the admin can fix (unknown name, nothing to adopt, a malformed
-file) prints one line to stderr and exits 2; the file is unchanged.
+Error policy: a problem the admin can fix prints one line to stderr and exits 2; the file is unchanged.
 """
 
 from __future__ import annotations

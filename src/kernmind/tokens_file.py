@@ -1,18 +1,12 @@
 """The tokens file: principals by token digest, re-read when it changes, and bearer tokens.
 
-Design: the file is JSON, mode 0600, and never holds a token: only its SHA-256 digest (tokens
-are 256-bit random strings, so a plain digest is enough), the principal's name, roles, data key
-and when it was made; ``kernmind tokens add NAME`` prints the new token once. It is re-read
-whenever its modification time, size or inode changes (a ``stat`` per request), so token changes
-need no restart; a server with ``--token`` and no tokens file watches the file ``tokens add``
-would make (``Authenticator.of``). Revoking moves an entry to the file's ``revoked`` list (its
-digest dropped, its data key kept); a later ``tokens add`` of that name gets a fresh key
-(``bob~2``) unless ``--adopt`` gives it the revoked one. Entries written before keys existed have
-none: their key is their name. See docs/security.md (principals, revocation).
+Design: JSON, mode 0600, holding only each token's SHA-256 digest (tokens are 256-bit random) with
+the principal's name, roles and data key. It is re-read when its mtime, size or inode changes (a
+``stat`` per request), so changes need no restart. Revoking keeps the data key; ``--adopt`` hands it
+to a new entry (docs/security.md).
 
-Error policy: a malformed tokens file is an error at start (``TokenFileError`` with the file and
-the problem); after start, a file that turns unreadable keeps the last good contents and logs
-why, so a half-written edit cannot lock everyone out or let anyone in.
+Error policy: a malformed file is a ``TokenFileError`` at start; after start an unreadable file
+keeps the last good contents and logs why, so a half-written edit locks no one out or in.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
-"""Strict arguments for every tool of a server, checked in one place.
+"""Strict arguments for every tool of a server, checked in one place (so no new tool can forget them).
 
-Design: ``strict_tool_arguments(server)`` wraps the ``tools/list`` and ``tools/call`` handlers
-once (tools are looked up per call, so later ones are covered). ``tools/list`` publishes every
-input schema with ``additionalProperties: false`` and output schemas with their definitions
-inlined (a client validating every result resolves no ``$ref``). ``tools/call`` validates the
-arguments against the tool's own model made strict before the SDK sees them: unknown names,
-non-finite numbers (``NaN``, ``"inf"``, nested or not), strings or booleans where a number is
-declared (pydantic's lax mode would run ``timeout: "60"``), and lone surrogates are refused with
-one sentence per problem and the valid arguments; the tool does not run. The SDK's own
-validation is then handed the checked arguments (``sdk_compat.validate_arguments_with``), so a
-call is validated once. Being here, the rule cannot be forgotten by a new tool; tools still own
-their bounds, this module only words their violation (docs/tools.md).
+Design: ``strict_tool_arguments(server)`` wraps ``tools/list`` (input schemas get
+``additionalProperties: false``, output schemas their definitions inlined) and ``tools/call``
+(arguments validated against the tool's model made strict: unknown names, non-finite numbers,
+strings or booleans for numbers, lone surrogates). The SDK is then handed the checked arguments,
+so a call is validated once. Tools own their bounds; this module words their violation.
 
-Error policy: a refusal is an ``isError`` result in words, never pydantic's raw text.
+Error policy: a refusal is an ``isError`` result, one sentence per problem; the tool does not run.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""``kernmind agent``: flags, building the :class:`Agent`, one-shot and REPL modes.
+"""``kernmind agent``: flags, building the ``Agent``, one-shot and REPL modes (docs/agent.md).
 
-Design: a thin layer over the Python API. ``add_parser`` adds the agent's flags, derived
-from :class:`AgentSettings` (settings.py) like the server's from ``Settings``, next to the
-shared server flags (which are passed through to the ``kernmind serve`` it launches);
-``run`` builds an :class:`AgentConfig`, opens the agent and either answers ``-p PROMPT``
-(answer on stdout, activity on stderr; ``--json`` prints the transcript instead) or runs
-the REPL. Ctrl-C is routed to :meth:`Agent.interrupt` while a turn is in flight (the
-running tool call is cancelled, the conversation survives); outside a turn it stops
-start-up in one-shot mode and prints a hint at the REPL prompt.
+Design: a thin layer over the Python API; the agent's flags come from ``AgentSettings`` beside the
+server flags it passes to the ``kernmind serve`` it launches. Ctrl-C interrupts a turn in flight;
+outside one it stops start-up (one-shot) or prints a hint (REPL).
 
-Exit status: 0 answered, 1 the model or a server failed, 2 bad configuration,
-3 ``--max-steps`` reached without an answer, 130 interrupted.
+Exit status: 0 answered, 1 the model or a server failed, 2 bad configuration, 3 ``--max-steps``
+reached without an answer, 130 interrupted.
 """
 
 from __future__ import annotations

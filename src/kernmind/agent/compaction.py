@@ -1,17 +1,12 @@
 """Making the conversation fit the model's window: shorten old tool results, evict the oldest
-turns in whole groups, and put a summary the model writes in their place (Letta's pattern).
+turns in whole groups, and put a summary the model writes in their place (docs/agent.md).
 
-Design (docs/agent.md): the conversation moves in groups (a user message; an answer; tool calls
-with their results and the images message), kept or evicted whole, so no call is sent without
-its result. ``compact`` stops as soon as the request fits: it shortens old tool results to
-``OLD_RESULT_SHARE`` of the window, then evicts the oldest groups (never the last, nor a small
-current request) into a summary the model writes (``SUMMARY_PROMPT``, the previous one folded in),
-carried by the system prompt (``summary_section``), then cuts what tool results remain. Nothing
-is lost: every message was recorded when said (``conversation_search`` finds it).
+Design: the conversation moves in groups (a user message; an answer; tool calls with their results),
+kept or evicted whole, so no call is sent without its result. ``compact`` stops as soon as the
+request fits. Nothing is lost: every message was recorded when said (``conversation_search``).
 
-Error policy: a summary that fails (an error, empty, tool calls, not prose: ``summary_problem``)
-is replaced by a plain note of what was dropped (``dropped_note``); the eviction happens all the
-same. Cancellation propagates.
+Error policy: a summary that fails (``summary_problem``) is replaced by a plain note of what was
+dropped; the eviction happens all the same. Cancellation propagates.
 """
 
 from __future__ import annotations

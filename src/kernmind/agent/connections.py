@@ -1,17 +1,12 @@
 """The agent's MCP side: connect to every server, merge their tools, route calls back.
 
-Design: :class:`ToolHub` opens one ``mcp.Client`` per :class:`ServerSpec` on an
-``AsyncExitStack`` (so they close in reverse order, killing stdio servers), lists each
-server's tools once and exposes them under names the model can use. A tool keeps its own
-name unless two servers offer the same one; then each copy is named ``server__tool``.
-Names are sanitised to the ``[A-Za-z0-9_-]{1,64}`` that chat-completions APIs accept.
+Design: ``ToolHub`` opens one ``mcp.Client`` per ``ServerSpec`` (closed in reverse order) and lists
+each server's tools once. A tool keeps its name unless two servers offer it (then ``server__tool``);
+names are sanitised to the ``[A-Za-z0-9_-]{1,64}`` chat APIs accept.
 
-Error policy: a server that fails to start is fatal (:class:`ServerStartError`, naming the
-server). Once running, :meth:`ToolHub.call` never raises for things the model can fix or
-the server reports: unknown tool names and MCP errors come back as an ``isError``
-``CallToolResult`` whose text says what went wrong, so the loop can hand it to the model.
-Cancellation is the exception: it propagates, and the MCP client turns it into a
-``notifications/cancelled`` to the server (which interrupts a running kernel).
+Error policy: a server that fails to start is a ``ServerStartError``. Then ``call`` answers unknown
+tools and MCP errors as an ``isError`` result for the model; cancellation propagates (the client
+sends ``notifications/cancelled``, which interrupts a running kernel).
 """
 
 from __future__ import annotations

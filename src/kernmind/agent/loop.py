@@ -1,21 +1,15 @@
-"""The agent loop: model step, tool calls through MCP, results back, repeat.
+"""The agent loop: model step, tool calls through MCP, results back, repeat (docs/agent.md).
 
-Design: ``Agent`` owns the conversation (without the system message), a ``ChatModel`` and a
-``ToolHub``. ``await agent.run(text)`` is one user turn: compile the system prompt (base prompt,
-servers' instructions, memory blocks read fresh, the summary of evicted turns); send the
-conversation with every MCP tool as a function, compacted first when it would not fit
-(compaction.py, window.py; docs/agent.md); run the approved tool calls concurrently and append one
-``tool`` message per call in the model's order, then one ``user`` message with their images;
-repeat until the model answers without tools or ``max_steps``. The endpoint is checked before any
-server is launched (endpoint.py); events go to an ``AgentEvents``; messages are queued for the
-recorder (recording.py).
+Design: ``Agent`` owns the conversation, a ``ChatModel`` and a ``ToolHub``; ``run(text)`` is one user
+turn: build the system prompt (base, servers' instructions, fresh memory blocks, summary of evicted
+turns), send the conversation (compacted first when it would not fit), run the approved tool calls
+concurrently and append their results in the model's order, until the model answers without tools
+or ``max_steps``.
 
-Error policy: the model must be able to correct itself, so bad JSON arguments, unknown tools,
-refused approvals and tool errors become tool results in words, never exceptions. The endpoint
-failing after its retries, or a request still too long after two compactions, raises
-``ModelError`` out of ``run`` (the user's message stays). ``interrupt`` (Ctrl-C) cancels what is in
-flight (tool calls through MCP, recorded as cancelled) and ``run`` returns with ``stopped ==
-"interrupted"``; the conversation stays valid.
+Error policy: bad arguments, unknown tools, refusals and tool errors become tool results in words,
+so the model can correct itself. An endpoint failing after retries, or a request too long after two
+compactions, raises ``ModelError``; ``interrupt`` cancels what is in flight and leaves the
+conversation valid.
 """
 
 from __future__ import annotations

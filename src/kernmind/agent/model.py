@@ -1,16 +1,14 @@
 """The chat model: one OpenAI-compatible chat-completions request, streamed or not.
 
-Design: ``ChatModel`` sends the conversation and the tools' function schemas and returns one
-``AssistantTurn`` (text and tool calls). Streamed tool-call fragments are stitched by ``index``,
-tolerating servers (Ollama, vLLM, LM Studio) that send a whole call in one chunk, omit ``index``
-or repeat the ``id``; text deltas go to ``on_token``. Streams ask for ``usage`` to correct the
-window estimate (asked again without it, once, where refused).
+Design: ``ChatModel`` returns one ``AssistantTurn`` (text and tool calls). Streamed tool-call
+fragments are stitched by ``index``, tolerating servers (Ollama, vLLM, LM Studio) that send a whole
+call at once, omit ``index`` or repeat the ``id``. Streams ask for ``usage`` (again without, once,
+where refused).
 
-Error policy: the client's own retries are off so the policy is here: 429, 408, 409, 5xx,
-connection failures and a stream broken mid-way are retried with exponential backoff and jitter,
-honouring ``Retry-After`` (``on_retry`` hears each wait). Then, or at once for what a retry cannot
-fix (400, 401, 403, 404 …), ``ModelError`` names the status, the endpoint and what the server
-said; a request past the model's window is marked ``context_exceeded`` so the loop compacts.
+Error policy: the retry policy is here (the client's is off): 429, 408, 409, 5xx, connection
+failures and broken streams are retried with backoff and jitter, honouring ``Retry-After``; then,
+or at once for what a retry cannot fix, ``ModelError`` names the status, endpoint and what the
+server said (``context_exceeded`` when the request is past the window).
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """One session kernel's code-mode channel: a Unix socket in the kernel's private socket directory.
 
-Design: the socket (``tools.sock``, owned by the kernel's sandbox uid, mode 0600) is made when a
-kernel joins a session (``CodeMode.joined``) in a 0700 directory that only this kernel's sandbox
-mounts (at ``/run/kernmind``), and goes when the kernel stops. A connection is accepted only
-from the kernel's own uid (``SO_PEERCRED``; with ``--sandbox none`` nothing separates sessions).
-The protocol is one JSON object per line each way: ``{"op": "describe"}`` or ``{"op": "call",
-"tool": …, "arguments": {…}}``, answered ``{"ok": true, …}`` or ``{"ok": false, "error":
-"<sentence>"}`` (``"closed": true`` when the connection then closes); a connection serves its
-requests one at a time. At most ``MAX_CALLS`` requests of a channel are read and answered at once
-(a line is read only once it holds a turn, so idle connections cost none); open connections are
-bounded by ``MAX_CONNECTIONS``. Each connection is a guarded task and the accept loop a service
-(``supervise.py``), which waits and accepts again while descriptors run out (``EMFILE``).
+Design: ``tools.sock`` (the sandbox uid's, 0600, in a 0700 directory only this kernel mounts at
+``/run/kernmind``) lives while the kernel is in a session; a connection is accepted only from the
+kernel's own uid (``SO_PEERCRED``). One JSON object per line each way (``describe`` or ``call``,
+answered ``{"ok": …}``). At most ``MAX_CALLS`` requests are served at once and ``MAX_CONNECTIONS``
+kept open; the accept loop is a supervised service that waits out ``EMFILE`` (docs/architecture.md).
 
-Error policy: a request that cannot be read as one JSON object (not JSON or UTF-8, too deep, not
-an object, over ``--max-request-mb``, cut off) is answered in a sentence while the peer reads; an
-oversized or truncated one also closes the connection. A peer that went away ends its own
-connection, nothing else; a call it left runs to its end and its answer is dropped.
+Error policy: an unreadable request is answered in a sentence (an oversized or truncated one also
+closes the connection); a peer that went away ends its own connection only.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """How a tool call from code is answered: the same tool, the same checks, as the session's principal.
 
-Design: only the memory family may be called (``allowed``); anything else is refused with a
-sentence listing what code may call. A call runs through the pieces a client's call does: the
-caller becomes the session's principal (``acting_as``), the hooks (opening its memory namespace),
-the strict argument check and the registered tool run inside ``boundary.call_tool``. A
-principal's code calls run at most ``PER_PRINCIPAL`` at a time (a flooding loop queues behind
-itself). Before each call ``revoked(principal)`` is asked (``revocation.revoked``): a revoked
-principal is refused at once and nothing runs. Every call is logged as coming from code.
+Design: only the memory family may be called; anything else is refused with a sentence listing
+what may. A call runs the pieces a client's call does (the caller set to the session's principal,
+the hooks, the strict argument check, ``boundary.call_tool``), at most ``PER_PRINCIPAL`` at a time,
+after asking ``revoked(principal)``.
 
-Error policy: a refusal is an answer, never an exception; an unexpected failure anywhere in a call
-is answered as the boundary answers a client (``boundary.answer``), its traceback logged under a
-ref.
+Error policy: a refusal is an answer, never an exception; an unexpected failure is answered as the
+boundary answers a client, its traceback logged under a ref.
 """
 
 from __future__ import annotations

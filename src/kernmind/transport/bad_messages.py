@@ -1,17 +1,12 @@
 """What a message that MCP cannot serve is told, on either transport (HTTP or stdio).
 
-Design
-- One place for the sentences: the HTTP guard (guard.py) and the stdio reader (stdio.py)
-  refuse the same mistakes with the same words, as a JSON-RPC error object a client shows its
-  caller. Every sentence says what was wrong, that nothing was done, and what to send instead.
-- ``decode`` never raises: not UTF-8, not JSON, JSON nested too deeply (``RecursionError``
-  from the parser, which a caller can provoke with ``[`` × 200,000) and numbers past Python's
-  digit limit are all "not one JSON-RPC message", answered with ``PARSE_ERROR``.
-- ``reply_id`` says which id an answer may carry: the request's own when it is a string or an
-  integer that can be written back (a lone surrogate cannot be encoded), else null, as JSON-RPC
-  asks when the id cannot be determined.
+Design: one place for the sentences, so the HTTP guard and the stdio reader refuse the same
+mistakes with the same words: what was wrong, that nothing was done, what to send instead.
+``decode`` turns anything (not UTF-8 or JSON, nested too deep, huge numbers) into "not one
+JSON-RPC message"; ``reply_id`` gives the id an answer may carry (the request's when it can be
+written back, else null).
 
-Error policy: nothing here raises for any input; every function returns a sentence or None.
+Error policy: nothing here raises for any input.
 """
 
 from __future__ import annotations

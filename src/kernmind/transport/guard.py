@@ -1,20 +1,14 @@
 """HTTP requests refused in words before the SDK's HTTP app: foreign browser origins and
-JSON-RPC that MCP cannot serve.
+JSON-RPC that MCP cannot serve (docs/security.md).
 
-Design: ``OriginGuard`` answers a request whose ``Origin`` is not the server's own (for a
-loopback address also ``127.0.0.1``, ``localhost`` and ``[::1]`` on its port; for a wildcard
-address the request's ``Host``) nor one added with ``--allowed-origin`` with a 403, so a web page
-on another origin (or one that rebinds its DNS to 127.0.0.1) cannot drive the server through the
-user's browser; a request without ``Origin`` passes. ``JsonRpcGuard`` reads each POST body (up to
-``max_body``) and answers what the SDK answers badly (pydantic's text for a batch, no answer for
-an object id, a plain-text 413) with a JSON-RPC error object whose message says what to send
-instead: a body over the limit (413 at once, the rest not buffered), a Content-Type that is not
-JSON (415), a body that is not one JSON value (-32700), a batch, an id that is not a string or an
-integer (400). The sentences are shared with stdio (bad_messages.py); anything else reaches the
-SDK unchanged, its body replayed.
+Design: ``OriginGuard`` answers a request whose ``Origin`` is neither the server's own nor one of
+``--allowed-origin`` with a 403, so a page on another origin (or one rebinding its DNS to 127.0.0.1)
+cannot drive the server through the user's browser; no ``Origin`` passes. ``JsonRpcGuard`` reads
+each POST body (up to ``max_body``) and answers what the SDK answers badly (an oversized body, a
+non-JSON type or body, a batch, an object id) with a JSON-RPC error saying what to send instead, in
+the words stdio uses (bad_messages.py); anything else reaches the SDK, its body replayed.
 
-Error policy: refusals never reach the server's tools or state; the server keeps serving; a
-client gone before its refusal is sent costs nothing.
+Error policy: refusals never reach tools or state; a client gone before its refusal costs nothing.
 """
 
 from __future__ import annotations

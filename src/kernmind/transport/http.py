@@ -1,19 +1,13 @@
 """MCP over Streamable HTTP at ``/mcp`` (uvicorn), behind the request guards and the token check.
 
-Design: the SDK serves both protocol eras on ``/mcp``; kernel sessions are named by
-``session_id``, never derived from a connection. From the outside in: ``LastResort`` (guard.py)
-answers any failure inside with a 500 carrying a logged ref; the drain (drain.py); the bearer
-check (auth.py, with ``--token``/``--tokens``; a non-loopback address without a token is refused
-at start), which binds transport sessions to their principal and caps each principal's
-(session_cap.py); ``OriginGuard`` and ``JsonRpcGuard`` (guard.py); the SDK's app, whose DNS-rebinding
-protection stays on for loopback with the server's own origins. The first SIGTERM/SIGINT drains
-(new requests get a 503 in words, running calls are interrupted, requests in flight answer), then
-uvicorn shuts down and the server's lifespan is left; the exit code is 0; a second signal exits at
-once. See docs/security.md and docs/deployment.md.
+Design: from the outside in: ``LastResort`` (a 500 with a logged ref), the drain (drain.py), the
+bearer check (auth.py; a non-loopback address without a token is refused at start), ``OriginGuard``
+and ``JsonRpcGuard`` (guard.py), the SDK's app. The first SIGTERM/SIGINT drains (new requests get a
+503 in words, running calls are interrupted), then uvicorn shuts down, exit code 0; a second signal
+exits at once (docs/deployment.md).
 
-Error policy: one request's failure ends that request only; should the server's lifespan end
-while it serves (every later request would fail), the process exits with code 1 so a supervisor
-restarts it.
+Error policy: one request's failure ends that request only; should the lifespan end while serving,
+the process exits with code 1 so a supervisor restarts it.
 """
 
 from __future__ import annotations

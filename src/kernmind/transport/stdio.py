@@ -1,17 +1,12 @@
 """MCP on stdin/stdout: what desktop clients launch.
 
-Design: we read stdin and write stdout ourselves instead of the SDK's ``stdio_server``, whose
-reader is a worker thread a signal cannot cancel and whose writer hops to a thread twice per
-answer. Stdin is read on a private duplicate of fd 0 (fd 0 then points at /dev/null), on the
-event loop when it is a pipe or a socket, else through a daemon thread; answers are written from
-the event loop to a non-blocking duplicate of fd 1 (fd 1 then points at stderr, so stray output
-misses the wire), waiting for a slow client's pipe to drain. Lines are framed and every bad one
-answered in stdio_framing.py. A signal cancels the serving scope and the lifespan's shielded
-cleanup runs (shutdown.py); stdin closing, or the client closing our stdout, ends serving the
-same way. On a terminal, one line on stderr says what the server waits for.
+Design: our own reader and writer instead of the SDK's ``stdio_server``, whose reader thread a
+signal cannot cancel and whose writer hops to a thread twice per answer. Stdin is read from a
+private duplicate of fd 0 (on the loop for a pipe or socket, else a daemon thread); answers go to a
+non-blocking duplicate of fd 1, and fd 1 then points at stderr so stray output misses the wire. A
+signal, stdin closing or stdout closing ends serving through the lifespan's cleanup (shutdown.py).
 
-Error policy: nothing on stdin raises out of here; a line past ``--max-request-mb`` is read past
-without being kept and answered.
+Error policy: nothing on stdin raises out of here; an oversized line is read past and answered.
 """
 
 from __future__ import annotations

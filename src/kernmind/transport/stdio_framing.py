@@ -1,17 +1,13 @@
 """JSON-RPC lines on stdio: each line a message in, each message a line out, every bad line answered.
 
-Design: the SDK passes a line its model refuses (not JSON, not UTF-8, nested too deeply, a batch,
-an id that is an object, ``params`` that is a list …) to its dispatcher as an exception that is
-dropped, and the client waits forever. Here each one, and each line past ``--max-request-mb``
-(its id read from its head), is answered with a JSON-RPC error in the words the HTTP transport
-uses (bad_messages.py), with the request's own id where it can be read; so is a request whose
-malformed id made the SDK's model take it for a notification. The writer is supervised: a message
-that cannot be written as JSON (a lone surrogate) is logged under a ref and, for a response,
-replaced by an internal error for its id.
+Design: the SDK drops a line its model refuses (not JSON or UTF-8, too deep, a batch, an object id
+…) and the client waits forever. Here each one, and each line past ``--max-request-mb``, is answered
+with a JSON-RPC error in the HTTP transport's words (bad_messages.py), with its own id where
+readable. The writer is supervised: a message that cannot be written as JSON is logged under a ref
+and, for a response, replaced by an internal error for its id.
 
-Error policy: nothing a client writes on stdin raises out of here; a stdout the client closed, or
-an unexpected failure of the reader or writer (logged with a ref), stops serving in order
-(``on_closed``: the lifespan's cleanup runs, exit code 0).
+Error policy: nothing on stdin raises out of here; a closed stdout or a failure of the reader or
+writer stops serving in order (``on_closed``: cleanup runs, exit code 0).
 """
 
 from __future__ import annotations

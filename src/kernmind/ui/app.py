@@ -1,21 +1,19 @@
-"""The ``/ui`` app: routes, who is asking (auth.py), and the answers of every page.
+"""The ``/ui`` app: routes, who is asking (auth.py), and the answers of every page (docs/ui.md).
 
-Design (docs/ui.md): one Starlette app under ``/ui``; on the HTTP transport ``UiMount`` routes
-``/ui`` to it and the rest to the MCP app, and ``kernmind ui`` serves it alone (ui_cli.py). It
-checks callers itself (a session cookie, or ``Authorization: Bearer``); a POST with a cookie must
-carry its CSRF token. Responses carry a strict Content-Security-Policy, ``no-store`` and
-``no-referrer``. Every read is keyed by the caller's owner (data.py), so another principal's ids
-answer 404 like ids that do not exist. A write answers with the page it changed and a sentence.
+Design: one Starlette app under ``/ui`` (mounted in front of the MCP app by ``UiMount``, or alone
+under ``kernmind ui``); callers are a session cookie (a POST carries its CSRF token) or a bearer
+token; responses carry a strict CSP, ``no-store`` and ``no-referrer``. Every read is keyed by the
+caller's owner, so another principal's ids answer 404.
 
-Error policy: ``NotFound`` → 404 page; a ``Refusal`` → the page with its sentence (409 for writes,
-400 for reads); anything else reaches the transport's last resort (a 500 with a ref).
+Error policy: ``NotFound`` → 404; a ``Refusal`` → the page with its sentence (409 writes, 400 reads);
+anything else reaches the transport's last resort (a 500 with a ref).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -407,11 +405,6 @@ def mount_ui(app: ASGIApp, server: Any, settings: Any, authenticator: Any, loopb
     )
     ui = UiApp(auth, UiParts(settings, memory, executor))
     return UiMount(app, ui.starlette())
-
-
-@contextlib.asynccontextmanager
-async def _nothing(_: Any) -> AsyncIterator[None]:
-    yield
 
 
 __all__ = ["PREFIX", "UiApp", "UiMount", "e", "mount_ui"]

@@ -1,17 +1,11 @@
 """Where the ``/ui`` pages read from: the server's own memory and executor, or the data dir.
 
-Design
-- ``UiParts`` holds the memory surface (``MemoryTools``: every principal's namespace, opened
-  the way the tools open it) and, inside a serving server, its ``Executor`` (live sessions,
-  running jobs and their output so far). ``kernmind ui`` has no executor: sessions and jobs
-  are read from the data dir (``SessionStore``, the jobs' records), which a stdio server on
-  the same data dir keeps up to date; memory is opened like any second writer (SQLite WAL or
-  PostgreSQL: safe beside the server).
-- Every read names an owner (``Principal.owner``): a page can only ask for the caller's own
-  sessions and jobs, and an id of another principal's is simply not found.
+Design: ``UiParts`` holds the memory surface and, inside a serving server, its ``Executor``;
+``kernmind ui`` has none and reads sessions and jobs from the data dir (memory is opened as a second
+writer: SQLite WAL or PostgreSQL). Every read names an owner, so another principal's id is not found.
 
-Error policy: a missing session, job or passage is ``NotFound`` (the page answers 404); memory
-refusals pass up unchanged so the page shows their sentence.
+Error policy: a missing session, job or passage is ``NotFound`` (404); memory refusals pass up
+unchanged so the page shows their sentence.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """The memory pages: blocks with their versions, a diff of any two, undo; passages as a timeline,
-search with score bars, filters; delete and supersede.
+search with score bars, filters; delete and supersede (docs/ui.md).
 
-Design
-- Reads and writes go through the memory package's public classes of the caller's own
-  namespace (``UiParts.space``): ``Blocks`` (``list``/``get``/``history``/``undo`` with
-  ``expected_version``, so an undo made from a page that is out of date is refused like the
-  tool's), ``Passages.browse`` (by ``occurred_at``, a thread in its own order) and
-  ``Archive.search``/``delete``/``insert(supersedes=…)``: the same checks as the tools.
-  A passage id of another namespace is simply not found (404).
-- Everything is paged on the server (``PER_PAGE``): the timeline asks for one page plus one
-  row (is there a next page) and counts with one ``count(*)``.
-- A version's text is the ``new_value`` of the history entry that made it (history keeps the
-  last entries only: older versions are not offered for a diff).
+Design: reads and writes go through the memory package's public classes for the caller's own
+namespace (``UiParts.space``), with the tools' checks (an undo from a stale page is refused like
+the tool's); another namespace's passage id is not found. Everything is paged on the server
+(``PER_PAGE``). A version's text is the ``new_value`` of the history entry that made it.
 
 Error policy: a refusal's sentence is shown on the page; nothing else is caught here.
 """

@@ -1,17 +1,9 @@
-"""The session pages: live and stored sessions, their files against the quota, what each call
-cost, the notebook of their history; background jobs with their output as it grows.
+"""The session pages: live and stored sessions, their files, each call's cost, their notebook; jobs.
 
-Design
-- Rows come from ``UiParts`` (data.py): the executor's ``session_summaries`` inside a server
-  (live and stored, the same rows ``list_sessions`` shows), the session store alone under
-  ``kernmind ui``. A session id is looked up among the caller's own rows only, so another
-  principal's id answers 404.
-- A call's cost is what its history line recorded: how long it ran, its status, how much
-  output it produced; the notebook is built from the same lines (``sessions/notebook.py``)
-  and sent as a download, nothing written into the session.
-- A running job's page shows its output so far; ``static/job.js`` polls
-  ``/ui/jobs/{id}/output`` (plain text, state in ``X-Job-State``) and a ``<noscript>`` refresh
-  does the same without scripts.
+Design: rows come from ``UiParts`` (data.py), looked up among the caller's own rows only (another
+principal's id is a 404). A call's cost is what its history line recorded; the notebook is built from
+the same lines and sent as a download. A running job's page polls ``/ui/jobs/{id}/output``
+(``static/job.js``, or a ``<noscript>`` refresh); docs/ui.md.
 
 Error policy: ``NotFound`` for ids that are not the caller's; nothing else is caught here.
 """

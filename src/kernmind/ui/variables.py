@@ -1,18 +1,12 @@
 """A session's saved variables, listed without loading them: names, types, sizes.
 
-Design: the kernel's saved variables are kept at ``state/namespace.pkl`` beside the session's
-files (earlier versions: ``.km-state/namespace.pkl`` inside them, still read)
-(execution/kernels/snapshot.py: ``KMSNAP2``, then per variable its name, the serializer that
-wrote it, its length and its pickle; a trailer of module aliases). The server never unpickles
-what a session wrote: this module reads the records' headers, and each pickle's first opcodes
-with ``pickletools.genops`` (which only decodes, never imports or calls) to name its type: a
-class's ``module.name`` where the pickle starts with one, else the built-in type its first
-opcode makes. The file lives where sandboxed code writes, so it is opened without following
-links (the directory and the file) and read only if it is a regular file; at most
-``MAX_VARIABLES`` are listed. What is shown is the state of the last save (``snapshot_at``).
+Design: the server never unpickles what a session wrote. This reads the records' headers of
+``state/namespace.pkl`` (format in execution/kernels/snapshot.py) and names each type from its
+pickle's first opcodes with ``pickletools.genops``, which only decodes. The file lies where
+sandboxed code writes, so it is opened without following links and read only if regular; at most
+``MAX_VARIABLES`` are listed.
 
-Error policy: an unreadable or malformed file gives the variables read so far (possibly none)
-and never raises.
+Error policy: an unreadable or malformed file gives the variables read so far and never raises.
 """
 
 from __future__ import annotations
