@@ -1,12 +1,8 @@
 """Command line: ``kernmind serve | agent | doctor | memory | sessions | tokens | ui``.
 
-Each subcommand takes the settings flags of the groups it uses (``COMMAND_GROUPS`` in
-settings_cli.py: ``serve`` all of them, ``memory`` only storage, memory and logging …),
-derived from the ``Settings`` declaration; a flag left out is passed as ``None`` so that
-``KERNMIND_*`` variables and then the defaults apply (see config.py). Logs go to stderr:
-on stdio, stdout is the MCP channel. Subcommands that live in their own packages (agent,
-memory) add their parsers here through ``add_parser(subparsers, settings_flags)`` (a
-parent parser with their settings flags) and run through ``run(args, settings)``.
+Each subcommand takes the settings flags of its groups (``COMMAND_GROUPS``); a flag left out is
+``None`` so variables and then defaults apply. Logs go to stderr (on stdio, stdout is the MCP
+channel). Packaged subcommands add their parsers with ``add_parser`` and run with ``run``.
 """
 
 from __future__ import annotations

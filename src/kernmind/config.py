@@ -1,14 +1,12 @@
 """One settings model for the whole server, declared once.
 
-Design: every setting is a field of :class:`Settings` (type, bounds, default, description);
-``Cli(...)`` only chooses its group (which subcommands take it), flag, metavar, shown default, or
-keeps it off the command line (secrets). Flags, ``--help``, ``KERNMIND_*`` variables, the agent's
-child command line (``settings_cli.py``) and docs/configuration.md (``settings_docs.py``) are
-derived from it. Precedence: flags > variables > defaults (the CLI passes only the flags given,
-and pydantic-settings' init kwargs beat the environment). Derived paths are resolved once here.
+Design: every setting is a field of ``Settings`` (type, bounds, default, description); ``Cli(...)``
+chooses its group, flag, metavar and shown default. Flags, ``--help``, ``KERNMIND_*`` variables and
+docs/configuration.md are derived from it (settings_cli.py, settings_docs.py). Precedence: flags >
+variables > defaults.
 
-Error policy: a value out of bounds, non-finite (``nan``, ``inf``) or malformed is refused by
-pydantic; ``settings_cli.describe_settings_error`` turns that into a sentence per setting.
+Error policy: pydantic refuses a value out of bounds, non-finite or malformed;
+``settings_cli.describe_settings_error`` words it.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """``kernmind doctor``: what this machine can run, checked for real.
 
-It builds the same components the server builds (sandbox detection, kernel Python
-probe, language runners, the package installer), then starts one sandboxed kernel and runs
-``1 + 1`` in it — and, when GPUs are passed through, asks CUDA inside it how many it sees —
-and (unless ``--no-fork-server``) starts the fork server and times a forked kernel. With
-``--kernel-gateway`` the kernel is started on the gateway, whose sandbox then guards Python.
-The report goes to stdout as aligned text (or JSON with ``--json``). Exit status 0 means
-``kernmind serve`` can run here (a kernel started and answered); 1 means it cannot, and
-the report says why.
+It builds the server's components, starts one sandboxed kernel (or one on ``--kernel-gateway``) and
+runs ``1 + 1`` (and asks CUDA what it sees when GPUs are passed through), and times a forked kernel.
+The report is text (or ``--json``); exit status 0 means ``kernmind serve`` can run here.
 """
 
 from __future__ import annotations

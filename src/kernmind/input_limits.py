@@ -1,13 +1,8 @@
 """Bounds on the free-text tool arguments that drive work in the server itself.
 
-A tool's work in the sandbox is bounded by the sandbox; what the *server* does with an
-argument is bounded here. Unbounded, one principal could slow every other down with one
-call: a 10 MB glob pattern or search query kept the server's CPU busy for as long as a
-client cares to wait (``fnmatch``; tokenizing and ranking). Each bound is far above any real use
-(a glob pattern of 1,000 characters, a query of 10,000, a path of 4,096 bytes as Linux
-allows), goes into the tool's input schema (``maxLength``/``maxItems``, so clients see it), and a
-longer value is refused by argument validation, before any work, with a sentence that
-names the argument, its limit and the length given (``tool_arguments.py``).
+Unbounded, one call (a 10 MB glob pattern or query) could keep the server's CPU busy for everyone.
+Each bound is far above real use, goes into the tool's input schema, and a longer value is refused
+before any work (tool_arguments.py).
 """
 
 from __future__ import annotations

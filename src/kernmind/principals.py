@@ -1,13 +1,10 @@
 """Who is calling: a principal, and how a request finds its principal.
 
-Design: a ``Principal`` is a name, roles and a data key (``owner``: what its sessions, memory
-namespaces and jobs are kept under, never the name). Over stdio (and in-process) the caller is
-``LOCAL``; over HTTP, whoever the bearer token names (``tokens_file.py``): ``--token`` is
-``SHARED_TOKEN``, the same person as the stdio user, with the same data key. The HTTP
-middleware (``transport/auth.py``) puts the principal into the ASGI scope; while a tool call,
-resource read or prompt runs, ``current_principal()`` is its caller (``identify_callers``).
-Another principal's session is simply not there ("no session named X", never "forbidden"); an
-``admin`` sees everything. What this means for users: docs/security.md (principals).
+Design: a ``Principal`` is a name, roles and a data key (``owner``, what its data is kept under).
+Over stdio the caller is ``LOCAL``; over HTTP whoever the bearer token names (``--token`` is
+``SHARED_TOKEN``, the stdio user's data key). While a request is handled ``current_principal()``
+is its caller (``identify_callers``). Another principal's data is simply not there; an ``admin``
+sees everything (docs/security.md).
 
 Error policy: nothing here refuses; a request without a principal is ``LOCAL``'s.
 """

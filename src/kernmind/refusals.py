@@ -1,15 +1,11 @@
 """Refusals: the errors a caller can act on, one family for the whole server.
 
-Design: a ``Refusal``'s ``str()`` is one sentence for the caller (a model, a person): what was
-wrong and what to do instead. Every part raises its own subclass (``ArgumentRefusal``,
-``Unavailable``, ``memory.errors.MemoryRefusal``, ``execution.errors.SessionError``,
-``WorkspaceError``, ``JobError``, ``PackageError``, ``diskio.StorageError``; nothing here imports a
-part), and only the error boundary (boundary.py) turns them into tool, resource or prompt errors;
-anything else is a fault of the server. The execution refusals and ``StorageError`` are also
-``ValueError``; the boundary catches ``Refusal`` only. ``missing = True`` marks a refusal saying
-the thing asked for does not exist (a resource read answers "not found").
+Design: a ``Refusal``'s ``str()`` is one sentence for the caller: what was wrong and what to do.
+Every part raises its own subclass (nothing here imports a part) and only the error boundary
+(boundary.py) turns them into tool, resource or prompt errors; anything else is a server fault.
+``missing = True`` marks one saying the thing asked for does not exist ("not found").
 
-Error policy: this module defines the errors; it raises nothing itself.
+Error policy: this module raises nothing.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """Settings on the command line, derived from the one declaration in ``config.py``.
 
-Design: from each field of a settings model (``Settings``, or the agent's ``AgentSettings``)
-come its flag and ``--help`` line, grouped for the subcommands that take its group
-(``COMMAND_GROUPS``); reading the flags back; and the flags and variables that give a child
-``kernmind serve`` the same settings (``kernmind agent``). A ``Literal`` becomes ``choices``, a
-``bool`` ``--x/--no-x``, a ``Cli(repeatable=True)`` list one flag per item, another dict or list
-JSON; anything else is passed as text for pydantic to convert, so a flag and its variable accept
-the same values. docs/configuration.md's tables come from ``settings_docs.py``.
+Design: each field of a settings model gives its flag and ``--help`` line, grouped for the
+subcommands that take its group (``COMMAND_GROUPS``), and the flags that give a child ``kernmind
+serve`` the same settings. A ``Literal`` becomes ``choices``, a ``bool`` ``--x/--no-x``, a repeatable
+list one flag per item, a dict or list JSON; anything else is text for pydantic, so a flag and its
+variable accept the same values.
 
-Error policy: a value the model refuses becomes one sentence per problem naming the flag and the
-variable (:func:`describe_settings_error`); the CLI prints it and exits 2.
+Error policy: ``describe_settings_error`` gives one sentence per refused setting naming its flag
+and variable; the CLI prints it and exits 2.
 """
 
 from __future__ import annotations

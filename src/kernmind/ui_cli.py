@@ -1,11 +1,8 @@
 """``kernmind ui``: the ``/ui`` pages on 127.0.0.1 for stdio users, with a one-time login link.
 
-Design: the same app as the HTTP transport's ``/ui`` (ui/app.py) served alone by uvicorn on a
-loopback address (``--ui-port``, 0 = any free port), reading the data dir a stdio server
-writes: memory opened as a second writer (safe: SQLite WAL or PostgreSQL), sessions and jobs
-from their records on disk (a session live in the stdio server shows as ``in_other_server``;
-a job running there shows its output once it has finished). The caller is the local user; the
-link printed to stderr carries a code good for one login within ten minutes.
+Design: the HTTP transport's ``/ui`` app served alone on a loopback port (``--ui-port``), reading the
+data dir a stdio server writes (memory as a second writer; sessions and jobs from their records).
+The link printed to stderr is good for one login within ten minutes (docs/ui.md).
 
 Error policy: a port that cannot be bound is one line on stderr and exit code 1.
 """

@@ -1,12 +1,9 @@
 """What the agent is configured with: the model endpoint, the loop's limits, the MCP servers.
 
-Design: plain dataclasses, no I/O except :func:`load_mcp_config` (reading the user's file)
-so the Python API and the CLI build the very same objects. A server is a ``ServerSpec``:
-a name plus anything ``mcp.Client`` accepts (``StdioServerParameters``, a URL, a
-``Transport``, or an in-process ``MCPServer`` for tests).
+Design: plain dataclasses, no I/O but ``load_mcp_config``, so the Python API and the CLI build the
+same objects. A ``ServerSpec`` is a name plus anything ``mcp.Client`` accepts.
 
-Error policy: a malformed ``mcp.json`` raises :class:`ConfigError` with a sentence naming
-the file and the offending entry; the CLI prints it and exits with status 2.
+Error policy: a malformed ``mcp.json`` raises ``ConfigError`` naming the file and the entry.
 """
 
 from __future__ import annotations

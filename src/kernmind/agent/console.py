@@ -1,14 +1,11 @@
 """Terminal side of the agent: activity on stderr, streamed tokens, approvals, line input.
 
-Design: ``ConsoleEvents`` (the CLI's ``AgentEvents``) writes answers to stdout (streamed when
-asked) and everything else to stderr, so ``kernmind agent -p … > answer.txt`` captures just the
-answer; while tools run, a spinner with the elapsed time and the latest progress is redrawn on a
-terminal (progress lines otherwise). ``LineReader`` reads stdin on one daemon thread serving
-requests in order, so a prompt abandoned by Ctrl-C never races a later one; ``input()`` on a
-terminal, plain lines with prompts on stderr otherwise.
+Design: answers go to stdout and everything else to stderr (``kernmind agent -p … > answer.txt``
+captures just the answer); a spinner shows running tools on a terminal. ``LineReader`` reads stdin
+on one daemon thread serving requests in order, so a prompt abandoned by Ctrl-C never races a later
+one.
 
-Error policy: output is best effort (a closed stderr is ignored); end of input at an approval
-prompt counts as "no".
+Error policy: output is best effort; end of input at an approval prompt counts as "no".
 """
 
 from __future__ import annotations

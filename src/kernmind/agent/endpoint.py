@@ -1,15 +1,11 @@
-"""The model endpoint, checked before anything else starts: reachable, key accepted, and
-what it says about the model (its context window).
+"""The model endpoint, checked before anything else starts: reachable, key accepted, its window.
 
-Design: one ``GET {base}/models`` with ``httpx2`` (the ``openai`` client's HTTP library, same
-proxy variables), without importing ``openai`` or ``mcp``, so a wrong URL or key is reported in
-well under a second, before any MCP server starts. Where the answer gives the model's window
-(``WINDOW_FIELDS``: vLLM's ``max_model_len``, ``context_length`` …) it becomes the agent's
-``--context-window`` unless the user gave one.
+Design: one ``GET {base}/models`` with ``httpx2`` (without importing ``openai`` or ``mcp``), so a
+wrong URL or key is reported in well under a second. A window the answer gives (``WINDOW_FIELDS``)
+becomes the agent's ``--context-window`` unless the user gave one.
 
-Error policy: only what no request could get past raises ``ModelError`` naming the endpoint and
-what to check: nothing accepting connections (a refused one is tried once more) or the key
-refused (401/403). Anything else means "reachable"; the chat requests' retries deal with it.
+Error policy: ``ModelError`` only for what no request could get past (nothing accepting
+connections, tried twice; the key refused); anything else counts as reachable.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Compile the servers' memory blocks into text for the system prompt.
 
-Design: memory is read fresh before every model step, so an edit made by a tool call in
-step N is visible in the system prompt of step N+1. Per server, the preferred source is
-the ``memory`` prompt (the server renders the blocks the way an agent should see them);
-failing that, the ``memory://blocks/{label}`` resources (listed directly, or named by the
-``memory://blocks`` JSON index) are read and rendered here.
-Servers with neither simply contribute nothing.
+Design: read fresh before every model step, so a tool's edit in step N shows in step N+1. Per
+server, the ``memory`` prompt is preferred; else the ``memory://blocks/{label}`` resources are read
+and rendered here; a server with neither contributes nothing.
 
-Error policy: memory is best effort. Any failure to list or read is logged at debug level
-and that server is skipped; the loop never stops because memory could not be read.
+Error policy: best effort: a failure is logged at debug level and that server skipped.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """Feeding the conversation recorder beside the loop.
 
-Design: every message the agent appends is queued (:meth:`Recording.add`, never waits) and a
-task stores them in order through the :class:`MessageRecorder` (kernmind's conversation
-memory), so opening the database and loading the embedding model for the first message never
-delay a model request. The task starts once the MCP servers are up (the kernmind server
-creates the database; the recorder then opens it). Compaction calls :meth:`caught_up` before
-it evicts anything, so what it evicts is already findable with ``conversation_search``;
-leaving the agent (:meth:`close`, then the task group's exit) waits until all are stored.
+Design: every message is queued (``add`` never waits) and a task stores them in order, so opening
+the database or loading the embedding model never delays a model request. The task starts once the
+MCP servers are up; compaction waits on ``caught_up`` so what it evicts is already findable, and
+leaving the agent waits until everything is stored.
 
-Error policy: the task is shielded once started, so an interrupt or Ctrl-C loses no message;
-the recorder itself is best effort (it logs what it cannot store).
+Error policy: the task is shielded once started, so Ctrl-C loses no message; the recorder is best
+effort (it logs what it cannot store).
 """
 
 from __future__ import annotations

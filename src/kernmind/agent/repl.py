@@ -1,13 +1,7 @@
-"""The interactive REPL: read a line, run a turn, show the answer; slash commands.
+"""The interactive REPL: read a line, run a turn, show the answer; slash commands (``HELP``).
 
-Design: a loop over :class:`LineReader` lines (prompts go to stderr so stdout carries only
-answers). Commands: ``/reset`` forgets the conversation, ``/memory`` shows the memory
-blocks as the model sees them, ``/tools`` lists the tools, ``/status`` shows the model, its
-context window and how full it is, ``/help``, ``/exit`` (also ``/quit`` and end of input). Answers stream token by token when streaming is on.
-
-Error policy: a model failure (after retries) is printed and the REPL goes on — the
-conversation is kept, so the user can simply try again. Ctrl-C during a turn is handled by
-the CLI's signal handler (it calls ``Agent.interrupt``); the turn ends and the REPL goes on.
+Error policy: a model failure is printed and the REPL goes on with the conversation kept; Ctrl-C
+during a turn interrupts it (the CLI's handler) and the REPL goes on.
 """
 
 from __future__ import annotations

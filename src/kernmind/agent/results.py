@@ -1,15 +1,11 @@
 """Turn an MCP ``CallToolResult`` into what a chat-completions model can read.
 
-Design: a ``tool`` message may only carry text, so a result becomes (a) one text for the
-tool message — the text blocks, or the ``structuredContent`` as JSON when there are none,
-with non-text blocks described in brackets — and (b) the images it returned, as
-``data:`` URLs. The loop sends the images right after the step's tool messages in one
-``user`` message of image parts, or as a text note when the model takes no images.
-Overlong text is cut in the middle (head and tail kept) so one chatty tool cannot flood
-the context window.
+Design: a ``tool`` message carries text only, so a result becomes one text (its text blocks, or its
+``structuredContent`` as JSON; other blocks described in brackets), cut in the middle when
+overlong, plus its images as ``data:`` URLs, which the loop sends in a ``user`` message (or as a
+note when the model takes none).
 
-Error policy: pure functions, no I/O, nothing raised for odd content — an unknown block
-type is described as such.
+Error policy: pure functions; odd content is described, never raised.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The agent's own settings, declared once (the server's are in ``kernmind/config.py``).
 
-Design: every setting of ``kernmind agent`` is a field of :class:`AgentSettings`; its flag,
-``--help`` line and variable (``KERNMIND_AGENT_*``; the base URL and key also read
-``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``) come from ``settings_cli.py``, its table in
-docs/configuration.md from ``settings_docs.py``, as for the server. ``-p/--prompt`` is a plain
-argument, not a setting. Field names differ from ``Settings``' (one ``argparse`` namespace).
+Design: every setting of ``kernmind agent`` is a field of ``AgentSettings``; flags, variables
+(``KERNMIND_AGENT_*``, also ``OPENAI_BASE_URL``/``OPENAI_API_KEY``) and docs come from
+settings_cli.py and settings_docs.py as for the server. Field names differ from ``Settings``' (one
+``argparse`` namespace).
 
 Error policy: a refused value is one sentence naming the flag and variable; the CLI exits 2.
 """

@@ -1,14 +1,12 @@
 """The model's context window: how many tokens a request takes, and how full the window is.
 
-Design (docs/agent.md): the window is ``--context-window``, else what the endpoint's ``GET
-/models`` reports, else a known OpenAI window (``OPENAI_WINDOWS``), else ``DEFAULT_WINDOW``.
-Without a tokenizer, text is cut the way byte-pair tokenizers pre-tokenize it (words, runs of up
-to three digits, punctuation, whitespace), each piece one token per ``LETTERS_PER_TOKEN`` letters:
-within −10 % … +24 % of ``cl100k_base``/``o200k_base`` on what the agent sends
-(``benchmarks/bench_chars_per_token.py``). Every answer's ``usage.prompt_tokens``, and a "context
-length exceeded" error naming sizes, scale the estimate from then on (``ContextWindow.learn``).
+Design (docs/agent.md): the window is ``--context-window``, else the endpoint's ``/models``, else a
+known OpenAI window, else ``DEFAULT_WINDOW``. Without a tokenizer, text is cut as byte-pair
+tokenizers pre-tokenize it, one token per ``LETTERS_PER_TOKEN`` letters a piece (within −10 % …
++24 % of cl100k/o200k: benchmarks/bench_chars_per_token.py); reported ``prompt_tokens`` and
+"context length exceeded" errors scale the estimate from then on.
 
-Error policy: pure bookkeeping; nothing here raises (compaction.py acts on these figures).
+Error policy: pure bookkeeping; nothing here raises.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """What code mode adds to every local Python kernel: the client module, and a channel per session.
 
-Design: ``CodeMode`` is the ``KernelExtras`` server.py gives the executor: the client module's
-directory (``client/``, standard library only) mounted read-only at ``CLIENT_MOUNT`` and put on
-``PYTHONPATH`` in every kernel (warm, forked, reset, stateless) and what it starts;
-``KERNMIND_TOOLS_SOCKET`` in its environment; and, when a kernel joins a session (only then is the
-principal known), a channel (channel.py) for that principal, closed when the kernel stops.
+Design: ``CodeMode`` is the ``KernelExtras`` given to the executor: the client module (``client/``)
+mounted read-only and on ``PYTHONPATH`` in every kernel, ``KERNMIND_TOOLS_SOCKET`` in its
+environment, and, once a kernel joins a session (the principal is then known), a channel for that
+principal, closed when the kernel stops.
 
-Error policy: a channel that cannot be opened (a full disk) is logged, and that kernel's code gets
-``ToolError`` saying code mode is unavailable; ``run_code`` is unaffected. Channels run in a
-supervised group: one channel's failure is logged with a ref and ends that channel only.
+Error policy: a channel that cannot be opened is logged and that kernel's code gets ``ToolError``;
+``run_code`` is unaffected. Channels are supervised one by one.
 """
 
 from __future__ import annotations

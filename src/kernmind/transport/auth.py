@@ -1,15 +1,12 @@
 """Who an HTTP request comes from: the bearer-token check, and transport sessions bound to it.
 
-Design: ``BearerTokenMiddleware`` (ASGI) requires ``Authorization: Bearer <token>`` naming a
-principal (``--token`` or the tokens file; digests compared in constant time) and puts it into the
-ASGI scope twice: under ``principals.SCOPE_KEY`` for the tools, and as the SDK's
-``AuthenticatedUser``, so the SDK binds every ``Mcp-Session-Id`` to the principal that opened it
-(another principal's id reads as unknown: 404). Session ids are bearer secrets of a kind, so
-``redact_session_ids`` logs each as a short digest (``session#1a2b3c``).
+Design: ``BearerTokenMiddleware`` requires a bearer token naming a principal (digests compared in
+constant time) and puts it in the ASGI scope for the tools and as the SDK's ``AuthenticatedUser``,
+so each ``Mcp-Session-Id`` is bound to its principal (another's reads as unknown).
+``redact_session_ids`` logs session ids as short digests.
 
-Error policy: a refused request gets a 401 with a JSON body saying what to send; nothing reaches
-the tools or the SDK. A tokens file that cannot be read refuses only the request that met it (503,
-a ref in the log).
+Error policy: a refused request gets a 401 with a JSON body saying what to send; an unreadable
+tokens file refuses only the request that met it (503, a ref in the log).
 """
 
 from __future__ import annotations

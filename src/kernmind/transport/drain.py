@@ -1,15 +1,11 @@
 """An orderly stop for Streamable HTTP: the requests in flight answer before the streams close.
 
-Design: on SIGTERM stock uvicorn closes kept-alive connections and sse-starlette ends every event
-stream within half a second, so a running tool call never answers and a request written at that
-moment dies in the transport (which the SDK's client surfaces from its ``async with``, not for the
-request). So the first stop signal starts a drain (http.py): the server keeps listening while
-``Drain`` answers every new request with a 503 in words, running calls are interrupted
-(``Executor.stop_calls``), and the POSTs in flight get ``DRAIN_SECONDS`` to answer; only then does
-uvicorn's shutdown start. A GET (a standing event stream) is not waited for; a DELETE passes.
+Design: stock uvicorn and sse-starlette close every stream within half a second of SIGTERM, so a
+running call never answers. Instead the first stop signal starts a drain (http.py): ``Drain``
+answers new requests with a 503 in words, running calls are interrupted, and the POSTs in flight
+get ``DRAIN_SECONDS`` to answer before uvicorn's shutdown. A GET is not waited for; a DELETE passes.
 
-Error policy: a request refused while draining gets HTTP 503 with a JSON-RPC error body (its
-``id`` when readable) and ``Connection: close``.
+Error policy: a refused request gets a 503 with a JSON-RPC error body and ``Connection: close``.
 """
 
 from __future__ import annotations

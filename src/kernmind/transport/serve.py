@@ -1,15 +1,11 @@
 """Running the server on a transport: stdio (stdio.py) or Streamable HTTP (http.py).
 
-Design: ``serve(settings) -> int`` (the exit code) runs one ``MCPServer`` whose lifespan
-(server.py) owns the executor and the memory store; the transports make sure that lifespan exits
-whatever ends the server (stdin closing, a signal, uvicorn's shutdown). Start-up order: the
-sandbox and runtime probes start on daemon threads first (``Sandbox.prefetch``,
-``runners.prefetch``), then the executor launches the fork-server template, and only then is the
-MCP SDK imported, on the other core meanwhile.
+Design: ``serve(settings) -> int`` runs one ``MCPServer`` whose lifespan (server.py) is left whatever
+ends the server. The sandbox and runtime probes start on daemon threads first, then the fork-server
+template, and only then is the MCP SDK imported (on the other core meanwhile).
 
-Error policy: a refused configuration (non-loopback host without a token, a port in use, a
-required sandbox missing) prints one line to stderr and returns 2 (1 for a failure to start),
-never a traceback; anything unexpected propagates.
+Error policy: a refused configuration prints one line to stderr and returns 2 (1 for a failure to
+start), never a traceback; anything unexpected propagates.
 """
 
 from __future__ import annotations

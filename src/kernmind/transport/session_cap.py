@@ -1,15 +1,11 @@
 """A cap on the handshake-era MCP sessions each principal holds open over HTTP.
 
-Design: every 2025-11-25 ``initialize`` opens a transport session the SDK keeps for 30 idle
-minutes, 10,000 at most for the whole server, so one principal could take every slot.
-``SessionCap`` (ASGI, inside the token check) counts each principal's sessions from what passes
-through it (counted when an answer carries the id; forgotten on a successful DELETE, the SDK's 404,
-or the SDK's idle timeout: the count errs towards letting a client in) and refuses an opening
-request past ``PER_PRINCIPAL``. The 2026-07-28 era keeps no session; the ``--token`` principal and
-the local user are not capped (the SDK's own cap stands).
+Design: the SDK keeps up to 10,000 transport sessions for the whole server, so one principal could
+take every slot. ``SessionCap`` (inside the token check) counts each principal's sessions from what
+passes through it (erring towards letting a client in) and refuses an opening request past
+``PER_PRINCIPAL``; the stateless 2026 era, ``--token`` and the local user are not capped.
 
-Error policy: a refused opening request gets HTTP 429 and a JSON-RPC error saying how many
-sessions are open and what to do; nothing reaches the SDK.
+Error policy: a refused opening gets HTTP 429 and a JSON-RPC error saying what to do.
 """
 
 from __future__ import annotations

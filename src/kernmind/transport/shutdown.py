@@ -1,13 +1,9 @@
 """How a serving process stops: the signals, the second signal that exits at once, exit codes.
 
-Design
-- The first SIGTERM/SIGINT cancels the serving scope: the server lifespan's shielded cleanup
-  stops every kernel, sandbox and subprocess and closes the database (stdio; uvicorn does the
-  same for HTTP with its own handlers, http.py).
-- A second SIGINT/SIGTERM while shutting down exits at once (exit code 130/143); bubblewrap's
-  ``--die-with-parent`` still takes every sandbox down with the server.
-- ``serve`` returns 0 after a clean stop, ``EXIT_REFUSED`` (2) for refused configuration and
-  ``EXIT_FAILED`` (1) when the server could not start.
+Design: the first SIGTERM/SIGINT cancels the serving scope and the lifespan's shielded cleanup
+stops every kernel and closes the database; a second one exits at once (130/143; bubblewrap's
+``--die-with-parent`` takes the sandboxes down). ``serve`` returns 0, ``EXIT_REFUSED`` (2) or
+``EXIT_FAILED`` (1).
 """
 
 from __future__ import annotations

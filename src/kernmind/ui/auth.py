@@ -1,13 +1,10 @@
 """Who is looking at a ``/ui`` page: logins, session cookies, bearer tokens and CSRF tokens.
 
-Design (docs/ui.md): a token logs in once (``POST /ui/login``, checked by the ``Authenticator``
-``/mcp`` uses) to a random 256-bit session id in an ``HttpOnly``, ``SameSite=Strict``,
-``Path=/ui`` cookie (``Secure`` over https); the token itself is never kept. Every page also
-accepts ``Authorization: Bearer TOKEN`` (no CSRF check: a browser never sends that header on its
-own). Every POST with a cookie carries the session's CSRF token. ``kernmind ui`` prints a one-time
-login link; a server without a token (loopback only) lets a browser in as ``local`` after a click,
-and its Host check refuses names that are not loopback (no DNS rebinding). Sessions live in
-memory, expire after a day, and end at the next request once their token is revoked.
+Design (docs/ui.md): a token logs in once to a random session id in an ``HttpOnly``,
+``SameSite=Strict``, ``Path=/ui`` cookie; the token is never kept. A bearer header also works (no
+CSRF check: browsers never send it on their own); every POST with a cookie carries its CSRF token.
+A server without a token lets a loopback browser in as ``local`` and refuses non-loopback Host
+names (no DNS rebinding). Sessions live in memory, for a day, until their token is revoked.
 
 Error policy: a refused request gets a short page saying what to do; nothing is written.
 """

@@ -1,10 +1,8 @@
 """The HTML of the ``/ui`` pages: one layout, small helpers, every stored text escaped.
 
-Design: no template engine (none is a dependency of the server): pages are built from small
-functions whose only way to put text into HTML is :func:`e` (``html.escape`` with quotes), so
-whatever an agent stored (``<script>``, quotes in a label) is shown as text. Markup comes from
-literals in this package only. Links are plain ``<a href>``; the one script (``static/job.js``)
-only saves reloads on a running job's page.
+Design: no template engine (none is a server dependency); the only way text enters HTML is ``e``
+(``html.escape`` with quotes), so whatever an agent stored shows as text; markup comes from this
+package's literals only.
 
 Error policy: none of its own.
 """

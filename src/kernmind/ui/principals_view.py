@@ -1,10 +1,8 @@
 """The admin's page: what each principal uses (sessions, disk, jobs, memory).
 
-Design: only an admin (the server's own ``--token`` principal, the local user of stdio and
-``kernmind ui``) gets this page; anyone else gets a 404 as for any page that is not theirs.
-Owners are the data keys found on disk (sessions, jobs) and in the tokens file; memory counts
-come from one grouped ``count(*)`` per table over every namespace. Names and keys are shown,
-never tokens or their digests.
+Design: admins only (anyone else gets a 404). Owners are the data keys found on disk and in the
+tokens file; memory counts come from one grouped ``count(*)`` per table. Tokens and digests are
+never shown.
 
 Error policy: none of its own (an unreadable tokens file shows no names from it).
 """
