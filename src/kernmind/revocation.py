@@ -44,13 +44,9 @@ def in_force(tokens: TokenFile) -> Iterator[TokenFile]:
 
 
 def revoked(who: Principal | str) -> str | None:
-    """Why ``who`` (a principal, or the data key its sessions and jobs are kept under) may no
-    longer act: a sentence (``revoked_sentence``) when a tokens file in force no longer names its
-    key and either records it as revoked or named it earlier while the server ran (the watch's
-    ``ended``); None while it may: always for the local user and the ``--token`` principal,
-    for a key no file in force ever named, and when no tokens file is in force. Each call looks
-    at the file (a ``stat``), so a revocation counts from the next check on, not from the
-    watch's next turn."""
+    """The sentence to refuse ``who`` (a principal or a data key) with, or None while it may act
+    (always for the local user, the ``--token`` principal and keys no file in force ever named).
+    Each call looks at the file (a ``stat``): a revocation counts from the next check on."""
     owner = who.owner if isinstance(who, Principal) else who
     if owner in (LOCAL.owner, SHARED_TOKEN.owner) or not _IN_FORCE:
         return None
@@ -83,12 +79,8 @@ OnRevoked = Callable[[str, str], Awaitable[None]]
 
 
 async def watch_revocations(path: Path, on_revoked: OnRevoked, *, period: float = REVOCATION_PERIOD) -> None:
-    """Keep the tokens file at ``path`` in force and call ``on_revoked(key, sentence)`` for each data
-    key that a live entry held and none holds now (revoked, or the file emptied or removed): the
-    server ends what runs under it without waiting for a request. A disappearance is looked at
-    once more ``REVOCATION_SETTLE`` later before anything is ended (an editor that truncates the
-    file before writing it does not end everyone's kernels). Runs until cancelled; never raises
-    anything else (each turn's failure is logged, and the next turn looks again)."""
+    """Keep the tokens file at ``path`` in force and call ``on_revoked`` for each key no live
+    entry holds any more (see the module docstring); runs until cancelled."""
     tokens = TokenFile(path)
     with in_force(tokens):
         seen: set[str] = set()

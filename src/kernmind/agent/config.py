@@ -79,12 +79,8 @@ class AgentConfig:
 def kernmind_server_spec(
     settings: Settings, *, log_level: str | None = None, name: str = "kernmind"
 ) -> ServerSpec:
-    """``python -m kernmind serve`` with this process's settings passed through as flags.
-
-    The stdio transport only inherits a few safe variables (HOME, PATH …), so settings are
-    passed as flags (those of ``kernmind agent``'s groups that differ from the defaults),
-    and ``KERNMIND_*`` variables are forwarded explicitly.
-    """
+    """``python -m kernmind serve`` with this process's settings as flags (the stdio transport
+    inherits only a few safe variables; ``KERNMIND_*`` ones are forwarded explicitly)."""
     from mcp.client.stdio import StdioServerParameters  # mcp is imported only once servers are built
 
     from kernmind.settings_cli import COMMAND_GROUPS, settings_as_args

@@ -35,15 +35,10 @@ DEFAULT_MAX_LINE = 32 * 1024 * 1024  # one message; serve.py passes --max-reques
 
 
 class StdinLines:
-    """Cancellable async iterator over the lines of stdin, as bytes.
-
-    A line longer than ``max_line`` is read past without being kept and stands as an
-    ``Oversize`` (its first bytes and its size): a client's endless line cannot fill the
-    server's memory. It reads a private duplicate of fd 0 (fd 0 itself then points at /dev/null,
-    so nothing else can steal protocol bytes): on the event loop, non-blocking, when that is a
-    pipe or a socket; else (a terminal, a file) chunks come from a daemon thread, whose blocked
-    read never delays shutdown.
-    """
+    """Cancellable async iterator over the lines of stdin, as bytes. A line longer than
+    ``max_line`` is read past without being kept and stands as an ``Oversize`` (its head and
+    size), so an endless line cannot fill the server's memory. fd 0 then points at /dev/null,
+    so nothing else can steal protocol bytes."""
 
     def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
         self.max_line = max_line
