@@ -1,27 +1,19 @@
-"""Memory blocks as the model sees them: result models of the block tools and the prompt layout.
+"""Memory blocks as the model sees them: result models of the block tools and the prompt layout
+(what each answer holds, and how it stays within the output budget: docs/tools.md, "Memory blocks").
 
 Design
 ------
-* Result models are pydantic, so every tool publishes an ``outputSchema`` and returns
-  ``structuredContent``. A write answers with the block after the edit (new version, room
-  left, and the value itself when it is at most ``WRITE_ECHO_CHARS``) so the agent does not
-  need a second ``memory_read`` before its next edit. A larger block is not echoed whole on
-  every edit: the answer carries an excerpt (the changed lines with a little context, with
-  line numbers) and says how to read the rest.
-* Every answer here goes through the output budget (``budget.py``): ``memory_read`` (and the
-  block an undo returns) holds whole lines up to it and says which ``view_range`` shows the
-  rest; ``memory_list`` and ``memory_history`` hold the entries that fit and say which
-  ``offset`` lists the next ones; the ``memory`` prompt shows the blocks that fit, cuts the
-  first that does not, and names the rest. Fixed shares below it (a write's echo, its excerpt,
-  a history value) are cut the same way.
-* :func:`render_blocks` produces the ``<memory_blocks>`` layout agents know from Letta's
-  system prompt: one element per label with ``<description>``, ``<metadata>``
-  (``chars_current``/``chars_limit``, plus ``read_only`` when set) and ``<value>``.
+* Pydantic result models (``outputSchema`` + ``structuredContent``). A write echoes the block when
+  it is at most ``WRITE_ECHO_CHARS``, else an excerpt of the changed lines.
+* Every answer goes through the output budget (budget.py): whole lines, or the entries that fit,
+  with the ``view_range`` or ``offset`` that goes on.
+* :func:`render_blocks` is Letta's ``<memory_blocks>`` layout (``<description>``, ``<metadata>``,
+  ``<value>`` per label).
 
 Error policy
 ------------
-Nothing here refuses anything except through the block rules (blocks.py): a
-``view_range`` that does not fit the block.
+Nothing here refuses anything except through the block rules (blocks.py): a ``view_range`` that
+does not fit the block.
 """
 
 from __future__ import annotations

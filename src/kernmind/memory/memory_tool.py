@@ -1,31 +1,18 @@
-"""The ``memory`` tool: Anthropic's memory-tool dialect over the same blocks as the block tools.
+"""The ``memory`` tool: Anthropic's memory-tool dialect over the same blocks as the block tools
+(what it answers: docs/tools.md, "The memory tool").
 
 Design
 ------
-* Paths live under ``/memories``; ``/memories/<label>`` is the block ``<label>``, and a label
-  with ``/`` is a file in a folder (``/memories/projects/kernmind`` is the block
-  ``projects/kernmind``; the folder ``/memories/projects`` exists while a block is in it).
-* Commands and argument names are that tool's (``view``, ``create``, ``str_replace``,
-  ``insert``, ``delete``, ``rename``; ``path``, ``file_text``, ``old_str``, ``new_str``,
-  ``insert_line``, ``insert_text``, ``view_range``, ``old_path``, ``new_path``), and results are
-  the same sentences (``Here's the content of … with line numbers:``, ``File created
-  successfully at: …``, ``The memory file has been edited.`` with a numbered snippet …), so a
-  model trained on that tool needs no instructions.
-* Every edit is a block operation (block_store.py): versions, history, ``memory_undo``,
-  ``expected_version`` (an optional extra argument), limits and read-only blocks apply
-  exactly as for the block tools. ``create`` on an existing file overwrites it as a new
-  version (undoable); a new file gets the default limit, or its text's length when longer,
-  up to the ceiling.
-* A folder's ``delete`` and ``rename`` apply to each file in it (one transaction per file,
-  each undoable on its own), after checking that none of them is read-only.
-* Listings and file views go through the output budget (``budget.py``): a long file is shown in whole lines up
-  to the budget, with the ``view_range`` that shows the rest.
+* ``/memories/<label>`` is the block ``<label>``; a label with ``/`` is a file in a folder, which
+  exists while a block is in it. Commands, argument names and result sentences are that tool's.
+* Every edit is a block operation (block_store.py: versions, history, undo, ``expected_version``,
+  limits, read-only). A folder's ``delete`` and ``rename`` apply to each file in it (a transaction
+  per file), after checking none is read-only. Views go through the output budget (budget.py).
 
 Error policy
 ------------
-A path outside ``/memories``, with ``..`` or other invalid parts, a missing file or folder,
-and every block refusal become :class:`MemoryRefusal` whose text uses this dialect's words
-(``view``, ``str_replace`` …); the tool layer turns them into tool errors.
+Bad paths, missing files and every block refusal become :class:`MemoryRefusal` in this dialect's
+words (``view``, ``str_replace`` …).
 """
 
 from __future__ import annotations
