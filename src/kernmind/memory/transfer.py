@@ -2,28 +2,20 @@
 
 Design
 ------
-An export holds the namespace's blocks (value, description, limit, read-only, version,
-times), passages (id, content, tags, when stored, when the fact occurred, and the id of the
-passage that superseded it, if any) and recorded conversations (each with its messages:
-role, text, tool-call details, time), optionally every block's history. Format version 2
-added the passages' ``id``, ``occurred_at`` and ``superseded_by``; a version-1 document
-imports as before (occurred_at = created_at, every passage live). Format version 3 added each
-passage's ``thread`` and its position there (``seq``): an import appends a thread's passages to
-that thread in the order of their ``seq`` (after any it already holds here). Passage ids only tie
-``superseded_by`` to its passage inside the document: an import assigns new ids and links
-each imported passage to the new id of its successor.
-Conversations keep their ids, so importing the same export twice adds them once.
-Vectors are not exported: the importing server embeds passages in the background with its
-own model. An import loads a document into a namespace (which may differ from the
-exported one) in one transaction: all or nothing.
+An export holds blocks (optionally with history), passages (id, content, tags, times,
+``superseded_by``, ``thread`` and ``seq``) and conversations with their messages; not vectors
+(the importing server embeds in the background). Format 2 added the passages' ids, ``occurred_at``
+and ``superseded_by``, format 3 threads; older documents import as before. An import runs in one
+transaction, all or nothing: passages get new ids (the document's ids only tie ``superseded_by``
+to its passage), a thread's passages are appended in ``seq`` order, conversations keep their ids
+(importing twice adds them once).
 
 Error policy
 ------------
-A document that is not an export, an invalid label, a block larger than this server's
-ceiling, a block whose label exists (unless ``overwrite``, or it is an untouched
-default block), a passage id given twice, an invalid thread label, or ``superseded_by`` links
-that loop are refused
-with :class:`MemoryRefusal`; nothing is imported then.
+A document that is not an export, an invalid label or thread, a block over the ceiling, a label
+that exists (unless ``overwrite``, or it is an untouched default block), a passage id given
+twice, or ``superseded_by`` links that loop are refused with :class:`MemoryRefusal`; nothing is
+imported then.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """Times named in a search query: "in May 2023", "on 8 May 2023", "last week", "before June",
-"after the move".
+"after the move" (what a search does with them: docs/tools.md, "Archival memory", when).
 
 Design
 ------
-* :func:`time_in` finds the first time expression of a query (English) and returns a
-  :class:`TimeRef`: the span of time it names, ``[start, end)`` in epoch seconds (UTC), what the
-  query asks about it (``during`` it, ``before`` it or ``after`` it), and the words that named it
-  (so they can be left out of the words and meaning a query is matched by, if a caller wants).
-* Absolute times: a day ("8 May 2023", "May 8, 2023", "2023-05-08"), a month ("May 2023",
-  "2023-05", "early/mid/late May 2023": its thirds), a year ("in 2023"). A month without a year
-  ("in May") is the latest such month up to now.
-* Relative times, from ``now``: today, yesterday, this/last week (Monday to Monday), this/last
-  weekend, this/last month, this/last year, "N days/weeks/months/years ago", "recently" (the last
-  30 days).
-* ``before X`` / ``after X`` / ``since X`` / ``until X`` around any of those, or around an event
-  ("before the move", "after Anna's wedding"): an event is returned as ``anchor`` text for the
-  caller to find in memory (recall.py searches for it and uses the best match's time).
-* "When did …" names no time: it asks for one. It is not a time reference.
+:func:`time_in` finds the first time expression of an English query and returns a :class:`TimeRef`:
+the span it names, ``[start, end)`` in epoch seconds (UTC), whether the query asks ``during``,
+``before`` or ``after`` it, and the words that named it. Days, months (and their thirds: "early
+May"), years; a month without a year is the latest one up to ``now``; relative times from ``now``
+(yesterday, last week, "3 months ago", "recently": 30 days); around an event ("before the move")
+the event is returned as ``anchor`` text for the caller to find (recall.py). "When did …" names
+no time.
 
 Error policy
 ------------
