@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +47,12 @@ HEADERS = {
 }
 
 
+@dataclass
 class Caller:
     """Who asks, and the CSRF token their forms carry ("" for bearer callers: they need none)."""
 
-    def __init__(self, principal: Principal, session: UiSession | None) -> None:
-        self.principal = principal
-        self.session = session
+    principal: Principal
+    session: UiSession | None
 
     @property
     def csrf(self) -> str:
@@ -81,10 +82,8 @@ class UiApp:
         self, handler: Callable[[Request, Caller], Awaitable[Response]]
     ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            if not self.auth.host_ok(request.headers.get("host")):
-                return PlainTextResponse(
-                    "this page answers on its loopback address only", 421, headers=HEADERS
-                )
+            if (wrong := self._wrong_host(request)) is not None:
+                return wrong
             who = self.caller(request)
             if who is None:
                 if request.method == "GET":
@@ -113,10 +112,15 @@ class UiApp:
 
         return endpoint
 
+    def _wrong_host(self, request: Request) -> Response | None:
+        if self.auth.host_ok(request.headers.get("host")):
+            return None
+        return PlainTextResponse("this page answers on its loopback address only", 421, headers=HEADERS)
+
     # --- logging in ------------------------------------------------------------------------------
     async def login(self, request: Request) -> Response:
-        if not self.auth.host_ok(request.headers.get("host")):
-            return PlainTextResponse("this page answers on its loopback address only", 421, headers=HEADERS)
+        if (wrong := self._wrong_host(request)) is not None:
+            return wrong
         principal: Principal | None = None
         message = ""
         if request.method == "GET" and "once" in request.query_params:
@@ -267,19 +271,15 @@ class UiApp:
         return {k: q.get(k, "")[:400] for k in ("q", "start", "end", "thread", "superseded") if q.get(k)}
 
     async def passages(self, request: Request, who: Caller) -> Response:
-        page = _int(request.query_params.get("page"))
-        return await self.shown(
-            "Passages timeline",
-            who,
-            lambda: memory_views.timeline_page(self.data, who.principal, self._filters(request), page),
-        )
+        return await self._passage_list("Passages timeline", memory_views.timeline_page, request, who)
 
     async def search(self, request: Request, who: Caller) -> Response:
+        return await self._passage_list("Search memory", memory_views.search_page, request, who)
+
+    async def _passage_list(self, title: str, view: Any, request: Request, who: Caller) -> Response:
         page = _int(request.query_params.get("page"))
         return await self.shown(
-            "Search memory",
-            who,
-            lambda: memory_views.search_page(self.data, who.principal, self._filters(request), page),
+            title, who, lambda: view(self.data, who.principal, self._filters(request), page)
         )
 
     async def passage(self, request: Request, who: Caller, message: str = "", status: int = 200) -> Response:
