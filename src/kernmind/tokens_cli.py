@@ -59,7 +59,7 @@ class DataCensus:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._memory: dict[str, tuple[int, int]] | None = None
+        self._memory: dict[str, tuple[int, int]] = {}
 
     def sessions(self, key: str) -> int:
         return _count_dirs(self.settings.sessions_dir / key)
@@ -72,7 +72,9 @@ class DataCensus:
 
     def memory(self, key: str) -> tuple[int, int]:
         """(blocks, passages) in the key's memory namespaces (``key/<agent>``)."""
-        return self._memory_counts([key]).get(key, (0, 0))
+        if key not in self._memory:
+            self._memory[key] = anyio.run(self._count_memory, key)
+        return self._memory[key]
 
     def has_data(self, key: str) -> bool:
         return bool(self.sessions(key) or self.jobs(key) or any(self.memory(key)))
@@ -91,38 +93,28 @@ class DataCensus:
         ]
         return "data kept: " + ", ".join(parts) if parts else "no data left"
 
-    def _memory_counts(self, keys: list[str]) -> dict[str, tuple[int, int]]:
-        if self._memory is None:
-            self._memory = {}
-        missing = [k for k in keys if k not in self._memory]
-        if missing:
-            self._memory.update(anyio.run(self._count_memory, missing))
-        return self._memory
-
-    async def _count_memory(self, keys: list[str]) -> dict[str, tuple[int, int]]:
+    async def _count_memory(self, key: str) -> tuple[int, int]:
         settings = self.settings
         if not settings.db_is_postgres and not settings.db_path.exists():
-            return {k: (0, 0) for k in keys}  # no database yet: nothing to look at (and none made)
+            return (0, 0)  # no database yet: nothing to look at (and none made)
         from kernmind.memory.store import open_database
 
         db = open_database(settings.db_location)
         await db.open()
-        counts: dict[str, tuple[int, int]] = {}
+        prefix = key + "/"
         try:
             async with db.read() as tx:
-                for key in keys:
-                    prefix = key + "/"
-                    found = []
-                    for table in ("blocks", "passages"):
-                        row = await tx.one(
-                            f"SELECT count(*) FROM {table} WHERE substr(namespace, 1, ?) = ?",
-                            (len(prefix), prefix),
-                        )
-                        found.append(int(row[0]) if row else 0)
-                    counts[key] = (found[0], found[1])
+                rows = [
+                    await tx.one(
+                        f"SELECT count(*) FROM {table} WHERE substr(namespace, 1, ?) = ?",
+                        (len(prefix), prefix),
+                    )
+                    for table in ("blocks", "passages")
+                ]
         finally:
             await db.close()
-        return counts
+        blocks, passages = (int(row[0]) if row else 0 for row in rows)
+        return blocks, passages
 
 
 def _count_dirs(path: Path) -> int:
