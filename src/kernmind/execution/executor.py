@@ -7,12 +7,11 @@ Design (a call's path, and which part writes which state: docs/architecture.md)
   forked kernels, or a kernel gateway (``remote.py``).
 - A call: tool → ``run`` → ``sessions.hold`` → ``supervise`` → runner → kernel, then
   ``sessions.record``. ``install`` takes the same path to the session (``installs.py``).
-  The tools use this class's public methods only; the registry calls back through ``Hooks``
-  (open a home, release, suspend, autosave a session's runners).
+  The tools and the /ui pages use this class's public methods only; the registry calls back
+  through ``Hooks`` (open a home, release, suspend, autosave a session's runners).
 - ``running()`` starts the warm pool, the reaper, the jobs and the revocation watch and, on
   exit, cancels jobs, unloads every session (variables saved, files kept), stops every
-  runner and removes the run directory. Once the pool's first kernel is up it freezes the
-  heap (``gc.freeze``: full collections then skip the modules' objects).
+  runner and removes the run directory.
 
 Error policy: what the model can fix (unknown or uninstalled language, bad session id or time
 limit, too many sessions) raises a ``ValueError`` subclass with a sentence; a runtime that
@@ -25,6 +24,7 @@ import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -49,7 +49,7 @@ from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.rundir import RunDir
 from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
-from kernmind.execution.sessions import disk_store
+from kernmind.execution.sessions import disk_store, history
 from kernmind.execution.sessions.disk_store import SessionHome, SessionStore
 from kernmind.execution.sessions.jobs import Job, Jobs
 from kernmind.execution.sessions.registry import LOCAL_OWNER, SessionError, SessionRegistry
@@ -62,6 +62,7 @@ from kernmind.tokens_file import default_tokens_file
 if TYPE_CHECKING:
     from kernmind.execution.kernels.extras import KernelExtras
     from kernmind.execution.remote import RemoteKernels
+    from kernmind.execution.sessions.shared import SharedSessionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -72,18 +73,13 @@ SERVER_STOPPING = (
 
 HEAP_SETTLE_WAIT = 60.0  # seconds the heap waits for the warm pool's first kernel before it is frozen
 
-ALIASES = dict(py="python", python3="python", js="javascript", node="javascript", ts="typescript", sh="bash")
-ALIASES["shell"] = "bash"
+ALIASES = dict(py="python", python3="python", js="javascript", node="javascript", ts="typescript")
+ALIASES.update(sh="bash", shell="bash")
 
 
 def _execution_count(session: Session) -> int | None:
     kernel = PythonRunner.kernel_of(session)
     return kernel.execution_count if kernel else None
-
-
-@contextlib.asynccontextmanager
-async def _nothing() -> AsyncIterator[None]:
-    yield
 
 
 class Executor:
@@ -129,7 +125,7 @@ class Executor:
         hooks = Hooks(
             open_home=self._open_home, release=self._release, suspend=self._suspend, autosave=self._autosave
         )
-        self.sessions: SessionRegistry
+        self.sessions: SessionRegistry | SharedSessionRegistry
         if remote is not None:  # sessions' files on the gateway's volume, not in the store
             self.sessions = remote.registry(hooks=hooks)
         else:
@@ -213,7 +209,8 @@ class Executor:
             self.socket_rundir.open()
         if self.remote is not None:
             self.remote.workspaces.open()
-        forks = self.factory.running() if isinstance(self.factory, ForkKernelFactory) else _nothing()
+        factory = self.factory
+        forks = factory.running() if isinstance(factory, ForkKernelFactory) else contextlib.nullcontext()
         try:
             # Supervised: a failing background task (a job, a clean-up, the reaper) is logged with a
             # ref and ends or restarts alone, never cancelling the server (supervise.py).
@@ -255,11 +252,8 @@ class Executor:
 
     # --- queries ----------------------------------------------------------------
     def available_languages(self) -> list[str]:
-        return (
-            ["python", *sorted(k for k in self.runners if k != "python")]
-            if "python" in self.runners
-            else sorted(self.runners)
-        )
+        others = sorted(k for k in self.runners if k != "python")
+        return ["python", *others] if "python" in self.runners else others
 
     def runner_for(self, language: str) -> Runner:
         lang = ALIASES.get(language.strip().lower(), language.strip().lower())
@@ -305,15 +299,8 @@ class Executor:
         installs.refuse(stateless=self.settings.stateless, gateway=self.remote is not None)
         lang = ALIASES.get(language.strip().lower(), language.strip().lower())
         async with self.sessions.hold(session_id, owner=owner) as session:
-            result = await installs.install(
-                self.packages,
-                self.sessions.books,
-                self.store,
-                session,
-                packages,
-                lang,
-                self.limits_of(session),
-            )
+            books, store, limits = self.sessions.books, self.store, self.limits_of(session)
+            result = await installs.install(self.packages, books, store, session, packages, lang, limits)
         result.session_id = session_id or DEFAULT_SESSION
         return result
 
@@ -341,6 +328,20 @@ class Executor:
 
     async def cancel_job(self, job_id: str, owner: str) -> Job:
         return await self.jobs.cancel(job_id, owner=owner)
+
+    def job_records(self, owner: str) -> list[dict[str, Any]]:
+        """For the /ui pages: the records of ``owner``'s jobs this server holds now (as below)."""
+        return [job.record() for job in list(self.jobs.jobs.values()) if job.owner == owner]
+
+    def session_dir(self, owner: str, sid: str) -> Path | None:
+        """A stored session's home directory (None: ``owner`` has no stored session ``sid``)."""
+        return self.store.home(owner, sid).root if self.store.exists(owner, sid) else None
+
+    async def session_history(self, owner: str, sid: str) -> list[dict[str, Any]]:
+        """The session's recorded calls, oldest first (a live session's last lines written first)."""
+        if (live := self.sessions.live(sid, owner)) is not None:
+            await self.sessions.books.flush(live)
+        return await off_loop(lambda: history.read(self.store.home(owner, sid).history), timeout=None)
 
     # --- running code -------------------------------------------------------------
     async def run(
@@ -439,9 +440,8 @@ class Executor:
         log.warning("ended what ran for the revoked key %r: %d calls, %d sessions, %d jobs", owner, *counts)
 
     def stop_calls(self, why: str = SERVER_STOPPING) -> int:
-        """An orderly server stop (transport/drain.py): interrupt every call that runs now, so
-        each answers with a result that says ``why`` while the transport can still carry it.
-        Returns how many were running."""
+        """An orderly server stop (transport/drain.py): interrupt every call running now, so each
+        answers saying ``why`` while the transport can still carry it. Returns how many ran."""
         running = [s for s in self._calls if s.running is not None]
         for session in running:
             session.stopped_because = why

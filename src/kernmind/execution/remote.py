@@ -68,7 +68,7 @@ class RemoteKernels:
             f"Python on {self.settings.kernel_gateway} (kernelspec {self.settings.kernel_gateway_kernel!r})"
         )
 
-    def registry(self, *, hooks: Hooks) -> SessionRegistry:
+    def registry(self, *, hooks: Hooks) -> SessionRegistry | SharedSessionRegistry:
         """Sessions for remote kernels: not in the local store (their files are on the shared
         volume); shared with the other replicas through PostgreSQL when ``--db`` is one."""
         common: dict[str, Any] = {

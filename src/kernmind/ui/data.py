@@ -1,8 +1,9 @@
 """Where the ``/ui`` pages read from: the server's own memory and executor, or the data dir.
 
-Design: ``UiParts`` holds the memory surface and, inside a serving server, its ``Executor``;
-``kernmind ui`` has none and reads sessions and jobs from the data dir (memory is opened as a second
-writer: SQLite WAL or PostgreSQL). Every read names an owner, so another principal's id is not found.
+Design: ``UiParts`` holds the memory surface and, inside a serving server, its ``Executor``
+(read through its public methods only); ``kernmind ui`` has none and reads sessions and jobs
+from the data dir (memory is opened as a second writer: SQLite WAL or PostgreSQL). Every read
+names an owner, so another principal's id is not found.
 
 Error policy: a missing session, job or passage is ``NotFound`` (404); memory refusals pass up
 unchanged so the page shows their sentence.
@@ -55,8 +56,7 @@ class UiParts:
     # --- sessions -----------------------------------------------------------------------------
     @property
     def store(self) -> SessionStore:
-        if self.executor is not None:
-            return self.executor.store
+        """The data dir's sessions (``kernmind ui``; a serving server's are read through its executor)."""
         s = self.settings
         return SessionStore(
             s.sessions_dir, max_sessions=s.max_stored_sessions, max_bytes=s.max_stored_mb << 20
@@ -64,9 +64,7 @@ class UiParts:
 
     @property
     def jobs_root(self) -> Path:
-        if self.executor is not None:
-            return self.executor.jobs.root
-        return self.settings.jobs_dir
+        return self.settings.jobs_dir  # (the executor's jobs are kept there too)
 
     async def sessions(self, owner: str) -> list[dict[str, Any]]:
         if self.executor is not None:
@@ -91,9 +89,15 @@ class UiParts:
         return rows
 
     def _home_dir(self, owner: str, sid: str) -> Path:
-        if not sid or "/" in sid or sid in (".", "..") or not self.store.exists(owner, sid):
+        if not sid or "/" in sid or sid in (".", ".."):
             raise NotFound(sid)
-        return self.store.home(owner, sid).root
+        if self.executor is not None:
+            home = self.executor.session_dir(owner, sid)
+        else:
+            home = self.store.home(owner, sid).root if self.store.exists(owner, sid) else None
+        if home is None:
+            raise NotFound(sid)
+        return home
 
     async def session(self, owner: str, sid: str) -> dict[str, Any]:
         for row in await self.sessions(owner):
@@ -105,10 +109,7 @@ class UiParts:
         """The session's recorded calls, oldest first (its lines are flushed first when live)."""
         await self.session(owner, sid)  # 404 for another's
         if self.executor is not None:
-            live = self.executor.sessions.live(sid, owner)
-            books = getattr(self.executor.sessions, "books", None)  # (a gateway's registry keeps none)
-            if live is not None and books is not None and getattr(live, "home", None) is not None:
-                await books.flush(live)
+            return await self.executor.session_history(owner, sid)
         path = self.store.home(owner, sid).history
         return await anyio.to_thread.run_sync(history.read, path)
 
@@ -175,9 +176,7 @@ class UiParts:
             if data is not None:
                 rows[data["id"]] = data
         if self.executor is not None:
-            for job in list(self.executor.jobs.jobs.values()):
-                if job.owner == owner:
-                    rows[job.id] = job.record()
+            rows.update((record["id"], record) for record in self.executor.job_records(owner))
         return sorted(rows.values(), key=lambda r: r.get("started") or 0, reverse=True)
 
     @staticmethod
@@ -191,10 +190,9 @@ class UiParts:
     async def job(self, owner: str, job_id: str) -> tuple[dict[str, Any], str]:
         """(the job's record, its output so far as text). The record is read off the event
         loop; a running job's output is copied on it (its collector grows there)."""
-        executor = self.executor
-        if executor is not None:
+        if self.executor is not None:
             try:
-                job = await anyio.to_thread.run_sync(lambda: executor.jobs.get(job_id, owner=owner))
+                job = await self.executor.job(job_id, owner)
             except JobError:
                 raise NotFound(job_id) from None
             record = job.record()

@@ -51,7 +51,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 from anyio.abc import TaskGroup
@@ -62,6 +62,9 @@ from kernmind.execution.sandbox.rundir import RunDir
 from kernmind.execution.sessions.disk_store import LEGACY_SHARED_OWNER, LOCAL_OWNER
 from kernmind.execution.sessions.registry import SessionRegistry
 from kernmind.refusals import Refusal
+
+if TYPE_CHECKING:
+    from kernmind.execution.sessions.shared import SharedSessionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +191,7 @@ class Jobs:
 
     def start_held(
         self,
-        sessions: SessionRegistry,
+        sessions: SessionRegistry | SharedSessionRegistry,
         run: RunJob,
         *,
         owner: str,

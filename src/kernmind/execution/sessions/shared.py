@@ -5,10 +5,11 @@ which gateway kernel serves a session, and which directory on the shared volume 
 files, is a row in the database (``sessions/postgres_rows.py``), so a call for session S that
 reaches replica B drives the kernel replica A started.
 
-``SharedSessionRegistry`` keeps ``SessionRegistry``'s interface (``hold``, ``load``,
+``SharedSessionRegistry`` offers ``SessionRegistry``'s public methods (``hold``, ``load``,
 ``close``, ``ephemeral``, the reaper, ``unload_all``, background jobs' reservations), so the
-executor, the runners and the tools are unchanged. It has no file store of its own (the
-volume and the database are what last). What differs:
+executor, the runners and the tools are unchanged; it is its own class and owns its state
+(this replica's handles on sessions, the caps, the jobs' reservations), no subclass. It has
+no file store of its own (the volume and the database are what last). What differs:
 
 - ``hold(id)``: the local lock (calls on this replica), then the session's advisory lock
   in PostgreSQL (calls on every replica), then the row is read and the local ``Session``
@@ -30,17 +31,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 
+from kernmind.execution.errors import SessionError
 from kernmind.execution.kernels.gateway.client import GatewayUnavailable, KernelGone
 from kernmind.execution.kernels.gateway.kernels import GatewayKernel, GatewayKernelFactory, SharedWorkspaces
+from kernmind.execution.sandbox.workspace import Workspace
+from kernmind.execution.sessions.books import Books
+from kernmind.execution.sessions.caps import Caps
+from kernmind.execution.sessions.disk_store import LOCAL_OWNER
 from kernmind.execution.sessions.postgres_rows import SessionRecord, SessionRows
-from kernmind.execution.sessions.registry import LOCAL_OWNER, SessionError, SessionRegistry
-from kernmind.execution.sessions.session import Session, check_session_id
+from kernmind.execution.sessions.session import Hooks, Session, check_session_id
+from kernmind.execution.sessions.session_rows import live_rows, session_rows
 from kernmind.supervise import keeps_running
 
 log = logging.getLogger(__name__)
@@ -58,17 +64,96 @@ def _live(record: SessionRecord | None) -> bool:
     return record is not None and (record.kernel_id is not None or record.workdir is not None)
 
 
-class SharedSessionRegistry(SessionRegistry):
+class SharedSessionRegistry:
+    """This replica's handles on the shared sessions; the rows in PostgreSQL are the truth."""
+
+    store = None  # no file store: the shared volume and the database are what last
+
     def __init__(
         self,
         records: SessionRows,
         factory: GatewayKernelFactory,
-        **registry: Any,
+        *,
+        max_sessions: int,
+        max_per_owner: int | None = None,
+        idle_timeout: float,
+        autosave_after: float,  # (unused: a gateway's kernels keep their variables while they live)
+        new_workspace: Callable[[], Workspace],
+        hooks: Hooks,
     ) -> None:
-        super().__init__(store=None, **registry)
         self.records = records
         self.factory = factory
         self.workspaces: SharedWorkspaces = factory.workspaces
+        self.caps = Caps(per_owner=min(max_per_owner or max_sessions, max_sessions), total=max_sessions)
+        self.idle_timeout = idle_timeout
+        self.new_workspace = new_workspace
+        self.hooks = hooks
+        self.sessions: dict[tuple[str, str], Session] = {}  # this replica's handles
+        self.jobs: dict[tuple[str, str], str] = {}  # (owner, session id) -> the job that has it
+        self.books = Books(None)  # no homes: history and metas are not kept
+        # Why an owner may no longer run code (a revoked principal), or None.
+        self.refusal: Callable[[str], str | None] = lambda owner: None
+
+    # --- what the executor and the jobs ask of any registry (as ``SessionRegistry``'s) ----------
+    def live(self, session_id: str | None, owner: str = LOCAL_OWNER) -> Session | None:
+        return self.sessions.get((owner, check_session_id(session_id)))
+
+    def unknown_session(self, sid: str, owner: str = LOCAL_OWNER) -> SessionError:
+        known = ", ".join(sorted(s for who, s in self.sessions if who == owner)) or "none"
+        return SessionError(
+            f"no session named {sid!r}; sessions: {known}. Run code in it (or upload a file) first."
+        )
+
+    async def summaries(
+        self, owner: str | None, execution_count: Callable[[Session], int | None]
+    ) -> list[dict[str, Any]]:
+        return session_rows([], live_rows(self.sessions, self.jobs, owner, execution_count), set())
+
+    def refuse_owner(self, owner: str) -> None:
+        if (why := self.refusal(owner)) is not None:
+            raise SessionError(why)
+
+    def refuse_if_job(self, owner: str, sid: str, job_id: str | None = None) -> None:
+        running = self.jobs.get((owner, sid))
+        if running is not None and running != job_id:
+            raise SessionError(
+                f"session {sid!r} is running background job {running}; check it with job_status, stop it "
+                "with job_cancel, or use another session_id meanwhile."
+            )
+
+    def reserve(self, owner: str, sid: str, job_id: str) -> None:
+        self.refuse_if_job(owner, sid, job_id)
+        self.jobs[(owner, sid)] = job_id
+
+    def unreserve(self, owner: str, sid: str, job_id: str) -> None:
+        if self.jobs.get((owner, sid)) == job_id:
+            del self.jobs[(owner, sid)]
+
+    def check_room(self, owner: str, sid: str | None) -> None:
+        key = (owner, sid) if sid is not None else None
+        if key is None or (key not in self.sessions and key not in self.jobs):
+            self.caps.room(self.sessions, self.jobs, owner, key)
+
+    def take_slot(self, owner: str) -> None:
+        self.refuse_owner(owner)
+        self.caps.take_slot(self.sessions, self.jobs, owner)
+
+    def give_slot(self, owner: str) -> None:
+        self.caps.give_slot(owner)
+
+    def ephemeral(self, owner: str = LOCAL_OWNER) -> Session:
+        return Session("stateless", self.new_workspace, owner=owner, ephemeral=True)
+
+    async def discard(self, session: Session) -> None:
+        with anyio.CancelScope(shield=True):
+            session.closed = True
+            await self.hooks.release(session)
+            if session.workspace is not None:
+                await session.workspace.aremove()
+            await session.drop_packages()
+
+    async def record(self, session: Session, code: str, result: Any) -> None:
+        """Nothing to record: a shared session has no home (no history, no meta)."""
 
     # --- lifecycle ----------------------------------------------------------------
     async def run_reaper(self, tg: TaskGroup) -> None:
