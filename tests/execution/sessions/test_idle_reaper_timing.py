@@ -40,7 +40,9 @@ def _registry(tmp_path: Path) -> SessionRegistry:
 async def test_the_next_turn_comes_when_the_autosave_falls_due(tmp_path: Path) -> None:
     registry = _registry(tmp_path)
     now = time.monotonic()
-    assert registry.next_turn_in(now) == pytest.approx(registry.reaper_period() + 0.05)  # nothing due: the period (60 s)
+    assert registry.next_turn_in(now) == pytest.approx(
+        registry.reaper_period() + 0.05
+    )  # nothing due: the period (60 s)
     async with registry.hold("work"):
         pass
     session = registry.sessions[("local", "work")]
