@@ -13,7 +13,8 @@ import pytest
 
 from kernmind import supervise
 
-pytestmark = [pytest.mark.anyio, pytest.mark.fast]
+# Fast (plain coroutines), but for the last test, which starts a real server and kernel.
+pytestmark = pytest.mark.anyio
 
 REF = re.compile(r"task failed \(ref ([0-9a-f]{8})\) in (.+): \w+: ")
 
@@ -23,6 +24,7 @@ def refs(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
     return [(m.group(1), m.group(2)) for m in found if m]
 
 
+@pytest.mark.fast
 async def test_a_failing_task_ends_alone_and_is_logged_with_a_ref(caplog: pytest.LogCaptureFixture) -> None:
     survivor_done = anyio.Event()
 
@@ -44,6 +46,7 @@ async def test_a_failing_task_ends_alone_and_is_logged_with_a_ref(caplog: pytest
     assert record.exc_info is not None and record.exc_info[0] is KeyError
 
 
+@pytest.mark.fast
 async def test_an_exception_group_is_caught_but_cancellation_passes() -> None:
     async def grouped() -> None:
         raise ExceptionGroup("two", [ValueError("a"), KeyError("b")])
@@ -55,6 +58,7 @@ async def test_an_exception_group_is_caught_but_cancellation_passes() -> None:
         pytest.fail("cancellation was swallowed")  # pragma: no cover
 
 
+@pytest.mark.fast
 async def test_a_service_is_restarted_after_each_failure_until_it_returns(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -71,6 +75,7 @@ async def test_a_service_is_restarted_after_each_failure_until_it_returns(
     assert len(refs(caplog)) == 2
 
 
+@pytest.mark.fast
 async def test_start_soon_restarts_what_is_marked_keeps_running() -> None:
     runs: list[int] = []
 
@@ -85,6 +90,7 @@ async def test_start_soon_restarts_what_is_marked_keeps_running() -> None:
     assert runs == [1, 1]
 
 
+@pytest.mark.fast
 async def test_start_raises_a_failure_before_started_and_logs_one_after(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -105,6 +111,7 @@ async def test_start_raises_a_failure_before_started_and_logs_one_after(
     assert "late" in what
 
 
+@pytest.mark.slow
 async def test_a_background_task_of_the_server_that_fails_does_not_stop_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -125,7 +132,9 @@ async def test_a_background_task_of_the_server_that_fails_does_not_stop_it(
     with caplog.at_level(logging.ERROR, logger="kernmind.supervise"):
         async with Client(create_server(settings)) as client:
             for _ in range(2):
-                assert structured(await client.call_tool("memory_list", {}))["total"] >= 0
+                assert structured(await client.call_tool("memory_list", {}))["total"] == len(
+                    settings.memory_default_blocks
+                )  # the seeded blocks
             out = structured(await client.call_tool("run_code", {"code": "1 + 1"}))
             assert out["results"][0]["text"] == "2"
     ((_, what),) = refs(caplog)

@@ -24,7 +24,7 @@ from kernmind.execution.kernels.pool import KernelPool
 from kernmind.execution.sandbox.workspace import Workspace
 from kernmind.execution.sessions import disk_store
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fast]  # fake kernels: a fraction of a second each
 
 
 @dataclass
