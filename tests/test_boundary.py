@@ -40,7 +40,7 @@ from tests.conftest import error_text, make_settings, structured
 from tests.memory.postgres_server import PostgresServer
 from tests.transport.procs import HttpServer, http_client, start_http
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 INTERNAL = re.compile(r"internal error \(ref ([0-9a-f]{8})\): ")
 

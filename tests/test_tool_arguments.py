@@ -26,7 +26,7 @@ from kernmind.tool_arguments import strict_tool_arguments
 from tests.conftest import error_text, make_settings, structured
 from tests.transport.procs import HttpServer, StdioServer, start_http
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 RAW_PYDANTIC = ("validation error", "errors.pydantic.dev", "Arguments\n", "type=", "input_value")
 NON_FINITE_STRINGS = ["NaN", "nan", "inf", "-Infinity", " Infinity "]

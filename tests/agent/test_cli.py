@@ -16,8 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from .scripted_openai import ScriptedOpenAI, call, error, reply, tools
 from .toy_server import secret
+
+pytestmark = pytest.mark.slow  # each test starts the agent (and a server) as subprocesses
 
 TOY = Path(__file__).parent / "toy_server.py"
 

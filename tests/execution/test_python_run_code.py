@@ -23,7 +23,7 @@ from kernmind.server import create_server
 from tests.conftest import error_text, make_settings, structured
 from tests.execution.conftest import gateway_settings
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python"), pytest.mark.slow]
 
 
 @pytest.fixture(

@@ -38,6 +38,7 @@ from tests.conftest import make_settings, structured
 from tests.execution.kernels.calls import run, run_json
 
 pytestmark = [
+    pytest.mark.slow,  # real kernels, sandboxes or servers
     pytest.mark.anyio,
     pytest.mark.xdist_group("forkserver"),
     pytest.mark.skipif(Sandbox.detect("auto").backend != "bwrap", reason="bubblewrap is not usable here"),

@@ -20,7 +20,7 @@ from tests.execution.gateway_server import KernelGatewayServer
 from tests.memory.postgres_server import PostgresServer
 from tests.transport.procs import run_cli
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("gateway")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("gateway"), pytest.mark.slow]
 
 
 async def run(client: Client, code: str, **args: object) -> dict:

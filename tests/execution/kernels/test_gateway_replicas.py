@@ -27,7 +27,7 @@ from tests.execution.gateway_server import KernelGatewayServer
 from tests.memory.postgres_server import PostgresServer
 from tests.transport.procs import HttpServer, start_http, wait_until
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("gateway-replicas")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("gateway-replicas"), pytest.mark.slow]
 
 
 @contextlib.contextmanager

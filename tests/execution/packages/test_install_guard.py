@@ -12,7 +12,7 @@ from mcp import Client
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("packages")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("packages"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from kernmind.server import create_server
 from tests.conftest import error_text, make_settings, structured
 from tests.execution.packages.package_sources import NpmRegistry, make_sdist, make_wheel
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("packages")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("packages"), pytest.mark.slow]
 
 LEFTPAD = "module.exports = (s, n, c = '.') => String(s).padStart(n, c);"
 

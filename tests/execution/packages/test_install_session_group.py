@@ -35,6 +35,7 @@ SANDBOX = Sandbox.detect("auto")
 SUPPORT = CgroupSupport.detect()
 
 pytestmark = [
+    pytest.mark.slow,  # real kernels, sandboxes or servers
     pytest.mark.anyio,
     pytest.mark.xdist_group("packages"),
     pytest.mark.skipif(not SANDBOX.isolated, reason=f"no sandbox here: {SANDBOX.reason}"),

@@ -35,7 +35,7 @@ from tests.execution.packages.package_sources import NpmRegistry, SimpleIndex, m
 from tests.execution.packages.test_packages import make_installer
 from tests.execution.packages.tls_sources import PrivateCA
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("packages")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("packages"), pytest.mark.slow]
 
 LEFTPAD = "module.exports = (s, n) => String(s).padStart(n, '.');"
 

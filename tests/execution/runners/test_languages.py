@@ -25,7 +25,7 @@ from kernmind.execution import runners as runners_mod
 from kernmind.execution.results import RunResult
 from kernmind.server import create_server
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("languages")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("languages"), pytest.mark.slow]
 
 LANGS = ("javascript", "typescript", "r", "java", "bash")
 

@@ -28,6 +28,8 @@ from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import CgroupsUnavailable, CgroupSupport
 from kernmind.execution.sandbox.rundir import RunDir
 
+pytestmark = pytest.mark.slow  # real processes in real control groups
+
 SUPPORT = CgroupSupport.detect()
 needs_groups = pytest.mark.skipif(not SUPPORT.active, reason=f"no control groups here: {SUPPORT.reason}")
 SUPPORT.close()

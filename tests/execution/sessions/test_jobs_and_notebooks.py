@@ -23,7 +23,7 @@ from kernmind.server import create_server
 from tests.conftest import error_text, make_settings, structured
 from tests.transport.procs import StdioServer, start_http
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("transport")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("transport"), pytest.mark.slow]
 
 
 async def wait_for_job(client: Client, job_id: str, timeout: float = 60.0) -> dict[str, Any]:

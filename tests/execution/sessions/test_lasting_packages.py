@@ -23,7 +23,7 @@ from tests.conftest import make_settings, structured
 from tests.execution.packages.package_sources import NpmRegistry, make_wheel
 from tests.transport.procs import StdioServer, run_cli
 
-pytestmark = [pytest.mark.xdist_group("transport")]
+pytestmark = [pytest.mark.xdist_group("transport"), pytest.mark.slow]
 
 BOXES = "ANSWER = 42\nclass Box:\n    def __init__(self, value):\n        self.value = value\n"
 
