@@ -16,7 +16,7 @@ from kernmind.server import create_server
 
 from .conftest import EmbeddingServer, make_settings, ok, refused, run_sql
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 async def search(client: Client, query: str, **kw: object) -> list[dict]:

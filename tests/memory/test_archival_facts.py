@@ -15,7 +15,7 @@ from kernmind.server import create_server
 
 from .conftest import make_settings, ok, on_postgres, refused, run_sql
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 async def search(client: Client, query: str, **kw: Any) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from kernmind.server import create_server
 
 from .conftest import EmbeddingServer, concept_vector, db_location, make_settings, ok, run_sql
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 NOTES = ["Ana drives a red car", "The dog sleeps all day", "Pasta for dinner on Friday", "Rain all week"]
 

@@ -18,7 +18,7 @@ from kernmind.server import create_server
 
 from .conftest import make_settings, ok
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 BUDGET = 3000
 NOTE_ROOM = 600  # metadata and note, beside the value

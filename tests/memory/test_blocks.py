@@ -15,7 +15,7 @@ from kernmind.server import create_server
 
 from .conftest import make_settings, ok, refused
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 async def snapshot(client: Client, label: str) -> dict[str, Any]:

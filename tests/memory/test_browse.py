@@ -12,7 +12,7 @@ from kernmind.server import create_server
 
 from .conftest import make_settings, ok
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 # (day of March 2024, text); stored out of order, so storing order is not the answer
 MARCH = [(14, "contract signed with Halcyon"), (2, "kick-off with Mira"), (28, "first invoice sent")]

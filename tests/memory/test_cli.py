@@ -21,6 +21,8 @@ from kernmind.memory.store import MemoryStore
 
 from .conftest import another_db_location, db_location
 
+pytestmark = pytest.mark.slow  # the CLI as a user runs it, on SQLite and on a real PostgreSQL
+
 
 @pytest.fixture(autouse=True)
 def query_vectors_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

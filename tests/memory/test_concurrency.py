@@ -30,7 +30,7 @@ from kernmind.server import create_server
 
 from .conftest import make_settings, ok
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 WRITES = 100
 

@@ -24,7 +24,7 @@ from tests.agent.scripted_openai import ScriptedOpenAI, call, reply, tools
 
 from .conftest import another_db_location, ok, refused
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 def agent_settings(tmp_path: Path) -> Settings:

@@ -18,7 +18,7 @@ from kernmind.server import create_server
 
 from .conftest import make_settings, ok, refused
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 HUMAN = "The user's name is Ada."
 

@@ -18,6 +18,8 @@ from kernmind.memory.store import MemoryStore
 
 from .conftest import db_location
 
+pytestmark = pytest.mark.slow  # real stores on SQLite and on a real PostgreSQL
+
 DEFAULTS = {"persona": "who I am", "human": "who you are"}
 
 

@@ -29,7 +29,7 @@ from kernmind.server import create_server
 
 from .conftest import EmbeddingServer, db_location, make_settings, ok, run_sql
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 LOCAL = MiniLMEmbedder().model  # the default model
 STATIC = StaticEmbedder().model

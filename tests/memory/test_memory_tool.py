@@ -13,7 +13,7 @@ from kernmind.server import create_server
 
 from .conftest import make_settings, ok, refused
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 async def memory(client: Client, **args: object) -> str:

@@ -26,7 +26,7 @@ from kernmind.server import create_server
 from .conftest import db_location, make_settings, ok
 from .test_meaning import NOTE, OTHERS, QUESTION, vector_models
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 REFERENCE = ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."]

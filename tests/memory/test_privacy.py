@@ -11,7 +11,7 @@ from mcp import Client
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 @pytest.mark.sqlite_only("file permissions of the SQLite database")

@@ -17,6 +17,8 @@ from kernmind.memory.query_cache import CachedQueries, QueryCache, variant, with
 from .conftest import db_location
 from .test_cli import seed
 
+pytestmark = pytest.mark.slow  # the real MiniLM model and the CLI
+
 
 @pytest.fixture
 def cache_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -25,7 +25,7 @@ from kernmind.server import create_server
 
 from .conftest import db_location, make_settings, ok
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 PARAPHRASE = [
     ("Maria adopted a puppy from the shelter last weekend.", "Who got a new dog?"),

@@ -25,7 +25,7 @@ from tests.transport.procs import HttpServer, start_http
 
 from .conftest import db_location, ok, on_postgres
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("replicas")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("replicas"), pytest.mark.slow]
 
 APPENDS = 25
 EDITS = 8

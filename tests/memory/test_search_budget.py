@@ -21,7 +21,7 @@ from kernmind.server import create_server
 
 from .conftest import make_settings, ok
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 BUDGET = 5000
 NEXT = re.compile(r"top_k=(\d+), page=(\d+)")

@@ -30,7 +30,7 @@ from .conftest import (
     run_sql,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 TURNS = {
     "call-1": [

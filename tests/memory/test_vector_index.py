@@ -31,7 +31,7 @@ from kernmind.memory.vector_scores import (
 
 from .conftest import db_location
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 TAGS = ["work", "family", "health", "travel", "food", "music"]
 SUBJECTS = ["Maria", "Kenji", "the team", "my sister", "Grace", "the landlord", "our neighbour"]
