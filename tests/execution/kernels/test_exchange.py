@@ -201,10 +201,9 @@ async def test_a_kernel_lost_before_the_request_is_sent_says_why() -> None:
 async def test_the_deadline_returns_the_output_so_far_without_waiting_for_a_reply() -> None:
     channel = ScriptedChannel([stream("tick\n")], [reply(3)])
     collector = OutputCollector(1000)
-    started = time.monotonic()
-    outcome = await run_request(channel, State(), "loop()", collector, deadline=time.monotonic() + 0.2)
+    with anyio.fail_after(60):  # a hang bound only; that no reply was waited for is asserted below
+        outcome = await run_request(channel, State(), "loop()", collector, deadline=time.monotonic() + 0.2)
     assert outcome.kind == "deadline"
-    assert time.monotonic() - started < 2
     assert "".join(collector.stdout) == "tick\n"
     assert channel.replies == [reply(3)]  # not read
 
@@ -351,6 +350,13 @@ class ScriptedProcess:
         return self.code
 
 
+async def output_arrived(collector: OutputCollector) -> None:
+    """Wait until the call under test has read its first output: it is in flight (not a time)."""
+    with anyio.fail_after(60):
+        while not collector.stdout:  # noqa: ASYNC110 - the collector has no event to wait on
+            await anyio.sleep(0.005)
+
+
 def local_kernel(client: ScriptedClient, tmp_path: Path) -> tuple[Kernel, ScriptedProcess]:
     process = ScriptedProcess()
     km = SimpleNamespace(is_alive=process.is_alive, provisioner=process)
@@ -419,17 +425,18 @@ async def test_a_local_kernel_whose_process_dies_is_noticed_by_its_poll(
 ) -> None:
     client = scripted_client([stream("working\n")], [])
     kernel, process = local_kernel(client, tmp_path)
+    collector = OutputCollector(100)
 
-    async def die_soon() -> None:
-        await anyio.sleep(0.1)
+    async def die_mid_call() -> None:
+        await output_arrived(collector)
         process.alive, process.code = False, -9
 
-    started = time.monotonic()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(die_soon)
-        outcome = await kernel.execute("work()", OutputCollector(100))
+    # The kernel sends nothing more: without the poll the call would wait forever (the bound catches that).
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(die_mid_call)
+            outcome = await kernel.execute("work()", collector)
     assert (outcome.kind, outcome.exit_code) == ("died", -9)
-    assert time.monotonic() - started < 3  # the poll runs although the kernel sends nothing
 
 
 async def test_a_local_kernel_shut_down_under_the_call_is_closed(
@@ -437,14 +444,16 @@ async def test_a_local_kernel_shut_down_under_the_call_is_closed(
 ) -> None:
     client = scripted_client([stream("working\n")], [])
     kernel, _ = local_kernel(client, tmp_path)
+    collector = OutputCollector(100)
 
-    async def close_soon() -> None:
-        await anyio.sleep(0.1)
+    async def close_mid_call() -> None:
+        await output_arrived(collector)
         kernel.closed = True
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(close_soon)
-        outcome = await kernel.execute("work()", OutputCollector(100))
+    with anyio.fail_after(60):  # a hang bound only
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(close_mid_call)
+            outcome = await kernel.execute("work()", collector)
     assert outcome.kind == "closed"
 
 
@@ -521,14 +530,15 @@ async def test_a_closed_gateway_connection_is_died_unless_we_closed_it(tmp_path:
         outcome.detail == "the connection to the kernel gateway at http://127.0.0.1:8888 was lost (code 1006)"
     )
     ours = gateway_kernel(ScriptedSocket([stream("x\n")]), tmp_path)
+    collector = OutputCollector(100)
 
-    async def close_soon() -> None:
-        await anyio.sleep(0.05)
+    async def close_mid_call() -> None:
+        await output_arrived(collector)
         ours.closed = True
         ours.channels.script.append(ChannelsClosed("closed by us"))  # type: ignore[attr-defined]
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(close_soon)
-        outcome = await ours.execute("x", OutputCollector(100), deadline=time.monotonic() + 5)
+        tg.start_soon(close_mid_call)
+        outcome = await ours.execute("x", collector, deadline=time.monotonic() + 60)
     assert outcome.kind == "closed"
     assert ours.lost is None
