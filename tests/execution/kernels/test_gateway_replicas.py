@@ -81,6 +81,14 @@ async def run(server: HttpServer, code: str, **args: object) -> dict:
         return structured(await client.call_tool("run_code", {"code": code, **args}))
 
 
+async def appeared(path: Path) -> None:
+    """Wait (60 s at most, a hang bound) for a file a kernel's code writes when it starts: the
+    kernels run unsandboxed on this machine, so the test sees the call is running, not a time."""
+    with anyio.fail_after(60):
+        while not path.exists():  # noqa: ASYNC110 - a file in another process: nothing to await
+            await anyio.sleep(0.02)
+
+
 async def test_a_session_continues_through_another_replica(two_replicas: list[HttpServer]) -> None:
     a, b = two_replicas
     first = await run(a, "x = 41\nopen('note.txt', 'w').write('from A')", session_id="handover")
@@ -100,18 +108,21 @@ async def test_a_session_continues_through_another_replica(two_replicas: list[Ht
     assert third["results"][0]["text"] == "'a\\n1\\n'"
 
 
-async def test_calls_to_one_session_run_one_at_a_time_across_replicas(two_replicas: list[HttpServer]) -> None:
+async def test_calls_to_one_session_run_one_at_a_time_across_replicas(
+    two_replicas: list[HttpServer], tmp_path: Path
+) -> None:
     """B's call waits for A's: its 1 s limit starts when its code starts, so it cannot interrupt A's."""
     a, b = two_replicas
     await run(a, "import time\nspans = {}", session_id="serial")
     results: dict[str, dict] = {}
+    started = tmp_path / "a-started"
 
     async def slow() -> None:
-        code = "t0 = time.time()\ntime.sleep(2)\nspans['a'] = (t0, time.time())"
+        code = f"t0 = time.time()\nopen({str(started)!r}, 'w').close()\ntime.sleep(2)\nspans['a'] = (t0, time.time())"
         results["a"] = await run(a, code, session_id="serial", timeout=30)
 
     async def quick() -> None:
-        await anyio.sleep(0.5)
+        await appeared(started)  # A's code is running: B's call comes while it runs
         results["b"] = await run(b, "spans['b'] = (time.time(), time.time())", session_id="serial", timeout=1)
 
     with anyio.fail_after(60):
@@ -129,14 +140,16 @@ async def test_a_replica_killed_mid_call_leaves_the_session_usable(
 ) -> None:
     with replicas_on(tmp_path, kernel_gateway, postgres_server) as (a, b):
         await run(a, "k = 7", session_id="survivor")
+        started = tmp_path / "doomed-started"
 
         async def doomed() -> None:
             with contextlib.suppress(Exception):
-                await run(a, "import time\ntime.sleep(3)\nk = 8", session_id="survivor")
+                code = f"import time\nopen({str(started)!r}, 'w').close()\ntime.sleep(3)\nk = 8"
+                await run(a, code, session_id="survivor")
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(doomed)
-            await anyio.sleep(1.0)
+            await appeared(started)  # killed mid-call: its code is running
             a.stop(signal.SIGKILL)
         with anyio.fail_after(60):
             after = await run(b, "k", session_id="survivor")
