@@ -9,7 +9,6 @@ sandbox, real output) stays in ``test_python_run_code.py`` and the security test
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +73,10 @@ async def test_session_cap_refuses_when_no_session_is_idle(tmp_path: Path) -> No
 
 async def test_timeout_is_capped_by_the_server_maximum(tmp_path: Path) -> None:
     async with fake_client(fake_settings(tmp_path, max_timeout=0.5, pool_size=0)) as (c, factory):
-        started = time.monotonic()
-        out = await run(c, "#hang", timeout=600)
+        with anyio.fail_after(120):  # uncapped, the call would hang for its 600 s
+            out = await run(c, "#hang", timeout=600)
         assert out["status"] == "timeout"
         assert any("--max-timeout" in n and "0.5s" in n for n in out["notes"]), out["notes"]
-        assert time.monotonic() - started < 10
         assert factory.started[0].interrupts == 1  # interrupted, not replaced
         assert (await run(c, "2 + 2"))["results"][0]["text"] == "4"
 
