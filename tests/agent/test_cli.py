@@ -121,8 +121,8 @@ def test_repl_streams_commands_and_ctrl_c_cancels_the_tool(llm: ScriptedOpenAI, 
         assert proc.stdin is not None
         proc.stdin.write("/memory\nplease sleep\n")
         proc.stdin.flush()
+        # The tool has started: the agent is in its turn (busy), so Ctrl-C cancels the call.
         wait_for(lambda: "started" in marker.read_text(), "the slow tool to start")
-        time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
         wait_for(lambda: "cancelled" in marker.read_text(), "the server to see the cancellation")
         proc.stdin.write("are you there?\n/reset\n/exit\n")
