@@ -178,7 +178,7 @@ async def test_http_server_from_mcp_config(llm: ScriptedOpenAI, tmp_path: Path) 
         assert "<memory_blocks>" in llm.system_prompts()[0]
     finally:
         proc.terminate()
-        with anyio.fail_after(10):
+        with anyio.fail_after(60):
             await proc.wait()
 
 

@@ -234,7 +234,7 @@ async def test_interrupt_cancels_the_tool_call_and_keeps_the_conversation(llm: S
         async def turn() -> None:
             results.append(await agent.run("sleep"))
 
-        with anyio.fail_after(10):
+        with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(turn)
                 await state["started"].wait()
@@ -244,7 +244,7 @@ async def test_interrupt_cancels_the_tool_call_and_keeps_the_conversation(llm: S
         assert result.stopped == "interrupted"
         statuses = {r.name: r.status for r in result.tool_calls}
         assert statuses == {"slow": "cancelled", "echo": "ok"}
-        with anyio.fail_after(5):
+        with anyio.fail_after(60):
             while not state["cancelled"]:  # noqa: ASYNC110 (the server saw the cancellation)
                 await anyio.sleep(0.02)
         assert agent.interrupt() is False  # idle now

@@ -144,7 +144,7 @@ async def test_closing_the_session_mid_call_ends_the_call_as_session_closed(harn
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(call)
-        with anyio.fail_after(2):
+        with anyio.fail_after(60):
             while harness.session.running is None:  # noqa: ASYNC110 (the supervisor sets it; no event)
                 await anyio.sleep(0.001)
         harness.session.closed = True

@@ -192,7 +192,7 @@ async def test_passages_stored_while_down_are_embedded_later(tmp_path: Path) -> 
     try:
         async with Client(create_server(settings)) as client:
             await ok(client, "archival_memory_insert", content="the weather is nice")
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 while await run_sql(settings, "SELECT id FROM passages WHERE embedding IS NULL"):  # noqa: ASYNC110 - another task writes it
                     await anyio.sleep(0.05)
             out = await ok(client, "archival_memory_search", query="vehicle")

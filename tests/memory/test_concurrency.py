@@ -171,7 +171,7 @@ async def test_kill_9_mid_burst_keeps_every_acknowledged_write(tmp_path: Path) -
             async with anyio.create_task_group() as tg:
                 tg.start_soon(block_burst, client)
                 tg.start_soon(archival_burst, client)
-                with anyio.fail_after(30):
+                with anyio.fail_after(60):
                     await enough.wait()
                 os.kill(pid, signal.SIGKILL)
                 killed.set()
@@ -209,7 +209,7 @@ async def test_a_read_in_progress_does_not_hold_up_a_write_and_then_sees_it(tmp_
             await tx.run("INSERT INTO t VALUES ('a')")
         async with db.read() as reading:
             assert await reading.all("SELECT x FROM t") == [("a",)]
-            with anyio.fail_after(10):  # on one shared connection this would wait for the read forever
+            with anyio.fail_after(60):  # on one shared connection this would wait for the read forever
                 async with db.write() as tx:
                     await tx.run("INSERT INTO t VALUES ('b')")
             assert await reading.all("SELECT x FROM t ORDER BY x") == [("a",), ("b",)]

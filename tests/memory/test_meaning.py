@@ -87,7 +87,7 @@ async def test_passages_without_vectors_are_backfilled_in_the_background(tmp_pat
     settings = make_settings(tmp_path)
     assert await vector_models(settings) == {None: len(OTHERS) + 1}
     async with Client(create_server(make_settings(tmp_path))) as client:
-        with anyio.fail_after(30):
+        with anyio.fail_after(60):
             while await vector_models(settings) != {LOCAL: len(OTHERS) + 1}:  # noqa: ASYNC110 - another task writes it
                 await anyio.sleep(0.05)
         out = await ok(client, "archival_memory_search", query=QUESTION, top_k=3)

@@ -77,7 +77,7 @@ async def test_listen_notifications_modern(client: Client) -> None:
             await ok(client, "memory_append", label="persona", content="y")  # not subscribed
             await ok(client, "memory_create", label="extra")  # listing
             await ok(client, "memory_rethink", label="human", new_memory="z")  # human
-            with anyio.fail_after(5):
+            with anyio.fail_after(60):
                 await three.wait()
             tg.cancel_scope.cancel()
     uris = [e.uri for e in events if isinstance(e, ResourceUpdated)]
@@ -103,7 +103,7 @@ async def test_subscribe_notifications_legacy(tmp_path: Path) -> None:
         await client.subscribe_resource("memory://blocks/human")
         await ok(client, "memory_append", label="human", content="x")
         await ok(client, "memory_append", label="persona", content="y")
-        with anyio.fail_after(5):
+        with anyio.fail_after(60):
             await arrived.wait()
         await client.unsubscribe_resource("memory://blocks/human")
         arrived = anyio.Event()
@@ -111,6 +111,6 @@ async def test_subscribe_notifications_legacy(tmp_path: Path) -> None:
         await ok(client, "memory_append", label="human", content="again")
         # Notifications keep their order: one for human would arrive before this one for persona.
         await ok(client, "memory_append", label="persona", content="and")
-        with anyio.fail_after(5):
+        with anyio.fail_after(60):
             await arrived.wait()
     assert received == ["memory://blocks/human", "memory://blocks/persona"]

@@ -52,7 +52,7 @@ async def test_a_call_during_an_idle_unload_waits_for_it_and_resumes_the_session
         async with registry.hold("big") as session:
             resumed.append(session.resumed)
 
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             try:
                 tg.start_soon(registry.reap)
@@ -79,7 +79,7 @@ async def test_close_during_an_unload_waits_for_it_then_deletes(tmp_path: Path) 
     async def close() -> None:
         closed.append(await registry.close("gone"))
 
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             try:
                 tg.start_soon(registry.unload, registry.live("gone"))
@@ -104,7 +104,7 @@ async def test_shutdown_waits_for_the_unloads_under_way(tmp_path: Path) -> None:
         await registry.unload_all()
         done.set()
 
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             try:
                 tg.start_soon(registry.unload, registry.live("a"))
@@ -206,7 +206,7 @@ async def test_a_session_being_unloaded_is_listed_as_stored_not_as_another_serve
     held = Held(recorded)
     registry.hooks.suspend = held.suspend
     await _use(registry, "s")
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             try:
                 tg.start_soon(registry.unload, registry.live("s"))
