@@ -92,6 +92,7 @@ def test_a_refused_value_names_its_flag_and_variable(argv: list[str], named: str
     assert named in str(info.value)
 
 
+@pytest.mark.slow  # the agent and a server as subprocesses
 def test_a_variable_reaches_the_running_agent(llm: ScriptedOpenAI, tmp_path: Path) -> None:
     """``KERNMIND_AGENT_MAX_STEPS`` does what ``--max-steps`` does (exit 3 after that many steps)."""
     llm.add(*(tools(call("echo", {"text": "again"})) for _ in range(3)))

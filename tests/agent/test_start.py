@@ -26,6 +26,8 @@ from .scripted_openai import ScriptedOpenAI, call, reply, tools
 from .test_cli import toy_config
 from .toy_server import build
 
+pytestmark = pytest.mark.slow  # each test runs the agent (some a server too) as a subprocess
+
 CLEAN = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "KERNMIND_AGENT_API_KEY", "KERNMIND_AGENT_BASE_URL")
 
 
