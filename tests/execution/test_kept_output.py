@@ -52,6 +52,7 @@ async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clie
         yield c
 
 
+@pytest.mark.slow  # a real server and kernel
 @pytest.mark.anyio
 @pytest.mark.xdist_group("python")
 async def test_a_megabyte_print_is_kept_whole_and_read_back_in_pages(client: Client) -> None:
@@ -64,6 +65,7 @@ async def test_a_megabyte_print_is_kept_whole_and_read_back_in_pages(client: Cli
     assert text == "".join(LINE.format(i) + "\n" for i in range(LINES))
 
 
+@pytest.mark.slow  # a real server and kernel
 @pytest.mark.anyio
 @pytest.mark.xdist_group("python")
 async def test_output_within_the_answer_leaves_no_file(client: Client) -> None:
@@ -71,6 +73,7 @@ async def test_output_within_the_answer_leaves_no_file(client: Client) -> None:
     assert data["truncated"] is False and data.get("notes", []) == [] and data["files"] == []
 
 
+@pytest.mark.slow  # a real server and kernel
 @pytest.mark.anyio
 @pytest.mark.xdist_group("python")
 async def test_both_streams_of_a_cut_cell_are_kept_after_a_chdir(client: Client) -> None:
@@ -86,6 +89,7 @@ async def test_both_streams_of_a_cut_cell_are_kept_after_a_chdir(client: Client)
     assert await read_all(client, "k3", paths["stderr"]) == "".join(f"err {i}\n" for i in range(3000))
 
 
+@pytest.mark.slow  # a real server and kernel
 @pytest.mark.anyio
 @pytest.mark.xdist_group("python")
 async def test_a_bash_flood_is_kept_by_the_server(client: Client) -> None:

@@ -18,7 +18,7 @@ from mcp import Client
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python"), pytest.mark.slow]
 
 # A table like the (a 50k-row CSV's ``df.head()``: a dozen columns, ≈ 1,250 characters).
 DF = (

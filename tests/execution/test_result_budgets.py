@@ -114,6 +114,7 @@ async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clie
         yield c
 
 
+@pytest.mark.slow  # a real server and kernel
 @pytest.mark.anyio
 @pytest.mark.xdist_group("python")
 async def test_run_code_output_is_cut_within_the_budget_and_small_output_is_untouched(client: Client) -> None:
@@ -125,6 +126,7 @@ async def test_run_code_output_is_cut_within_the_budget_and_small_output_is_unto
     assert len("".join(data["logs"]["stdout"])) <= BUDGET + MARKER_ROOM
 
 
+@pytest.mark.slow  # a real server and kernel
 @pytest.mark.anyio
 @pytest.mark.xdist_group("python")
 async def test_a_large_markdown_display_is_cut_in_the_text_and_whole_in_the_structured_result(
@@ -147,6 +149,7 @@ async def _job_state(client: Client, job_id: str, predicate: Any) -> tuple[Any, 
             await anyio.sleep(0.2)
 
 
+@pytest.mark.slow  # a real server and kernel
 @pytest.mark.anyio
 @pytest.mark.xdist_group("python")
 async def test_a_running_jobs_output_is_cut_to_its_latest_part_and_says_where_the_rest_is(
@@ -177,6 +180,7 @@ async def test_a_running_jobs_output_is_cut_to_its_latest_part_and_says_where_th
     assert text_of(got).endswith("\ndone")
 
 
+@pytest.mark.slow  # a real server and kernel
 @pytest.mark.anyio
 @pytest.mark.xdist_group("python")
 async def test_a_job_that_floods_its_output_shows_its_latest_lines_while_it_runs(client: Client) -> None:
@@ -218,6 +222,7 @@ async def test_a_job_that_floods_its_output_shows_its_latest_lines_while_it_runs
     assert final_dropped >= dropped and final_dropped + shown == whole
 
 
+@pytest.mark.slow  # a real server and kernel
 @pytest.mark.anyio
 @pytest.mark.xdist_group("python")
 async def test_a_download_too_large_goes_by_link_and_parts_fit_the_budget(

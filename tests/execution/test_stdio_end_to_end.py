@@ -11,7 +11,7 @@ from mcp import Client, StdioServerParameters
 
 from tests.conftest import structured
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python"), pytest.mark.slow]
 
 
 def server_params(tmp_path: Path, *extra: str) -> StdioServerParameters:

@@ -20,7 +20,7 @@ from mcp import Client
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 # The cell's stream, made slow to take what the fd watcher thread hands it (as on a loaded
 # machine, where that thread waits its turn): the child's line is still in the watcher when

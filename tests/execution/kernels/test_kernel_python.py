@@ -13,7 +13,7 @@ from mcp import Client
 from kernmind.server import create_server
 from tests.conftest import error_text, make_settings, structured
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python"), pytest.mark.slow]
 
 
 async def test_kernels_run_on_the_given_environment(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from tests.execution.sandbox import name_makers
 SANDBOX = Sandbox.detect("auto")
 
 pytestmark = [
+    pytest.mark.slow,  # real kernels, sandboxes or servers
     pytest.mark.anyio,
     pytest.mark.xdist_group("forkserver"),
     pytest.mark.skipif(not SANDBOX.isolated, reason=f"bubblewrap is not usable here: {SANDBOX.reason}"),

@@ -11,7 +11,7 @@ from mcp import Client
 from kernmind.server import create_server
 from tests.conftest import error_text, make_settings, structured
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from mcp import Client
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 
-pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python")]
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("python"), pytest.mark.slow]
 
 WRITE = (
     "import pathlib\n"

@@ -26,6 +26,7 @@ from tests.conftest import make_settings, structured
 SUPPORT = CgroupSupport.detect(cpu_weight=25)
 SUPPORT.close()
 pytestmark = [
+    pytest.mark.slow,  # real kernels, sandboxes or servers
     pytest.mark.anyio,
     pytest.mark.xdist_group("limits"),
     pytest.mark.skipif(not SUPPORT.active, reason=f"no control groups here: {SUPPORT.reason}"),

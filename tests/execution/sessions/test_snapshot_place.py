@@ -18,7 +18,7 @@ from mcp import Client
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 
-pytestmark = [pytest.mark.anyio]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 async def _run(c: Client, code: str, sid: str) -> dict:
