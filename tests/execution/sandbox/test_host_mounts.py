@@ -66,6 +66,7 @@ def _add_principal(data: Path, name: str) -> str:
 
 
 @needs_bwrap
+@pytest.mark.slow  # a real server and sandboxed kernels
 @pytest.mark.anyio
 @pytest.mark.parametrize("pool_size", ["0", "1"])  # with a warm kernel: one without mounts, not taken
 async def test_mounted_folders_read_write_links_and_principals(tmp_path: Path, pool_size: str) -> None:
