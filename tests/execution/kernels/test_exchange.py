@@ -31,7 +31,7 @@ from kernmind.execution.kernels.local_kernel import READS_PER_YIELD, Kernel
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox.workspace import Workspace
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fast]  # scripted channels and clients: no real kernel
 
 REQ = "req-1"
 
