@@ -221,7 +221,7 @@ async def test_a_session_past_its_memory_is_stopped_and_told_why(
     session = f"mem-{where}"
     await run(alice, "x = 'kept?'", session)
     out = await while_bob_works(bob, lambda: run(alice, ATTACKS[where], session))
-    assert stopped_for_memory(out), out
+    assert stopped_for_memory(out), (out["status"], out.get("error"), out.get("notes"))
     assert "/tmp and /dev/shm count together" in out["error"]["value"]
     assert out["state_preserved"] is False
     # The session goes on, on a fresh interpreter (its variables are gone, as the result said).
