@@ -18,6 +18,9 @@ from mcp_types import CallToolResult
 from kernmind.config import Settings
 from tests.memory.postgres_server import PostgresServer
 
+# a test past its time limit fails with its stacks and the run goes on (see the module)
+pytest_plugins = ["tests.hang_guard"]
+
 
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:

@@ -1,0 +1,76 @@
+"""A test past its time limit fails with every thread's stack, and the run goes on.
+
+Design: pytest-timeout's two methods both lose a hang in CI. Its signal method raises inside
+the test, but the cleanup that follows can hang for good (Python 3.11's ``asyncio.run`` joins
+its default executor without a limit, and the alarm fires once); its thread method ends the
+process after writing the stacks to a terminal an xdist worker does not show. So this plugin
+takes over pytest-timeout's timer (its ``pytest_timeout_set_timer`` hook): when a test runs
+past ``timeout``, a thread sends a failed report whose text is every thread's stack, then ends
+the process. Under xdist the controller prints that report, says the worker crashed, starts a
+new one and finishes the run; without xdist the run ends there, after printing the report.
+
+Error policy: nothing here may raise into pytest; a report that cannot be sent still ends
+the process (a hung run is the one outcome worse than a lost report).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import traceback
+from typing import Any
+
+import pytest
+
+_TIMER = pytest.StashKey[threading.Timer]()
+
+
+def _stacks() -> str:
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        if ident == threading.get_ident():
+            continue
+        parts.append(f"--- thread {names.get(ident, ident)} ---\n" + "".join(traceback.format_stack(frame)))
+    return "\n".join(parts)
+
+
+def _expire(item: pytest.Item, timeout: float) -> None:
+    try:
+        text = f"Timeout: the test ran past {timeout:g} s. Every thread's stack then:\n\n{_stacks()}"
+        report = pytest.TestReport(
+            item.nodeid,
+            item.location,
+            {name: 1 for name in item.keywords},
+            "failed",
+            text,
+            "call",
+            duration=timeout,
+        )
+        item.ihook.pytest_runtest_logreport(report=report)
+        sys.stdout.flush()
+    finally:
+        os._exit(1)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
+    if not settings.timeout or settings.timeout <= 0:
+        return None
+    timer = threading.Timer(settings.timeout, _expire, (item, settings.timeout))
+    timer.name = "hang-guard"
+    timer.daemon = True
+    item.stash[_TIMER] = timer
+    timer.start()
+    return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> bool | None:
+    timer = item.stash.get(_TIMER, None)
+    if timer is None:
+        return None
+    timer.cancel()
+    del item.stash[_TIMER]
+    return True
