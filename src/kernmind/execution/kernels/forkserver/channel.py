@@ -76,6 +76,7 @@ class Channel:
                 box.append({"ok": False, "error": f"the fork-server template stopped: {self.gone}"})
                 event.set()
             self._waiting.clear()
+            self._serving = None
             self.close()
 
     def abandon(self, why: str) -> None:
@@ -116,5 +117,15 @@ class Channel:
         return box[0]
 
     def close(self) -> None:
+        """Close the socket; while ``serve`` waits on it, ``serve`` closes it as it leaves.
+
+        anyio keys a waiting reader by descriptor number: a number closed under a waiting reader
+        can go to the next template's socket at once, and the old reader's cleanup would then
+        unregister the new one ("Another task is already reading from this resource", or a
+        read that never wakes)."""
+        self.gone = self.gone or "closed"
+        if self._serving is not None:
+            self._serving.cancel()
+            return
         with contextlib.suppress(OSError):
             self.sock.close()
