@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from kernmind.execution import supervisor
 from kernmind.execution.kernels import pool as pool_mod
 from kernmind.execution.kernels.pool import KernelPool
 from kernmind.execution.results import OutputCollector, RunResult
@@ -162,3 +163,57 @@ async def test_a_client_that_goes_away_interrupts_the_code(harness: Harness) -> 
     assert harness.kernel.interrupts == 1
     assert harness.session.running is None
     assert [r.text for r in (await harness.run("3")).results] == ["3"]
+
+
+class _KillCount:
+    """A session's out-of-memory count that shows a kill only from its ``shows_at``-th look on
+    (Linux counts the kill just after sending the SIGKILL, so the death can be seen first)."""
+
+    group = object()
+
+    def __init__(self, shows_at: int | None) -> None:
+        self.shows_at, self.looks = shows_at, 0
+
+    def memory_exceeded(self) -> bool:
+        self.looks += 1
+        return self.shows_at is not None and self.looks >= self.shows_at
+
+
+def _ended_with(name: str, value: str) -> Call:
+    call = Call(
+        code="",
+        session=Session("s", lambda: Workspace(Path("/nonexistent"))),
+        collector=OutputCollector(100),
+        timeout=1.0,
+    )
+    call.collector.set_error(name, value, "")
+    return call
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("KernelDied", "the Python interpreter died"),
+        ("NonZeroExit", "process was killed by SIGKILL (exit code 137)"),
+    ],
+)
+async def test_a_death_is_put_down_to_memory_when_the_kill_count_comes_just_after(
+    name: str, value: str
+) -> None:
+    count = _KillCount(shows_at=4)
+    assert await supervisor._killed_for_memory(count, _ended_with(name, value))  # type: ignore[arg-type]
+    assert count.looks == 4
+
+
+async def test_a_death_without_a_kill_stays_a_crash_and_other_errors_wait_for_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(supervisor, "OOM_COUNT_GRACE", 0.1)
+    crash = _KillCount(shows_at=None)
+    assert not await supervisor._killed_for_memory(crash, _ended_with("KernelDied", "died"))  # type: ignore[arg-type]
+    assert crash.looks > 2  # it looked again before deciding
+    plain = _KillCount(shows_at=None)
+    assert not await supervisor._killed_for_memory(
+        plain, _ended_with("ZeroDivisionError", "division by zero")
+    )  # type: ignore[arg-type]
+    assert plain.looks == 1

@@ -69,6 +69,7 @@ Progress = Callable[[str, float], Awaitable[None]]
 
 QUOTA_PERIOD = 0.5  # seconds between workspace size checks while code runs (at least)
 MEMORY_PERIOD = 0.25  # seconds between looks at the session's out-of-memory count while code runs
+OOM_COUNT_GRACE = 1.0  # seconds to look again for the killer's count after a process died killed
 PREPARE_GRACE = 90.0  # seconds a runner may take to get an interpreter ready before the code starts
 SCAN_BUDGET = 0.25  # seconds the post-call change scan may take
 MAX_LISTED_FILES = 50
@@ -167,7 +168,7 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
                     await runner.execute(call)
                 if deadline.cancelled_caught:
                     stop = "timeout"
-            if stop is None and limits is not None and limits.memory_exceeded():
+            if stop is None and limits is not None and await _killed_for_memory(limits, call):
                 # The killer struck as the code ended (the kernel may have died of it).
                 await anyio.to_thread.run_sync(limits.stop)
                 stop = "memory"
@@ -194,6 +195,27 @@ async def _supervise(runner: Runner, call: Call, quota_bytes: int, progress: Pro
         if not session.closed:
             await runner.settle(call)
         return await _result(runner, call, stop, quota, interrupted, started_ns, quota_bytes)
+
+
+async def _killed_for_memory(limits: SessionLimits, call: Call) -> bool:
+    """Whether the out-of-memory killer stopped a process of the session. Linux counts the kill
+    just after sending the SIGKILL, so a busy machine can show the death first: when the call's
+    interpreter or process died killed, look again for a moment before calling it a crash."""
+    if limits.memory_exceeded():
+        return True
+    error = call.collector.error
+    died = error is not None and (
+        error.name == "KernelDied" or (error.name == "NonZeroExit" and "SIGKILL" in error.value)
+    )
+    if not died or limits.group is None:
+        return False
+    deadline = anyio.current_time() + OOM_COUNT_GRACE
+    while anyio.current_time() < deadline:
+        await anyio.sleep(0.02)  # a count in a cgroup file: nothing to wait on
+        if limits.memory_exceeded():
+            log.info("the out-of-memory count came after the death it caused")
+            return True
+    return False
 
 
 class _ProgressTicker:
