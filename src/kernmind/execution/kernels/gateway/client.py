@@ -142,13 +142,16 @@ class KernelGateway:
                     raise
                 await anyio.sleep(1.0)
 
-    async def connect(self, kernel_id: str) -> KernelChannels:
-        """The kernel's channels (``KernelGone`` when the gateway does not know it)."""
+    async def connect(self, kernel_id: str, timeout: float | None = None) -> KernelChannels:
+        """The kernel's channels (``KernelGone`` when the gateway does not know it). The gateway
+        answers the handshake once the kernel answers it, so a kernel just started is given
+        ``timeout`` (the start's) rather than one REST call's."""
+        timeout = timeout or self.config.request_timeout
         request = HTTPRequest(
             f"{self.config.ws_base}/api/kernels/{quote(kernel_id)}/channels",
             headers=self._headers(),
-            connect_timeout=self.config.request_timeout,
-            request_timeout=self.config.request_timeout,
+            connect_timeout=timeout,
+            request_timeout=timeout,
         )
         try:
             conn = await websocket_connect(

@@ -244,7 +244,7 @@ class GatewayKernelFactory:
         kernel: GatewayKernel | None = None
         try:
             with anyio.fail_after(self.gateway.config.start_timeout):
-                kernel = await self._connect(kernel_id, ws)
+                kernel = await self._connect(kernel_id, ws, self.gateway.config.start_timeout)
                 setup = f"{self.setup}\nimport os as _km_os\n_km_os.chdir({inner!r})\ndel _km_os\n"
                 collector = OutputCollector(10_000)
                 outcome = await kernel.execute(setup, collector, silent=True)
@@ -285,8 +285,10 @@ class GatewayKernelFactory:
         await self.gateway.kernel(kernel_id)
         return await self._connect(kernel_id, workspace)
 
-    async def _connect(self, kernel_id: str, workspace: Workspace) -> GatewayKernel:
-        channels = await self.gateway.connect(kernel_id)
+    async def _connect(
+        self, kernel_id: str, workspace: Workspace, timeout: float | None = None
+    ) -> GatewayKernel:
+        channels = await self.gateway.connect(kernel_id, timeout)
         return GatewayKernel(kernel_id, workspace, channels, self.gateway)
 
     async def _delete_quietly(self, kernel_id: str) -> None:
