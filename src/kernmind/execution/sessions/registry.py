@@ -37,8 +37,8 @@ from kernmind.execution.packages.layer import Layer
 from kernmind.execution.sandbox.workspace import Workspace, off_loop
 from kernmind.execution.sessions import package_layers
 from kernmind.execution.sessions.books import Books
-from kernmind.execution.sessions.caps import Caps
 from kernmind.execution.sessions.disk_store import LOCAL_OWNER, SessionStore, StoredSession
+from kernmind.execution.sessions.live import Key, LiveSessions
 from kernmind.execution.sessions.session import Hooks, Session, check_session_id
 from kernmind.execution.sessions.session_rows import live_rows, session_rows
 
@@ -50,11 +50,11 @@ RESERVE_DELAY = 2.0  # seconds after start before the disk reserve is taken (dis
 MIN_DELAY = 0.05  # seconds: a reaper turn just after a due time, never a busy loop
 
 Leaving = Literal["unload", "end", "close"]  # save and stop; stop without saving; stop and delete
-Key = tuple[str, str]  # (owner, session id)
 
 
-class SessionRegistry:
-    """Live sessions by ``(owner, session id)``: loading, holding, recording, unloading, closing."""
+class SessionRegistry(LiveSessions):
+    """Live sessions by ``(owner, session id)``: loading, holding, recording, unloading, closing
+    (the bookkeeping both registries keep alike is ``live.py``'s)."""
 
     def __init__(
         self,
@@ -68,22 +68,18 @@ class SessionRegistry:
         hooks: Hooks,
         new_layer: Callable[[], Layer] | None = None,
     ) -> None:
-        self.caps = Caps(per_owner=min(max_per_owner or max_sessions, max_sessions), total=max_sessions)
+        super().__init__(
+            max_sessions=max_sessions, max_per_owner=max_per_owner, new_workspace=new_workspace, hooks=hooks
+        )
         self.idle_timeout = idle_timeout
         self.autosave_after = autosave_after
         self.store = store
-        self.new_workspace = new_workspace
-        self.hooks = hooks
         self._new_layer = new_layer
-        self.sessions: dict[Key, Session] = {}
-        self.jobs: dict[Key, str] = {}  # (owner, session id) -> the job that has it
         self._reaped: set[Key] = set()  # unstored sessions closed for idleness (for a note)
         self.books = Books(store)  # history and metas, on a disk that may be full (sessions/books.py)
         self._loading = anyio.Lock()
         self._unloading: dict[Key, anyio.Event] = {}  # every session being unloaded (``_leave``)
         self._tg: TaskGroup | None = None  # the reaper's (see ``run_reaper``)
-        # Why an owner may no longer run code (a revoked principal: ``principals.revoked``), or None.
-        self.refusal: Callable[[str], str | None] = lambda owner: None
 
     # --- lifecycle: the idle reaper -------------------------------------------------------
     async def run_reaper(self, tg: TaskGroup) -> None:
@@ -163,9 +159,6 @@ class SessionRegistry:
         except Exception:
             log.exception("writing the metas that could not be written failed; will retry")
 
-    def live(self, session_id: str | None, owner: str = LOCAL_OWNER) -> Session | None:
-        return self.sessions.get((owner, check_session_id(session_id)))
-
     def unknown_session(self, sid: str, owner: str = LOCAL_OWNER) -> SessionError:
         live = {sid for who, sid in self.sessions if who == owner}
         known = ", ".join(sorted(live | {s.meta.session_id for s in self.stored(owner)})) or "none"
@@ -213,45 +206,6 @@ class SessionRegistry:
                     session.last_used = time.monotonic()
                     await self.books.touch(session, None, self._tg)
                 return
-
-    def reserve(self, owner: str, sid: str, job_id: str) -> None:
-        """Keep the session for ``job_id`` until ``unreserve`` (other calls are refused)."""
-        self.refuse_if_job(owner, sid, job_id)
-        self.jobs[(owner, sid)] = job_id
-
-    def unreserve(self, owner: str, sid: str, job_id: str) -> None:
-        if self.jobs.get((owner, sid)) == job_id:
-            del self.jobs[(owner, sid)]
-
-    def refuse_owner(self, owner: str) -> None:
-        """``SessionError`` with the reason when ``owner`` may no longer run code (revoked)."""
-        if (why := self.refusal(owner)) is not None:
-            raise SessionError(why)
-
-    # --- caps (caps.py) ----------------------------------------------------------------------
-    def check_room(self, owner: str, sid: str | None) -> None:
-        """``SessionError`` now when a session ``sid`` (a stateless slot: None) of ``owner`` could not
-        be had even by unloading an idle one (a background job, before it starts)."""
-        key = (owner, sid) if sid is not None else None
-        if key is not None and (key in self.sessions or key in self.jobs):
-            return
-        self.caps.room(self.sessions, self.jobs, owner, key)
-
-    def take_slot(self, owner: str) -> None:
-        """A ``--stateless`` call or job starts (``SessionError`` at a cap); ``give_slot`` when it ends."""
-        self.refuse_owner(owner)
-        self.caps.take_slot(self.sessions, self.jobs, owner)
-
-    def give_slot(self, owner: str) -> None:
-        self.caps.give_slot(owner)
-
-    def refuse_if_job(self, owner: str, sid: str, job_id: str | None = None) -> None:
-        running = self.jobs.get((owner, sid))
-        if running is not None and running != job_id:
-            raise SessionError(
-                f"session {sid!r} is running background job {running}; check it with job_status, stop it "
-                "with job_cancel, or use another session_id meanwhile."
-            )
 
     async def load(self, sid: str, *, owner: str = LOCAL_OWNER, create: bool = True) -> Session:
         """The live session, loaded or created; past a cap an idle one is unloaded first (``caps.py``)."""
@@ -324,18 +278,6 @@ class SessionRegistry:
             )
         self.sessions[session.key] = session
         return session
-
-    def ephemeral(self, owner: str = LOCAL_OWNER) -> Session:
-        """A session for one --stateless call (not registered; ``discard`` it afterwards)."""
-        return Session("stateless", self.new_workspace, owner=owner, ephemeral=True)
-
-    async def discard(self, session: Session) -> None:
-        with anyio.CancelScope(shield=True):
-            session.closed = True
-            await self.hooks.release(session)
-            if session.workspace is not None:
-                await session.workspace.aremove()
-            await session.drop_packages()
 
     async def record(self, session: Session, code: str, result: Any) -> None:
         """Record a call (``result``: its RunResult) in the held session's home (``Books.touch``)."""

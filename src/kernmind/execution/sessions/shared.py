@@ -6,10 +6,10 @@ files, is a row in the database (``sessions/postgres_rows.py``), so a call for s
 reaches replica B drives the kernel replica A started.
 
 ``SharedSessionRegistry`` offers ``SessionRegistry``'s public methods (``hold``, ``load``,
-``close``, ``ephemeral``, the reaper, ``unload_all``, background jobs' reservations), so the
-executor, the runners and the tools are unchanged; it is its own class and owns its state
-(this replica's handles on sessions, the caps, the jobs' reservations), no subclass. It has
-no file store of its own (the volume and the database are what last). What differs:
+``close``, the reaper, ``unload_all``), so the executor, the runners and the tools are
+unchanged; both are a ``LiveSessions`` (``live.py``: this replica's handles on sessions, the
+caps, the jobs' reservations), and neither reaches into the other. It has no file store of
+its own (the volume and the database are what last). What differs:
 
 - ``hold(id)``: the local lock (calls on this replica), then the session's advisory lock
   in PostgreSQL (calls on every replica), then the row is read and the local ``Session``
@@ -42,8 +42,8 @@ from kernmind.execution.kernels.gateway.client import GatewayUnavailable, Kernel
 from kernmind.execution.kernels.gateway.kernels import GatewayKernel, GatewayKernelFactory, SharedWorkspaces
 from kernmind.execution.sandbox.workspace import Workspace
 from kernmind.execution.sessions.books import Books
-from kernmind.execution.sessions.caps import Caps
 from kernmind.execution.sessions.disk_store import LOCAL_OWNER
+from kernmind.execution.sessions.live import LiveSessions
 from kernmind.execution.sessions.postgres_rows import SessionRecord, SessionRows
 from kernmind.execution.sessions.session import Hooks, Session, check_session_id
 from kernmind.execution.sessions.session_rows import live_rows, session_rows
@@ -64,7 +64,7 @@ def _live(record: SessionRecord | None) -> bool:
     return record is not None and (record.kernel_id is not None or record.workdir is not None)
 
 
-class SharedSessionRegistry:
+class SharedSessionRegistry(LiveSessions):
     """This replica's handles on the shared sessions; the rows in PostgreSQL are the truth."""
 
     store = None  # no file store: the shared volume and the database are what last
@@ -81,23 +81,16 @@ class SharedSessionRegistry:
         new_workspace: Callable[[], Workspace],
         hooks: Hooks,
     ) -> None:
+        super().__init__(
+            max_sessions=max_sessions, max_per_owner=max_per_owner, new_workspace=new_workspace, hooks=hooks
+        )
         self.records = records
         self.factory = factory
         self.workspaces: SharedWorkspaces = factory.workspaces
-        self.caps = Caps(per_owner=min(max_per_owner or max_sessions, max_sessions), total=max_sessions)
         self.idle_timeout = idle_timeout
-        self.new_workspace = new_workspace
-        self.hooks = hooks
-        self.sessions: dict[tuple[str, str], Session] = {}  # this replica's handles
-        self.jobs: dict[tuple[str, str], str] = {}  # (owner, session id) -> the job that has it
         self.books = Books(None)  # no homes: history and metas are not kept
-        # Why an owner may no longer run code (a revoked principal), or None.
-        self.refusal: Callable[[str], str | None] = lambda owner: None
 
     # --- what the executor and the jobs ask of any registry (as ``SessionRegistry``'s) ----------
-    def live(self, session_id: str | None, owner: str = LOCAL_OWNER) -> Session | None:
-        return self.sessions.get((owner, check_session_id(session_id)))
-
     def unknown_session(self, sid: str, owner: str = LOCAL_OWNER) -> SessionError:
         known = ", ".join(sorted(s for who, s in self.sessions if who == owner)) or "none"
         return SessionError(
@@ -108,49 +101,6 @@ class SharedSessionRegistry:
         self, owner: str | None, execution_count: Callable[[Session], int | None]
     ) -> list[dict[str, Any]]:
         return session_rows([], live_rows(self.sessions, self.jobs, owner, execution_count), set())
-
-    def refuse_owner(self, owner: str) -> None:
-        if (why := self.refusal(owner)) is not None:
-            raise SessionError(why)
-
-    def refuse_if_job(self, owner: str, sid: str, job_id: str | None = None) -> None:
-        running = self.jobs.get((owner, sid))
-        if running is not None and running != job_id:
-            raise SessionError(
-                f"session {sid!r} is running background job {running}; check it with job_status, stop it "
-                "with job_cancel, or use another session_id meanwhile."
-            )
-
-    def reserve(self, owner: str, sid: str, job_id: str) -> None:
-        self.refuse_if_job(owner, sid, job_id)
-        self.jobs[(owner, sid)] = job_id
-
-    def unreserve(self, owner: str, sid: str, job_id: str) -> None:
-        if self.jobs.get((owner, sid)) == job_id:
-            del self.jobs[(owner, sid)]
-
-    def check_room(self, owner: str, sid: str | None) -> None:
-        key = (owner, sid) if sid is not None else None
-        if key is None or (key not in self.sessions and key not in self.jobs):
-            self.caps.room(self.sessions, self.jobs, owner, key)
-
-    def take_slot(self, owner: str) -> None:
-        self.refuse_owner(owner)
-        self.caps.take_slot(self.sessions, self.jobs, owner)
-
-    def give_slot(self, owner: str) -> None:
-        self.caps.give_slot(owner)
-
-    def ephemeral(self, owner: str = LOCAL_OWNER) -> Session:
-        return Session("stateless", self.new_workspace, owner=owner, ephemeral=True)
-
-    async def discard(self, session: Session) -> None:
-        with anyio.CancelScope(shield=True):
-            session.closed = True
-            await self.hooks.release(session)
-            if session.workspace is not None:
-                await session.workspace.aremove()
-            await session.drop_packages()
 
     async def record(self, session: Session, code: str, result: Any) -> None:
         """Nothing to record: a shared session has no home (no history, no meta)."""
