@@ -8,6 +8,7 @@ takes over pytest-timeout's timer (its ``pytest_timeout_set_timer`` hook): when 
 past ``timeout``, a thread sends a failed report whose text is every thread's stack, then ends
 the process. Under xdist the controller prints that report, says the worker crashed, starts a
 new one and finishes the run; without xdist the run ends there, after printing the report.
+tests/test_hang_guard.py checks both.
 
 Error policy: nothing here may raise into pytest; a report that cannot be sent still ends
 the process (a hung run is the one outcome worse than a lost report).
@@ -48,7 +49,15 @@ def _expire(item: pytest.Item, timeout: float) -> None:
             "call",
             duration=timeout,
         )
+        capture = item.config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:  # (what the test printed stays in the capture)
+            capture.suspend_global_capture(in_=True)
         item.ihook.pytest_runtest_logreport(report=report)
+        terminal = item.config.pluginmanager.getplugin("terminalreporter")
+        if terminal is not None and not hasattr(item.config, "workerinput"):
+            # without xdist this is the end of the run: no summary will print the report
+            terminal.write_line(f"\n{item.nodeid}\n{text}")
+            terminal.write_line("the run ends here: a test past its time limit ends the process")
         sys.stdout.flush()
     finally:
         os._exit(1)

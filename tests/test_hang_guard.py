@@ -1,0 +1,53 @@
+"""A test that hangs past its time limit fails with its stacks, and the run still finishes
+(tests/hang_guard.py): here on the way that once held a CI run for 90 minutes, a test stuck
+inside ``asyncio.run`` whose executor thread never returns."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HANGS = """
+import asyncio, threading
+
+def test_stuck_in_asyncio_run():
+    never = threading.Event()
+
+    async def main():
+        await asyncio.get_running_loop().run_in_executor(None, never.wait)
+
+    asyncio.run(main())
+
+def test_after_it():
+    assert True
+"""
+
+
+pytestmark = pytest.mark.slow  # two pytest runs of their own
+
+
+@pytest.mark.parametrize("workers", [["-n", "1"], ["-p", "no:xdist"]], ids=["xdist", "plain"])
+def test_a_hung_test_fails_with_its_stacks_and_the_run_ends(tmp_path: Path, workers: list[str]) -> None:
+    (tmp_path / "test_hangs.py").write_text(HANGS)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "tests.hang_guard", "--timeout", "3", *workers]
+    run = subprocess.run(
+        [*argv, "-p", "no:cacheprovider", "test_hangs.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,  # without the guard this run never ends
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out
+    assert "Timeout: the test ran past 3 s" in out, out[-3000:]
+    assert "in test_stuck_in_asyncio_run" in out and "--- thread" in out, out[-3000:]  # the stacks
+    if workers[0] == "-n":
+        assert "1 passed" in out, out[-3000:]  # the run went on to the next test
