@@ -11,6 +11,7 @@ the kernels' runtime directories (in the server's private TMPDIR) must be gone.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sqlite3
@@ -33,16 +34,22 @@ MARK = "kept-through-shutdown-7f3a"
 TEMPLATE = "forkserver/template.py"  # the fork server's processes (see forked_kernel below)
 
 
+def pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
 def _kernel_tree(pid: int, kernels: int) -> tuple[list[ProcInfo], set[Path]]:
     """Every process below the server, and the kernels' runtime directories."""
     procs = descendants(pid)
-    by_pid = {p.pid: p for p in procs}
 
     def forked_kernel(p: ProcInfo) -> bool:
-        """A fork-server kernel: the template's grandchild (template → waiter → kernel)."""
-        waiter = by_pid.get(p.ppid)
-        template = by_pid.get(waiter.ppid) if waiter else None
-        return all(x is not None and TEMPLATE in x.cmdline for x in (p, waiter, template))
+        """A fork-server kernel: a fork of the template inside a sandbox's pid namespace (its
+        parent, the waiter, may have been reparented: a kernel forked by the template's snapshot
+        outlives the snapshot, which exits once the template's preloads are in)."""
+        return TEMPLATE in p.cmdline and pid_namespace(p.pid) not in (None, pid_namespace(pid))
 
     interpreters = [
         p
