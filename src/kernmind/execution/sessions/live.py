@@ -18,11 +18,9 @@ import anyio
 
 from kernmind.execution.errors import SessionError
 from kernmind.execution.sandbox.workspace import Workspace
-from kernmind.execution.sessions.caps import Caps
+from kernmind.execution.sessions.caps import Caps, Key
 from kernmind.execution.sessions.disk_store import LOCAL_OWNER
 from kernmind.execution.sessions.session import Hooks, Session, check_session_id
-
-Key = tuple[str, str]  # (owner, session id)
 
 
 class LiveSessions:
