@@ -140,10 +140,12 @@ def recorded_or_noted(out: dict[str, Any], history: Path, code: str) -> None:
     assert recorded != noted, (recorded, out["notes"])
 
 
-async def until(predicate: Any, timeout: float = 30.0) -> None:
+async def until(predicate: Any, timeout: float = 90.0) -> None:
+    """Wait for ``predicate``: a deadline, not a timing (each of these takes seconds when quiet;
+    a CI machine under load once took past 30 s for one of them)."""
     deadline = time.monotonic() + timeout
     while not await predicate():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, f"timed out waiting for {predicate.__name__}"
         await anyio.sleep(0.25)
 
 
