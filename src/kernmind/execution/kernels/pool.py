@@ -1,28 +1,13 @@
-"""A warm pool of pre-started, set-up kernels.
+"""A warm pool of pre-started, set-up kernels for new sessions, ``reset`` and ``--stateless`` calls.
 
-New sessions, ``reset`` and ``--stateless`` calls take a kernel from here instead of
-waiting for one to boot. A background task keeps ``size`` kernels ready (from a second
-after start: the handshake and a first call go first), starting
-them one at a time (the machine may have two cores, and a call may be running), or, when
-starts are cheap (fork-server forks), at once and side by side; it retries with a back-off
-when starting fails. Kernels that are done with are shut down in
-the background too, so a caller never waits for a kernel to die.
+Design: a background refill keeps ``size`` kernels ready from ``STARTUP_DELAY`` on (boots one at
+a time, cheap fork-server forks side by side); kernels done with stop in the background.
+``acquire(home, limits=…)`` binds a kernel to a session's directory (a warm one's renamed into
+place by ``rebind``, else one started there) and control group (``_join``), owned by the
+sandbox uid and marked ``home_bound``: stopping it keeps the files.
 
-When the pool is empty, ``acquire`` starts a kernel for the caller directly. A call
-cancelled (or failing) after ``acquire`` took a kernel and before it handed it over stops that
-kernel (in the background): no kernel is left running that nobody owns, and a kernel started
-in a session's directory is marked ``home_bound`` at once, so stopping it keeps the files.
-
-``acquire(home)`` hands out a kernel bound to a session's working directory: a warm
-kernel's empty directory is moved into place (``rebind``, the store's: renames, no copies), or,
-with no warm kernel (or directories on different file systems), a kernel is started with
-``home`` bound directly. Either way the files are then handed to the kernel's sandbox uid
-(``own_tree``) and the kernel is marked ``home_bound``: stopping it never deletes them.
-
-``acquire(home, limits=…)`` also puts the kernel in the session's control group
-(``sandbox/limits.py``): a warm kernel's own group becomes the session's when the session
-has none yet, else its processes move into the session's (which then removes the warm
-one); a kernel started for the caller is started in the session's group.
+Error policy: a failed start is retried with a back-off (``last_error`` says why); a call
+cancelled between taking a kernel and handing it over stops that kernel, none runs unowned.
 """
 
 from __future__ import annotations

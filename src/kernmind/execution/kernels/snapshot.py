@@ -1,47 +1,12 @@
-"""Saving a Python session's variables when its interpreter stops, and bringing them back.
+"""Saving a Python session's variables when its interpreter stops, and bringing them back
+(docs/architecture.md, "Variables are saved inside the sandbox"; docs/tools.md, "Sessions that last").
 
-**Where it runs.** Both directions run *inside the session's sandboxed kernel*: the save is
-code the kernel executes (off the record: no execution count, no history), and so is the
-restore. The server never unpickles anything: it only reads the one JSON line the kernel
-prints (bounded by the output collector). A tampered snapshot can therefore do no more than
-the session's own code could: run inside that session's sandbox.
-
-**The file** is written by the kernel in its own runtime directory (``/run/kernmind/state/
-namespace.pkl``, bound in every local kernel's sandbox, warm or forked) and moved by the server
-to the session's ``state/namespace.pkl`` beside its files (``sessions/snapshot_files.py``), so
-it lives and dies with the session but never shows in the working directory's ``os.listdir()``;
-a restore reads a link the server puts there first. Sessions saved by
-earlier versions kept it in ``.km-state/`` of the working directory: it is moved out when
-such a session is loaded. It is written to a temporary name and renamed, so a save that is interrupted
-leaves the previous snapshot whole. Records: each variable separately (its name, which
-serializer wrote it, its length, its pickle), then a trailer with the module aliases
-(``np`` → ``numpy``, re-imported by name rather than pickled). Each variable is tried with
-the standard C pickler first (data: DataFrames, arrays, fitted models) and with dill when
-that fails or when the pickle would name ``__main__`` (a function, class or instance of a
-class defined in a cell: the next kernel has no such name until dill recreates it). A variable that cannot be pickled (an open socket, a
-generator), or that would go over the size budget, or that comes after the time budget ran
-out is skipped with the reason; the others are saved. On restore each variable is loaded on
-its own, so one that fails (a class whose module is gone) does not stop the rest.
-
-**Why dill** (measured on a typical analysis namespace in a real kernel): dill
-and cloudpickle both restore DataFrames, arrays, fitted scikit-learn models, lambdas,
-closures, dataclasses and classes defined in cells; dill also restores open file handles and
-locks, and — the deciding point — functions and methods defined in cells come back bound to
-the live namespace (``f`` sees a global reassigned after the restore), where cloudpickle
-gives each a private copy of the globals it used. cloudpickle dumps faster (dill's pickler
-is pure Python: benchmarks/README.md):
-hence the C pickler first, dill only where it is needed. When the kernel's Python has no
-dill, what needs it is skipped with that reason.
-
-**Reports are checked like any input.** The JSON line the kernel prints comes from code
-the session controls (a pickle runs code when it loads), so both reports are validated
-field by field and bounded; a malformed or forged one counts as a failed save or restore.
-
-**A save that never finished** (the server killed during it) is noted on resume: the
-meta records when a save began (``save_started``), why the last one failed
-(``save_failed``) and since when code ran unsaved (``unsaved_since``); ``snapshot_files.lost_note`` turns
-them into the sentence the next call reads. A failed save removes its temporary file, so
-a full disk is not made fuller by half a snapshot.
+Design: both directions are code the session's kernel runs off the record; the server never
+unpickles, it reads the one JSON line the kernel prints, checked field by field and bounded.
+The file (``/run/kernmind/state/namespace.pkl`` in the kernel, moved by
+``sessions/snapshot_files.py``) is written under a temporary name and renamed: one record per
+variable (name, serializer, length, pickle: the C pickler first, dill when that fails or the
+pickle names ``__main__``), then a trailer of module aliases re-imported by name.
 
 Error policy: nothing here raises into a call. ``save`` returns a ``SaveReport``, or a
 sentence saying why the kernel could not save (with a log line); ``restore`` returns the
