@@ -186,7 +186,6 @@ def _previous_month(year: int, month: int) -> tuple[int, int]:
     return (year - 1, 12) if month == 1 else (year, month - 1)
 
 
-_RELATION = re.compile(r"\b(?P<rel>before|after|since|until|till|prior\s+to|following)\s+", re.IGNORECASE)
 _EVENT = re.compile(
     r"\b(?P<rel>before|after|since|prior\s+to|following)\s+(?P<event>(?:the|my|our|his|her|their|\w+'s)\s+"
     r"[\w' -]+?)\s*(?:[?.!,;]|$)",
