@@ -1,16 +1,7 @@
-"""The bundled agent loop: an OpenAI-compatible chat model driving MCP servers.
+"""The bundled agent loop: an OpenAI-compatible chat model driving MCP servers (docs/agent.md).
 
-Python API::
-
-    from kernmind.agent import Agent, AgentConfig, kernmind_server_spec
-    from kernmind.config import Settings
-
-    config = AgentConfig(model="gpt-4.1-mini", servers=[kernmind_server_spec(Settings())])
-    async with Agent(config) as agent:
-        result = await agent.run("What is 2**100?")
-        print(result.answer)
-
-Each module says what it does; docs/agent.md describes the agent.
+Python API: ``async with Agent(AgentConfig(model=…, servers=[kernmind_server_spec(Settings())])) as
+agent: result = await agent.run("What is 2**100?")``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """``kernmind agent``: flags, building the ``Agent``, one-shot and REPL modes (docs/agent.md).
 
-Design: a thin layer over the Python API; the agent's flags come from ``AgentSettings`` beside the
-server flags it passes to the ``kernmind serve`` it launches. Ctrl-C interrupts a turn in flight;
-outside one it stops start-up (one-shot) or prints a hint (REPL).
-
-Exit status: 0 answered, 1 the model or a server failed, 2 bad configuration, 3 ``--max-steps``
-reached without an answer, 130 interrupted.
+Design: a thin layer over the Python API; Ctrl-C interrupts a turn in flight, else stops start-up
+(one-shot) or prints a hint (REPL). Exit status: 0 answered, 1 the model or a server failed,
+2 bad configuration, 3 ``--max-steps`` reached without an answer, 130 interrupted.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Making the conversation fit the model's window: shorten old tool results, evict the oldest
 turns in whole groups, and put a summary the model writes in their place (docs/agent.md).
 
-Design: the conversation moves in groups (a user message; an answer; tool calls with their results),
-kept or evicted whole, so no call is sent without its result. ``compact`` stops as soon as the
-request fits. Nothing is lost: every message was recorded when said (``conversation_search``).
-
-Error policy: a summary that fails (``summary_problem``) is replaced by a plain note of what was
-dropped; the eviction happens all the same. Cancellation propagates.
+Design: groups (a user message; an answer; tool calls with their results) are kept or evicted
+whole, so no call is sent without its result. Error policy: a summary that fails
+(``summary_problem``) is replaced by a plain note of what was dropped. Cancellation propagates.
 """
 
 from __future__ import annotations

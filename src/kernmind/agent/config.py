@@ -1,9 +1,7 @@
 """What the agent is configured with: the model endpoint, the loop's limits, the MCP servers.
 
-Design: plain dataclasses, no I/O but ``load_mcp_config``, so the Python API and the CLI build the
-same objects. A ``ServerSpec`` is a name plus anything ``mcp.Client`` accepts.
-
-Error policy: a malformed ``mcp.json`` raises ``ConfigError`` naming the file and the entry.
+Design: plain dataclasses, no I/O but ``load_mcp_config``. Error policy: a malformed ``mcp.json``
+raises ``ConfigError`` naming the file and the entry.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The agent's MCP side: connect to every server, merge their tools, route calls back.
 
-Design: ``ToolHub`` opens one ``mcp.Client`` per ``ServerSpec`` (closed in reverse order) and lists
-each server's tools once. A tool keeps its name unless two servers offer it (then ``server__tool``);
-names are sanitised to the ``[A-Za-z0-9_-]{1,64}`` chat APIs accept.
-
-Error policy: a server that fails to start is a ``ServerStartError``. Then ``call`` answers unknown
-tools and MCP errors as an ``isError`` result for the model; cancellation propagates (the client
-sends ``notifications/cancelled``, which interrupts a running kernel).
+Design: one ``mcp.Client`` per ``ServerSpec``; a tool named by two servers becomes ``server__tool``,
+names sanitised to ``[A-Za-z0-9_-]{1,64}``. Error policy: a server that fails to start is a
+``ServerStartError``; then unknown tools and MCP errors are ``isError`` results for the model.
 """
 
 from __future__ import annotations

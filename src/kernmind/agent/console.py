@@ -1,10 +1,7 @@
 """Terminal side of the agent: activity on stderr, streamed tokens, approvals, line input.
 
-Design: answers go to stdout and everything else to stderr (``kernmind agent -p … > answer.txt``
-captures just the answer); a spinner shows running tools on a terminal. ``LineReader`` reads stdin
-on one daemon thread serving requests in order, so a prompt abandoned by Ctrl-C never races a later
-one.
-
+Design: answers on stdout, everything else on stderr; ``LineReader`` reads stdin on one thread
+serving requests in order, so a prompt abandoned by Ctrl-C never races a later one.
 Error policy: output is best effort; end of input at an approval prompt counts as "no".
 """
 

@@ -1,11 +1,8 @@
 """The model endpoint, checked before anything else starts: reachable, key accepted, its window.
 
-Design: one ``GET {base}/models`` with ``httpx2`` (without importing ``openai`` or ``mcp``), so a
-wrong URL or key is reported in well under a second. A window the answer gives (``WINDOW_FIELDS``)
-becomes the agent's ``--context-window`` unless the user gave one.
-
-Error policy: ``ModelError`` only for what no request could get past (nothing accepting
-connections, tried twice; the key refused); anything else counts as reachable.
+Design: one ``GET {base}/models`` with ``httpx2`` (no ``openai`` or ``mcp`` import), so a wrong URL
+or key is reported at once. Error policy: ``ModelError`` only for what no request could get past
+(nothing accepting connections, tried twice; the key refused).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""The agent's two failures a user sees, importable without the openai or mcp packages (the
-command line reports them before it loads either).
+"""The agent's two failures a user sees, importable without the openai or mcp packages.
 
-Error policy: :class:`ConfigError` is a configuration the agent cannot use (the CLI exits 2);
-:class:`ModelError` is the model endpoint failing in a way retrying did not, or could not, fix
-(the CLI exits 1). Both carry one sentence that says what to check.
+Error policy: ``ConfigError`` (the CLI exits 2) and ``ModelError`` (exits 1) carry one sentence
+that says what to check.
 """
 
 from __future__ import annotations

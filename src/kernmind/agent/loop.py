@@ -1,15 +1,11 @@
 """The agent loop: model step, tool calls through MCP, results back, repeat (docs/agent.md).
 
-Design: ``Agent`` owns the conversation, a ``ChatModel`` and a ``ToolHub``; ``run(text)`` is one user
-turn: build the system prompt (base, servers' instructions, fresh memory blocks, summary of evicted
-turns), send the conversation (compacted first when it would not fit), run the approved tool calls
-concurrently and append their results in the model's order, until the model answers without tools
-or ``max_steps``.
-
-Error policy: bad arguments, unknown tools, refusals and tool errors become tool results in words,
-so the model can correct itself. An endpoint failing after retries, or a request too long after two
-compactions, raises ``ModelError``; ``interrupt`` cancels what is in flight and leaves the
-conversation valid.
+Design: ``run(text)`` is one user turn: the system prompt (base, servers' instructions, fresh memory
+blocks, summary), the conversation (compacted first when it would not fit), approved tool calls run
+concurrently and appended in the model's order, until an answer without tools or ``max_steps``.
+Error policy: bad arguments, unknown tools, refusals and tool errors become tool results in words;
+an endpoint failing after retries, or a request too long after two compactions, raises
+``ModelError``; ``interrupt`` cancels what is in flight and leaves the conversation valid.
 """
 
 from __future__ import annotations

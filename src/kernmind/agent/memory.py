@@ -1,9 +1,6 @@
-"""Compile the servers' memory blocks into text for the system prompt.
+"""Compile the servers' memory blocks into text for the system prompt, fresh before every step.
 
-Design: read fresh before every model step, so a tool's edit in step N shows in step N+1. Per
-server, the ``memory`` prompt is preferred; else the ``memory://blocks/{label}`` resources are read
-and rendered here; a server with neither contributes nothing.
-
+Design: per server the ``memory`` prompt, else the ``memory://blocks/{label}`` resources.
 Error policy: best effort: a failure is logged at debug level and that server skipped.
 """
 

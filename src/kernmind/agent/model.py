@@ -1,14 +1,9 @@
 """The chat model: one OpenAI-compatible chat-completions request, streamed or not.
 
-Design: ``ChatModel`` returns one ``AssistantTurn`` (text and tool calls). Streamed tool-call
-fragments are stitched by ``index``, tolerating servers (Ollama, vLLM, LM Studio) that send a whole
-call at once, omit ``index`` or repeat the ``id``. Streams ask for ``usage`` (again without, once,
-where refused).
-
-Error policy: the retry policy is here (the client's is off): 429, 408, 409, 5xx, connection
-failures and broken streams are retried with backoff and jitter, honouring ``Retry-After``; then,
-or at once for what a retry cannot fix, ``ModelError`` names the status, endpoint and what the
-server said (``context_exceeded`` when the request is past the window).
+Design: streamed tool-call fragments are stitched by ``index``, tolerating servers that send a
+whole call at once, omit ``index`` or repeat the ``id``. Error policy: retries are here (the
+client's are off; 429, 408, 409, 5xx, broken connections, honouring ``Retry-After``); then
+``ModelError`` names the status, endpoint and what the server said.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Feeding the conversation recorder beside the loop.
 
-Design: every message is queued (``add`` never waits) and a task stores them in order, so opening
-the database or loading the embedding model never delays a model request. The task starts once the
-MCP servers are up; compaction waits on ``caught_up`` so what it evicts is already findable, and
-leaving the agent waits until everything is stored.
-
-Error policy: the task is shielded once started, so Ctrl-C loses no message; the recorder is best
-effort (it logs what it cannot store).
+Design: ``add`` queues and never waits; one task stores in order, compaction waits on
+``caught_up``. Error policy: the task is shielded once started, so Ctrl-C loses no message;
+the recorder logs what it cannot store.
 """
 
 from __future__ import annotations

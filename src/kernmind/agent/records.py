@@ -1,9 +1,7 @@
 """What the agent loop reports: each tool call, each turn's result, and the hooks it calls.
 
-Design: plain dataclasses that serialise to the ``--json`` transcript, and :class:`AgentEvents`,
-whose methods are no-ops by default (the CLI's console.py prints them; tests record them).
-
-Error policy: none — nothing here does I/O.
+Design: dataclasses for the ``--json`` transcript; ``AgentEvents``' hooks are no-ops by default.
+Error policy: none (no I/O).
 """
 
 from __future__ import annotations

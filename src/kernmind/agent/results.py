@@ -1,11 +1,7 @@
 """Turn an MCP ``CallToolResult`` into what a chat-completions model can read.
 
-Design: a ``tool`` message carries text only, so a result becomes one text (its text blocks, or its
-``structuredContent`` as JSON; other blocks described in brackets), cut in the middle when
-overlong, plus its images as ``data:`` URLs, which the loop sends in a ``user`` message (or as a
-note when the model takes none).
-
-Error policy: pure functions; odd content is described, never raised.
+Design: one text (text blocks, or ``structuredContent`` as JSON), cut in the middle when overlong,
+plus images as ``data:`` URLs. Error policy: pure functions; odd content is described, never raised.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The agent's own settings, declared once (the server's are in ``kernmind/config.py``).
-
-Design: every setting of ``kernmind agent`` is a field of ``AgentSettings``; flags, variables
-(``KERNMIND_AGENT_*``, also ``OPENAI_BASE_URL``/``OPENAI_API_KEY``) and docs come from
-settings_cli.py and settings_docs.py as for the server. Field names differ from ``Settings``' (one
-``argparse`` namespace).
+"""The agent's own settings, declared once (the server's are in ``kernmind/config.py``); flags,
+variables and docs come from settings_cli.py and settings_docs.py as for the server.
 
 Error policy: a refused value is one sentence naming the flag and variable; the CLI exits 2.
 """

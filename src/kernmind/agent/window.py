@@ -1,12 +1,7 @@
 """The model's context window: how many tokens a request takes, and how full the window is.
 
-Design (docs/agent.md): the window is ``--context-window``, else the endpoint's ``/models``, else a
-known OpenAI window, else ``DEFAULT_WINDOW``. Without a tokenizer, text is cut as byte-pair
-tokenizers pre-tokenize it, one token per ``LETTERS_PER_TOKEN`` letters a piece (within −10 % …
-+24 % of cl100k/o200k: benchmarks/bench_chars_per_token.py); reported ``prompt_tokens`` and
-"context length exceeded" errors scale the estimate from then on.
-
-Error policy: pure bookkeeping; nothing here raises.
+Design: see docs/agent.md ("The window"); the estimate is checked by
+benchmarks/bench_chars_per_token.py. Error policy: pure bookkeeping; nothing here raises.
 """
 
 from __future__ import annotations

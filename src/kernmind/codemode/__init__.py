@@ -1,10 +1,7 @@
 """Code mode: code running in a Python session calls kernmind's memory tools as functions
-(docs/code-mode.md).
+(docs/code-mode.md; the path of a call is in docs/architecture.md, "A call from code").
 
-A call travels: ``client/kernmind_tools.py`` (inside the sandbox, standard library only) →
-``channel.py`` (the kernel's Unix socket) → ``dispatch.py`` (memory tools only, run as the
-session's principal through a client's checks); ``kernels.py`` adds the client and the channel to
-every kernel. server.py wires it: ``execution`` and ``memory`` never import this room.
+server.py wires it: ``execution`` and ``memory`` never import this room.
 """
 
 from kernmind.codemode.dispatch import ToolDispatch

@@ -1,11 +1,7 @@
 """One session kernel's code-mode channel: a Unix socket in the kernel's private socket directory.
 
-Design: ``tools.sock`` (the sandbox uid's, 0600, in a 0700 directory only this kernel mounts at
-``/run/kernmind``) lives while the kernel is in a session; a connection is accepted only from the
-kernel's own uid (``SO_PEERCRED``). One JSON object per line each way (``describe`` or ``call``,
-answered ``{"ok": …}``). At most ``MAX_CALLS`` requests are served at once and ``MAX_CONNECTIONS``
-kept open; the accept loop is a supervised service that waits out ``EMFILE`` (docs/architecture.md).
-
+Design: docs/code-mode.md ("The channel"); only the kernel's own uid is accepted (``SO_PEERCRED``),
+one JSON object per line each way, at most ``MAX_CALLS`` served at once and ``MAX_CONNECTIONS`` open.
 Error policy: an unreadable request is answered in a sentence (an oversized or truncated one also
 closes the connection); a peer that went away ends its own connection only.
 """

@@ -1,12 +1,8 @@
 """How a tool call from code is answered: the same tool, the same checks, as the session's principal.
 
-Design: only the memory family may be called; anything else is refused with a sentence listing
-what may. A call runs the pieces a client's call does (the caller set to the session's principal,
-the hooks, the strict argument check, ``boundary.call_tool``), at most ``PER_PRINCIPAL`` at a time,
-after asking ``revoked(principal)``.
-
-Error policy: a refusal is an answer, never an exception; an unexpected failure is answered as the
-boundary answers a client, its traceback logged under a ref.
+Design: memory tools only, at most ``PER_PRINCIPAL`` at a time, after ``revoked(principal)``, through
+``boundary.call_tool``. Error policy: a refusal is an answer, never an exception; an unexpected
+failure is answered as the boundary answers a client, its traceback logged under a ref.
 """
 
 from __future__ import annotations

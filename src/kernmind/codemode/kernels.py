@@ -1,12 +1,9 @@
 """What code mode adds to every local Python kernel: the client module, and a channel per session.
 
-Design: ``CodeMode`` is the ``KernelExtras`` given to the executor: the client module (``client/``)
-mounted read-only and on ``PYTHONPATH`` in every kernel, ``KERNMIND_TOOLS_SOCKET`` in its
-environment, and, once a kernel joins a session (the principal is then known), a channel for that
-principal, closed when the kernel stops.
-
+Design: ``CodeMode`` is the executor's ``KernelExtras``: the client module read-only on
+``PYTHONPATH``, ``KERNMIND_TOOLS_SOCKET``, and a channel once the kernel joins a session.
 Error policy: a channel that cannot be opened is logged and that kernel's code gets ``ToolError``;
-``run_code`` is unaffected. Channels are supervised one by one.
+``run_code`` is unaffected.
 """
 
 from __future__ import annotations

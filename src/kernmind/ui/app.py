@@ -1,12 +1,8 @@
 """The ``/ui`` app: routes, who is asking (auth.py), and the answers of every page (docs/ui.md).
 
-Design: one Starlette app under ``/ui`` (mounted in front of the MCP app by ``UiMount``, or alone
-under ``kernmind ui``); callers are a session cookie (a POST carries its CSRF token) or a bearer
-token; responses carry a strict CSP, ``no-store`` and ``no-referrer``. Every read is keyed by the
-caller's owner, so another principal's ids answer 404.
-
-Error policy: ``NotFound`` → 404; a ``Refusal`` → the page with its sentence (409 writes, 400 reads);
-anything else reaches the transport's last resort (a 500 with a ref).
+Design: one Starlette app under ``/ui`` (in front of the MCP app, or alone under ``kernmind ui``);
+every read is keyed by the caller's owner. Error policy: ``NotFound`` → 404; a ``Refusal`` → the
+page with its sentence (409 writes, 400 reads); anything else reaches the transport's last resort.
 """
 
 from __future__ import annotations

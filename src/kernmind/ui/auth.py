@@ -1,12 +1,8 @@
 """Who is looking at a ``/ui`` page: logins, session cookies, bearer tokens and CSRF tokens.
 
-Design (docs/ui.md): a token logs in once to a random session id in an ``HttpOnly``,
-``SameSite=Strict``, ``Path=/ui`` cookie; the token is never kept. A bearer header also works (no
-CSRF check: browsers never send it on their own); every POST with a cookie carries its CSRF token.
-A server without a token lets a loopback browser in as ``local`` and refuses non-loopback Host
-names (no DNS rebinding). Sessions live in memory, for a day, until their token is revoked.
-
-Error policy: a refused request gets a short page saying what to do; nothing is written.
+Design: docs/ui.md and docs/security.md; the token is never kept, a login is a random session id
+in memory for a day. Error policy: a refused request gets a short page saying what to do; nothing
+is written.
 """
 
 from __future__ import annotations

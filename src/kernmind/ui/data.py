@@ -1,12 +1,8 @@
 """Where the ``/ui`` pages read from: the server's own memory and executor, or the data dir.
 
-Design: ``UiParts`` holds the memory surface and, inside a serving server, its ``Executor``
-(read through its public methods only); ``kernmind ui`` has none and reads sessions and jobs
-from the data dir (memory is opened as a second writer: SQLite WAL or PostgreSQL). Every read
-names an owner, so another principal's id is not found.
-
-Error policy: a missing session, job or passage is ``NotFound`` (404); memory refusals pass up
-unchanged so the page shows their sentence.
+Design: inside a server, the ``Executor``'s public methods; under ``kernmind ui``, the data dir (memory
+opened as a second writer). Every read names an owner. Error policy: a missing session, job or
+passage is ``NotFound`` (404); memory refusals pass up unchanged.
 """
 
 from __future__ import annotations

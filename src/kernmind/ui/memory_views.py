@@ -1,12 +1,7 @@
-"""The memory pages: blocks with their versions, a diff of any two, undo; passages as a timeline,
-search with score bars, filters; delete and supersede (docs/ui.md).
+"""The memory pages: blocks, versions, diffs, undo; passages, search, delete, supersede (docs/ui.md).
 
-Design: reads and writes go through the memory package's public classes for the caller's own
-namespace (``UiParts.space``), with the tools' checks (an undo from a stale page is refused like
-the tool's); another namespace's passage id is not found. Everything is paged on the server
-(``PER_PAGE``). A version's text is the ``new_value`` of the history entry that made it.
-
-Error policy: a refusal's sentence is shown on the page; nothing else is caught here.
+Design: the memory package's public classes for the caller's own namespace, with the tools' checks;
+paged on the server. Error policy: a refusal's sentence is shown on the page; nothing else is caught.
 """
 
 from __future__ import annotations

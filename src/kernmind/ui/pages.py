@@ -1,9 +1,6 @@
 """The HTML of the ``/ui`` pages: one layout, small helpers, every stored text escaped.
 
-Design: no template engine (none is a server dependency); the only way text enters HTML is ``e``
-(``html.escape`` with quotes), so whatever an agent stored shows as text; markup comes from this
-package's literals only.
-
+Design: no template engine; text enters HTML only through ``e`` (``html.escape`` with quotes).
 Error policy: none of its own.
 """
 

@@ -1,9 +1,6 @@
 """The admin's page: what each principal uses (sessions, disk, jobs, memory).
 
-Design: admins only (anyone else gets a 404). Owners are the data keys found on disk and in the
-tokens file; memory counts come from one grouped ``count(*)`` per table. Tokens and digests are
-never shown.
-
+Design: admins only (anyone else gets a 404); tokens and digests are never shown.
 Error policy: none of its own (an unreadable tokens file shows no names from it).
 """
 

@@ -1,10 +1,6 @@
 """The session pages: live and stored sessions, their files, each call's cost, their notebook; jobs.
 
-Design: rows come from ``UiParts`` (data.py), looked up among the caller's own rows only (another
-principal's id is a 404). A call's cost is what its history line recorded; the notebook is built from
-the same lines and sent as a download. A running job's page polls ``/ui/jobs/{id}/output``
-(``static/job.js``, or a ``<noscript>`` refresh); docs/ui.md.
-
+Design: rows from ``UiParts`` (data.py), the caller's own only; a call's cost is its history line.
 Error policy: ``NotFound`` for ids that are not the caller's; nothing else is caught here.
 """
 

@@ -1,12 +1,8 @@
 """A session's saved variables, listed without loading them: names, types, sizes.
 
-Design: the server never unpickles what a session wrote. This reads the records' headers of
-``state/namespace.pkl`` (format in execution/kernels/snapshot.py) and names each type from its
-pickle's first opcodes with ``pickletools.genops``, which only decodes. The file lies where
-sandboxed code writes, so it is opened without following links and read only if regular; at most
-``MAX_VARIABLES`` are listed.
-
-Error policy: an unreadable or malformed file gives the variables read so far and never raises.
+Design: the records' headers of ``state/namespace.pkl`` (format in execution/kernels/snapshot.py),
+each type named from its pickle's first opcodes (``pickletools.genops`` only decodes); opened
+without following links. Error policy: a malformed file gives what was read so far, never raises.
 """
 
 from __future__ import annotations
