@@ -1,12 +1,8 @@
-"""The error boundary: the one place where an exception becomes what a client reads.
+"""The error boundary: the one place where an exception becomes what a client reads
+(docs/architecture.md, ``refusals.py, boundary.py``).
 
-Design: ``install`` routes ``tools/call``, ``resources/read`` and ``prompts/get`` through ``answer``:
-a ``Refusal`` keeps its sentence, a deliberate ``ToolError``/``ResourceError`` its text, a full disk
-or unreachable database is said in words, anything else is ``internal error (ref …)`` with the
-traceback logged (docs/architecture.md). ``outermost`` wraps the handlers last. Handlers are wrapped
-rather than using the SDK's middleware hook: a middleware's own answer skips the SDK's shaping of
-results (``serverInfo`` stamp, cache hints).
-
+Design: handlers are wrapped rather than using the SDK's middleware hook: a middleware's own answer
+skips the SDK's shaping of results (``serverInfo`` stamp, cache hints).
 Error policy: raises only the SDK's ``ToolError``/``ResourceError`` and ``MCPError``; cancellation and
 ``BaseException`` pass untouched.
 """

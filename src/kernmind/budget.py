@@ -1,12 +1,8 @@
 """One output budget: what a tool returns fits in the caller's context, and says how to get the rest.
 
-Design: a ``Budget`` is the characters one answer may hold (``--max-output-chars`` or a share),
-made per answer and spent as it is built: ``take`` keeps what fits of one text, ``lines`` whole
-lines, ``admit`` says whether an item fits; what is left out gets a note in one wording (``note``,
-``left_out``, ``next_page``). Sizes are characters the model reads (docs/architecture.md).
-
-Error policy: nothing raises; a budget too small for one item still admits the first (cut where it
-is text), so an answer is never empty because of the budget.
+Design: a ``Budget`` is made per answer and spent as it is built; what is left out gets a note in one
+wording. Sizes are characters the model reads. Error policy: nothing raises; a budget too small for
+one item still admits the first, so an answer is never empty because of the budget.
 """
 
 from __future__ import annotations

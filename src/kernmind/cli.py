@@ -1,8 +1,7 @@
 """Command line: ``kernmind serve | agent | doctor | memory | sessions | tokens | ui``.
 
 Each subcommand takes the settings flags of its groups (``COMMAND_GROUPS``); a flag left out is
-``None`` so variables and then defaults apply. Logs go to stderr (on stdio, stdout is the MCP
-channel). Packaged subcommands add their parsers with ``add_parser`` and run with ``run``.
+``None`` so variables and then defaults apply. Logs go to stderr (on stdio, stdout is the MCP channel).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""One settings model for the whole server, declared once.
+"""One settings model for the whole server, declared once (docs/architecture.md, docs/configuration.md).
 
-Design: every setting is a field of ``Settings`` (type, bounds, default, description); ``Cli(...)``
-chooses its group, flag, metavar and shown default. Flags, ``--help``, ``KERNMIND_*`` variables and
-docs/configuration.md are derived from it (settings_cli.py, settings_docs.py). Precedence: flags >
-variables > defaults.
-
-Error policy: pydantic refuses a value out of bounds, non-finite or malformed;
-``settings_cli.describe_settings_error`` words it.
+Design: every setting is a field of ``Settings``; ``Cli(...)`` chooses its group, flag and metavar.
+Precedence: flags > variables > defaults. Error policy: pydantic refuses a value out of bounds,
+non-finite or malformed; ``settings_cli.describe_settings_error`` words it.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The server's own bookkeeping files: safe reads, whole-or-nothing writes, disk errors in words.
 
-Design: reads never follow a link and never wait (``O_NOFOLLOW | O_NONBLOCK``, regular files only);
-writes go to a temporary file, fsync'd and renamed over the target; a failed append is cut back.
-``Reserve`` keeps a few MiB that a bookkeeping write gives up when code filled the disk. Tests inject
-faults with ``KERNMIND_TEST_DISK_FAULTS=FILE`` (``{"write */meta.json": "EIO"}``).
-
-Error policy: the file functions raise ``OSError`` and leave no temporary file or partial line;
-``StorageError`` is a ``Refusal``; a full disk is not the request's fault: callers answer with
-``disk_sentence`` and keep serving. ``Reserve`` never raises.
+Design: reads never follow a link nor wait (``O_NOFOLLOW | O_NONBLOCK``, regular files only); writes
+go to a temporary file, fsync'd and renamed; a failed append is cut back. ``Reserve`` keeps a few MiB
+for bookkeeping on a full disk. Tests inject faults with ``KERNMIND_TEST_DISK_FAULTS=FILE``.
+Error policy: the file functions raise ``OSError`` and leave nothing partial; ``StorageError`` is a
+``Refusal``; callers answer a full disk with ``disk_sentence`` and keep serving.
 """
 
 from __future__ import annotations

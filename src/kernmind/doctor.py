@@ -1,8 +1,5 @@
-"""``kernmind doctor``: what this machine can run, checked for real.
-
-It builds the server's components, starts one sandboxed kernel (or one on ``--kernel-gateway``) and
-runs ``1 + 1`` (and asks CUDA what it sees when GPUs are passed through), and times a forked kernel.
-The report is text (or ``--json``); exit status 0 means ``kernmind serve`` can run here.
+"""``kernmind doctor``: what this machine can run, checked for real (one sandboxed kernel runs
+``1 + 1``, a forked kernel is timed). Exit status 0 means ``kernmind serve`` can run here.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Bounds on the free-text tool arguments that drive work in the server itself.
-
-Unbounded, one call (a 10 MB glob pattern or query) could keep the server's CPU busy for everyone.
-Each bound is far above real use, goes into the tool's input schema, and a longer value is refused
-before any work (tool_arguments.py).
+"""Bounds on the free-text tool arguments that drive work in the server itself (a 10 MB glob
+pattern or query would keep the CPU busy for everyone): far above real use, in the input schema,
+refused before any work (tool_arguments.py).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Who is calling: a principal, and how a request finds its principal.
+"""Who is calling: a principal, and how a request finds its principal (docs/security.md).
 
-Design: a ``Principal`` is a name, roles and a data key (``owner``, what its data is kept under).
-Over stdio the caller is ``LOCAL``; over HTTP whoever the bearer token names (``--token`` is
-``SHARED_TOKEN``, the stdio user's data key). While a request is handled ``current_principal()``
-is its caller (``identify_callers``). Another principal's data is simply not there; an ``admin``
-sees everything (docs/security.md).
-
+Design: a ``Principal`` is a name, roles and a data key (``owner``); stdio is ``LOCAL``, HTTP whoever
+the bearer token names; ``current_principal()`` is the request's caller.
 Error policy: nothing here refuses; a request without a principal is ``LOCAL``'s.
 """
 

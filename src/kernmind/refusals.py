@@ -1,11 +1,7 @@
 """Refusals: the errors a caller can act on, one family for the whole server.
 
-Design: a ``Refusal``'s ``str()`` is one sentence for the caller: what was wrong and what to do.
-Every part raises its own subclass (nothing here imports a part) and only the error boundary
-(boundary.py) turns them into tool, resource or prompt errors; anything else is a server fault.
-``missing = True`` marks one saying the thing asked for does not exist ("not found").
-
-Error policy: this module raises nothing.
+Design: a ``Refusal``'s ``str()`` is one sentence: what was wrong and what to do; only boundary.py
+turns them into client errors. ``missing = True`` marks a "not found". Error policy: raises nothing.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""Revocation: what running code checks, and the watch that ends a revoked principal's code.
+"""Revocation: what running code checks, and the watch that ends a revoked principal's code
+(docs/security.md).
 
-Design: while a server runs its tokens file is in force; whatever acts for a principal later asks
-``revoked(principal or key)`` (the refusal's sentence, or None). ``watch_revocations`` polls the file
-and calls ``on_revoked(key, sentence)`` for each data key no live entry holds any more; a
-disappearance is looked at again ``REVOCATION_SETTLE`` later, so an editor truncating the file
-ends nobody's kernels. The file is the only record (docs/security.md).
-
-Error policy: the watch never raises; a failed turn is logged and the next looks again, and a
-principal whose code could not be ended is still refused by every check.
+Design: ``revoked(principal or key)`` gives the refusal's sentence or None; ``watch_revocations``
+polls the tokens file and looks again ``REVOCATION_SETTLE`` later, so an editor truncating the
+file ends nobody's kernels. Error policy: the watch never raises; a failed turn is logged.
 """
 
 from __future__ import annotations

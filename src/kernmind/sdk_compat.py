@@ -1,11 +1,8 @@
 """Every place kernmind reaches past the ``mcp`` SDK's public API, in one module.
 
-Design: each accessor names one private attribute of ``mcp>=2.3,<3`` and what needs it (the
-low-level server, the tool manager and argument validation, the request handlers the boundary
-replaces, session connections and subscriptions). Nothing else may use a private SDK attribute.
-
-Error policy: when an upgrade removes one, the accessor raises ``SDKIncompatible`` naming it;
-``tests/test_sdk_compat.py`` exercises every accessor on real SDK objects, so an upgrade fails there.
+Design: each accessor names one private attribute of ``mcp>=2.3,<3``; nothing else may use one.
+Error policy: an accessor whose attribute is gone raises ``SDKIncompatible`` naming it
+(``tests/test_sdk_compat.py`` exercises every accessor on real SDK objects).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """``create_server(settings) -> MCPServer``: kernmind's MCP server, wired from its parts.
 
-This module only wires: the executor and the memory store, their MCP surfaces, and a lifespan that
-starts and stops them. The error boundary (boundary.py) is installed outermost, so the hooks that
-run before a tool are inside it. Every long-lived task runs in a ``supervise.task_group``: one
-task's failure ends (or restarts) that task only. Tests use ``mcp.Client(create_server(settings))``.
+This module only wires (docs/architecture.md, ``server.py, supervise.py``). Tests use
+``mcp.Client(create_server(settings))``.
 """
 
 import contextlib

@@ -1,9 +1,5 @@
-"""What settings are declared with: their group, how they appear outside Python, and the form
-of a value both the settings and their consumer check (an origin).
-
-Design: a field of a settings model (``config.Settings``, ``agent.settings.AgentSettings``) may
-carry a ``Cli(...)`` annotation; ``settings_cli.py`` and ``settings_docs.py`` read it. Kept apart
-from ``config.py`` so that declaring settings, or reading an origin, needs nothing else.
+"""What settings are declared with: their group, how they appear outside Python (``Cli(...)``),
+and the form of an origin. Kept apart from ``config.py`` so declaring settings needs nothing else.
 
 Error policy: ``normal_origin`` answers None for what is not an origin; the caller refuses it.
 """

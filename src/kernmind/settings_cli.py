@@ -1,13 +1,9 @@
 """Settings on the command line, derived from the one declaration in ``config.py``.
 
-Design: each field of a settings model gives its flag and ``--help`` line, grouped for the
-subcommands that take its group (``COMMAND_GROUPS``), and the flags that give a child ``kernmind
-serve`` the same settings. A ``Literal`` becomes ``choices``, a ``bool`` ``--x/--no-x``, a repeatable
-list one flag per item, a dict or list JSON; anything else is text for pydantic, so a flag and its
-variable accept the same values.
-
-Error policy: ``describe_settings_error`` gives one sentence per refused setting naming its flag
-and variable; the CLI prints it and exits 2.
+Design: a ``Literal`` becomes ``choices``, a ``bool`` ``--x/--no-x``, a repeatable list one flag per
+item, a dict or list JSON; anything else is text for pydantic, so a flag and its variable accept the
+same values. Error policy: ``describe_settings_error`` gives one sentence per refused setting naming
+its flag and variable; the CLI prints it and exits 2.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """The settings tables of docs/configuration.md, generated from the settings models.
 
-Design: ``python -m kernmind.settings_docs`` prints the tables (one per settings group, then
-``kernmind agent``'s); ``--write docs/configuration.md`` replaces them between their markers. A
-test checks the page against them. Kept apart from ``settings_cli.py`` so that the command line
-(which the agent package uses) does not depend on the agent's settings.
-
-Error policy: a page without the server table's markers is refused (``ValueError``).
+Design: ``--write docs/configuration.md`` replaces them between their markers (a test checks the
+page). Error policy: a page without the server table's markers is refused (``ValueError``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""``kernmind tokens add NAME [--adopt [WHO]] | list | revoke NAME``: the principals of an HTTP deployment.
+"""``kernmind tokens add NAME [--adopt [WHO]] | list | revoke NAME`` (docs/security.md).
 
-A running server re-reads the file (``--tokens``, default ``<data dir>/tokens.json``) on change and
-ends a revoked principal's code by itself (revocation.py). ``add`` prints the token once, as the last
-word of its last line (``| tail -1 | awk '{print $NF}'``); ``list`` shows revoked principals and the
-data they left (docs/security.md).
-
+``add`` prints the token once, as the last word of its last line.
 Error policy: a problem the admin can fix prints one line to stderr and exits 2; the file is unchanged.
 """
 

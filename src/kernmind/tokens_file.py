@@ -1,12 +1,8 @@
 """The tokens file: principals by token digest, re-read when it changes, and bearer tokens.
 
-Design: JSON, mode 0600, holding only each token's SHA-256 digest (tokens are 256-bit random) with
-the principal's name, roles and data key. It is re-read when its mtime, size or inode changes (a
-``stat`` per request), so changes need no restart. Revoking keeps the data key; ``--adopt`` hands it
-to a new entry (docs/security.md).
-
-Error policy: a malformed file is a ``TokenFileError`` at start; after start an unreadable file
-keeps the last good contents and logs why, so a half-written edit locks no one out or in.
+Design: JSON, 0600, only each token's SHA-256 digest; re-read when its mtime, size or inode changes
+(docs/security.md). Error policy: a malformed file is a ``TokenFileError`` at start; after start an
+unreadable file keeps the last good contents and logs why.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Strict arguments for every tool of a server, checked in one place (so no new tool can forget them).
 
-Design: ``strict_tool_arguments(server)`` wraps ``tools/list`` (input schemas get
-``additionalProperties: false``, output schemas their definitions inlined) and ``tools/call``
-(arguments validated against the tool's model made strict: unknown names, non-finite numbers,
-strings or booleans for numbers, lone surrogates). The SDK is then handed the checked arguments,
-so a call is validated once. Tools own their bounds; this module words their violation.
-
-Error policy: a refusal is an ``isError`` result, one sentence per problem; the tool does not run.
+Design: ``strict_tool_arguments(server)`` wraps ``tools/list`` (``additionalProperties: false``,
+output schemas inlined) and ``tools/call`` (the tool's model made strict); the SDK gets the checked
+arguments, so a call is validated once. Error policy: a refusal is an ``isError`` result, one
+sentence per problem; the tool does not run.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""``kernmind ui``: the ``/ui`` pages on 127.0.0.1 for stdio users, with a one-time login link.
-
-Design: the HTTP transport's ``/ui`` app served alone on a loopback port (``--ui-port``), reading the
-data dir a stdio server writes (memory as a second writer; sessions and jobs from their records).
-The link printed to stderr is good for one login within ten minutes (docs/ui.md).
-
-Error policy: a port that cannot be bound is one line on stderr and exit code 1.
+"""``kernmind ui``: the ``/ui`` pages on 127.0.0.1 for stdio users, with a one-time login link
+(docs/ui.md). Error policy: a port that cannot be bound is one line on stderr and exit code 1.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Pydantic validation errors as sentences a person or a model can act on.
-
-Pydantic's own text (``1 validation error for run_codeArguments … For further
-information visit https://errors.pydantic.dev/…``) names internal model classes and
-links to a website. :func:`problem` turns one error into ``'timeout' must be a finite
-number, got 'NaN'``; callers name the thing (``'timeout'``, ``--timeout / KERNMIND_TIMEOUT``).
-Inputs are shown shortened (a 100 kB ``code`` argument is not echoed back).
+"""Pydantic validation errors as sentences a person or a model can act on: ``problem`` turns one into
+``'timeout' must be a finite number, got 'NaN'`` (no model class names, no links; inputs shortened).
 """
 
 from __future__ import annotations

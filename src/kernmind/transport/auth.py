@@ -1,12 +1,8 @@
 """Who an HTTP request comes from: the bearer-token check, and transport sessions bound to it.
 
-Design: ``BearerTokenMiddleware`` requires a bearer token naming a principal (digests compared in
-constant time) and puts it in the ASGI scope for the tools and as the SDK's ``AuthenticatedUser``,
-so each ``Mcp-Session-Id`` is bound to its principal (another's reads as unknown).
-``redact_session_ids`` logs session ids as short digests.
-
-Error policy: a refused request gets a 401 with a JSON body saying what to send; an unreadable
-tokens file refuses only the request that met it (503, a ref in the log).
+Design: the principal goes in the ASGI scope and is the SDK's ``AuthenticatedUser``, so each
+``Mcp-Session-Id`` is bound to its principal. Error policy: a refused request gets a 401 saying what
+to send; an unreadable tokens file refuses only the request that met it (503, a ref in the log).
 """
 
 from __future__ import annotations

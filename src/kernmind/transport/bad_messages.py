@@ -1,11 +1,7 @@
 """What a message that MCP cannot serve is told, on either transport (HTTP or stdio).
 
-Design: one place for the sentences, so the HTTP guard and the stdio reader refuse the same
-mistakes with the same words: what was wrong, that nothing was done, what to send instead.
-``decode`` turns anything (not UTF-8 or JSON, nested too deep, huge numbers) into "not one
-JSON-RPC message"; ``reply_id`` gives the id an answer may carry (the request's when it can be
-written back, else null).
-
+Design: one place for the sentences, so both transports refuse the same mistakes in the same words;
+``reply_id`` is the request's id when it can be written back, else null.
 Error policy: nothing here raises for any input.
 """
 

@@ -1,10 +1,8 @@
 """An orderly stop for Streamable HTTP: the requests in flight answer before the streams close.
 
 Design: stock uvicorn and sse-starlette close every stream within half a second of SIGTERM, so a
-running call never answers. Instead the first stop signal starts a drain (http.py): ``Drain``
-answers new requests with a 503 in words, running calls are interrupted, and the POSTs in flight
-get ``DRAIN_SECONDS`` to answer before uvicorn's shutdown. A GET is not waited for; a DELETE passes.
-
+running call never answers; here POSTs in flight get ``DRAIN_SECONDS`` (docs/architecture.md,
+"Start and stop"); a GET is not waited for, a DELETE passes.
 Error policy: a refused request gets a 503 with a JSON-RPC error body and ``Connection: close``.
 """
 

@@ -1,14 +1,9 @@
 """HTTP requests refused in words before the SDK's HTTP app: foreign browser origins and
-JSON-RPC that MCP cannot serve (docs/security.md).
+JSON-RPC that MCP cannot serve (docs/security.md, docs/troubleshooting.md).
 
-Design: ``OriginGuard`` answers a request whose ``Origin`` is neither the server's own nor one of
-``--allowed-origin`` with a 403, so a page on another origin (or one rebinding its DNS to 127.0.0.1)
-cannot drive the server through the user's browser; no ``Origin`` passes. ``JsonRpcGuard`` reads
-each POST body (up to ``max_body``) and answers what the SDK answers badly (an oversized body, a
-non-JSON type or body, a batch, an object id) with a JSON-RPC error saying what to send instead, in
-the words stdio uses (bad_messages.py); anything else reaches the SDK, its body replayed.
-
-Error policy: refusals never reach tools or state; a client gone before its refusal costs nothing.
+Design: ``JsonRpcGuard`` answers what the SDK answers badly in the words stdio uses
+(bad_messages.py), and replays the body of anything else. Error policy: refusals never reach tools
+or state; a client gone before its refusal costs nothing.
 """
 
 from __future__ import annotations

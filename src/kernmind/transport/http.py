@@ -1,13 +1,8 @@
 """MCP over Streamable HTTP at ``/mcp`` (uvicorn), behind the request guards and the token check.
 
-Design: from the outside in: ``LastResort`` (a 500 with a logged ref), the drain (drain.py), the
-bearer check (auth.py; a non-loopback address without a token is refused at start), ``OriginGuard``
-and ``JsonRpcGuard`` (guard.py), the SDK's app. The first SIGTERM/SIGINT drains (new requests get a
-503 in words, running calls are interrupted), then uvicorn shuts down, exit code 0; a second signal
-exits at once (docs/deployment.md).
-
-Error policy: one request's failure ends that request only; should the lifespan end while serving,
-the process exits with code 1 so a supervisor restarts it.
+Design: from the outside in: ``LastResort``, the drain, the bearer check, ``OriginGuard`` and
+``JsonRpcGuard``, the SDK's app (docs/deployment.md). Error policy: one request's failure ends that
+request only; should the lifespan end while serving, the process exits with code 1.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Running the server on a transport: stdio (stdio.py) or Streamable HTTP (http.py).
 
-Design: ``serve(settings) -> int`` runs one ``MCPServer`` whose lifespan (server.py) is left whatever
-ends the server. The sandbox and runtime probes start on daemon threads first, then the fork-server
-template, and only then is the MCP SDK imported (on the other core meanwhile).
-
-Error policy: a refused configuration prints one line to stderr and returns 2 (1 for a failure to
-start), never a traceback; anything unexpected propagates.
+Design: the sandbox and runtime probes start on threads first, then the fork-server template, and
+only then is the MCP SDK imported (on the other core meanwhile). Error policy: a refused
+configuration prints one line to stderr and returns 2 (1 for a failure to start), never a traceback.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""How a serving process stops: the signals, the second signal that exits at once, exit codes.
-
-Design: the first SIGTERM/SIGINT cancels the serving scope and the lifespan's shielded cleanup
-stops every kernel and closes the database; a second one exits at once (130/143; bubblewrap's
-``--die-with-parent`` takes the sandboxes down). ``serve`` returns 0, ``EXIT_REFUSED`` (2) or
-``EXIT_FAILED`` (1).
+"""How a serving process stops: the signals, the second signal that exits at once (130/143;
+bubblewrap's ``--die-with-parent`` takes the sandboxes down), exit codes (0, ``EXIT_REFUSED`` 2,
+``EXIT_FAILED`` 1).
 """
 
 from __future__ import annotations

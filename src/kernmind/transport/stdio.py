@@ -1,12 +1,8 @@
 """MCP on stdin/stdout: what desktop clients launch.
 
 Design: our own reader and writer instead of the SDK's ``stdio_server``, whose reader thread a
-signal cannot cancel and whose writer hops to a thread twice per answer. Stdin is read from a
-private duplicate of fd 0 (on the loop for a pipe or socket, else a daemon thread); answers go to a
-non-blocking duplicate of fd 1, and fd 1 then points at stderr so stray output misses the wire. A
-signal, stdin closing or stdout closing ends serving through the lifespan's cleanup (shutdown.py).
-
-Error policy: nothing on stdin raises out of here; an oversized line is read past and answered.
+signal cannot cancel and whose writer hops to a thread twice per answer; fd 1 then points at
+stderr so stray output misses the wire. Error policy: nothing on stdin raises out of here.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """JSON-RPC lines on stdio: each line a message in, each message a line out, every bad line answered.
 
-Design: the SDK drops a line its model refuses (not JSON or UTF-8, too deep, a batch, an object id
-…) and the client waits forever. Here each one, and each line past ``--max-request-mb``, is answered
-with a JSON-RPC error in the HTTP transport's words (bad_messages.py), with its own id where
-readable. The writer is supervised: a message that cannot be written as JSON is logged under a ref
-and, for a response, replaced by an internal error for its id.
-
-Error policy: nothing on stdin raises out of here; a closed stdout or a failure of the reader or
-writer stops serving in order (``on_closed``: cleanup runs, exit code 0).
+Design: the SDK drops a line its model refuses and the client waits forever; here each is answered
+in the HTTP transport's words (bad_messages.py). Error policy: nothing on stdin raises out of here;
+a closed stdout or a failure of the reader or writer stops serving in order (exit code 0).
 """
 
 from __future__ import annotations
