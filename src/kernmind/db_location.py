@@ -1,7 +1,5 @@
-"""Database locations as they may be shown: in logs, ``kernmind doctor`` and error messages.
-
-Memory and the shared session registry both open PostgreSQL URLs; this leaf module is what
-they share, so neither reaches into the other's package.
+"""Database locations as they may be shown (logs, ``kernmind doctor``, errors): a leaf module, so
+memory and the shared session registry need not reach into each other's package.
 """
 
 from __future__ import annotations
