@@ -1,11 +1,8 @@
 """Control groups per session: one memory and one process limit for all a session runs.
 
-Design (modes and limits: docs/security.md, "Where the limits come from")
-- Every process a session starts joins its group at birth (``Sandbox.wrap(join=...)``; a
-  fork-server waiter writes itself in before it forks). v2 sets ``memory.max``, no swap,
-  ``oom.group`` and ``pids.max`` with processes in the leaf ``procs``; v1 has no ``oom.group``
-  (the supervisor kills). The server's ``cpu`` group weighs all sandboxes as one process group.
-- Groups live in ``kernmind-<pid>-<start time>-<random>`` (leftovers: ``cgroup_leftovers.py``).
+Design (modes, limits, joining at birth: docs/security.md, "Where the limits come from"): v2
+keeps a group's processes in the leaf ``procs``; v1 has no ``oom.group`` (the supervisor kills).
+Groups live in ``kernmind-<pid>-<start time>-<random>`` (leftovers: ``cgroup_leftovers.py``).
 
 Error policy: detection never raises (``--cgroups required`` makes mode ``none``
 ``CgroupsUnavailable``); making a group raises ``OSError`` (callers warn and go on without);

@@ -1,12 +1,10 @@
-"""The fork server: one template process per kernel environment that forks fresh kernels.
+"""The fork server: one template process per kernel environment that forks fresh kernels
+(docs/architecture.md, "Fresh interpreters come from a fork server").
 
-Design
-- The template (``template.py``) imports ipykernel and the heavy modules once; each fresh
-  kernel is a fork of it in a normal sandbox, for a fraction of a boot's CPU. This module
-  starts it (clean environment, private directory, one control socket), keeps its channels
-  (and its snapshot's while it preloads) and restarts it; kernels survive its death.
-- ``template()`` returns it from ``hello``, ``settled()`` once the preloads are in;
-  ``prelaunch()`` starts it before the event loop runs, ``running()`` adopts it.
+Design: this module starts the template (``template.py``; clean environment, private directory,
+one control socket), keeps its channels (and its snapshot's while it preloads) and restarts it.
+``prelaunch()`` starts it before the event loop runs, ``running()`` adopts it; ``template()``
+returns it from ``hello``, ``settled()`` once the preloads are in.
 
 Error policy: ``template()`` is None while no usable template exists (``status()`` says why):
 callers start kernels the normal way. A dead template restarts at most once per

@@ -2,10 +2,8 @@
 
 Runs as a script on the kernel Python: standard library and ipykernel only, never kernmind.
 
-Design
-- Imports ipykernel and what a kernel's start imports, ``gc.freeze``s and says ``hello``; then
-  imports the ``preload`` modules between requests and says ``preloaded``. Meanwhile a
-  snapshot forked before them serves spawns.
+Design (docs/architecture.md, "Fresh interpreters come from a fork server")
+- ``gc.freeze``s after the kernel's own imports and says ``hello``, then ``preloaded``.
 - At fork time it holds no thread, no zmq context, no event loop and one socket; a spawn is
   refused while it runs more than one thread.
 - A spawn forks a waiter (C1) into the placeholder sandbox the server started, which forks the
