@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
+import sys
 from typing import Any
 
 import mcp
@@ -166,3 +168,29 @@ def test_validate_arguments_with_takes_the_sdks_validation_of_one_tool() -> None
     sdk_compat.validate_arguments_with(tool, validate)
     assert tool.fn_metadata.validate_arguments({"n": "3"}) == {"n": 3}  # the SDK's own, through ours
     assert seen == [{"n": "3"}]
+
+
+def _python(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_the_console_script_keeps_jsonschema_from_compiling_the_iri_grammar() -> None:
+    """rfc3987_syntax compiles an Earley grammar when jsonschema imports it (seconds, at a client's
+    first tool call or a first notebook export): ``kernmind`` blocks it first thing, whatever the
+    subcommand, and jsonschema still checks a result against its schema."""
+    blocked = _python(
+        "import sys\n"
+        "from kernmind.cli import main\n"
+        "try:\n"
+        "    main(['--version'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "import jsonschema\n"
+        "schema = {'type': 'object', 'properties': {'n': {'type': 'integer'}}, 'required': ['n']}\n"
+        "v = jsonschema.validators.validator_for(schema)(schema)\n"
+        "print(sys.modules['rfc3987_syntax'], 'iri' in jsonschema.FormatChecker.checkers,"
+        " v.is_valid({'n': 1}), v.is_valid({'n': 'x'}))\n"
+    )
+    assert blocked.splitlines()[-1] == "None False True False", blocked

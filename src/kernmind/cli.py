@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from kernmind import __version__
+from kernmind.sdk_compat import skip_iri_syntax_checker
 from kernmind.settings_cli import COMMAND_GROUPS, describe_settings_error, settings_from_args, settings_parent
 
 log = logging.getLogger("kernmind")
@@ -78,6 +79,7 @@ def configure_logging(level: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    skip_iri_syntax_checker()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         argv = ["serve"]  # what desktop clients that launch plain `kernmind` expect

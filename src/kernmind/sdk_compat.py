@@ -7,6 +7,7 @@ Error policy: an accessor whose attribute is gone raises ``SDKIncompatible`` nam
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,6 +30,14 @@ def _private(obj: Any, attribute: str, needed_for: str) -> Any:
             f"mcp {version('mcp')}: {type(obj).__name__} has no attribute {attribute!r}, which kernmind "
             f"uses for {needed_for} (see kernmind/sdk_compat.py); this SDK version is not supported yet"
         ) from None
+
+
+def skip_iri_syntax_checker() -> None:
+    """Keep ``jsonschema`` (the SDK client's output-schema check, nbformat's validation) from
+    importing ``rfc3987_syntax``, which compiles an Earley grammar at import: seconds of a first
+    tool call or notebook export (benchmarks/README.md). Neither checks formats, so no IRI is ever
+    checked; in a process that imported it already, nothing changes."""
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # None: "not importable"
 
 
 def lowlevel_server(server: MCPServer) -> Server[Any]:
