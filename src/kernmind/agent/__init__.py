@@ -1,8 +1,5 @@
-"""The bundled agent loop: an OpenAI-compatible chat model driving MCP servers (docs/agent.md).
-
-Python API: ``async with Agent(AgentConfig(model=…, servers=[kernmind_server_spec(Settings())])) as
-agent: result = await agent.run("What is 2**100?")``.
-"""
+"""The bundled agent loop: an OpenAI-compatible chat model driving MCP servers (docs/agent.md,
+its Python API too)."""
 
 from __future__ import annotations
 
