@@ -3,7 +3,8 @@
 
 Design: ``revoked(principal or key)`` gives the refusal's sentence or None; ``watch_revocations``
 polls the tokens file and looks again ``REVOCATION_SETTLE`` later, so an editor truncating the
-file ends nobody's kernels. Error policy: the watch never raises; a failed turn is logged.
+file ends nobody's kernels. Error policy: the watch never raises; a failed turn is logged, and a
+principal whose code could not be ended is still refused by every check.
 """
 
 from __future__ import annotations

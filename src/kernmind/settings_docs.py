@@ -1,7 +1,8 @@
 """The settings tables of docs/configuration.md, generated from the settings models.
 
 Design: ``--write docs/configuration.md`` replaces them between their markers (a test checks the
-page). Error policy: a page without the server table's markers is refused (``ValueError``).
+page). Kept apart from settings_cli.py, so the command line does not depend on the agent's
+settings. Error policy: a page without the server table's markers is refused (``ValueError``).
 """
 
 from __future__ import annotations

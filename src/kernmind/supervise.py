@@ -1,9 +1,9 @@
 """Supervision: one task's failure ends that task (or restarts it), never its neighbours.
 
-Design: ``guarded`` runs a one-shot task that logs a failure with a ref; ``service`` one restarted
-after ``RESTART_PAUSE`` (doubled after each quick failure up to ``MAX_PAUSE``).
-Error policy: ``Exception`` (and groups of them) is logged; cancellation and other
-``BaseException``s pass, so stopping the server still stops everything.
+Design: an anyio task group cancels all its tasks when one raises; ``guarded`` runs a one-shot task
+that logs a failure with a ref, ``service`` one restarted after ``RESTART_PAUSE`` (doubled after
+each quick failure up to ``MAX_PAUSE``). Error policy: ``Exception`` (and groups of them) is logged;
+cancellation and other ``BaseException``s pass, so stopping the server still stops everything.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The tokens file: principals by token digest, re-read when it changes, and bearer tokens.
 
-Design: JSON, 0600, only each token's SHA-256 digest; re-read when its mtime, size or inode changes
-(docs/security.md). Error policy: a malformed file is a ``TokenFileError`` at start; after start an
-unreadable file keeps the last good contents and logs why.
+Design: JSON, 0600, only each token's SHA-256 digest (tokens are 256-bit random); re-read when its
+mtime, size or inode changes (docs/security.md). Error policy: a malformed file is a
+``TokenFileError`` at start; after start an unreadable file keeps the last good contents and logs
+why, so a half-written edit locks no one out or in.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """MCP over Streamable HTTP at ``/mcp`` (uvicorn), behind the request guards and the token check.
 
 Design: from the outside in: ``LastResort``, the drain, the bearer check, ``OriginGuard`` and
-``JsonRpcGuard``, the SDK's app (docs/deployment.md). Error policy: one request's failure ends that
-request only; should the lifespan end while serving, the process exits with code 1.
+``JsonRpcGuard``, the SDK's app; signals and the drain: docs/architecture.md, "Start and stop".
+Error policy: one request's failure ends that request only; should the lifespan end while serving,
+the process exits with code 1.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A cap on the handshake-era MCP sessions each principal holds open over HTTP.
 
 Design: the SDK keeps up to 10,000 sessions for the whole server, so one principal could take every
-slot; past ``PER_PRINCIPAL`` an opening request is refused (not for the 2026 era, ``--token`` or the
+slot; sessions are counted from what passes here (erring towards letting a client in), and past
+``PER_PRINCIPAL`` an opening request is refused (not for the 2026 era, ``--token`` or the
 local user). Error policy: a refused opening gets HTTP 429 and a JSON-RPC error saying what to do.
 """
 

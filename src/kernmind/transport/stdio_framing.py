@@ -2,7 +2,8 @@
 
 Design: the SDK drops a line its model refuses and the client waits forever; here each is answered
 in the HTTP transport's words (bad_messages.py). Error policy: nothing on stdin raises out of here;
-a closed stdout or a failure of the reader or writer stops serving in order (exit code 0).
+a message that cannot be written as JSON is logged under a ref (a response: an internal error for
+its id); a closed stdout or a failed reader or writer stops serving in order (exit code 0).
 """
 
 from __future__ import annotations
