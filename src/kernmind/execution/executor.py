@@ -1,21 +1,12 @@
-"""The executor: the one object the tools talk to for everything that runs code.
+"""The executor: the one object the tools (and the /ui pages) talk to for everything that runs code.
 
-Design (a call's path, and which part writes which state: docs/architecture.md)
-- Built from parts: ``Executor(settings, factory=…, sandbox=…, store=…)`` takes the factory
-  Python's kernels come from, the sandbox and the session store (a fake kernel factory in
-  tests); ``from_settings`` builds the real server's: bubblewrap, control groups, local or
-  forked kernels, or a kernel gateway (``remote.py``).
-- A call: tool → ``run`` → ``sessions.hold`` → ``supervise`` → runner → kernel, then
-  ``sessions.record``. ``install`` takes the same path to the session (``installs.py``).
-  The tools and the /ui pages use this class's public methods only; the registry calls back
-  through ``Hooks`` (open a home, release, suspend, autosave a session's runners).
-- ``running()`` starts the warm pool, the reaper, the jobs and the revocation watch and, on
-  exit, cancels jobs, unloads every session (variables saved, files kept), stops every
-  runner and removes the run directory.
+Design: built from parts, ``Executor(settings, factory=…, sandbox=…, store=…)`` (fake kernels in
+tests), or ``from_settings`` for the real server (``parts.py``, ``remote.py``); a call's path, who
+writes which state and what ``running()`` starts and stops: docs/architecture.md. The registry
+calls back through ``Hooks`` (open a home, release, suspend, autosave).
 
-Error policy: what the model can fix (unknown or uninstalled language, bad session id or time
-limit, too many sessions) raises a ``ValueError`` subclass with a sentence; a runtime that
-cannot be started raises ``RuntimeUnavailable``.
+Error policy: what the model can fix (language, session id, time limit, too many sessions) raises
+a ``ValueError`` subclass with a sentence; a runtime that cannot start raises ``RuntimeUnavailable``.
 """
 
 from __future__ import annotations

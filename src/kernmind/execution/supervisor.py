@@ -1,45 +1,17 @@
 """One supervisor for every runner: the rules of a ``run_code`` call, written once.
 
-``supervise(runner, call, progress=…)`` runs ``runner.execute(call)`` and around it:
+``supervise(runner, call, progress=…)`` runs ``runner.execute(call)`` within the call's time
+limit, workspace quota (``sandbox/quota.py``) and session memory (``sandbox/limits.py``; while
+it runs, ``current_limits`` puts every sandbox it starts in the session's group), sends progress
+about once a second, stops for ``close_session``, a server stop or a revoked principal, and
+turns what the call produced into one ``RunResult`` (what callers see: docs/tools.md, "Limits
+are per session"; the quota: docs/security.md, "The disk").
 
-- **Time limit**: at ``call.timeout`` the run is cancelled and the runner interrupts the
-  code; ``status: "timeout"``, and ``state_preserved`` says whether the session's state
-  survived (the runner decides: interrupted cleanly, replaced, or a process killed).
-- **Workspace quota** (``quota.py``): measured before the call (unless nothing of the
-  session can have written since the last measurement) and after it; over the quota, the
-  session's writes are blocked by the kernel (RLIMIT_FSIZE 0) and every result says how far
-  over it is and what to delete. While the code runs, the size is sampled (every 0.5 s, less
-  often when the tree is so big that checking costs: the period is kept at ≥ 5× the time one
-  check takes); growing it past the quota blocks writes and stops the code with
-  ``WorkspaceQuotaExceeded``. Code that does not grow it (clean-up) runs even when over.
-- **Session memory** (``sandbox/limits.py``): where the session has a control group, the
-  kernel's out-of-memory killer counts for it; when it stopped a process of the session
-  (during the call, or between calls), the rest of the session is stopped too and the
-  result says so (``MemoryLimitExceeded``). While the runner runs, ``current_limits`` names
-  the session's limits, so every sandbox it starts joins the session's group.
-- **Progress**: about once a second, the latest output line (or elapsed time).
-- **Closing**: ``close_session`` cancels the call's scope; the result is ``SessionClosed``
-  (``ServerShuttingDown`` when an orderly server stop interrupted it, ``Executor.stop_calls``;
-  ``PrincipalRevoked`` when its principal was revoked, ``Executor.end_principal``).
-- **Client cancellation** (or server shutdown): the code is interrupted, then the
-  cancellation propagates.
-- **The result**: one place turns what the call produced into a ``RunResult``: status,
-  error, output under the budget, notes, and the files the call created or changed
-  (one bounded scan of the working directory, see ``filescan.py``).
-
-Design: the per-call cost
-- A call that lasts ``MEMORY_PERIOD`` gets a watcher task (``watch``), started by a timer of
-  the event loop: it checks the session's memory every ``MEMORY_PERIOD`` and starts the quota
-  sampler and the progress ticker. A short call (the usual one) starts no task, so ending it
-  waits for no cancelled task to finish (the memory is looked at once more after every call).
-- The change scan and the quota's measurements before and after the call read the inotify
-  trackers (``Workspace.scan_now``, ``quota.measure_now``) on the event loop when they have
-  nothing to look at; only a call that left events (it wrote files) or a directory without a
-  tracker takes them off the loop. So after a call that wrote nothing the result costs no
-  thread hop and no walk.
-- Of the session this module writes ``session.running`` and its working directory's scan
-  baseline (``last_scan``), nothing else (see the table in ``executor.py``); ``quota.py``
-  keeps the measurements in ``session.limits``.
+Design: a short call (the usual one) starts no task: the watcher (memory, quota sampler,
+progress ticker) starts only once the call has run ``MEMORY_PERIOD``, and the scans read the
+inotify trackers on the event loop when they have nothing to look at (docs/architecture.md,
+"A run_code call", steps 4 and 6). Of the session this module writes ``session.running`` and
+its working directory's ``last_scan``, nothing else.
 """
 
 from __future__ import annotations
@@ -57,6 +29,7 @@ from kernmind.execution.errors import SessionError
 from kernmind.execution.kept_output import MAX_KEPT, OutputFile
 from kernmind.execution.results import FileInfo, RunResult
 from kernmind.execution.runners.base import Call, Runner
+from kernmind.execution.runners.core import HELPER_PREFIX
 from kernmind.execution.sandbox import quota as workspace_quota
 from kernmind.execution.sandbox.confined import guess_mime
 from kernmind.execution.sandbox.filescan import Scan, changed_since
@@ -67,13 +40,12 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[str, float], Awaitable[None]]
 
-QUOTA_PERIOD = 0.5  # seconds between workspace size checks while code runs (at least)
+QUOTA_PERIOD = 0.5  # seconds between workspace size checks while code runs (≥ 5× a check's own time)
 MEMORY_PERIOD = 0.25  # seconds between looks at the session's out-of-memory count while code runs
 OOM_COUNT_GRACE = 1.0  # seconds to look again for the killer's count after a process died killed
 PREPARE_GRACE = 90.0  # seconds a runner may take to get an interpreter ready before the code starts
 SCAN_BUDGET = 0.25  # seconds the post-call change scan may take
 MAX_LISTED_FILES = 50
-HELPER_PREFIX = ".km-"  # runners' hidden per-call files and caches
 
 
 async def supervise(

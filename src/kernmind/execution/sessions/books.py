@@ -1,38 +1,23 @@
 """The books a stored session keeps on disk — its history and meta — written on a disk that may be full.
 
-The registry (``sessions/registry.py``) says *when* something happened to a session's home:
-after each call and when a call lets it go (``touch``: the call's history line; its meta —
-last used, size, unsaved variables — with the call when the call left variables unsaved or
-changed its size, else a moment later, off the call's path), when it is unloaded (its final
-meta), and on the reaper's turns (what could not be written before). This module decides
-how and does the writing, so that none of it can stop the server:
+The registry says *when* (``touch`` after each call, an unload, the reaper's turns); this module
+decides how, so that none of it can stop the server (when each lands: docs/architecture.md, "A
+run_code call", step 6).
 
-- **Nothing raises.** A history line that cannot be appended is said in the call's notes
-  (``the disk is full: could not record this call …``), and so is a meta that cannot be
-  written; the server goes on.
-- **A meta that could not be written is written at the next chance.** A live session is
-  marked (``Session.meta_unsaved``) and its meta is written on the reaper's next turn or at
-  its next call. An unloaded session's meta is kept here (``unsaved``) and written on the
-  reaper's turns (taking and releasing the session's lock: another server that has loaded
-  the session meanwhile keeps its own, newer meta), or used when this server loads the
-  session again. So the server recovers by itself once space is freed.
-- **A call's history line is written after its answer** when the disk has room
-  (``record_later``): one writer per session, in call order; ``flush`` waits for it
-  (``export_notebook``, unloading, closing). A line that then cannot be written is said in
-  the session's next call. The line is appended on the event loop, while the server waits for
-  the next request, not on a worker thread: a thread that runs Python (the line's dump) while
-  the next call runs holds the interpreter lock the call needs, and a hop to a thread and back
-  costs more than appending one line (the server's CPU per call, benchmarks/README.md). The
-  loop already asks this disk for its free space on every call; a disk that once takes
-  longer than ``SLOW_WRITE`` for a line has its lines written on a worker thread from then
-  on, so a disk that blocks (a network file system) never holds the loop twice. On a disk
-  with less than ``HISTORY_ROOM`` free (one ``statvfs``) the line is written before the
-  answer, as the meta is, so a call that filled the disk says itself that it was not recorded.
-- **The reserve.** Meta writes may use the data disk's reserve (``diskio.Reserve``): when
-  the disk is full, the reserve is given up and the write tried once more.
+Design
+- Nothing raises: a history line or a meta that cannot be written is said in the call's notes.
+- A meta not written is written at the next chance: a live session is marked
+  (``Session.meta_unsaved``) for the reaper's next turn or its next call; an unloaded session's
+  is kept here (``unsaved``) and written on the reaper's turns under the session's lock (another
+  server that loaded it meanwhile keeps its own, newer meta).
+- A call's history line follows its answer (``record_later``: one writer per session, in call
+  order; ``flush`` waits for it), on the event loop: a thread running Python while the next call
+  runs would hold the interpreter lock it needs (benchmarks/README.md). A disk once slower than
+  ``SLOW_WRITE`` gets its lines on a worker thread from then on; below ``HISTORY_ROOM`` free the
+  line goes before the answer. Meta writes may give up the disk's reserve (``diskio.Reserve``).
 
-Error policy: every method here logs what fails and returns; the first failure of a session
-is a warning, the retries are at debug level.
+Error policy: every method here logs what fails and returns; the first failure of a session is
+a warning, the retries are at debug level.
 """
 
 from __future__ import annotations

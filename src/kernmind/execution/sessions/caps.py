@@ -1,21 +1,10 @@
-"""Caps on live sessions: each principal's share, and the server-wide bound an admin sets.
+"""Caps on live sessions: each principal's share, and the server-wide bound an admin sets
+(what counts, and making room instead of refusing: docs/tools.md, "Caps on live sessions").
 
-Design
-- What counts against a principal (an owner): every live session of it, every session a
-  background job has reserved (it is about to be loaded), and every ``--stateless`` call or
-  job in flight (each holds a sandbox of its own). Each owner may have ``per_owner`` of
-  these (``--max-sessions-per-principal``), all owners together ``total``
-  (``--max-sessions``).
-- Making room instead of refusing: past a bound, the least recently used *idle* live
-  session is unloaded, exactly as the idle reaper would later (variables saved, files kept,
-  its next call resumes it and says so). At its own cap the caller gives up its least
-  recently used idle session; at the server-wide bound the owner holding the most sessions
-  does, so a principal under its share does not pay for the others. Never unloaded to make
-  room: a session running a call, one a job holds, one without a stored home.
-- A refusal names only the caller's sessions and says what to do; a refusal by the
-  server-wide bound says that it is the server's bound, without naming anyone else's.
-- ``Caps`` decides, and owns the ``--stateless`` slots; the registry acts on what it says
-  (it unloads a session to make room through its one way out).
+Design: ``Caps`` decides (and owns the ``--stateless`` slots); the registry acts on what it says,
+unloading a session to make room through its one way out. Never unloaded to make room: a session
+running a call, one a job holds, one without a stored home. A refusal names only the caller's
+sessions; one by the server-wide bound names no one else's.
 
 Error policy: refusals are ``SessionError`` (a ``ValueError``) with a sentence.
 """

@@ -1,28 +1,14 @@
-"""Each client its own default session: calls without ``session_id`` go to the caller's.
-
-Two desktop clients (say Claude Desktop and an IDE) each start their own ``kernmind serve`` on
-the same data directory. With one ``default`` session for everyone, the second server's calls
-without ``session_id`` were refused while the first held it ("in use by another kernmind
-server"), and a client's first call could restore another client's variables.
+"""Each client its own default session: calls without ``session_id`` go to the caller's
+(naming and the same app launched twice: docs/tools.md, under ``run_code``).
 
 Design
-- The default session of a client is named from the ``clientInfo.name`` it gave at the
-  handshake (or in the request's ``_meta`` on the 2026-07-28 protocol): ``default-<name>``,
-  lower-cased, with every run of other characters than letters, digits, ``.``, ``_`` and ``-``
-  made one ``-`` (``Claude Desktop`` → ``default-claude-desktop``). A name with letters or
-  digits but none of them ASCII (``é`` × 500) is named by a short digest of it
-  (``default-u-3f2a9c1b``), so such clients do not share one session. A client that gives no
-  name keeps ``default``. A ``session_id`` the caller names is never changed, so
-  ``session_id="default"`` still reaches the shared ``default`` session.
+- The name comes from the ``clientInfo.name`` given at the handshake (or in the request's
+  ``_meta`` on the 2026-07-28 protocol); a ``session_id`` the caller names is never changed.
 - While a tool call is handled, ``client_default()`` is the caller's default session id
-  (``session_tools.address`` uses it whenever ``session_id`` is left out); outside a call, or
-  on a ``--stateless`` server (where no session is kept), it is None: the plain ``default``.
-- **The same app launched twice.** Desktop and IDE clients start one stdio server per window,
-  all with one client name and one data dir. When a client's default session is held by
-  another live server there (its lock, ``disk_store.held_elsewhere``), this server uses its
-  own: ``default-<client>-2`` (``-3``, … when that is held too), loaded at once with a note that
-  the call's result carries, and keeps it for its whole life (so its variables stay its own,
-  even after the other server stops). What each server held is stored as before.
+  (``session_tools.address`` uses it); outside a call, or on a ``--stateless`` server, it is
+  None: the plain ``default``.
+- A default held by another live server on the data dir (``disk_store.held_elsewhere``) gets a
+  substitute, ``default-<client>-2`` (``-3``, …), kept for this server's whole life.
 
 Error policy: a name that leaves nothing once cleaned (only punctuation) is no name. Finding a
 substitute never fails a call: when none can be had (every candidate held, a cap, a full disk)

@@ -1,31 +1,15 @@
 """Stored sessions: where a named session's files, variables and history live between servers.
 
-Layout, under the data dir (``<data dir>/sessions``)::
+Layout (``<data dir>/sessions/<owner>/<session_id>/``) and why: docs/architecture.md, "A
+session's files live where its kernel writes"; what callers see: docs/tools.md, "Sessions that last".
 
-    sessions/<owner>/<session_id>/
-        files/        the working directory (bound at /workspace in the sandbox)
-        .attach/      only while a kernel's directory is being moved into place (see below)
-        state/        namespace.pkl: the saved variables, written by the session's kernel in its
-                      runtime directory and moved here by the server (earlier versions kept them
-                      in files/.km-state, where the kernel's os.listdir() showed them; moved here
-                      when such a session is loaded)
-        .lock         flock'd by the server that has the session live
-        meta.json     created, last used, size, file count, snapshot facts (written by the server)
-        history.jsonl the session's calls, for export_notebook (written by the server)
-        packages/     its installed packages, hard links (written by the server: packages/stored.py)
-
-Design (docs/architecture.md, "A session's files live where its kernel writes")
-- ``owner`` is the principal's data key (``local``: the stdio user and the server's own
-  ``--token``; an earlier version's ``default`` is moved to ``local`` at open).
-- One server per session: a server that loads a session holds a non-blocking ``flock`` on its
-  ``.lock`` while it is live (the kernel drops it however the process dies); another server
-  asking for it is refused with the holder's pid, and ``rm``/``prune`` skip a locked session.
-- ``rebind(home, spare)`` moves a warm kernel's empty directory into place (renames, no
-  copies); a crash half-way is put back together by ``recover()`` at the next load.
-- ``check_room`` refuses a new stored session at the owner's (or all owners') caps, naming the
-  owner's least recently used sessions (never another owner's).
-- Never followed, never waited on: a link, a directory or a FIFO where a file belongs is
-  refused at load (``check_layout``, with ``lstat``); bookkeeping goes through ``diskio``.
+Design
+- One server per session: it holds a non-blocking ``flock`` on ``.lock`` while the session is
+  live; another server is refused with the holder's pid, and ``rm``/``prune`` skip it.
+- ``rebind(home, spare)`` moves a warm kernel's empty directory into place (renames, no copies);
+  ``recover()`` mends a crash half-way at the next load.
+- A link, a directory or a FIFO where a file belongs is refused at load (``check_layout``, with
+  ``lstat``); bookkeeping goes through ``diskio``.
 
 Error policy: what the model can correct (a session held by another server, caps, a damaged
 session) raises ``SessionError`` with a sentence; an unreadable ``meta.json`` counts as

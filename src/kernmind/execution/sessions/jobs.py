@@ -1,43 +1,20 @@
-"""Background jobs: ``run_code`` calls that outlive the request that started them.
+"""Background jobs: ``run_code`` calls that outlive the request that started them (what a caller
+sees: docs/tools.md, "Background jobs").
 
-``Jobs.start(...)`` runs the call in the server's own task group, not the request's, and
-returns at once with a ``Job``: a client that disconnects or cancels its request does not
-stop it. Its limit is ``--max-job-seconds`` (not ``--max-timeout``). While it runs, its
-session is held (the registry refuses other calls to that session with the job's id), and
-``status()`` shows the output so far (the job's ``OutputCollector``, under the usual
-output budget); ``cancel()`` interrupts it like a client cancellation (the interpreter
-keeps its state when the interrupt works).
+Design
+- A job runs in the server's task group and holds its session from the start: ``start_held``
+  reserves it in the registry before the job takes the session's lock, so other calls are
+  refused with the job's id and the caps refuse when the job is asked for, not once it runs
+  (a ``--stateless`` job takes a slot: it holds a sandbox until it ends).
+- Each job is a record, ``<data dir>/jobs/<owner>/<id>.json`` (through ``diskio``: no link or FIFO
+  followed, written whole), at its start and end; a ``running`` record of a server whose run
+  directory's lock is free is ``lost``. ``jobs`` holds running jobs only, and those whose final
+  record a full disk has not let through yet (retried when jobs start or are looked up, and at
+  shutdown).
 
-**A job holds its session from the start.** ``start_held`` (what ``Executor.start_job``
-uses) reserves the job's session in the registry before the job gets the session's lock:
-until the job ends, other calls to it are refused with the job's id, and it counts against
-the caps on live sessions. A ``--stateless`` job takes a slot instead (it holds a sandbox
-until it ends). What the caps refuse is refused when the job is asked for, not once it runs.
-
-**Records that survive.** Each job is a small JSON file, ``<data dir>/jobs/<owner>/<id>.json``
-(the ``--token`` principal's finished records of earlier versions, under ``default``, move to
-``local`` at open: ``adopt_legacy_jobs``),
-written when it starts and when it ends (with its final result). ``status()`` of a job
-this server does not know reads that file, so a result survives a reconnect and a server
-restart. A record still marked ``running`` belongs to the server named in it: when that
-server is gone (its run directory's lock is free, see ``rundir.py``), the job is reported
-``lost``, because its interpreter died with the server; while it is alive, the answer says
-the job runs in that other server. A clean server stop cancels running jobs and records
-them as ``cancelled`` with their output so far. At most ``KEEP`` finished records per owner
-are kept.
-
-**Finished jobs leave memory.** ``jobs`` holds running jobs only: once a job's final record is
-on disk it is dropped, and ``status()`` reads it from there (a server that ran many jobs with
-large outputs does not keep every result in memory). A job whose final record could not be
-written (a full disk) stays in memory, the only copy of its result, until a later write
-succeeds (retried whenever jobs are started or looked up, and at shutdown).
-
-Records are read and written through ``diskio``: a link, a directory or a FIFO at a record's
-path is refused at once (never followed, never waited on), and a record is replaced whole.
-
-Error policy: an unknown job id, or a record that is not a readable file, raises ``JobError``
-(a ``ValueError``) with a sentence; a job that cannot be recorded when it starts (a full
-disk) is refused with a ``StorageError`` sentence and does not run.
+Error policy: an unknown job id, or a record that is not a readable file, raises ``JobError`` (a
+``ValueError``); a job that cannot be recorded when it starts is refused with a ``StorageError``
+sentence and does not run.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
-"""A session's history as a Jupyter notebook (nbformat 4), for ``export_notebook``.
+"""A session's history as a Jupyter notebook (nbformat 4), for ``export_notebook`` (which call
+becomes which cell: docs/tools.md, "Notebooks").
 
-Each recorded call becomes a cell, in order:
-
-- Python: a code cell with its execution count and outputs: ``stream`` (stdout, stderr),
-  ``display_data`` for displays, ``execute_result`` for the last expression's value (every
-  MIME form the result kept: text, PNG/JPEG, SVG, HTML, JSON, Markdown, LaTeX), and an
-  ``error`` output for an exception (a time-out or a killed interpreter is an error too).
-- Bash: a code cell with the ``%%bash`` cell magic, so the notebook re-runs it.
-- Other languages (JavaScript, TypeScript, R, Java): a ``raw`` cell whose metadata names the
-  language (``kernmind.language``) and whose text starts with a comment saying so, with the
-  output kept in metadata: a Python kernel cannot run them, and Jupyter shows them as is.
-
-Every cell carries ``metadata.kernmind`` (language, status, duration). The notebook is
-checked with ``nbformat.validate`` before it is written.
-
-``export`` writes a live session's notebook into its working directory, after the history
-lines of its last calls (written just after their answers, ``books.py``) are on disk.
+Design: a time-out or a killed interpreter is an ``error`` output too; a raw cell of another
+language names it in ``metadata.kernmind.language`` and keeps its output in metadata; every cell
+carries ``metadata.kernmind`` (language, status, duration). ``export`` writes a live session's
+notebook after its last calls' history lines are on disk (``books.py``).
 
 Error policy: ``build`` raises ``ValueError`` when there is nothing to export (the tools
 turn it into a sentence); ``export`` refuses a session that keeps no history (a kernel

@@ -1,24 +1,14 @@
 """Which gateway kernel serves which session, in PostgreSQL, for every replica.
 
-One row per session, keyed by ``(owner, session_id)`` (the owner is the principal the
-session belongs to; ``local`` until principals exist): the gateway kernel's id, the
-directory on the shared volume that holds its files, its execution count, when it was
-last used, and a note for the session's next call (why its interpreter is gone).
+One row per ``(owner, session_id)``: the gateway kernel's id, its directory on the shared volume,
+its execution count, when it was last used, and a note for the session's next call.
 
-Design
-------
-* **Per-session ordering across replicas**: ``locked(owner, id)`` takes a session-level
-  advisory lock (``pg_advisory_lock(kind, hashtext(owner/id))``) on a connection held for
-  the whole call, so calls to one session run one at a time whichever replica gets them.
-  Locks are tied to the connection: a replica killed with SIGKILL loses its connections,
-  and PostgreSQL frees its locks at once, so its sessions stay usable through the others.
-  Two sessions whose names hash alike merely share a lock.
-* **Reaping once**: ``reaper_turn()`` holds a separate advisory lock on a long-lived
-  connection; only the replica holding it reaps idle sessions. When it dies the lock goes
-  with its connection and another replica takes over at its next tick.
-* psycopg 3 with its pool, as the memory backend (``memory/postgres.py``); the table is
-  created at open (``IF NOT EXISTS``, under an advisory lock, so replicas starting together
-  create it once).
+Design (docs/deployment.md, "Sessions live in PostgreSQL")
+- ``locked(owner, id)`` takes a session-level advisory lock on a connection held for the whole
+  call; a killed replica's locks go with its connections. Names that hash alike share a lock.
+- ``reaper_turn()`` holds another advisory lock on a long-lived connection: its holder reaps.
+- psycopg 3 with its pool, as ``memory/postgres.py``; the table is created at open under an
+  advisory lock (replicas starting together create it once).
 
 Error policy: database errors propagate (psycopg's messages name the server and the
 problem); the tool layer reports them.

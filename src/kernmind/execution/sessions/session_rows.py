@@ -1,17 +1,12 @@
 """``session_rows``: what ``list_sessions`` (and ``kernmind sessions``) shows of each session.
 
-Design: one row per session of an owner (of every owner for an admin), whichever way it
-exists: stored on disk (its meta: size, files, when its variables were saved), live in this
-server (its interpreter, whether it is busy, the background job that holds it, the latest
-scan of its files), or live in another server on the same data dir (``in_other_server``,
-with that server's pid). A live session's row is its stored row brought up to date; rows
-come most recently used first. Plain dicts: ``session_tools.py`` shapes them for the model.
-
-The live part is taken on the event loop (``live_rows``: a copy of what the registry holds,
-made in one go, never a view of its dicts), the stored part is read from the disk on a
-worker thread and the two are merged there (``session_rows``): the thread never iterates
-the registry's dicts while the loop changes them. A session this server is unloading holds
-its home's lock until it is done: it is shown as stored, not as another server's.
+Design: one row per session of an owner (of every owner for an admin), stored, live here, or
+live in another server on the data dir (``in_other_server``, with its pid); a live session's
+row is its stored row brought up to date; most recently used first; plain dicts, shaped for the
+model by ``session_tools.py``. The live part is copied on the event loop in one go
+(``live_rows``), the stored part read and merged on a worker thread (``session_rows``), so the
+thread never iterates the registry's dicts. A session being unloaded here (it holds its home's
+lock until done) is shown as stored, not as another server's.
 
 Error policy: none of its own: it reads what the registry and the store already hold.
 """

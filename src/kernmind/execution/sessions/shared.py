@@ -1,26 +1,13 @@
-"""Sessions shared by kernmind replicas: the session registry, backed by PostgreSQL.
+"""Sessions shared by kernmind replicas: the session registry, backed by PostgreSQL rows
+(``postgres_rows.py``) with ``--kernel-gateway`` and a PostgreSQL ``--db`` (what it does for an
+operator: docs/deployment.md, "Sessions live in PostgreSQL").
 
-With ``--kernel-gateway`` and ``--db postgresql://…`` every replica is a stateless front end:
-which gateway kernel serves a session, and which directory on the shared volume holds its
-files, is a row in the database (``sessions/postgres_rows.py``), so a call for session S that
-reaches replica B drives the kernel replica A started.
-
-``SharedSessionRegistry`` offers ``SessionRegistry``'s public methods (``hold``, ``load``,
-``close``, the reaper, ``unload_all``), so the executor, the runners and the tools are
-unchanged; both are a ``LiveSessions`` (``live.py``: this replica's handles on sessions, the
-caps, the jobs' reservations), and neither reaches into the other. It has no file store of
-its own (the volume and the database are what last). What differs:
-
-- ``hold(id)``: the local lock (calls on this replica), then the session's advisory lock
-  in PostgreSQL (calls on every replica), then the row is read and the local ``Session``
-  brought in line with it (attach to the recorded kernel, or note that it is gone); when
-  the call ends the row records the kernel and directory the session has now.
-- The cap on sessions counts the database's sessions, not this replica's.
-- Reaping is done once: the replica holding the reaper lock closes idle sessions for all
-  (a session in use is skipped); every replica only drops the connections it no longer needs.
-- Stopping a replica stops none of the shared sessions: their kernels and files stay for
-  the other replicas. ``close_session`` (from any replica) stops and deletes them; a session
-  running a call on another replica is closed when that call ends (its lock is held until then).
+Design: ``SharedSessionRegistry`` offers ``SessionRegistry``'s public methods, so the executor,
+runners and tools are unchanged; both are a ``LiveSessions`` (``live.py``) and neither reaches
+into the other. It has no file store (the volume and the database are what last). ``hold(id)``
+takes the local lock, then the session's advisory lock, then brings the local ``Session`` in
+line with its row (and records the row when the call ends); the cap counts the database's
+sessions; one replica reaps for all; stopping a replica stops none of the shared sessions.
 
 Error policy: as ``SessionRegistry`` (``SessionError`` for what the model can fix); a
 gateway that cannot be reached raises ``GatewayUnavailable``, a ``RuntimeUnavailable``.
