@@ -1,9 +1,6 @@
 """The creation guard: a running sandbox creates nothing while its session is over the quota.
 
-Design (docs/security.md, "The disk"; cost: benchmarks/README.md)
-- A loaded filter cannot change, so the creating calls go to a listener
-  (``SECCOMP_RET_USER_NOTIF``) held by a helper outside the sandbox (the fork server's waiter
-  or the lifeline), which lives exactly as long as the sandbox.
+Design (why a listener outside the sandbox: docs/security.md, "The disk"; cost: benchmarks/README.md)
 - ``Listener.answer`` reads only the caller's RLIMIT_FSIZE, never its arguments (they could
   change): soft 0 under a hard limit above 0 is the write block, answered EDQUOT.
 - Linux >= 5.5, x86_64 or aarch64, probed once per server; standard library only.

@@ -1,11 +1,8 @@
 """The workspace quota (``--workspace-mb``, ``--workspace-files``): measured around every call, enforced by the kernel.
 
-Design (docs/security.md, "The disk")
-- Counts the disk blocks and names in the working and runtime directories, and files held
-  without a name (``held_files.py``); measured after and before every call (cheaply when
-  nothing can have written) and sampled while code runs.
-- Over the quota, writes are blocked (RLIMIT_FSIZE 0, the filters and the creation guard);
-  code can still read, delete and truncate.
+Design (what counts and what is blocked: docs/security.md, "The disk"): measured after and
+before every call (cheaply when nothing can have written: trackers, ``io_mark``) and sampled
+while code runs.
 
 Error policy: a measurement that fails leaves the last one standing (logged); blocking skips
 processes that vanished.
