@@ -1,18 +1,12 @@
 """Archival memory: store, search and delete passages; search fuses full text with meaning.
 
-Design
-------
-What the tools promise (threads, ``occurred_at``, superseding, duplicates and near-duplicates,
-browsing by time): docs/tools.md, "Archival memory". Here: an insert checks for an exact duplicate
-(passages.py), embeds the text (recall.py), then writes while the near-duplicate check runs beside
-the write (an insert costs the longer of the two); a search ranks with recall.py, or with no query
-lists the newest passages, or a time range's or a thread's passages in order (``mode: "time"``).
+Design: what the tools promise: docs/tools.md, "Archival memory". An insert checks for an exact
+duplicate (passages.py) and embeds the text (recall.py), then writes while the near-duplicate check
+runs beside the write (an insert costs the longer of the two); a search ranks with recall.py, or with
+no query lists the newest passages, or a time range's or a thread's in order (``mode: "time"``).
 
-Error policy
-------------
-Bad arguments raise ``MemoryRefusal`` with what to do instead, and nothing is stored; an
-unavailable or failing embedder never fails a call (the passage is stored without a vector,
-embedded later), nor does a failing near-duplicate check (the note says it was skipped).
+Error policy: bad arguments raise ``MemoryRefusal`` and nothing is stored; a failing embedder or
+near-duplicate check never fails a call (stored without a vector, embedded later; the note says so).
 """
 
 from __future__ import annotations

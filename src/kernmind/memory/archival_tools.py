@@ -1,21 +1,12 @@
 """The archival tools (``archival_memory_*``) and ``conversation_search`` on an MCP server.
 
-Design
-------
-Thin wrappers over archival.py and conversations.py: arguments through their schemas, the
-search through :func:`errors.call` (refusals in the block tools' words), results as pydantic
-models (``outputSchema`` + ``structuredContent``). A search result says how it ranked
-(``mode``) and anything the caller should know (``note``: meaning search unavailable or
-still catching up, a query without searchable words, matches left out for the budget).
-Both searches go through the server's output budget (``budget.py``): conversation messages
-are clipped to ``MESSAGE_CLIP_CHARS`` each, and a search returns the matches that fit, with
-a note naming how to get the rest (archival search: the ``page`` and ``top_k`` that continue
-exactly where the answer stopped).
+Design: thin wrappers over archival.py and conversations.py (docs/tools.md, "Archival memory"):
+schemas check arguments, :func:`errors.call` words refusals, results are pydantic models. A search
+says how it ranked (``mode``) and what to know (``note``), and keeps to the output budget (budget.py):
+messages clipped to ``MESSAGE_CLIP_CHARS``, a note naming the ``page`` and ``top_k`` that continue.
 
-Error policy
-------------
-Bad arguments (dates, roles, ids, sizes) are refusals (``boundary.py`` answers them) saying what to send
-instead; an unavailable embedder never fails a call.
+Error policy: bad arguments are refusals saying what to send instead; an unavailable embedder never
+fails a call.
 """
 
 from __future__ import annotations

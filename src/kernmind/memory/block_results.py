@@ -1,19 +1,10 @@
-"""Memory blocks as the model sees them: result models of the block tools and the prompt layout
-(what each answer holds, and how it stays within the output budget: docs/tools.md, "Memory blocks").
+"""Memory blocks as the model sees them: the block tools' result models and the ``<memory_blocks>``
+prompt layout (what each answer holds, within the budget: docs/tools.md, "Memory blocks").
 
-Design
-------
-* Pydantic result models (``outputSchema`` + ``structuredContent``). A write echoes the block when
-  it is at most ``WRITE_ECHO_CHARS``, else an excerpt of the changed lines.
-* Every answer goes through the output budget (budget.py): whole lines, or the entries that fit,
-  with the ``view_range`` or ``offset`` that goes on.
-* :func:`render_blocks` is Letta's ``<memory_blocks>`` layout (``<description>``, ``<metadata>``,
-  ``<value>`` per label).
-
-Error policy
-------------
-Nothing here refuses anything except through the block rules (blocks.py): a ``view_range`` that
-does not fit the block.
+Design: pydantic models; a write echoes a block up to ``WRITE_ECHO_CHARS``, else an excerpt of the
+changed lines; every answer goes through budget.py (whole lines or entries, with the ``view_range``
+or ``offset`` that goes on). Error policy: only the block rules refuse (a ``view_range`` that does
+not fit the block: blocks.py).
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Memory blocks of one namespace, kept transactionally with versions, history and undo.
 
-Design
-------
-* Every write is a read-modify-write inside the database's write transaction: read the
-  row, apply the rules and the edit (blocks.py), write the new value with ``version + 1``
-  and a ``block_history`` row (when, operation, old value, new value). ``expected_version``
-  is checked inside that transaction, so two writers can never both win (no lost update).
-* ``undo`` walks the history back: it reverts the most recent change not yet undone, and
-  is itself recorded as a new version (op ``undo``), so an undo can be undone too. Undoing
-  a ``delete`` brings the block back with its description, limit and read-only flag;
-  undoing a ``create`` removes the block.
-* A fresh namespace is seeded with the configured default blocks once (op ``seed``); a
-  default block the agent deleted is not seeded again.
-* Operations are named with domain verbs (:class:`Verb`), which is also what ``op`` holds.
+Design: every write is a read-modify-write in the database's write transaction (the rules and the
+edit from blocks.py, ``version + 1``, a ``block_history`` row), ``expected_version`` checked inside it,
+so two writers never both win. ``undo`` reverts the latest change not yet undone and is itself a new
+version (op ``undo``: undoable too); a fresh namespace is seeded once with the default blocks (op
+``seed``), and a default block the agent deleted is not seeded again. Ops are :class:`Verb` names.
 
-Error policy
-------------
-Unknown labels, stale ``expected_version``, read-only blocks, limits, and the edits' own
-rules refuse with :class:`MemoryRefusal`; the transaction is rolled back, so a refused write
-changes nothing.
+Error policy: every refusal is a :class:`MemoryRefusal`; the transaction rolls back, so a refused
+write changes nothing.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The block tools (``memory_*``) and the ``memory`` tool (Anthropic's dialect) on an MCP server.
 
-Design
-------
-Thin wrappers: each tool validates its arguments through its schema, calls the namespace's
-blocks (block_store.py) or the memory directory (memory_tool.py) through
-:func:`errors.call` — the one place a refusal becomes a tool error, in the words of the
-surface that was called — shapes the result (block_results.py), and notifies subscribers of
-``memory://blocks/{label}`` (and of the listing when blocks appear or disappear).
-
-Error policy
-------------
-Refusals (answered as tool errors by ``boundary.py``) say what to do instead; a refused write changed
-nothing (the store's transaction was rolled back).
+Design: thin wrappers: schema-checked arguments, the blocks (block_store.py) or the memory directory
+(memory_tool.py) through :func:`errors.call` (refusals in the called surface's words), results from
+block_results.py, then a notification of ``memory://blocks/{label}`` (and of the listing when blocks
+appear or go). Error policy: refusals say what to do instead; a refused write changed nothing.
 """
 
 from __future__ import annotations

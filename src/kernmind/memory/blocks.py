@@ -1,18 +1,10 @@
 """The rules of memory blocks: valid labels, limits, read-only blocks, versions, and the edits.
 
-Design
-------
-Pure functions over :class:`BlockRow`: each edit (append, replace, insert, rethink) takes
-the current row and returns the new value or refuses; the checks every write shares
-(read-only, ``expected_version``, the limit) are here too, with the sentences they refuse
-with. The transactional store (block_store.py) runs them inside its write transaction,
-so a refusal always leaves the block as it was; the surfaces (tools, the memory-tool
-dialect, the CLI) render the refusals in their own words (errors.py).
-
-Error policy
-------------
-Every rule that fails raises :class:`MemoryRefusal` naming what was wrong, by how much,
-and what to do instead.
+Design: pure functions over :class:`BlockRow` (each edit returns the new value or refuses; the checks
+every write shares are here, with their sentences); block_store.py runs them inside its write
+transaction, and each surface renders their refusals in its own words (errors.py).
+Error policy: a failing rule raises :class:`MemoryRefusal` naming what was wrong, by how much, and
+what to do instead.
 """
 
 from __future__ import annotations

@@ -8,28 +8,14 @@ Usage::
     kernmind memory import FILE|- [--replace]
     kernmind memory migrate --from sqlite:PATH --to postgresql://… [--agent NAME]
 
-Each takes the memory settings flags (``--db``, ``--data-dir``, ``--agent``,
-``--embedding-model`` …) before or after the action, in any order with its arguments.
+Design: each action is its own subparser, so argparse never guesses which word is a file and which a
+flag's value; the settings flags (``--db``, ``--agent`` …) are declared on ``memory`` and on each
+action, absent when not given (``KERNMIND_*`` and the defaults fill in), so they go anywhere. Each
+search is a new process: the model loads only to embed passages or a query not in the on-disk cache
+(query_cache.py). Export leaves vectors out; import is one transaction.
 
-Design
-------
-Each action is its own subparser with its own positionals, so argparse never has to guess
-which word is a file and which a flag's value. The settings flags are declared on both the
-``memory`` parser and each action's parser, absent when not given, so a flag given at
-either level reaches ``Settings`` and one not given falls back to ``KERNMIND_*`` and the
-defaults. ``search`` ranks like the ``archival_memory_search`` tool (hybrid by default);
-passages without a vector of the current model are embedded first. Each search is a new
-process, so the model is loaded only when something needs it: passages to embed, or a query
-whose vector is not in the on-disk cache of query vectors (query_cache.py); a namespace with no
-passages is searched by words alone.
-Export writes the namespace's blocks and passages (not vectors, which the importing side
-recomputes); import goes into the ``--agent`` namespace in one transaction: all or nothing.
-
-Error policy
-------------
-Problems the user can fix (unreadable file, not an export, a label that exists without
-``--replace``, an unknown label) print one line to stderr and exit 1 (2 for a missing
-argument); the database is unchanged.
+Error policy: what the user can fix prints one line to stderr and exits 1 (2 for a missing argument);
+the database is unchanged.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
-"""Conversation memory: what was said, kept per namespace and searchable like archival memory.
+"""Conversation memory: what was said, kept per namespace and searchable like archival memory
+(docs/tools.md, "Conversation memory").
 
-Design
-------
-* A conversation is a row of ``conversations`` (an id, when it started) and its messages, in
-  order: ``user``, ``assistant`` (with the tool calls it made, written as text so they are
-  searchable), ``tool`` (a call's result) and ``system``. Each message is one text of the
-  corpus: full-text indexed (FTS5, with the CJK bigrams of fulltext.py) and embedded, so
-  ``conversation_search`` ranks them like archival passages (recall.py), filtered by role
-  and date before paging.
-* The bundled agent records its conversation through ``ConversationRecorder`` (recorder.py).
-* The message filter and the SQL shapes both backends use (``MessageFilter``,
-  ``MESSAGE_COLUMNS``, ``message_row``) live in records.py, so sqlite.py and postgres.py
-  never import this module.
-* Exported and imported with the namespace (transfer.py), without vectors.
+Design: a conversation is a ``conversations`` row and its messages in order (``user``, ``assistant``
+with its tool calls as text, ``tool``, ``system``), each a text of the corpus: full text (with
+fulltext.py's bigrams) and a vector, ranked by recall.py. The filter and SQL shapes both backends use
+live in records.py, so sqlite.py and postgres.py never import this module.
 
-Error policy
-------------
-A search with an unknown role or a malformed date is refused (:class:`MemoryRefusal`);
-the recorder never raises into the agent (recorder.py).
+Error policy: an unknown role or a malformed date is refused (:class:`MemoryRefusal`); the recorder
+never raises into the agent (recorder.py).
 """
 
 from __future__ import annotations

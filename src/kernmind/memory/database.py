@@ -1,25 +1,13 @@
 """What the memory stores need from a database, whichever one it is.
 
-Design
-------
-The stores (block_store.py, passages.py, transfer.py …) speak portable SQL with ``?``
-placeholders (``RETURNING``, ``ON CONFLICT DO NOTHING``: SQLite >= 3.35 and PostgreSQL
-both have them) through a :class:`Tx`, and get transactions from a :class:`Database`:
+Design: the stores speak portable SQL with ``?`` placeholders (``RETURNING``, ``ON CONFLICT DO
+NOTHING``: SQLite >= 3.35 and PostgreSQL) through a :class:`Tx`. ``Database.write()`` is a serialisable
+read-modify-write transaction (it waits for other writers, commits on success, rolls back on any
+error); ``read()`` gives consistent reads without blocking writers. A backend brings its schema and its
+full text (:class:`FullText`), scored as the share of the query's idf a text matches, in [0, 1].
 
-* ``write()`` is a serialisable read-modify-write transaction: it waits for other writers
-  (other tasks, other processes), commits on success and rolls back on any error, so a
-  refused write changes nothing.
-* ``read()`` gives consistent reads without blocking writers.
-
-A backend also brings its schema (migrations run on open) and its full-text search
-(:class:`FullText`), the one part whose SQL differs between engines. The SQLite backend is
-sqlite.py + fts5.py. Full-text scores are comparable across backends and queries: the share of
-the query's weight (the idf of its terms, fulltext.py) a text matches, in [0, 1].
-
-Error policy
-------------
-Backends retry what the engine reports as transient contention (SQLite's "database is
-locked") so it never reaches a caller; anything else propagates as-is.
+Error policy: backends retry transient contention (SQLite's "database is locked"); anything else
+propagates.
 """
 
 from __future__ import annotations

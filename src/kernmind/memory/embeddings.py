@@ -1,20 +1,14 @@
-"""Embeddings for archival memory: the embedder interface, the static model and an
-OpenAI-compatible client (the default model is minilm.py; the choice, embedder_factory.py).
+"""Embeddings: the embedder interface, the static model and an OpenAI-compatible client (the default
+model is minilm.py, the choice embedder_factory.py; models and costs: docs/tools.md, "Archival memory").
 
-Design
-------
-* An embedder has a ``model`` name, ``embed(texts)`` for stored texts and ``embed_query(texts)``
-  for questions (a model trained with prefixes gets them there), and two calibrated figures
-  (``min_similarity``, ``duplicate_similarity``). Vectors are L2-normalised float32 blobs tagged
-  with the model that made them. Models and their costs: docs/tools.md ("Archival memory").
-* :class:`StaticEmbedder` reads WordLlama's token table and tokenizer from its wheel itself
-  (its loader looks in the wrong folder, tries the network and reconfigures the root logger).
-* :class:`OpenAIEmbedder`: a failing endpoint opens a circuit breaker for ``cooldown`` seconds.
+Design: an embedder has a ``model``, ``embed`` (stored texts), ``embed_query`` (questions: a model
+trained with prefixes gets them there) and two calibrated figures; vectors are L2-normalised float32
+blobs tagged with their model. :class:`StaticEmbedder` reads WordLlama's table from its wheel itself
+(its loader looks in the wrong folder, tries the network and reconfigures the root logger);
+:class:`OpenAIEmbedder` opens a circuit breaker for ``cooldown`` seconds after a failure.
 
-Error policy
-------------
-:class:`EmbeddingUnavailable` means "no embedding right now"; callers degrade instead of failing:
-inserts store the passage without a vector, searches answer from full text and say so.
+Error policy: :class:`EmbeddingUnavailable` means "no embedding right now": inserts store without a
+vector, searches answer from full text and say so.
 """
 
 from __future__ import annotations

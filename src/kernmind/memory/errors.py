@@ -1,21 +1,11 @@
 """Refusals: what the memory domain says when a request cannot be carried out, in domain words.
 
-Design
-------
-A refusal is a sentence template plus the facts it names (``label``, ``limit`` …). Where
-the sentence tells the caller what to do instead, it names an action as a :class:`Verb`
-placeholder (``{read}``, ``{replace}`` …), not a tool: the same refusal reaches the block
-tools (``memory_read``), the memory-tool dialect (``view``) and the command line
-(``--replace``), and each surface renders it with its own words
-(:meth:`MemoryRefusal.render`). ``str(refusal)`` uses the block tools' words.
+Design: a refusal is a ``str.format`` template plus the facts it names (substituted once, never
+re-parsed: a label with braces shows as it is). An action it suggests is a :class:`Verb` placeholder
+(``{read}``, ``{replace}`` …), which each surface renders in its own words (:meth:`MemoryRefusal.render`:
+``memory_read``, ``view``, ``--replace``); ``str(refusal)`` uses the block tools' words.
 
-Templates are ``str.format`` strings: facts are substituted once and never re-parsed, so a
-label containing braces is shown as it is.
-
-Error policy
-------------
-This module defines the error; it raises nothing itself. A ``MemoryRefusal`` is a
-:class:`~kernmind.refusals.Refusal`: the error boundary (``boundary.py``) answers it.
+Error policy: raises nothing itself; a ``MemoryRefusal`` is a ``Refusal`` (boundary.py answers it).
 """
 
 from __future__ import annotations

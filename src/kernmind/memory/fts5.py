@@ -1,22 +1,13 @@
-"""Full-text search over SQLite FTS5 (passages, conversation messages): bm25 ranking, partial
-matches, filters before paging (what it finds: docs/tools.md, "Archival memory").
+"""Full text over SQLite FTS5 (passages, messages); what it finds: docs/tools.md, "Archival memory".
 
-Design
-------
-* Terms (fulltext.py) OR-ed and ranked by ``bm25``; a row's score is its bm25 over the sum of the
-  query terms' idf, capped at 1 (the share of the query's weight it matches). Term counts come
-  from one statement of capped counts.
-* Filters are conditions of the same statement, before ``LIMIT``/``OFFSET``. Ids are ranked first
-  and only the page's rows read; when the namespace holds every row and nothing else filters,
-  no row is read per match. A term in more than ``COMMON_FRACTION`` of a large table only orders
-  the passages that match nothing rarer (newest first).
-* Superseded passages carry the token ``hidden`` in a second index column, ``state`` (sqlite.py's
-  triggers keep it), so a search that hides them says so in its ``MATCH``.
+Design: terms (fulltext.py) OR-ed and ranked by ``bm25``, a score being bm25 over the query's idf
+sum, capped at 1. Filters are conditions of the same statement, before paging; ids are ranked first
+and only the page's rows read. A term in more than ``COMMON_FRACTION`` of a large table only orders
+the passages matching nothing rarer (newest first). Superseded passages carry the token ``hidden``
+in the index's ``state`` column (sqlite.py's triggers keep it).
 
-Error policy
-------------
-Queries are always quoted terms, so no FTS5 syntax from a caller is interpreted and no query can
-fail; database errors propagate.
+Error policy: queries are quoted terms, so no caller's FTS5 syntax is read and no query can fail;
+database errors propagate.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
-"""How text becomes full-text search terms, the same way for what is stored and what is asked.
+"""How text becomes full-text search terms, the same way for what is stored and what is asked
+(docs/tools.md, "Archival memory", words).
 
-Design
-------
-* Words of spaced scripts are left to the index's stemming tokenizer. Runs of scripts written
-  without spaces (CJK, Thai, Lao, Khmer, Myanmar) and Korean are also indexed as character
-  unigrams and bigrams (:func:`index_text`; ``None`` for text without such runs), and a query's
-  run becomes its bigrams: docs/tools.md ("Archival memory", words).
-* Stop words (PostgreSQL's English list) are left out of a query's terms unless nothing else is left.
-* :func:`idf` is FTS5's bm25 idf; a words score is the share of a query's idf a text matches.
-  A term in at least ``WIDESPREAD_SHARE`` (and ``WIDESPREAD_MIN_DOCS``) of the texts is
-  :func:`widespread` (a speaker's name in every turn): recall.py leaves it out of the query's focus.
+Design: spaced scripts are left to the index's stemming tokenizer; runs of CJK, Thai, Lao, Khmer,
+Myanmar and Korean are also indexed as character unigrams and bigrams (:func:`index_text`), and a
+query's run becomes its bigrams. Stop words leave a query unless nothing else is left. :func:`idf` is
+bm25's; a term in ``WIDESPREAD_SHARE`` of the texts is :func:`widespread` (recall.py leaves it out of
+the query's focus).
 
-Error policy
-------------
-Pure functions over strings; nothing here raises for any input.
+Error policy: pure functions over strings; nothing here raises for any input.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """How a search fuses its two rankings, words and meaning, into one score a model can read.
 
-Design
-------
-The rule, its parameters and what each gains on the real family: docs/tools.md ("One score",
-"Threads", "The query's focus", "Nothing for what was never said", "When") and benchmarks/README.md.
-In short: ``score = words_weight · words + (1 − words_weight) · meaning``, meaning the mix of the
-cosines to the question as asked and to its focus, mapped to [0, 1] between the model's ``floor``
-and ``ceiling``; a threaded text's words score gains ``neighbour`` times the previous text's; a
-thread prior ``(s + thread_weight · best) / (1 + thread_weight)``; a candidate whose score with
-meaning from the focus alone is under ``cutoff`` is left out; every kept candidate inside a time the
-query names ranks above every one outside it. :data:`FUSION` holds the parameters per model
-(the model enters only through ``floor`` and ``ceiling``); :data:`DEFAULT` is for models not measured.
+Design: the rule and what each part gains: docs/tools.md ("One score", "Threads", "The query's
+focus", "Nothing for what was never said", "When") and benchmarks/README.md. :data:`FUSION` holds the
+parameters per model (the model enters only through ``floor`` and ``ceiling``); :data:`DEFAULT` is for
+models not measured.
 
-Error policy
-------------
-Pure functions over numbers; nothing here raises for any input.
+Error policy: pure functions over numbers; nothing here raises for any input.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Upgrade: the memory the server's own token kept apart joins the local user's (docs/security.md).
 
-Design
-------
-Before round 4 the ``--token`` principal's memory lived in ``default/<agent>``, the stdio user's
-in ``<agent>``. They are one principal now, so opening ``<agent>`` moves whatever
-``default/<agent>`` still holds into it, in one write transaction, nothing dropped: passages and
-conversations change namespace (a conversation id both hold is kept as ``<id>-from-http``); a block
-only the old namespace has moves with its history; where both have a label, an untouched default
-block gives way, and two blocks with content are both kept (the old as ``<label>-from-http``, …),
-each rename returned as a sentence; the old namespace's row goes and the target's change counters
-are bumped. Once moved, the check is three indexed look-ups that find nothing.
+Design: before round 4 the ``--token`` principal's memory lived in ``default/<agent>``; opening
+``<agent>`` moves whatever that still holds into it, in one write transaction, nothing dropped: a
+conversation id both hold becomes ``<id>-from-http``; of two blocks with content under one label the
+old becomes ``<label>-from-http`` (each rename returned as a sentence), an untouched default block
+gives way. Once moved, the check is three indexed look-ups that find nothing.
 
-Error policy
-------------
-A failure rolls the transaction back: both namespaces stay as they were, the caller logs it and
-starts anyway, and the next start tries again.
+Error policy: a failure rolls back (both namespaces as they were); the caller logs it and starts
+anyway, and the next start tries again.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """The ``memory`` tool: Anthropic's memory-tool dialect over the same blocks as the block tools
 (what it answers: docs/tools.md, "The memory tool").
 
-Design
-------
-* ``/memories/<label>`` is the block ``<label>``; a label with ``/`` is a file in a folder, which
-  exists while a block is in it. Commands, argument names and result sentences are that tool's.
-* Every edit is a block operation (block_store.py: versions, history, undo, ``expected_version``,
-  limits, read-only). A folder's ``delete`` and ``rename`` apply to each file in it (a transaction
-  per file), after checking none is read-only. Views go through the output budget (budget.py).
-
-Error policy
-------------
-Bad paths, missing files and every block refusal become :class:`MemoryRefusal` in this dialect's
-words (``view``, ``str_replace`` …).
+Design: ``/memories/<label>`` is the block ``<label>`` (a label with ``/`` is a file in a folder, which
+exists while a block is in it); every edit is a block operation (block_store.py); a folder's
+``delete`` and ``rename`` apply to each file (a transaction each) after checking none is read-only.
+Error policy: bad paths, missing files and block refusals are :class:`MemoryRefusal` in this
+dialect's words (``view``, ``str_replace`` …).
 """
 
 from __future__ import annotations

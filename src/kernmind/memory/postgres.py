@@ -1,23 +1,15 @@
-"""The PostgreSQL backend: memory shared by several kernmind processes (replicas) on one database.
-What it promises and why psycopg 3: docs/deployment.md, "Memory on PostgreSQL".
+"""The PostgreSQL backend: memory shared by replicas on one database (what it promises and why
+psycopg 3: docs/deployment.md, "Memory on PostgreSQL").
 
-Design
-------
-* The stores' ``?`` placeholders become ``%s``. Every write transaction first takes one
-  transaction-scoped advisory lock (``pg_advisory_xact_lock``: SQLite's ``BEGIN IMMEDIATE``),
-  then reads and writes under ``READ COMMITTED``; reads take no lock; ``synchronous_commit`` stays on.
-* Full text is a generated ``tsvector`` over ``coalesce(search_text, content)`` with a GIN index,
-  ranked by the share of the query's weight matched (idf, fulltext.py; ``ts_rank`` breaks ties),
-  so scores compare with SQLite's. Vectors are ``bytea``, searched in numpy.
-* Migrations (``kernmind_schema``) run under an advisory lock; ``announce``/``listen`` are
-  ``NOTIFY``/``LISTEN`` for block changes across replicas.
+Design: ``?`` becomes ``%s``; every write transaction first takes one transaction-scoped advisory
+lock (SQLite's ``BEGIN IMMEDIATE``), under ``READ COMMITTED``. Full text is a generated ``tsvector``
+with a GIN index, scored like SQLite's (the share of the query's idf; ``ts_rank`` breaks ties);
+vectors are ``bytea``; migrations (``kernmind_schema``) run under an advisory lock; ``NOTIFY`` and
+``LISTEN`` relay block changes across replicas.
 
-Error policy
-------------
-Connection failures and SQL errors propagate (the error boundary words the first); a database
-written by a newer kernmind is refused with a ``RuntimeError``. An idle connection is checked
-before use (``CHECK_IDLE``); once a connection fails the database counts as down, each call fails
-at once with the reason until a direct connection works again, and then a fresh pool takes over.
+Error policy: failures propagate (the boundary words a lost connection); a newer schema raises
+``RuntimeError``. An idle connection is checked before use (``CHECK_IDLE``); once one fails, calls
+fail at once with the reason until a direct connection works, then a fresh pool takes over.
 """
 
 from __future__ import annotations

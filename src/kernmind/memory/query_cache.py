@@ -1,18 +1,12 @@
 """Query vectors kept on disk, so that a ``kernmind memory search`` asked again does not load the
 embedding model again (docs/tools.md, "Archival memory", from the shell).
 
-Design
-------
-* Loading the default model is most of what a command-line search costs; :class:`CachedQueries`
-  wraps the embedder and answers a query whose vector is cached, loading the model only on a miss.
-* One small SQLite file in the user's cache directory; a row's key is the SHA-256 of the model's
-  name and variant and the query's text (the text is not stored); at most :data:`MAX_ROWS` rows,
-  least recently used dropped first. Only local models are cached (an endpoint's can change).
+Design: :class:`CachedQueries` wraps the embedder and loads the model only on a miss. One SQLite file
+in the user's cache, keyed by the SHA-256 of model and query (the text is not stored), at most
+:data:`MAX_ROWS` rows, least recently used dropped first; local models only (an endpoint's can change).
 
-Error policy
-------------
-Best effort: a cache that cannot be opened, read or written is skipped (a debug log line) and the
-model embeds the query; a stored value that is not whole float32s is ignored.
+Error policy: best effort: a cache that fails is skipped (a debug line); a stored value that is not
+whole float32s is ignored.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
-"""Hybrid recall over a corpus of texts (archival passages, conversation messages): full text fused
-with meaning, vectors kept current in the background.
+"""Hybrid recall over a corpus of texts (passages, messages): full text fused with meaning, vectors
+kept current in the background (what a search does and why: docs/tools.md, "Archival memory").
 
-Design
-------
-What a search does and why (the rule, threads, the query's focus, times, a fact that changed):
-docs/tools.md, "Archival memory". Here: the full-text hits and the texts nearest in meaning
-(vector_index.py) are drawn side by side — full text in the database's thread while the question
-is embedded (with its focus in the same pass when a term of it is remembered as widespread, else
-once full text has counted the terms) and the index reads what changed — then every candidate is
-scored by both and fusion.py fuses them. A query naming a time (when.py) also draws the best
-candidates from inside that time. Texts without a current vector are embedded in the background
-(:meth:`Recall.backfill`); until then a search says how many its meaning ranking covers.
+Design: the full-text hits and the texts nearest in meaning (vector_index.py) are drawn side by side
+(full text in the database while the question, and its focus when known, is embedded), every
+candidate is scored by both, and fusion.py fuses them; a query naming a time (when.py) also draws from
+inside that time. :meth:`Recall.backfill` embeds texts lacking a current vector; until then a search
+says how many its meaning ranking covers.
 
-Error policy
-------------
-Nothing here refuses anything (the corpus and the callers check arguments); an unavailable
-embedder never fails a call: search answers from full text and says so (embeddings.py).
+Error policy: nothing here refuses; an unavailable embedder never fails a call: search answers from
+full text and says so.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Recording the bundled agent's conversation into memory: the agent's one way into ``memory``.
 
-:class:`ConversationRecorder` opens the namespace's store next to the server (the same
-database file; concurrent writers are safe), starts a conversation, and records each
-message as it is appended, with its vector (conversations.py keeps and searches them).
-
-Error policy: recording is best effort: a failure is logged and the agent goes on; the
-recorder never raises into the agent.
+Design: :class:`ConversationRecorder` opens the namespace's store beside the server (the same
+database; concurrent writers are safe) and records each message, with its vector, as it is appended.
+Error policy: best effort: a failure is logged and the agent goes on; it never raises into the agent.
 """
 
 from __future__ import annotations

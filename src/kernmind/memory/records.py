@@ -1,15 +1,8 @@
 """The memory domain's records (blocks, their history, passages) and its notion of time.
 
-Design
-------
-Plain dataclasses that every layer passes around: the stores build them from rows, the
-tool layer turns them into result models. Times are epoch seconds (floats) inside and
-ISO 8601 in UTC (``…Z``) outside; :func:`parse_when` reads what callers send.
-
-Error policy
-------------
-:func:`parse_when` refuses text that is not an ISO 8601 date or datetime
-(:class:`MemoryRefusal`, saying what a valid one looks like).
+Design: plain dataclasses every layer passes around; times are epoch seconds inside and ISO 8601 in
+UTC (``…Z``) outside. Error policy: :func:`parse_when` refuses text that is not an ISO 8601 date or
+datetime (:class:`MemoryRefusal`, saying what a valid one looks like).
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""A fact that changed is found by what it used to say: "Mira lives in Bergen" matches "Where does
-Mira live?", and "Mira moved from Bergen to Oslo", which superseded it, is the answer.
+"""A fact that changed is found by what it used to say: "Where does Mira live?" finds "Mira moved from
+Bergen to Oslo", which superseded "Mira lives in Bergen" (docs/tools.md, "A fact that changed").
 
-Design
-------
-A search that hides superseded passages still draws them from full text (:func:`with_replaced`),
-takes them out of the hits (:func:`split_replaced`) and passes their match to the passage that
-replaced them (:func:`carry`): the better of its own words score and similarity and a hair less
-than those of the passage it replaced (shown too, with ``include_superseded``, the one that says
-what was asked comes first), only where it passes the search's filter.
-
-Error policy
-------------
-Pure functions over rows and a snapshot of the vector index; nothing here raises.
+Design: a search hiding superseded passages still draws them from full text (:func:`with_replaced`),
+takes them out of the hits (:func:`split_replaced`) and passes their match, a hair less, to the
+passage that replaced them where that one passes the filter (:func:`carry`).
+Error policy: pure functions over rows and an index snapshot; nothing here raises.
 """
 
 from __future__ import annotations

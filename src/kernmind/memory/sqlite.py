@@ -1,22 +1,14 @@
 """The SQLite backend: one file, safe under concurrent processes and crashes, migrated on open.
 
-Design
-------
-* Two ``aiosqlite`` connections, autocommit so every transaction is explicit: one for writes, one
-  (``query_only``) for reads, each with an ``anyio.Lock`` for this process's tasks. WAL: reads
-  never wait for a write, and a write may land between two statements of one read.
-* ``BEGIN IMMEDIATE`` for every read-modify-write (a deferred one gets ``SQLITE_BUSY`` at once in
-  WAL mode: how other memory servers lose writes), ``busy_timeout`` plus a short retry loop.
-* ``synchronous=FULL``: an acknowledged write survives SIGKILL and a power cut (its fsync is most
-  of an insert's database time: benchmarks/README.md).
-* Migrations (sqlite_schema.py) run on open inside ``BEGIN IMMEDIATE`` (``PRAGMA user_version``).
-  A new file is private (directory 0700, file 0600).
+Design: two autocommit ``aiosqlite`` connections, one for writes and one ``query_only`` for reads,
+each with a lock for this process's tasks; WAL (a write may land between two statements of a read).
+Every read-modify-write is ``BEGIN IMMEDIATE`` (a deferred one gets ``SQLITE_BUSY`` at once in WAL:
+how other memory servers lose writes), with ``busy_timeout`` and a short retry. ``synchronous=FULL``:
+an acknowledged write survives SIGKILL and a power cut. Migrations (sqlite_schema.py) run on open; a
+new file is private (0700/0600).
 
-Error policy
-------------
-Busy/locked errors are retried for up to ``BUSY_RETRY_SECONDS``; a database written by a newer
-kernmind is refused with a ``RuntimeError``; anything else propagates after the rollback (the tool
-layer words the disk errors).
+Error policy: busy/locked is retried up to ``BUSY_RETRY_SECONDS``; a newer schema raises
+``RuntimeError``; anything else propagates after the rollback.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The SQLite memory schema: its versioned migrations, as SQL and the Python steps after them.
 
-Design: a migration is SQL (``MIGRATIONS[n]`` brings a database from version ``n`` to
-``n + 1``, ``PRAGMA user_version``), optionally followed by a Python step that fills what SQL
-cannot compute (``AFTER_MIGRATION``, by the version the migration produces). Migrations are
-only ever appended; ``sqlite.py`` runs the missing ones on open, in one ``BEGIN IMMEDIATE``
-transaction. ``postgres.py`` keeps the same tables in PostgreSQL's dialect.
-
-Error policy: nothing here is refused; a migration that fails rolls back with its
-transaction (``sqlite.py``).
+Design: ``MIGRATIONS[n]`` brings a database from version ``n`` to ``n + 1`` (``PRAGMA user_version``),
+then optionally a Python step (``AFTER_MIGRATION``, by the version produced); migrations are only
+appended; sqlite.py runs the missing ones on open in one ``BEGIN IMMEDIATE``; postgres.py keeps the
+same tables in its dialect. Error policy: a failing migration rolls back with its transaction.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
-"""One memory namespace in one database: its blocks and its archival passages.
+"""One memory namespace in one database: its blocks, archival passages and conversations.
 
-Design
-------
-* :class:`MemoryStore` opens the database (running its migrations), seeds the namespace's
-  default blocks the first time, and hands out the namespace's parts: ``blocks``
-  (block_store.py), ``passages`` (passages.py) and ``conversations`` (conversations.py),
-  the last two with the backend's full-text search.
-  Export/import live in transfer.py, ranking with vectors in archival.py.
-* The store is bound to one **namespace key**, an opaque string: today the server passes
-  its ``--agent`` name; nothing below assumes more than "rows with this key belong
-  together", so a key that also names an owner (``principal/agent``) needs no change here.
-  Several namespaces share one database.
-* The database is SQLite (a file: sqlite.py) or PostgreSQL (a ``postgresql://`` URL:
-  postgres.py, for several replicas sharing one memory); the parts speak portable SQL
-  through database.py's ``Tx`` and do not know which.
+Design: :class:`MemoryStore` opens the database (a SQLite file, or a ``postgresql://`` URL for
+replicas; migrations run), seeds the default blocks once, and hands out ``blocks``, ``passages`` and
+``conversations``, which speak portable SQL through database.py's ``Tx``. The namespace key is opaque
+("rows with this key belong together"); several namespaces share one database.
 
-Error policy
-------------
-Opening a database a newer kernmind wrote raises ``RuntimeError`` (upgrade kernmind);
-everything the caller can fix is a :class:`~kernmind.memory.errors.MemoryRefusal` raised by
-the parts.
+Error policy: a database a newer kernmind wrote raises ``RuntimeError``; what a caller can fix is a
+``MemoryRefusal`` raised by the parts.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """What every searchable table of one namespace shares: counting its texts and keeping their vectors.
 
-Design
-------
-* Passages and messages are "texts with an optional vector" (``embedding``, ``embedding_model``).
-  :class:`TextTable` does, once, what recall.py and the vector index need: which texts lack a
-  vector of the current model, storing vectors, reading them back incrementally, and the two
-  change counters (``changes``: every write; ``rewrites``: more than an append) that keep any
-  process's index coherent (vector_index.py).
-* A text's time and labels travel with its vector (fixed when stored); what can change later —
-  hidden (a superseded passage) — is read as a list of ids after every rewrite. A text's thread
-  and ``seq`` travel too; :meth:`TextTable.neighbours` reads the texts before and after.
-* A stored vector whose length does not fit the model is left out of the index, counted as
-  missing (so the backfill embeds it again) and named in :attr:`TextTable.bad_vectors`.
-* Rows are looked up by id and the namespace compared on the fetched rows (SQLite, without
-  statistics, would otherwise walk the namespace's index).
+Design: passages and messages are texts with an optional vector; :class:`TextTable` finds texts
+lacking one of the current model, stores and reads vectors incrementally, and bumps two change
+counters (``changes``: every write; ``rewrites``: more than an append) that keep every process's index
+coherent (vector_index.py). A text's time, labels, thread and ``seq`` travel with its vector; what can
+change later (hidden) is read as ids after a rewrite. A vector whose length does not fit the model
+counts as missing (:attr:`TextTable.bad_vectors`). Rows are fetched by id and the namespace compared
+on them (SQLite, without statistics, would otherwise walk the namespace's index).
 
-Error policy
-------------
-Nothing here refuses anything; database errors propagate.
+Error policy: nothing here refuses anything; database errors propagate.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """The MCP surface of memory: block tools, archival tools, block resources and the ``memory`` prompt.
 
-``server.py`` does ``memory = MemoryTools(settings)``, ``memory.register(server)``, and inside the
-server's lifespan ``async with memory.running():`` (opens the store; tools called before get a
-clear error).
+Design: ``server.py`` does ``memory = MemoryTools(settings)``, ``memory.register(server)`` and, in its
+lifespan, ``async with memory.running():`` (tools called before get a clear error). Tools are thin
+(block_tools.py, archival_tools.py); every block write publishes ``resource updated`` for
+``memory://blocks/{label}`` (and the listing), to legacy ``resources/subscribe`` clients too; a failure
+to notify never fails the write.
 
-Design
-------
-* Tools are thin (block_tools.py, archival_tools.py): validate, call the store, shape a pydantic
-  result (``outputSchema`` + ``structuredContent``), notify.
-* Every block write publishes ``resource updated`` for ``memory://blocks/{label}`` (and the listing)
-  through the SDK's subscription bus; legacy ``resources/subscribe`` clients are served too.
-  Notifications are best effort: a failure to notify never fails the write.
-
-Error policy
-------------
-What the model can fix is a ``MemoryRefusal`` (boundary.py answers it) in the words of the surface
-it went through (errors.refusals); a write the disk refused, rolled back, becomes a ``StorageError``.
+Error policy: what the model can fix is a ``MemoryRefusal`` in the words of the surface it went
+through (errors.refusals); a write the disk refused, rolled back, becomes a ``StorageError``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """Export and import one namespace as a JSON document (``"format": "kernmind-memory"``).
 
-Design
-------
-An export holds blocks (optionally with history), passages (id, content, tags, times,
-``superseded_by``, ``thread`` and ``seq``) and conversations with their messages; not vectors
-(the importing server embeds in the background). Format 2 added the passages' ids, ``occurred_at``
-and ``superseded_by``, format 3 threads; older documents import as before. An import runs in one
-transaction, all or nothing: passages get new ids (the document's ids only tie ``superseded_by``
-to its passage), a thread's passages are appended in ``seq`` order, conversations keep their ids
-(importing twice adds them once).
+Design: an export holds blocks (optionally with history), passages (id, content, tags, times,
+``superseded_by``, thread and ``seq``) and conversations, not vectors; format 2 added ids,
+``occurred_at`` and ``superseded_by``, format 3 threads; older documents import as before. An import is
+one transaction: passages get new ids, a thread's passages go in ``seq`` order, conversations keep
+their ids (importing twice adds them once).
 
-Error policy
-------------
-A document that is not an export, an invalid label or thread, a block over the ceiling, a label
-that exists (unless ``overwrite``, or it is an untouched default block), a passage id given
-twice, or ``superseded_by`` links that loop are refused with :class:`MemoryRefusal`; nothing is
-imported then.
+Error policy: a document that is not an export, a bad label or thread, a block over the ceiling, an
+existing label (unless ``overwrite``, or an untouched default block), a passage id given twice or
+``superseded_by`` links that loop are refused (:class:`MemoryRefusal`); nothing is imported then.
 """
 
 from __future__ import annotations

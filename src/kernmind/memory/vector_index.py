@@ -1,29 +1,16 @@
-"""An in-memory index of one corpus's vectors for one model: exact cosine search, filters applied
-in memory, kept coherent with writes made by any process (docs/tools.md, "How a search runs").
+"""An in-memory index of one corpus's vectors for one model: exact cosine search, filters in memory,
+coherent with writes by any process (docs/tools.md, "How a search runs").
 
-Design
-------
-* One contiguous float32 matrix of unit vectors in id order (buffers grow by half, so appending
-  does not copy), scored by one matrix-vector product, the best ``k`` picked by ``argpartition``.
-  Beside each row: its time, its labels (an inverted list: label -> ids), its thread code, its
-  previous row in that thread and the dot product of the two, and its sign bits (one a
-  dimension, packed word-major); superseded ids are a sorted list. Filters build the candidate
-  rows from these, in memory.
-* Coherence: every writer bumps two counters per corpus in its transaction (texts.py),
-  ``changes`` always and ``rewrites`` on more than an append. A refresh reads both: unchanged,
-  nothing to do; ``changes`` moved, the new rows are appended; ``rewrites`` moved, ids are
-  reconciled (removed dropped, missing fetched) instead of reloading every vector.
-* Threads: a threaded row is read with ``a`` times its previous one, from the one product
-  already made: ``(s_i + a·s_prev) / |v_i + a·v_prev|`` (a gather, not a second scan).
-* Near-duplicates (vector_scores.py, ``close_to``): above ``SKETCH_FROM`` rows, only the ``SHORTLIST`` rows
-  whose signs differ least from the query's are scored exactly.
-* :meth:`VectorIndex.candidates` takes a snapshot on the event loop (appends never modify it,
-  reconciles replace the arrays), so scoring it in a worker thread is safe.
+Design: one float32 matrix of unit vectors in id order (buffers grow by half), scored by one
+matrix-vector product and ``argpartition``; beside each row its time, labels (inverted lists), thread,
+previous row in the thread with their dot product, and sign bits; superseded ids a sorted list. A
+refresh reads the counters of texts.py: ``changes`` moved, new rows are appended; ``rewrites`` moved,
+ids are reconciled. A threaded row is read with ``a`` times its previous one from the product already
+made: ``(s_i + a·s_prev) / |v_i + a·v_prev|``. :meth:`VectorIndex.candidates` is a snapshot (appends
+never modify it, reconciles replace the arrays) that a worker thread may score.
 
-Error policy
-------------
-Nothing here refuses anything; a query vector of another dimension matches nothing; vectors
-of one model that change length reload the index; database errors propagate.
+Error policy: nothing refuses; a query vector of another dimension matches nothing; vectors that
+change length reload the index; database errors propagate.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""Scoring a snapshot of the vector index (vector_index.py): exact cosine search with threaded
-rows read with their previous one, and the near-duplicate shortlist by sign bits. Pure numpy over
-a snapshot: safe in a worker thread.
+"""Scoring a snapshot of the vector index: exact cosine search with threaded rows read with their
+previous one, and the near-duplicate shortlist by sign bits (docs/tools.md, "How a search runs").
 
-Design
-------
-See vector_index.py (the snapshot's columns) and docs/tools.md ("How a search runs"; near-duplicates).
-
-Error policy
-------------
-Nothing here raises: a query vector of another dimension matches nothing.
+Design: pure numpy over a snapshot (vector_index.py), safe in a worker thread.
+Error policy: nothing here raises; a query vector of another dimension matches nothing.
 """
 
 from __future__ import annotations

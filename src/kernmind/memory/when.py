@@ -1,19 +1,13 @@
 """Times named in a search query: "in May 2023", "on 8 May 2023", "last week", "before June",
 "after the move" (what a search does with them: docs/tools.md, "Archival memory", when).
 
-Design
-------
-:func:`time_in` finds the first time expression of an English query and returns a :class:`TimeRef`:
-the span it names, ``[start, end)`` in epoch seconds (UTC), whether the query asks ``during``,
-``before`` or ``after`` it, and the words that named it. Days, months (and their thirds: "early
-May"), years; a month without a year is the latest one up to ``now``; relative times from ``now``
-(yesterday, last week, "3 months ago", "recently": 30 days); around an event ("before the move")
-the event is returned as ``anchor`` text for the caller to find (recall.py). "When did …" names
-no time.
+Design: :func:`time_in` returns the first time expression of an English query as a :class:`TimeRef`
+(the span ``[start, end)`` in UTC epoch seconds, ``during``/``before``/``after``, the words): days,
+months and their thirds ("early May"), years (a month without a year: the latest up to ``now``),
+relative times ("3 months ago", "recently": 30 days); around an event ("before the move") the event is
+``anchor`` text for recall.py to find. "When did …" names no time.
 
-Error policy
-------------
-Pure functions over strings; anything that does not parse is simply not a time (None).
+Error policy: pure functions over strings; what does not parse is not a time (None).
 """
 
 from __future__ import annotations
