@@ -230,10 +230,7 @@ class Workspace:
 
     def usage_bytes(self) -> int:
         """Disk used by the workspace and the other directories its sandbox may write."""
-        return self.scan().bytes_used + self.accounted_bytes()
-
-    def accounted_bytes(self) -> int:
-        return sum(scan.bytes_used for scan in self.accounted_scans())
+        return self.scan().bytes_used + sum(scan.bytes_used for scan in self.accounted_scans())
 
     # --- the same, off the event loop ---------------------------------------------------
     async def aread(self, path: str, *, offset: int = 0, length: int) -> FileData:
