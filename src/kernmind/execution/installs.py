@@ -1,14 +1,10 @@
 """``install_packages``' route through the executor: refusals, the held session, its kernel.
 
-Design
-- The installer (``packages/``) knows layers, not sessions; this module is the step between:
-  hold the session (``sessions.hold``: one call at a time, as ``run_code``), install into its
-  layer, keep a copy of the layer in the stored session (``package_layers.keep``), write its
-  meta at once (a server killed right after the install must still count and list what it
-  kept), and put the layer on the running kernel's path. While it installs, the session's
-  limits are ``current_limits``: uv and a source build run in the session's control group.
-- The notes say how to use what was installed: importable at once in Python (and on bash's
-  ``PYTHONPATH``), or with an ``npm:`` specifier in JavaScript/TypeScript.
+Design: the installer (``packages/``) knows layers, not sessions; this module holds the session
+(``sessions.hold``, as ``run_code``), installs into its layer with the session's limits as
+``current_limits`` (uv and a source build run in its control group), keeps a copy in the stored
+session (``package_layers.keep``), writes its meta at once (a server killed right after must
+still count what it kept), and puts the layer on the running kernel's path.
 
 Error policy: a server that can never keep an install (``--stateless``, Python on a kernel
 gateway) refuses with a ``SessionError`` sentence; the installer's refusals are

@@ -1,26 +1,17 @@
-"""A cut call's whole output, kept in a file in the session's working directory.
+"""A cut call's whole output, kept in a file in the session's working directory (what a caller
+sees: docs/tools.md, "Every result respects a budget").
 
 Design
-------
-* An answer holds a head and a tail of what a call printed (``results.OutputCollector``); the
-  middle used to be lost. Once a call's printed text passes the answer's head
-  (``Budget.keep_after``), each stream that goes on printing is written whole — from its first
-  character — to ``kernmind-output/<UTC time>-<stream>.txt`` in the working directory, and the
-  result's notes name the file and how to read pages of it (``download_file`` offset/length).
-* A Python kernel writes its own file (``kernels/setup.py``): past its cap the server never sees
-  the middle. It names the file by a marker at the cell's end, which the collector takes out of
-  the output (``KEPT_RE``). Process runners (bash, R, Deno, Java) write through this module's
-  :class:`OutputFile`, fed by the collector with everything the process printed.
-* The file counts against the workspace quota like any file; :class:`OutputFile` stops at what
-  was left of it when the call started (a kernel's write is refused by the quota itself). The
-  note then says the file holds only the start.
-* The server runs as root and sandboxed code writes the working directory: the folder and the
-  file are opened relative to the directory's descriptor with ``O_NOFOLLOW`` and the file with
-  ``O_EXCL``, so a planted symlink refuses the write instead of redirecting it.
+- A Python kernel writes its own file (``kernels/setup.py``) and names it by a marker at the
+  cell's end, which the collector takes out of the output (``KEPT_RE``); process runners (bash,
+  R, Deno, Java) write through ``OutputFile``, fed by the collector.
+- ``OutputFile`` stops at what was left of the workspace quota when the call started.
+- The server runs as root and sandboxed code writes the working directory: the folder and the
+  file are opened relative to its descriptor with ``O_NOFOLLOW`` (the file with ``O_EXCL``), so
+  a planted symlink refuses the write instead of redirecting it.
 
-Error policy
-------------
-Nothing here fails a call: a file that cannot be written ends keeping, and the note says why.
+Error policy: nothing here fails a call: a file that cannot be written ends keeping, and the
+note says why.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The parts the real server's executor is built from (``Executor.from_settings``).
 
 Design: ``from_settings`` makes, in order, what ``Executor``'s constructor takes: the sandbox
-(bubblewrap probed once, the operator's ``--mount`` folders resolved before anything starts),
-the control groups (decided once; on cgroup v2 the server may move itself into a leaf), the
-kernels' interpreter, the run directories (throw-away workspaces, kernel sockets), the
-package installer and its guard, the session store, and the factory Python's kernels come
-from: local, forked from the fork server's template, or a kernel gateway's (``remote.py``).
-Tests give the constructor parts of their own (a fake kernel factory: tests/execution/fakes.py).
+(``--mount`` folders resolved before anything starts), the control groups (decided once), the
+kernels' interpreter, the run directories, the package installer and its guard, the session
+store, and the kernel factory: local, forked, or a gateway's (``remote.py``). Tests give the
+constructor parts of their own (tests/execution/fakes.py).
 
 Error policy: what the host lacks is logged (no control groups, no usable Python) and the
 server starts without it; an unreadable package allow-list or CA file raises at start.

@@ -1,17 +1,10 @@
 """Plotly figures as results a client can use: standalone HTML plus a text summary.
 
-In a kernel with ``nbformat`` installed, plotly's default renderer sends a figure as
-``application/vnd.plotly.v1+json`` only — a MIME type no MCP client renders, so the model
-saw just ``<display: application/vnd.plotly.v1+json>``. Static images need kaleido and a
-Chrome build, which a sandbox rarely has. So the server turns the figure's JSON into:
-
-- ``html``: a self-contained snippet (a ``div`` and a ``Plotly.newPlot`` call, plotly.js
-  from its CDN) that a client or a browser renders as the interactive chart;
-- ``text``: what the figure is (trace types and counts, the title, axis titles), so the
-  model knows what it drew.
-
-Nothing here imports plotly (the server need not have it). Malformed figure JSON is
-summarised as "a Plotly figure" and rendered as far as the browser can.
+Plotly's default renderer sends ``application/vnd.plotly.v1+json`` only, which no MCP client
+renders (and static images need kaleido and a Chrome build a sandbox rarely has), so the figure's
+JSON becomes ``html`` (a ``div`` and a ``Plotly.newPlot`` call, plotly.js from its CDN) and
+``text`` (trace types and counts, the title, axis titles). Nothing here imports plotly; malformed
+figure JSON is summarised as "a Plotly figure" and rendered as far as the browser can.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""``--kernel-gateway``: the parts that put Python sessions on a kernel gateway, built from settings.
+"""``--kernel-gateway``: the parts that put Python sessions on a kernel gateway, built from settings
+(docs/deployment.md, "Kernels on a gateway").
 
-``RemoteKernels.from_settings(settings)`` makes the gateway client (``kernels/gateway/client.py``),
-the kernel factory the warm pool uses instead of the local one (``kernels/gateway/kernels.py``) and
-the shared directory for sessions' files. ``registry(...)`` is the session registry: shared
-by every replica through PostgreSQL (``sessions/shared.py``) when ``--db`` names one, else
-this process's own (``sessions.py``), as with local kernels.
-
-Only Python moves to the gateway; the other languages keep running locally in kernmind's
-sandbox, in the same session directory (so they see the Python session's files).
+``RemoteKernels.from_settings(settings)`` makes the gateway client, the kernel factory the warm
+pool uses instead of the local one and the shared directory for sessions' files; ``registry(...)``
+is shared by every replica through PostgreSQL (``sessions/shared.py``) when ``--db`` names one,
+else this process's own, as with local kernels.
 """
 
 from __future__ import annotations

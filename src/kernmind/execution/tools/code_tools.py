@@ -1,31 +1,15 @@
-"""The MCP surface of code execution: ``ExecutionTools`` registers ``run_code``,
-``install_packages``, and (from their own modules) the file tools and ``workspace://``
-resources (``file_tools.py``) and the session and job tools (``session_tools.py``).
+"""The MCP surface of code execution: ``ExecutionTools(executor, settings).register(server)``
+registers ``run_code``, ``install_packages``, the file tools and ``workspace://`` resources
+(``file_tools.py``) and the session and job tools (``session_tools.py``); with ``--stateless``
+only what works there (docs/tools.md).
 
-``server.py`` does exactly::
+Design: tools are thin: they take what the model sent, call the executor (which knows nothing
+of MCP), and shape the answer under the result budget (``run_content.py``).
 
-    tools = ExecutionTools(executor, settings)
-    tools.register(server)
-
-Tools are thin: they take what the model sent, call the executor (which knows nothing of
-MCP), and shape the answer under the result budget:
-
-- ``run_code``: ``structuredContent`` is the ``RunResult``; the content blocks a model
-  reads are one text block and one image block per image (``run_content.py``). With
-  ``background=true`` it answers at once with the job's id.
-- ``install_packages``: the executor installs into the session's layer (``packages/``); its
-  refusals are ``PackageError`` sentences, answered like every other refusal.
-- With ``--stateless`` only what works there is offered: no file tools, ``workspace://``
-  resources, ``install_packages`` or ``export_notebook`` (each would always refuse).
-
-Error policy: what the model can fix is a :class:`~kernmind.refusals.Refusal` (a bad
-argument, an unknown session, a path outside the workspace, a language that is not
-installed), answered by the error boundary (``boundary.py``) as a tool or resource error
-with its sentence; so is a disk that is full (or failing, or read-only). ``model_errors``
-(``runtime_refusals.py``) only words an interpreter that cannot start
-(``RuntimeUnavailable``) as a refusal that says so and points the operator at
-``kernmind doctor``. Anything else is an internal error with a ref (boundary.py). Code that
-fails is not a tool error: it is a normal result with ``status: "error"``.
+Error policy: what the model can fix is a ``Refusal``, answered by the error boundary
+(``boundary.py``) with its sentence, as is a full disk; ``model_errors`` (``runtime_refusals.py``)
+words an interpreter that cannot start. Code that fails is not a tool error: it is a normal
+result with ``status: "error"``.
 """
 
 from typing import Annotated, Any

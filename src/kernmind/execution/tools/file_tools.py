@@ -1,24 +1,14 @@
 """The file tools of a code session: ``upload_file``, ``download_file``, ``list_files``, and
-the ``workspace://`` resources (a file, a session's listing).
+the ``workspace://`` resources (what each answers: docs/tools.md, "Files").
 
-Registered by ``ExecutionTools.register`` (``code_tools.py``) and thin in the same way: the
-session's ``Workspace`` (``sandbox/workspace.py``) reads, writes and lists safely inside its
-working directory; these functions shape the answers under the result budget:
-
-- ``upload_file`` takes text or base64, and refuses what does not fit the workspace quota.
-- ``download_file`` returns a file inline when it fits the budget (text as text, images as
-  an image block, other bytes as base64), else a range (``offset``/``length``) or, with
-  nothing asked, a resource link and a note on how to read it in parts.
-- ``list_files`` filters (``path`` prefix, glob ``pattern``) and pages (``offset``/``limit``);
-  a page holds what fits the output budget (``budget.py``), and ``next_offset`` goes on from there.
-- With ``--stateless`` none of them is offered (there are no session files: each would
-  always refuse).
+Design: registered by ``ExecutionTools.register`` and thin in the same way: the session's
+``Workspace`` (``sandbox/workspace.py``) reads, writes and lists safely inside its working
+directory; these functions shape the answers under the result budget. Not offered with
+``--stateless`` (there are no session files).
 
 Error policy: a bad argument (an encoding, base64 that does not decode, a path outside the
-workspace, a file too big for the quota or for a resource) is a
-:class:`~kernmind.refusals.Refusal` with its sentence, answered by the error boundary
-(``boundary.py``), as is a full disk; ``model_errors`` words an interpreter that cannot
-start. Nothing is written unless all of it fits.
+workspace, a file too big for the quota or for a resource) is a ``Refusal`` with its sentence,
+answered by the error boundary, as is a full disk. Nothing is written unless all of it fits.
 """
 
 import base64

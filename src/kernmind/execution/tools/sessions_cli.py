@@ -1,13 +1,6 @@
-"""``kernmind sessions list | rm | prune``: the stored sessions of a data dir, from the shell.
-
-- ``list [--json] [--owner O]``: every stored session: owner, id, state (``stored``, or
-  ``live (pid N)`` while a server has it), files, size, kept packages, last used, when its variables
-  were saved.
-- ``rm SESSION… [--owner O]``: delete stored sessions (files, variables, history). A
-  session a running server has live is refused (it holds the session's lock): close it
-  there with ``close_session``, or stop that server first.
-- ``prune [--older-than DAYS] [--dry-run]``: delete sessions not used for DAYS (default
-  30) and not live anywhere.
+"""``kernmind sessions list | rm | prune``: the stored sessions of a data dir, from the shell
+(docs/tools.md, "Sessions that last"). A session a running server has live is refused by ``rm``
+(it holds the session's lock) and skipped by ``prune``.
 
 Exit codes: 0 done, 1 when something was refused or not found (the reason on stderr).
 """
