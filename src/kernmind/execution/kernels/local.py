@@ -79,7 +79,7 @@ NewWorkspace = Callable[[int | None], Workspace]
 
 
 async def import_kernel_manager() -> None:
-    """Import ``kernel_manager`` (jupyter_client and zmq, slow to import) on a worker thread the first
+    """Import ``manager.py`` (jupyter_client and zmq, slow to import) on a worker thread the first
     time a kernel starts, so the event loop keeps answering requests meanwhile."""
     name = "kernmind.execution.kernels.manager"
     if name not in sys.modules:

@@ -28,7 +28,7 @@ _DRIVER_LIB = re.compile(r"lib(?:cuda|nvidia-[A-Za-z0-9_-]+|nvcuvid|nvoptix|cuda
 _LD_CACHE_LINE = re.compile(r"^\s*(\S+) \([^)]*\) => (\S+)\s*$")
 # Where container toolkits put the driver's libraries without registering them.
 EXTRA_LIBRARY_DIRS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib")
-VISIBLE_DIRS = ("/usr", "/etc", "/opt")  # what the sandbox binds anyway (see sandbox.py)
+VISIBLE_DIRS = ("/usr", "/etc", "/opt")  # bound anyway: bwrap_args.SYSTEM_DIRS
 
 
 @dataclass(frozen=True)
