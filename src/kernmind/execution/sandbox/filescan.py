@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernmind.execution.results import safe_text
+
 MAX_SCAN_ENTRIES = 1_000_000  # a hard stop for a pathological tree, whatever the budget
 _CLOCK_SLACK_NS = 20_000_000  # file times come from a coarse clock: allow for it
 
@@ -77,23 +79,7 @@ class ChangeLog:
         return out
 
 
-def display_name(name: str) -> str:
-    """``name`` as valid UTF-8 text: undecodable bytes (surrogate escapes) as ``\\xNN``."""
-    try:
-        name.encode("utf-8")
-        return name
-    except UnicodeEncodeError:
-        pass
-    out = []
-    for ch in name:
-        code = ord(ch)
-        if 0xDC80 <= code <= 0xDCFF:
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif 0xD800 <= code <= 0xDFFF:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(ch)
-    return "".join(out)
+display_name = safe_text  # a file name as UTF-8 text (undecodable bytes as \xNN)
 
 
 def scan_tree(
