@@ -89,6 +89,15 @@ class Blocks:
         )
         return _block(r) if r else None
 
+    async def writable(
+        self, tx: Tx, label: str, row: BlockRow | None, op: Verb, expected_version: int | None
+    ) -> BlockRow:
+        """``row``, the block ``label`` as fetched, if it exists and ``op`` may change it; else the refusal."""
+        if row is None:
+            raise await self.unknown(tx, label)
+        rules.check_writable(row, op, expected_version)
+        return row
+
     async def unknown(self, tx: Tx, label: str) -> MemoryRefusal:
         rows = await tx.all(
             "SELECT label FROM blocks WHERE namespace = ? ORDER BY created_at", (self.namespace,)
@@ -188,10 +197,7 @@ class Blocks:
     ) -> BlockRow:
         """Read-modify-write of one block's value; ``edit`` returns the new value or refuses."""
         async with self.db.write() as tx:
-            row = await self.fetch(tx, label)
-            if row is None:
-                raise await self.unknown(tx, label)
-            rules.check_writable(row, op, expected_version)
+            row = await self.writable(tx, label, await self.fetch(tx, label), op, expected_version)
             new_value = edit(row)
             rules.check_fits(row, new_value, op)
             return await self.update_value(tx, row, new_value, op)
@@ -243,10 +249,7 @@ class Blocks:
 
     async def delete(self, label: str, expected_version: int | None = None) -> BlockRow:
         async with self.db.write() as tx:
-            row = await self.fetch(tx, label)
-            if row is None:
-                raise await self.unknown(tx, label)
-            rules.check_writable(row, Verb.DELETE, expected_version)
+            row = await self.writable(tx, label, await self.fetch(tx, label), Verb.DELETE, expected_version)
             await self.remove_row(tx, row, Verb.DELETE)
             return row
 
@@ -261,10 +264,7 @@ class Blocks:
         """Move a block to another label (its value, description, limit, read-only flag and times)."""
         rules.check_label(new_label)
         async with self.db.write() as tx:
-            row = await self.fetch(tx, label)
-            if row is None:
-                raise await self.unknown(tx, label)
-            rules.check_writable(row, Verb.RENAME, expected_version)
+            row = await self.writable(tx, label, await self.fetch(tx, label), Verb.RENAME, expected_version)
             if (taken := await self.fetch(tx, new_label)) is not None:
                 raise rules.already_exists(taken)
             return await self.move_row(tx, row, new_label, Verb.RENAME)
@@ -301,9 +301,7 @@ class Blocks:
                 raise rules.renamed_away(label, entry.meta["to"])
             if entry.op == Verb.RENAME:  # this label was renamed here: rename it back
                 origin = entry.meta["from"]
-                if row is None:
-                    raise await self.unknown(tx, label)
-                rules.check_writable(row, Verb.UNDO, expected_version)
+                row = await self.writable(tx, label, row, Verb.UNDO, expected_version)
                 if (taken := await self.fetch(tx, origin)) is not None:
                     raise rules.already_exists(taken)
                 result = await self.move_row(tx, row, origin, Verb.UNDO)
@@ -329,9 +327,7 @@ class Blocks:
                     created_at=float(meta["created_at"]) if "created_at" in meta else None,
                 )
             else:
-                if row is None:
-                    raise await self.unknown(tx, label)
-                rules.check_writable(row, Verb.UNDO, expected_version)
+                row = await self.writable(tx, label, row, Verb.UNDO, expected_version)
                 if entry.op == Verb.CREATE:
                     await self.remove_row(tx, row, Verb.UNDO)
                     result = None

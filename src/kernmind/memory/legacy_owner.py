@@ -94,14 +94,11 @@ async def _merge_blocks(tx: Tx, old: str, new: str, said: list[str]) -> int:
                     f"memory upgrade: both namespaces had a block {label!r}; the one from {old!r} is "
                     f"kept as {target!r} (nothing was overwritten)."
                 )
-        await tx.run(
-            "UPDATE blocks SET namespace = ?, label = ? WHERE namespace = ? AND label = ?",
-            (new, target, old, label),
-        )
-        await tx.run(
-            "UPDATE block_history SET namespace = ?, label = ? WHERE namespace = ? AND label = ?",
-            (new, target, old, label),
-        )
+        for table in ("blocks", "block_history"):
+            await tx.run(
+                f"UPDATE {table} SET namespace = ?, label = ? WHERE namespace = ? AND label = ?",
+                (new, target, old, label),
+            )
         moved += 1
     # History of blocks deleted earlier in the old namespace goes along (it is history, not a block).
     await tx.run("UPDATE block_history SET namespace = ? WHERE namespace = ?", (new, old))
@@ -109,8 +106,8 @@ async def _merge_blocks(tx: Tx, old: str, new: str, said: list[str]) -> int:
 
 
 async def _drop_block(tx: Tx, namespace: str, label: str) -> None:
-    await tx.run("DELETE FROM blocks WHERE namespace = ? AND label = ?", (namespace, label))
-    await tx.run("DELETE FROM block_history WHERE namespace = ? AND label = ?", (namespace, label))
+    for table in ("blocks", "block_history"):
+        await tx.run(f"DELETE FROM {table} WHERE namespace = ? AND label = ?", (namespace, label))
 
 
 async def _free_label(tx: Tx, namespace: str, label: str) -> str:

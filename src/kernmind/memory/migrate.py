@@ -77,15 +77,7 @@ async def _copy(src: Any, dst: Any, namespace: str) -> dict[str, int]:
                 "(another --agent, or export/import to merge).",
                 ns=namespace,
             )
-        for table in (
-            "blocks",
-            "block_history",
-            "messages",
-            "conversations",
-            "passage_tags",
-            "passages",
-            "namespaces",
-        ):
+        for table in "blocks block_history messages conversations passage_tags passages namespaces".split():
             await tx.run(f"DELETE FROM {table} WHERE namespace = ?", (namespace,))
         await tx.run("INSERT INTO namespaces (namespace, created_at) VALUES (?, ?)", (namespace, ns[0]))
         for table, (columns, _order) in TABLES.items():

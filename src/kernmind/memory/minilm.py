@@ -118,9 +118,8 @@ class MiniLMEmbedder(LocalEmbedder):
 
     def encode(self, ids: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """Unit sentence vectors for a padded batch of token ids (``mask``: 1 for real tokens, the
-        default all). :meth:`embed_now` passes one text at a time: the int8 graph quantizes each
-        layer's input with one scale for the whole batch, so a text's vector would depend on the
-        texts beside it (cosine down to 0.98 measured); alone it is the same wherever it is embedded."""
+        default all). :meth:`embed_now` passes one text at a time (int8 scales are per batch: beside
+        others, a text's vector moved down to cosine 0.98)."""
         import numpy as np
 
         if mask is None:
@@ -243,12 +242,9 @@ def cached_graph(int8: bool) -> GraphCache | None:
 
 
 def import_onnxruntime() -> Any:
-    """``onnxruntime``, without telemetry. From 1.29 its Linux wheels report a "process info"
-    event and keep a device id under ``~/.cache/Microsoft/DeveloperTools`` (measured with 1.32:
-    the id, a queued event and a ``.ses`` file in the temporary directory, even with its opt-out
-    ``ORT_TELEMETRY_DISABLED`` set), so kernmind requires a version before it
-    (pyproject.toml); the opt-out is set too, for whoever installs a later one (their own
-    value wins)."""
+    """``onnxruntime``, without telemetry: pyproject.toml requires a version before 1.29, and the
+    opt-out is set for whoever installs a later one (their own value wins; why: docs/tools.md,
+    "No telemetry")."""
     os.environ.setdefault("ORT_TELEMETRY_DISABLED", "1")
     import onnxruntime
 

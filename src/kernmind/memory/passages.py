@@ -37,10 +37,8 @@ _SPACES = re.compile(r"\s+")
 
 
 def normalized(content: str) -> str:
-    """The text as duplicates are compared: Unicode-compatible forms (NFKC), without format
-    characters (zero-width space and joiners, byte-order mark, bidirectional marks: category
-    ``Cf``, invisible yet enough to make a copy look new), case folded, whitespace runs as one
-    space, no leading or trailing space."""
+    """The text as duplicates are compared (the rule: docs/tools.md, "Archival memory"): NFKC, no
+    format characters (category ``Cf``), case folded, whitespace runs as one space, stripped."""
     text = unicodedata.normalize("NFKC", content)
     if not text.isascii():
         text = "".join(c for c in text if unicodedata.category(c) != "Cf")
@@ -301,9 +299,8 @@ class Passages(TextTable):
     async def live_duplicate(
         self, content: str, tx: Tx | None = None, thread: str | None = None
     ) -> Stored | None:
-        """The oldest live passage of ``thread`` (None: of no thread) whose text equals ``content``
-        (:func:`normalized`: case, spacing, Unicode forms and invisible characters aside). Threads
-        are compared apart: a conversation's "Yes!" is not a copy of another conversation's."""
+        """The oldest live passage of ``thread`` (None: of no thread) whose :func:`normalized` text
+        equals ``content``'s (a conversation's "Yes!" is not a copy of another conversation's)."""
         if tx is None:
             async with self.db.read() as rtx:
                 return await self.live_duplicate(content, rtx, thread)

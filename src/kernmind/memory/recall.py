@@ -28,7 +28,7 @@ import anyio.to_thread
 from kernmind.memory.database import TextHits
 from kernmind.memory.embeddings import Embedder, EmbeddingUnavailable, to_blob
 from kernmind.memory.fulltext import content_terms, query_terms, without_terms
-from kernmind.memory.records import Facets, Generation, StoredVector, happened_at
+from kernmind.memory.records import Facets, VectorSource, happened_at
 from kernmind.memory.replaced import carry, hides, split_replaced, with_replaced
 from kernmind.memory.when import TimeRef, affinity, time_in
 
@@ -47,22 +47,12 @@ SPREAD_TERMS = 4096  # terms whose spread (widespread or not) is remembered for 
 THREAD_FLOATS = 4_000_000  # score more (≈ 16k × 256) in a worker thread, off the event loop
 
 
-class Corpus(Protocol):
+class Corpus(VectorSource, Protocol):
     async def search_text(self, query: str, where: Any, limit: int, offset: int = 0) -> Sequence[Any]: ...
 
     async def rank_text(self, query: str, where: Any, limit: int) -> TextHits: ...
 
     async def get(self, ids: Sequence[int]) -> dict[int, Any]: ...
-
-    async def generation(self) -> Generation: ...
-
-    async def vectors_after(self, model: str, after_id: int) -> list[StoredVector]: ...
-
-    async def vector_ids(self, model: str) -> list[int]: ...
-
-    async def vectors_of(self, model: str, ids: Sequence[int]) -> list[StoredVector]: ...
-
-    async def hidden_ids(self) -> list[int]: ...  # superseded passages (texts.py)
 
     def facets(self, where: Any) -> Facets: ...
 

@@ -178,9 +178,8 @@ class SQLiteDatabase:
     async def read(self) -> AsyncIterator[SQLiteTx]:
         """Reads run outside explicit transactions (each statement sees the last commit), on the
         reading connection: they never wait for a write, and a write may land between two
-        statements of a block, as one from another process sharing the file always could. (A
-        read transaction per block would give its statements one snapshot, at two more trips
-        to the database thread per block: measured in benchmarks/README.md, not worth it.)"""
+        statements of a block, as one from another process always could (one snapshot per block
+        costs two more trips to the database thread: not worth it, benchmarks/README.md)."""
         if self._reader is None:
             async with self._lock:
                 yield SQLiteTx(self.conn)

@@ -69,13 +69,10 @@ class MemorySpace:
 class MemoryTools:
     """Owns the memory of one server and registers the memory surface on it.
 
-    Every principal has its own namespace (``namespace_for``): ``--agent`` for the local user
-    (so existing databases keep their memory), ``<data key>/<agent>`` (``Principal.owner``: the
-    name, or ``bob~2`` for a name added again after a revocation) for the principals of an
-    HTTP deployment. All namespaces share one open database; a namespace is made ready (its
-    default blocks, searches, backfill, the replica relay) the first time its principal
-    calls on memory (``open_space``, run before each request ``concerns`` says reaches memory:
-    a code call opens nothing).
+    Every principal has its own namespace (``namespace_for``; which: docs/security.md), all in one
+    open database; a namespace is made ready (default blocks, searches, backfill, the replica relay)
+    the first time its principal calls on memory (``open_space``, before each request ``concerns``
+    says reaches memory: a code call opens nothing).
     """
 
     def __init__(self, settings: Settings) -> None:
