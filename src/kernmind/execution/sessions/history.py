@@ -1,14 +1,10 @@
 """A stored session's history: every ``run_code`` call and its result, for ``export_notebook``.
 
-One JSON line per call in ``<session home>/history.jsonl`` (outside the working directory:
-the server writes it, sandboxed code cannot reach it), appended after each call. Bounded:
-at most ``MAX_ENTRIES`` calls and ``MAX_BYTES`` bytes; past either, the oldest calls are
-dropped (the file is rewritten with the newest half). A result is stored as the run_code
-result was built (its output already under the call's budgets, images included).
-
-Writes go through ``diskio``: an append that fails (a full disk) is cut back off, so the file
-never ends in half a line; a trim replaces the file whole. A history file that is a link,
-a directory or a FIFO is neither followed nor waited on.
+Design: one JSON line per call in ``<session home>/history.jsonl`` (outside the working
+directory: sandboxed code cannot reach it), the result as run_code built it (under its budgets).
+At most ``MAX_ENTRIES`` calls and ``MAX_BYTES`` bytes: past either, the file is rewritten with
+the newest half. Through ``diskio``: a failed append is cut back off (never half a line), a trim
+replaces the file whole, a link, directory or FIFO is neither followed nor waited on.
 
 Error policy: history is a convenience; a failure to write it is logged and returned (the
 call adds a note), never raised into the call. Lines that do not parse are skipped when read;

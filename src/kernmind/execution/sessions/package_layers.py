@@ -1,13 +1,11 @@
-"""Packages that last with their session: the glue between installs, the store and its caps.
+"""Packages that last with their session: the glue between installs, the store and its caps
+(what a caller sees: docs/tools.md, "Sessions that last").
 
-- ``keep`` (after an install that added something, under the session's lock): the session's
-  layer is kept in its stored home (``packages/stored.py``) when the owner's stored sessions,
-  files and packages together, stay within the stored-size caps; its size becomes the
-  session's ``packages_bytes``. Past a cap the kept copy is dropped and the note says why.
-- ``restore`` (when a stored session is loaded): the kept packages come back as the
-  session's layer, with a note listing them.
-
-Sessions without a home (``--stateless``, a kernel gateway's) keep nothing.
+Design: ``keep`` (after an install that added something, under the session's lock) keeps the
+layer in the stored home (``packages/stored.py``) while the owner's stored sessions, files and
+packages together, stay within the stored-size caps (its size is ``packages_bytes``); past a cap
+the kept copy is dropped and the note says why. ``restore`` (at load) brings them back as the
+session's layer, with a note. Sessions without a home (``--stateless``, a gateway's) keep nothing.
 
 Error policy: neither raises for what the disk does: an install that worked stays a success
 (its note says the packages could not be stored), and a session whose packages cannot be

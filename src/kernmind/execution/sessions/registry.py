@@ -1,6 +1,6 @@
 """The session registry: ``(owner, session_id)`` → a lock, a working directory and runner state.
 
-Design (the life of a session: docs/architecture.md, "Sessions")
+Design (the life of a session as a caller sees it: docs/tools.md, "Sessions that last")
 - The registry is the one owner of the live sessions, of the sessions being unloaded and of
   the background jobs' reservations; nothing else changes them. It keeps the books only:
   running code is the supervisor's and the runners', what runs when a session stops is the

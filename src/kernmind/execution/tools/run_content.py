@@ -1,11 +1,9 @@
 """``run_result_content``: what a ``RunResult`` looks like to a model, under the output budget.
 
-Design: ``run_code``'s answer (and a finished job's, ``job_status``) is a ``CallToolResult``
-whose ``structuredContent`` is the ``RunResult`` and whose content blocks are what a model
-reads: one text block (status, notes, output, the readable form of rich results, the
-traceback, the changed files) and one image block per image. An image travels once: in the
-structured copy its ``png``/``jpeg`` is replaced by ``image``, a reference to its content
-block. The structured copy is lean (``lean_dump``: no null fields but the contract's).
+Design: ``run_code``'s answer (and a finished job's) is a ``CallToolResult`` whose
+``structuredContent`` is the lean ``RunResult`` (``lean_dump``) and whose content is one text
+block (status, notes, output, rich results' readable form, traceback, changed files) and one
+image block per image, which travels once (docs/tools.md, "run_code").
 
 Error policy: none of its own: it shapes a result that is already whole. What does not fit
 the budget is cut with a note saying where the whole of it is (the structured result).

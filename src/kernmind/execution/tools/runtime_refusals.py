@@ -1,14 +1,11 @@
 """``model_errors``: an interpreter that cannot start, worded as a refusal a model can act on.
 
-Design: every execution tool (``code_tools``, ``file_tools``, ``session_tools``) runs its
-call to the executor inside ``with model_errors(...)``, so the wording lives in one place.
-The executor knows nothing of MCP; it raises ``RuntimeUnavailable`` when an interpreter
-(or the installer) cannot start, and this turns it into a sentence.
+Design: every execution tool runs its call to the executor inside ``with model_errors(...)``, so
+the wording lives in one place (the executor knows nothing of MCP).
 
-Error policy: ``RuntimeUnavailable`` becomes an ``Unavailable`` refusal naming what could
-not start and pointing the operator at ``kernmind doctor``; when a full (or failing, or
-read-only) disk is what caused it, a ``StorageError`` with the disk sentence instead. The
-error boundary (``boundary.py``) answers both. Everything else passes through untouched.
+Error policy: ``RuntimeUnavailable`` becomes an ``Unavailable`` refusal naming what could not
+start and pointing the operator at ``kernmind doctor`` (a ``StorageError`` with the disk sentence
+when a full or failing disk caused it); the error boundary answers both. The rest passes through.
 """
 
 import contextlib

@@ -1,10 +1,6 @@
 """The MCP tools for sessions and background jobs: ``list_sessions``, ``close_session``,
-``export_notebook``, ``job_status``, ``job_cancel``.
-
-Registered by ``ExecutionTools.register`` (``code_tools.py``) next to ``run_code`` and the file
-tools, and thin in the same way: the executor, the registry and the job records know
-nothing of MCP; these functions shape their answers. Errors go through the same
-``model_errors`` wording; refusals are answered by the error boundary (``boundary.py``).
+``export_notebook``, ``job_status``, ``job_cancel`` (docs/tools.md); registered by
+``ExecutionTools.register`` and thin in the same way (errors through ``model_errors``).
 """
 
 from __future__ import annotations
