@@ -96,13 +96,10 @@ class Books:
         return await off_loop(lambda: self._write_meta(session), timeout=None) is None
 
     async def touch(self, session: Session, call: tuple[str, RunResult] | None, tg: TaskGroup | None) -> None:
-        """Record the call in the session's home: its history line (for export_notebook) after
-        the answer (before it on a disk nearly full, see books.py), and its meta (last used, size from the call's scan): now when it carries what matters
-        (variables unsaved from now on, which a killed server must not lose; a new size, which
-        the store's caps count), else a moment after the call, off the call's path (one fsync'd
-        write per call otherwise). What cannot be written is said in the call's notes. Without
-        a call (``hold`` letting go), only the meta, when it changed since. ``tg``: where the
-        writes after the answer run (None: everything now)."""
+        """Record the call in the session's home (when: the module's Design): its history line, and
+        its meta now when it carries what a killed server must not lose (unsaved variables, a new
+        size the caps count), else a moment later. Without a call (``hold`` letting go), only a
+        changed meta. ``tg``: where the writes after the answer run (None: everything now)."""
         if session.home is None or session.meta is None or session.closed:
             return
         meta = session.meta

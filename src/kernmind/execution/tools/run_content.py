@@ -23,13 +23,9 @@ from kernmind.execution.results import IMAGE_FIELDS, ImageRef, RunResult, lean_d
 def run_result_content(
     result: RunResult, budget: Budget | None = None
 ) -> tuple[list[TextContent | ImageContent], dict[str, Any]]:
-    """The content blocks a model reads, and the structured result (images sent once).
-
-    The text block holds what the call's collector kept (its logs, results' text forms and
-    traceback are already within the output budget, and are counted in ``budget``), plus the
-    readable form of a rich result whose text form says nothing (Markdown, the text of HTML),
-    which is charged to what is left of ``budget``: a form cut there says where the whole one
-    is. So are the changed files' paths."""
+    """The content blocks a model reads, and the structured result (images sent once). What the
+    collector kept is already within ``budget`` and counted there; a rich result's readable form
+    (Markdown, the text of HTML) and the changed files' paths get what is left of it."""
     budget = budget or Budget(sys.maxsize)
     lines: list[str] = []
     if result.status != "ok":
