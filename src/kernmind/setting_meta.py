@@ -1,7 +1,9 @@
-"""What settings are declared with: their group, how they appear outside Python (``Cli(...)``),
-and the form of an origin. Kept apart from ``config.py`` so declaring settings needs nothing else.
+"""What settings are declared with: their group, how they appear outside Python, and the form of
+an origin.
 
-Error policy: ``normal_origin`` answers None for what is not an origin; the caller refuses it.
+Design: a field may carry a ``Cli(...)`` annotation, read by settings_cli.py and settings_docs.py;
+kept apart from ``config.py`` so declaring settings needs nothing else. Error policy:
+``normal_origin`` answers None for what is not an origin; the caller refuses it.
 """
 
 from __future__ import annotations

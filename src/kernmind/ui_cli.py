@@ -1,5 +1,7 @@
-"""``kernmind ui``: the ``/ui`` pages on 127.0.0.1 for stdio users, with a one-time login link
-(docs/ui.md). Error policy: a port that cannot be bound is one line on stderr and exit code 1.
+"""``kernmind ui``: the ``/ui`` pages on 127.0.0.1 for stdio users, with a one-time login link.
+
+Design: the HTTP transport's ``/ui`` app alone on a loopback port, reading the data dir (docs/ui.md).
+Error policy: a port that cannot be bound is one line on stderr and exit code 1.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The agent's own settings, declared once (the server's are in ``kernmind/config.py``); flags,
-variables and docs come from settings_cli.py and settings_docs.py as for the server. Field names
-differ from ``Settings``' (one ``argparse`` namespace).
+"""The agent's own settings, declared once (the server's are in ``kernmind/config.py``).
 
-Error policy: a refused value is one sentence naming the flag and variable; the CLI exits 2.
+Design: flags, variables and docs come from settings_cli.py and settings_docs.py as for the server;
+field names differ from ``Settings``' (one ``argparse`` namespace). Error policy: a refused value
+is one sentence naming the flag and variable; the CLI exits 2.
 """
 
 from __future__ import annotations

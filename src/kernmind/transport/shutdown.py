@@ -1,6 +1,7 @@
-"""How a serving process stops: the signals, the second signal that exits at once (130/143;
-bubblewrap's ``--die-with-parent`` takes the sandboxes down), exit codes (0, ``EXIT_REFUSED`` 2,
-``EXIT_FAILED`` 1).
+"""How a serving process stops: the signals, the second signal, exit codes.
+
+Design: a second SIGTERM/SIGINT exits at once (130/143; bubblewrap's ``--die-with-parent`` takes the
+sandboxes down). ``serve`` returns 0, ``EXIT_REFUSED`` (2) or ``EXIT_FAILED`` (1).
 """
 
 from __future__ import annotations
