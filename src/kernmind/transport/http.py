@@ -1,7 +1,8 @@
 """MCP over Streamable HTTP at ``/mcp`` (uvicorn), behind the request guards and the token check.
 
-Design: from the outside in: ``LastResort``, the drain, the bearer check, ``OriginGuard`` and
-``JsonRpcGuard``, the SDK's app; signals and the drain: docs/architecture.md, "Start and stop".
+Design: from the outside in: ``LastResort``, ``/ui``, the bearer check and ``SessionCap``, the drain,
+``OriginGuard``, ``JsonRpcGuard``, the SDK's app; signals and the drain: docs/architecture.md,
+"Start and stop".
 Error policy: one request's failure ends that request only; should the lifespan end while serving,
 the process exits with code 1.
 """
@@ -187,10 +188,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def build_http_app(
     server: Any, settings: Settings, port: int | None = None, drain: Drain | None = None
 ) -> ASGIApp:
-    """The SDK's Streamable HTTP app at /mcp behind the JSON-RPC guard, the Origin guard, the
-    drain of an orderly stop (``drain``, drain.py), with a token its check, and outermost the
-    last resort that answers any failure inside in words (``port``: the one the server listens
-    on, if not ``--port``)."""
+    """The SDK's Streamable HTTP app at /mcp behind the layers the module's Design names
+    (``port``: the one the server listens on, if not ``--port``)."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     max_body = settings.max_request_mb * 1024 * 1024
