@@ -69,16 +69,12 @@ def _probe_all(
         found["typescript"] = DenoRunner(
             ctx, "typescript", deno["binary"], f"{deno['version']}, {deno['typescript']}"
         )
-    for name, language, cls in (
-        ("r", "r", RRunner),
-        ("java", "java", JavaRunner),
-        ("bash", "bash", BashRunner),
-    ):
-        got = _probe_once(name)
+    for language in ("r", "java", "bash"):  # (their probes are named after them)
+        got = _probe_once(language)
         if isinstance(got, str):
             missing[language] = got
         else:
-            found[language] = cls(ctx, **got)  # type: ignore[arg-type]
+            found[language] = PROBES[language](ctx, **got)  # type: ignore[arg-type]
     return found, missing
 
 
