@@ -20,7 +20,7 @@ from kernmind.sdk_compat import skip_iri_syntax_checker
 from tests.memory.postgres_server import PostgresServer
 
 # a test past its time limit fails with its stacks and the run goes on (see the module)
-pytest_plugins = ["tests.hang_guard"]
+pytest_plugins = ["tests.hang_guard", "tests.timings"]
 
 skip_iri_syntax_checker()  # as the console script does: the tests' MCP clients check results the same way
 
