@@ -8,7 +8,8 @@ takes over pytest-timeout's timer (its ``pytest_timeout_set_timer`` hook): when 
 past ``timeout``, a thread sends a failed report whose text is every thread's stack, then ends
 the process. Under xdist the controller prints that report, says the worker crashed, starts a
 new one and finishes the run; without xdist the run ends there, after printing the report.
-tests/test_hang_guard.py checks both.
+The process's descendants (servers, kernels, sandboxes the test started) are killed first: left
+running, a busy one would slow every later test. tests/test_hang_guard.py checks all of it.
 
 Error policy: nothing here may raise into pytest; a report that cannot be sent still ends
 the process (a hung run is the one outcome worse than a lost report).
@@ -17,6 +18,7 @@ the process (a hung run is the one outcome worse than a lost report).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -35,6 +37,34 @@ def _stacks() -> str:
             continue
         parts.append(f"--- thread {names.get(ident, ident)} ---\n" + "".join(traceback.format_stack(frame)))
     return "\n".join(parts)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root``, read from /proc (children before their own children)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_descendants() -> None:
+    for pid in _descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _expire(item: pytest.Item, timeout: float) -> None:
@@ -60,7 +90,10 @@ def _expire(item: pytest.Item, timeout: float) -> None:
             terminal.write_line("the run ends here: a test past its time limit ends the process")
         sys.stdout.flush()
     finally:
-        os._exit(1)
+        try:
+            _kill_descendants()
+        finally:
+            os._exit(1)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -14,10 +14,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 HANGS = """
-import asyncio, threading
+import asyncio, os, subprocess, threading
 
 def test_stuck_in_asyncio_run():
     never = threading.Event()
+    child = subprocess.Popen(["sleep", "600"], start_new_session=True)  # as a server would be
+    with open("child.pid", "w") as out:
+        out.write(str(child.pid))
 
     async def main():
         await asyncio.get_running_loop().run_in_executor(None, never.wait)
@@ -51,3 +54,14 @@ def test_a_hung_test_fails_with_its_stacks_and_the_run_ends(tmp_path: Path, work
     assert "in test_stuck_in_asyncio_run" in out and "--- thread" in out, out[-3000:]  # the stacks
     if workers[0] == "-n":
         assert "1 passed" in out, out[-3000:]  # the run went on to the next test
+    child = int((tmp_path / "child.pid").read_text())
+    assert _state(child) in (None, "Z"), _state(child)  # the stuck test's child did not outlive it
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter, None once it is gone (a killed orphan can stay a zombie for a
+    while: this machine's init reaps when it gets to it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
