@@ -135,6 +135,7 @@ class Target:
 
 def read_reply(sock: socket.socket) -> Reply | None:
     raw = b""
+    deadline = time.monotonic() + 2 * READ_TIMEOUT  # (an event stream's pings would keep recv busy)
     while True:
         try:
             chunk = sock.recv(65536)
@@ -145,6 +146,8 @@ def read_reply(sock: socket.socket) -> Reply | None:
         if not chunk:
             break
         raw += chunk
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the answer did not end within {2 * READ_TIMEOUT:g} s: {raw[:300]!r}")
     if not raw:
         return None
     head, _, body = raw.partition(b"\r\n\r\n")
@@ -527,6 +530,43 @@ async def test_http_chaos_in_both_eras_stops_no_one(deployment: tuple[HttpServer
     log = server.log_text()
     for crash in ("Task group is not initialized", "Exception in ASGI application", "internal error (ref"):
         assert crash not in log, log[log.index(crash) - 2000 : log.index(crash) + 2000]
+
+
+def test_a_request_id_still_being_answered_in_the_session_is_refused_not_lost(
+    deployment: tuple[HttpServer, Target],
+) -> None:
+    """Two requests with one id at once in one session: the SDK keys a session's answers by id, so
+    one of them used to wait for ever on an open event stream (the chaos run's 6 threads share
+    alice's session and id 1). Now the second is refused in words, the first is answered, and the
+    id is free again once it is."""
+    _, target = deployment
+    marker = target_dir(deployment) / "same-id" / "files" / "started"
+    code = f"open({str(marker)!r}, 'w').close()\nimport time\ntime.sleep(2)\n7"
+    first = envelope(
+        "tools/call",
+        {"name": "run_code", "arguments": {"code": code, "session_id": "same-id"}},
+        era="legacy",
+        rid=77,
+    )
+    again = envelope("tools/list", era="legacy", rid="77")  # the same id to the SDK
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        answer = pool.submit(
+            target.exchange, target.request(body_of(first), era="legacy", mcp_method="tools/call")
+        )
+        assert wait_until(marker.exists, 60), "the first call did not start"
+        refused = target.exchange(target.request(body_of(again), era="legacy"))
+        reply = answer.result(timeout=2 * READ_TIMEOUT)
+    assert refused is not None and refused.status == 409, refused
+    error = json.loads(refused.body)["error"]
+    assert error["message"].startswith('A request with the id "77" is still being answered'), error
+    assert reply is not None and reply.status == 200 and b'"text":"7"' in reply.body.replace(b" ", b""), reply
+    listed = target.exchange(target.request(body_of(again), era="legacy"))
+    assert listed is not None and listed.status == 200 and b'"run_code"' in listed.body, listed
+
+
+def target_dir(deployment: tuple[HttpServer, Target]) -> Path:
+    """alice's sessions' directory."""
+    return deployment[0].data_dir / "sessions" / "alice"
 
 
 async def test_a_flood_of_handshakes_takes_no_one_elses_sessions(

@@ -2,7 +2,9 @@
 JSON-RPC that MCP cannot serve (docs/security.md, docs/troubleshooting.md).
 
 Design: ``JsonRpcGuard`` answers what the SDK answers badly in the words stdio uses
-(bad_messages.py), and replays the body of anything else. Error policy: refusals never reach tools
+(bad_messages.py), and replays the body of anything else. It also refuses a request whose id is
+still being answered in the same MCP session: the SDK keys a session's answers by id, so the
+second would take the first one's place and one of the two would wait for ever on an open stream. Error policy: refusals never reach tools
 or state; a client gone before its refusal costs nothing.
 """
 
@@ -12,9 +14,10 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kernmind.principals import SCOPE_KEY
 from kernmind.setting_meta import normal_origin
 from kernmind.supervise import failed
-from kernmind.transport.bad_messages import PARSE_ERROR, decode, parse_sentence, shape_problem
+from kernmind.transport.bad_messages import PARSE_ERROR, decode, parse_sentence, reply_id, shape_problem
 
 INVALID_REQUEST = -32600
 INTERNAL_ERROR = -32603
@@ -85,6 +88,7 @@ class JsonRpcGuard:
         self.app = app
         self.max_body = max_body
         self.limit_setting = limit_setting  # how the operator raises the limit, named in the error
+        self._answering: set[tuple[object, str, str]] = set()  # (principal, MCP session, request id)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":
@@ -116,7 +120,18 @@ class JsonRpcGuard:
         if problem is not None:
             await refuse(send, 400, problem)
             return
-        await self.app(scope, _replay(bytes(body), receive), send)
+        key = _answer_key(scope, message)
+        if key is not None:
+            if key in self._answering:
+                shown = json.dumps(message["id"])
+                await refuse(send, 409, _same_id_sentence(shown), request_id=reply_id(message))
+                return
+            self._answering.add(key)
+        try:
+            await self.app(scope, _replay(bytes(body), receive), send)
+        finally:
+            if key is not None:
+                self._answering.discard(key)
 
     def _too_large(self, size: str) -> str:
         return (
@@ -124,6 +139,29 @@ class JsonRpcGuard:
             f"({self.limit_setting}). Nothing was done. Send large data in several smaller calls "
             "(for a file: write it in parts), or ask the server's operator to raise the limit."
         )
+
+
+def _answer_key(scope: Scope, message: object) -> tuple[object, str, str] | None:
+    """(caller, MCP session, id as the SDK keys it: 1 and "1" alike) of a request made in a session
+    (None: not one)."""
+    if not isinstance(message, dict) or not isinstance(message.get("method"), str):
+        return None
+    rid = message.get("id")
+    if isinstance(rid, bool) or not isinstance(rid, int | str):
+        return None
+    for key, value in scope.get("headers", []):
+        if key.lower() == b"mcp-session-id":
+            return (scope.get(SCOPE_KEY), value.decode("latin-1"), str(rid))
+    return None
+
+
+def _same_id_sentence(shown: str) -> str:
+    shown = shown if len(shown) <= 60 else shown[:55] + "…"
+    return (
+        f"A request with the id {shown} is still being answered in this MCP session. Nothing was "
+        "done. Give each request an id that no unanswered request of the session uses (a counter), "
+        "or wait for the first answer."
+    )
 
 
 def _json_content_type(scope: Scope) -> bool:
