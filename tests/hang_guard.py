@@ -6,7 +6,8 @@ its default executor without a limit, and the alarm fires once); its thread meth
 process after writing the stacks to a terminal an xdist worker does not show. So this plugin
 takes over pytest-timeout's timer (its ``pytest_timeout_set_timer`` hook): when a test runs
 past ``timeout``, a thread sends a failed report whose text is every thread's stack, then ends
-the process. Under xdist the controller prints that report, says the worker crashed, starts a
+the process. Under xdist the controller prints that report, says the worker crashed (naming,
+under ``--dist loadgroup``, the test queued after the hung one, which then runs again), starts a
 new one and finishes the run; without xdist the run ends there, after printing the report.
 The process's descendants (servers, kernels, sandboxes the test started) are killed first: left
 running, a busy one would slow every later test. tests/test_hang_guard.py checks all of it.
@@ -67,6 +68,20 @@ def _kill_descendants() -> None:
             pass
 
 
+def _tell_xdist_it_ended(item: pytest.Item, timeout: float) -> None:
+    """Under xdist's scope schedulers (``--dist loadgroup``, the README's), mark the test done, as
+    the worker does after a test's protocol: else the controller puts the ended worker's whole
+    group back, hung test included, and the next worker hangs on it again (up to xdist's limit of
+    restarts). The test queued after it is then the one said to have crashed, and runs again on
+    the next worker. ``--dist load`` drops the test it says crashed instead: there the hung one."""
+    argv = " ".join(getattr(item.config, "workerinput", {}).get("mainargv", []))  # (a worker's own
+    if not any(mode in argv for mode in ("loadgroup", "loadscope", "loadfile")):  # --dist is "no")
+        return
+    for plugin in item.config.pluginmanager.get_plugins():
+        if type(plugin).__name__ == "WorkerInteractor" and hasattr(plugin, "item_index"):
+            plugin.sendevent("runtest_protocol_complete", item_index=plugin.item_index, duration=timeout)
+
+
 def _expire(item: pytest.Item, timeout: float) -> None:
     try:
         text = f"Timeout: the test ran past {timeout:g} s. Every thread's stack then:\n\n{_stacks()}"
@@ -83,6 +98,7 @@ def _expire(item: pytest.Item, timeout: float) -> None:
         if capture is not None:  # (what the test printed stays in the capture)
             capture.suspend_global_capture(in_=True)
         item.ihook.pytest_runtest_logreport(report=report)
+        _tell_xdist_it_ended(item, timeout)
         terminal = item.config.pluginmanager.getplugin("terminalreporter")
         if terminal is not None and not hasattr(item.config, "workerinput"):
             # without xdist this is the end of the run: no summary will print the report

@@ -35,7 +35,11 @@ def test_after_it():
 pytestmark = pytest.mark.slow  # two pytest runs of their own
 
 
-@pytest.mark.parametrize("workers", [["-n", "1"], ["-p", "no:xdist"]], ids=["xdist", "plain"])
+@pytest.mark.parametrize(
+    "workers",
+    [["-n", "1"], ["-n", "2", "--dist", "loadgroup"], ["-p", "no:xdist"]],
+    ids=["xdist", "loadgroup", "plain"],
+)
 def test_a_hung_test_fails_with_its_stacks_and_the_run_ends(tmp_path: Path, workers: list[str]) -> None:
     (tmp_path / "test_hangs.py").write_text(HANGS)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -54,6 +58,8 @@ def test_a_hung_test_fails_with_its_stacks_and_the_run_ends(tmp_path: Path, work
     assert "in test_stuck_in_asyncio_run" in out and "--- thread" in out, out[-3000:]  # the stacks
     if workers[0] == "-n":
         assert "1 passed" in out, out[-3000:]  # the run went on to the next test
+        # ... and did not run the hung test again on the worker that replaced the ended one
+        assert out.count("FAILED test_hangs.py::test_stuck_in_asyncio_run - Timeout") == 1, out[-3000:]
     child = int((tmp_path / "child.pid").read_text())
     assert _state(child) in (None, "Z"), _state(child)  # the stuck test's child did not outlive it
 
