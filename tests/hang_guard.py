@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from tests.transport.procs import descendants
+
 _TIMER = pytest.StashKey[threading.Timer]()
 
 
@@ -40,30 +42,10 @@ def _stacks() -> str:
     return "\n".join(parts)
 
 
-def _descendants(root: int) -> list[int]:
-    """Every process below ``root``, read from /proc (children before their own children)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def _kill_descendants() -> None:
-    for pid in _descendants(os.getpid()):
+    for process in descendants(os.getpid()):
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(process.pid, signal.SIGKILL)
         except OSError:
             pass
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.transport.procs import read_proc
+
 ROOT = Path(__file__).resolve().parents[1]
 
 HANGS = """
@@ -67,7 +69,5 @@ def test_a_hung_test_fails_with_its_stacks_and_the_run_ends(tmp_path: Path, work
 def _state(pid: int) -> str | None:
     """The process's state letter, None once it is gone (a killed orphan can stay a zombie for a
     while: this machine's init reaps when it gets to it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
+    info = read_proc(pid)
+    return None if info is None else info.state
