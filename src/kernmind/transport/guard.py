@@ -149,10 +149,8 @@ def _answer_key(scope: Scope, message: object) -> tuple[object, str, str] | None
     rid = message.get("id")
     if isinstance(rid, bool) or not isinstance(rid, int | str):
         return None
-    for key, value in scope.get("headers", []):
-        if key.lower() == b"mcp-session-id":
-            return (scope.get(SCOPE_KEY), value.decode("latin-1"), str(rid))
-    return None
+    session = _header(scope, b"mcp-session-id")
+    return None if session is None else (scope.get(SCOPE_KEY), session.decode("latin-1"), str(rid))
 
 
 def _same_id_sentence(shown: str) -> str:
@@ -166,20 +164,26 @@ def _same_id_sentence(shown: str) -> str:
 
 def _json_content_type(scope: Scope) -> bool:
     """The SDK's rule: ``application/json`` among the types before the first ``;``."""
-    for key, value in scope.get("headers", []):
-        if key.lower() == b"content-type":
-            first = value.decode("latin-1").split(";")[0]
-            return any(part.strip() == "application/json" for part in first.split(","))
-    return False
+    value = _header(scope, b"content-type")
+    if value is None:
+        return False
+    first = value.decode("latin-1").split(";")[0]
+    return any(part.strip() == "application/json" for part in first.split(","))
 
 
 def _content_length(scope: Scope) -> int | None:
+    value = _header(scope, b"content-length")
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of the header ``name`` (lower case), None without one."""
     for key, value in scope.get("headers", []):
-        if key.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
+        if key.lower() == name:
+            return value
     return None
 
 
