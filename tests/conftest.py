@@ -57,6 +57,7 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
         "db": data_dir / "kernmind.db",
         "pool_size": 1,
         "timeout": 30,
+        "preload": [],  # see tests/transport/procs.py's TEST_PRELOAD
     }
     base.update(overrides)
     return Settings(**base)

@@ -8,6 +8,7 @@ one on the same port, the way a gateway that crashed or was redeployed comes bac
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -98,9 +99,14 @@ class KernelGatewayServer:
         return out
 
     def stop(self) -> None:
-        """Stop the gateway and its kernels (SIGTERM, then SIGKILL)."""
+        """Stop the gateway and its kernels (SIGTERM, then SIGKILL). Its kernels are killed first: a
+        gateway asks each to shut down in turn on SIGTERM, and the sessions of a whole test run
+        leave dozens (they outlive a kernmind server by design: docs/deployment.md), seconds each."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        for pid in self.kernel_ids():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(20)

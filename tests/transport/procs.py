@@ -33,6 +33,12 @@ URL_LINE = re.compile(r"serving MCP on (http://\S+)")
 START_TIMEOUT = 60.0
 
 
+# Test servers preload nothing into their fork-server template (a test of preloading asks for it):
+# numpy, pandas and matplotlib cost each server ≈ 2 s of CPU in the background, which the suite's
+# other worker waits for (benchmarks/README.md, "Suite time").
+TEST_PRELOAD = {"KERNMIND_PRELOAD": "[]"}
+
+
 def server_env(tmp: Path, **extra: str) -> dict[str, str]:
     """The environment of a test server: no outer KERNMIND_* settings, a private TMPDIR.
 
@@ -40,6 +46,7 @@ def server_env(tmp: Path, **extra: str) -> dict[str, str]:
     shutdown tests check that nothing is left there.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNMIND_")}
+    env.update(TEST_PRELOAD)
     tmpdir = tmp / "tmp"
     tmpdir.mkdir(parents=True, exist_ok=True)
     env["TMPDIR"] = str(tmpdir)
