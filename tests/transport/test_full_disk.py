@@ -140,12 +140,14 @@ def recorded_or_noted(out: dict[str, Any], history: Path, code: str) -> None:
     assert recorded != noted, (recorded, out["notes"])
 
 
-async def until(predicate: Any, timeout: float = 90.0) -> None:
+async def until(predicate: Any, timeout: float = 90.0, seen: Any = None) -> None:
     """Wait for ``predicate``: a deadline, not a timing (each of these takes seconds when quiet;
-    a CI machine under load once took past 30 s for one of them)."""
+    a CI machine under load once took past 30 s for one of them). ``seen()`` says what was there."""
     deadline = time.monotonic() + timeout
     while not await predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {predicate.__name__}"
+        assert time.monotonic() < deadline, f"timed out waiting for {predicate.__name__}" + (
+            f": {seen()}" if seen is not None else ""
+        )
         await anyio.sleep(0.25)
 
 
@@ -230,11 +232,17 @@ async def test_a_full_disk_stops_no_one_and_everything_recovers_by_itself(deploy
 
         # --- space comes back: everything recovers by itself ---------------------------------
         deployment.free()
+        freed = time.time()
 
         async def meta_written() -> bool:
-            return "No space left on device" in (json.loads(meta.read_text()).get("save_failed") or "")
+            """The meta the unload could not write, written at the next chance, says why the save
+            failed; or, when the session came back while the disk was full (its notes said why),
+            it was written since with a save that worked (which clears the reason)."""
+            if "No space left on device" in (json.loads(meta.read_text()).get("save_failed") or ""):
+                return True
+            return resumed is not None and meta.stat().st_mtime >= freed
 
-        await until(meta_written)  # the meta the unload could not write, written at the next chance
+        await until(meta_written, seen=lambda: f"resumed: {resumed}; meta: {meta.read_text()[:600]}")
         out = await run(alice, "'x' in globals()", "fill")
         notes = " ".join(resumed if resumed is not None else out["notes"])
         assert "could not be saved when its interpreter stopped" in notes and "No space left" in notes, notes

@@ -88,7 +88,8 @@ class JsonRpcGuard:
         self.app = app
         self.max_body = max_body
         self.limit_setting = limit_setting  # how the operator raises the limit, named in the error
-        self._answering: set[tuple[object, str, str]] = set()  # (principal, MCP session, request id)
+        # (principal, MCP session, request id) → the exchange answering it
+        self._answering: dict[tuple[object, str, str], object] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":
@@ -120,18 +121,29 @@ class JsonRpcGuard:
         if problem is not None:
             await refuse(send, 400, problem)
             return
-        key = _answer_key(scope, message)
+        key, exchange = _answer_key(scope, message), object()
         if key is not None:
             if key in self._answering:
                 shown = json.dumps(message["id"])
                 await refuse(send, 409, _same_id_sentence(shown), request_id=reply_id(message))
                 return
-            self._answering.add(key)
+            self._answering[key] = exchange
+
+        def free() -> None:
+            if key is not None and self._answering.get(key) is exchange:
+                del self._answering[key]
+
+        async def send_and_free(reply: Message) -> None:
+            # free the id before the answer's last byte leaves: a client may reuse it the moment it
+            # has the answer, while the app is still unwinding (the SDK forgets the id before that)
+            if reply["type"] == "http.response.body" and not reply.get("more_body"):
+                free()
+            await send(reply)
+
         try:
-            await self.app(scope, _replay(bytes(body), receive), send)
+            await self.app(scope, _replay(bytes(body), receive), send_and_free)
         finally:
-            if key is not None:
-                self._answering.discard(key)
+            free()
 
     def _too_large(self, size: str) -> str:
         return (
