@@ -375,63 +375,10 @@ async def test_output_schemas_are_published_without_references(client: Client) -
     listed = {t.name: t.output_schema for t in (await client.list_tools()).tools}
     assert listed["run_code"] is not None and "$ref" not in json.dumps(listed["run_code"])
     image = listed["run_code"]["properties"]["results"]["items"]["properties"]["image"]
-    assert image["type"] == ["object", "null"] and image["required"] == [
-        "content_index",
-        "mime_type",
-        "bytes",
-    ]
+    assert {"type": "null"} in image["anyOf"] and any(
+        option.get("required") == ["content_index", "mime_type", "bytes"] for option in image["anyOf"]
+    )
     assert not [name for name, schema in listed.items() if schema and "$ref" in json.dumps(schema)]
-
-
-async def test_optional_result_fields_are_published_as_type_lists_not_alternatives(client: Client) -> None:
-    """A client checks one branch per optional field instead of two (one failing with an error)."""
-    listed = {t.name: t.output_schema for t in (await client.list_tools()).tools}
-    passage = listed["archival_memory_search"]["properties"]["results"]["items"]["properties"]
-    assert passage["score"]["type"] == ["number", "null"] and "anyOf" not in passage["score"]
-    assert passage["match"]["enum"] == ["words", "meaning", "both", None]
-    assert passage["match"]["description"].startswith("what matched")
-
-
-NULLABLE_CASES: list[tuple[dict[str, Any], list[Any]]] = [
-    ({"anyOf": [{"type": "integer", "minimum": 3}, {"type": "null"}], "title": "n"}, [None, 3, 2, "3", 3.5]),
-    ({"anyOf": [{"type": "null"}, {"enum": ["a", "b"], "type": "string"}]}, [None, "a", "c", 1]),
-    (
-        {
-            "anyOf": [
-                {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"]},
-                {"type": "null"},
-            ]
-        },
-        [None, {"k": "x"}, {}, {"k": 1}, [], "k"],
-    ),
-    ({"anyOf": [{"type": ["string", "integer"]}, {"type": "null"}]}, [None, "s", 1, 1.5, []]),
-]
-
-
-@pytest.mark.parametrize(("schema", "instances"), NULLABLE_CASES)
-def test_a_nullable_schema_written_as_a_type_list_accepts_exactly_what_it_did(
-    schema: dict[str, Any], instances: list[Any]
-) -> None:
-    import jsonschema
-
-    from kernmind.tool_arguments import nullable_as_type_lists
-
-    rewritten = nullable_as_type_lists(schema)
-    assert "anyOf" not in rewritten and "null" in rewritten["type"]
-    for instance in instances:
-        before = jsonschema.Draft202012Validator(schema).is_valid(instance)
-        assert jsonschema.Draft202012Validator(rewritten).is_valid(instance) == before, instance
-
-
-def test_alternatives_that_are_not_one_typed_schema_and_null_stay_as_they_are() -> None:
-    from kernmind.tool_arguments import nullable_as_type_lists
-
-    three = {"anyOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]}
-    constant = {"anyOf": [{"const": 1, "type": "integer"}, {"type": "null"}]}
-    untyped = {"anyOf": [{"minimum": 1}, {"type": "null"}]}
-    clash = {"anyOf": [{"type": "string", "maxLength": 2}, {"type": "null"}], "maxLength": 5}
-    for schema in (three, constant, untyped, clash):
-        assert nullable_as_type_lists(schema) == schema
 
 
 def test_a_schema_that_refers_to_itself_is_published_as_it_is() -> None:

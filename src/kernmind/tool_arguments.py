@@ -43,8 +43,8 @@ def strict_tool_arguments(server: MCPServer) -> None:
         for tool in result.tools:
             if tool.input_schema.get("type") == "object":
                 tool.input_schema = {**tool.input_schema, "additionalProperties": False}
-            if tool.output_schema is not None:
-                tool.output_schema = nullable_as_type_lists(inline_definitions(tool.output_schema))
+            if tool.output_schema is not None and "$defs" in tool.output_schema:
+                tool.output_schema = inline_definitions(tool.output_schema)
         return result
 
     low.add_request_handler("tools/call", call_entry.params_type, call_tool)
@@ -65,46 +65,10 @@ def _validated_once(arguments: dict[str, Any], original: Callable[[dict[str, Any
     return original(arguments)
 
 
-# Keywords whose meaning is not limited to instances of one type: an option holding one of them is
-# not merged with null (the others, e.g. "properties" or "minimum", ignore a null instance).
-_FOR_ANY_TYPE = frozenset({"const", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref"})
-_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "deprecated", "$comment"})
-
-
-def nullable_as_type_lists(schema: Any) -> Any:
-    """``schema`` with each ``{"anyOf": [X, {"type": "null"}]}`` written as X with ``"null"`` among
-    its types (and in its ``enum``): the same set of instances, but a client that validates every
-    result (the SDK's does) checks one branch instead of two, each failed branch building an error
-    (benchmarks/README.md, "Output schemas"). An option that is not one plain typed schema stays."""
-    if isinstance(schema, list):
-        return [nullable_as_type_lists(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {key: nullable_as_type_lists(value) for key, value in schema.items()}
-    options = out.get("anyOf")
-    if not (isinstance(options, list) and len(options) == 2 and {"type": "null"} in options):
-        return out
-    other = options[0] if options[1] == {"type": "null"} else options[1]
-    kinds = other.get("type") if isinstance(other, dict) else None
-    if (
-        not isinstance(kinds, str | list)
-        or _FOR_ANY_TYPE & set(other)
-        or (set(other) - _ANNOTATIONS) & set(out)
-    ):
-        return out
-    merged = {**other, **{key: value for key, value in out.items() if key != "anyOf"}}
-    merged["type"] = [*([kinds] if isinstance(kinds, str) else kinds), "null"]
-    if isinstance(other.get("enum"), list):
-        merged["enum"] = [*other["enum"], None]
-    return merged
-
-
 def inline_definitions(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with each local ``{"$ref": "#/$defs/X"}`` replaced by definition X (keywords
     beside the reference kept) and no ``$defs``; unchanged when a definition refers to itself,
     directly or not, or a reference is not to a local definition."""
-    if "$defs" not in schema:
-        return schema
     definitions = schema["$defs"]
 
     class Unsupported(Exception):
