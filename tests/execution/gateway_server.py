@@ -100,8 +100,8 @@ class KernelGatewayServer:
 
     def stop(self) -> None:
         """Stop the gateway and its kernels (SIGTERM, then SIGKILL). Its kernels are killed first: a
-        gateway asks each to shut down in turn on SIGTERM, and the sessions of a whole test run
-        leave dozens (they outlive a kernmind server by design: docs/deployment.md), seconds each."""
+        gateway asks each to shut down in turn on SIGTERM, and the sessions of a test run leave
+        dozens (they outlive a kernmind server by design: docs/deployment.md)."""
         if self.proc is None or self.proc.poll() is not None:
             return
         for pid in self.kernel_ids():
