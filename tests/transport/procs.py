@@ -35,7 +35,7 @@ START_TIMEOUT = 60.0
 
 # Test servers preload nothing into their fork-server template (a test of preloading asks for it):
 # numpy, pandas and matplotlib cost each server ≈ 2 s of CPU in the background, which the suite's
-# other worker waits for (benchmarks/README.md, "Suite time").
+# other worker waits for (benchmarks/README.md, "The house, second pass", fifth sitting).
 TEST_PRELOAD = {"KERNMIND_PRELOAD": "[]"}
 
 
