@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,23 @@ def test_read_only_paths_under_tmp_survive_the_private_tmpfs(tmp_path: Path) -> 
     ws.mkdir()
     proc = run_in(Sandbox.detect("bwrap"), ws, ["cat", str(runtime / "lib.txt")], ro_paths=[runtime])
     assert proc.stdout == "visible"
+
+
+@bwrap_only
+@pytest.mark.parametrize("ro_path", ["/tmp", "/tmp/", "/"])
+def test_a_read_only_path_holding_tmp_never_shows_the_hosts_tmp(tmp_path: Path, ro_path: str) -> None:
+    """A server started with ``PYTHONPATH=/tmp`` once laid the host's /tmp, read-only, over the private one."""
+    fd, host_file = tempfile.mkstemp(prefix="another-sessions-file-", dir="/tmp")  # readable by all
+    os.fchmod(fd, 0o644)
+    os.close(fd)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = f"cat {host_file} 2>/dev/null && echo seen || echo hidden; echo x > /tmp/own && echo writable"
+    try:
+        proc = run_in(Sandbox.detect("bwrap"), ws, ["/bin/sh", "-c", script], ro_paths=[ro_path])
+    finally:
+        os.unlink(host_file)
+    assert proc.stdout.split() == ["hidden", "writable"]
 
 
 @bwrap_only

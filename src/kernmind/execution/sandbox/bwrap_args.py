@@ -122,7 +122,14 @@ def bwrap_args(
 
     gpu = sandbox.gpu
     gpu_libraries = list(gpu.library_dirs) if gpu else []
-    ro = [os.path.abspath(p) for p in _dedupe([*ro_paths, *gpu_libraries])]
+    # /tmp itself or a directory above it (a PYTHONPATH of "/tmp") would lay the host's /tmp over the
+    # private one: other sessions' files readable, and /tmp read-only (tempfile would then write into
+    # the workspace). Such a path is left out: what lies directly in it is not visible inside.
+    ro = [
+        p
+        for p in (os.path.abspath(p) for p in _dedupe([*ro_paths, *gpu_libraries]))
+        if p != "/tmp" and not "/tmp".startswith(p.rstrip("/") + "/")
+    ]
     bind_ro([p for p in ro if not under_tmp(p)])
     for mount in mounts:
         ensure_parents(mount.inner)
