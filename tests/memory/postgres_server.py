@@ -22,7 +22,6 @@ from pathlib import Path
 
 import psycopg
 
-
 MEMORY_DIR = Path("/dev/shm")
 MEMORY_DIR_ROOM = 4 << 30  # bytes free in MEMORY_DIR before the data goes there (both workers' databases)
 
@@ -45,20 +44,48 @@ def postgres_bin() -> Path | None:
     return Path(on_path).parent if on_path else None
 
 
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_left_behind(parent: Path, pg_ctl: Path, as_user: list[str]) -> list[Path]:
+    """Stop and remove the servers of test processes that ended without stopping theirs (a worker
+    killed by a timeout or the hang guard): in memory, each would hold its databases. Returns them."""
+    reaped = []
+    for found in parent.glob("km-pg-*-*"):
+        owner = found.name.split("-")[2]
+        if not owner.isdigit() or alive(int(owner)):
+            continue
+        if (found / "data" / "postmaster.pid").exists():
+            stop = [*as_user, str(pg_ctl), "-D", str(found / "data"), "-m", "immediate", "stop"]
+            subprocess.run(stop, capture_output=True, cwd="/")
+        shutil.rmtree(found, ignore_errors=True)
+        reaped.append(found)
+    return reaped
+
+
 class PostgresServer:
     def __init__(self) -> None:
         bindir = postgres_bin()
         if bindir is None:
             raise RuntimeError("PostgreSQL is not installed (apt-get install postgresql)")
         self.bindir = bindir
-        self.dir = Path(tempfile.mkdtemp(prefix="km-pg-", dir=data_parent()))
+        self._as_user: list[str] = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        parent = data_parent()
+        reap_left_behind(Path(parent or tempfile.gettempdir()), self.bindir / "pg_ctl", self._as_user)
+        # named after this process, so a later run knows when the server was left behind
+        self.dir = Path(tempfile.mkdtemp(prefix=f"km-pg-{os.getpid()}-", dir=parent))
         self.data = self.dir / "data"
         self.port = 5432
         self._names = itertools.count()
-        self._as_user: list[str] = []
-        if os.geteuid() == 0:
+        if self._as_user:
             shutil.chown(self.dir, "postgres", "postgres")
-            self._as_user = ["runuser", "-u", "postgres", "--"]
 
     def _run(self, *args: str) -> None:
         subprocess.run([*self._as_user, *args], check=True, capture_output=True, text=True, cwd=self.dir)
@@ -68,6 +95,7 @@ class PostgresServer:
             str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync"
         )
         options = f"-k {self.dir} -p {self.port} -c listen_addresses='' -c fsync=off -c max_connections=200"
+        options += " -c dynamic_shared_memory_type=mmap"  # segments in the data directory, removed with it
         self._run(
             str(self.bindir / "pg_ctl"),
             "-D",
