@@ -67,6 +67,24 @@ def test_a_read_only_path_holding_tmp_never_shows_the_hosts_tmp(tmp_path: Path, 
 
 
 @bwrap_only
+def test_a_read_only_path_holding_the_workspace_never_shows_other_sessions(tmp_path: Path) -> None:
+    """A server started with ``PYTHONPATH=$HOME`` would have shown its whole data directory."""
+    data = tmp_path / "data"
+    (data / "sessions" / "other").mkdir(parents=True)
+    (data / "sessions" / "other" / "notes.txt").write_text("another session's file")
+    (data / "memory.db").write_text("every note")
+    ws = data / "sessions" / "mine"
+    ws.mkdir()
+    for d in (tmp_path, data, data / "sessions", data / "sessions" / "other"):
+        d.chmod(0o755)
+    for f in (data / "memory.db", data / "sessions" / "other" / "notes.txt"):
+        f.chmod(0o644)
+    script = f"cat {data}/memory.db {data}/sessions/other/notes.txt 2>/dev/null || echo hidden; pwd"
+    proc = run_in(Sandbox.detect("bwrap"), ws, ["/bin/sh", "-c", script], ro_paths=[data, tmp_path])
+    assert proc.stdout.split() == ["hidden", "/workspace"]
+
+
+@bwrap_only
 def test_environment_is_allow_listed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KERNMIND_SECRET_FOR_TEST", "leak")
     proc = run_in(Sandbox.detect("bwrap"), tmp_path, ["env"], env={"EXTRA": "1"})

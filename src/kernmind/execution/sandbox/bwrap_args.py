@@ -11,6 +11,7 @@ Error policy: none raised here; standard library only (the sandbox's core, ``bwr
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 
 WORKSPACE_MOUNT = "/workspace"
 RUNTIME_MOUNT = "/run/kernmind"
+log = logging.getLogger(__name__)
+
 SYSTEM_DIRS = ("/usr", "/etc", "/opt")
 USR_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 
@@ -53,6 +56,24 @@ class Mount:
     def path(self, sandbox: Isolation) -> str:
         """Where code finds it: ``inner`` in an isolated sandbox, the host path without one."""
         return self.inner if sandbox.isolated else str(self.host)
+
+
+def hides_private(path: str, workspace: Path, runtime_dir: Path | None) -> bool:
+    """True for a read-only path that holds /tmp, the workspace or the socket directory (a server's
+    PYTHONPATH of ``/tmp`` or ``$HOME``): bound, it would show the host's /tmp or the data directory
+    (other sessions' files, the memory database) and lay the host's /tmp, read-only, over the private
+    one. Such a path is left out: what lies in it is not importable inside."""
+    inside = [os.path.abspath(str(workspace)), "/tmp"]
+    if runtime_dir is not None:
+        inside.append(os.path.abspath(str(runtime_dir)))
+    holds = [p for p in inside if p == path or p.startswith(path.rstrip("/") + "/")]
+    if holds and path not in _WARNED:
+        _WARNED.add(path)
+        log.warning("%s is not shown to sandboxed code: it holds %s", path, holds[0])
+    return bool(holds)
+
+
+_WARNED: set[str] = set()
 
 
 def bwrap_args(
@@ -122,13 +143,10 @@ def bwrap_args(
 
     gpu = sandbox.gpu
     gpu_libraries = list(gpu.library_dirs) if gpu else []
-    # /tmp itself or a directory above it (a PYTHONPATH of "/tmp") would lay the host's /tmp over the
-    # private one: other sessions' files readable, and /tmp read-only (tempfile would then write into
-    # the workspace). Such a path is left out: what lies directly in it is not visible inside.
     ro = [
         p
         for p in (os.path.abspath(p) for p in _dedupe([*ro_paths, *gpu_libraries]))
-        if p != "/tmp" and not "/tmp".startswith(p.rstrip("/") + "/")
+        if not hides_private(p, workspace, runtime_dir)
     ]
     bind_ro([p for p in ro if not under_tmp(p)])
     for mount in mounts:
