@@ -42,12 +42,23 @@ RESERVE_NAME = ".km-reserve"
 RESERVE_BYTES = 2 * 1024 * 1024
 
 
+def private_paths(settings: Settings) -> tuple[str, ...]:
+    """What sandboxed code must never see, even through a read-only path that holds it."""
+    paths = [settings.data_dir]
+    if not settings.db_is_postgres:
+        paths.append(settings.db_path)
+    if settings.tokens_file is not None:
+        paths.append(settings.tokens_file)
+    return tuple(os.path.abspath(p) for p in paths)
+
+
 def from_settings(settings: Settings) -> dict[str, Any]:
     """``Executor``'s keyword arguments for the server ``settings`` describe."""
     sandbox = Sandbox.detect(
         settings.sandbox, allow_network=settings.allow_network, limits=limits_from(settings), gpu=settings.gpu
     )
     sandbox.host_mounts = host_mounts.start(settings.mount, settings.data_dir, sandbox.isolated)
+    sandbox.private = private_paths(settings)
     cgroups = CgroupSupport.detect(settings.cgroups, cpu_weight=DEFAULT_CPU_WEIGHT)
     if not cgroups.active:
         log.info("no per-session control groups (%s): per-process limits only", cgroups.reason)

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from kernmind.execution.parts import private_paths
 from kernmind.execution.sandbox.bwrap import Sandbox, SandboxUnavailable
+from tests.conftest import make_settings
 
 bwrap_only = pytest.mark.skipif(
     Sandbox.detect("auto").backend != "bwrap", reason="bubblewrap is not usable here"
@@ -82,6 +84,32 @@ def test_a_read_only_path_holding_the_workspace_never_shows_other_sessions(tmp_p
     script = f"cat {data}/memory.db {data}/sessions/other/notes.txt 2>/dev/null || echo hidden; pwd"
     proc = run_in(Sandbox.detect("bwrap"), ws, ["/bin/sh", "-c", script], ro_paths=[data, tmp_path])
     assert proc.stdout.split() == ["hidden", "/workspace"]
+
+
+@bwrap_only
+def test_a_read_only_path_holding_the_memory_database_never_shows_it(tmp_path: Path) -> None:
+    """The memory database (``--db`` outside the data directory), a tokens file and the data directory
+    are the server's private paths (``parts.private_paths``): no read-only bind shows them."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "km.db").write_text("every note")
+    (notes / "helper.py").write_text("")
+    for path, mode in (
+        (tmp_path, 0o755),
+        (notes, 0o755),
+        (notes / "km.db", 0o644),
+        (notes / "helper.py", 0o644),
+    ):
+        path.chmod(mode)
+    settings = make_settings(tmp_path / "data", db=notes / "km.db")
+    sandbox = Sandbox.detect("bwrap")
+    sandbox.private = private_paths(settings)
+    assert str(notes / "km.db") in sandbox.private and str(tmp_path / "data") in sandbox.private
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = f"cat {notes}/km.db 2>/dev/null || echo hidden"
+    proc = run_in(sandbox, ws, ["/bin/sh", "-c", script], ro_paths=[notes])
+    assert proc.stdout.split() == ["hidden"]
 
 
 @bwrap_only

@@ -85,6 +85,8 @@ class Sandbox:
     guard: str | None = None
     guard_problem: str | None = None
     host_mounts: tuple[HostMount, ...] = ()  # --mount folders (host_mounts.py), bound per session owner
+    # Server paths no read-only bind may show (the data dir, a SQLite file, a tokens file): bwrap_args.py
+    private: tuple[str, ...] = ()
 
     # --- construction -------------------------------------------------------
     @classmethod

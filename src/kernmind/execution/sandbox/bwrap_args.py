@@ -39,6 +39,7 @@ class Isolation(Protocol):
     allow_network: bool
     seccomp: str | None
     gpu: GpuPassthrough | None
+    private: tuple[str, ...]
 
     @property
     def isolated(self) -> bool: ...
@@ -58,12 +59,13 @@ class Mount:
         return self.inner if sandbox.isolated else str(self.host)
 
 
-def hides_private(path: str, workspace: Path, runtime_dir: Path | None) -> bool:
-    """True for a read-only path that holds /tmp, the workspace or the socket directory (a server's
-    PYTHONPATH of ``/tmp`` or ``$HOME``): bound, it would show the host's /tmp or the data directory
-    (other sessions' files, the memory database) and lay the host's /tmp, read-only, over the private
-    one. Such a path is left out: what lies in it is not importable inside."""
-    inside = [os.path.abspath(str(workspace)), "/tmp"]
+def hides_private(path: str, sandbox: Isolation, workspace: Path, runtime_dir: Path | None) -> bool:
+    """True for a read-only path that holds /tmp, the workspace, the socket directory or one of the
+    sandbox's ``private`` paths (a server's PYTHONPATH of ``/tmp`` or ``$HOME``): bound, it would show
+    the host's /tmp or the data directory (other sessions' files, the memory database) and lay the
+    host's /tmp, read-only, over the private one. Such a path is left out: what lies in it is not
+    importable inside."""
+    inside = [os.path.abspath(str(workspace)), "/tmp", *sandbox.private]
     if runtime_dir is not None:
         inside.append(os.path.abspath(str(runtime_dir)))
     holds = [p for p in inside if p == path or p.startswith(path.rstrip("/") + "/")]
@@ -146,7 +148,7 @@ def bwrap_args(
     ro = [
         p
         for p in (os.path.abspath(p) for p in _dedupe([*ro_paths, *gpu_libraries]))
-        if not hides_private(p, workspace, runtime_dir)
+        if not hides_private(p, sandbox, workspace, runtime_dir)
     ]
     bind_ro([p for p in ro if not under_tmp(p)])
     for mount in mounts:
