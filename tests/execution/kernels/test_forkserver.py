@@ -37,6 +37,7 @@ from kernmind.execution.sandbox.rlimits import Limits
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 from tests.execution.kernels.calls import run, run_json
+from tests.transport.procs import wait_until
 
 pytestmark = [
     pytest.mark.slow,  # real kernels, sandboxes or servers
@@ -258,12 +259,15 @@ async def test_shutting_a_kernel_down_ends_everything_it_started(factory: ForkKe
     assert template is not None
     marker = f"fs-bg-{os.getpid()}-{time.monotonic_ns()}"
     kernel = await forked(factory)
+    # A Python that ignores SIGTERM and SIGHUP and keeps the marker in its command line all its life
+    # (a shell may exec its last command, and the marker would go with it).
+    ignoring = "import signal, time; [signal.signal(s, signal.SIG_IGN) for s in (15, 1)]; time.sleep(300)"
     started = await run(
         kernel,
-        f"import subprocess\nsubprocess.Popen(['sh', '-c', 'trap \"\" TERM HUP; sleep 300', '{marker}'], start_new_session=True)",
+        f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {ignoring!r}, '{marker}'], start_new_session=True)",
     )
     assert started.error is None, started.error
-    assert processes_matching(marker)
+    assert wait_until(lambda: processes_matching(marker), 10), "the background process never showed"
     await kernel.shutdown()
     assert await gone(marker)
     for _ in range(100):  # the waiter exits once the kernel is gone
