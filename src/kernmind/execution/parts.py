@@ -49,7 +49,7 @@ def private_paths(settings: Settings) -> tuple[str, ...]:
         paths.append(settings.db_path)
     if settings.tokens_file is not None:
         paths.append(settings.tokens_file)
-    return tuple(os.path.abspath(p) for p in paths)
+    return tuple(sorted({form for p in paths for form in (os.path.abspath(p), os.path.realpath(p))}))
 
 
 def from_settings(settings: Settings) -> dict[str, Any]:

@@ -113,6 +113,33 @@ def test_a_read_only_path_holding_the_memory_database_never_shows_it(tmp_path: P
 
 
 @bwrap_only
+@pytest.mark.parametrize("through", ["data_dir", "ro_path"])
+def test_a_link_does_not_hide_the_data_directory_from_the_check(tmp_path: Path, through: str) -> None:
+    """bwrap follows links: a read-only path that is a link to a folder holding the data directory (or a
+    data directory named through a link, with the real folder above it on the path) must hide it too."""
+    real = tmp_path / "home"
+    (real / "data").mkdir(parents=True)
+    (real / "data" / "memory.db").write_text("every note")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    for path, mode in (
+        (tmp_path, 0o755),
+        (real, 0o755),
+        (real / "data", 0o755),
+        (real / "data" / "memory.db", 0o644),
+    ):
+        path.chmod(mode)
+    data_dir, ro_path = (link / "data", real) if through == "data_dir" else (real / "data", link)
+    sandbox = Sandbox.detect("bwrap")
+    sandbox.private = private_paths(make_settings(data_dir))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = f"cat {real}/data/memory.db {link}/data/memory.db 2>/dev/null || echo hidden"
+    proc = run_in(sandbox, ws, ["/bin/sh", "-c", script], ro_paths=[ro_path])
+    assert proc.stdout.split() == ["hidden"]
+
+
+@bwrap_only
 def test_environment_is_allow_listed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KERNMIND_SECRET_FOR_TEST", "leak")
     proc = run_in(Sandbox.detect("bwrap"), tmp_path, ["env"], env={"EXTRA": "1"})

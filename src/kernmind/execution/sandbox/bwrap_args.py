@@ -64,11 +64,12 @@ def hides_private(path: str, sandbox: Isolation, workspace: Path, runtime_dir: P
     sandbox's ``private`` paths (a server's PYTHONPATH of ``/tmp`` or ``$HOME``): bound, it would show
     the host's /tmp or the data directory (other sessions' files, the memory database) and lay the
     host's /tmp, read-only, over the private one. Such a path is left out: what lies in it is not
-    importable inside."""
-    inside = [os.path.abspath(str(workspace)), "/tmp", *sandbox.private]
+    importable inside. Paths are compared as given and with links resolved (bwrap follows them), so
+    a link to a folder above the data directory, or a data directory reached through one, hides too."""
+    inside = ["/tmp", *sandbox.private, *_forms(workspace)]
     if runtime_dir is not None:
-        inside.append(os.path.abspath(str(runtime_dir)))
-    holds = [p for p in inside if p == path or p.startswith(path.rstrip("/") + "/")]
+        inside += _forms(runtime_dir)
+    holds = [p for p in inside for d in _forms(path) if p == d or p.startswith(d.rstrip("/") + "/")]
     if holds and path not in _WARNED:
         _WARNED.add(path)
         log.warning("%s is not shown to sandboxed code: it holds %s", path, holds[0])
@@ -76,6 +77,11 @@ def hides_private(path: str, sandbox: Isolation, workspace: Path, runtime_dir: P
 
 
 _WARNED: set[str] = set()
+
+
+def _forms(path: str | Path) -> set[str]:
+    """``path`` as written (absolute) and with every link resolved."""
+    return {os.path.abspath(path), os.path.realpath(path)}
 
 
 def bwrap_args(
