@@ -661,3 +661,27 @@ async def test_a_missing_python_is_runtime_unavailable_forked_or_not(tmp_path: P
     for factory in (base, ForkKernelFactory(base)):
         with pytest.raises(RuntimeUnavailable, match="no-such-python"):
             await factory.start()
+
+
+def my_templates() -> set[int]:
+    """This process's children that are fork-server templates."""
+    me, found = os.getpid(), set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == me and b"forkserver/template.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.add(int(pid))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+async def test_a_server_stopped_while_its_template_starts_leaves_no_template(tmp_path: Path) -> None:
+    """The template starts with the server and says hello about half a second later: a server
+    stopped before that (a client that only lists tools) once left it running, a process and
+    ≈ 50 MiB each, until the garbage collector got to it."""
+    before = my_templates()
+    for i in range(3):
+        async with Client(create_server(make_settings(tmp_path / str(i)))) as client:
+            await client.list_tools()
+    assert wait_until(lambda: not my_templates() - before, 5), my_templates() - before

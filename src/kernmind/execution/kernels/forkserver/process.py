@@ -282,6 +282,10 @@ class ForkServer:
             log.warning("%s; kernels start the normal way", self.last_error)
             if template is not None:
                 template.stop()
+        except BaseException:  # cancelled while it starts (the server stopping): it must not outlive us
+            if template is not None:
+                template.stop()
+            raise
         else:
             self.current = template
             self.last_error = None
