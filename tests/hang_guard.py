@@ -7,7 +7,7 @@ process after writing the stacks to a terminal an xdist worker does not show. So
 takes over pytest-timeout's timer (its ``pytest_timeout_set_timer`` hook): when a test runs
 past ``timeout``, a thread sends a failed report whose text is every thread's stack, then ends
 the process. Under xdist the controller prints that report, says the worker crashed (naming,
-under ``--dist loadgroup``, the test queued after the hung one, which then runs again), starts a
+under ``--dist loadfile``, the test queued after the hung one, which then runs again), starts a
 new one and finishes the run; without xdist the run ends there, after printing the report.
 The process's descendants (servers, kernels, sandboxes the test started) are killed first: left
 running, a busy one would slow every later test. tests/test_hang_guard.py checks all of it.
@@ -51,7 +51,7 @@ def _kill_descendants() -> None:
 
 
 def _tell_xdist_it_ended(item: pytest.Item, timeout: float) -> None:
-    """Under xdist's scope schedulers (``--dist loadgroup``, the README's), mark the test done, as
+    """Under xdist's scope schedulers (``--dist loadfile``, the README's), mark the test done, as
     the worker does after a test's protocol: else the controller puts the ended worker's whole
     group back, hung test included, and the next worker hangs on it again (up to xdist's limit of
     restarts). The test queued after it is then the one said to have crashed, and runs again on

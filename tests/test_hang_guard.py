@@ -39,8 +39,8 @@ pytestmark = pytest.mark.slow  # two pytest runs of their own
 
 @pytest.mark.parametrize(
     "workers",
-    [["-n", "1"], ["-n", "2", "--dist", "loadgroup"], ["-p", "no:xdist"]],
-    ids=["xdist", "loadgroup", "plain"],
+    [["-n", "1"], ["-n", "2", "--dist", "loadfile"], ["-p", "no:xdist"]],
+    ids=["xdist", "loadfile", "plain"],
 )
 def test_a_hung_test_fails_with_its_stacks_and_the_run_ends(tmp_path: Path, workers: list[str]) -> None:
     (tmp_path / "test_hangs.py").write_text(HANGS)

@@ -64,7 +64,7 @@ FRESH_MACHINE_TESTS = (
     "sudo apt-get update && sudo apt-get install -y python3-venv && python3 -m venv .venv && "
     ". .venv/bin/activate && bash .ci/run"
 )
-TEST_COMMAND = "python3 -m pytest -n 3 --dist loadgroup -q"
+TEST_COMMAND = "python3 -m pytest -n 3 --dist loadfile -q"
 
 
 def readme_sections() -> list[list[str]]:

@@ -2,8 +2,9 @@
 
 Each worker appends ``<seconds>\t<phase>\t<group>\t<nodeid>`` lines to ``<prefix>.<worker>``;
 without the variable this plugin does nothing. ``python tests/timings.py <prefix>`` sums them by
-group: with ``--dist loadgroup`` one group runs on one worker, so the largest group bounds the
-suite's wall time.
+group and by file: with ``--dist loadfile`` (the README's) one file runs on one worker, so its
+module fixtures start once. (The groups no longer schedule anything: ``--dist loadgroup`` stopped
+grouping with pytest 9.2, pytest-xdist issue 1386; they still say which tests share a server.)
 """
 
 from __future__ import annotations

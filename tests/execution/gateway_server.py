@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+PORT_TRIES = 4  # starts tried when the chosen port was taken meanwhile
 START_TIMEOUT = 90.0  # seconds: the gateway imports the Jupyter server stack (slow on a loaded machine)
 
 
@@ -39,8 +40,29 @@ class KernelGatewayServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = self.dir / "gateway.log"
+        self.restarting = False  # restart(): the same port again (clients hold its address)
 
     def start(self) -> KernelGatewayServer:
+        """Start it and wait until it answers. The port was free when chosen, but any process may
+        take it before the gateway binds it (the suite's kernels bind ports all the time): then
+        try again, on a new port for a first start, on the same one after ``restart()``."""
+        for attempt in range(PORT_TRIES):
+            logged = self.log.stat().st_size if self.log.exists() else 0
+            if self._start_once():
+                return self
+            with self.log.open("rb") as log:
+                taken = b"is already in use" in log.read()[logged:]
+            if not taken or attempt == PORT_TRIES - 1:
+                break
+            if not self.restarting:
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+            time.sleep(0.5)
+        raise RuntimeError(
+            f"the kernel gateway did not start:\n{self.log.read_text(errors='replace')[-3000:]}"
+        )
+
+    def _start_once(self) -> bool:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "KERNMIND_"))}
         env.update(
             JUPYTER_DATA_DIR=str(self.dir / "data"),
@@ -69,12 +91,10 @@ class KernelGatewayServer:
             if self.proc.poll() is not None:
                 break
             if self.answers():
-                return self
+                return True
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(
-            f"the kernel gateway did not start:\n{self.log.read_text(errors='replace')[-3000:]}"
-        )
+        return False
 
     def answers(self) -> bool:
         request = urllib.request.Request(
@@ -116,7 +136,11 @@ class KernelGatewayServer:
 
     def restart(self) -> None:
         self.stop()
-        self.start()
+        self.restarting = True
+        try:
+            self.start()
+        finally:
+            self.restarting = False
 
     def close(self) -> None:
         self.stop()
