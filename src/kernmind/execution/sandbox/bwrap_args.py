@@ -24,10 +24,11 @@ if TYPE_CHECKING:
 
 WORKSPACE_MOUNT = "/workspace"
 RUNTIME_MOUNT = "/run/kernmind"
-log = logging.getLogger(__name__)
 
 SYSTEM_DIRS = ("/usr", "/etc", "/opt")
 USR_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+
+log = logging.getLogger(__name__)
 
 
 class Isolation(Protocol):
