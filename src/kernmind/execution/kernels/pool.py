@@ -42,6 +42,7 @@ class KernelPool:
         self._rebind = rebind  # (home, spare): a warm kernel's directory becomes home (None: never)
         self._ready: deque[Kernel] = deque()
         self._wake = anyio.Event()
+        self._closed = anyio.Event()
         self._tg: TaskGroup | None = None
         self._closing = False
         self._starting = 0  # kernels the refill is starting now
@@ -184,7 +185,8 @@ class KernelPool:
 
         async def _stop() -> None:
             with anyio.CancelScope(shield=True):  # even when the server is stopping
-                await anyio.sleep(BACKGROUND_DELAY)
+                with anyio.move_on_after(BACKGROUND_DELAY):  # (no call to make way for once closing)
+                    await self._closed.wait()
                 await _shutdown_and_remove(kernel)
 
         if self._tg is not None and not self._closing:
@@ -195,6 +197,7 @@ class KernelPool:
     async def close(self) -> None:
         self._closing = True
         self._wake.set()
+        self._closed.set()
         kernels = list(self._ready)
         self._ready.clear()
         with anyio.CancelScope(shield=True):
