@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,8 @@ ESCAPE = (
     "import subprocess\nchild = subprocess.Popen(['sleep', '300'], start_new_session=True)\nchild.pid > 0"
 )
 
+JOB = "open('job-started', 'w').close()\nimport time\ntime.sleep(300)"
+
 
 @pytest.mark.parametrize("sandbox", ["none", "bwrap"])
 def test_sigkilled_server_leaves_no_process(tmp_path: Path, sandbox: str) -> None:
@@ -36,9 +37,7 @@ def test_sigkilled_server_leaves_no_process(tmp_path: Path, sandbox: str) -> Non
     try:
         server.call_tool("run_code", {"code": "a = 1"})
         server.call_tool("run_code", {"code": ESCAPE, "session_id": "second"})
-        job = server.call_tool(
-            "run_code", {"code": "import time; time.sleep(300)", "session_id": "job", "background": True}
-        )
+        job = server.call_tool("run_code", {"code": JOB, "session_id": "job", "background": True})
         assert job["structuredContent"]["job_id"]
         # A bash call still running when the server dies (its answer never comes).
         server._send(
@@ -50,7 +49,7 @@ def test_sigkilled_server_leaves_no_process(tmp_path: Path, sandbox: str) -> Non
             }
         )
         assert wait_until(lambda: any("sleep 300" in p.cmdline for p in descendants(server.proc.pid)), 30.0)
-        time.sleep(0.5)  # the job's kernel is busy sleeping too
+        assert wait_until(lambda: any(tmp_path.rglob("job-started")), 30.0)  # its kernel runs the job
         before = descendants(server.proc.pid)
         sleepers = [p for p in before if p.cmdline.startswith("sleep 300")]
         assert len(sleepers) == 2, [p.cmdline[:100] for p in before]  # the escaped child and bash's
