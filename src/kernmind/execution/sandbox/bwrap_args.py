@@ -70,7 +70,8 @@ def hides_private(path: str, sandbox: Isolation, workspace: Path, runtime_dir: P
     inside = ["/tmp", *sandbox.private, *_forms(workspace)]
     if runtime_dir is not None:
         inside += _forms(runtime_dir)
-    holds = [p for p in inside for d in _forms(path) if p == d or p.startswith(d.rstrip("/") + "/")]
+    forms = _forms(path)
+    holds = [p for p in inside for d in forms if p == d or p.startswith(d.rstrip("/") + "/")]
     if holds and path not in _WARNED:
         _WARNED.add(path)
         log.warning("%s is not shown to sandboxed code: it holds %s", path, holds[0])
