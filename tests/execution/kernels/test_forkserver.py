@@ -37,7 +37,7 @@ from kernmind.execution.sandbox.rlimits import Limits
 from kernmind.server import create_server
 from tests.conftest import make_settings, structured
 from tests.execution.kernels.calls import run, run_json
-from tests.transport.procs import wait_until
+from tests.transport.procs import all_processes, wait_until
 
 pytestmark = [
     pytest.mark.slow,  # real kernels, sandboxes or servers
@@ -665,15 +665,8 @@ async def test_a_missing_python_is_runtime_unavailable_forked_or_not(tmp_path: P
 
 def my_templates() -> set[int]:
     """This process's children that are fork-server templates."""
-    me, found = os.getpid(), set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == me and b"forkserver/template.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.add(int(pid))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
+    me = os.getpid()
+    return {p.pid for p in all_processes() if p.ppid == me and "forkserver/template.py" in p.cmdline}
 
 
 async def test_a_server_stopped_while_its_template_starts_leaves_no_template(tmp_path: Path) -> None:

@@ -42,9 +42,8 @@ class KernelPool:
         self._rebind = rebind  # (home, spare): a warm kernel's directory becomes home (None: never)
         self._ready: deque[Kernel] = deque()
         self._wake = anyio.Event()
-        self._closed = anyio.Event()
+        self._closed = anyio.Event()  # set by close(): no refill, no new stop
         self._tg: TaskGroup | None = None
-        self._closing = False
         self._starting = 0  # kernels the refill is starting now
         self._failures = 0  # starts failed in a row (for the back-off)
         self.last_error: str | None = None
@@ -64,7 +63,7 @@ class KernelPool:
         # A server just launched is answering its handshake (and maybe a first call, which
         # starts its own kernel): filling the pool now would take CPU from them.
         await anyio.sleep(delay)
-        while not self._closing:
+        while not self._closed.is_set():
             # Cheap starts (fork-server forks) run at once and side by side, so back-to-back
             # fresh calls find a kernel ready; boots run one at a time (they would starve
             # the call at hand of CPU).
@@ -92,7 +91,7 @@ class KernelPool:
                 return
             self._failures = 0
             self.last_error = None
-            if self._closing:
+            if self._closed.is_set():
                 await _shutdown_and_remove(kernel)
                 return
             self._ready.append(kernel)
@@ -113,7 +112,7 @@ class KernelPool:
         except BaseException:
             for kernel in held:
                 with anyio.CancelScope(shield=True):
-                    if self._tg is not None and not self._closing:
+                    if self._tg is not None and not self._closed.is_set():
                         self.release(kernel)
                     else:
                         await _shutdown_and_remove(kernel)
@@ -189,13 +188,12 @@ class KernelPool:
                     await self._closed.wait()
                 await _shutdown_and_remove(kernel)
 
-        if self._tg is not None and not self._closing:
+        if self._tg is not None and not self._closed.is_set():
             self._tg.start_soon(_stop)
         else:  # pragma: no cover - only during shutdown
             log.debug("releasing kernel %s after pool shutdown", kernel.id)
 
     async def close(self) -> None:
-        self._closing = True
         self._wake.set()
         self._closed.set()
         kernels = list(self._ready)
