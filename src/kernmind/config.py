@@ -254,6 +254,12 @@ class Settings(BaseSettings):
         description="names a session's working directory and `/run/kernmind` may hold (files, directories, "
         "links, others); over it the session creates nothing until it deletes some",
     )
+    workspace_fs: Annotated[Literal["count", "image"], Cli(Group.SANDBOX)] = Field(
+        default="count",
+        description="`image`: each stored session's files live on an ext4 image of their own, sized for "
+        "--workspace-mb and --workspace-files, so the kernel refuses the first block or name past them "
+        "(needs root, mkfs.ext4 and loop devices); `count`: the quota is measured around and during calls",
+    )
 
     # --- transport (kernmind serve only) ---
     transport: Annotated[Literal["stdio", "http"], Cli(Group.TRANSPORT)] = Field(
@@ -332,6 +338,11 @@ class Settings(BaseSettings):
     def _allowlist_needs_a_file(self) -> Settings:
         if self.packages == "allowlist" and self.package_allowlist is None:
             raise ValueError("--packages allowlist needs --package-allowlist FILE (one package name a line)")
+        if self.workspace_fs == "image" and self.kernel_gateway:
+            raise ValueError(
+                "--workspace-fs image mounts each session's files here, but --kernel-gateway runs kernels "
+                "elsewhere: use one or the other"
+            )
         return self
 
     @field_validator("allowed_origin", "mount", mode="before")

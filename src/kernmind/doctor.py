@@ -28,7 +28,7 @@ from kernmind.execution.kernels.python_runtime import PythonRuntime
 from kernmind.execution.packages import PackageInstaller, PythonTarget
 from kernmind.execution.remote import RemoteKernels
 from kernmind.execution.results import OutputCollector
-from kernmind.execution.sandbox import host_mounts
+from kernmind.execution.sandbox import host_mounts, volume
 from kernmind.execution.sandbox.bwrap import Sandbox, SandboxUnavailable
 from kernmind.execution.sandbox.cgroups import DEFAULT_CPU_WEIGHT, CgroupsUnavailable, CgroupSupport
 from kernmind.execution.sandbox.rlimits import limits_from
@@ -188,6 +188,9 @@ def gather(settings: Settings) -> dict[str, Any]:
     report["database"] = redacted_location(settings.db_location)
     report["meaning_search"] = anyio.run(_meaning_check, settings)
     report["workspaces"] = str(settings.workspaces_dir)
+    report["workspace_fs"] = volume.describe(
+        settings.workspace_fs, settings.workspace_mb, settings.workspace_files
+    )
     report["agent"] = settings.agent
     report["pool_size"] = settings.pool_size
     report["stateless"] = settings.stateless
@@ -298,6 +301,7 @@ def _print_text(report: dict[str, Any]) -> None:
     if "database" in report:
         line("database", report["database"])
         line("workspaces", report["workspaces"])
+        line("  disk limit", report["workspace_fs"])
         line("memory agent", report["agent"])
         line("meaning search", describe_meaning_search(report["meaning_search"]))
         line(

@@ -23,6 +23,7 @@ from anyio.abc import TaskGroup
 
 from kernmind import revocation
 from kernmind.config import Settings
+from kernmind.diskio import StorageError
 from kernmind.execution import installs, parts
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.kernels import api
@@ -35,6 +36,7 @@ from kernmind.execution.packages.guard import SandboxGuard
 from kernmind.execution.results import OutputCollector, RunResult
 from kernmind.execution.runners.base import Call, Runner
 from kernmind.execution.runners.python import PythonRunner, SnapshotBudget
+from kernmind.execution.sandbox import volume
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import CgroupSupport
 from kernmind.execution.sandbox.limits import SessionLimits
@@ -157,10 +159,23 @@ class Executor:
 
     def _open_home(self, home: SessionHome) -> Workspace:
         """A stored session's working directory, its files handed to a fresh sandbox uid."""
+        own_fs = False
+        # (A session made with images keeps its image when the server now counts instead.)
+        if self.settings.workspace_fs == "image" or volume.has_image(home.files):
+            try:
+                own_fs = volume.attach(
+                    home.files, quota_mib=self.settings.workspace_mb, inodes=self.settings.workspace_files
+                )
+            except OSError as exc:
+                raise StorageError(
+                    f"the file system of session {home.session_id!r} could not be mounted ({exc}); its "
+                    "files are intact on disk. Try again; if it keeps failing, the operator can run "
+                    "`kernmind doctor`."
+                ) from exc
         uid = self.sandbox.allocate_uid()
         if uid is not None:
             own_tree(home.files, uid)
-        ws = Workspace(home.files, owner_uid=uid)
+        ws = Workspace(home.files, owner_uid=uid, own_fs=own_fs)
         ws.create()
         return ws
 
@@ -200,6 +215,9 @@ class Executor:
             self.socket_rundir.open()
         if self.remote is not None:
             self.remote.workspaces.open()
+        if self.store is not None and volume.unavailable() is None:
+            if left := volume.unmount_leftovers(self.store.root, disk_store.is_held):
+                log.info("unmounted %d session file system(s) a stopped server left mounted", left)
         factory = self.factory
         forks = factory.running() if isinstance(factory, ForkKernelFactory) else contextlib.nullcontext()
         try:

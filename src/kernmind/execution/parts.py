@@ -25,7 +25,7 @@ from kernmind.execution.kernels.local import KernelFactory
 from kernmind.execution.kernels.python_runtime import PythonRuntime
 from kernmind.execution.packages import Layer, PackageInstaller, PythonTarget
 from kernmind.execution.packages.guard import SandboxGuard
-from kernmind.execution.sandbox import host_mounts
+from kernmind.execution.sandbox import host_mounts, volume
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.execution.sandbox.cgroups import DEFAULT_CPU_WEIGHT, CgroupSupport
 from kernmind.execution.sandbox.rlimits import limits_from
@@ -59,6 +59,7 @@ def from_settings(settings: Settings) -> dict[str, Any]:
     )
     sandbox.host_mounts = host_mounts.start(settings.mount, settings.data_dir, sandbox.isolated)
     sandbox.private = private_paths(settings)
+    volume.check(settings.workspace_fs)
     cgroups = CgroupSupport.detect(settings.cgroups, cpu_weight=DEFAULT_CPU_WEIGHT)
     if not cgroups.active:
         log.info("no per-session control groups (%s): per-process limits only", cgroups.reason)

@@ -74,6 +74,7 @@ def serve(settings: Settings) -> int:
     from kernmind.execution.sandbox.bwrap import SandboxUnavailable
     from kernmind.execution.sandbox.cgroups import CgroupsUnavailable
     from kernmind.execution.sandbox.host_mounts import MountError
+    from kernmind.execution.sandbox.volume import WorkspaceFsUnavailable
 
     sock: socket.socket | None = None
     if settings.transport == "http":
@@ -94,7 +95,7 @@ def serve(settings: Settings) -> int:
         from kernmind.server import create_server
 
         server = create_server(settings, executor)
-    except (SandboxUnavailable, CgroupsUnavailable, MountError) as exc:
+    except (SandboxUnavailable, CgroupsUnavailable, MountError, WorkspaceFsUnavailable) as exc:
         if sock is not None:
             sock.close()
         print(f"kernmind: {exc}", file=sys.stderr)

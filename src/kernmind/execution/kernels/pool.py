@@ -139,9 +139,10 @@ class KernelPool:
             await self._adopt_layer(kernel, layer)
             await _join(kernel, limits)
             return kernel
-        # A warm kernel has no --mount folder: a session whose owner has some starts its own (host_mounts.py).
+        # A warm kernel has no --mount folder: a session whose owner has some starts its own (host_mounts.py);
+        # so does a session whose files are a file system of their own (volume.py).
         rebind = self._rebind if self.factory.rebinds_warm_kernels else None
-        if kernel is not None and (rebind is None or _mounts_for(self.factory, home)):
+        if kernel is not None and (rebind is None or home.own_fs or _mounts_for(self.factory, home)):
             self._ready.appendleft(kernel)  # it cannot move into another directory: start one there
             kernel = None
             held.clear()

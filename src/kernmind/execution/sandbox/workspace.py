@@ -93,6 +93,9 @@ class Workspace:
     # The data key of the session it belongs to: which --mount folders its sandboxes get
     # (host_mounts.py); None (a warm kernel's own directory): none.
     mount_owner: str | None = field(default=None, repr=False, compare=False)
+    # Its root is a file system of its own (``--workspace-fs image``, volume.py): a warm kernel's
+    # directory cannot be renamed into it, so its session's kernels start there.
+    own_fs: bool = field(default=False, repr=False, compare=False)
 
     def create(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)

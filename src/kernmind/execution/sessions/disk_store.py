@@ -34,6 +34,7 @@ from typing import Any
 from kernmind.diskio import Reserve, kind_of, read_file, write_file
 from kernmind.execution.errors import SessionError
 from kernmind.execution.kernels.snapshot import SNAPSHOT_DIR as SNAPSHOT_DIR  # (its legacy place)
+from kernmind.execution.sandbox import volume
 from kernmind.execution.sandbox.filescan import scan_tree
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,11 @@ class SessionHome:
         self.files.mkdir(exist_ok=True, mode=0o755)
 
     def release(self) -> None:
+        """Let the session go: its file system unmounted (``--workspace-fs image``), then its lock."""
+        try:
+            volume.detach(self.files)
+        except OSError as exc:
+            log.warning("session %r: its file system stays mounted: %s", self.session_id, exc)
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._lock_fd, 0)
@@ -148,7 +154,13 @@ class SessionHome:
         """Refuse a session whose directory holds a link, a directory or a FIFO where the store
         keeps something else (nothing is followed or opened to find out: ``lstat`` only)."""
         dirs = (self.root.parent, self.root, self.files, self.root / ATTACHING, self.root / STATE)
-        files = (self.snapshot, self.root / META, self.root / HISTORY, self.root / LOCK)
+        files = (
+            self.snapshot,
+            self.root / META,
+            self.root / HISTORY,
+            self.root / LOCK,
+            self.root / volume.IMAGE,
+        )
         for path, want in [*((d, "directory") for d in dirs), *((f, "file") for f in files)]:
             try:
                 mode = os.lstat(path).st_mode
@@ -190,7 +202,9 @@ class SessionHome:
         write_file(self.root / META, json.dumps(asdict(meta)).encode())
 
     def delete(self) -> None:
-        """Remove everything (the caller holds the lock)."""
+        """Remove everything (the caller holds the lock; a mounted file system is let go first, so
+        the removal never reaches into a mount)."""
+        volume.detach(self.files)
         shutil.rmtree(self.root, ignore_errors=True)
         self.release()
 
@@ -370,6 +384,7 @@ class SessionStore:
         except SessionError:
             if is_held(home.root):
                 raise
+            volume.detach(home.files)  # (a mount a killed server left: never removed from inside)
             shutil.rmtree(home.root, ignore_errors=True)  # its lock is not a file: nobody can hold it
             return
         home.delete()

@@ -343,7 +343,7 @@ class SessionRegistry(LiveSessions):
             try:
                 await self.books.unloaded(session)  # (a meta it cannot write is kept for later)
             finally:
-                home.release()
+                await off_loop(home.release, timeout=None)  # (unmounts its file system, if it has one)
         elif session.workspace is not None:  # not stored (sessions without a store): its files go
             self._reaped.add(session.key)
             try:

@@ -1,0 +1,197 @@
+"""A stored session's files on a file system of their own, whose size and inode count the kernel caps.
+
+Design: with ``--workspace-fs image`` (root, ``mkfs.ext4`` and loop devices), a stored session's
+``files/`` is the mount point of ``files.img`` beside it: a sparse ext4 image (a 4 MiB journal),
+made at the session's first load with room for the quota (``--workspace-mb``) and inodes for
+``--workspace-files``, mounted ``nodev,nosuid`` while the session is live here and unmounted when
+it goes. The file system answers "No space left on device" from the first block or name past it,
+so no burst passes: the counting in ``quota.py`` still runs and still says why. Why an image and
+not project quotas, and what it costs: docs/security.md, "The disk".
+
+A session stored before images were on (a plain ``files/`` with entries) keeps its directory and
+the counting alone (logged). A server killed while sessions were mounted leaves the mounts: the
+next server's ``unmount_leftovers`` removes those of the sessions no server holds.
+
+Error policy: ``unavailable()`` says in a sentence why images cannot be used here; ``attach`` and
+``detach`` raise ``OSError`` with the tool's own words (the caller refuses the load, or logs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+IMAGE = "files.img"  # beside the session's files/, out of its code's view
+MIB = 1024 * 1024
+INODE_BYTES = 256  # ext4's inode size: the inode table is part of the image's size
+_OWN_MIB = 8  # the journal (4 MiB) and the rest of ext4's own bookkeeping on a small image
+_TOOL_SECONDS = 60.0
+_BUSY_TRIES = 3  # a kernel stopping in the background may still hold the mount for a moment
+
+
+class WorkspaceFsUnavailable(RuntimeError):
+    """``--workspace-fs image`` was asked for where images cannot be mounted (the sentence says why)."""
+
+
+def check(mode: str) -> None:
+    """Raise ``WorkspaceFsUnavailable`` when ``mode`` (``--workspace-fs``) cannot be served here."""
+    if mode == "image" and (why := unavailable()) is not None:
+        raise WorkspaceFsUnavailable(
+            f"--workspace-fs image is not possible here: {why}; use --workspace-fs count"
+        )
+
+
+def unavailable() -> str | None:
+    """None when per-session images can be made here; else why not, in a sentence."""
+    if os.geteuid() != 0:
+        return "per-session file systems need root (mounting a loop device)"
+    missing = [tool for tool in ("mkfs.ext4", "mount", "umount") if shutil.which(tool) is None]
+    if missing:
+        return f"per-session file systems need {', '.join(missing)} (Debian: e2fsprogs, mount)"
+    if not os.path.exists("/dev/loop-control"):
+        return "per-session file systems need loop devices (/dev/loop-control is missing)"
+    return None
+
+
+def describe(mode: str, quota_mib: int, inodes: int) -> str:
+    """What enforces a session's disk quota here, for ``kernmind doctor``."""
+    why = unavailable()
+    if mode == "image":
+        if why is not None:
+            return f"image asked for, but not possible: {why}"
+        return (
+            f"image: each stored session's files are an ext4 file system of their own "
+            f"({image_mib(quota_mib, inodes)} MiB, {inodes:,} names and a little more): the kernel refuses "
+            "what passes the quota"
+        )
+    where = "possible here: --workspace-fs image" if why is None else f"not possible here: {why}"
+    return f"count: measured around and during calls (sandbox above); per-session file systems {where}"
+
+
+def image_mib(quota_mib: int, inodes: int) -> int:
+    """The image's size: the quota and a margin (so the quota's own count, with its sentence, is
+    normally reached first and the file system is the hard stop just past it), the inode table,
+    the journal and ext4's own bookkeeping."""
+    margin = 4 + quota_mib // 64
+    return quota_mib + margin + _OWN_MIB + quota_mib // 256 + -(-inodes * INODE_BYTES // MIB)
+
+
+def has_image(files: Path) -> bool:
+    return os.path.lexists(files.parent / IMAGE)
+
+
+def is_attached(files: Path) -> bool:
+    return os.path.ismount(files)
+
+
+def attach(files: Path, *, quota_mib: int, inodes: int) -> bool:
+    """Mount the session's image (made on first use) on ``files``; False when the session keeps a
+    plain directory (files stored before images were on). ``OSError`` when it cannot be done."""
+    if is_attached(files):
+        return True
+    image = files.parent / IMAGE
+    if not image.exists():
+        with contextlib.suppress(FileNotFoundError):
+            if any(os.scandir(files)):
+                log.info("session files in %s predate --workspace-fs image: counted, not capped", files)
+                return False
+        _make(image, image_mib(quota_mib, inodes), inodes + inodes // 50 + 64)
+    elif image.is_symlink() or not image.is_file():
+        raise OSError(errno.EINVAL, f"{image} is not a regular file")
+    files.mkdir(mode=0o700, exist_ok=True)
+    _run("mount", "-t", "ext4", "-o", "loop,nodev,nosuid", str(image), str(files))
+    with contextlib.suppress(OSError):
+        (files / "lost+found").rmdir()  # mkfs's, empty: not the session's
+    return True
+
+
+def detach(files: Path) -> None:
+    """Unmount the session's image (lazily when something still holds it: a process that outlived
+    its sandbox); its loop device goes with the last user. Nothing when it is not mounted."""
+    for attempt in range(_BUSY_TRIES):
+        if not is_attached(files):
+            return
+        try:
+            _run("umount", str(files))
+            return
+        except OSError as exc:
+            if attempt + 1 == _BUSY_TRIES:
+                log.info("unmounting %s lazily: %s", files, exc)
+            time.sleep(0.1 * (attempt + 1))
+    _run("umount", "-l", str(files))
+
+
+def unmount_leftovers(sessions_root: Path, held: Callable[[Path], bool]) -> int:
+    """Unmount the session images a killed server left mounted under ``sessions_root`` (those of
+    sessions ``held`` says no server holds now); how many."""
+    root = os.path.realpath(sessions_root) + os.sep
+    done = 0
+    for point in _mount_points():
+        if not point.startswith(root) or os.path.basename(point) != "files":
+            continue
+        home = Path(point).parent
+        if held(home):
+            continue
+        try:
+            detach(Path(point))
+            done += 1
+        except OSError as exc:
+            log.warning("a session image left mounted at %s: %s", point, exc)
+    return done
+
+
+def _mount_points() -> list[str]:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    # Field 5 is the mount point, with spaces and the like written as octal escapes.
+    return [_unescape(line.split()[4]) for line in lines if len(line.split()) > 4]
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def _make(image: Path, mib: int, inodes: int) -> None:
+    part = image.with_name(image.name + ".part")
+    with open(part, "wb") as f:
+        f.truncate(mib * MIB)  # sparse: the host pays only for what code writes
+    try:
+        options = ["-b", "4096", "-I", str(INODE_BYTES), "-N", str(inodes), "-m", "0"]
+        # A small journal, so a server killed mid-write leaves a file system that mounts clean; the
+        # image is sparse, so the journal and inode tables need no zeroing (lazy_*_init).
+        features = [
+            "-J",
+            "size=4",
+            "-O",
+            "^resize_inode",
+            "-E",
+            "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+        ]
+        _run("mkfs.ext4", "-q", "-F", *options, *features, str(part))
+        os.replace(part, image)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+
+
+def _run(*argv: str) -> None:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=_TOOL_SECONDS, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise OSError(errno.EIO, f"{argv[0]}: {exc}") from exc
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        raise OSError(errno.EIO, f"{argv[0]} failed: {said[-1] if said else f'exit {done.returncode}'}")
