@@ -151,12 +151,7 @@ async def test_a_process_writing_between_calls_stops_at_the_file_systems_size(
 async def test_a_flood_of_names_stops_at_the_inode_cap(alice: Client, bob: Client) -> None:
     """5,000 directories asked for in one call, with --workspace-files 2000: the file system has
     no inode left from about the 2,100th, so the flood never reaches the host."""
-    flood = (
-        "import errno, json, os\nmade, err = 0, 'none'\ntry:\n    for i in range(5000):\n"
-        "        os.mkdir(f'd{i}')\n        made += 1\nexcept OSError as exc:\n"
-        "    err = errno.errorcode[exc.errno]\njson.dumps([err, made])"
-    )
-    err, made = await value(alice, flood, "names")
+    err, made = await value(alice, FLOOD, "names")
     assert err == "ENOSPC" and NAMES <= made < NAMES + NAMES // 50 + 64, (err, made)
     await bob_works(bob)
 
@@ -187,6 +182,65 @@ async def test_the_image_follows_the_session_through_stops_kills_and_close(deplo
         closed = await alice.call_tool("close_session", {"session_id": "lasting"})
         assert not closed.is_error, closed
     assert not files.parent.exists() and not mounts_under(deployment.server.data_dir)
+
+
+FLOOD = (
+    "import errno, json, os\nmade, err = 0, 'none'\ntry:\n    for i in range(5000):\n"
+    "        os.mkdir(f'd{i}')\n        made += 1\nexcept OSError as exc:\n"
+    "    err = errno.errorcode[exc.errno]\njson.dumps([err, made])"
+)
+# How long this interpreter has been running, from inside its sandbox (/proc/self/stat's start).
+AGE = (
+    "import json, os\nstart = int(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19])\n"
+    "json.dumps(float(open('/proc/uptime').read().split()[0]) - start / os.sysconf('SC_CLK_TCK'))"
+)
+
+
+async def warm_pool_full(client: Client) -> None:
+    for _ in range(600):
+        listed = structured(await client.call_tool("list_sessions", {}))
+        if listed["warm_kernels"] >= 1:
+            return
+        await anyio.sleep(0.1)
+    raise AssertionError("the warm pool never filled")
+
+
+async def test_a_warm_kernel_brings_its_file_system_to_a_new_session(tmp_path: Path) -> None:
+    """A warm kernel starts on a file system of its own; a new session's first call takes it (its
+    mount moved onto the session's files, its image renamed beside them) instead of starting a
+    kernel: the session is capped all the same, and its files last."""
+    server = start_http(tmp_path, *FLAGS, "--pool-size", "1")
+    files = server.data_dir / "sessions" / "local" / "fresh" / "files"
+    try:
+        async with http_client(server.url, server.headers(None), "auto") as client:
+            await warm_pool_full(client)
+            await anyio.sleep(2.0)
+            age = await value(client, AGE, "fresh")
+            assert age > 1.5, f"the session's kernel is {age:.2f} s old: it was not the warm one"
+            assert os.path.ismount(files) and (files.parent / volume.IMAGE).is_file()
+            err, made = await value(client, FLOOD, "fresh")
+            assert err == "ENOSPC" and NAMES <= made < NAMES + NAMES // 50 + 64, (err, made)
+        server.stop()
+        assert not mounts_under(server.data_dir)
+        assert not [p for p in server.data_dir.rglob("ws-*.img")], "a warm kernel's image was left behind"
+        server = start_http(tmp_path, *FLAGS)
+        async with http_client(server.url, server.headers(None), "auto") as client:
+            assert await value(client, "import json, os; json.dumps(len(os.listdir('.')))", "fresh") == made
+    finally:
+        server.stop()
+
+
+async def test_stateless_calls_are_capped_too(tmp_path: Path) -> None:
+    """--stateless: each call's fresh directory is a file system of its own."""
+    server = start_http(tmp_path, *FLAGS, "--stateless", "--pool-size", "1")
+    try:
+        async with http_client(server.url, server.headers(None), "auto") as client:
+            err, made = await value(client, FLOOD, "stateless")
+            assert err == "ENOSPC" and NAMES <= made < NAMES + NAMES // 50 + 64, (err, made)
+            assert await value(client, "import json, os; json.dumps(len(os.listdir('.')))", "stateless") == 0
+    finally:
+        server.stop()
+    assert not mounts_under(server.data_dir) and not list(server.data_dir.rglob("ws-*.img"))
 
 
 def test_doctor_says_which_enforcement_is_active(tmp_path: Path) -> None:

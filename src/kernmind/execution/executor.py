@@ -128,7 +128,9 @@ class Executor:
                 idle_timeout=settings.idle_timeout,
                 autosave_after=settings.autosave_seconds,
                 store=store,
-                new_workspace=lambda: parts.workspace_in(self.rundir, sandbox.allocate_uid()),
+                new_workspace=lambda: parts.workspace_in(
+                    self.rundir, sandbox.allocate_uid(), parts.image_caps(settings)
+                ),
                 hooks=hooks,
                 new_layer=lambda: parts.layer_in(self.rundir),
             )
@@ -159,13 +161,14 @@ class Executor:
 
     def _open_home(self, home: SessionHome) -> Workspace:
         """A stored session's working directory, its files handed to a fresh sandbox uid."""
-        own_fs = False
+        image: Path | None = None
         # (A session made with images keeps its image when the server now counts instead.)
         if self.settings.workspace_fs == "image" or volume.has_image(home.files):
+            image = volume.session_image(home.files)
             try:
-                own_fs = volume.attach(
-                    home.files, quota_mib=self.settings.workspace_mb, inodes=self.settings.workspace_files
-                )
+                caps = {"quota_mib": self.settings.workspace_mb, "inodes": self.settings.workspace_files}
+                if not volume.attach(home.files, image, **caps):
+                    image = None
             except OSError as exc:
                 raise StorageError(
                     f"the file system of session {home.session_id!r} could not be mounted ({exc}); its "
@@ -175,7 +178,7 @@ class Executor:
         uid = self.sandbox.allocate_uid()
         if uid is not None:
             own_tree(home.files, uid)
-        ws = Workspace(home.files, owner_uid=uid, own_fs=own_fs)
+        ws = Workspace(home.files, owner_uid=uid, image=image)
         ws.create()
         return ws
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernmind.budget import Budget
@@ -83,7 +84,7 @@ def from_settings(settings: Settings) -> dict[str, Any]:
         factory = KernelFactory(
             sandbox,
             runtime,
-            new_workspace=lambda uid: workspace_in(rundir, uid),
+            new_workspace=lambda uid: workspace_in(rundir, uid, image_caps(settings)),
             socket_dirs=lambda: socket_rundir.new_dir("k-"),
             output_budget=Budget.of(settings),
             new_layer=lambda: layer_in(rundir),
@@ -124,10 +125,29 @@ def installer(settings: Settings, sandbox: Sandbox, runtime: PythonRuntime) -> P
     return PackageInstaller.from_settings(settings, sandbox, target, os.environ)
 
 
-def workspace_in(rundir: RunDir, uid: int | None) -> Workspace:
-    ws = Workspace(rundir.new_dir("ws-"), owner_uid=uid)
+def workspace_in(rundir: RunDir, uid: int | None, image_caps: dict[str, int] | None = None) -> Workspace:
+    """A fresh working directory in this server's run directory; with ``image_caps``
+    (``--workspace-fs image``) a file system of its own, sized by them (volume.py)."""
+    root = rundir.new_dir("ws-")
+    image: Path | None = None
+    if image_caps is not None:
+        image = root.with_name(f"{root.name}.img")
+        try:
+            volume.attach(root, image, **image_caps)
+        except OSError as exc:  # the count still holds it: log, do not fail the kernel's start
+            log.warning("a working directory without a file system of its own (%s): %s", root, exc)
+            image.unlink(missing_ok=True)
+            image = None
+    ws = Workspace(root, owner_uid=uid, image=image)
     ws.create()
     return ws
+
+
+def image_caps(settings: Settings) -> dict[str, int] | None:
+    """``volume.attach``'s caps for ``--workspace-fs image``; None when the server counts instead."""
+    if settings.workspace_fs != "image":
+        return None
+    return {"quota_mib": settings.workspace_mb, "inodes": settings.workspace_files}
 
 
 def layer_in(rundir: RunDir) -> Layer:

@@ -13,6 +13,7 @@ cancelled between taking a kernel and handing it over stops that kernel, none ru
 from __future__ import annotations
 
 import logging
+import os
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from anyio.abc import TaskGroup
 
 from kernmind.execution.kernels.api import Kernel, KernelFactory
 from kernmind.execution.packages.layer import Layer
+from kernmind.execution.sandbox import volume
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
 from kernmind.supervise import keeps_running
@@ -139,14 +141,25 @@ class KernelPool:
             await self._adopt_layer(kernel, layer)
             await _join(kernel, limits)
             return kernel
-        # A warm kernel has no --mount folder: a session whose owner has some starts its own (host_mounts.py);
-        # so does a session whose files are a file system of their own (volume.py).
+        # A warm kernel has no --mount folder: a session whose owner has some starts its own (host_mounts.py).
         rebind = self._rebind if self.factory.rebinds_warm_kernels else None
-        if kernel is not None and (rebind is None or home.own_fs or _mounts_for(self.factory, home)):
+        if kernel is not None and (
+            rebind is None or _mounts_for(self.factory, home) or not _can_adopt(kernel, home)
+        ):
             self._ready.appendleft(kernel)  # it cannot move into another directory: start one there
             kernel = None
             held.clear()
-        if kernel is not None and rebind is not None:
+        if kernel is not None and home.image is not None:
+            spare, image = kernel.workspace, home.image
+            try:
+                assert spare.image is not None  # (_can_adopt)
+                await off_loop(lambda: volume.adopt(spare.root, spare.image, home.root, image), timeout=None)
+            except OSError as exc:
+                log.info("could not move a warm kernel's file system onto %s (%s)", home.root, exc)
+                held.clear()
+                self.release(kernel)
+                kernel = None
+        elif kernel is not None and rebind is not None:
             spare = kernel.workspace.root
             try:
                 await off_loop(lambda: rebind(home.root, spare), timeout=None)
@@ -226,6 +239,14 @@ async def _shutdown_and_remove(kernel: Kernel) -> None:
         await kernel.workspace.aremove()
     if kernel.layer is not None:
         await anyio.to_thread.run_sync(kernel.layer.remove)
+
+
+def _can_adopt(kernel: Kernel, home: Workspace) -> bool:
+    """Whether ``kernel``'s directory can become ``home``: a plain directory renamed into a plain
+    one, or a file system of its own moved onto a session's that is still empty (volume.py)."""
+    if home.image is None:
+        return kernel.workspace.image is None
+    return kernel.workspace.image is not None and not any(os.scandir(home.root))
 
 
 def _mounts_for(factory: Any, home: Workspace) -> bool:

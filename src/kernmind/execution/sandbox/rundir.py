@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kernmind.execution.sandbox import cgroup_leftovers
+from kernmind.execution.sandbox import cgroup_leftovers, volume
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class RunDir:
                 continue
             if self._is_orphan(Path(entry.path)):
                 _remove_cgroups(Path(entry.path) / CGROUPS_NAME)
+                volume.unmount_under(Path(entry.path))  # its working directories' file systems, if any
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed += 1
         return removed
@@ -103,6 +104,7 @@ class RunDir:
 
     def close(self) -> None:
         if self.path is not None:
+            volume.unmount_under(self.path)
             shutil.rmtree(self.path, ignore_errors=True)
             self.path = None
             if self.transient_root:

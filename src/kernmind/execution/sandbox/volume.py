@@ -86,61 +86,91 @@ def image_mib(quota_mib: int, inodes: int) -> int:
     return quota_mib + margin + _OWN_MIB + quota_mib // 256 + -(-inodes * INODE_BYTES // MIB)
 
 
+def session_image(files: Path) -> Path:
+    """Where a stored session's image lives: beside its ``files/``."""
+    return files.parent / IMAGE
+
+
 def has_image(files: Path) -> bool:
-    return os.path.lexists(files.parent / IMAGE)
+    return os.path.lexists(session_image(files))
 
 
-def is_attached(files: Path) -> bool:
-    return os.path.ismount(files)
+def is_attached(root: Path) -> bool:
+    return os.path.ismount(root)
 
 
-def attach(files: Path, *, quota_mib: int, inodes: int) -> bool:
-    """Mount the session's image (made on first use) on ``files``; False when the session keeps a
-    plain directory (files stored before images were on). ``OSError`` when it cannot be done."""
-    if is_attached(files):
+def attach(root: Path, image: Path, *, quota_mib: int, inodes: int) -> bool:
+    """Mount ``image`` (made on first use) on ``root``; False when ``root`` keeps a plain directory
+    (files stored before images were on). ``OSError`` when it cannot be done."""
+    if is_attached(root):
         return True
-    image = files.parent / IMAGE
     if not image.exists():
         with contextlib.suppress(FileNotFoundError):
-            if any(os.scandir(files)):
-                log.info("session files in %s predate --workspace-fs image: counted, not capped", files)
+            if any(os.scandir(root)):
+                log.info("session files in %s predate --workspace-fs image: counted, not capped", root)
                 return False
         _make(image, image_mib(quota_mib, inodes), inodes + inodes // 50 + 64)
     elif image.is_symlink() or not image.is_file():
         raise OSError(errno.EINVAL, f"{image} is not a regular file")
-    files.mkdir(mode=0o700, exist_ok=True)
-    _run("mount", "-t", "ext4", "-o", "loop,nodev,nosuid", str(image), str(files))
+    root.mkdir(mode=0o700, exist_ok=True)
+    _run("mount", "-t", "ext4", "-o", "loop,nodev,nosuid", str(image), str(root))
     with contextlib.suppress(OSError):
-        (files / "lost+found").rmdir()  # mkfs's, empty: not the session's
+        (root / "lost+found").rmdir()  # mkfs's, empty: not the session's
     return True
 
 
-def detach(files: Path) -> None:
-    """Unmount the session's image (lazily when something still holds it: a process that outlived
-    its sandbox); its loop device goes with the last user. Nothing when it is not mounted."""
+def detach(root: Path) -> None:
+    """Unmount the image on ``root`` (lazily when something still holds it: a process that outlived
+    its sandbox); its loop device goes with the last user. Nothing when none is mounted."""
     for attempt in range(_BUSY_TRIES):
-        if not is_attached(files):
+        if not is_attached(root):
             return
         try:
-            _run("umount", str(files))
+            _run("umount", str(root))
             return
         except OSError as exc:
             if attempt + 1 == _BUSY_TRIES:
-                log.info("unmounting %s lazily: %s", files, exc)
+                log.info("unmounting %s lazily: %s", root, exc)
             time.sleep(0.1 * (attempt + 1))
-    _run("umount", "-l", str(files))
+    _run("umount", "-l", str(root))
+
+
+def adopt(spare: Path, spare_image: Path, root: Path, image: Path) -> None:
+    """Make the (empty) file system on ``spare`` — a warm kernel's, bound in its sandbox — the one
+    on ``root`` (a new session's, empty too), its image renamed to ``image``. A running sandbox
+    keeps writing into a mount the host moves. ``OSError`` (``EXDEV``: the two directories on
+    different file systems) before anything changed."""
+    os.replace(spare_image, image)  # the session's fresh one goes when it is unmounted below
+    detach(root)
+    try:
+        _run("mount", "--move", str(spare), str(root))
+    except OSError as exc:  # (a shared parent mount refuses moves): mount it again, then let go of it there
+        log.debug("moving the mount on %s: %s; mounting its image again instead", spare, exc)
+        _run("mount", "-t", "ext4", "-o", "loop,nodev,nosuid", str(image), str(root))
+        detach(spare)
+    with contextlib.suppress(OSError):
+        spare.rmdir()
+
+
+def unmount_under(root: Path) -> int:
+    """Unmount every file system mounted under ``root`` (a dead server's run directory, before it is
+    removed: a removal must never reach into a mount); how many."""
+    done = 0
+    for point in sorted(_points_under(root), key=len, reverse=True):
+        try:
+            detach(Path(point))
+            done += 1
+        except OSError as exc:
+            log.warning("a file system left mounted at %s: %s", point, exc)
+    return done
 
 
 def unmount_leftovers(sessions_root: Path, held: Callable[[Path], bool]) -> int:
     """Unmount the session images a killed server left mounted under ``sessions_root`` (those of
     sessions ``held`` says no server holds now); how many."""
-    root = os.path.realpath(sessions_root) + os.sep
     done = 0
-    for point in _mount_points():
-        if not point.startswith(root) or os.path.basename(point) != "files":
-            continue
-        home = Path(point).parent
-        if held(home):
+    for point in _points_under(sessions_root):
+        if os.path.basename(point) != "files" or held(Path(point).parent):
             continue
         try:
             detach(Path(point))
@@ -148,6 +178,11 @@ def unmount_leftovers(sessions_root: Path, held: Callable[[Path], bool]) -> int:
         except OSError as exc:
             log.warning("a session image left mounted at %s: %s", point, exc)
     return done
+
+
+def _points_under(root: Path) -> list[str]:
+    prefix = os.path.realpath(root) + os.sep
+    return [point for point in _mount_points() if point.startswith(prefix)]
 
 
 def _mount_points() -> list[str]:

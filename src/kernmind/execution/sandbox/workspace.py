@@ -14,6 +14,7 @@ import bisect
 import contextlib
 import dataclasses
 import fnmatch
+import logging
 import os
 import shutil
 import threading
@@ -25,6 +26,7 @@ from typing import TypeVar
 import anyio
 from pydantic import BaseModel
 
+from kernmind.execution.sandbox import volume
 from kernmind.execution.sandbox.confined import (
     FileData,
     WorkspaceError,
@@ -37,6 +39,7 @@ from kernmind.execution.sandbox.filescan import FileStat, Scan, scan_tree
 from kernmind.execution.sandbox.filewatch import Tracker
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 FS_TIMEOUT = 10.0  # seconds a single file operation may take before the client is told
 LIST_TIMEOUT = 60.0  # a listing walks the whole tree
@@ -93,9 +96,9 @@ class Workspace:
     # The data key of the session it belongs to: which --mount folders its sandboxes get
     # (host_mounts.py); None (a warm kernel's own directory): none.
     mount_owner: str | None = field(default=None, repr=False, compare=False)
-    # Its root is a file system of its own (``--workspace-fs image``, volume.py): a warm kernel's
-    # directory cannot be renamed into it, so its session's kernels start there.
-    own_fs: bool = field(default=False, repr=False, compare=False)
+    # The image mounted on its root (``--workspace-fs image``, volume.py): a file system of its own,
+    # which a warm kernel's directory cannot be renamed into (the pool moves the mount instead).
+    image: Path | None = field(default=None, repr=False, compare=False)
 
     def create(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -112,6 +115,13 @@ class Workspace:
         for tracker in self.accounted_trackers.values():
             if tracker is not None:
                 tracker.close()
+        if self.image is not None:  # let go of its file system first: the removal never reaches into a mount
+            try:
+                volume.detach(self.root)
+            except OSError as exc:
+                log.warning("removing %s: its file system stays mounted: %s", self.root, exc)
+                return
+            self.image.unlink(missing_ok=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
     # --- file operations (blocking: call the a* coroutines from async code) ----------
