@@ -650,6 +650,28 @@ async def test_writes_between_calls_are_caught_before_the_next_call(alice: Clien
     structured(await alice.call_tool("close_session", {"session_id": "between"}))
 
 
+async def test_a_stored_session_over_its_names_still_reads_in_a_long_first_call(tmp_path: Path) -> None:
+    """A session left over its names cap, stored, and loaded again by a call that runs longer than
+    the count's first sample: the call only reads, so it goes on (it was stopped as if it had made
+    the names itself)."""
+    flags = ["--workspace-files", "500"]
+    server = start_http(tmp_path, *FLAGS, *flags)
+    try:
+        async with http_client(server.url, server.headers(None), "auto") as client:
+            make = "import os\nfor i in range(600):\n    os.close(os.open(f'e{i}', os.O_CREAT | os.O_WRONLY))"
+            assert any("over its 500" in n for n in (await run(client, make, "over"))["notes"])
+        server.stop()
+        server = start_http(tmp_path, *FLAGS, *flags)
+        async with http_client(server.url, server.headers(None), "auto") as client:
+            out = await run(client, "import os, time\ntime.sleep(1.5)\nlen(os.listdir('.'))", "over")
+            made = len(os.listdir(server.data_dir / "sessions" / "local" / "over" / "files"))
+            assert made > 500, made  # (a call slowed past the first sample is stopped before 600)
+            assert out["status"] == "ok" and out["results"][0]["text"] == str(made), json.dumps(out)[:2000]
+            assert any("over its 500" in n for n in out["notes"]), out["notes"]
+    finally:
+        server.stop()
+
+
 # --- the fallback: no control groups -------------------------------------------------------------
 
 

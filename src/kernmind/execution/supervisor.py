@@ -42,6 +42,9 @@ Progress = Callable[[str, float], Awaitable[None]]
 
 QUOTA_PERIOD = 0.5  # seconds between workspace size checks while code runs (≥ 5× a check's own time)
 MEMORY_PERIOD = 0.25  # seconds between looks at the session's out-of-memory count while code runs
+# What a kernel started by the call puts in /run/kernmind (connection file, sockets), with room to spare.
+KERNEL_OWN_NAMES = 32
+KERNEL_OWN_BYTES = 1 << 20
 OOM_COUNT_GRACE = 1.0  # seconds to look again for the killer's count after a process died killed
 PREPARE_GRACE = 90.0  # seconds a runner may take to get an interpreter ready before the code starts
 SCAN_BUDGET = 0.25  # seconds the post-call change scan may take
@@ -222,7 +225,7 @@ async def _watch_quota(call: Call, limit: int, before: int | None, *, first: flo
     runtime directory) past ``limit``. The first sample comes ``first`` seconds from now (a
     period after the start), so a short call costs no walk (the measurement after the call
     covers it); ``before`` is the size the call started from (measured before it; None: the
-    first sample's)."""
+    first sample's, capped at the limit)."""
     if limit <= 0:
         await anyio.sleep_forever()
     while call.session.workspace is None:  # noqa: ASYNC110 (an interpreter is being made ready; its directory comes with it)
@@ -231,7 +234,10 @@ async def _watch_quota(call: Call, limit: int, before: int | None, *, first: flo
     baseline: tuple[int, int] | None = None
     if before is not None:
         names = limits.measured_names if limits is not None else None
-        baseline = (before, names if names is not None else 0)
+        # Plus what an interpreter started for this call makes in /run/kernmind after the
+        # measurement (connection file, sockets): not the code's. (It only matters for a session
+        # over at the start, whose writes the kernel blocks anyway.)
+        baseline = (before + KERNEL_OWN_BYTES, (names or 0) + KERNEL_OWN_NAMES)
     pause = first
     while True:
         await anyio.sleep(pause)

@@ -21,6 +21,7 @@ import anyio
 from kernmind.config import Settings
 from kernmind.diskio import read_file
 from kernmind.execution.executor import Executor
+from kernmind.execution.sandbox import volume
 from kernmind.execution.sessions import history
 from kernmind.execution.sessions.disk_store import FILES, SNAPSHOT_DIR, SessionStore
 from kernmind.execution.sessions.jobs import JobError
@@ -129,6 +130,14 @@ class UiParts:
 
         every = await anyio.to_thread.run_sync(walk)
         return every[offset : offset + limit], len(every)
+
+    async def files_unmounted(self, owner: str, sid: str) -> bool:
+        """Whether the session's files are in its own file system's image, not mounted now
+        (``--workspace-fs image``, a session not loaded): a listing shows none of them."""
+        files = self._home_dir(owner, sid) / FILES
+        return await anyio.to_thread.run_sync(
+            lambda: volume.has_image(files) and not volume.is_attached(files)
+        )
 
     async def variables(self, owner: str, sid: str) -> list[Variable]:
         """The variables of the session's last save (names, types, sizes; never unpickled)."""

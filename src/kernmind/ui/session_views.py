@@ -97,6 +97,11 @@ async def session_page(parts: UiParts, who: Principal, sid: str, files_page: int
         else '<p class="muted" id="packages">None installed with install_packages.</p>'
     )
     body += f"<h2>Files</h2><p>{quota_bar(int(row.get('workspace_bytes') or 0), limit)} (--workspace-mb)</p>"
+    if await parts.files_unmounted(who.owner, sid):
+        body += (
+            '<p class="muted" id="files-unmounted">Its files are on a file system of their own '
+            "(--workspace-fs image), mounted while the session is loaded: run code in it to list them here.</p>"
+        )
     body += table(["path", "size"], ([e(p), e(size(n))] for p, n in files), id="files")
     body += pager(
         f"/ui/sessions/{sid}", files_page, (files_page + 1) * FILES_PER_PAGE < nfiles, nfiles, FILES_PER_PAGE
