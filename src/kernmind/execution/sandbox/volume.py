@@ -5,12 +5,15 @@ Design: with ``--workspace-fs image`` (root, ``mkfs.ext4`` and loop devices), a 
 made at the session's first load with room for the quota (``--workspace-mb``) and inodes for
 ``--workspace-files``, mounted ``nodev,nosuid`` while the session is live here and unmounted when
 it goes. The file system answers "No space left on device" from the first block or name past it,
-so no burst passes: the counting in ``quota.py`` still runs and still says why. Why an image and
-not project quotas, and what it costs: docs/security.md, "The disk".
+so no burst passes: the counting in ``quota.py`` still runs and still says why. A warm kernel's
+directory (and a ``--stateless`` call's) is one too, ``ws-….img`` in the run directory: a new
+session's first call moves that mount onto its ``files/`` (``adopt``), so it starts no kernel.
+Why an image and not project quotas, and what it costs: docs/security.md, "The disk".
 
 A session stored before images were on (a plain ``files/`` with entries) keeps its directory and
-the counting alone (logged). A server killed while sessions were mounted leaves the mounts: the
-next server's ``unmount_leftovers`` removes those of the sessions no server holds.
+the counting alone (logged). A server killed while images were mounted leaves the mounts: the
+next server's ``unmount_leftovers`` removes those of the sessions no server holds, and
+``unmount_under`` those in dead servers' run directories before they are removed.
 
 Error policy: ``unavailable()`` says in a sentence why images cannot be used here; ``attach`` and
 ``detach`` raise ``OSError`` with the tool's own words (the caller refuses the load, or logs).
@@ -155,28 +158,24 @@ def adopt(spare: Path, spare_image: Path, root: Path, image: Path) -> None:
 def unmount_under(root: Path) -> int:
     """Unmount every file system mounted under ``root`` (a dead server's run directory, before it is
     removed: a removal must never reach into a mount); how many."""
-    done = 0
-    for point in sorted(_points_under(root), key=len, reverse=True):
-        try:
-            detach(Path(point))
-            done += 1
-        except OSError as exc:
-            log.warning("a file system left mounted at %s: %s", point, exc)
-    return done
+    return _detach_all(sorted(_points_under(root), key=len, reverse=True))
 
 
 def unmount_leftovers(sessions_root: Path, held: Callable[[Path], bool]) -> int:
     """Unmount the session images a killed server left mounted under ``sessions_root`` (those of
     sessions ``held`` says no server holds now); how many."""
+    points = _points_under(sessions_root)
+    return _detach_all([p for p in points if os.path.basename(p) == "files" and not held(Path(p).parent)])
+
+
+def _detach_all(points: list[str]) -> int:
     done = 0
-    for point in _points_under(sessions_root):
-        if os.path.basename(point) != "files" or held(Path(point).parent):
-            continue
+    for point in points:
         try:
             detach(Path(point))
             done += 1
         except OSError as exc:
-            log.warning("a session image left mounted at %s: %s", point, exc)
+            log.warning("a file system left mounted at %s: %s", point, exc)
     return done
 
 
