@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
 IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
 IN_DELETE_SELF, IN_MOVE_SELF, IN_Q_OVERFLOW, IN_IGNORED = 0x400, 0x800, 0x4000, 0x8000
+IN_UNMOUNT = 0x2000  # (always reported) the file system under a watch went away
 IN_ONLYDIR, IN_DONT_FOLLOW, IN_ISDIR = 0x01000000, 0x02000000, 0x40000000
 IN_NONBLOCK, IN_CLOEXEC = 0o4000, 0o2000000
 MASK = (
@@ -101,6 +102,10 @@ class _Inotify:
                 if owner is None:
                     continue
                 tracker = owner[0]()
+                if mask & IN_UNMOUNT and tracker is not None:
+                    # Another file system now shows at these paths (a warm kernel's moved onto a
+                    # session's, volume.py): walk it and watch it again.
+                    tracker.stale = True
                 if mask & IN_IGNORED:
                     self.owners.pop(wd, None)
                     if tracker is not None:
