@@ -156,6 +156,8 @@ class KernelPool:
                 await off_loop(lambda: volume.adopt(spare.root, spare.image, home.root, image), timeout=None)
             except OSError as exc:
                 log.info("could not move a warm kernel's file system onto %s (%s)", home.root, exc)
+                if not volume.is_attached(home.root):  # (the move and the mount again both failed)
+                    await off_loop(lambda: volume.mount(image, home.root), timeout=None)
                 held.clear()
                 self.release(kernel)
                 kernel = None

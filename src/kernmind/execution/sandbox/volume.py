@@ -116,10 +116,16 @@ def attach(root: Path, image: Path, *, quota_mib: int, inodes: int) -> bool:
     elif image.is_symlink() or not image.is_file():
         raise OSError(errno.EINVAL, f"{image} is not a regular file")
     root.mkdir(mode=0o700, exist_ok=True)
-    _run("mount", "-t", "ext4", "-o", "loop,nodev,nosuid", str(image), str(root))
+    mount(image, root)
     with contextlib.suppress(OSError):
         (root / "lost+found").rmdir()  # mkfs's, empty: not the session's
     return True
+
+
+def mount(image: Path, root: Path) -> None:
+    """Mount an existing ``image`` on ``root`` (a second mount of one image shares its loop device
+    and its file system: util-linux reuses the device)."""
+    _run("mount", "-t", "ext4", "-o", "loop,nodev,nosuid", str(image), str(root))
 
 
 def detach(root: Path) -> None:
@@ -149,7 +155,7 @@ def adopt(spare: Path, spare_image: Path, root: Path, image: Path) -> None:
         _run("mount", "--move", str(spare), str(root))
     except OSError as exc:  # (a shared parent mount refuses moves): mount it again, then let go of it there
         log.debug("moving the mount on %s: %s; mounting its image again instead", spare, exc)
-        _run("mount", "-t", "ext4", "-o", "loop,nodev,nosuid", str(image), str(root))
+        mount(image, root)
         detach(spare)
     with contextlib.suppress(OSError):
         spare.rmdir()
