@@ -144,6 +144,14 @@ def detach(root: Path) -> None:
     _run("umount", "-l", str(root))
 
 
+def detach_quietly(root: Path) -> None:
+    """``detach``, a failure logged (the mount stays: the next server's clean-up takes it)."""
+    try:
+        detach(root)
+    except OSError as exc:
+        log.warning("%s stays mounted: %s", root, exc)
+
+
 def adopt(spare: Path, spare_image: Path, root: Path, image: Path) -> None:
     """Make the (empty) file system on ``spare`` — a warm kernel's, bound in its sandbox — the one
     on ``root`` (a new session's, empty too), its image renamed to ``image``. A running sandbox

@@ -136,10 +136,7 @@ class SessionHome:
 
     def release(self) -> None:
         """Let the session go: its file system unmounted (``--workspace-fs image``), then its lock."""
-        try:
-            volume.detach(self.files)
-        except OSError as exc:
-            log.warning("session %r: its file system stays mounted: %s", self.session_id, exc)
+        volume.detach_quietly(self.files)
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._lock_fd, 0)

@@ -34,6 +34,7 @@ from anyio.abc import TaskGroup
 from kernmind.diskio import StorageError, disk_sentence, disk_trouble
 from kernmind.execution.errors import SessionError
 from kernmind.execution.packages.layer import Layer
+from kernmind.execution.sandbox import volume
 from kernmind.execution.sandbox.workspace import Workspace, off_loop
 from kernmind.execution.sessions import package_layers
 from kernmind.execution.sessions.books import Books
@@ -343,7 +344,11 @@ class SessionRegistry(LiveSessions):
             try:
                 await self.books.unloaded(session)  # (a meta it cannot write is kept for later)
             finally:
-                await off_loop(home.release, timeout=None)  # (unmounts its file system, if it has one)
+                if session.workspace is not None and session.workspace.image is not None:
+                    # Its file system unmounted off the loop (not on the file-work threads, which a
+                    # hung file may hold): release() then only lets go of the lock.
+                    await anyio.to_thread.run_sync(volume.detach_quietly, home.files)
+                home.release()
         elif session.workspace is not None:  # not stored (sessions without a store): its files go
             self._reaped.add(session.key)
             try:
