@@ -23,7 +23,6 @@ from anyio.abc import TaskGroup
 
 from kernmind import revocation
 from kernmind.config import Settings
-from kernmind.diskio import StorageError
 from kernmind.execution import installs, parts
 from kernmind.execution import runners as runners_mod
 from kernmind.execution.kernels import api
@@ -161,20 +160,7 @@ class Executor:
 
     def _open_home(self, home: SessionHome) -> Workspace:
         """A stored session's working directory, its files handed to a fresh sandbox uid."""
-        image: Path | None = None
-        # (A session made with images keeps its image when the server now counts instead.)
-        if self.settings.workspace_fs == "image" or volume.has_image(home.files):
-            image = volume.session_image(home.files)
-            try:
-                caps = {"quota_mib": self.settings.workspace_mb, "inodes": self.settings.workspace_files}
-                if not volume.attach(home.files, image, **caps):
-                    image = None
-            except OSError as exc:
-                raise StorageError(
-                    f"the file system of session {home.session_id!r} could not be mounted ({exc}); its "
-                    "files are intact on disk. Try again; if it keeps failing, the operator can run "
-                    "`kernmind doctor`."
-                ) from exc
+        image = parts.attach_image(self.settings, home.files, home.session_id)
         uid = self.sandbox.allocate_uid()
         if uid is not None:
             own_tree(home.files, uid)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernmind.budget import Budget
 from kernmind.config import Settings
-from kernmind.diskio import Reserve
+from kernmind.diskio import Reserve, StorageError
 from kernmind.execution.kernels import api
 from kernmind.execution.kernels.forkserver.kernels import ForkKernelFactory
 from kernmind.execution.kernels.local import KernelFactory
@@ -141,6 +141,22 @@ def workspace_in(rundir: RunDir, uid: int | None, image_caps: dict[str, int] | N
     ws = Workspace(root, owner_uid=uid, image=image)
     ws.create()
     return ws
+
+
+def attach_image(settings: Settings, files: Path, session_id: str) -> Path | None:
+    """Mount a stored session's image on ``files`` (``--workspace-fs image``, or a session made
+    with one); its path, or None (counted: no image). ``StorageError`` when it cannot be mounted."""
+    if settings.workspace_fs != "image" and not volume.has_image(files):
+        return None
+    image = volume.session_image(files)
+    caps = {"quota_mib": settings.workspace_mb, "inodes": settings.workspace_files}
+    try:
+        return image if volume.attach(files, image, **caps) else None
+    except OSError as exc:
+        raise StorageError(
+            f"the file system of session {session_id!r} could not be mounted ({exc}); its files are "
+            "intact on disk. Try again; if it keeps failing, the operator can run `kernmind doctor`."
+        ) from exc
 
 
 def image_caps(settings: Settings) -> dict[str, int] | None:
