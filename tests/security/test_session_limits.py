@@ -672,6 +672,39 @@ async def test_a_stored_session_over_its_names_still_reads_in_a_long_first_call(
         server.stop()
 
 
+async def test_a_session_over_its_quota_keeps_its_variables_when_the_server_stops(tmp_path: Path) -> None:
+    """Over the quota, the session's files may not grow, but the interpreter's own save of its
+    variables (written outside the files, bounded by --snapshot-mb) still lands: a server that
+    stops and starts again brings them back."""
+    server = start_http(tmp_path, *FLAGS)
+    try:
+        async with http_client(server.url, server.headers(None), "auto") as client:
+            fill = "kept = {'answer': 42}\nopen('big.bin', 'wb').write(b'x' * 70 * 2**20)"
+            over_note(await run(client, fill, "over-save"))
+            refused = await run(client, "open('more.bin', 'wb').write(b'y' * 2**20)", "over-save")
+            assert refused["status"] == "error" and REFUSED_WRITE in refused["error"]["value"], refused
+        server.stop()
+        server = start_http(tmp_path, *FLAGS)
+        async with http_client(server.url, server.headers(None), "auto") as client:
+            out = await run(client, "kept['answer']", "over-save")
+            assert out["status"] == "ok" and out["results"][0]["text"] == "42", json.dumps(out)[:2000]
+            assert any("restored" in n for n in out["notes"]), out["notes"]
+            # Still over, still blocked: the save lifted the block for nothing else.
+            again = await run(client, "open('more.bin', 'wb').write(b'y' * 2**20)", "over-save")
+            assert again["status"] == "error" and REFUSED_WRITE in again["error"]["value"], again
+            # A fresh interpreter, started while the session is over.
+            fresh = await run(client, "kept = {'later': 7}", "over-save", reset=True)
+            assert fresh["status"] == "ok", fresh
+        server.stop()
+        server = start_http(tmp_path, *FLAGS)
+        async with http_client(server.url, server.headers(None), "auto") as client:
+            out = await run(client, "sorted(kept.items())", "over-save")
+            assert out["results"][0]["text"] == "[('later', 7)]", json.dumps(out)[:2000]
+        assert not list((server.data_dir / "sessions" / "local" / "over-save" / "files").glob("*.tmp"))
+    finally:
+        server.stop()
+
+
 # --- the fallback: no control groups -------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +34,7 @@ from kernmind.execution.kernels.pool import KernelPool
 from kernmind.execution.runners.base import Call
 from kernmind.execution.sandbox.bwrap_args import RUNTIME_MOUNT, WORKSPACE_MOUNT
 from kernmind.execution.sandbox.confined import WorkspaceError
+from kernmind.execution.sandbox.limits import host_pid
 from kernmind.execution.sandbox.workspace import Workspace, off_loop
 from kernmind.execution.sessions import snapshot_files
 from kernmind.execution.sessions.disk_store import SNAPSHOT_NAME, STATE
@@ -177,13 +178,14 @@ class PythonRunner:
         meta.save_started = time.time()
         await self._write_meta(session)
         host, inner = self._snapshot_place(ws, kernel)
-        report = await snapshot.save(
-            kernel,
-            self.inner_root(ws.root),
-            limit_bytes=self.budget.max_bytes,
-            seconds=self.budget.seconds,
-            path=inner,
-        )
+        async with self._room_to_save(session, kernel):
+            report = await snapshot.save(
+                kernel,
+                self.inner_root(ws.root),
+                limit_bytes=self.budget.max_bytes,
+                seconds=self.budget.seconds,
+                path=inner,
+            )
         if host is not None and not isinstance(report, str):
             try:  # from the kernel's runtime directory to the session's state/ (disk_store.py)
                 await off_loop(lambda: snapshot_files.keep(home, host), timeout=None)
@@ -197,6 +199,25 @@ class PythonRunner:
             meta.save_failed = meta.unsaved_since = None
             session.dirty = False
         await self._write_meta(session)
+
+    @contextlib.asynccontextmanager
+    async def _room_to_save(self, session: Session, kernel: Kernel) -> AsyncIterator[None]:
+        """A session over its quota may not write, but its variables are saved beside its files,
+        within --snapshot-mb: for the save, the interpreter's own process (not its children) may
+        write files that large (the creation guard reads the same limit)."""
+        limits, local = session.limits, kernel.local
+        if limits is None or local is None or not limits.writes_blocked:
+            yield
+            return
+        inner = await snapshot.inner_pid(kernel)
+        pid = await off_loop(lambda: host_pid(local.root_pids(), inner), timeout=None) if inner else None
+        if pid is None:
+            log.warning(
+                "session %r is over its quota and its interpreter was not found: its save may fail",
+                session.id,
+            )
+        with limits.lifted_for([pid] if pid else [], self.budget.max_bytes + 2**20):
+            yield
 
     @staticmethod
     async def _write_meta(session: Session) -> None:

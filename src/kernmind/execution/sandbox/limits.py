@@ -18,7 +18,8 @@ import os
 import resource
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -59,6 +60,20 @@ def tree_pids(roots: Iterable[int]) -> list[int]:
     return sorted(found)
 
 
+def host_pid(roots: Iterable[int], inner: int) -> int | None:
+    """The process of the trees under ``roots`` whose pid in its own namespace is ``inner`` (what
+    ``os.getpid()`` says inside a sandbox), from the last field of ``NSpid`` in its status."""
+    for pid in tree_pids(roots):
+        try:
+            status = read_small(Path(f"/proc/{pid}/status"))
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("NSpid:") and line.split()[-1] == str(inner):
+                return pid
+    return None
+
+
 def fsize_limits(pid: int) -> tuple[int, int] | None:
     """(soft, hard) RLIMIT_FSIZE of ``pid`` from ``/proc/<pid>/limits`` (None: gone)."""
     try:
@@ -68,12 +83,13 @@ def fsize_limits(pid: int) -> tuple[int, int] | None:
 
 
 def set_soft_fsize(pid: int, soft: int | None) -> None:
-    """Set ``pid``'s soft RLIMIT_FSIZE to ``soft`` (None: up to its hard limit); skip a vanished process."""
+    """Set ``pid``'s soft RLIMIT_FSIZE to ``soft`` (None: up to its hard limit, and never past it);
+    skip a vanished process."""
     current = fsize_limits(pid)
     if current is None:
         return
     hard = current[1]
-    target = hard if soft is None else soft
+    target = hard if soft is None else min(soft, hard)
     if current[0] == target:
         return
     try:
@@ -227,6 +243,21 @@ class SessionLimits:
         if self.writes_blocked:
             self.writes_blocked = False
             self._set_fsize(None)  # up to each process's hard limit
+
+    @contextmanager
+    def lifted_for(self, pids: Iterable[int], room: int) -> Iterator[None]:
+        """While the session is over its quota, let ``pids`` (the interpreter saving its variables,
+        which it writes outside the files) write files of up to ``room`` bytes; every process of
+        the session is blocked again after."""
+        if not self.writes_blocked:
+            yield
+            return
+        for pid in pids:
+            set_soft_fsize(pid, max(1, room))
+        try:
+            yield
+        finally:
+            self.enforce()
 
     def enforce(self) -> None:
         """Apply the write block to processes started since it was set (a kernel just attached)."""
