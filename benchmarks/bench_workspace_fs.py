@@ -4,8 +4,8 @@
     python benchmarks/bench_workspace_fs.py [--sessions 12] [--calls 50] [--sandbox bwrap]
 
 Rows, for each mode (servers with the default warm pool, measured after it is full):
-- a new session's first ``1+1`` (image: the image is made, mounted, and the session's kernel is
-  started in it: a warm kernel's directory cannot be moved onto a mount);
+- a new session's first ``1+1`` (image: the session's image is made and mounted, then a warm
+  kernel's own file system is moved onto it: ``volume.adopt``);
 - a stateful ``1+1`` p50 in a session that has run before;
 - ``close_session`` (image: the image unmounted and deleted).
 

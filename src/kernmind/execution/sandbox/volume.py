@@ -22,11 +22,15 @@ Error policy: ``unavailable()`` says in a sentence why images cannot be used her
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import errno
+import fcntl
 import logging
 import os
 import re
 import shutil
+import struct
 import subprocess
 import time
 from collections.abc import Callable
@@ -40,6 +44,12 @@ INODE_BYTES = 256  # ext4's inode size: the inode table is part of the image's s
 _OWN_MIB = 8  # the journal (4 MiB) and the rest of ext4's own bookkeeping on a small image
 _TOOL_SECONDS = 60.0
 _BUSY_TRIES = 3  # a kernel stopping in the background may still hold the mount for a moment
+# Mounting by system call, not by running mount(8): a new session's first call pays for three.
+_LOOP_CTL_GET_FREE, _LOOP_CONFIGURE, _LO_FLAGS_AUTOCLEAR = 0x4C82, 0x4C0A, 4
+_MS_NOSUID, _MS_NODEV, _MS_MOVE, _MNT_DETACH = 2, 4, 8192, 2
+# struct loop_config {u32 fd; u32 block_size; struct loop_info64 info; u64 reserved[8]}
+_LOOP_CONFIG = struct.Struct("=II5Q4I64s64s32s2Q64x")
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
 class WorkspaceFsUnavailable(RuntimeError):
@@ -63,7 +73,14 @@ def unavailable() -> str | None:
         return f"per-session file systems need {', '.join(missing)} (Debian: e2fsprogs, mount)"
     if not os.path.exists("/dev/loop-control"):
         return "per-session file systems need loop devices (/dev/loop-control is missing)"
+    if _kernel_version() < (5, 8):
+        return "per-session file systems need Linux 5.8 or later (LOOP_CONFIGURE)"
     return None
+
+
+def _kernel_version() -> tuple[int, int]:
+    found = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return (int(found[1]), int(found[2])) if found else (0, 0)
 
 
 def describe(mode: str, quota_mib: int, inodes: int) -> str:
@@ -113,10 +130,13 @@ def attach(root: Path, image: Path, *, quota_mib: int, inodes: int) -> bool:
                 log.info("session files in %s predate --workspace-fs image: counted, not capped", root)
                 return False
         _make(image, image_mib(quota_mib, inodes), inodes + inodes // 50 + 64)
+        root.mkdir(mode=0o700, exist_ok=True)
+        _mount_new(image, root)  # (mounted nowhere else: it was just made)
     elif image.is_symlink() or not image.is_file():
         raise OSError(errno.EINVAL, f"{image} is not a regular file")
-    root.mkdir(mode=0o700, exist_ok=True)
-    mount(image, root)
+    else:
+        root.mkdir(mode=0o700, exist_ok=True)
+        mount(image, root)
     with contextlib.suppress(OSError):
         (root / "lost+found").rmdir()  # mkfs's, empty: not the session's
     return True
@@ -135,13 +155,13 @@ def detach(root: Path) -> None:
         if not is_attached(root):
             return
         try:
-            _run("umount", str(root))
+            _syscall(_libc.umount2, os.fsencode(root), 0)
             return
         except OSError as exc:
             if attempt + 1 == _BUSY_TRIES:
                 log.info("unmounting %s lazily: %s", root, exc)
             time.sleep(0.1 * (attempt + 1))
-    _run("umount", "-l", str(root))
+    _syscall(_libc.umount2, os.fsencode(root), _MNT_DETACH)
 
 
 def detach_quietly(root: Path) -> None:
@@ -160,7 +180,7 @@ def adopt(spare: Path, spare_image: Path, root: Path, image: Path) -> None:
     os.replace(spare_image, image)  # the session's fresh one goes when it is unmounted below
     detach(root)
     try:
-        _run("mount", "--move", str(spare), str(root))
+        _syscall(_libc.mount, os.fsencode(spare), os.fsencode(root), None, _MS_MOVE, None)
     except OSError as exc:  # (a shared parent mount refuses moves): mount it again, then let go of it there
         log.debug("moving the mount on %s: %s; mounting its image again instead", spare, exc)
         mount(image, root)
@@ -233,6 +253,46 @@ def _make(image: Path, mib: int, inodes: int) -> None:
     except BaseException:
         part.unlink(missing_ok=True)
         raise
+
+
+def _mount_new(image: Path, root: Path) -> None:
+    """Mount an image that is mounted nowhere (``mount`` shares a loop device with an earlier mount of
+    the same image; this always takes a free one): a loop device that goes with the last unmount."""
+    control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            for _ in range(8):  # another process may take the free device first
+                number = fcntl.ioctl(control, _LOOP_CTL_GET_FREE)
+                loop = os.open(f"/dev/loop{number}", os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    config = _LOOP_CONFIG.pack(
+                        backing, 0, 0, 0, 0, 0, 0, 0, 0, 0, _LO_FLAGS_AUTOCLEAR, b"", b"", b"", 0, 0
+                    )
+                    try:
+                        fcntl.ioctl(loop, _LOOP_CONFIGURE, config)
+                    except OSError as exc:
+                        if exc.errno == errno.EBUSY:
+                            continue
+                        raise
+                    flags = _MS_NODEV | _MS_NOSUID
+                    _syscall(
+                        _libc.mount, f"/dev/loop{number}".encode(), os.fsencode(root), b"ext4", flags, None
+                    )
+                    return
+                finally:
+                    os.close(loop)  # (a device that was not mounted is cleared with its last descriptor)
+            raise OSError(errno.EBUSY, "no free loop device")
+        finally:
+            os.close(backing)
+    finally:
+        os.close(control)
+
+
+def _syscall(function: Callable[..., int], *args: object) -> None:
+    if function(*args) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{function.__name__}: {os.strerror(code)}")
 
 
 def _run(*argv: str) -> None:
