@@ -258,9 +258,8 @@ class Settings(BaseSettings):
         default="count",
         description="`image`: each stored session's files live on an ext4 image of their own, sized for "
         "--workspace-mb and --workspace-files, so the kernel refuses the first block or name past them "
-        "(needs root, mkfs.ext4, loop devices and Linux 5.8; the images are sparse: give the data dir's disk "
-        "room for every session's quota, a host disk that fills loses recent writes); `count`: the quota "
-        "is measured around and during calls",
+        "(needs root, mkfs.ext4, loop devices and Linux 5.8; each image holds its whole size on the data "
+        "dir's disk, used or not); `count`: the quota is measured around and during calls",
     )
 
     # --- transport (kernmind serve only) ---

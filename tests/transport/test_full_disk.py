@@ -27,6 +27,7 @@ import anyio
 import pytest
 from mcp import Client
 
+from kernmind.execution.sandbox import volume
 from kernmind.tokens_file import TokenFile
 from tests.conftest import error_text, structured
 from tests.transport.procs import HttpServer, http_client, start_http
@@ -77,8 +78,8 @@ class Deployment:
         self.tokens = {name: file.add(name, []) for name in ("alice", "bob")}
         self.server: HttpServer | None = None
 
-    def start(self) -> HttpServer:
-        self.server = start_http(self.root, "--tokens", str(self.tokens_file), *SERVER_FLAGS)
+    def start(self, *extra: str) -> HttpServer:
+        self.server = start_http(self.root, "--tokens", str(self.tokens_file), *SERVER_FLAGS, *extra)
         return self.server
 
     def client(self, who: str) -> Client:
@@ -283,4 +284,29 @@ async def test_a_server_stopped_on_a_full_disk_exits_cleanly(deployment: Deploym
         out = await run(alice, "open('file.txt').read()", "s")
         assert out["results"][0]["text"] == "'safe'"
         assert "could not be restored" in " ".join(out["notes"]), out["notes"]
+    assert second.stop() == 0
+
+
+@pytest.mark.skipif(volume.unavailable() is not None, reason=str(volume.unavailable()))
+async def test_a_session_on_its_own_file_system_loses_nothing_when_the_host_disk_fills(
+    deployment: Deployment,
+) -> None:
+    """``--workspace-fs image``: the image holds all its blocks on the host from the start, so a host
+    disk that fills later neither loses what the session wrote (a sparse image lost a file written
+    just before, name and all) nor keeps the session from using the rest of its quota."""
+    images = ("--workspace-fs", "image", "--workspace-mb", "4", "--workspace-files", "200")
+    server = deployment.start(*images)
+    async with deployment.client("alice") as alice:
+        assert (await run(alice, "open('safe.txt', 'w').write('safe')", "img"))["status"] == "ok"
+        deployment.fill()
+        more = await run(alice, "open('more.bin', 'wb').write(b'1' * 2**20)", "img")
+        assert more["status"] == "ok" and more["results"][0]["text"] == str(2**20), more
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(60) == 0
+    deployment.free()
+    second = deployment.start(*images)
+    async with deployment.client("alice") as alice:
+        code = "import os\nopen('safe.txt').read(), os.path.getsize('more.bin')"
+        out = await run(alice, code, "img")
+        assert out["status"] == "ok" and out["results"][0]["text"] == "('safe', 1048576)", out
     assert second.stop() == 0

@@ -1,7 +1,8 @@
 """A stored session's files on a file system of their own, whose size and inode count the kernel caps.
 
 Design: with ``--workspace-fs image`` (root, ``mkfs.ext4`` and loop devices), a stored session's
-``files/`` is the mount point of ``files.img`` beside it: a sparse ext4 image (a 4 MiB journal),
+``files/`` is the mount point of ``files.img`` beside it: an ext4 image (a 4 MiB journal) whose
+blocks are all reserved on the host (``_reserve``: a sparse one loses writes when the host fills),
 made at the session's first load with room for the quota (``--workspace-mb``) and inodes for
 ``--workspace-files``, mounted ``nodev,nosuid`` while the session is live here and unmounted when
 it goes. The file system answers "No space left on device" from the first block or name past it,
@@ -135,6 +136,7 @@ def attach(root: Path, image: Path, *, quota_mib: int, inodes: int) -> bool:
     elif image.is_symlink() or not image.is_file():
         raise OSError(errno.EINVAL, f"{image} is not a regular file")
     else:
+        _reserve(image)  # (one made sparse by an earlier version)
         root.mkdir(mode=0o700, exist_ok=True)
         mount(image, root)
     with contextlib.suppress(OSError):
@@ -232,14 +234,35 @@ def _unescape(text: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
 
 
+def _reserve(image: Path, size: int | None = None) -> None:
+    """Give ``image`` all its blocks on the host now. A sparse image would take them only when the
+    file system inside writes back, seconds after the code's write succeeded: on a host disk that
+    fills meanwhile, that write-back fails and the file system loses what the code wrote."""
+    fd = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size if size is None else size
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            raise OSError(
+                errno.ENOSPC,
+                f"the data directory's disk has less than the {-(-size // MIB)} MiB this session's file "
+                "system reserves (--workspace-mb, --workspace-files)",
+            ) from exc
+    finally:
+        os.close(fd)
+
+
 def _make(image: Path, mib: int, inodes: int) -> None:
     part = image.with_name(image.name + ".part")
-    with open(part, "wb") as f:
-        f.truncate(mib * MIB)  # sparse: the host pays only for what code writes
+    os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
     try:
+        _reserve(part, mib * MIB)
         options = ["-b", "4096", "-I", str(INODE_BYTES), "-N", str(inodes), "-m", "0"]
         # A small journal, so a server killed mid-write leaves a file system that mounts clean; the
-        # image is sparse, so the journal and inode tables need no zeroing (lazy_*_init).
+        # image's reserved blocks read as zeros, so the journal and inode tables need no zeroing.
         features = [
             "-J",
             "size=4",
