@@ -4,7 +4,8 @@ Design
 - ``SessionLimits`` knows its processes (the group's members, or the trees runners registered):
   ``memory_exceeded``/``stop`` for the OOM killer; ``block_writes``/``allow_writes`` move the
   soft RLIMIT_FSIZE between 0 and the hard limit with ``prlimit(2)`` (the seccomp filter keeps
-  code from raising it); ``io_mark`` sums ``write_bytes`` (unchanged: nothing grew).
+  code from raising it); ``lifted_for`` lets the interpreter's own process save its variables
+  while the block holds; ``io_mark`` sums ``write_bytes`` (unchanged: nothing grew).
 - ``current_limits`` (a context variable) lets runners and installs start in the session's group.
 
 Error policy: a group that cannot be made is logged once (per-process limits then); a process
