@@ -310,3 +310,22 @@ async def test_a_session_on_its_own_file_system_loses_nothing_when_the_host_disk
         out = await run(alice, code, "img")
         assert out["status"] == "ok" and out["results"][0]["text"] == "('safe', 1048576)", out
     assert second.stop() == 0
+
+
+@pytest.mark.skipif(volume.unavailable() is not None, reason=str(volume.unavailable()))
+async def test_a_file_system_the_disk_cannot_hold_is_refused_in_a_sentence(deployment: Deployment) -> None:
+    """An image reserves its whole size: on a 24 MiB disk a 100 MiB quota's image cannot be made.
+    The call says so, nothing is left behind, and the server goes on (alice's memory, bob's call)."""
+    server = deployment.start("--workspace-fs", "image", "--workspace-mb", "100", "--workspace-files", "200")
+    async with deployment.client("alice") as alice, deployment.client("bob") as bob:
+        refused = await alice.call_tool("run_code", {"code": "1 + 1", "session_id": "big"})
+        said = error_text(refused)
+        reserves = volume.image_mib(100, 200)
+        assert f"cannot be opened: the data directory's disk has less than the {reserves} MiB" in said, said
+        assert "free space on that disk or lower --workspace-mb" in said, said
+        session = deployment.data / "sessions" / "alice" / "big"
+        assert not [p.name for p in session.glob("files.img*")] and not os.path.ismount(session / "files")
+        for who in (alice, bob):
+            wrote = await who.call_tool("memory_append", {"label": "human", "content": "still here"})
+            assert not wrote.is_error, wrote
+    assert server.stop() == 0

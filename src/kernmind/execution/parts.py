@@ -12,6 +12,7 @@ server starts without it; an unreadable package allow-list or CA file raises at 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from pathlib import Path
@@ -153,6 +154,11 @@ def attach_image(settings: Settings, files: Path, session_id: str) -> Path | Non
     try:
         return image if volume.attach(files, image, **caps) else None
     except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise StorageError(
+                f"session {session_id!r} cannot be opened: {exc.strerror}. Its files (if any) are "
+                "intact; the operator can free space on that disk or lower --workspace-mb."
+            ) from exc
         raise StorageError(
             f"the file system of session {session_id!r} could not be mounted ({exc}); its files are "
             "intact on disk. Try again; if it keeps failing, the operator can run `kernmind doctor`."
