@@ -26,6 +26,7 @@ import httpx2
 import pytest
 from mcp import Client
 
+from kernmind.execution.parts import RUNTIME_NAMES
 from kernmind.execution.sandbox import volume
 from kernmind.execution.sandbox.bwrap import Sandbox
 from kernmind.tokens_file import TokenFile
@@ -181,12 +182,28 @@ async def test_a_flood_of_names_stops_at_the_inode_cap(alice: Client, bob: Clien
     await bob_works(bob)
 
 
+async def test_the_runtime_directory_is_a_file_system_of_its_own(alice: Client, bob: Client) -> None:
+    """/run/kernmind (the kernel's sockets, a save of its variables) is capped by the kernel too:
+    a flood of names there stops at its own inode count (1,000 and a little), well before the
+    count's 2,000 for the session's two directories together."""
+    out = await run(
+        alice, FLOOD.replace("os.mkdir(f'd{i}')", "os.mkdir(f'/run/kernmind/d{i}')"), "runtime-names"
+    )
+    assert out["status"] == "ok", json.dumps(out)[:2000]
+    err, made = json.loads(out["results"][0]["text"].strip("'"))
+    # (mkfs rounds the inode count up to whole inode-table blocks of each block group)
+    assert err == "ENOSPC" and RUNTIME_NAMES - 50 <= made <= RUNTIME_NAMES * 1.2 < NAMES, made
+    await bob_works(bob)
+
+
 async def test_the_image_follows_the_session_through_stops_kills_and_close(deployment: Deployment) -> None:
     """Mounted while live, unmounted at a clean stop, cleaned up after a kill, removed with the
     session; the files survive every stop and the file tools read them."""
     files = deployment.files("alice", "lasting")
     async with deployment.client("alice") as alice:
         assert await value(alice, "open('kept.txt', 'w').write('kept')", "lasting") == 4
+        # (Saved at the stop from the kernel's runtime directory, a file system of its own.)
+        assert await value(alice, "kept_var = 42\nkept_var", "lasting") == 42
         assert os.path.ismount(files) and (files.parent / volume.IMAGE).is_file()
         listed = structured(await alice.call_tool("list_files", {"session_id": "lasting"}))
         assert [f["path"] for f in listed["files"]] == ["kept.txt"], listed
@@ -203,6 +220,7 @@ async def test_the_image_follows_the_session_through_stops_kills_and_close(deplo
     assert page.status_code == 200 and 'id="files-unmounted"' in page.text, page.text[:2000]
     async with deployment.client("alice") as alice:
         assert await value(alice, "import json; json.dumps(open('kept.txt').read())", "lasting") == "kept"
+        assert await value(alice, "kept_var", "lasting") == 42
 
     deployment.server.stop(signal.SIGKILL)
     assert os.path.ismount(files)  # a killed server cannot unmount: the next one does

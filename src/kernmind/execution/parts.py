@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+RUNTIME_MIB = 16  # a runtime directory's room past a save of the variables: sockets, connection file
+RUNTIME_NAMES = 1000  # and names there (the count's --workspace-files covers both directories)
+
 RESERVE_NAME = ".km-reserve"
 RESERVE_BYTES = 2 * 1024 * 1024
 
@@ -86,7 +89,7 @@ def from_settings(settings: Settings) -> dict[str, Any]:
             sandbox,
             runtime,
             new_workspace=lambda uid: workspace_in(rundir, uid, image_caps(settings)),
-            socket_dirs=lambda: socket_rundir.new_dir("k-"),
+            socket_dirs=lambda: runtime_dir_in(socket_rundir, runtime_caps(settings)),
             output_budget=Budget.of(settings),
             new_layer=lambda: layer_in(rundir),
             guard=guard,
@@ -142,6 +145,31 @@ def workspace_in(rundir: RunDir, uid: int | None, image_caps: dict[str, int] | N
     ws = Workspace(root, owner_uid=uid, image=image)
     ws.create()
     return ws
+
+
+def runtime_dir_in(rundir: RunDir, image_caps: dict[str, int] | None) -> Path:
+    """A kernel's fresh runtime directory (``/run/kernmind``: short, unix socket paths are limited);
+    with ``image_caps`` a file system of its own (volume.py), else a plain directory (logged)."""
+    root = rundir.new_dir("k-")
+    if image_caps is not None:
+        image = root.with_name(f"{root.name}.img")
+        try:
+            volume.attach(root, image, **image_caps, reserve=False)
+        except OSError as exc:  # the count still holds it
+            log.warning("a runtime directory without a file system of its own (%s): %s", root, exc)
+            image.unlink(missing_ok=True)
+    return root
+
+
+def runtime_caps(settings: Settings) -> dict[str, int] | None:
+    """The caps of a kernel's runtime directory with ``--workspace-fs image``: room for a save of its
+    variables (``--snapshot-mb``) and its sockets; None when the server counts instead."""
+    if settings.workspace_fs != "image":
+        return None
+    return {
+        "quota_mib": settings.snapshot_mb + RUNTIME_MIB,
+        "inodes": min(settings.workspace_files, RUNTIME_NAMES),
+    }
 
 
 def attach_image(settings: Settings, files: Path, session_id: str) -> Path | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from kernmind.execution.kernels.jupyter_compat import read_message
 from kernmind.execution.packages.guard import activate_layer_code
 from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
+from kernmind.execution.sandbox import volume
 from kernmind.execution.sandbox.cgroups import Cgroup
 from kernmind.execution.sandbox.workspace import Workspace
 
@@ -132,7 +132,7 @@ class Kernel(ChannelKernel):
                 await anyio.to_thread.run_sync(self._cleanup_dirs)
 
     def _cleanup_dirs(self) -> None:
-        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        volume.remove_runtime(self.runtime_dir)
         group, self.group = self.group, None
         if group is not None:
             group.remove()

@@ -9,6 +9,10 @@ it goes. The file system answers "No space left on device" from the first block 
 so no burst passes: the counting in ``quota.py`` still runs and still says why. A warm kernel's
 directory (and a ``--stateless`` call's) is one too, ``ws-….img`` in the run directory: a new
 session's first call moves that mount onto its ``files/`` (``adopt``), so it starts no kernel.
+Each kernel's runtime directory (``/run/kernmind``: its sockets, and its variables while it saves
+them) is a small image of its own, ``k-….img``, sized for ``--snapshot-mb``: sparse, since what
+lasts there is written with ``fsync`` (a write-back the host cannot place fails the save, which
+keeps the last snapshot) and the rest goes with the kernel.
 Why an image and not project quotas, and what it costs: docs/security.md, "The disk".
 
 A session stored before images were on (a plain ``files/`` with entries) keeps its directory and
@@ -120,9 +124,10 @@ def is_attached(root: Path) -> bool:
     return os.path.ismount(root)
 
 
-def attach(root: Path, image: Path, *, quota_mib: int, inodes: int) -> bool:
-    """Mount ``image`` (made on first use) on ``root``; False when ``root`` keeps a plain directory
-    (files stored before images were on). ``OSError`` when it cannot be done."""
+def attach(root: Path, image: Path, *, quota_mib: int, inodes: int, reserve: bool = True) -> bool:
+    """Mount ``image`` (made on first use; ``reserve``: all its blocks taken on the host) on ``root``;
+    False when ``root`` keeps a plain directory (files stored before images were on). ``OSError``
+    when it cannot be done."""
     if is_attached(root):
         return True
     if not image.exists():
@@ -130,7 +135,7 @@ def attach(root: Path, image: Path, *, quota_mib: int, inodes: int) -> bool:
             if any(os.scandir(root)):
                 log.info("session files in %s predate --workspace-fs image: counted, not capped", root)
                 return False
-        _make(image, image_mib(quota_mib, inodes), inodes + inodes // 50 + 64)
+        _make(image, image_mib(quota_mib, inodes), inodes + inodes // 50 + 64, reserve)
         root.mkdir(mode=0o700, exist_ok=True)
         _mount_new(image, root)  # (mounted nowhere else: it was just made)
     elif image.is_symlink() or not image.is_file():
@@ -164,6 +169,16 @@ def detach(root: Path) -> None:
                 log.info("unmounting %s lazily: %s", root, exc)
             time.sleep(0.1 * (attempt + 1))
     _syscall(_libc.umount2, os.fsencode(root), _MNT_DETACH)
+
+
+def remove_runtime(root: Path) -> None:
+    """A kernel's runtime directory goes: its file system unmounted (``--workspace-fs image``), the
+    directory and its image removed; a failure is logged (the run directory's clean-up retries)."""
+    if is_attached(root):
+        detach_quietly(root)
+    shutil.rmtree(root, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        root.with_name(root.name + ".img").unlink()
 
 
 def detach_quietly(root: Path) -> None:
@@ -255,11 +270,14 @@ def _reserve(image: Path, size: int | None = None) -> None:
         os.close(fd)
 
 
-def _make(image: Path, mib: int, inodes: int) -> None:
+def _make(image: Path, mib: int, inodes: int, reserve: bool = True) -> None:
     part = image.with_name(image.name + ".part")
     os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
     try:
-        _reserve(part, mib * MIB)
+        if reserve:
+            _reserve(part, mib * MIB)
+        else:
+            os.truncate(part, mib * MIB)
         options = ["-b", "4096", "-I", str(INODE_BYTES), "-N", str(inodes), "-m", "0"]
         # A small journal, so a server killed mid-write leaves a file system that mounts clean; the
         # image's reserved blocks read as zeros, so the journal and inode tables need no zeroing.
