@@ -1,7 +1,7 @@
 """What a file system per session costs (``--workspace-fs image``) against counting alone
 (``count``), over a real stdio MCP client, both servers in one run.
 
-    python benchmarks/bench_workspace_fs.py [--sessions 12] [--calls 50] [--sandbox bwrap]
+    python benchmarks/bench_workspace_fs.py [--sessions 12] [--calls 50] [--sandbox bwrap] [--workspace-mb 2048]
 
 Rows, for each mode (servers with the default warm pool, measured after it is full):
 - a new session's first ``1+1`` (image: the session's image is made and mounted, then a warm
@@ -9,7 +9,8 @@ Rows, for each mode (servers with the default warm pool, measured after it is fu
 - a stateful ``1+1`` p50 in a session that has run before;
 - ``close_session`` (image: the image unmounted and deleted).
 
-Needs root, ``mkfs.ext4`` and loop devices (the image rows). Wall clock on whatever else the
+Needs root, ``mkfs.ext4`` and loop devices (the image rows), and room on the temporary directory's
+disk for every image at once: each holds its ``--workspace-mb`` (and inode table) on the host. Wall clock on whatever else the
 machine does: read the ratios.
 """
 
@@ -29,9 +30,10 @@ from bench_fresh import ONE, call, params, settle
 from bench_python import pct
 
 
-async def rows(mode: str, sandbox: str, sessions: int, calls: int) -> dict[str, float]:
+async def rows(mode: str, sandbox: str, sessions: int, calls: int, quota_mib: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        async with Client(params(tmp, True, sandbox, "--workspace-fs", mode)) as client:
+        flags = ("--workspace-fs", mode, "--workspace-mb", str(quota_mib))
+        async with Client(params(tmp, True, sandbox, *flags)) as client:
             await call(client, ONE, session_id="warmup")
             firsts, closes = [], []
             for i in range(sessions):
@@ -55,9 +57,10 @@ async def main() -> None:
     ap.add_argument("--sessions", type=int, default=12)
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--sandbox", default="auto")
+    ap.add_argument("--workspace-mb", type=int, default=2048)
     args = ap.parse_args()
-    count = await rows("count", args.sandbox, args.sessions, args.calls)
-    image = await rows("image", args.sandbox, args.sessions, args.calls)
+    count = await rows("count", args.sandbox, args.sessions, args.calls, args.workspace_mb)
+    image = await rows("image", args.sandbox, args.sessions, args.calls, args.workspace_mb)
     print(f"{'row':<32} {'count ms':>9} {'image ms':>9} {'ratio':>6}")
     for name in count:
         c, i = count[name] * 1000, image[name] * 1000
