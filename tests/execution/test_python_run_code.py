@@ -505,8 +505,10 @@ async def test_progress_keeps_coming_while_output_streams_continuously(client: C
 
     # Flushed prints with no pause: messages queue up faster than they are read.
     code = "import time\nend = time.time() + 2.5\ni = 0\nwhile time.time() < end:\n    print(f'line {i}', flush=True)\n    i += 1"
+    # (A generous limit: on a loaded machine each flushed print can wait on ipykernel's output
+    # thread, and this 2.5 s loop once ran past the tests' 30 s default.)
     result = await client.call_tool(
-        "run_code", {"code": code, "session_id": "chatty"}, progress_callback=on_progress
+        "run_code", {"code": code, "session_id": "chatty", "timeout": 120}, progress_callback=on_progress
     )
     assert structured(result)["status"] == "ok"
     assert len(messages) >= 1
