@@ -189,7 +189,7 @@ def gather(settings: Settings) -> dict[str, Any]:
     report["meaning_search"] = anyio.run(_meaning_check, settings)
     report["workspaces"] = str(settings.workspaces_dir)
     report["workspace_fs"] = volume.describe(
-        settings.workspace_fs, settings.workspace_mb, settings.workspace_files
+        settings.workspace_fs, settings.workspace_mb, settings.workspace_files, settings.data_dir
     )
     report["agent"] = settings.agent
     report["pool_size"] = settings.pool_size

@@ -308,5 +308,9 @@ def test_doctor_says_which_enforcement_is_active(tmp_path: Path) -> None:
     ]
     report = subprocess.run(argv, capture_output=True, text=True, timeout=120).stdout
     assert "image: each stored session's files are an ext4 file system" in report, report
+    disk = os.statvfs(tmp_path)
+    room = disk.f_bavail * disk.f_frsize // (volume.image_mib(2048, 100_000) * MIB)  # (the default caps)
+    said = re.search(r"the data directory's disk has room for ([\d,]+) more", report)
+    assert said and abs(int(said[1].replace(",", "")) - room) <= 1, report  # (other tests write meanwhile)
     counting = volume.describe("count", QUOTA_MIB, NAMES)  # (the line doctor prints without the option)
     assert counting.startswith("count: measured") and "possible here: --workspace-fs image" in counting

@@ -91,16 +91,23 @@ def _kernel_version() -> tuple[int, int]:
     return (int(found[1]), int(found[2])) if found else (0, 0)
 
 
-def describe(mode: str, quota_mib: int, inodes: int) -> str:
-    """What enforces a session's disk quota here, for ``kernmind doctor``."""
+def describe(mode: str, quota_mib: int, inodes: int, data_dir: Path | None = None) -> str:
+    """What enforces a session's disk quota here, for ``kernmind doctor`` (with ``data_dir``: how many
+    more images its disk can hold)."""
     why = unavailable()
     if mode == "image":
         if why is not None:
             return f"image asked for, but not possible: {why}"
+        mib = image_mib(quota_mib, inodes)
+        room = ""
+        with contextlib.suppress(OSError):
+            if data_dir is not None:
+                disk = os.statvfs(next(p for p in (data_dir, *data_dir.parents) if p.exists()))
+                room = f"; the data directory's disk has room for {disk.f_bavail * disk.f_frsize // (mib * MIB):,} more"
         return (
             f"image: each stored session's files are an ext4 file system of their own "
-            f"({image_mib(quota_mib, inodes)} MiB, {inodes:,} names and a little more): the kernel refuses "
-            "what passes the quota"
+            f"({mib} MiB held on the disk, used or not; {inodes:,} names and a little more): the kernel "
+            f"refuses what passes the quota{room}"
         )
     where = "possible here: --workspace-fs image" if why is None else f"not possible here: {why}"
     return f"count: measured around and during calls (sandbox above); per-session file systems {where}"
