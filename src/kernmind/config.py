@@ -100,8 +100,7 @@ class Settings(BaseSettings):
     snapshot_mb: Annotated[int, Cli(metavar="MIB")] = Field(
         default=1024,
         ge=0,
-        description="largest saved namespace per session (MiB); variables past it are not saved "
-        "(0: never save variables)",
+        description="largest saved namespace per session (MiB); variables past it are not saved (0: none)",
     )
     autosave_seconds: Annotated[float, Cli(metavar="SECONDS")] = Field(
         default=120.0,
@@ -256,10 +255,9 @@ class Settings(BaseSettings):
     )
     workspace_fs: Annotated[Literal["count", "image"], Cli(Group.SANDBOX)] = Field(
         default="count",
-        description="`image`: each stored session's files live on an ext4 image of their own, sized for "
-        "--workspace-mb and --workspace-files, so the kernel refuses the first block or name past them "
-        "(needs root, mkfs.ext4, loop devices and Linux 5.8; each image holds its whole size on the data "
-        "dir's disk, used or not); `count`: the quota is measured around and during calls",
+        description="`image`: a session's files are an ext4 image sized for --workspace-mb and --workspace-files, "
+        "so the kernel refuses what passes them (root, mkfs.ext4, loop devices, Linux 5.8; each image holds "
+        "its size on the data dir's disk, used or not); `count`: the quota is measured around and during calls",
     )
 
     # --- transport (kernmind serve only) ---

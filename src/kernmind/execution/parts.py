@@ -133,32 +133,32 @@ def workspace_in(rundir: RunDir, uid: int | None, image_caps: dict[str, int] | N
     """A fresh working directory in this server's run directory; with ``image_caps``
     (``--workspace-fs image``) a file system of its own, sized by them (volume.py)."""
     root = rundir.new_dir("ws-")
-    image: Path | None = None
-    if image_caps is not None:
-        image = root.with_name(f"{root.name}.img")
-        try:
-            volume.attach(root, image, **image_caps)
-        except OSError as exc:  # the count still holds it: log, do not fail the kernel's start
-            log.warning("a working directory without a file system of its own (%s): %s", root, exc)
-            image.unlink(missing_ok=True)
-            image = None
-    ws = Workspace(root, owner_uid=uid, image=image)
+    ws = Workspace(root, owner_uid=uid, image=_own_file_system(root, image_caps, reserve=True))
     ws.create()
     return ws
 
 
 def runtime_dir_in(rundir: RunDir, image_caps: dict[str, int] | None) -> Path:
     """A kernel's fresh runtime directory (``/run/kernmind``: short, unix socket paths are limited);
-    with ``image_caps`` a file system of its own (volume.py), else a plain directory (logged)."""
+    with ``image_caps`` a file system of its own (volume.py: sparse)."""
     root = rundir.new_dir("k-")
-    if image_caps is not None:
-        image = root.with_name(f"{root.name}.img")
-        try:
-            volume.attach(root, image, **image_caps, reserve=False)
-        except OSError as exc:  # the count still holds it
-            log.warning("a runtime directory without a file system of its own (%s): %s", root, exc)
-            image.unlink(missing_ok=True)
+    _own_file_system(root, image_caps, reserve=False)
     return root
+
+
+def _own_file_system(root: Path, image_caps: dict[str, int] | None, *, reserve: bool) -> Path | None:
+    """Mount a new image on the fresh directory ``root``; its path, or None: none asked for, or it
+    failed (logged: the count still holds the directory, and the kernel starts all the same)."""
+    if image_caps is None:
+        return None
+    image = root.with_name(f"{root.name}.img")
+    try:
+        volume.attach(root, image, **image_caps, reserve=reserve)
+    except OSError as exc:
+        log.warning("%s without a file system of its own: %s", root, exc)
+        image.unlink(missing_ok=True)
+        return None
+    return image
 
 
 def runtime_caps(settings: Settings) -> dict[str, int] | None:
