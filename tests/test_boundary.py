@@ -20,6 +20,7 @@ import subprocess
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
@@ -505,6 +506,31 @@ async def test_a_database_that_is_down_is_a_sentence_and_the_server_recovers_by_
         for c in (alice, bob):
             assert structured(await c.call_tool("memory_read", {"label": "human"}))["label"] == "human"
             assert await run_emitting(c, CODE_READS, session_id="work") == ["human"]
+
+
+async def test_a_server_started_while_its_database_is_down_serves_and_recovers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The memory database opens in the background, so a server whose PostgreSQL is down at start
+    still answers the handshake and runs code; each memory call says at once that the database is
+    unavailable (no pool left retrying per call), and works once PostgreSQL is back, no restart."""
+    database = Database()
+    try:
+        database.stop()
+        tmp = tmp_path_factory.mktemp("started-while-down")
+        settings = make_settings(tmp, db=database.url, sandbox="none", embedding_model="none")
+        async with Client(create_server(settings)) as client:
+            assert await run_emitting(client, "emit(6 * 7)") == [42]
+            for _ in range(2):
+                with anyio.fail_after(15):  # at once, not after the pool's 30 s
+                    text = error_text(await client.call_tool("memory_read", {"label": "human"}))
+                assert text.startswith(
+                    "Error executing tool memory_read: the memory database is unavailable: "
+                )
+            database.start()
+            assert structured(await client.call_tool("memory_read", {"label": "human"}))["label"] == "human"
+    finally:
+        database.close()
 
 
 async def test_the_first_call_after_the_database_restarted_unseen_works(

@@ -293,8 +293,12 @@ class PostgresDatabase:
     relays_changes = True
 
     async def open(self) -> PostgresDatabase:
-        await self._pool.open(wait=True)
+        """Open the pool and migrate. A database that cannot be reached raises at once (a direct
+        look first: the pool alone retries for 30 s), and leaves no pool retrying behind."""
         try:
+            async with await psycopg.AsyncConnection.connect(self.url, connect_timeout=5):
+                pass
+            await self._pool.open(wait=True)
             await self._migrate()
         except BaseException:
             await self._pool.close()

@@ -1,7 +1,8 @@
 """The MCP surface of memory: block tools, archival tools, block resources and the ``memory`` prompt.
 
 Design: ``server.py`` does ``memory = MemoryTools(settings)``, ``memory.register(server)`` and, in its
-lifespan, ``async with memory.running():`` (tools called before get a clear error). Tools are thin
+lifespan, ``async with memory.running():`` (the database opens in the background; tools called
+before or after get a clear error). Tools are thin
 (block_tools.py, archival_tools.py); every block write publishes ``resource updated`` for
 ``memory://blocks/{label}`` (and the listing), to legacy ``resources/subscribe`` clients too; a failure
 to notify never fails the write.
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 MEMORY_SCHEME = "memory://"
 BLOCKS_URI = MEMORY_SCHEME + "blocks"
 LISTING_MAX = 1000  # blocks read for the memory://blocks listing (it shows what fits the budget)
+OPEN_DELAY = 0.3  # seconds after start before the database opens (unless a call opens it first)
 WARM_UP_DELAY = 1.0  # seconds after start before the embedding model loads
 
 
@@ -92,36 +94,57 @@ class MemoryTools:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        root = await MemoryStore.from_settings(self.settings).open()
-        try:  # an earlier version kept the --token principal's memory apart (legacy_owner.py)
-            await merge_legacy(root)
-        except Exception:
-            log.exception(
-                "moving the --token principal's earlier memory failed; kept as it was, retried next start"
-            )
-        self._root, self._embedder = root, make_embedder(self.settings)
-        log.info(
-            "memory: %s (namespace %r, meaning search: %s)",
-            root.location,
-            root.namespace,
-            self._embedder.model if self._embedder is not None else "off",
-        )
+        """Memory for the server's lifetime. The database opens in the background: the client's
+        handshake does not wait for it, and a memory call that comes first waits for it (or, when
+        the database cannot be reached, tries again itself and says why in words)."""
+        self._embedder = make_embedder(self.settings)
         try:
             async with supervised_group("memory") as background:  # a failed backfill ends alone
                 self._background = background
+                background.start_soon(self._open_soon)
                 background.start_soon(self._warm_up, self._embedder)
-                await self._add_space(root)
                 try:
                     yield
                 finally:
                     background.cancel_scope.cancel()
         finally:
             self._spaces.clear()
-            self._root = self._background = None
+            root, self._root, self._background = self._root, None, None
             if self._embedder is not None:
                 with contextlib.suppress(Exception):
                     await self._embedder.aclose()
-            await root.close()
+            if root is not None:
+                await root.close()
+
+    async def _open_soon(self) -> None:
+        """Open the database soon after start, but not during the client's handshake (opening
+        holds the interpreter for tens of milliseconds); a memory call that comes first opens it
+        itself. A failure is logged and the next memory call tries again."""
+        await anyio.sleep(OPEN_DELAY)
+        try:
+            async with self._opening:
+                await self._open_root()
+        except Exception as exc:
+            log.warning("memory not opened at start (the first memory call tries again): %s", exc)
+
+    async def _open_root(self) -> None:
+        """Open the database and the server's own namespace (under ``_opening``)."""
+        if self._root is not None:
+            return
+        self._root = root = await MemoryStore.from_settings(self.settings).open()  # (closed by ``running``)
+        try:  # an earlier version kept the --token principal's memory apart (legacy_owner.py)
+            await merge_legacy(root)
+        except Exception:
+            log.exception(
+                "moving the --token principal's earlier memory failed; kept as it was, retried next start"
+            )
+        log.info(
+            "memory: %s (namespace %r, meaning search: %s)",
+            root.location,
+            root.namespace,
+            self._embedder.model if self._embedder is not None else "off",
+        )
+        await self._add_space(root)
 
     def namespace_for(self, principal: Principal) -> str:
         if principal.owner == LOCAL.name:
@@ -133,9 +156,13 @@ class MemoryTools:
         every tool: a disk too full to create the namespace must not fail the principal's other
         tools, so that is remembered (the memory tools say it) and tried again at the next call."""
         key = self.namespace_for(principal)
-        if key in self._spaces or self._root is None:
+        if key in self._spaces or self._background is None:  # (not running: ``_space`` says so)
             return
         async with self._opening:
+            try:  # a no-op once open; a database that is down is answered in words (boundary.py)
+                await self._open_root()
+            except RuntimeError as exc:  # a database this version cannot use (made by a newer one)
+                raise Unavailable(f"Memory cannot be opened: {exc} Ask the operator.") from exc
             if key not in self._spaces and self._root is not None:
                 store = MemoryStore.from_settings(self.settings, namespace=key, sharing=self._root)
                 try:

@@ -150,8 +150,10 @@ class Sandbox:
 
     @classmethod
     def prefetch(cls, mode: str, *, allow_network: bool = False, limits: Limits | None = None) -> None:
-        """Start the bwrap probe ``detect`` will need, on a daemon thread (it mostly waits on
-        the child process), so that ``detect`` later finds its outcome."""
+        """Start the probes ``detect`` will need (bwrap's and the creation guard's), on daemon
+        threads (they mostly wait on child processes), so that ``detect`` later finds their outcome."""
+        if sys.platform == "linux":
+            threading.Thread(target=guard_file, name="kernmind-guard-probe", daemon=True).start()
         bwrap = shutil.which("bwrap")
         if mode == "none" or bwrap is None or sys.platform != "linux":
             return
