@@ -1,7 +1,8 @@
 """Running the server on a transport: stdio (stdio.py) or Streamable HTTP (http.py).
 
-Design: the sandbox and runtime probes start on threads first, then the fork-server template, and
-only then is the MCP SDK imported (on the other core meanwhile). Error policy: a refused
+Design: the sandbox and runtime probes start on threads first; a thread makes the executor (waiting
+for the sandbox's probes) and starts the fork-server template, while the main thread imports the MCP
+SDK (the template imports on the other core meanwhile). Error policy: a refused
 configuration prints one line to stderr and returns 2 (1 for a failure to start), never a traceback.
 """
 
@@ -10,6 +11,9 @@ from __future__ import annotations
 import logging
 import socket
 import sys
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -17,6 +21,9 @@ from kernmind.config import Settings
 from kernmind.transport.http import bind_socket, check_http_settings, serve_http
 from kernmind.transport.shutdown import EXIT_FAILED, EXIT_REFUSED
 from kernmind.transport.stdio import serve_stdio
+
+if TYPE_CHECKING:
+    from kernmind.execution.executor import Executor
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,33 @@ def raise_open_files_limit() -> None:
         log.debug("open-files limit left as it was: %s", exc)
 
 
+def _prelaunched(executor: Executor) -> Executor:
+    executor.prelaunch()
+    return executor
+
+
+def _on_a_thread(work: Callable[[], Executor]) -> Callable[[], Executor]:
+    """Start ``work`` on a thread; the function returned waits for its result (or raises its error)."""
+    outcome: list[Executor | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as exc:  # re-raised by ``result`` on the caller's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, name="kernmind-executor-start", daemon=True)
+    thread.start()
+
+    def result() -> Executor:
+        thread.join()
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    return result
+
+
 def serve(settings: Settings) -> int:
     """Run ``kernmind serve``; returns the process exit code."""
     from kernmind.execution import runners
@@ -88,12 +122,13 @@ def serve(settings: Settings) -> int:
             print(f"kernmind: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
             return EXIT_FAILED
     try:
-        # The executor (no SDK in it) first: its fork-server template then imports ipykernel,
-        # pandas & co. on the other core while this one imports the SDK.
-        executor = Executor.from_settings(settings)
-        executor.prelaunch()
+        # The executor (no SDK in it) is made on a thread: its sandbox waits there for the probes,
+        # then its fork-server template starts (importing ipykernel, pandas & co. on the other
+        # core), while this thread imports the SDK.
+        made = _on_a_thread(lambda: _prelaunched(Executor.from_settings(settings)))
         from kernmind.server import create_server
 
+        executor = made()
         server = create_server(settings, executor)
     except (SandboxUnavailable, CgroupsUnavailable, MountError, WorkspaceFsUnavailable) as exc:
         if sock is not None:

@@ -90,7 +90,7 @@ class PackageInstaller:
     cache_dir: Path
     sandbox: Sandbox
     deno: str | None
-    uv_binary: str
+    uv_binary: str | None  # None: the uv installed beside kernmind, found on first use (``uv``)
     environ: Mapping[str, str]
     timeout: float = 600.0
     ca_file: Path | None = None  # --ca-file: certificate authorities trusted besides the system's
@@ -100,13 +100,16 @@ class PackageInstaller:
         self.store = CompiledStore.for_target(self.cache_dir, self.target)
 
     @functools.cached_property
+    def uv(self) -> str:
+        """The uv binary (found at the first install, not at start: finding it imports sysconfig)."""
+        return self.uv_binary or self.find_uv()
+
+    @functools.cached_property
     def host_env(self) -> dict[str, str]:
         """The installers' variables: the host's proxies and certificates, and the trust of
         ``trust.py`` (made on first use: it asks uv which flag it knows)."""
         try:
-            uv_help = subprocess.run(
-                [self.uv_binary, "--help"], capture_output=True, text=True, timeout=30
-            ).stdout
+            uv_help = subprocess.run([self.uv, "--help"], capture_output=True, text=True, timeout=30).stdout
         except (OSError, subprocess.SubprocessError):
             uv_help = ""
         return trust.tls_environment(
@@ -133,9 +136,7 @@ class PackageInstaller:
         cache = settings.data_dir.absolute() / "cache" / "packages"
         if settings.ca_file is not None:
             trust.check_ca_file(settings.ca_file)  # refused at start, not at the first install
-        return cls(
-            policy, target, cache, sandbox, cls.find_deno(), cls.find_uv(), environ, ca_file=settings.ca_file
-        )
+        return cls(policy, target, cache, sandbox, cls.find_deno(), None, environ, ca_file=settings.ca_file)
 
     @staticmethod
     def find_uv() -> str:
@@ -224,7 +225,7 @@ class PackageInstaller:
         with tempfile.TemporaryDirectory(prefix="kernmind-install-") as scratch:
             try:
                 result = await resolve_and_install(
-                    HostUv(self.uv_binary, self.host_env),
+                    HostUv(self.uv, self.host_env),
                     requirements,
                     target=self.target,
                     installed=installed,
@@ -243,7 +244,7 @@ class PackageInstaller:
         result, skipped = await build_in_sandbox(
             self.sandbox,
             requirements,
-            uv_binary=self.uv_binary,
+            uv_binary=self.uv,
             target=self.target,
             installed=installed,
             sources=sources,
@@ -277,7 +278,7 @@ class PackageInstaller:
     def describe(self) -> dict[str, object]:
         try:
             version = subprocess.run(
-                [self.uv_binary, "--version"], capture_output=True, text=True, timeout=10
+                [self.uv, "--version"], capture_output=True, text=True, timeout=10
             ).stdout.strip()
         except (OSError, subprocess.SubprocessError) as exc:
             version = f"unavailable: {exc}"
