@@ -65,6 +65,7 @@ class FakeKernel:
         self.home_bound = False
         self.dead = False
         self.ignores_interrupts = False
+        self.requests: list[tuple[str, bool]] = []  # (code, silent) of every execute, in order
         self.namespace: dict[str, Any] = {}
         self.interrupts = 0
 
@@ -83,6 +84,7 @@ class FakeKernel:
         store_history: bool = True,
     ) -> ExecOutcome:
         await anyio.lowlevel.checkpoint()
+        self.requests.append((code, silent))
         if self.dead or self.closed:
             return ExecOutcome("died" if self.dead else "closed", exit_code=-9 if self.dead else None)
         count = self.execution_count + 1 if store_history and not silent else None
@@ -168,6 +170,7 @@ class FakeKernelFactory:
         self.start_delay = 0.0
         self.alive_delay = 0.0
         self.fail_starts = 0  # the next this many starts raise RuntimeUnavailable
+        self.die_on_start = 0  # the next this many kernels start dead (they answer no request)
         self._gates: dict[str, anyio.Event] = {}
         self.waiting: set[str] = set()  # the gates a call waits on now (``#wait NAME``)
 
@@ -190,6 +193,9 @@ class FakeKernelFactory:
             workspace = Workspace(self.root / f"ws-{next(_ids)}")
             workspace.create()
         kernel = FakeKernel(self, workspace)
+        if self.die_on_start:
+            self.die_on_start -= 1
+            kernel.dead = True
         self.started.append(kernel)
         return kernel
 

@@ -76,6 +76,34 @@ async def test_a_dead_warm_kernel_is_stopped_and_never_handed_out(
     await _until(lambda: first in factory.stopped and not first.workspace.root.exists())
 
 
+async def test_a_warm_kernel_has_answered_a_silent_first_request_that_counts_nothing(
+    running_pool: tuple[KernelPool, FakeKernelFactory],
+) -> None:
+    """The pool pays a fresh interpreter's first-request costs before handing it out; the request
+    is silent, so the caller's first call is still execution 1."""
+    pool, _ = running_pool
+    kernel = await pool.acquire()
+    assert kernel.requests == [("0", True)]
+    assert kernel.execution_count == 0
+
+
+async def test_a_kernel_that_does_not_answer_its_first_request_is_never_handed_out(tmp_path: Path) -> None:
+    factory = FakeKernelFactory(tmp_path)
+    factory.die_on_start = 1
+    pool = KernelPool(factory, size=1)
+    async with anyio.create_task_group() as tg:
+        await pool.run(tg, delay=0)
+        await _until(lambda: pool.ready_count == 1)
+        kernel = await pool.acquire()
+        assert not kernel.dead
+        dead = factory.started[0]
+        assert dead.dead and dead is not kernel
+        await _until(lambda: dead in factory.stopped)
+        assert pool.last_error is None  # the next start worked
+        await pool.close()
+        tg.cancel_scope.cancel()
+
+
 async def test_an_empty_pool_starts_a_kernel_for_the_caller(tmp_path: Path) -> None:
     factory = FakeKernelFactory(tmp_path)
     pool = KernelPool(factory, size=0)

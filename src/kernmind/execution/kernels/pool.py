@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +23,10 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from kernmind.execution.errors import RuntimeUnavailable
 from kernmind.execution.kernels.api import Kernel, KernelFactory
 from kernmind.execution.packages.layer import Layer
+from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import volume
 from kernmind.execution.sandbox.limits import SessionLimits
 from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
@@ -32,6 +35,7 @@ from kernmind.supervise import keeps_running
 log = logging.getLogger(__name__)
 
 BACKGROUND_DELAY = 0.25  # seconds background kernel work waits, so it doesn't slow the call at hand
+WARM_UP_SECONDS = 30.0  # a new kernel's first, silent request (``_warmed_up``)
 STARTUP_DELAY = 1.0  # seconds after start before the first refill: the handshake and a first call go first
 
 
@@ -84,6 +88,9 @@ class KernelPool:
                 await anyio.sleep(BACKGROUND_DELAY)
             try:
                 kernel = await self.factory.start()
+                if not await _warmed_up(kernel):
+                    await _shutdown_and_remove(kernel)
+                    raise RuntimeUnavailable("the new interpreter did not answer its first request")
             except Exception as exc:
                 self._failures += 1
                 self.last_error = str(exc)
@@ -233,6 +240,17 @@ async def _join(kernel: Kernel, limits: SessionLimits | None) -> None:
         limits.take_group(own)
     else:
         await anyio.to_thread.run_sync(limits.group.adopt, own)
+
+
+async def _warmed_up(kernel: Kernel) -> bool:
+    """Run a first, silent request on a new kernel (no history, no execution count): a fresh
+    interpreter's first request pays one-off costs on both ends (the shell's first cell, the
+    message path's first use, pages a fork copies on first write), which the call that takes the
+    kernel would otherwise wait for. False when the kernel did not answer it."""
+    outcome = await kernel.execute(
+        "0", OutputCollector(100), deadline=time.monotonic() + WARM_UP_SECONDS, silent=True
+    )
+    return outcome.kind == "ok"
 
 
 async def _shutdown_and_remove(kernel: Kernel) -> None:
