@@ -33,6 +33,7 @@ MAX_CONNECTIONS = 64  # open connections of one channel (idle ones included: eac
 ENOUGH = 2  # two connections past the cap are told why, the rest simply closed
 CHUNK = 65536
 SHORT_OF = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED}
+BACKLOG = 65536  # connections waiting to be accepted, as anyio sets (the cap above is what is served)
 ACCEPT_PAUSE = 0.1  # seconds between tries to accept while the server is short of descriptors
 # A peer gone away: its connection ends, quietly.
 GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
@@ -129,10 +130,22 @@ class Channel:
         its successor is ready."""
         fresh = self.path.with_name(self.path.name + ".new")
         fresh.unlink(missing_ok=True)
-        listener = await anyio.create_unix_listener(fresh, mode=0o600)
+        # Made here, not with anyio.create_unix_listener: that binds on a worker thread, and the
+        # hop cost a --stateless call milliseconds while the previous call's clean-up ran on the
+        # other workers; a bind in the kernel's own local directory does not block.
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            sock.bind(os.fsdecode(fresh))
+            os.chmod(fresh, 0o600)
             if self.uid != os.getuid():
                 os.chown(fresh, self.uid, self.uid, follow_symlinks=False)
+            sock.listen(BACKLOG)
+            listener = await SocketListener.from_socket(sock)
+        except BaseException:
+            sock.close()
+            fresh.unlink(missing_ok=True)
+            raise
+        try:
             os.replace(fresh, self.path)
         except BaseException:
             await listener.aclose()

@@ -12,11 +12,12 @@ cancelled between taking a kernel and handing it over stops that kernel, none ru
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,28 @@ class KernelPool:
         self._starting = 0  # kernels the refill is starting now
         self._failures = 0  # starts failed in a row (for the back-off)
         self.last_error: str | None = None
+        self._calls = 0  # calls running on this pool's kernels now (``running_a_call``)
+        self._quiet = anyio.Event()  # set while none runs
+        self._quiet.set()
 
     @property
     def ready_count(self) -> int:
         return len(self._ready)
+
+    @contextlib.contextmanager
+    def running_a_call(self) -> Iterator[None]:
+        """Around a call on one of this pool's kernels: a refill waits for the calls running
+        (up to ``BACKGROUND_DELAY``), so that a new kernel's start-up does not take the CPU and
+        the event loop from the call that just took a warm one."""
+        self._calls += 1
+        if self._calls == 1:
+            self._quiet = anyio.Event()
+        try:
+            yield
+        finally:
+            self._calls -= 1
+            if self._calls == 0:
+                self._quiet.set()
 
     async def run(self, tg: TaskGroup, *, delay: float = STARTUP_DELAY) -> None:
         """Start the refill loop in ``tg`` (the executor's task group), after ``delay`` seconds."""
@@ -83,9 +102,9 @@ class KernelPool:
 
     async def _start_one(self) -> None:
         try:
-            if not self.factory.cheap_starts:
-                # Let the call that just took a kernel finish first: a boot's CPU would land on it.
-                await anyio.sleep(BACKGROUND_DELAY)
+            # Let the call that just took a kernel finish first: a start's CPU would land on it.
+            with anyio.move_on_after(BACKGROUND_DELAY):
+                await self._quiet.wait()
             try:
                 kernel = await self.factory.start()
                 if not await _warmed_up(kernel):
