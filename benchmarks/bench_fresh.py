@@ -7,6 +7,9 @@ Rows (each for ``--fork-server`` and ``--no-fork-server``, default pool size):
 - ``--stateless``: ``--n`` back-to-back ``1+1`` calls, amortized (total / n) and p50;
 - the same with ``import pandas as pd`` in every call;
 - ``--resets`` back-to-back ``reset: true`` calls on one session, amortized;
+- as an agent calls (``--spaced`` calls, each ``--pause`` seconds after the last: a warm pool,
+  as a model's thinking between calls leaves it): ``--stateless`` and ``reset: true`` p50, and
+  their ratio to the stateful p50 (issue 37's rows);
 - stateful ``1+1`` p50, against a raw ``jupyter_client`` round trip (no sandbox, no MCP);
 - unique memory per extra idle kernel: ``--idle`` sessions, each with a kernel, on a server
   with no warm pool; the USS (and PSS) of every process of one kernel's sandbox, summed,
@@ -78,7 +81,18 @@ async def back_to_back(client: Client, code: str, n: int, server: int, **kw: obj
     return amortized, pct(times, 0.5), (tree_cpu(server) - cpu) / n
 
 
-async def fresh_rows(fork: bool, sandbox: str, n: int, resets: int) -> dict[str, tuple[float, ...]]:
+async def spaced(client: Client, code: str, n: int, pause: float, **kw: object) -> tuple[float, ...]:
+    """p50 seconds of ``n`` calls, each ``pause`` seconds after the last one ended."""
+    times = []
+    for _ in range(n):
+        await anyio.sleep(pause)
+        times.append(await call(client, code, **kw))
+    return pct(times, 0.5), pct(times, 0.5), 0.0
+
+
+async def fresh_rows(
+    fork: bool, sandbox: str, n: int, resets: int, spaced_n: int, pause: float
+) -> dict[str, tuple[float, ...]]:
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         async with Client(params(tmp, fork, sandbox, "--stateless")) as client:
@@ -88,6 +102,8 @@ async def fresh_rows(fork: bool, sandbox: str, n: int, resets: int) -> dict[str,
             rows["stateless"] = await back_to_back(client, ONE, n, server)
             await settle(client)
             rows["stateless pandas"] = await back_to_back(client, PANDAS, n, server)
+            await settle(client)
+            rows["stateless spaced"] = await spaced(client, ONE, spaced_n, pause)
     with tempfile.TemporaryDirectory() as tmp:
         async with Client(params(tmp, fork, sandbox)) as client:
             await call(client, ONE, session_id="r")
@@ -95,6 +111,8 @@ async def fresh_rows(fork: bool, sandbox: str, n: int, resets: int) -> dict[str,
             await settle(client)
             rows["reset"] = await back_to_back(client, ONE, resets, server, session_id="r", reset=True)
             await settle(client)
+            rows["reset spaced"] = await spaced(client, ONE, spaced_n, pause, session_id="r", reset=True)
+            rows["stateful spaced"] = await spaced(client, ONE, spaced_n, pause, session_id="r")
             for _ in range(10):
                 await call(client, ONE, session_id="s")
             times = [await call(client, ONE, session_id="s") for _ in range(max(n, 100))]
@@ -213,12 +231,14 @@ async def main() -> None:
     ap.add_argument("--resets", type=int, default=30)
     ap.add_argument("--idle", type=int, default=6)
     ap.add_argument("--sandbox", default="bwrap")
+    ap.add_argument("--spaced", type=int, default=10)
+    ap.add_argument("--pause", type=float, default=1.0)
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}, load {os.getloadavg()[0]:.1f}")
     raw, _ = await raw_floor(200, 1)
     floor = pct(raw, 0.5)
-    fork = await fresh_rows(True, args.sandbox, args.n, args.resets)
-    plain = await fresh_rows(False, args.sandbox, args.n, args.resets)
+    fork = await fresh_rows(True, args.sandbox, args.n, args.resets, args.spaced, args.pause)
+    plain = await fresh_rows(False, args.sandbox, args.n, args.resets, args.spaced, args.pause)
     mem_fork = await idle_memory(True, args.sandbox, args.idle)
     mem_plain = await idle_memory(False, args.sandbox, args.idle)
 
@@ -239,6 +259,19 @@ async def main() -> None:
     for key, label in (("stateless", "--stateless `1+1`, p50 ms"), ("reset", "`reset: true`, p50 ms")):
         f, p = fork[key][1], plain[key][1]
         print(f"| {label:<46} | {ms(f):>11} | {ms(p):>12} | {p / f:12.1f}x |")
+    for key, label in (
+        ("stateless spaced", f"--stateless `1+1`, {args.pause:g} s apart, p50 ms"),
+        ("reset spaced", f"`reset: true`, {args.pause:g} s apart, p50 ms"),
+        ("stateful spaced", f"stateful `1+1`, {args.pause:g} s apart, p50 ms"),
+    ):
+        f, p = fork[key][1], plain[key][1]
+        print(f"| {label:<46} | {ms(f):>11} | {ms(p):>12} | {p / f:12.1f}x |")
+    for key, label in (
+        ("stateless spaced", "  --stateless / stateful, spaced"),
+        ("reset spaced", "  reset / stateful, spaced"),
+    ):
+        f, p = fork[key][1] / fork["stateful spaced"][1], plain[key][1] / plain["stateful spaced"][1]
+        print(f"| {label:<46} | {f:10.2f}x | {p:11.2f}x |               |")
     for key, label in (
         ("stateless", "CPU per --stateless `1+1` call, ms"),
         ("stateless pandas", "CPU per --stateless pandas call, ms"),

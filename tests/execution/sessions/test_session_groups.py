@@ -9,6 +9,7 @@ Needs a hierarchy this process may write (root on cgroup v1 in CI); skipped else
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,64 @@ async def test_a_forked_kernel_is_born_in_the_sessions_group(forked: tuple[Clien
     probe = "import resource\ntry:\n    resource.setrlimit(resource.RLIMIT_FSIZE, resource.getrlimit(resource.RLIMIT_FSIZE))\n    r = 'changed'\nexcept (ValueError, OSError):\n    r = 'refused'\nr"
     assert (await run(client, probe))["results"][0]["text"] == "'refused'"
     assert stopped_for_memory(await run(client, SHM_HOG))
+
+
+async def _warm_group(executor: Executor) -> Any:
+    """The own group of the pool's next warm kernel (once there is one)."""
+    with anyio.fail_after(60):
+        while not executor.pool.ready_count:  # noqa: ASYNC110 (the pool refills in the background)
+            await anyio.sleep(0.1)
+    group = executor.pool._ready[0].local.group
+    assert group is not None
+    return group
+
+
+async def test_a_reset_hands_the_fresh_interpreter_the_sessions_group(tmp_path: Path) -> None:
+    """A reset's fresh interpreter takes the session's place in its group without moving a
+    process (a move waits for the kernel's RCU grace period): when only the old interpreter
+    lived in the session's group, the warm kernel's own group becomes the session's and the old
+    one goes with the old interpreter. The session's limits hold in the new group."""
+    async for client, executor in serve(tmp_path, pool_size=1):
+        await run(client, "x = 1", session="r")
+        session = executor.sessions.live("r")
+        assert session is not None and session.limits is not None
+        before, warm = session.limits.group, await _warm_group(executor)
+        assert before is not None and warm is not before
+        out = await run(client, "'x' in dir()", session="r", reset=True)
+        assert out["results"][0]["text"] == "False"
+        assert session.limits.group is warm  # handed over, nothing moved
+        assert any("forkserver/template.py" in cmdline(p) for p in warm.pids())
+        with anyio.fail_after(30):
+            while any(d.exists() for d in before.dirs):  # noqa: ASYNC110 (the old interpreter stops in the background)
+                await anyio.sleep(0.05)
+        assert stopped_for_memory(await run(client, SHM_HOG, session="r"))  # the limit holds
+        assert (await run(client, "6 * 7", session="r"))["results"][0]["text"] == "42"
+
+
+@pytest.mark.skipif(
+    shutil.which("java") is None, reason="no Java here (its warm JShell host stays in the group)"
+)
+async def test_a_reset_moves_into_the_group_where_another_process_of_the_session_lives(
+    tmp_path: Path,
+) -> None:
+    """The session's Java host lives in the session's group beside the interpreter: a reset
+    keeps the group (the host stays in it) and the fresh interpreter's processes move in."""
+    async for client, executor in serve(tmp_path, pool_size=1):
+        await run(client, "x = 1", session="r")
+        out = await run(client, 'System.out.println("up");', language="java", session="r")
+        assert "".join(out["logs"]["stdout"]).strip() == "up"
+        session = executor.sessions.live("r")
+        assert session is not None and session.limits is not None
+        kept, warm = session.limits.group, await _warm_group(executor)
+        assert kept is not None
+        java = [p for p in kept.pids() if "java" in cmdline(p)]
+        assert java, [cmdline(p) for p in kept.pids()]
+        await run(client, "1", session="r", reset=True)
+        assert session.limits.group is kept
+        members = kept.pids()
+        assert set(java) <= set(members)
+        assert any("forkserver/template.py" in cmdline(p) for p in members)
+        assert not any(d.exists() for d in warm.dirs)  # its processes moved, it was removed
 
 
 async def test_stateless_calls_get_a_group_that_goes_with_the_call(tmp_path: Path) -> None:

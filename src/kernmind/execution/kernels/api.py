@@ -35,6 +35,10 @@ class LocalProcess(Protocol):
         """The roots of its process trees (what a session's limits track)."""
         ...
 
+    def processes(self) -> list[int]:
+        """Every process of it now (a reset hands the session's group over when it holds no other)."""
+        ...
+
 
 class Kernel(Protocol):
     """A running Python kernel, bound to a working directory."""

@@ -29,6 +29,7 @@ from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import volume
 from kernmind.execution.sandbox.cgroups import Cgroup
+from kernmind.execution.sandbox.limits import tree_pids
 from kernmind.execution.sandbox.workspace import Workspace
 
 if TYPE_CHECKING:  # imported when a kernel starts (kernels/manager.py), not with this module
@@ -77,6 +78,18 @@ class Kernel(ChannelKernel):
         prov = self.km.provisioner
         process = getattr(prov, "process", None) if prov is not None else None
         return [p for p in (getattr(process, "pid", None), self.forked_pid) if p]
+
+    def processes(self) -> list[int]:
+        """Every process of it now: the trees of ``root_pids`` and, for a forked kernel, the fork
+        server's waiter that is its parent (a child of the template, so below neither root)."""
+        found = tree_pids(self.root_pids())
+        if self.forked_pid:
+            try:
+                stat = Path(f"/proc/{self.forked_pid}/stat").read_text()
+                found.append(int(stat.rsplit(")", 1)[1].split()[1]))
+            except (OSError, ValueError, IndexError):
+                pass
+        return found
 
     async def is_alive(self) -> bool:
         try:

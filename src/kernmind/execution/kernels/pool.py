@@ -128,7 +128,11 @@ class KernelPool:
             self._wake.set()
 
     async def acquire(
-        self, home: Workspace | None = None, layer: Layer | None = None, limits: SessionLimits | None = None
+        self,
+        home: Workspace | None = None,
+        layer: Layer | None = None,
+        limits: SessionLimits | None = None,
+        replacing: Kernel | None = None,
     ) -> Kernel:
         """A ready kernel: with its own fresh workspace, or bound to ``home``; the packages of
         ``layer`` (a session's) moved into the kernel's own layer; in the control group of
@@ -136,7 +140,7 @@ class KernelPool:
         a kernel and handing it over stops that kernel: none is left running unowned."""
         held: list[Kernel] = []  # the kernel this call has taken and not handed over yet
         try:
-            return await self._acquire(home, layer, limits, held)
+            return await self._acquire(home, layer, limits, held, replacing)
         except BaseException:
             for kernel in held:
                 with anyio.CancelScope(shield=True):
@@ -147,7 +151,12 @@ class KernelPool:
             raise
 
     async def _acquire(
-        self, home: Workspace | None, layer: Layer | None, limits: SessionLimits | None, held: list[Kernel]
+        self,
+        home: Workspace | None,
+        layer: Layer | None,
+        limits: SessionLimits | None,
+        held: list[Kernel],
+        replacing: Kernel | None = None,
     ) -> Kernel:
         kernel: Kernel | None = None
         while self._ready:
@@ -165,7 +174,7 @@ class KernelPool:
             kernel = kernel or await self._start(None, limits)
             held[:] = [kernel]
             await self._adopt_layer(kernel, layer)
-            await _join(kernel, limits)
+            await _join(kernel, limits, replacing)
             return kernel
         # A warm kernel has no --mount folder: a session whose owner has some starts its own (host_mounts.py).
         rebind = self._rebind if self.factory.rebinds_warm_kernels else None
@@ -201,7 +210,7 @@ class KernelPool:
             kernel.home_bound = True  # its directory is the session's: stopping it must keep the files
             held[:] = [kernel]
         await self._adopt_layer(kernel, layer)
-        await _join(kernel, limits)
+        await _join(kernel, limits, replacing)
         kernel.workspace, kernel.home_bound = home, True
         local = kernel.local
         if local is not None:  # (a gateway's kernel has no socket directory or sandbox uid here)
@@ -246,10 +255,12 @@ class KernelPool:
                     tg.start_soon(_shutdown_and_remove, k)
 
 
-async def _join(kernel: Kernel, limits: SessionLimits | None) -> None:
+async def _join(kernel: Kernel, limits: SessionLimits | None, replacing: Kernel | None = None) -> None:
     """Put a warm kernel in the session's group: its own group becomes the session's when the
-    session has none yet (no process moves: the common case, a session's first call), else its
-    processes move into the session's group."""
+    session has none yet (no process moves: the common case, a session's first call), and also
+    when every process of the session's group belongs to ``replacing`` (a reset's old
+    interpreter, about to stop): the old group then goes with it. Else its processes move into
+    the session's group (a move waits for the kernel's RCU grace period: milliseconds)."""
     local = kernel.local
     own = local.group if local is not None else None
     if limits is None or local is None or own is None:
@@ -257,8 +268,15 @@ async def _join(kernel: Kernel, limits: SessionLimits | None) -> None:
     local.group = None
     if limits.group is None:
         limits.take_group(own)
-    else:
-        await anyio.to_thread.run_sync(limits.group.adopt, own)
+        return
+    old = replacing.local if replacing is not None else None
+    if old is not None and old.group is None:
+        current = limits.group
+        if await anyio.to_thread.run_sync(lambda: current.holds_only(old.processes())):
+            limits.take_group(own)
+            old.group = current  # removed when the old interpreter has stopped (local_kernel.py)
+            return
+    await anyio.to_thread.run_sync(limits.group.adopt, own)
 
 
 async def _warmed_up(kernel: Kernel) -> bool:

@@ -300,7 +300,7 @@ class PythonRunner:
             return await self._attach(session)
         if call.reset:
             # The old kernel is idle (the session is held): bind a fresh one, drop the old one in the background.
-            fresh = await self._acquire(session)
+            fresh = await self._acquire(session, replacing=kernel)
             session.state[LANGUAGE] = fresh
             self.pool.release(kernel)
             return fresh
@@ -328,9 +328,12 @@ class PythonRunner:
             await old.shutdown()
         return await self._attach(session)
 
-    async def _acquire(self, session: Session) -> Kernel:
-        """A kernel bound to the session's files, with its installed packages (importable at once)."""
-        kernel = await self.pool.acquire(session.workspace, layer=session.packages, limits=session.limits)
+    async def _acquire(self, session: Session, replacing: Kernel | None = None) -> Kernel:
+        """A kernel bound to the session's files, with its installed packages (importable at once);
+        ``replacing``: the session's interpreter this one replaces (the pool may hand it the group)."""
+        kernel = await self.pool.acquire(
+            session.workspace, layer=session.packages, limits=session.limits, replacing=replacing
+        )
         local = kernel.local
         if session.limits is not None and local is not None:  # (a gateway's run elsewhere)
             session.limits.track(LANGUAGE, local.root_pids())

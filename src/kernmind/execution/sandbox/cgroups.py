@@ -18,7 +18,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,6 +103,10 @@ class Cgroup:
         other.remove()
 
     # --- reading ------------------------------------------------------------------------
+    def holds_only(self, pids: Iterable[int]) -> bool:
+        """Whether every process in the group is one of ``pids``."""
+        return set(self.pids()) <= set(pids)
+
     def pids(self) -> list[int]:
         """Every process in the group (and, in v2, below it)."""
         found: set[int] = set()
