@@ -85,6 +85,8 @@ class FakeKernel:
     ) -> ExecOutcome:
         await anyio.lowlevel.checkpoint()
         self.requests.append((code, silent))
+        if silent and self.factory.hold_silent:  # a warm-up that does not end until cancelled
+            await anyio.sleep_forever()
         if self.dead or self.closed:
             return ExecOutcome("died" if self.dead else "closed", exit_code=-9 if self.dead else None)
         count = self.execution_count + 1 if store_history and not silent else None
@@ -171,6 +173,7 @@ class FakeKernelFactory:
         self.alive_delay = 0.0
         self.fail_starts = 0  # the next this many starts raise RuntimeUnavailable
         self.die_on_start = 0  # the next this many kernels start dead (they answer no request)
+        self.hold_silent = False  # silent requests (the pool's warm-up) never end
         self._gates: dict[str, anyio.Event] = {}
         self.waiting: set[str] = set()  # the gates a call waits on now (``#wait NAME``)
 

@@ -104,6 +104,19 @@ async def test_a_kernel_that_does_not_answer_its_first_request_is_never_handed_o
         tg.cancel_scope.cancel()
 
 
+async def test_a_kernel_cancelled_during_its_first_request_is_stopped(tmp_path: Path) -> None:
+    """The server stops while a new kernel answers its warm-up: that kernel is stopped, not left running."""
+    factory = FakeKernelFactory(tmp_path)
+    factory.hold_silent = True
+    pool = KernelPool(factory, size=1)
+    async with anyio.create_task_group() as tg:
+        await pool.run(tg, delay=0)
+        await _until(lambda: bool(factory.started) and bool(factory.started[0].requests))
+        tg.cancel_scope.cancel()
+    assert factory.started[0] in factory.stopped
+    assert factory.running() == []
+
+
 async def test_an_empty_pool_starts_a_kernel_for_the_caller(tmp_path: Path) -> None:
     factory = FakeKernelFactory(tmp_path)
     pool = KernelPool(factory, size=0)

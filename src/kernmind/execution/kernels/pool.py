@@ -107,7 +107,13 @@ class KernelPool:
                 await self._quiet.wait()
             try:
                 kernel = await self.factory.start()
-                if not await _warmed_up(kernel):
+                try:
+                    warm = await _warmed_up(kernel)
+                except BaseException:  # cancelled (the server stops): no kernel is left running unowned
+                    with anyio.CancelScope(shield=True):
+                        await _shutdown_and_remove(kernel)
+                    raise
+                if not warm:
                     await _shutdown_and_remove(kernel)
                     raise RuntimeUnavailable("the new interpreter did not answer its first request")
             except Exception as exc:
