@@ -368,7 +368,8 @@ class Executor:
             self._calls.add(session)
             try:
                 quota = self.settings.workspace_mb * 1024 * 1024
-                result = await supervise(runner, call, quota_bytes=quota, progress=progress)
+                with self.pool.running_a_call():  # the warm pool's refill waits for the call's end
+                    result = await supervise(runner, call, quota_bytes=quota, progress=progress)
             finally:
                 self._calls.discard(session)
             result.job_id = job_id

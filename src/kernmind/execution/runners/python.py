@@ -79,10 +79,6 @@ class PythonRunner:
         return session.state.get(LANGUAGE)
 
     async def execute(self, call: Call) -> None:
-        with self.pool.running_a_call():  # the pool's refill waits for it
-            await self._execute(call)
-
-    async def _execute(self, call: Call) -> None:
         session = call.session
         had = self.kernel_of(session)
         with start_within(call.timeout):  # a hung fork server costs the call its limit, not a minute
