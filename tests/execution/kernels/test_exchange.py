@@ -228,6 +228,72 @@ async def test_a_missing_reply_is_waited_for_only_a_grace_period(monkeypatch: py
     assert (outcome.kind, outcome.execution_count, kernel.execution_count) == ("ok", 3, 3)
 
 
+class Probed(ScriptedChannel):
+    """A channel whose kernel answers a silent probe (``probe_answers``) with its idle status."""
+
+    probe_answers = True
+
+    def send(self, code: str, *, silent: bool, store_history: bool) -> str:
+        self.sent.append((code, silent, store_history))
+        if not self.sent[:-1]:
+            return REQ
+        if self.probe_answers:
+            self.outputs.append(idle("probe"))
+        return "probe"
+
+
+async def test_a_request_whose_idle_status_was_lost_ends_at_its_reply_with_a_note(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flood of output can make a subscriber's queue drop messages, the idle status among them:
+    once no output came for a moment and the reply is there, the request is over (not at the
+    time limit); a silent probe shows the kernel's messages arrive again, so the kernel stays,
+    and the result says output from the request's last moments may be missing."""
+    monkeypatch.setattr(exchange, "IDLE_LOST_AFTER", 0.1)
+    channel = Probed([busy(), stream("line 1\n"), stream("line 2\n")], [reply(7, "other"), reply(7)])
+    kernel, collector = State(), OutputCollector(100)
+    with anyio.fail_after(5):
+        outcome = await run_request(channel, kernel, "flood()", collector, deadline=time.monotonic() + 60)
+    assert (outcome.kind, outcome.execution_count, kernel.execution_count) == ("ok", 7, 7)
+    assert channel.sent[1] == ("0", True, False)  # the probe: silent, off the record
+    assert "".join(collector.stdout) == "line 1\nline 2\n"
+    assert outcome.idle_lost
+    note = outcome.ignored_note()
+    assert note is not None and "never arrived" in note
+
+
+async def test_a_kernel_whose_messages_stopped_arriving_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's idle does not come either: the outcome is ``died`` with a sentence (the runner
+    replaces the interpreter), before the time limit."""
+    monkeypatch.setattr(exchange, "IDLE_LOST_AFTER", 0.1)
+    monkeypatch.setattr(exchange, "PROBE_GRACE", 0.2)
+    channel = Probed([stream("before\n")], [reply(3)])
+    channel.probe_answers = False
+    with anyio.fail_after(5):
+        outcome = await run_request(
+            channel, State(), "x", OutputCollector(100), deadline=time.monotonic() + 60
+        )
+    assert (outcome.kind, outcome.detail) == ("died", exchange.STREAM_LOST)
+
+
+async def test_a_quiet_request_without_its_reply_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cell that prints nothing for a while is not over until its reply (or idle) comes."""
+    monkeypatch.setattr(exchange, "IDLE_LOST_AFTER", 0.05)
+    started = time.monotonic()
+
+    class LateReply(Probed):
+        async def reply(self, timeout: float) -> Any:
+            if time.monotonic() - started < 0.5:
+                await anyio.sleep(timeout)
+                return None
+            return reply(2)
+
+    with anyio.fail_after(5):
+        outcome = await run_request(LateReply([]), State(), "sleep()", OutputCollector(100))
+    assert time.monotonic() - started >= 0.5
+    assert (outcome.kind, outcome.execution_count, outcome.idle_lost) == ("ok", 2, True)
+
+
 async def test_malformed_messages_are_counted_and_the_rest_is_shown() -> None:
     channel = ScriptedChannel(
         [
@@ -503,6 +569,34 @@ async def test_a_gateway_reply_that_comes_before_idle_is_kept(tmp_path: Path) ->
     outcome = await kernel.execute("print('hi')", collector)
     assert (outcome.kind, outcome.execution_count, kernel.execution_count) == ("ok", 6, 6)
     assert "".join(collector.stdout) == "hi\n"
+
+
+async def test_output_read_while_looking_for_a_gateway_reply_is_kept(tmp_path: Path) -> None:
+    socket = ScriptedSocket([stream("late\n")])
+    channel = gateway_kernel(socket, tmp_path).channel()
+    assert await channel.reply(0.0) is None  # an output message came instead of a reply
+    assert await channel.output(0.0) == stream("late\n")
+
+
+async def test_a_gateway_request_whose_idle_was_lost_ends_at_its_reply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(exchange, "IDLE_LOST_AFTER", 0.1)
+
+    class AnswersProbes(ScriptedSocket):
+        def execute(self, code: str, *, silent: bool = False, store_history: bool = True) -> str:
+            msg_id = super().execute(code, silent=silent, store_history=store_history)
+            if len(self.executed) > 1:
+                self.script.append(idle())  # the probe's idle (the scripted socket has one id)
+            return msg_id
+
+    socket = AnswersProbes([stream("x\n"), reply(6)])
+    kernel = gateway_kernel(socket, tmp_path)
+    collector = OutputCollector(100)
+    with anyio.fail_after(5):
+        outcome = await kernel.execute("flood()", collector, deadline=time.monotonic() + 60)
+    assert (outcome.kind, outcome.execution_count, outcome.idle_lost) == ("ok", 6, True)
+    assert "".join(collector.stdout) == "x\n"
 
 
 async def test_a_gateway_restart_notice_ends_the_call_as_died_and_the_kernel_as_lost(tmp_path: Path) -> None:

@@ -2,8 +2,13 @@
 
 Design: each kind of kernel gives a ``Channel`` (ZeroMQ or a gateway's WebSocket); the loop is
 written once (``run_request``, ``await_interrupted``). A request is over at its idle status
-(the shell reply is awaited ``REPLY_GRACE`` more at most); ``Channel.check`` runs before every
-wait, and a lost kernel is ``KernelLost``, an outcome with the output so far.
+(the shell reply is awaited ``REPLY_GRACE`` more at most), or, when no output came for
+``IDLE_LOST_AFTER`` and its shell reply is there, at its reply: a flood of output can make a
+subscriber's queue drop messages (ZeroMQ's high-water mark, at a gateway too), the idle status
+among them, and the call must not then wait for its time limit. A silent probe then shows
+whether the kernel's messages still arrive; when they do not, the outcome is ``died`` (the
+interpreter is replaced, as for a kernel that stopped answering). ``Channel.check`` runs before
+every wait, and a lost kernel is ``KernelLost``, an outcome with the output so far.
 
 Error policy: nothing here raises on what a kernel sends; ``MALFORMED`` errors are counted and
 skipped, ``KernelLost`` becomes the outcome, any other channel exception propagates.
@@ -25,6 +30,12 @@ from kernmind.execution.results import OutputCollector
 log = logging.getLogger(__name__)
 
 REPLY_GRACE = 2.0  # seconds to wait for the execute_reply once the request went idle
+IDLE_LOST_AFTER = 2.0  # seconds without output after which a request whose reply came is over
+PROBE_GRACE = 5.0  # seconds a silent probe's idle status may take after an idle status was lost
+STREAM_LOST = (
+    "the kernel's messages stopped arriving (whatever relays them failed or overflowed): the code "
+    "ran to its end, but its output is incomplete"
+)
 
 OutcomeKind = Literal["ok", "error", "died", "deadline", "closed"]
 
@@ -37,20 +48,29 @@ class ExecOutcome:
     detail: str | None = None  # why a kernel is gone, when "died" alone does not say it (remote kernels)
     ignored: int = 0  # malformed messages of the kernel that were skipped (see ``Ignored``)
     ignored_why: str | None = None  # what was wrong with the first one
+    idle_lost: bool = False  # over at its reply: its idle status never came (see the Design)
 
     def ignored_note(self) -> str | None:
-        """The note a result carries when malformed kernel messages were skipped."""
+        """The note a result carries when kernel messages were skipped or lost."""
+        lost = (
+            "the kernel's end-of-call status never arrived (messages were dropped on the way, as a "
+            "flood of output can make them be): the call ended at its reply, and output from its "
+            "last moments may be missing."
+            if self.idle_lost
+            else None
+        )
         if not self.ignored:
-            return None
+            return lost
         many = (
             f"{self.ignored} malformed Jupyter messages"
             if self.ignored > 1
             else "a malformed Jupyter message"
         )
-        return (
+        said = (
             f"the kernel sent {many} during this call ({self.ignored_why}); "
             "they were ignored and the rest of the output is shown."
         )
+        return f"{said} Also, {lost}" if lost else said
 
 
 class KernelLost(Exception):
@@ -118,14 +138,22 @@ async def run_request(
     kernel.running_msg_id = msg_id
     count: int | None = None
     had_error = False
+    replied: dict[str, Any] | None = None  # the reply, when it ended the request (idle lost)
+    quiet_until = time.monotonic() + IDLE_LOST_AFTER
     while True:
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             return _noted(ExecOutcome("deadline", count), ignored)
         try:
             check_by = await channel.check()
-            until = min(t for t in (deadline, check_by, now + 3600) if t is not None)
+            until = min(t for t in (deadline, check_by, quiet_until, now + 3600) if t is not None)
             got = await _next(channel.output, max(0.0, until - time.monotonic()), ignored)
+            if got is None and time.monotonic() >= quiet_until:
+                replied = await _reply_now(channel, msg_id, ignored)
+                if replied is not None:
+                    log.warning("request %s ended at its reply: its idle status never came", msg_id)
+                    break
+                quiet_until = time.monotonic() + IDLE_LOST_AFTER
         except KernelLost as lost:
             return _noted(lost.outcome(count), ignored)
         if got is None:
@@ -133,20 +161,31 @@ async def run_request(
         msg, (kind, parent_id, content) = got
         if parent_id != msg_id:
             continue
+        quiet_until = time.monotonic() + IDLE_LOST_AFTER
         if kind == "status":
             if content.get("execution_state") == "idle":
                 break
             continue
         count = fold_output(msg, collector, count)
         had_error = had_error or kind == "error"
-    try:
-        count = await _reply_count(channel, msg_id, ignored, count)
-    except KernelLost as lost:
-        if lost.kind == "died":
-            return _noted(lost.outcome(count), ignored)
+    if replied is not None:
+        count = count_of(replied.get("execution_count"), count)
+        had_error = had_error or replied.get("status") == "error"
+        if not await _still_answers(channel, deadline):
+            if deadline is not None and time.monotonic() >= deadline:
+                return _noted(ExecOutcome("deadline", count), ignored)
+            return _noted(ExecOutcome("died", count, detail=STREAM_LOST), ignored)
+    else:
+        try:
+            count = await _reply_count(channel, msg_id, ignored, count)
+        except KernelLost as lost:
+            if lost.kind == "died":
+                return _noted(lost.outcome(count), ignored)
     if count is not None and not silent:
         kernel.execution_count = count
-    return _noted(ExecOutcome("error" if had_error else "ok", count), ignored)
+    outcome = _noted(ExecOutcome("error" if had_error else "ok", count), ignored)
+    outcome.idle_lost = replied is not None
+    return outcome
 
 
 def _noted(outcome: ExecOutcome, ignored: Ignored) -> ExecOutcome:
@@ -194,6 +233,24 @@ async def _reply_count(channel: Channel, msg_id: str, ignored: Ignored, count: i
         if got is not None and got[1][1] == msg_id:
             return count_of(got[1][2].get("execution_count"), count)
     return count
+
+
+async def _still_answers(channel: Channel, deadline: float | None) -> bool:
+    """Whether a silent probe's idle status comes back (within ``PROBE_GRACE``, and the deadline)."""
+    grace = PROBE_GRACE if deadline is None else min(PROBE_GRACE, deadline - time.monotonic())
+    try:
+        probe = channel.send("0", silent=True, store_history=False)
+    except KernelLost:
+        return False
+    return grace > 0 and await await_interrupted(channel, probe, OutputCollector(100), grace)
+
+
+async def _reply_now(channel: Channel, msg_id: str, ignored: Ignored) -> dict[str, Any] | None:
+    """The content of ``msg_id``'s shell reply if it is already there (others' are dropped)."""
+    while (got := await _next(channel.reply, 0.0, ignored)) is not None:
+        if got[1][1] == msg_id:
+            return got[1][2]
+    return None
 
 
 async def await_interrupted(

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GONE_STATES = ("restarting", "dead")
+MAX_KEPT_OUTPUT = 1024  # output messages a request's channel keeps while it looks for the reply
 
 
 @dataclass(eq=False)
@@ -141,11 +142,13 @@ class GatewayKernel(ChannelKernel):
 
 class _SocketChannel:
     """A gateway kernel's ``exchange.Channel`` for one request: its WebSocket carries every
-    channel, so shell messages read while waiting for output are kept for ``reply``."""
+    channel, so shell messages read while waiting for output are kept for ``reply``, and output
+    read while looking for a reply is kept for ``output``."""
 
     def __init__(self, kernel: GatewayKernel) -> None:
         self.kernel = kernel
         self.shell: deque[Any] = deque(maxlen=64)  # (only the request's own reply is looked for)
+        self.iopub: deque[Any] = deque()  # read by ``reply`` before the request was over
 
     def send(self, code: str, *, silent: bool, store_history: bool) -> str:
         if self.kernel.lost:
@@ -162,6 +165,8 @@ class _SocketChannel:
         return None  # a dead kernel arrives as a message or a closed socket
 
     async def output(self, timeout: float) -> Any:
+        if self.iopub:
+            return self.iopub.popleft()
         msg = await self.kernel.receive(timeout)
         if not isinstance(msg, dict):
             return msg  # None, or a malformed message the loop counts
@@ -174,6 +179,8 @@ class _SocketChannel:
         if self.shell:
             return self.shell.popleft()
         msg = await self.kernel.receive(timeout)
+        if isinstance(msg, dict) and msg.get("channel") == "iopub" and len(self.iopub) < MAX_KEPT_OUTPUT:
+            self.iopub.append(msg)  # (after idle nobody reads it: the channel is per request)
         return msg if not isinstance(msg, dict) or msg.get("channel") == "shell" else None
 
 
