@@ -533,6 +533,23 @@ async def test_a_server_started_while_its_database_is_down_serves_and_recovers(
         database.close()
 
 
+async def test_a_memory_database_that_cannot_be_opened_is_a_sentence_and_code_still_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """``--db`` names a file that cannot be made: the server starts, code runs, and every memory
+    call says in words that memory cannot be opened and what to check (no internal error)."""
+    tmp = tmp_path_factory.mktemp("bad-db")
+    blocker = tmp / "not-a-directory"
+    blocker.write_text("a file where the database's directory should be")
+    settings = make_settings(tmp, db=blocker / "kernmind.db", sandbox="none", embedding_model="none")
+    async with Client(create_server(settings)) as client:
+        for _ in range(2):
+            text = error_text(await client.call_tool("memory_read", {"label": "human"}))
+            assert text.startswith("Error executing tool memory_read: Memory cannot be opened: "), text
+            assert "check --db" in text and "internal error" not in text
+        assert await run_emitting(client, "emit(6 * 7)") == [42]
+
+
 async def test_the_first_call_after_the_database_restarted_unseen_works(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

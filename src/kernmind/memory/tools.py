@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sqlite3
 import textwrap
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -159,10 +160,14 @@ class MemoryTools:
         if key in self._spaces or self._background is None:  # (not running: ``_space`` says so)
             return
         async with self._opening:
-            try:  # a no-op once open; a database that is down is answered in words (boundary.py)
+            try:  # a no-op once open; a PostgreSQL that is down is answered in words (boundary.py)
                 await self._open_root()
-            except RuntimeError as exc:  # a database this version cannot use (made by a newer one)
-                raise Unavailable(f"Memory cannot be opened: {exc} Ask the operator.") from exc
+            except (OSError, RuntimeError, sqlite3.Error) as exc:  # a bad --db, a newer schema
+                why = str(exc).rstrip(".") or type(exc).__name__
+                raise Unavailable(
+                    f"Memory cannot be opened: {why}. Code and sessions still work; the operator "
+                    "can check --db (kernmind doctor shows it)."
+                ) from exc
             if key not in self._spaces and self._root is not None:
                 store = MemoryStore.from_settings(self.settings, namespace=key, sharing=self._root)
                 try:
