@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 import socket
 import sys
-import threading
-from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import anyio
@@ -70,28 +69,6 @@ def _prelaunched(executor: Executor) -> Executor:
     return executor
 
 
-def _on_a_thread(work: Callable[[], Executor]) -> Callable[[], Executor]:
-    """Start ``work`` on a thread; the function returned waits for its result (or raises its error)."""
-    outcome: list[Executor | BaseException] = []
-
-    def run() -> None:
-        try:
-            outcome.append(work())
-        except BaseException as exc:  # re-raised by ``result`` on the caller's thread
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, name="kernmind-executor-start", daemon=True)
-    thread.start()
-
-    def result() -> Executor:
-        thread.join()
-        if isinstance(outcome[0], BaseException):
-            raise outcome[0]
-        return outcome[0]
-
-    return result
-
-
 def serve(settings: Settings) -> int:
     """Run ``kernmind serve``; returns the process exit code."""
     from kernmind.execution import runners
@@ -125,10 +102,11 @@ def serve(settings: Settings) -> int:
         # The executor (no SDK in it) is made on a thread: its sandbox waits there for the probes,
         # then its fork-server template starts (importing ipykernel, pandas & co. on the other
         # core), while this thread imports the SDK.
-        made = _on_a_thread(lambda: _prelaunched(Executor.from_settings(settings)))
-        from kernmind.server import create_server
+        with ThreadPoolExecutor(1, thread_name_prefix="kernmind-executor-start") as starting:
+            made = starting.submit(lambda: _prelaunched(Executor.from_settings(settings)))
+            from kernmind.server import create_server
 
-        executor = made()
+            executor = made.result()
         server = create_server(settings, executor)
     except (SandboxUnavailable, CgroupsUnavailable, MountError, WorkspaceFsUnavailable) as exc:
         if sock is not None:

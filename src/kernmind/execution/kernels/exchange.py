@@ -183,9 +183,7 @@ async def run_request(
                 return _noted(lost.outcome(count), ignored)
     if count is not None and not silent:
         kernel.execution_count = count
-    outcome = _noted(ExecOutcome("error" if had_error else "ok", count), ignored)
-    outcome.idle_lost = replied is not None
-    return outcome
+    return _noted(ExecOutcome("error" if had_error else "ok", count, idle_lost=replied is not None), ignored)
 
 
 def _noted(outcome: ExecOutcome, ignored: Ignored) -> ExecOutcome:
@@ -238,11 +236,13 @@ async def _reply_count(channel: Channel, msg_id: str, ignored: Ignored, count: i
 async def _still_answers(channel: Channel, deadline: float | None) -> bool:
     """Whether a silent probe's idle status comes back (within ``PROBE_GRACE``, and the deadline)."""
     grace = PROBE_GRACE if deadline is None else min(PROBE_GRACE, deadline - time.monotonic())
+    if grace <= 0:
+        return False
     try:
         probe = channel.send("0", silent=True, store_history=False)
     except KernelLost:
         return False
-    return grace > 0 and await await_interrupted(channel, probe, OutputCollector(100), grace)
+    return await await_interrupted(channel, probe, OutputCollector(100), grace)
 
 
 async def _reply_now(channel: Channel, msg_id: str, ignored: Ignored) -> dict[str, Any] | None:
