@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import socket
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 import anyio
@@ -69,6 +71,23 @@ def _prelaunched(executor: Executor) -> Executor:
     return executor
 
 
+def _started_on_a_thread(work: Callable[[], Executor]) -> Future[Executor]:
+    """``work`` on a daemon thread that then stays parked for the life of the process: the
+    template it starts sets a parent-death signal, and Linux sends that when the *thread* that
+    started it ends, not the process (a worker thread that ended killed the template)."""
+    made: Future[Executor] = Future()
+
+    def run() -> None:
+        try:
+            made.set_result(work())
+        except BaseException as exc:  # raised again by ``made.result()`` on the main thread
+            made.set_exception(exc)
+        threading.Event().wait()  # parked (see above); a daemon thread ends with the process
+
+    threading.Thread(target=run, name="kernmind-executor-start", daemon=True).start()
+    return made
+
+
 def serve(settings: Settings) -> int:
     """Run ``kernmind serve``; returns the process exit code."""
     from kernmind.execution import runners
@@ -102,11 +121,10 @@ def serve(settings: Settings) -> int:
         # The executor (no SDK in it) is made on a thread: its sandbox waits there for the probes,
         # then its fork-server template starts (importing ipykernel, pandas & co. on the other
         # core), while this thread imports the SDK.
-        with ThreadPoolExecutor(1, thread_name_prefix="kernmind-executor-start") as starting:
-            made = starting.submit(lambda: _prelaunched(Executor.from_settings(settings)))
-            from kernmind.server import create_server
+        made = _started_on_a_thread(lambda: _prelaunched(Executor.from_settings(settings)))
+        from kernmind.server import create_server
 
-            executor = made.result()
+        executor = made.result()
         server = create_server(settings, executor)
     except (SandboxUnavailable, CgroupsUnavailable, MountError, WorkspaceFsUnavailable) as exc:
         if sock is not None:
