@@ -8,11 +8,13 @@ configuration prints one line to stderr and returns 2 (1 for a failure to start)
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -24,6 +26,8 @@ from kernmind.transport.shutdown import EXIT_FAILED, EXIT_REFUSED
 from kernmind.transport.stdio import serve_stdio
 
 if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+
     from kernmind.execution.executor import Executor
 
 log = logging.getLogger(__name__)
@@ -66,6 +70,24 @@ def raise_open_files_limit() -> None:
         log.debug("open-files limit left as it was: %s", exc)
 
 
+@contextlib.contextmanager
+def collections_paused() -> Iterator[None]:
+    """No garbage collection while the server starts, then ``gc.freeze`` what it made. A start
+    allocates the SDK's and kernmind's modules, a hundred thousand objects that live as long as
+    the process; the collector walked them again and again while they piled up, and once more in
+    full during the first ``tools/list`` (benchmarks/README.md, issue 37). Frozen, later
+    collections skip them. The few hundred cycles a start leaves as garbage stay frozen with them
+    (measured: a full collection at that point finds under 500 objects)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+        gc.freeze()
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _prelaunched(executor: Executor) -> Executor:
     executor.prelaunch()
     return executor
@@ -90,6 +112,21 @@ def _started_on_a_thread(work: Callable[[], Executor]) -> Future[Executor]:
 
 def serve(settings: Settings) -> int:
     """Run ``kernmind serve``; returns the process exit code."""
+    with collections_paused():
+        started = _start(settings)
+    if isinstance(started, int):
+        return started
+    server, executor, sock = started
+    try:
+        if sock is not None:
+            return anyio.run(serve_http, server, settings, sock, executor.stop_calls)
+        return anyio.run(serve_stdio, server, settings.max_request_mb * 1024 * 1024)
+    except KeyboardInterrupt:  # Ctrl-C before the handlers were installed: nothing was started yet
+        return 130
+
+
+def _start(settings: Settings) -> tuple[MCPServer, Executor, socket.socket | None] | int:
+    """The server, its executor and the HTTP socket (None on stdio), or the exit code of a refusal."""
     from kernmind.execution import runners
     from kernmind.execution.sandbox.bwrap import Sandbox
     from kernmind.execution.sandbox.rlimits import limits_from
@@ -131,9 +168,4 @@ def serve(settings: Settings) -> int:
             sock.close()
         print(f"kernmind: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    try:
-        if sock is not None:
-            return anyio.run(serve_http, server, settings, sock, executor.stop_calls)
-        return anyio.run(serve_stdio, server, settings.max_request_mb * 1024 * 1024)
-    except KeyboardInterrupt:  # Ctrl-C before the handlers were installed: nothing was started yet
-        return 130
+    return server, executor, sock
