@@ -18,6 +18,7 @@ import pytest
 from kernmind.execution.sandbox.filescan import changed_since, scan_tree
 from kernmind.execution.sandbox.filewatch import Tracker
 from kernmind.execution.sandbox.workspace import Workspace
+from kernmind.execution.sessions.disk_store import rebind
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux's")
 
@@ -174,3 +175,82 @@ def test_a_tracker_with_nothing_to_look_at_answers_at_once_and_only_then(tmp_pat
     now = ws.accounted_scans_now()
     assert now is not None and now[0].bytes_used == runtime[0].bytes_used
     ws.remove()
+
+
+# --- a reset: the session's entries move into a warm kernel's directory --------------------------
+
+
+def _walks(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The roots the trackers walk from now on."""
+    walked: list[Path] = []
+    walk = Tracker._walk
+
+    def counted(self: Tracker):  # type: ignore[no-untyped-def]
+        walked.append(self.root)
+        return walk(self)
+
+    monkeypatch.setattr(Tracker, "_walk", counted)
+    return walked
+
+
+def _session_and_spare(tmp_path: Path) -> tuple[Workspace, Path]:
+    home, spare = tmp_path / "home", tmp_path / "spare"
+    home.mkdir()
+    spare.mkdir()
+    _tree(home)
+    (home / "top.txt").write_text("at the top")
+    return Workspace(home), spare
+
+
+def test_a_root_replaced_by_a_warm_kernels_directory_is_followed_without_a_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``disk_store.rebind`` moves every entry into the warm kernel's directory, which then takes
+    the root's name: every path stays, so the tracker follows (a walk of a big tree cost a reset
+    143 ms at 20,000 files), and still sees what was written while the entries moved and after."""
+    ws, spare = _session_and_spare(tmp_path)
+    first = ws.scan()
+    old_root = os.open(ws.root, os.O_RDONLY | os.O_DIRECTORY)  # as a stopping kernel's sandbox holds it
+    walked = _walks(monkeypatch)
+
+    def rebind_while_code_writes(home: Path, spare: Path) -> None:
+        (home / "d1" / "before-the-move.txt").write_text("x")
+        rebind(home, spare)
+        (home / "d1" / "after-the-move.txt").write_text("y")
+
+    ws.take_in(spare, rebind_while_code_writes)
+    assert os.stat(ws.root).st_ino == os.stat(tmp_path / "home").st_ino != os.fstat(old_root).st_ino
+    after, _ = _step(ws, first)
+    assert {"d1/before-the-move.txt", "d1/after-the-move.txt", "top.txt"} <= after.files.keys()
+
+    (ws.root / "new-top.txt").write_text("a new entry in the new root")
+    (ws.root / "d2" / "f3.txt").write_text("edited")
+    os.close(old_root)  # the old root goes away: its removal is not this tree's
+    _, changed = _step(ws, after)
+    assert changed == ["d2/f3.txt", "new-top.txt"]
+    assert walked == []
+
+
+def test_a_move_that_brings_other_entries_or_fails_makes_the_tracker_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws, spare = _session_and_spare(tmp_path)
+    first = ws.scan()
+    (spare / "left-by-the-warm-kernel.txt").write_text("not the session's")
+    walked = _walks(monkeypatch)
+    ws.take_in(spare, rebind)
+    after, _ = _step(ws, first)
+    assert "left-by-the-warm-kernel.txt" in after.files
+    assert walked == [ws.root]
+
+    def failing(home: Path, spare: Path) -> None:
+        os.rename(home / "d0", home.parent / "d0-elsewhere")
+        raise OSError("EXDEV")
+
+    spare2 = tmp_path / "spare2"
+    spare2.mkdir()
+    with pytest.raises(OSError, match="EXDEV"):
+        ws.take_in(spare2, failing)
+    gone, _ = _step(ws, after)
+    assert not any(p.startswith("d0/") for p in gone.files)
+    assert walked == [ws.root, ws.root]

@@ -222,7 +222,7 @@ class KernelPool:
         elif kernel is not None and rebind is not None:
             spare = kernel.workspace.root
             try:
-                await off_loop(lambda: rebind(home.root, spare), timeout=None)
+                await off_loop(lambda: home.take_in(spare, rebind), timeout=None)
             except OSError as exc:  # e.g. EXDEV: bind the home in a kernel of its own instead
                 log.info("could not move a warm kernel's directory into %s (%s)", home.root, exc)
                 held.clear()

@@ -5,7 +5,9 @@ Design (why: benchmarks/README.md, "A big working directory")
   events mention. One inotify instance serves the server, read under one lock.
 - A ``Scan``'s place in the ``ChangeLog`` says which paths changed since an earlier scan; scans
   are never changed in place. What events cannot describe safely (overflow, a moved directory
-  or root) makes the tracker walk again. ``scan_if_quiet()`` answers on the loop when idle.
+  or root) makes the tracker walk again, except a root replaced by one holding the same entries
+  (``rerooting``: a warm kernel's directory becoming a session's, whose paths all stay).
+  ``scan_if_quiet()`` answers on the loop when idle.
 
 Error policy: no inotify means no tracker (``Tracker.start`` returns None); callers walk.
 """
@@ -23,6 +25,7 @@ import struct
 import sys
 import threading
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 from kernmind.execution.sandbox.filescan import ChangeLog, FileStat, Scan, display_name, scan_tree
@@ -157,6 +160,7 @@ class Tracker:
         self._sorted: list[str] | None = None
         self.log = ChangeLog()
         self.generation = 0
+        self._rerooting: set[str] | None = None  # the root's entries while ``rerooting`` moves them
 
     @classmethod
     def start(cls, root: Path) -> Tracker | None:
@@ -169,9 +173,78 @@ class Tracker:
             self.wds.clear()
             self.stale = True
 
+    @contextlib.contextmanager
+    def rerooting(self) -> Iterator[None]:
+        """Around replacing the root directory by another that ends up holding the same entries
+        (``disk_store.rebind``: each entry renamed into a warm kernel's directory, which then
+        takes the root's name). Every path stays what it was and every directory below keeps its
+        inode, so instead of walking the whole tree again the tracker ignores the staleness the
+        move's own events would cause (the root's and its moved folders' move and delete events),
+        watches the new root, and looks at what any other event named. Anything else (the move
+        failed, other entries showed up) makes it walk, as before."""
+        with self.inotify.lock:
+            self.inotify.drain()
+            entries = None if self.stale else set(os.listdir(self.root))
+            self._rerooting = entries
+        moved = False
+        try:
+            yield
+            moved = True
+        finally:
+            with self.inotify.lock:
+                try:
+                    self.inotify.drain()
+                    if not moved or entries is None or set(os.listdir(self.root)) != entries:
+                        self.stale = True
+                    elif not self.stale:
+                        self._watch_root()
+                except OSError:
+                    self.stale = True
+                finally:
+                    self._rerooting = None
+
+    def _watch_root(self) -> None:
+        """Watch the new root instead of the old one, which may live on (a stopping kernel's
+        sandbox still shows it): what happens there is no longer this tree's."""
+        owners = self.inotify.owners
+        old = [wd for wd in self.wds if wd in owners and owners[wd][1] == ""]
+        self.inotify.unwatch(old)
+        self.wds.difference_update(old)
+        fd = _open_inside(self.root, "")
+        if fd is None:
+            self.stale = True
+            return
+        known = dict(owners)
+        try:
+            wd = self.inotify.watch(self, f"/proc/self/fd/{fd}", "")
+        finally:
+            os.close(fd)
+        if wd in known:  # another tracker watches that directory (one watch per inode): leave it its own
+            owners[wd] = known[wd]
+            self.stale = True
+            return
+        self.wds.add(wd)
+        self.touched.add("")  # the new root's own blocks
+
+    def _moved_by_rerooting(self, rel_dir: str, name: str, mask: int) -> bool:
+        """Whether an event is one ``rerooting``'s move makes (an entry leaving the old root, a
+        top-level folder's own move, the old root's removal)."""
+        entries = self._rerooting
+        if entries is None:
+            return False
+        if not rel_dir:
+            return (not name and bool(mask & (IN_DELETE_SELF | IN_MOVE_SELF))) or (
+                name in entries and bool(mask & IN_MOVED_FROM)
+            )
+        return not name and bool(mask & IN_MOVE_SELF) and rel_dir[:-1] in entries
+
     # --- events ---------------------------------------------------------------------------
     def event(self, rel_dir: str, name: str, mask: int) -> None:
         path = f"{rel_dir}{name}"
+        if self._moved_by_rerooting(rel_dir, name, mask):
+            if name:
+                self.touched.update(("", path))  # looked at again: the same entry, now in the new root
+            return
         if mask & (IN_DELETE_SELF | IN_MOVE_SELF):
             if not rel_dir or mask & IN_MOVE_SELF:  # the root, or a directory moved away
                 self.stale = True

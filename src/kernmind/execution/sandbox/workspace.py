@@ -109,6 +109,16 @@ class Workspace:
                 if next(it, None) is None:
                     self.last_scan = Scan()  # nothing in it yet: the baseline is known
 
+    def take_in(self, spare: Path, rebind: Callable[[Path, Path], None]) -> None:
+        """``rebind(self.root, spare)``: a warm kernel's directory becomes this one, the same
+        entries in it (``disk_store.rebind``); the tracker follows instead of walking the whole
+        tree again at the next scan (``Tracker.rerooting``). Blocking: run it off the loop."""
+        if self.tracker is None:
+            rebind(self.root, spare)
+            return
+        with self.tracker.rerooting():
+            rebind(self.root, spare)
+
     def remove(self) -> None:
         if self.tracker is not None:
             self.tracker.close()
