@@ -8,6 +8,7 @@ kernel lost when the caller is cancelled at any of the pool's waits.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -87,18 +88,30 @@ async def test_a_warm_kernel_has_answered_a_silent_first_request_that_counts_not
     assert kernel.execution_count == 0
 
 
+@contextlib.asynccontextmanager
+async def _warm_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, *, delay: float, quiet_for: float
+) -> AsyncIterator[tuple[KernelPool, FakeKernelFactory]]:
+    """A running pool of ``size`` warm kernels whose refill waits ``delay`` at most, and
+    ``quiet_for`` without a call while a warm kernel is left."""
+    monkeypatch.setattr(pool_mod, "BACKGROUND_DELAY", delay)
+    monkeypatch.setattr(pool_mod, "QUIET_FOR", quiet_for)
+    factory = FakeKernelFactory(tmp_path)
+    pool = KernelPool(factory, size=size)
+    async with anyio.create_task_group() as tg:
+        await pool.run(tg, delay=0)
+        await _until(lambda: pool.ready_count == size)
+        yield pool, factory
+        await pool.close()
+        tg.cancel_scope.cancel()
+
+
 async def test_the_refill_waits_until_the_call_that_took_a_kernel_is_over_and_answered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While a warm kernel is left for the next call: no start while a call runs, nor in the
     moments after it ends (its answer is still going out); then one."""
-    monkeypatch.setattr(pool_mod, "BACKGROUND_DELAY", 5.0)
-    monkeypatch.setattr(pool_mod, "QUIET_FOR", 0.3)
-    factory = FakeKernelFactory(tmp_path)
-    pool = KernelPool(factory, size=2)
-    async with anyio.create_task_group() as tg:
-        await pool.run(tg, delay=0)
-        await _until(lambda: pool.ready_count == 2)
+    async with _warm_pool(tmp_path, monkeypatch, 2, delay=5.0, quiet_for=0.3) as (pool, factory):
         with pool.running_a_call():
             await pool.acquire()
             await anyio.sleep(0.2)
@@ -107,8 +120,6 @@ async def test_the_refill_waits_until_the_call_that_took_a_kernel_is_over_and_an
         assert len(factory.started) == 2  # nor right after it
         await _until(lambda: pool.ready_count == 2)
         assert len(factory.started) == 3
-        await pool.close()
-        tg.cancel_scope.cancel()
 
 
 async def test_with_no_warm_kernel_left_the_refill_starts_as_soon_as_the_calls_end(
@@ -116,39 +127,23 @@ async def test_with_no_warm_kernel_left_the_refill_starts_as_soon_as_the_calls_e
 ) -> None:
     """Back-to-back calls: the next one would start a kernel of its own, so the refill does not
     wait for a quiet spell."""
-    monkeypatch.setattr(pool_mod, "BACKGROUND_DELAY", 5.0)
-    monkeypatch.setattr(pool_mod, "QUIET_FOR", 60.0)
-    factory = FakeKernelFactory(tmp_path)
-    pool = KernelPool(factory, size=1)
-    async with anyio.create_task_group() as tg:
-        await pool.run(tg, delay=0)
-        await _until(lambda: pool.ready_count == 1)
+    async with _warm_pool(tmp_path, monkeypatch, 1, delay=5.0, quiet_for=60.0) as (pool, factory):
         with pool.running_a_call():
             await pool.acquire()
             await anyio.sleep(0.2)
             assert len(factory.started) == 1  # not while the call runs
         await _until(lambda: pool.ready_count == 1)
         assert len(factory.started) == 2
-        await pool.close()
-        tg.cancel_scope.cancel()
 
 
 async def test_calls_that_keep_coming_hold_the_refill_back_no_longer_than_its_delay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pool_mod, "BACKGROUND_DELAY", 0.3)
-    monkeypatch.setattr(pool_mod, "QUIET_FOR", 60.0)
-    factory = FakeKernelFactory(tmp_path)
-    pool = KernelPool(factory, size=1)
-    async with anyio.create_task_group() as tg:
-        await pool.run(tg, delay=0)
-        await _until(lambda: pool.ready_count == 1)
+    async with _warm_pool(tmp_path, monkeypatch, 1, delay=0.3, quiet_for=60.0) as (pool, factory):
         with pool.running_a_call():
             await pool.acquire()
             await _until(lambda: pool.ready_count == 1)  # the call still runs: started anyway
         assert len(factory.started) == 2
-        await pool.close()
-        tg.cancel_scope.cancel()
 
 
 async def test_a_kernel_that_does_not_answer_its_first_request_is_never_handed_out(tmp_path: Path) -> None:
