@@ -8,9 +8,12 @@ swapped for a link to somewhere else) and checks that the tracker's scan equals 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -254,3 +257,49 @@ def test_a_move_that_brings_other_entries_or_fails_makes_the_tracker_walk(
     gone, _ = _step(ws, after)
     assert not any(p.startswith("d0/") for p in gone.files)
     assert walked == [ws.root, ws.root]
+
+
+def test_moves_while_code_keeps_changing_files_end_in_the_same_picture_as_a_walk(tmp_path: Path) -> None:
+    """Garbage around the move: a thread creates, edits, deletes and renames files and folders,
+    at the top and below, while the session's entries move back and forth between directories
+    (a move that meets a new top-level entry fails, as ``rebind`` does on the server); each time
+    the tracker ends up with what a walk finds."""
+    ws, _ = _session_and_spare(tmp_path)
+    ws.scan()
+    stop = threading.Event()
+
+    def churn() -> None:
+        rng = random.Random(7)
+        while not stop.is_set():
+            folder = ws.root / f"d{rng.randrange(5)}"
+            name = f"c{rng.randrange(50)}"
+            with contextlib.suppress(OSError):
+                match rng.randrange(40):  # mostly below the top, where a move goes on
+                    case 0:
+                        (ws.root / f"top-{name}").write_text("y")
+                    case 1:
+                        (ws.root / f"top-{name}").unlink()
+                    case 2:
+                        (folder / f"sub-{name}").mkdir()
+                    case 3 | 4 | 5 | 6 | 7 | 8 | 9 | 10 | 11 | 12:
+                        os.rename(folder / name, folder / f"{name}-renamed")
+                    case 13 | 14 | 15 | 16 | 17 | 18 | 19 | 20 | 21 | 22 | 23 | 24 | 25:
+                        (folder / name).unlink()
+                    case _:
+                        (folder / name).write_text("x" * rng.randrange(9000))
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        for i in range(100):
+            spare = tmp_path / f"spare{i}"
+            spare.mkdir()
+            with contextlib.suppress(OSError):
+                ws.take_in(spare, rebind)
+            ws.scan()
+    finally:
+        stop.set()
+        thread.join()
+    last = ws.scan()
+    truth = scan_tree(ws.root)
+    assert last.files == truth.files and last.others == truth.others and last.bytes_used == truth.bytes_used
