@@ -303,3 +303,30 @@ def test_moves_while_code_keeps_changing_files_end_in_the_same_picture_as_a_walk
     last = ws.scan()
     truth = scan_tree(ws.root)
     assert last.files == truth.files and last.others == truth.others and last.bytes_used == truth.bytes_used
+
+
+QUEUE = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text()) if sys.platform == "linux" else 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing files to another uid needs root")
+@pytest.mark.skipif(not 0 < QUEUE <= 100_000, reason="inotify's queue here is too long to overflow cheaply")
+def test_handing_a_big_tree_to_a_new_uid_overflows_no_tracker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reset as root hands every file to the new interpreter's uid: an event per file. Left in
+    inotify's queue they overflowed it, and an overflow makes every session's tracker walk."""
+    big, small = tmp_path / "big", tmp_path / "small"
+    for root in (big, small):
+        (root / "d").mkdir(parents=True)
+    for i in range(QUEUE + 2000):
+        (big / "d" / f"f{i}").touch()
+    (small / "d" / "kept.txt").write_text("another session's")
+    session, other = Workspace(big), Workspace(small)
+    session.scan()
+    other.scan()
+    walked = _walks(monkeypatch)
+    session.hand_to(60_123)
+    assert {os.lstat(big / "d" / f"f{i}").st_uid for i in (0, QUEUE)} == {60_123}
+    assert other.scan().files.keys() == {"d/kept.txt"}
+    assert session.scan().files == scan_tree(big).files
+    assert walked == []

@@ -30,7 +30,7 @@ from kernmind.execution.packages.layer import Layer
 from kernmind.execution.results import OutputCollector
 from kernmind.execution.sandbox import volume
 from kernmind.execution.sandbox.limits import SessionLimits
-from kernmind.execution.sandbox.workspace import Workspace, off_loop, own_tree
+from kernmind.execution.sandbox.workspace import Workspace, off_loop
 from kernmind.supervise import keeps_running
 
 log = logging.getLogger(__name__)
@@ -240,8 +240,7 @@ class KernelPool:
             home.accounted = [local.runtime_dir]
             if local.uid is not None:
                 uid = local.uid
-                home.owner_uid = uid
-                await off_loop(lambda: own_tree(home.root, uid), timeout=None)
+                await off_loop(lambda: home.hand_to(uid), timeout=None)
         return kernel
 
     async def _start(self, home: Workspace | None, limits: SessionLimits | None) -> Kernel:

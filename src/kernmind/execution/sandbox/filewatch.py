@@ -173,6 +173,12 @@ class Tracker:
             self.wds.clear()
             self.stale = True
 
+    def read_events(self) -> None:
+        """Read the events waiting (of every tracker) now, so a burst of changes cannot overflow
+        the queue; each tracker looks at what they named at its next scan."""
+        with self.inotify.lock:
+            self.inotify.drain()
+
     @contextlib.contextmanager
     def rerooting(self) -> Iterator[None]:
         """Around replacing the root directory by another that ends up holding the same entries

@@ -109,6 +109,14 @@ class Workspace:
                 if next(it, None) is None:
                     self.last_scan = Scan()  # nothing in it yet: the baseline is known
 
+    def hand_to(self, uid: int) -> None:
+        """Every file to sandbox ``uid`` (``own_tree``), the tracker reading the ``chown``s' events
+        as they come: left in inotify's queue, a big tree's overflow it (16,384 by default), and
+        an overflow makes every session's tracker walk its tree again. Blocking."""
+        self.owner_uid = uid
+        tracker = self.tracker
+        own_tree(self.root, uid, every=tracker.read_events if tracker is not None else None)
+
     def take_in(self, spare: Path, rebind: Callable[[Path, Path], None]) -> None:
         """``rebind(self.root, spare)``: a warm kernel's directory becomes this one, the same
         entries in it (``disk_store.rebind``); the tracker follows instead of walking the whole
@@ -286,14 +294,21 @@ class Workspace:
         await off_loop(self.remove, timeout=None)
 
 
-def own_tree(root: Path, uid: int) -> None:
+OWN_BATCH = 4096  # entries handed over between two reads of the inotify queue (Workspace.hand_to)
+
+
+def own_tree(root: Path, uid: int, *, every: Callable[[], None] | None = None) -> None:
     """Hand every entry under ``root`` to ``uid``, following no link (``os.fwalk`` walks by descriptors, so a
-    directory swapped for a symlink cannot redirect it)."""
+    directory swapped for a symlink cannot redirect it); ``every``: called after each ``OWN_BATCH`` entries."""
     os.chown(root, uid, uid, follow_symlinks=False)
+    done = 0
     for _, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
         for name in dirnames + filenames:
             with contextlib.suppress(OSError):
                 os.chown(name, uid, uid, dir_fd=dirfd, follow_symlinks=False)
+            done += 1
+            if every is not None and done % OWN_BATCH == 0:
+                every()
 
 
 async def off_loop(fn: Callable[[], T], *, timeout: float | None = FS_TIMEOUT) -> T:
