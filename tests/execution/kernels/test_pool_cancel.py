@@ -118,7 +118,7 @@ async def test_a_cancelled_acquire_leaves_no_kernel_running(
 
             monkeypatch.setattr(pool_module, "off_loop", off_loop)
             factory.made[0].uid = 12345 if where == "own_tree" else None
-            monkeypatch.setattr(pool_module, "own_tree", lambda root, uid: None)
+            monkeypatch.setattr(Workspace, "hand_to", lambda self, uid: None)  # (no uid 12345 to chown to)
     elif where == "start":
         home = None  # a fresh kernel for a stateless call: cancelled while adopting its layer
         layer = Layerish()
