@@ -89,11 +89,11 @@ class KernelPool:
         the refill goes at the first quiet moment (back-to-back calls; benchmarks/README.md)."""
         with anyio.move_on_after(BACKGROUND_DELAY):
             while True:
-                await self._quiet.wait()
+                await self._quiet.wait()  # (no call runs once it is set)
                 wait = self._last_call_ended + QUIET_FOR - time.monotonic() if self._ready else 0.0
-                if wait <= 0 and self._calls == 0:
+                if wait <= 0:
                     return
-                await anyio.sleep(max(wait, 0.0))
+                await anyio.sleep(wait)
 
     async def run(self, tg: TaskGroup, *, delay: float = STARTUP_DELAY) -> None:
         """Start the refill loop in ``tg`` (the executor's task group), after ``delay`` seconds."""

@@ -121,10 +121,7 @@ class Workspace:
         """``rebind(self.root, spare)``: a warm kernel's directory becomes this one, the same
         entries in it (``disk_store.rebind``); the tracker follows instead of walking the whole
         tree again at the next scan (``Tracker.rerooting``). Blocking: run it off the loop."""
-        if self.tracker is None:
-            rebind(self.root, spare)
-            return
-        with self.tracker.rerooting():
+        with self.tracker.rerooting() if self.tracker is not None else contextlib.nullcontext():
             rebind(self.root, spare)
 
     def remove(self) -> None:
