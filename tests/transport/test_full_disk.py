@@ -185,6 +185,7 @@ async def test_a_full_disk_stops_no_one_and_everything_recovers_by_itself(deploy
         filled = await run(alice, FILL, "fill")
         assert "stopped: No space left on device" in "".join(filled["logs"]["stdout"]), filled
         recorded_or_noted(filled, data / "sessions" / "alice" / "fill" / "history.jsonl", FILL)
+        await deployment.reserve_given_up()
         deployment.fill()  # the server gave up its reserve: take those bytes too
 
         # --- while the disk is full -------------------------------------------------------
