@@ -7,6 +7,7 @@ by a module's tests) work with anyio's pytest plugin.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,3 +74,8 @@ def structured(result: CallToolResult) -> dict[str, Any]:
 def error_text(result: CallToolResult) -> str:
     assert result.is_error, f"expected a tool error, got {json.dumps(result.structured_content)[:500]}"
     return " ".join(getattr(c, "text", "") for c in result.content)
+
+
+def chaos_seed(fixed: int) -> int:
+    """The chaos tests' seed: ``fixed`` (what CI runs), or ``KERNMIND_TEST_CHAOS_SEED`` to try others."""
+    return int(os.environ.get("KERNMIND_TEST_CHAOS_SEED", fixed))

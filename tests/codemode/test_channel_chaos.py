@@ -32,7 +32,7 @@ from kernmind.codemode import channel
 from kernmind.server import create_server
 from kernmind.tokens_file import TokenFile
 from tests.codemode.conftest import run_emitting
-from tests.conftest import make_settings
+from tests.conftest import chaos_seed, make_settings
 from tests.transport.procs import HttpServer, http_client, start_http
 
 pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("codemode-chaos"), pytest.mark.slow]
@@ -304,7 +304,7 @@ async def test_chaos_on_the_code_mode_socket(
 ) -> None:
     """A few hundred malformed inputs of every kind, from a fixed seed, in batches; after each
     batch the channel still answers a well-formed request and bob's code still calls tools."""
-    rng = random.Random(33)
+    rng = random.Random(chaos_seed(33))
     batches = [[_chaos_input(rng) for _ in range(30)] for _ in range(10)]
     for batch in batches:
         for kind, payload, how in batch:

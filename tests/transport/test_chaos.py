@@ -1,5 +1,6 @@
-"""Chaos on the listeners: a few hundred malformed inputs, a fixed seed, and after each batch
-another principal's well-formed call still succeeds.
+"""Chaos on the listeners: a few hundred malformed inputs, a fixed seed (another:
+``KERNMIND_TEST_CHAOS_SEED``), and after each batch another principal's well-formed call still
+succeeds.
 
 HTTP (one real ``kernmind serve --transport http --tokens FILE`` process, principals alice
 and bob): alice's side sends, in batches, over raw loopback sockets and in both protocol eras
@@ -41,7 +42,7 @@ import pytest
 
 from kernmind.tokens_file import TokenFile
 from kernmind.transport.session_cap import PER_PRINCIPAL
-from tests.conftest import structured
+from tests.conftest import chaos_seed, structured
 from tests.transport import procs
 from tests.transport.procs import (
     HttpServer,
@@ -475,7 +476,7 @@ def long_call(target: Target, era: str, session: str, marker: Path, then: str) -
 
 async def test_http_chaos_in_both_eras_stops_no_one(deployment: tuple[HttpServer, Target]) -> None:
     server, target = deployment
-    rng = random.Random(SEED)
+    rng = random.Random(chaos_seed(SEED))
     chaos = Chaos(target, rng, server.data_dir)
     t0 = time.monotonic()
     for batch in range(BATCHES):
@@ -689,7 +690,7 @@ async def test_stdio_garbage_is_answered_and_stops_nothing(tmp_path: Path) -> No
             tmp_path, "--sandbox", "none", "--embedding-model", "none", "--max-request-mb", str(LIMIT_MB)
         )
     )
-    rng = random.Random(SEED)
+    rng = random.Random(chaos_seed(SEED))
     next_id = 10_000
     try:
         for batch in range(STDIO_BATCHES):
