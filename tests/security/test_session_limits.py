@@ -333,6 +333,9 @@ async def files_mib(client: Client, session: str) -> float:
     return sum(f["size"] for f in listing["files"]) / MIB
 
 
+NOT_INTERRUPTED = "the code did not stop when interrupted; the interpreter was restarted"
+
+
 def over_note(out: dict[str, Any]) -> str:
     notes = [n for n in out["notes"] if "over its 60 MiB workspace quota (--workspace-mb)" in n]
     assert len(notes) == 1, out["notes"]
@@ -598,6 +601,10 @@ async def test_the_runtime_directory_counts_against_the_quota(alice: Client) -> 
     code = "for i in range(30):\n    open(f'/run/kernmind/fill{i}', 'wb').write(b'x' * 10 * 2**20)"
     out = await run(alice, code, "runtime-dir")
     assert out["status"] == "error"
+    if out["state_preserved"] is False:  # a loaded machine: the interrupt came too late (next test)
+        assert any(n.startswith(NOT_INTERRUPTED) for n in out["notes"]), out["notes"]
+        out = await run(alice, code, "runtime-dir")  # a fresh interpreter: stopped and blocked as below
+        assert out["status"] == "error"
     note = over_note(out)
     assert "in /run/kernmind" in note and "/run/kernmind/fill" in note
     size = "import os\nsum(os.path.getsize(f'/run/kernmind/{f}') for f in os.listdir('/run/kernmind'))"
@@ -610,6 +617,26 @@ async def test_the_runtime_directory_counts_against_the_quota(alice: Client) -> 
     await run(
         alice, "import glob, os\nfor f in glob.glob('/run/kernmind/fill*'): os.remove(f)", "runtime-dir"
     )
+
+
+async def test_a_quota_stop_the_code_ignores_restarts_the_interpreter_and_says_so(alice: Client) -> None:
+    """Code that ignores the interrupt after the quota stopped it: its interpreter is restarted, and
+    the result says so (its /run/kernmind went with it, so the session is back under at once)."""
+    code = (
+        "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nkept = 1\n"
+        "for i in range(30):\n"
+        "    try:\n        open(f'/run/kernmind/fill{i}', 'wb').write(b'x' * 10 * 2**20)\n"
+        "    except OSError:\n        pass\n"
+        "while True:\n    time.sleep(1)"
+    )
+    out = await run(alice, code, "deaf")
+    assert out["status"] == "error" and out["error"]["name"] == "WorkspaceQuotaExceeded", out
+    assert out["state_preserved"] is False
+    restarted = [n for n in out["notes"] if n.startswith(NOT_INTERRUPTED)]
+    assert restarted and "/run/kernmind went with it" in restarted[0], out["notes"]
+    assert any("back under its 60 MiB quota" in n for n in out["notes"]), out["notes"]
+    after = await run(alice, "open('note.txt', 'w').write('writes again')", "deaf")
+    assert after["status"] == "ok" and after["results"][0]["text"] == "12", after
 
 
 async def test_writes_between_calls_are_caught_before_the_next_call(alice: Client) -> None:

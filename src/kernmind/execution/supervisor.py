@@ -291,6 +291,12 @@ async def _result(
         assert quota is not None
         status, state_preserved = "error", interrupted
         collector.set_error("WorkspaceQuotaExceeded", quota.message(), "")
+        if interrupted is False:  # the quota's notes below then count without what went with it
+            gone = "; what it wrote in /run/kernmind went with it" if runner.language == "python" else ""
+            notes.append(
+                "the code did not stop when interrupted; the interpreter was restarted (variables lost, "
+                f"files in the working directory kept{gone})."
+            )
     elif stop == "memory":
         assert call.session.limits is not None
         status, state_preserved = "error", False
