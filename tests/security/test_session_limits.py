@@ -631,6 +631,7 @@ async def test_a_quota_stop_the_code_ignores_restarts_the_interpreter_and_says_s
     )
     out = await run(alice, code, "deaf")
     assert out["status"] == "error" and out["error"]["name"] == "WorkspaceQuotaExceeded", out
+    assert out["error"]["value"].endswith("the session is back under it now (the notes say why)."), out
     assert out["state_preserved"] is False
     restarted = [n for n in out["notes"] if n.startswith(NOT_INTERRUPTED)]
     assert restarted and "/run/kernmind went with it" in restarted[0], out["notes"]

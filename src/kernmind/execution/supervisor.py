@@ -322,6 +322,8 @@ async def _result(
         notes.extend(
             await workspace_quota.after_call(call.session.limits, call.session.workspace, quota_bytes)
         )
+        if stop == "quota" and quota is not None and not call.session.limits.writes_blocked:
+            collector.set_error("WorkspaceQuotaExceeded", quota.message(still_over=False), "")
     return RunResult(
         status=status,  # type: ignore[arg-type]
         language=runner.language,

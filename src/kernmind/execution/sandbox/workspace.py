@@ -57,19 +57,23 @@ class QuotaExceeded(Exception):
         self.names = names  # set when it is the number of names (--workspace-files) that went over
         self.names_limit = names_limit
 
-    def message(self) -> str:
+    def message(self, *, still_over: bool = True) -> str:
+        """What stopped the code; ``still_over`` False: the session is under again (what it wrote
+        went with its interpreter), so nothing is blocked."""
         mib = 1024 * 1024
         if self.names_limit:
-            return (
+            what = (
                 f"the code made the session's files {self.names:,} names (files, directories, links), past its "
-                f"{self.names_limit:,} (--workspace-files), and was stopped; creating files is blocked until "
-                "some are deleted."
+                f"{self.names_limit:,} (--workspace-files), and was stopped"
             )
-        return (
-            f"the code grew the session's files to {self.used // mib} MiB, past its {self.limit // mib} MiB "
-            "workspace quota (--workspace-mb), and was stopped; writing files is blocked until files are "
-            "deleted (the notes say which)."
-        )
+            then = "creating files is blocked until some are deleted."
+        else:
+            what = (
+                f"the code grew the session's files to {self.used // mib} MiB, past its {self.limit // mib} MiB "
+                "workspace quota (--workspace-mb), and was stopped"
+            )
+            then = "writing files is blocked until files are deleted (the notes say which)."
+        return f"{what}; {then if still_over else 'the session is back under it now (the notes say why).'}"
 
 
 class FileEntry(BaseModel):
