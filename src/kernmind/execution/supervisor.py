@@ -289,8 +289,7 @@ async def _result(
         collector.set_error("TimeoutError", f"execution exceeded the {limit} time limit", where)
     elif stop == "quota":
         assert quota is not None
-        status, state_preserved = "error", interrupted
-        collector.set_error("WorkspaceQuotaExceeded", quota.message(), "")
+        status, state_preserved = "error", interrupted  # (its error once the quota is measured, below)
         if interrupted is False:  # the quota's notes below then count without what went with it
             gone = "; what it wrote in /run/kernmind went with it" if runner.language == "python" else ""
             notes.append(
@@ -322,8 +321,10 @@ async def _result(
         notes.extend(
             await workspace_quota.after_call(call.session.limits, call.session.workspace, quota_bytes)
         )
-        if stop == "quota" and quota is not None and not call.session.limits.writes_blocked:
-            collector.set_error("WorkspaceQuotaExceeded", quota.message(still_over=False), "")
+    if stop == "quota" and quota is not None:  # still over unless the measurement above let writes go
+        limits = call.session.limits
+        still_over = limits is None or call.session.closed or limits.writes_blocked
+        collector.set_error("WorkspaceQuotaExceeded", quota.message(still_over=still_over), "")
     return RunResult(
         status=status,  # type: ignore[arg-type]
         language=runner.language,
